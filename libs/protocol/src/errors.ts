@@ -1,0 +1,146 @@
+import { z } from "zod";
+
+/**
+ * Every error code that can cross the wire. A frontend switches on `code`; `message` is for
+ * people and models; `details` is structured and documented per code in `docs/errors.md`.
+ */
+export const ErrorCode = {
+  /** `function.arguments` is not JSON, or not a JSON object. */
+  InvalidArguments: "invalid_arguments",
+  /** The call envelope itself is malformed (missing id, bad session id, wrong types). */
+  InvalidRequest: "invalid_request",
+  /** No tool of that name is registered; `details.close_matches` lists near names. */
+  UnknownTool: "unknown_tool",
+  /** Arguments fail the tool's JSON Schema; `details.errors` holds JSON-pointer paths. */
+  InvalidParameters: "invalid_parameters",
+  /** Required arguments are missing; `details.missing_required` and the schema. */
+  MissingArguments: "missing_arguments",
+  /** Every group the tool belongs to is inactive for the session. */
+  ToolDisabled: "tool_disabled",
+  /** One attempt ran longer than the tool's per-attempt timeout. */
+  Timeout: "timeout",
+  /** The call as a whole ran out of time. */
+  DeadlineExceeded: "deadline_exceeded",
+  /** The tool itself failed; `retryable` says whether trying again may help. */
+  ToolError: "tool_error",
+  /** No worker is available for the tool, or its backing server is down. */
+  Unavailable: "unavailable",
+  /** The caller may not do this. */
+  PermissionDenied: "permission_denied",
+  /** The message is larger than the server or stream accepts. */
+  PayloadTooLarge: "payload_too_large",
+  /** The call was cancelled by its caller. */
+  Cancelled: "cancelled",
+  /** Too much work in flight for this session; retry after `details.retry_after_ms`. */
+  Overloaded: "overloaded",
+  /** The same idempotency key was used with different arguments. */
+  IdempotencyConflict: "idempotency_conflict",
+  /** A bug or an unexpected failure inside toolmesh. */
+  Internal: "internal",
+} as const;
+
+/** Union of the wire error codes. */
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
+
+const ERROR_CODES = Object.values(ErrorCode) as [ErrorCode, ...ErrorCode[]];
+
+/** Codes whose errors are worth retrying unless the thrower says otherwise. */
+const RETRYABLE_BY_DEFAULT: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
+  ErrorCode.Timeout,
+  ErrorCode.Unavailable,
+  ErrorCode.Overloaded,
+  ErrorCode.Internal,
+]);
+
+/** Whether errors with this code are retryable when nobody said otherwise. */
+export function isRetryableByDefault(code: ErrorCode): boolean {
+  return RETRYABLE_BY_DEFAULT.has(code);
+}
+
+/** The error as it travels on the wire, inside a tool message. */
+export const WireErrorSchema = z
+  .object({
+    code: z.enum(ERROR_CODES),
+    message: z.string(),
+    retryable: z.boolean(),
+    details: z.record(z.string(), z.unknown()).optional(),
+  })
+  .meta({ id: "WireError", description: "A typed error carried by a tool message." });
+
+/** The error as it travels on the wire. */
+export type WireError = z.infer<typeof WireErrorSchema>;
+
+/** Options for {@link ToolmeshError}. */
+export interface ToolmeshErrorOptions {
+  /** Structured details; documented per code. */
+  details?: Record<string, unknown>;
+  /** Overrides the code's default retry verdict. */
+  retryable?: boolean;
+  /** The underlying error, kept locally and never sent on the wire. */
+  cause?: unknown;
+}
+
+/**
+ * A typed toolmesh error. Local: it may carry a `cause` that never leaves the process;
+ * {@link ToolmeshError.toWire} gives what crosses the wire.
+ */
+export class ToolmeshError extends Error {
+  override readonly name = "ToolmeshError";
+  readonly code: ErrorCode;
+  readonly retryable: boolean;
+  readonly details: Record<string, unknown> | undefined;
+
+  constructor(code: ErrorCode, message: string, options: ToolmeshErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.code = code;
+    this.retryable = options.retryable ?? isRetryableByDefault(code);
+    this.details = options.details;
+  }
+
+  /** The wire form: code, message, retry verdict and details; never the cause or stack. */
+  toWire(): WireError {
+    const wire: WireError = { code: this.code, message: this.message, retryable: this.retryable };
+    if (this.details !== undefined) wire.details = this.details;
+    return wire;
+  }
+
+  /** Rebuilds a local error from its wire form. */
+  static fromWire(wire: WireError): ToolmeshError {
+    return new ToolmeshError(wire.code, wire.message, {
+      retryable: wire.retryable,
+      ...(wire.details === undefined ? {} : { details: wire.details }),
+    });
+  }
+}
+
+/**
+ * Thrown by a tool handler to say "trying again may help". `retryAfterMs` asks for a
+ * minimum delay before the next attempt.
+ */
+export class RetryableError extends ToolmeshError {
+  readonly retryAfterMs: number | undefined;
+
+  constructor(message: string, options: { retryAfterMs?: number; details?: Record<string, unknown>; cause?: unknown } = {}) {
+    super(ErrorCode.ToolError, message, { ...options, retryable: true });
+    this.retryAfterMs = options.retryAfterMs;
+  }
+}
+
+/** Thrown by a tool handler to say "this will fail the same way every time". */
+export class TerminalError extends ToolmeshError {
+  constructor(message: string, options: { details?: Record<string, unknown>; cause?: unknown } = {}) {
+    super(ErrorCode.ToolError, message, { ...options, retryable: false });
+  }
+}
+
+/**
+ * Turns anything thrown into a {@link ToolmeshError}. Typed errors pass through; other
+ * errors become `fallback` (default `internal`) with their message and the original as cause.
+ */
+export function ensureError(err: unknown, fallback: ErrorCode = ErrorCode.Internal): ToolmeshError {
+  if (err instanceof ToolmeshError) return err;
+  if (err instanceof Error) return new ToolmeshError(fallback, err.message || err.name, { cause: err });
+  return new ToolmeshError(fallback, typeof err === "string" ? err : `non-error thrown: ${String(err)}`, {
+    cause: err,
+  });
+}

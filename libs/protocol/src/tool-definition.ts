@@ -1,0 +1,66 @@
+import { z } from "zod";
+import { ErrorCode } from "./errors.js";
+import { MAX_TOOL_NAME_LENGTH } from "./envelopes.js";
+
+/** Params the resolver skips unless a tool says otherwise (seed 000). */
+export const DEFAULT_SYSTEM_PARAMS: readonly string[] = ["executor", "storage"];
+
+/** Default per-attempt timeout of a tool, in ms. */
+export const DEFAULT_TOOL_TIMEOUT_MS = 30_000;
+
+const ERROR_CODES = Object.values(ErrorCode) as [ErrorCode, ...ErrorCode[]];
+
+/** Temporal-style retry policy of a tool. */
+export const RetryPolicySchema = z.object({
+  max_attempts: z.number().int().min(1).default(3).describe("Attempts in all, the first included."),
+  initial_backoff_ms: z.number().int().nonnegative().default(1_000),
+  backoff_multiplier: z.number().min(1).default(2),
+  max_backoff_ms: z.number().int().nonnegative().default(30_000),
+  non_retryable_codes: z.array(z.enum(ERROR_CODES)).default([]),
+});
+
+/** Temporal-style retry policy of a tool. */
+export type RetryPolicy = z.infer<typeof RetryPolicySchema>;
+
+/** What kind of worker serves a tool. */
+export const ToolKindSchema = z.enum(["builtin", "native", "mcp"]);
+
+/** What kind of worker serves a tool. */
+export type ToolKind = z.infer<typeof ToolKindSchema>;
+
+/**
+ * A registry entry: everything the mesh knows about a tool. `parameters` is the schema a
+ * model may see — preset params are already removed; only their names are listed.
+ */
+export const ToolDefinitionSchema = z
+  .object({
+    name: z.string().min(1).max(MAX_TOOL_NAME_LENGTH),
+    description: z.string().default(""),
+    summary: z.string().describe("One line for the compact catalog."),
+    parameters: z
+      .record(z.string(), z.unknown())
+      .describe("JSON Schema (2020-12) of the arguments, an object schema."),
+    groups: z.array(z.string().min(1)).default(["default"]),
+    system_params: z.array(z.string()).default([...DEFAULT_SYSTEM_PARAMS]),
+    preset_params: z.array(z.string()).default([]).describe("Names injected by the executor; values never leave it."),
+    kind: ToolKindSchema,
+    owner: z.string().min(1).describe("Identity of the registering service; its replicas share it."),
+    timeout_ms: z.number().int().positive().default(DEFAULT_TOOL_TIMEOUT_MS).describe("Per attempt."),
+    retry: RetryPolicySchema.prefault({}),
+    annotations: z.record(z.string(), z.unknown()).optional(),
+    origin: z.record(z.string(), z.unknown()).optional(),
+  })
+  .meta({ id: "ToolDefinition", description: "A tool as stored in the registry." });
+
+/** A registry entry. */
+export type ToolDefinition = z.infer<typeof ToolDefinitionSchema>;
+
+/** A registry entry as a registering service writes it (defaults not yet applied). */
+export type ToolDefinitionInput = z.input<typeof ToolDefinitionSchema>;
+
+/** First sentence of a description, bounded to `maxLength` characters (default 120). */
+export function summarize(description: string, maxLength = 120): string {
+  const firstLine = description.trim().split(/\r?\n/, 1)[0] ?? "";
+  const sentence = /^(.+?[.!?])(\s|$)/.exec(firstLine)?.[1] ?? firstLine;
+  return sentence.length <= maxLength ? sentence : `${sentence.slice(0, maxLength - 1).trimEnd()}…`;
+}
