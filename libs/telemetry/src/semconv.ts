@@ -29,7 +29,8 @@ export const MessagingOperationType = {
 } as const;
 
 /** Union of the {@link MessagingOperationType} values. */
-export type MessagingOperationType = (typeof MessagingOperationType)[keyof typeof MessagingOperationType];
+export type MessagingOperationType =
+  (typeof MessagingOperationType)[keyof typeof MessagingOperationType];
 
 /** Attribute key for the id of the tool call (OpenAI's `tool_call_id`). */
 export const ATTR_TOOLMESH_CALL_ID = "toolmesh.call_id";

@@ -1,0 +1,83 @@
+import {
+  INVALID_SPAN_CONTEXT,
+  SpanStatusCode,
+  context,
+  isSpanContextValid,
+  trace,
+  type Attributes,
+  type Context,
+  type Span,
+  type SpanKind,
+  type Tracer,
+} from "@opentelemetry/api";
+
+/** Options for {@link withSpan}. */
+export interface WithSpanOptions {
+  /** Span kind: PRODUCER for a publish, CONSUMER for receive/process, INTERNAL otherwise. */
+  kind: SpanKind;
+  /** Parent context, e.g. from `extractTraceContext`; default the active context. */
+  parent?: Context;
+  /** Attributes set at start, so samplers can see them; default none. */
+  attributes?: Attributes;
+}
+
+/**
+ * Runs `fn` inside a new span made current for its duration. If `fn` throws, the exception is
+ * recorded, the span status set to ERROR and the error rethrown unchanged. The span always ends.
+ * Tracing failures never reach the caller: `fn` runs even if the span cannot be created.
+ */
+export async function withSpan<T>(
+  tracer: Tracer,
+  name: string,
+  options: WithSpanOptions,
+  fn: (span: Span) => Promise<T>,
+): Promise<T> {
+  const parent = options.parent ?? context.active();
+  const span = startSpanSafely(tracer, name, options, parent);
+  return context.with(trace.setSpan(parent, span), async () => {
+    try {
+      return await fn(span);
+    } catch (error) {
+      ignoreFailure(() => {
+        span.recordException(error instanceof Error ? error : String(error));
+        span.setStatus({
+          code: SpanStatusCode.ERROR,
+          message: error instanceof Error ? error.message : String(error),
+        });
+      });
+      throw error;
+    } finally {
+      ignoreFailure(() => span.end());
+    }
+  });
+}
+
+/** Trace id (32 hex chars) of the span in `ctx` (default the active context), or undefined if none. */
+export function traceIdOf(ctx: Context = context.active()): string | undefined {
+  const spanContext = trace.getSpanContext(ctx);
+  return spanContext !== undefined && isSpanContextValid(spanContext)
+    ? spanContext.traceId
+    : undefined;
+}
+
+function startSpanSafely(
+  tracer: Tracer,
+  name: string,
+  options: WithSpanOptions,
+  parent: Context,
+): Span {
+  try {
+    return tracer.startSpan(name, { kind: options.kind, attributes: options.attributes }, parent);
+  } catch {
+    // A non-recording stand-in that keeps the parent's identity, so downstream hops stay linked.
+    return trace.wrapSpanContext(trace.getSpanContext(parent) ?? INVALID_SPAN_CONTEXT);
+  }
+}
+
+function ignoreFailure(action: () => void): void {
+  try {
+    action();
+  } catch {
+    // Telemetry must not replace the caller's result or error with its own.
+  }
+}
