@@ -1,0 +1,43 @@
+import { defaultServerConditions } from "vite";
+import { defineConfig } from "vitest/config";
+
+/**
+ * Workspace packages export `"@toolmesh/source": "./src/index.ts"` ahead of `types`/`default`,
+ * so tests run against TypeScript sources, not stale `dist/`. Vite replaces (does not extend)
+ * its default conditions when `conditions` is set, so the defaults are spread back in.
+ * Vitest passes `ssr.resolve.conditions` to its workers as `--conditions`; `module` is
+ * dropped as Vitest itself does, since Node's own resolver does not know it.
+ */
+const sourceConditions = [
+  "@toolmesh/source",
+  ...defaultServerConditions.filter((condition) => condition !== "module"),
+];
+
+export default defineConfig({
+  resolve: { conditions: sourceConditions },
+  ssr: { resolve: { conditions: sourceConditions } },
+  test: {
+    projects: [
+      {
+        extends: true,
+        test: {
+          name: "unit",
+          include: ["libs/*/src/**/*.test.ts", "services/*/src/**/*.test.ts"],
+        },
+      },
+      {
+        extends: true,
+        test: {
+          name: "integration",
+          include: ["test/**/*.test.ts"],
+          testTimeout: 60_000,
+          hookTimeout: 60_000,
+          // Each file starts its own nats-server; two cores on the CI machine.
+          maxWorkers: 2,
+          // Runs after the unit project; projects with different maxWorkers need distinct groups.
+          sequence: { groupOrder: 1 },
+        },
+      },
+    ],
+  },
+});
