@@ -1,0 +1,26 @@
+export {
+  MIN_SERVER_VERSION,
+  assertServerSupported,
+  compareVersions,
+  connectNats,
+} from "./connection.js";
+export type { NatsConnectOptions } from "./connection.js";
+export { ensureStreams, streamConfigs } from "./streams.js";
+export type { StreamLimits } from "./streams.js";
+export {
+  attemptOf,
+  publishDurable,
+  publishEphemeral,
+  publishError,
+  tracedHeaders,
+} from "./publish.js";
+export type { PublishOptions } from "./publish.js";
+export { Semaphore } from "./semaphore.js";
+export { startWorkLoop } from "./work-loop.js";
+export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
+export {
+  NatsServerStartError,
+  startNatsServer,
+  stopAll as stopAllNatsServers,
+} from "./local-server.js";
+export type { NatsServerHandle, StartNatsServerOptions } from "./local-server.js";

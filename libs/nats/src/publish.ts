@@ -1,0 +1,112 @@
+import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
+import {
+  InvalidArgumentError,
+  NoRespondersError,
+  TimeoutError,
+  headers as createHeaders,
+} from "@nats-io/nats-core";
+import type { JetStreamClient, PubAck } from "@nats-io/jetstream";
+import { JetStreamApiError } from "@nats-io/jetstream";
+import { ErrorCode, Header, ToolmeshError, encodeJson } from "@toolmesh/protocol";
+import { injectTraceHeaders } from "@toolmesh/telemetry";
+
+/** Options of {@link publishDurable}. */
+export interface PublishOptions {
+  /** JetStream deduplication id (`Nats-Msg-Id`). */
+  msgId?: string;
+  /** Extra headers; trace context is added to them. */
+  headers?: MsgHdrs;
+}
+
+const STREAM_STORE_FULL = [10077, 10047, 10028];
+
+/** Headers carrying the active trace context, plus any given. */
+export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
+  const h = createHeaders();
+  injectTraceHeaders(h);
+  if (extra !== undefined) for (const [k, v] of Object.entries(extra)) h.set(k, v);
+  return h;
+}
+
+/** Maps a NATS publish failure to a typed error. */
+export function publishError(err: unknown, subject: string): ToolmeshError {
+  if (err instanceof ToolmeshError) return err;
+  if (err instanceof InvalidArgumentError && /max_payload/.test(err.message)) {
+    return new ToolmeshError(
+      ErrorCode.PayloadTooLarge,
+      "message is larger than the server's max_payload",
+      {
+        details: { subject },
+        cause: err,
+      },
+    );
+  }
+  if (err instanceof JetStreamApiError) {
+    if (err.code === 10054) {
+      return new ToolmeshError(
+        ErrorCode.PayloadTooLarge,
+        "message is larger than the stream's max_msg_size",
+        {
+          details: { subject },
+          cause: err,
+        },
+      );
+    }
+    if (STREAM_STORE_FULL.includes(err.code)) {
+      return new ToolmeshError(ErrorCode.Overloaded, `stream refused the message: ${err.message}`, {
+        details: { subject, retry_after_ms: 1000 },
+        cause: err,
+      });
+    }
+  }
+  if (err instanceof NoRespondersError || err instanceof TimeoutError) {
+    return new ToolmeshError(
+      ErrorCode.Unavailable,
+      `JetStream did not accept the message on ${subject}`,
+      {
+        cause: err,
+      },
+    );
+  }
+  return new ToolmeshError(
+    ErrorCode.Unavailable,
+    err instanceof Error ? err.message : String(err),
+    {
+      cause: err,
+    },
+  );
+}
+
+/** Publishes JSON to a stream and waits for the ack; failures become typed errors. */
+export async function publishDurable(
+  js: JetStreamClient,
+  subject: string,
+  value: unknown,
+  options: PublishOptions = {},
+): Promise<PubAck> {
+  const headers = options.headers ?? tracedHeaders();
+  try {
+    return await js.publish(subject, encodeJson(value), {
+      headers,
+      ...(options.msgId === undefined ? {} : { msgID: options.msgId }),
+    });
+  } catch (err) {
+    throw publishError(err, subject);
+  }
+}
+
+/** Publishes JSON on core NATS (no ack); for ephemeral events such as progress. */
+export function publishEphemeral(
+  nc: NatsConnection,
+  subject: string,
+  value: unknown,
+  headers?: MsgHdrs,
+): void {
+  nc.publish(subject, encodeJson(value), { headers: headers ?? tracedHeaders() });
+}
+
+/** The delivery attempt stored in a header, or 1. */
+export function attemptOf(headers: MsgHdrs | undefined): number {
+  const n = Number.parseInt(headers?.get(Header.Attempt) ?? "", 10);
+  return Number.isFinite(n) && n > 0 ? n : 1;
+}

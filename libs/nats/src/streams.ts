@@ -1,0 +1,94 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
+import {
+  DiscardPolicy,
+  JetStreamApiError,
+  RetentionPolicy,
+  StorageType,
+  jetstreamManager,
+} from "@nats-io/jetstream";
+import { nanos } from "@nats-io/nats-core";
+import type { Subjects } from "@toolmesh/protocol";
+
+/** Limits of the streams toolmesh creates. Durations in ms. */
+export interface StreamLimits {
+  /** Largest call, work or result message, in bytes. Default 1 MiB. */
+  maxMessageBytes?: number;
+  /** Window in which a repeated `Nats-Msg-Id` is dropped, in ms. Default 2 min. */
+  duplicateWindowMs?: number;
+  /** How long session results and schemas are kept, in ms. Default 1 h. */
+  sessionRetentionMs?: number;
+  /** How long events (missing arguments) are kept, in ms. Default 24 h. */
+  eventRetentionMs?: number;
+}
+
+const STREAM_NAME_IN_USE = 10058;
+
+/** The configurations of the four streams for a prefix. */
+export function streamConfigs(
+  subjects: Subjects,
+  limits: StreamLimits = {},
+): (Partial<StreamConfig> & { name: string })[] {
+  const maxMsgSize = limits.maxMessageBytes ?? 1024 * 1024;
+  const dup = nanos(limits.duplicateWindowMs ?? 120_000);
+  const common = { storage: StorageType.File, num_replicas: 1, max_msg_size: maxMsgSize };
+  return [
+    {
+      ...common,
+      name: subjects.streams.calls,
+      subjects: [subjects.allCalls],
+      retention: RetentionPolicy.Workqueue,
+      discard: DiscardPolicy.New,
+      duplicate_window: dup,
+    },
+    {
+      ...common,
+      name: subjects.streams.work,
+      subjects: [subjects.allWork],
+      retention: RetentionPolicy.Workqueue,
+      discard: DiscardPolicy.New,
+      duplicate_window: dup,
+    },
+    {
+      ...common,
+      name: subjects.streams.sessions,
+      subjects: [...subjects.storedSessionEvents],
+      retention: RetentionPolicy.Limits,
+      discard: DiscardPolicy.Old,
+      max_age: nanos(limits.sessionRetentionMs ?? 3_600_000),
+      duplicate_window: dup,
+    },
+    {
+      ...common,
+      name: subjects.streams.events,
+      subjects: [subjects.allEvents],
+      retention: RetentionPolicy.Limits,
+      discard: DiscardPolicy.Old,
+      max_age: nanos(limits.eventRetentionMs ?? 86_400_000),
+      duplicate_window: dup,
+    },
+  ];
+}
+
+/**
+ * Creates the streams, or brings their configuration up to date. Safe to call from many
+ * services at once.
+ */
+export async function ensureStreams(
+  nc: NatsConnection,
+  subjects: Subjects,
+  limits: StreamLimits = {},
+): Promise<JetStreamManager> {
+  const jsm = await jetstreamManager(nc);
+  for (const config of streamConfigs(subjects, limits)) {
+    try {
+      await jsm.streams.add(config);
+    } catch (err) {
+      if (!(err instanceof JetStreamApiError) || err.code !== STREAM_NAME_IN_USE) throw err;
+      // The retention policy of an existing stream cannot change; only update what may.
+      const { name, ...rest } = config;
+      await jsm.streams.update(name, rest);
+    }
+  }
+  return jsm;
+}
