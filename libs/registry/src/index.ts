@@ -1,0 +1,17 @@
+// --- compile.ts: tool definitions compiled once for resolving calls ---
+export { compileTool, paramTypeOf } from "./compile.js";
+export type {
+  CompiledParam,
+  CompiledTool,
+  ErrorObject,
+  JsonSchema,
+  ValidateFunction,
+} from "./compile.js";
+// --- end compile.ts ---
+export { ToolRegistry } from "./registry.js";
+export type {
+  RegisterOutcome,
+  RegistryListener,
+  RegistryLog,
+  RegistryOptions,
+} from "./registry.js";

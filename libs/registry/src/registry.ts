@@ -1,0 +1,222 @@
+import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
+import type { KV, KvWatchEntry } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
+import { JetStreamApiError } from "@nats-io/jetstream";
+import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  ToolDefinitionSchema,
+  ToolmeshError,
+  decodeJson,
+  encodeJson,
+  subjectToken,
+} from "@toolmesh/protocol";
+import type { CompiledTool } from "./compile.js";
+import { compileTool } from "./compile.js";
+
+/** What happened to a registration. */
+export type RegisterOutcome =
+  | { status: "created" | "updated" | "unchanged"; revision: number }
+  | { status: "conflict"; owner: string };
+
+/** Told about registry changes seen by the watcher. */
+export type RegistryListener = (change: { name: string; tool: CompiledTool | undefined }) => void;
+
+/** Something that wants to hear about registry problems (a pino logger fits). */
+export interface RegistryLog {
+  warn(obj: object, msg: string): void;
+}
+
+/** Options of {@link openRegistry}. */
+export interface RegistryOptions {
+  subjects: Subjects;
+  log: RegistryLog;
+  /** Keep a live, compiled copy of every entry. Default true; registrars alone may skip it. */
+  watch?: boolean;
+}
+
+const WRONG_LAST_SEQUENCE = 10071;
+
+/**
+ * The tool registry: one KV entry per tool, keyed by the tool's subject token. Every service
+ * watches it and keeps each tool compiled, so a tool registered while the mesh runs is
+ * usable at once and no schema is compiled per call.
+ */
+export class ToolRegistry {
+  readonly #kv: KV;
+  readonly #log: RegistryLog;
+  readonly #tools = new Map<string, CompiledTool>();
+  readonly #nameByKey = new Map<string, string>();
+  readonly #listeners = new Set<RegistryListener>();
+  #watcher: QueuedIterator<KvWatchEntry> | undefined;
+
+  private constructor(kv: KV, log: RegistryLog) {
+    this.#kv = kv;
+    this.#log = log;
+  }
+
+  /** Opens (creating when needed) the bucket and, unless told not to, loads and watches it. */
+  static async open(nc: NatsConnection, options: RegistryOptions): Promise<ToolRegistry> {
+    const kvm = new Kvm(nc);
+    const kv = await kvm.create(options.subjects.registryBucket, { history: 1 });
+    const registry = new ToolRegistry(kv, options.log);
+    if (options.watch !== false) await registry.#startWatch();
+    return registry;
+  }
+
+  /**
+   * Registers a tool. The first registration of a name wins; a later claim by another
+   * owner is refused with a warning (`conflict`). The owner may publish a new definition
+   * (rolling upgrades); its replicas re-registering the same definition change nothing.
+   */
+  async register(input: ToolDefinitionInput): Promise<RegisterOutcome> {
+    const definition = ToolDefinitionSchema.parse(input);
+    compileTool(definition, 0); // a schema that cannot compile is refused before it is stored
+    const key = subjectToken(definition.name);
+    const data = encodeJson(definition);
+    for (;;) {
+      try {
+        return { status: "created", revision: await this.#kv.create(key, data) };
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+      const entry = await this.#kv.get(key);
+      if (entry === null || entry.operation !== "PUT") continue; // deleted meanwhile: create again
+      const current = ToolDefinitionSchema.parse(entry.json());
+      if (current.owner !== definition.owner) {
+        this.#log.warn(
+          { tool: definition.name, owner: current.owner, refused: definition.owner },
+          "tool name already registered by another owner; registration refused",
+        );
+        return { status: "conflict", owner: current.owner };
+      }
+      if (JSON.stringify(current) === JSON.stringify(definition)) {
+        return { status: "unchanged", revision: entry.revision };
+      }
+      try {
+        return { status: "updated", revision: await this.#kv.update(key, data, entry.revision) };
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+    }
+  }
+
+  /** Removes a tool; only its owner may. */
+  async unregister(name: string, owner: string): Promise<boolean> {
+    const key = subjectToken(name);
+    const entry = await this.#kv.get(key);
+    if (entry === null || entry.operation !== "PUT") return false;
+    const current = ToolDefinitionSchema.parse(entry.json());
+    if (current.owner !== owner) {
+      throw new ToolmeshError(
+        ErrorCode.PermissionDenied,
+        `tool "${name}" belongs to ${current.owner}`,
+      );
+    }
+    await this.#kv.delete(key, { previousSeq: entry.revision });
+    return true;
+  }
+
+  /** The compiled tool of that name, from the live copy. */
+  get(name: string): CompiledTool | undefined {
+    return this.#tools.get(name);
+  }
+
+  /** Names of every registered tool. */
+  names(): IterableIterator<string> {
+    return this.#tools.keys();
+  }
+
+  /** Every registered tool, compiled. */
+  tools(): IterableIterator<CompiledTool> {
+    return this.#tools.values();
+  }
+
+  /** Reads one definition straight from the bucket (no watcher needed). */
+  async fetch(name: string): Promise<ToolDefinition | undefined> {
+    const entry = await this.#kv.get(subjectToken(name));
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    return ToolDefinitionSchema.parse(entry.json());
+  }
+
+  /** Reads every definition straight from the bucket (no watcher needed). */
+  async fetchAll(): Promise<ToolDefinition[]> {
+    const keys: string[] = [];
+    for await (const key of await this.#kv.keys()) keys.push(key);
+    const out: ToolDefinition[] = [];
+    for (const key of keys) {
+      const entry = await this.#kv.get(key);
+      if (entry !== null && entry.operation === "PUT")
+        out.push(ToolDefinitionSchema.parse(entry.json()));
+    }
+    return out.sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  /** Subscribes to changes seen by the watcher; returns the unsubscribe function. */
+  onChange(listener: RegistryListener): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  /** Stops watching. */
+  close(): void {
+    this.#watcher?.stop();
+  }
+
+  async #startWatch(): Promise<void> {
+    const status = await this.#kv.status();
+    let markReady!: () => void;
+    const ready = new Promise<void>((resolve) => {
+      markReady = resolve;
+    });
+    if (status.values === 0) markReady();
+    this.#watcher = await this.#kv.watch();
+    const watcher = this.#watcher;
+    void (async () => {
+      for await (const entry of watcher) {
+        this.#apply(entry);
+        if (entry.delta === 0 || entry.isUpdate) markReady();
+      }
+    })();
+    await ready;
+  }
+
+  #apply(entry: KvWatchEntry): void {
+    if (entry.operation !== "PUT") {
+      const name = this.#nameByKey.get(entry.key);
+      if (name !== undefined) {
+        this.#nameByKey.delete(entry.key);
+        this.#tools.delete(name);
+        this.#emit(name, undefined);
+      }
+      return;
+    }
+    try {
+      const definition = ToolDefinitionSchema.parse(decodeJson(entry.value));
+      const tool = compileTool(definition, entry.revision);
+      this.#tools.set(definition.name, tool);
+      this.#nameByKey.set(entry.key, definition.name);
+      this.#emit(definition.name, tool);
+    } catch (err) {
+      // A bad entry (written by something else) must not stop the watcher.
+      this.#log.warn(
+        { key: entry.key, err },
+        "ignoring registry entry that is not a valid tool definition",
+      );
+    }
+  }
+
+  #emit(name: string, tool: CompiledTool | undefined): void {
+    for (const listener of this.#listeners) {
+      try {
+        listener({ name, tool });
+      } catch (err) {
+        this.#log.warn({ tool: name, err }, "registry listener failed");
+      }
+    }
+  }
+}
+
+function isWrongLastSequence(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+}
