@@ -1,0 +1,123 @@
+import { z } from "zod";
+import { DEFAULT_PREFIX, DEFAULT_TENANT, assertValidPrefix } from "@toolmesh/protocol";
+
+const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
+
+const positiveInt = z.coerce.number().int().positive();
+const jsonObject = z.string().transform((text, ctx) => {
+  try {
+    const value: unknown = JSON.parse(text);
+    if (typeof value === "object" && value !== null && !Array.isArray(value))
+      return value as Record<string, unknown>;
+  } catch {
+    // reported below
+  }
+  ctx.addIssue({ code: "custom", message: "must be a JSON object" });
+  return z.NEVER;
+});
+
+/**
+ * Every environment variable toolmesh reads, with its default. Parsed once, in the
+ * entrypoint; nothing else reads the environment.
+ */
+export const EnvSchema = z.object({
+  NATS_URL: z.string().min(1).default("nats://127.0.0.1:4222"),
+  NATS_CREDS: z.string().min(1).optional(),
+  NATS_NKEY: z.string().min(1).optional(),
+  NATS_USER: z.string().min(1).optional(),
+  NATS_PASSWORD: z.string().optional(),
+  NATS_TOKEN: z.string().min(1).optional(),
+  TOOLMESH_PREFIX: z
+    .string()
+    .default(DEFAULT_PREFIX)
+    .refine(
+      (p) => {
+        try {
+          assertValidPrefix(p);
+          return true;
+        } catch {
+          return false;
+        }
+      },
+      { message: "must be dot-separated parts of [A-Za-z0-9_-]" },
+    ),
+  TOOLMESH_TENANT: z.string().min(1).max(256).default(DEFAULT_TENANT),
+  TOOLMESH_LOG_LEVEL: z.enum(LOG_LEVELS).default("info"),
+  TOOLMESH_TOOLS_DIR: z.string().min(1).default("tools/builtin"),
+  TOOLMESH_PRESETS_FILE: z.string().min(1).optional(),
+  TOOLMESH_TOOLKIT_CONTEXT: jsonObject.optional(),
+  TOOLMESH_EXECUTOR_OWNER: z.string().min(1).default("executor"),
+  TOOLMESH_CONCURRENCY: positiveInt.default(16),
+  TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(60_000),
+  TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(1024 * 1024),
+  TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(10_000),
+});
+
+/** The parsed configuration of a toolmesh process. Durations in ms. */
+export interface RuntimeConfig {
+  nats: {
+    servers: string;
+    creds?: string;
+    nkey?: string;
+    user?: string;
+    password?: string;
+    token?: string;
+  };
+  prefix: string;
+  tenant: string;
+  logLevel: (typeof LOG_LEVELS)[number];
+  toolsDir: string;
+  presetsFile?: string;
+  toolkitContext: Record<string, unknown>;
+  executorOwner: string;
+  concurrency: number;
+  defaultTimeoutMs: number;
+  maxMessageBytes: number;
+  shutdownGraceMs: number;
+  /** The raw environment, for libraries that follow standard variables (OTEL_*). */
+  env: Readonly<Record<string, string | undefined>>;
+}
+
+/** A configuration value that cannot be used; the message names the variable. */
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+}
+
+/** Parses the environment (and flag overrides, which win) into a {@link RuntimeConfig}. */
+export function loadConfig(
+  env: Readonly<Record<string, string | undefined>>,
+  overrides: Partial<Record<keyof z.input<typeof EnvSchema>, string | undefined>> = {},
+): RuntimeConfig {
+  const merged: Record<string, string | undefined> = { ...env };
+  for (const [k, v] of Object.entries(overrides)) if (v !== undefined) merged[k] = v;
+  // Empty variables count as unset, as shells and compose files often leave them so.
+  for (const [k, v] of Object.entries(merged)) if (v === "") delete merged[k];
+  const parsed = EnvSchema.safeParse(merged);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`);
+    throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
+  }
+  const e = parsed.data;
+  return {
+    nats: {
+      servers: e.NATS_URL,
+      ...(e.NATS_CREDS === undefined ? {} : { creds: e.NATS_CREDS }),
+      ...(e.NATS_NKEY === undefined ? {} : { nkey: e.NATS_NKEY }),
+      ...(e.NATS_USER === undefined ? {} : { user: e.NATS_USER }),
+      ...(e.NATS_PASSWORD === undefined ? {} : { password: e.NATS_PASSWORD }),
+      ...(e.NATS_TOKEN === undefined ? {} : { token: e.NATS_TOKEN }),
+    },
+    prefix: e.TOOLMESH_PREFIX,
+    tenant: e.TOOLMESH_TENANT,
+    logLevel: e.TOOLMESH_LOG_LEVEL,
+    toolsDir: e.TOOLMESH_TOOLS_DIR,
+    ...(e.TOOLMESH_PRESETS_FILE === undefined ? {} : { presetsFile: e.TOOLMESH_PRESETS_FILE }),
+    toolkitContext: e.TOOLMESH_TOOLKIT_CONTEXT ?? {},
+    executorOwner: e.TOOLMESH_EXECUTOR_OWNER,
+    concurrency: e.TOOLMESH_CONCURRENCY,
+    defaultTimeoutMs: e.TOOLMESH_DEFAULT_TIMEOUT_MS,
+    maxMessageBytes: e.TOOLMESH_MAX_MESSAGE_BYTES,
+    shutdownGraceMs: e.TOOLMESH_SHUTDOWN_GRACE_MS,
+    env,
+  };
+}

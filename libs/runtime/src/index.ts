@@ -1,0 +1,4 @@
+export { ConfigError, EnvSchema, loadConfig } from "./config.js";
+export type { RuntimeConfig } from "./config.js";
+export { installShutdown, openRuntime, runService } from "./runtime.js";
+export type { Runtime, Stoppable } from "./runtime.js";

@@ -1,0 +1,109 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { Subjects } from "@toolmesh/protocol";
+import { createSubjects } from "@toolmesh/protocol";
+import type { StreamLimits } from "@toolmesh/nats";
+import { assertServerSupported, connectNats } from "@toolmesh/nats";
+import { ToolRegistry } from "@toolmesh/registry";
+import type { Logger, Telemetry, Tracer } from "@toolmesh/telemetry";
+import { createLogger, initTelemetry } from "@toolmesh/telemetry";
+import type { RuntimeConfig } from "./config.js";
+import { loadConfig } from "./config.js";
+
+/** What every actor needs: one connection, one logger, one tracer, the live registry. */
+export interface Runtime {
+  readonly config: RuntimeConfig;
+  readonly nc: NatsConnection;
+  readonly subjects: Subjects;
+  readonly registry: ToolRegistry;
+  readonly log: Logger;
+  readonly tracer: Tracer;
+  readonly telemetry: Telemetry;
+  readonly streamLimits: StreamLimits;
+  /** Drains the connection and flushes telemetry. */
+  close(): Promise<void>;
+}
+
+/** Connects, checks the server, opens the registry and starts telemetry for one process. */
+export async function openRuntime(
+  config: RuntimeConfig,
+  service: string,
+  log?: Logger,
+): Promise<Runtime> {
+  const logger = log ?? createLogger({ service, level: config.logLevel });
+  const telemetry = initTelemetry({ serviceName: `toolmesh-${service}`, env: config.env });
+  const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+  try {
+    const version = await assertServerSupported(nc);
+    logger.info({ server: nc.getServer(), version }, "connected to NATS");
+    const subjects = createSubjects({ prefix: config.prefix });
+    const registry = await ToolRegistry.open(nc, { subjects, log: logger });
+    return {
+      config,
+      nc,
+      subjects,
+      registry,
+      log: logger,
+      tracer: telemetry.tracer,
+      telemetry,
+      streamLimits: { maxMessageBytes: config.maxMessageBytes },
+      async close() {
+        registry.close();
+        await nc.drain().catch(() => undefined);
+        await telemetry.shutdown();
+      },
+    };
+  } catch (err) {
+    await nc.close();
+    throw err;
+  }
+}
+
+/**
+ * Graceful shutdown on SIGTERM and SIGINT: `stop` stops taking work and finishes or hands
+ * back what is in flight, then the runtime closes and the process exits 0. A second signal
+ * exits at once with 1.
+ */
+export function installShutdown(log: Logger, stop: () => Promise<void>): void {
+  let stopping = false;
+  const onSignal = (signal: NodeJS.Signals): void => {
+    if (stopping) {
+      log.warn({ signal }, "second signal; exiting now");
+      process.exit(1);
+    }
+    stopping = true;
+    log.info({ signal }, "shutting down");
+    stop().then(
+      () => process.exit(0),
+      (err: unknown) => {
+        log.error({ err }, "shutdown failed");
+        process.exit(1);
+      },
+    );
+  };
+  process.on("SIGTERM", onSignal);
+  process.on("SIGINT", onSignal);
+}
+
+/** Something started on a runtime that can be stopped gracefully. */
+export interface Stoppable {
+  /** Stops taking work and finishes or hands back what is in flight, within `graceMs`. */
+  stop(graceMs: number): Promise<void>;
+}
+
+/**
+ * The whole life of a service process: parse the environment, open the runtime, start the
+ * actor, and stop it gracefully on SIGTERM. What a service's `main.ts` calls.
+ */
+export async function runService(
+  service: string,
+  env: Readonly<Record<string, string | undefined>>,
+  start: (rt: Runtime) => Promise<Stoppable>,
+): Promise<void> {
+  const config = loadConfig(env);
+  const rt = await openRuntime(config, service);
+  const actor = await start(rt);
+  installShutdown(rt.log, async () => {
+    await actor.stop(config.shutdownGraceMs);
+    await rt.close();
+  });
+}

@@ -1,0 +1,591 @@
+import { ErrorCode, MAX_TOOL_NAME_LENGTH, ToolmeshError } from "@toolmesh/protocol";
+import type {
+  CallRequest,
+  InputParameter,
+  ParamType,
+  ResolvedCall,
+  SessionAddress,
+} from "@toolmesh/protocol";
+import type { CompiledTool, ErrorObject } from "@toolmesh/registry";
+
+/** Characters of input shown on each side of a JSON syntax error in `details.snippet`. */
+const SNIPPET_RADIUS = 20;
+
+/** Errors spelled out in an `invalid_parameters` message; the rest are only counted. */
+const ERRORS_IN_MESSAGE = 3;
+
+/**
+ * Turns `function.arguments` into the arguments object. A string is parsed as JSON, and an
+ * empty or whitespace-only string means `{}` (as OpenAI sends for a tool without params); an
+ * object is used as it is, not copied. JSON.parse keeps `__proto__` and `constructor` keys as
+ * ordinary own data properties.
+ *
+ * @throws ToolmeshError `invalid_arguments`: not JSON (details `position`, `line`, `column`,
+ *   `snippet`, `reason`), or JSON that is not an object (details `received`: the JSON type).
+ */
+export function parseArguments(raw: unknown): Record<string, unknown> {
+  if (typeof raw !== "string") return requireObject(raw);
+  if (/^\s*$/.test(raw)) return {};
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw);
+  } catch (err) {
+    throw notJsonError(raw, err);
+  }
+  return requireObject(parsed);
+}
+
+function requireObject(value: unknown): Record<string, unknown> {
+  if (typeof value === "object" && value !== null && !Array.isArray(value))
+    return value as Record<string, unknown>;
+  const received = jsonTypeOf(value);
+  throw new ToolmeshError(
+    ErrorCode.InvalidArguments,
+    `function.arguments must be a JSON object, got ${received === "array" ? "an array" : received}`,
+    { details: { received } },
+  );
+}
+
+function notJsonError(text: string, err: unknown): ToolmeshError {
+  const reason = err instanceof Error ? err.message : String(err);
+  const position = syntaxErrorPosition(text, reason);
+  const { line, column } = lineAndColumn(text, position);
+  const snippet = text.slice(Math.max(0, position - SNIPPET_RADIUS), position + SNIPPET_RADIUS);
+  return new ToolmeshError(
+    ErrorCode.InvalidArguments,
+    `function.arguments is not valid JSON (line ${line}, column ${column}): ${reason}`,
+    { details: { position, line, column, snippet, reason }, cause: err },
+  );
+}
+
+/**
+ * Offset of a JSON syntax error. V8 says "… at position 12", newer V8 adds "(line 1 column
+ * 13)", older V8 may give only the line and column, and "Unexpected end of JSON input" means
+ * the end. "Unexpected token 'x', "…" is not valid JSON" names no position: we scan for it.
+ */
+function syntaxErrorPosition(text: string, message: string): number {
+  const clamp = (n: number): number => Math.min(Math.max(n, 0), text.length);
+  const atPosition = /at position (\d+)/.exec(message);
+  if (atPosition?.[1] !== undefined) return clamp(Number(atPosition[1]));
+  const lineColumn = /\(line (\d+) column (\d+)\)/.exec(message);
+  if (lineColumn?.[1] !== undefined && lineColumn[2] !== undefined) {
+    return clamp(offsetOf(text, Number(lineColumn[1]), Number(lineColumn[2])));
+  }
+  if (/Unexpected end of JSON input/.test(message)) return text.length;
+  return clamp(scanJsonError(text));
+}
+
+/** 1-based line and column of an offset; lines end at `\n`. */
+function lineAndColumn(text: string, position: number): { line: number; column: number } {
+  let line = 1;
+  let lineStart = 0;
+  for (let i = text.indexOf("\n"); i !== -1 && i < position; i = text.indexOf("\n", i + 1)) {
+    line += 1;
+    lineStart = i + 1;
+  }
+  return { line, column: position - lineStart + 1 };
+}
+
+function offsetOf(text: string, line: number, column: number): number {
+  let lineStart = 0;
+  for (let l = 1; l < line; l += 1) {
+    const next = text.indexOf("\n", lineStart);
+    if (next === -1) return text.length;
+    lineStart = next + 1;
+  }
+  return lineStart + column - 1;
+}
+
+/**
+ * Offset of the first syntax error in text JSON.parse rejected. Iterative, so deeply nested
+ * input cannot overflow the stack; only used on the error path.
+ */
+function scanJsonError(text: string): number {
+  const end = text.length;
+  const containers: ("{" | "[")[] = [];
+  let i = 0;
+  let expect: "value" | "key" | "after" = "value";
+  const skipSpace = (): void => {
+    while (i < end && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r"))
+      i += 1;
+  };
+  /** Moves past a string at `i`; returns an error offset, or -1. */
+  const skipString = (): number => {
+    i += 1;
+    while (i < end) {
+      const c = text.charCodeAt(i);
+      if (c === 0x22) {
+        i += 1;
+        return -1;
+      }
+      if (c < 0x20) return i;
+      if (c === 0x5c) {
+        const escaped = text[i + 1];
+        if (escaped === "u") {
+          for (let k = 2; k < 6; k += 1) if (!/[0-9a-fA-F]/.test(text[i + k] ?? "")) return i + k;
+          i += 6;
+        } else if (escaped !== undefined && '"\\/bfnrt'.includes(escaped)) {
+          i += 2;
+        } else {
+          return i + 1;
+        }
+      } else {
+        i += 1;
+      }
+    }
+    return end;
+  };
+  const isDigit = (ch: string | undefined): boolean => ch !== undefined && ch >= "0" && ch <= "9";
+  /** Moves past a number at `i`; returns an error offset, or -1. */
+  const skipNumber = (): number => {
+    if (text[i] === "-") i += 1;
+    if (text[i] === "0") i += 1;
+    else if (isDigit(text[i])) while (isDigit(text[i])) i += 1;
+    else return i;
+    if (text[i] === ".") {
+      i += 1;
+      if (!isDigit(text[i])) return i;
+      while (isDigit(text[i])) i += 1;
+    }
+    if (text[i] === "e" || text[i] === "E") {
+      i += 1;
+      if (text[i] === "+" || text[i] === "-") i += 1;
+      if (!isDigit(text[i])) return i;
+      while (isDigit(text[i])) i += 1;
+    }
+    return -1;
+  };
+
+  for (;;) {
+    skipSpace();
+    if (expect === "value") {
+      const ch = text[i];
+      if (ch === "{" || ch === "[") {
+        i += 1;
+        skipSpace();
+        if (text[i] === (ch === "{" ? "}" : "]")) {
+          i += 1;
+          expect = "after";
+        } else {
+          containers.push(ch);
+          expect = ch === "{" ? "key" : "value";
+        }
+        continue;
+      }
+      let failedAt = -1;
+      if (ch === '"') failedAt = skipString();
+      else if (ch === "-" || isDigit(ch)) failedAt = skipNumber();
+      else {
+        const literal =
+          ch === "t" ? "true" : ch === "f" ? "false" : ch === "n" ? "null" : undefined;
+        if (literal === undefined) return i;
+        for (const expected of literal) {
+          if (text[i] !== expected) return i;
+          i += 1;
+        }
+      }
+      if (failedAt !== -1) return failedAt;
+      expect = "after";
+    } else if (expect === "key") {
+      if (text[i] !== '"') return i;
+      const failedAt = skipString();
+      if (failedAt !== -1) return failedAt;
+      skipSpace();
+      if (text[i] !== ":") return i;
+      i += 1;
+      expect = "value";
+    } else {
+      const top = containers[containers.length - 1];
+      if (top === undefined) return i; // a complete value followed by something else
+      if (text[i] === ",") {
+        i += 1;
+        expect = top === "{" ? "key" : "value";
+      } else if (text[i] === (top === "{" ? "}" : "]")) {
+        i += 1;
+        containers.pop();
+      } else {
+        return i;
+      }
+    }
+  }
+}
+
+/**
+ * Up to `max` (default 3) candidates close to `name`, for `unknown_tool`: compared without
+ * case, by Damerau-Levenshtein distance within about a third of the longer name's length,
+ * plus candidates that contain the name or are contained in it (both at least 3 characters).
+ * Ordered by distance, then by name (code units), so the result is deterministic.
+ */
+export function findCloseMatches(name: string, candidates: Iterable<string>, max = 3): string[] {
+  if (max <= 0) return [];
+  const query = name.toLowerCase();
+  const hits: { name: string; distance: number }[] = [];
+  const seen = new Set<string>();
+  for (const candidate of candidates) {
+    if (seen.has(candidate)) continue;
+    seen.add(candidate);
+    const lower = candidate.toLowerCase();
+    const threshold = Math.max(1, Math.floor(Math.max(query.length, lower.length) / 3));
+    const contains =
+      Math.min(query.length, lower.length) >= 3 && (lower.includes(query) || query.includes(lower));
+    if (!contains && Math.abs(query.length - lower.length) > threshold) continue;
+    const distance = editDistance(query, lower);
+    if (contains || distance <= threshold) hits.push({ name: candidate, distance });
+  }
+  hits.sort((a, b) => a.distance - b.distance || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  return hits.slice(0, max).map((hit) => hit.name);
+}
+
+/** Optimal-string-alignment distance: insertions, deletions, substitutions, adjacent swaps. */
+function editDistance(a: string, b: string): number {
+  if (a === b) return 0;
+  const width = b.length + 1;
+  let before = new Array<number>(width).fill(0);
+  let previous = Array.from({ length: width }, (_, j) => j);
+  let current = new Array<number>(width).fill(0);
+  for (let i = 1; i <= a.length; i += 1) {
+    current[0] = i;
+    for (let j = 1; j <= b.length; j += 1) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let best = Math.min(
+        (previous[j] ?? 0) + 1,
+        (current[j - 1] ?? 0) + 1,
+        (previous[j - 1] ?? 0) + cost,
+      );
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        best = Math.min(best, (before[j - 2] ?? 0) + 1);
+      }
+      current[j] = best;
+    }
+    [before, previous, current] = [previous, current, before];
+  }
+  return previous[b.length] ?? 0;
+}
+
+/**
+ * Refuses tool names no tool can have: longer than {@link MAX_TOOL_NAME_LENGTH} (128)
+ * characters, empty, or holding control characters (U+0000–U+001F, U+007F). Names with `.`,
+ * `*`, `>` or spaces pass: they are merely unknown unless registered, and map to safe tokens.
+ *
+ * @throws ToolmeshError `invalid_request`
+ */
+export function validateToolName(name: string): void {
+  const shown = JSON.stringify(name.length > 64 ? `${name.slice(0, 64)}…` : name);
+  if (name.length === 0) {
+    throw new ToolmeshError(ErrorCode.InvalidRequest, "the tool name is empty", {
+      details: { length: 0 },
+    });
+  }
+  if (name.length > MAX_TOOL_NAME_LENGTH) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `tool name ${shown} is ${name.length} characters long; at most ${MAX_TOOL_NAME_LENGTH} are allowed`,
+      { details: { length: name.length, max_length: MAX_TOOL_NAME_LENGTH } },
+    );
+  }
+  // eslint-disable-next-line no-control-regex -- control characters are what we look for
+  const control = /[\u0000-\u001f\u007f]/.exec(name);
+  if (control !== null) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `tool name ${shown} contains a control character`,
+      {
+        details: { position: control.index, code_point: control[0].charCodeAt(0) },
+      },
+    );
+  }
+}
+
+/** Options of {@link resolveCall}. */
+export interface ResolveCallOptions {
+  /** The resolver's clock, epoch ms. */
+  now: number;
+  /** Budget of a call that sets no `timeout_ms`, in ms. */
+  defaultTimeoutMs: number;
+  /** Where the call's answers go (tenant and session tokens). */
+  address: SessionAddress;
+}
+
+/** One entry of `invalid_parameters` `details.errors`. */
+export interface ParameterError {
+  /** JSON pointer into the arguments ("" is the arguments object itself). */
+  path: string;
+  /** The JSON Schema keyword that failed. */
+  keyword: string;
+  message: string;
+  /** What the keyword wanted: type(s), allowed values, format, bound, pattern, property name… */
+  expected: unknown;
+  /** The value found at `path`; `undefined` when there is none. */
+  received: unknown;
+}
+
+const NO_EDGES: ReadonlySet<string> = new Set();
+
+/**
+ * Resolves a call against a compiled tool (seed 000): fills schema defaults into `args` in
+ * place (nested ones too; values the model gave are never replaced), lists missing params,
+ * validates, and builds the `input_parameters` of a workflow node. System params are skipped
+ * everywhere; edge-connected params (`request.edge_params`) count as present.
+ *
+ * @throws ToolmeshError `missing_arguments` when required params are absent (details `tool`,
+ *   `missing_required`, `missing_optional`, `parameters`: the model-facing schema), else
+ *   `invalid_parameters` when the arguments fail the schema (details `tool`, `errors`).
+ */
+export function resolveCall(
+  tool: CompiledTool,
+  request: CallRequest,
+  args: Record<string, unknown>,
+  options: ResolveCallOptions,
+): ResolvedCall {
+  const name = tool.definition.name;
+  const { properties, systemParams } = tool;
+  const edges =
+    request.edge_params !== undefined && request.edge_params.length > 0
+      ? new Set(request.edge_params)
+      : NO_EDGES;
+
+  const given = properties.map((param) => isPresent(args, param.name));
+  for (const param of properties) {
+    // Ajv tests `args[name] === undefined`, which sees Object.prototype: it would never fill a
+    // param named `constructor` or `toString`, and would validate the inherited member.
+    if (
+      !param.system &&
+      param.hasDefault &&
+      !Object.hasOwn(args, param.name) &&
+      param.name in args
+    ) {
+      Object.defineProperty(args, param.name, {
+        value: structuredClone(param.default),
+        writable: true,
+        enumerable: true,
+        configurable: true,
+      });
+    }
+  }
+
+  const valid = tool.validate(args);
+  const ajvErrors = valid ? null : tool.validate.errors;
+
+  const missingRequired: string[] = [];
+  const missingOptional: string[] = [];
+  for (const param of properties) {
+    if (param.system || edges.has(param.name) || isPresent(args, param.name)) continue;
+    (param.required ? missingRequired : missingOptional).push(param.name);
+  }
+  if (missingRequired.length > 0) {
+    throw new ToolmeshError(
+      ErrorCode.MissingArguments,
+      `tool "${name}" is missing required argument${missingRequired.length === 1 ? "" : "s"}: ${missingRequired.join(", ")}`,
+      {
+        details: {
+          tool: name,
+          missing_required: missingRequired,
+          missing_optional: missingOptional,
+          parameters: tool.schema,
+        },
+      },
+    );
+  }
+
+  if (ajvErrors !== null && ajvErrors !== undefined) {
+    const errors = parameterErrors(ajvErrors, args, systemParams, edges);
+    if (errors.length > 0) throw invalidParameters(name, errors);
+  }
+
+  const inputParameters: InputParameter[] = [];
+  properties.forEach((param, index) => {
+    if (param.system) return;
+    const entry = { name: param.name, type: param.type };
+    if (edges.has(param.name)) {
+      inputParameters.push({ ...entry, value: "", source: "edge" });
+    } else if (given[index] === true) {
+      inputParameters.push({ ...entry, value: args[param.name], source: "tool_args" });
+    } else if (param.hasDefault && param.default !== null) {
+      // The filled value, not the schema's: it is a fresh copy with nested defaults filled.
+      const value = Object.hasOwn(args, param.name) ? args[param.name] : param.default;
+      inputParameters.push({ ...entry, value, source: "default" });
+    } else {
+      inputParameters.push({ ...entry, value: zeroValue(param.type), source: "zero_value" });
+    }
+  });
+
+  const timeoutMs = request.timeout_ms ?? options.defaultTimeoutMs;
+  const resolved: ResolvedCall = {
+    call_id: request.tool_call.id,
+    tool_call_id: request.tool_call.id,
+    idempotency_key: request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`,
+    session_id: request.session_id,
+    address: { tenant: options.address.tenant, session: options.address.session },
+    tool: name,
+    arguments: args,
+    missing_required: missingRequired,
+    missing_optional: missingOptional,
+    input_parameters: inputParameters,
+    context: request.context ?? {},
+    agent_context: request.agent_context ?? {},
+    timeout_ms: timeoutMs,
+    deadline_at: options.now + timeoutMs,
+    resolved_at: options.now,
+    tool_revision: tool.revision,
+  };
+  if (request.agent !== undefined) resolved.agent = request.agent;
+  return resolved;
+}
+
+function isPresent(args: Record<string, unknown>, name: string): boolean {
+  return Object.hasOwn(args, name) && args[name] !== undefined;
+}
+
+/** The zero value of a type (seed 000): a fresh object or array each time. */
+function zeroValue(type: ParamType): unknown {
+  switch (type) {
+    case "str":
+      return "";
+    case "int":
+    case "float":
+      return 0;
+    case "bool":
+      return false;
+    case "list":
+      return [];
+    case "dict":
+      return {};
+  }
+}
+
+/** Ajv errors as wire errors; those about system or edge-connected params are dropped. */
+function parameterErrors(
+  ajvErrors: readonly ErrorObject[],
+  args: Record<string, unknown>,
+  systemParams: ReadonlySet<string>,
+  edges: ReadonlySet<string>,
+): ParameterError[] {
+  const errors: ParameterError[] = [];
+  for (const error of ajvErrors) {
+    const params = error.params as Record<string, unknown>;
+    const child = childProperty(error.keyword, params);
+    const path =
+      child === undefined ? error.instancePath : `${error.instancePath}/${escapePointer(child)}`;
+    const segments = path === "" ? [] : path.slice(1).split("/").map(unescapePointer);
+    const top = segments[0];
+    if (top !== undefined && (systemParams.has(top) || edges.has(top))) continue;
+    errors.push({
+      path,
+      keyword: error.keyword,
+      message: describe(error, child),
+      expected: expectedOf(error.keyword, params),
+      received: valueAt(args, segments),
+    });
+  }
+  return errors;
+}
+
+/** For keywords that are about one property of an object: that property's name. */
+function childProperty(keyword: string, params: Record<string, unknown>): string | undefined {
+  const name =
+    keyword === "required" || keyword === "dependentRequired" || keyword === "dependencies"
+      ? params["missingProperty"]
+      : keyword === "additionalProperties"
+        ? params["additionalProperty"]
+        : keyword === "unevaluatedProperties"
+          ? params["unevaluatedProperty"]
+          : undefined;
+  return typeof name === "string" ? name : undefined;
+}
+
+function expectedOf(keyword: string, params: Record<string, unknown>): unknown {
+  switch (keyword) {
+    case "type":
+      return params["type"];
+    case "enum":
+      return params["allowedValues"];
+    case "const":
+      return params["allowedValue"];
+    case "format":
+      return params["format"];
+    case "pattern":
+      return params["pattern"];
+    case "multipleOf":
+      return params["multipleOf"];
+    case "minimum":
+    case "maximum":
+    case "exclusiveMinimum":
+    case "exclusiveMaximum":
+    case "minLength":
+    case "maxLength":
+    case "minItems":
+    case "maxItems":
+    case "minProperties":
+    case "maxProperties":
+    case "minContains":
+    case "maxContains":
+      return params["limit"];
+    case "required":
+    case "dependentRequired":
+    case "dependencies":
+      return params["missingProperty"];
+    case "additionalProperties":
+      return params["additionalProperty"];
+    case "unevaluatedProperties":
+      return params["unevaluatedProperty"];
+    case "propertyNames":
+      return params["propertyName"];
+    default:
+      return Object.keys(params).length > 0 ? params : undefined;
+  }
+}
+
+function describe(error: ErrorObject, child: string | undefined): string {
+  if (child !== undefined) {
+    return error.keyword === "required" ||
+      error.keyword === "dependentRequired" ||
+      error.keyword === "dependencies"
+      ? "is required"
+      : "is not allowed";
+  }
+  return error.message ?? `fails "${error.keyword}"`;
+}
+
+function invalidParameters(tool: string, errors: ParameterError[]): ToolmeshError {
+  const shown = errors
+    .slice(0, ERRORS_IN_MESSAGE)
+    .map(
+      (e) =>
+        `${e.path === "" ? "the arguments" : e.path} ${e.message}${e.keyword === "type" ? ` (got ${jsonTypeOf(e.received)})` : ""}`,
+    );
+  const more = errors.length - shown.length;
+  return new ToolmeshError(
+    ErrorCode.InvalidParameters,
+    `invalid arguments for tool "${tool}": ${shown.join("; ")}${more > 0 ? `; and ${more} more` : ""}`,
+    { details: { tool, errors } },
+  );
+}
+
+/** The value at a JSON pointer's segments, through own properties only. */
+function valueAt(root: unknown, segments: readonly string[]): unknown {
+  let current: unknown = root;
+  for (const segment of segments) {
+    if (Array.isArray(current)) {
+      current = /^(0|[1-9]\d*)$/.test(segment) ? current[Number(segment)] : undefined;
+    } else if (typeof current === "object" && current !== null && Object.hasOwn(current, segment)) {
+      current = (current as Record<string, unknown>)[segment];
+    } else {
+      return undefined;
+    }
+  }
+  return current;
+}
+
+function escapePointer(segment: string): string {
+  return segment.replaceAll("~", "~0").replaceAll("/", "~1");
+}
+
+function unescapePointer(segment: string): string {
+  return segment.replaceAll("~1", "/").replaceAll("~0", "~");
+}
+
+function jsonTypeOf(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "array";
+  return typeof value;
+}

@@ -1,0 +1,365 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { JsMsg } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
+import { nanos } from "@nats-io/nats-core";
+import type { z } from "zod";
+import type {
+  CallRequest,
+  MissingArgumentsEvent,
+  ResolveReply,
+  ResolvedCall,
+  SessionAddress,
+  Subjects,
+  ToolMessage,
+} from "@toolmesh/protocol";
+import {
+  CallRequestSchema,
+  ErrorCode,
+  ToolmeshError,
+  decodeJson,
+  encodeJson,
+  ensureError,
+  subjectToken,
+} from "@toolmesh/protocol";
+import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
+import { Semaphore, ensureStreams, publishDurable, startWorkLoop } from "@toolmesh/nats";
+import type { ToolRegistry } from "@toolmesh/registry";
+import type { Logger, Tracer } from "@toolmesh/telemetry";
+import {
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  ATTR_TOOLMESH_CALL_ID,
+  ATTR_TOOLMESH_SESSION_ID,
+  ATTR_TOOLMESH_TOOL,
+  MESSAGING_SYSTEM_VALUE_NATS,
+  SpanKind,
+  extractTraceContext,
+  withSpan,
+} from "@toolmesh/telemetry";
+import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
+
+/** Options of {@link startResolver}. Durations in ms. */
+export interface ResolverOptions {
+  nc: NatsConnection;
+  subjects: Subjects;
+  registry: ToolRegistry;
+  log: Logger;
+  tracer: Tracer;
+  /** Budget of a call that sets none, in ms. Default 60 000. */
+  defaultTimeoutMs?: number;
+  /** Calls resolved at once by this process. Default 64. */
+  concurrency?: number;
+  streamLimits?: StreamLimits;
+}
+
+/** A running resolver. */
+export interface Resolver {
+  /** Stops taking calls and waits for those in hand (at most `graceMs`, default 10 s). */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/** The outcome of resolving one submitted call. */
+export type Resolution =
+  | { ok: true; resolved: ResolvedCall }
+  | {
+      ok: false;
+      error: ToolmeshError;
+      toolCallId: string | undefined;
+      tool: string | undefined;
+      request: CallRequest | undefined;
+    };
+
+/**
+ * Resolves one call request against the registry: envelope, tool name, arguments, defaults,
+ * missing params and schema validation. Pure apart from reading the registry's live copy.
+ */
+export function resolveRequest(
+  registry: ToolRegistry,
+  body: unknown,
+  address: SessionAddress,
+  options: { now: number; defaultTimeoutMs: number },
+): Resolution {
+  const envelope = CallRequestSchema.safeParse(body);
+  if (!envelope.success) {
+    return { ok: false, error: envelopeError(envelope.error), ...partialIds(body) };
+  }
+  const request = envelope.data;
+  const toolCallId = request.tool_call.id;
+  const name = request.tool_call.function.name;
+  try {
+    if (subjectToken(request.session_id) !== address.session) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        "session_id does not match the session of the subject it was published on",
+        {
+          details: { session_id: request.session_id },
+        },
+      );
+    }
+    validateToolName(name);
+    const tool = registry.get(name);
+    if (tool === undefined) {
+      const closeMatches = findCloseMatches(name, registry.names());
+      throw new ToolmeshError(
+        ErrorCode.UnknownTool,
+        closeMatches.length > 0
+          ? `unknown tool "${name}"; did you mean ${closeMatches.map((m) => `"${m}"`).join(", ")}?`
+          : `unknown tool "${name}"`,
+        { details: { tool: name, close_matches: closeMatches } },
+      );
+    }
+    const args = parseArguments(request.tool_call.function.arguments);
+    const resolved = resolveCall(tool, request, args, { ...options, address });
+    return { ok: true, resolved };
+  } catch (err) {
+    return { ok: false, error: ensureError(err), toolCallId, tool: name, request };
+  }
+}
+
+function envelopeError(error: z.ZodError): ToolmeshError {
+  const argumentsIssue = error.issues.find(
+    (i) => i.path.join(".") === "tool_call.function.arguments",
+  );
+  const issues = error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
+  if (argumentsIssue !== undefined && error.issues.length === 1) {
+    return new ToolmeshError(
+      ErrorCode.InvalidArguments,
+      "function.arguments must be a JSON object or a string holding one",
+      {
+        details: { issues },
+      },
+    );
+  }
+  return new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `malformed call request: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
+    { details: { issues } },
+  );
+}
+
+function partialIds(body: unknown): {
+  toolCallId: string | undefined;
+  tool: string | undefined;
+  request: undefined;
+} {
+  const call = (body as { tool_call?: { id?: unknown; function?: { name?: unknown } } } | null)
+    ?.tool_call;
+  const id = call?.id;
+  const name = call?.function?.name;
+  return {
+    toolCallId: typeof id === "string" && id.length > 0 && id.length <= 256 ? id : undefined,
+    tool: typeof name === "string" ? name : undefined,
+    request: undefined,
+  };
+}
+
+/**
+ * Takes calls from the calls stream, resolves them, answers invalid ones on their session at
+ * once and routes valid ones to their tool's work subject. Also answers dry-run requests.
+ */
+export async function startResolver(options: ResolverOptions): Promise<Resolver> {
+  const { nc, subjects, registry, log, tracer } = options;
+  const defaultTimeoutMs = options.defaultTimeoutMs ?? 60_000;
+  const jsm = await ensureStreams(nc, subjects, options.streamLimits);
+  const js = jetstream(nc);
+  await ensureResolverConsumer();
+
+  const loop: WorkLoop = await startWorkLoop({
+    js,
+    stream: subjects.streams.calls,
+    consumer: subjects.resolverConsumer,
+    slots: new Semaphore(options.concurrency ?? 64),
+    maxMessages: 32,
+    handle: handleCall,
+    onError: (err) => log.error({ err }, "resolver loop error"),
+  });
+
+  const rpc: Subscription = nc.subscribe(subjects.allResolveRpc, {
+    queue: "toolmesh-resolver",
+    callback: (err, msg) => {
+      if (err !== null) {
+        log.error({ err }, "resolve subscription failed");
+        return;
+      }
+      answerDryRun(msg);
+    },
+  });
+  log.info({ prefix: subjects.prefix }, "resolver started");
+
+  async function ensureResolverConsumer(): Promise<void> {
+    const config = {
+      durable_name: subjects.resolverConsumer,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(30_000),
+      max_ack_pending: 10_000,
+    };
+    try {
+      await jsm.consumers.add(subjects.streams.calls, config);
+    } catch (err) {
+      if (!(err instanceof JetStreamApiError)) throw err;
+      await jsm.consumers.update(subjects.streams.calls, subjects.resolverConsumer, {
+        ack_wait: config.ack_wait,
+        max_ack_pending: config.max_ack_pending,
+      });
+    }
+  }
+
+  function answerDryRun(msg: Msg): void {
+    let reply: ResolveReply;
+    const tenant = subjects.parseRpcTenant(msg.subject) ?? "";
+    try {
+      const body = decodeJson(msg.data) as { session_id?: unknown };
+      const session =
+        typeof body?.session_id === "string" && body.session_id.length > 0
+          ? subjectToken(body.session_id)
+          : "_";
+      const resolution = resolveRequest(
+        registry,
+        body,
+        { tenant, session },
+        { now: Date.now(), defaultTimeoutMs },
+      );
+      reply = resolution.ok
+        ? { ok: true, resolved: resolution.resolved }
+        : { ok: false, error: resolution.error.toWire() };
+    } catch (err) {
+      reply = { ok: false, error: bodyError(err).toWire() };
+    }
+    msg.respond(encodeJson(reply));
+  }
+
+  async function handleCall(msg: JsMsg): Promise<void> {
+    const address = subjects.parseSessionSubject(msg.subject);
+    if (address === undefined) {
+      log.error({ subject: msg.subject }, "call on a subject outside the call layout; dropped");
+      msg.term();
+      return;
+    }
+    await withSpan(
+      tracer,
+      "resolve",
+      {
+        kind: SpanKind.CONSUMER,
+        parent: extractTraceContext(msg.headers),
+        attributes: {
+          [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
+          [ATTR_MESSAGING_OPERATION_TYPE]: "process",
+          [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
+        },
+      },
+      async (span) => {
+        let resolution: Resolution;
+        try {
+          resolution = resolveRequest(registry, decodeJson(msg.data), address, {
+            now: Date.now(),
+            defaultTimeoutMs,
+          });
+        } catch (err) {
+          resolution = {
+            ok: false,
+            error: bodyError(err),
+            toolCallId: undefined,
+            tool: undefined,
+            request: undefined,
+          };
+        }
+        const callId = resolution.ok ? resolution.resolved.call_id : resolution.toolCallId;
+        const tool = resolution.ok ? resolution.resolved.tool : resolution.tool;
+        if (callId !== undefined) span.setAttribute(ATTR_TOOLMESH_CALL_ID, callId);
+        if (tool !== undefined) span.setAttribute(ATTR_TOOLMESH_TOOL, tool);
+        span.setAttribute(ATTR_TOOLMESH_SESSION_ID, address.session);
+        const callLog = log.child({ callId, sessionId: address.session, tool });
+        try {
+          if (resolution.ok) {
+            const { resolved } = resolution;
+            await publishDurable(js, subjects.work(resolved.tool), resolved, {
+              msgId: resolved.idempotency_key,
+            });
+            callLog.debug(
+              { missing_optional: resolved.missing_optional },
+              "call routed to its executors",
+            );
+          } else {
+            await answerInvalid(resolution, address, msg.seq);
+            callLog.info({ code: resolution.error.code, err: resolution.error }, "call rejected");
+          }
+          msg.ack();
+        } catch (err) {
+          const error = ensureError(err);
+          if (resolution.ok && error.code === ErrorCode.PayloadTooLarge) {
+            // The resolved record outgrew the limit (defaults added): answer, don't retry.
+            await answerInvalid(
+              { ...resolution, ok: false, error, toolCallId: callId, tool, request: undefined },
+              address,
+              msg.seq,
+            )
+              .then(() => msg.ack())
+              .catch(() => msg.nak(1_000));
+            return;
+          }
+          callLog.error({ err: error }, "cannot hand the call on; it will be redelivered");
+          msg.nak(1_000);
+        }
+      },
+    );
+  }
+
+  async function answerInvalid(
+    resolution: Extract<Resolution, { ok: false }>,
+    address: SessionAddress,
+    seq: number,
+  ): Promise<void> {
+    const { error, request } = resolution;
+    // Without a usable call id the answer still reaches the session, keyed by stream sequence.
+    const callId = resolution.toolCallId ?? `invalid-${seq}`;
+    if (error.code === ErrorCode.MissingArguments && request !== undefined) {
+      const event: MissingArgumentsEvent = {
+        tool_call_id: callId,
+        session_id: request.session_id,
+        address,
+        tool: request.tool_call.function.name,
+        tool_revision: registry.get(request.tool_call.function.name)?.revision ?? 0,
+        missing_required: (error.details?.missing_required as string[] | undefined) ?? [],
+        missing_optional: (error.details?.missing_optional as string[] | undefined) ?? [],
+        at: Date.now(),
+      };
+      await publishDurable(js, subjects.missingArguments(address, event.tool), event, {
+        msgId: `missing:${request.idempotency_key ?? `${request.session_id}/${callId}`}`,
+      });
+    }
+    const message: ToolMessage = {
+      role: "tool",
+      tool_call_id: callId,
+      name: resolution.tool ?? "",
+      content: `Error: ${error.message}`,
+      error: error.toWire(),
+      session_id: request?.session_id ?? address.session,
+      attempts: 0,
+    };
+    await publishDurable(js, subjects.result(address, callId), message, {
+      msgId: `result:${request?.idempotency_key ?? `${address.session}/${callId}`}`,
+    });
+  }
+
+  return {
+    async stop(graceMs = 10_000) {
+      rpc.unsubscribe();
+      await loop.stop(graceMs);
+    },
+  };
+}
+
+function bodyError(err: unknown): ToolmeshError {
+  if (err instanceof TypeError) {
+    return new ToolmeshError(ErrorCode.InvalidRequest, "call request is not valid UTF-8", {
+      cause: err,
+    });
+  }
+  return new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `call request is not JSON: ${(err as Error).message}`,
+    { cause: err },
+  );
+}
