@@ -1,0 +1,44 @@
+import { readFile } from "node:fs/promises";
+import { parse as parseYaml } from "yaml";
+import { z } from "zod";
+import type { Runtime } from "@toolmesh/runtime";
+import type { Executor } from "./executor.js";
+import { startExecutor } from "./executor.js";
+import { loadToolsDir } from "./load-tools.js";
+
+const PresetsFileSchema = z.record(z.string(), z.record(z.string(), z.unknown()));
+
+/** Reads a presets file (YAML or JSON): `{ <tool>: { <param>: <value> } }`. */
+export async function loadPresetsFile(
+  path: string,
+): Promise<Record<string, Record<string, unknown>>> {
+  const parsed = PresetsFileSchema.safeParse(parseYaml(await readFile(path, "utf8")));
+  if (!parsed.success) {
+    throw new Error(
+      `presets file ${path} must map tool names to objects of param values: ${z.prettifyError(parsed.error)}`,
+    );
+  }
+  return parsed.data;
+}
+
+/** Starts an executor configured by the runtime: tools folder, presets file, concurrency. */
+export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
+  const { config } = rt;
+  const log = rt.log.child({ actor: "executor" });
+  const tools = await loadToolsDir(config.toolsDir, log);
+  return startExecutor({
+    nc: rt.nc,
+    subjects: rt.subjects,
+    registry: rt.registry,
+    tracer: rt.tracer,
+    streamLimits: rt.streamLimits,
+    log,
+    tools: tools.map((t) => t.module),
+    owner: config.executorOwner,
+    concurrency: config.concurrency,
+    toolkitContext: config.toolkitContext,
+    ...(config.presetsFile === undefined
+      ? {}
+      : { presets: await loadPresetsFile(config.presetsFile) }),
+  });
+}

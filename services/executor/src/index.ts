@@ -1,0 +1,7 @@
+export { retryDelay, startExecutor, toContent, toolDefinitionOf } from "./executor.js";
+export type { Executor, ExecutorOptions } from "./executor.js";
+export { ToolLoadError, loadToolsDir } from "./load-tools.js";
+export type { LoadLog, LoadedTool } from "./load-tools.js";
+export { ToolModuleSchema, defineTool } from "./tool-module.js";
+export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
+export { loadPresetsFile, startExecutorFromRuntime } from "./from-runtime.js";
