@@ -35,7 +35,9 @@ export const CallRequestSchema = z
     idempotency_key: Id.optional().describe(
       "Deduplicates submissions; defaults to `{session_id}/{tool_call.id}`.",
     ),
-    context: JsonObject.optional().describe("Call-level execution context; wins over agent_context."),
+    context: JsonObject.optional().describe(
+      "Call-level execution context; wins over agent_context.",
+    ),
     agent_context: JsonObject.optional().describe(
       "Agent-level execution context; wins over the executor's toolkit context.",
     ),
@@ -114,7 +116,9 @@ export const ToolMessageSchema = z
     role: z.literal("tool"),
     tool_call_id: z.string(),
     name: z.string(),
-    content: z.string().describe("The result as text (JSON for non-string results) or the error message."),
+    content: z
+      .string()
+      .describe("The result as text (JSON for non-string results) or the error message."),
     error: WireErrorSchema.optional().describe("Present exactly when the call failed."),
     session_id: z.string(),
     attempts: z.number().int().nonnegative().optional(),
@@ -164,7 +168,10 @@ export const ResolveReplySchema = z
     z.object({ ok: z.literal(true), resolved: ResolvedCallSchema }),
     z.object({ ok: z.literal(false), error: WireErrorSchema }),
   ])
-  .meta({ id: "ResolveReply", description: "The resolved-call record, or why the call is invalid." });
+  .meta({
+    id: "ResolveReply",
+    description: "The resolved-call record, or why the call is invalid.",
+  });
 
 /** Reply to a dry-run request. */
 export type ResolveReply = z.infer<typeof ResolveReplySchema>;

@@ -120,7 +120,10 @@ export class ToolmeshError extends Error {
 export class RetryableError extends ToolmeshError {
   readonly retryAfterMs: number | undefined;
 
-  constructor(message: string, options: { retryAfterMs?: number; details?: Record<string, unknown>; cause?: unknown } = {}) {
+  constructor(
+    message: string,
+    options: { retryAfterMs?: number; details?: Record<string, unknown>; cause?: unknown } = {},
+  ) {
     super(ErrorCode.ToolError, message, { ...options, retryable: true });
     this.retryAfterMs = options.retryAfterMs;
   }
@@ -128,7 +131,10 @@ export class RetryableError extends ToolmeshError {
 
 /** Thrown by a tool handler to say "this will fail the same way every time". */
 export class TerminalError extends ToolmeshError {
-  constructor(message: string, options: { details?: Record<string, unknown>; cause?: unknown } = {}) {
+  constructor(
+    message: string,
+    options: { details?: Record<string, unknown>; cause?: unknown } = {},
+  ) {
     super(ErrorCode.ToolError, message, { ...options, retryable: false });
   }
 }
@@ -139,8 +145,13 @@ export class TerminalError extends ToolmeshError {
  */
 export function ensureError(err: unknown, fallback: ErrorCode = ErrorCode.Internal): ToolmeshError {
   if (err instanceof ToolmeshError) return err;
-  if (err instanceof Error) return new ToolmeshError(fallback, err.message || err.name, { cause: err });
-  return new ToolmeshError(fallback, typeof err === "string" ? err : `non-error thrown: ${String(err)}`, {
-    cause: err,
-  });
+  if (err instanceof Error)
+    return new ToolmeshError(fallback, err.message || err.name, { cause: err });
+  return new ToolmeshError(
+    fallback,
+    typeof err === "string" ? err : `non-error thrown: ${String(err)}`,
+    {
+      cause: err,
+    },
+  );
 }

@@ -33,4 +33,8 @@ if (stale.length > 0) {
   process.stderr.write(`stale JSON Schemas (run "npm run schemas"):\n  ${stale.join("\n  ")}\n`);
   process.exit(1);
 }
-process.stdout.write(check ? "JSON Schemas are up to date\n" : `wrote ${Object.keys(wireSchemas).length} JSON Schemas to ${outDir}\n`);
+process.stdout.write(
+  check
+    ? "JSON Schemas are up to date\n"
+    : `wrote ${Object.keys(wireSchemas).length} JSON Schemas to ${outDir}\n`,
+);

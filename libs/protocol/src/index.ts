@@ -43,7 +43,12 @@ export {
   ToolKindSchema,
   summarize,
 } from "./tool-definition.js";
-export type { RetryPolicy, ToolDefinition, ToolDefinitionInput, ToolKind } from "./tool-definition.js";
+export type {
+  RetryPolicy,
+  ToolDefinition,
+  ToolDefinitionInput,
+  ToolKind,
+} from "./tool-definition.js";
 export { Header } from "./headers.js";
 export {
   DEFAULT_PREFIX,

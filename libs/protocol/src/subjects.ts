@@ -29,7 +29,10 @@ const KEEP_CHARS = MAX_TOKEN_LENGTH - HASH_CHARS - 2;
  */
 export function subjectToken(name: string): string {
   if (name.length === 0) {
-    throw new ToolmeshError(ErrorCode.InvalidRequest, "a name mapped to a subject must not be empty");
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      "a name mapped to a subject must not be empty",
+    );
   }
   if (name.length <= MAX_TOKEN_LENGTH && SAFE_TOKEN.test(name)) return name;
   let out = "";
@@ -97,10 +100,17 @@ export interface Subjects {
   resolveRpc(tenant: string): string;
   /** Wildcard over every tenant's resolve requests (the resolver's subscription). */
   readonly allResolveRpc: string;
+  /** Reads the tenant token back from a request-reply subject. */
+  parseRpcTenant(subject: string): string | undefined;
   /** Reads the session address back from a call or cancel subject. */
   parseSessionSubject(subject: string): SessionAddress | undefined;
   /** JetStream stream names. */
-  readonly streams: { readonly calls: string; readonly work: string; readonly sessions: string; readonly events: string };
+  readonly streams: {
+    readonly calls: string;
+    readonly work: string;
+    readonly sessions: string;
+    readonly events: string;
+  };
   /** KV bucket holding the tool registry. */
   readonly registryBucket: string;
   /** Durable consumer name for one tool's work, shared by every executor of the tool. */
@@ -116,7 +126,10 @@ export function assertValidPrefix(prefix: string): void {
   const parts = prefix.split(".");
   for (const part of parts) {
     if (!PREFIX_PART.test(part)) {
-      throw new ToolmeshError(ErrorCode.InvalidRequest, `invalid subject prefix "${prefix}": part "${part}" must match [A-Za-z0-9_-]+`);
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `invalid subject prefix "${prefix}": part "${part}" must match [A-Za-z0-9_-]+`,
+      );
     }
   }
 }
@@ -148,6 +161,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     allEvents: `${base}.events.>`,
     resolveRpc: (tenant) => `${base}.rpc.${t(tenant)}.resolve`,
     allResolveRpc: `${base}.rpc.*.resolve`,
+    parseRpcTenant: (subject) => subject.split(".")[baseParts + 1],
     parseSessionSubject(subject) {
       const parts = subject.split(".");
       if (parts.length !== baseParts + 3) return undefined;

@@ -42,10 +42,21 @@ export const ToolDefinitionSchema = z
       .describe("JSON Schema (2020-12) of the arguments, an object schema."),
     groups: z.array(z.string().min(1)).default(["default"]),
     system_params: z.array(z.string()).default([...DEFAULT_SYSTEM_PARAMS]),
-    preset_params: z.array(z.string()).default([]).describe("Names injected by the executor; values never leave it."),
+    preset_params: z
+      .array(z.string())
+      .default([])
+      .describe("Names injected by the executor; values never leave it."),
     kind: ToolKindSchema,
-    owner: z.string().min(1).describe("Identity of the registering service; its replicas share it."),
-    timeout_ms: z.number().int().positive().default(DEFAULT_TOOL_TIMEOUT_MS).describe("Per attempt."),
+    owner: z
+      .string()
+      .min(1)
+      .describe("Identity of the registering service; its replicas share it."),
+    timeout_ms: z
+      .number()
+      .int()
+      .positive()
+      .default(DEFAULT_TOOL_TIMEOUT_MS)
+      .describe("Per attempt."),
     retry: RetryPolicySchema.prefault({}),
     annotations: z.record(z.string(), z.unknown()).optional(),
     origin: z.record(z.string(), z.unknown()).optional(),

@@ -1,0 +1,380 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { JetStreamClient } from "@nats-io/jetstream";
+import { jetstream } from "@nats-io/jetstream";
+import type {
+  CallRequest,
+  ProgressEvent,
+  ResolveReply,
+  SessionAddress,
+  Subjects,
+  ToolCall,
+  ToolMessage,
+} from "@toolmesh/protocol";
+import {
+  DEFAULT_TENANT,
+  ErrorCode,
+  ProgressEventSchema,
+  ResolveReplySchema,
+  ToolMessageSchema,
+  ToolmeshError,
+  createSubjects,
+  decodeJson,
+  encodeJson,
+  ensureError,
+} from "@toolmesh/protocol";
+import { publishDurable, tracedHeaders } from "@toolmesh/nats";
+import type { Span, Tracer } from "@toolmesh/telemetry";
+import { SpanKind, withSpan } from "@toolmesh/telemetry";
+import { context, trace } from "@opentelemetry/api";
+
+/** Options of {@link ToolmeshClient}. Durations in ms. */
+export interface ClientOptions {
+  /** Subject prefix. Default `toolmesh`. */
+  prefix?: string;
+  /** This frontend's tenant id. Default `default`. */
+  tenant?: string;
+  /** Budget of a call that sets none, in ms. Default 60 000. */
+  defaultTimeoutMs?: number;
+  /** Extra wait past a call's deadline before the client answers it itself, in ms. Default 2 000. */
+  deadlineGraceMs?: number;
+  /** Tracer for the call spans; default the global tracer named `toolmesh-client`. */
+  tracer?: Tracer;
+}
+
+/** A tool call as a frontend hands it over: OpenAI's shape, or just a name and arguments. */
+export type CallInput =
+  ToolCall | { id?: string; name: string; arguments?: string | Record<string, unknown> };
+
+/** Per-call options. Durations in ms. */
+export interface SubmitOptions {
+  /** The call's whole budget, in ms. */
+  timeoutMs?: number;
+  idempotencyKey?: string;
+  /** Call-level execution context. */
+  context?: Record<string, unknown>;
+  /** Agent-level execution context. */
+  agentContext?: Record<string, unknown>;
+  agent?: string;
+  /** Params connected by a workflow edge. */
+  edgeParams?: string[];
+}
+
+/** Something that happened on a session. */
+export type SessionEvent =
+  | { type: "result"; message: ToolMessage }
+  | { type: "progress"; event: ProgressEvent }
+  | { type: "schema"; tool: string; body: unknown };
+
+/** One submitted call. */
+export interface CallHandle {
+  readonly callId: string;
+  readonly tool: string;
+  /** The one final message: a result or a typed error. Never rejects. */
+  readonly result: Promise<ToolMessage>;
+}
+
+/** The frontend side of toolmesh: build once per process, open a session per conversation. */
+export class ToolmeshClient {
+  readonly nc: NatsConnection;
+  readonly subjects: Subjects;
+  readonly tenant: string;
+  readonly js: JetStreamClient;
+  readonly #options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & {
+    tracer: Tracer;
+  };
+
+  constructor(nc: NatsConnection, options: ClientOptions = {}) {
+    this.nc = nc;
+    this.subjects = createSubjects(options.prefix === undefined ? {} : { prefix: options.prefix });
+    this.tenant = options.tenant ?? DEFAULT_TENANT;
+    this.js = jetstream(nc);
+    this.#options = {
+      defaultTimeoutMs: options.defaultTimeoutMs ?? 60_000,
+      deadlineGraceMs: options.deadlineGraceMs ?? 2_000,
+      tracer: options.tracer ?? trace.getTracer("toolmesh-client"),
+    };
+  }
+
+  /** Opens a session: one subscription that carries every answer for it. */
+  session(sessionId: string): Session {
+    return new Session(this, sessionId, this.#options);
+  }
+
+  /** Resolves a call without executing it: the resolved-call record, or the typed error. */
+  async resolve(
+    sessionId: string,
+    call: CallInput,
+    options: SubmitOptions = {},
+  ): Promise<ResolveReply> {
+    const request = buildRequest(sessionId, call, options);
+    try {
+      const reply = await this.nc.request(
+        this.subjects.resolveRpc(this.tenant),
+        encodeJson(request),
+        {
+          timeout: options.timeoutMs ?? 5_000,
+        },
+      );
+      return ResolveReplySchema.parse(decodeJson(reply.data));
+    } catch (err) {
+      const error =
+        err instanceof Error && /no responders/i.test(err.message)
+          ? new ToolmeshError(ErrorCode.Unavailable, "no resolver is running")
+          : ensureError(err, ErrorCode.Unavailable);
+      return { ok: false, error: error.toWire() };
+    }
+  }
+}
+
+let generatedIds = 0;
+
+function toToolCall(call: CallInput): ToolCall {
+  if ("function" in call) return call;
+  return {
+    id: call.id ?? `call_${Date.now().toString(36)}_${(generatedIds++).toString(36)}`,
+    type: "function",
+    function: { name: call.name, arguments: call.arguments ?? {} },
+  };
+}
+
+function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions): CallRequest {
+  return {
+    tool_call: toToolCall(call),
+    session_id: sessionId,
+    ...(options.idempotencyKey === undefined ? {} : { idempotency_key: options.idempotencyKey }),
+    ...(options.context === undefined ? {} : { context: options.context }),
+    ...(options.agentContext === undefined ? {} : { agent_context: options.agentContext }),
+    ...(options.agent === undefined ? {} : { agent: options.agent }),
+    ...(options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs }),
+    ...(options.edgeParams === undefined ? {} : { edge_params: options.edgeParams }),
+  };
+}
+
+interface Pending {
+  resolve(message: ToolMessage): void;
+  timer: NodeJS.Timeout;
+  span: Span;
+}
+
+/** A conversation's view of the mesh: submit calls, await their answers, watch its events. */
+export class Session {
+  readonly id: string;
+  readonly address: SessionAddress;
+  readonly #client: ToolmeshClient;
+  readonly #options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & {
+    tracer: Tracer;
+  };
+  readonly #sub: Subscription;
+  readonly #pending = new Map<string, Pending>();
+  readonly #listeners = new Set<(event: SessionEvent) => void>();
+  readonly #onClose = new Set<() => void>();
+  #closed = false;
+
+  constructor(
+    client: ToolmeshClient,
+    sessionId: string,
+    options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & { tracer: Tracer },
+  ) {
+    this.#client = client;
+    this.#options = options;
+    this.id = sessionId;
+    this.address = client.subjects.address(client.tenant, sessionId);
+    this.#sub = client.nc.subscribe(client.subjects.sessionEvents(this.address), {
+      callback: (err, msg) => {
+        if (err === null) this.#onMessage(msg);
+      },
+    });
+  }
+
+  /**
+   * Submits one call. The returned handle's `result` settles with the call's final message,
+   * or with a local `deadline_exceeded` error when nothing arrives by the deadline plus grace.
+   */
+  submit(call: CallInput, options: SubmitOptions = {}): CallHandle {
+    if (this.#closed) throw new ToolmeshError(ErrorCode.InvalidRequest, "session is closed");
+    const request = buildRequest(this.id, call, options);
+    const callId = request.tool_call.id;
+    const tool = request.tool_call.function.name;
+    const timeoutMs = request.timeout_ms ?? this.#options.defaultTimeoutMs;
+    request.timeout_ms = timeoutMs;
+    const existing = this.#pending.get(callId);
+    if (existing !== undefined) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `call ${callId} is already waiting in this session`,
+      );
+    }
+    const result = new Promise<ToolMessage>((resolve) => {
+      const span = this.#options.tracer.startSpan(`call ${tool}`, {
+        kind: SpanKind.PRODUCER,
+        attributes: {
+          "toolmesh.call_id": callId,
+          "toolmesh.tool": tool,
+          "toolmesh.session_id": this.id,
+        },
+      });
+      const timer = setTimeout(() => {
+        this.#settle(
+          callId,
+          localError(
+            callId,
+            tool,
+            this.id,
+            ErrorCode.DeadlineExceeded,
+            `no answer within ${timeoutMs} ms`,
+          ),
+        );
+      }, timeoutMs + this.#options.deadlineGraceMs);
+      this.#pending.set(callId, { resolve, timer, span });
+      void withSpan(
+        this.#options.tracer,
+        `publish ${tool}`,
+        { kind: SpanKind.PRODUCER, parent: trace.setSpan(context.active(), span) },
+        () =>
+          publishDurable(this.#client.js, this.#client.subjects.call(this.address), request, {
+            msgId: request.idempotency_key ?? `${this.id}/${callId}`,
+            headers: tracedHeaders(),
+          }),
+      ).catch((err: unknown) => {
+        const error = ensureError(err, ErrorCode.Unavailable);
+        this.#settle(
+          callId,
+          localError(callId, tool, this.id, error.code, error.message, error.retryable),
+        );
+      });
+    });
+    return { callId, tool, result };
+  }
+
+  /**
+   * Submits a whole `tool_calls` array at once; the calls run in parallel. `results` keeps
+   * the input order; iterate `settled` to get each message as it arrives.
+   */
+  submitAll(
+    calls: readonly CallInput[],
+    options: SubmitOptions = {},
+  ): {
+    handles: CallHandle[];
+    results: Promise<ToolMessage[]>;
+    settled: AsyncIterable<ToolMessage>;
+  } {
+    const handles = calls.map((call) => this.submit(call, options));
+    const results = Promise.all(handles.map((h) => h.result));
+    async function* settled(): AsyncGenerator<ToolMessage> {
+      const racing = new Map(
+        handles.map((h) => [h.callId, h.result.then((m) => ({ id: h.callId, m }))]),
+      );
+      while (racing.size > 0) {
+        const { id, m } = await Promise.race(racing.values());
+        racing.delete(id);
+        yield m;
+      }
+    }
+    return { handles, results, settled: settled() };
+  }
+
+  /** Listens to every event of the session; returns the function that stops listening. */
+  onEvent(listener: (event: SessionEvent) => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
+  }
+
+  /** Iterates the session's events until `signal` aborts or the session closes. */
+  async *events(signal?: AbortSignal): AsyncGenerator<SessionEvent> {
+    const queue: SessionEvent[] = [];
+    let wake: (() => void) | undefined;
+    const stop = this.onEvent((e) => {
+      queue.push(e);
+      wake?.();
+    });
+    const onAbort = (): void => wake?.();
+    signal?.addEventListener("abort", onAbort);
+    this.#onClose.add(onAbort);
+    try {
+      while (!this.#closed && signal?.aborted !== true) {
+        const next = queue.shift();
+        if (next !== undefined) {
+          yield next;
+          continue;
+        }
+        await new Promise<void>((resolve) => {
+          wake = resolve;
+        });
+        wake = undefined;
+      }
+    } finally {
+      stop();
+      signal?.removeEventListener("abort", onAbort);
+      this.#onClose.delete(onAbort);
+    }
+  }
+
+  /** Stops listening; calls still waiting settle with `cancelled`. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#sub.unsubscribe();
+    for (const [callId] of this.#pending) {
+      this.#settle(
+        callId,
+        localError(
+          callId,
+          "",
+          this.id,
+          ErrorCode.Cancelled,
+          "session closed before the answer arrived",
+        ),
+      );
+    }
+    for (const wake of this.#onClose) wake();
+  }
+
+  #onMessage(msg: Msg): void {
+    const kind = msg.subject.split(".").at(-2);
+    let event: SessionEvent;
+    try {
+      const body = decodeJson(msg.data);
+      if (kind === "result") event = { type: "result", message: ToolMessageSchema.parse(body) };
+      else if (kind === "progress")
+        event = { type: "progress", event: ProgressEventSchema.parse(body) };
+      else if (kind === "schema")
+        event = { type: "schema", tool: (body as { tool?: string }).tool ?? "", body };
+      else return;
+    } catch {
+      return; // Not ours to understand; the session goes on.
+    }
+    if (event.type === "result") this.#settle(event.message.tool_call_id, event.message);
+    for (const listener of this.#listeners) listener(event);
+  }
+
+  #settle(callId: string, message: ToolMessage): void {
+    const pending = this.#pending.get(callId);
+    if (pending === undefined) return;
+    this.#pending.delete(callId);
+    clearTimeout(pending.timer);
+    if (message.error !== undefined)
+      pending.span.setAttribute("toolmesh.error_code", message.error.code);
+    pending.span.end();
+    pending.resolve(message);
+  }
+}
+
+function localError(
+  callId: string,
+  tool: string,
+  sessionId: string,
+  code: ErrorCode,
+  message: string,
+  retryable?: boolean,
+): ToolMessage {
+  const error = new ToolmeshError(code, message, retryable === undefined ? {} : { retryable });
+  return {
+    role: "tool",
+    tool_call_id: callId,
+    name: tool,
+    content: `Error: ${message}`,
+    error: error.toWire(),
+    session_id: sessionId,
+    attempts: 0,
+  };
+}

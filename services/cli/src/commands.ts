@@ -1,0 +1,140 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import { ToolmeshClient } from "@toolmesh/client";
+import { ErrorCode, createSubjects } from "@toolmesh/protocol";
+import { connectNats } from "@toolmesh/nats";
+import { ToolRegistry } from "@toolmesh/registry";
+import type { RuntimeConfig } from "@toolmesh/runtime";
+import { createLogger } from "@toolmesh/telemetry";
+import { describeMessage, say } from "./print.js";
+
+/** Options shared by `call` and `resolve`. */
+export interface CallCommandOptions {
+  args?: string;
+  session?: string;
+  timeoutMs?: number;
+  json?: boolean;
+}
+
+async function withConnection<T>(
+  config: RuntimeConfig,
+  fn: (nc: NatsConnection) => Promise<T>,
+): Promise<T> {
+  const nc = await connectNats({ ...config.nats, name: "toolmesh-cli" });
+  try {
+    return await fn(nc);
+  } finally {
+    await nc.close();
+  }
+}
+
+function newSessionId(): string {
+  return `cli-${Date.now().toString(36)}-${process.pid}`;
+}
+
+/** `toolmesh call`: publishes one call and prints its final message; exit code 1 on error. */
+export async function callCommand(
+  config: RuntimeConfig,
+  tool: string,
+  options: CallCommandOptions,
+): Promise<number> {
+  return withConnection(config, async (nc) => {
+    const client = new ToolmeshClient(nc, {
+      prefix: config.prefix,
+      tenant: config.tenant,
+      defaultTimeoutMs: config.defaultTimeoutMs,
+    });
+    const session = client.session(options.session ?? newSessionId());
+    try {
+      const handle = session.submit(
+        { name: tool, arguments: options.args ?? "{}" },
+        options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs },
+      );
+      const message = await handle.result;
+      say(options.json === true ? JSON.stringify(message) : describeMessage(message));
+      return message.error === undefined ? 0 : 1;
+    } finally {
+      session.close();
+    }
+  });
+}
+
+/** `toolmesh resolve`: prints the resolved-call record without executing the call. */
+export async function resolveCommand(
+  config: RuntimeConfig,
+  tool: string,
+  options: CallCommandOptions,
+): Promise<number> {
+  return withConnection(config, async (nc) => {
+    const client = new ToolmeshClient(nc, {
+      prefix: config.prefix,
+      tenant: config.tenant,
+      defaultTimeoutMs: config.defaultTimeoutMs,
+    });
+    const reply = await client.resolve(
+      options.session ?? newSessionId(),
+      { name: tool, arguments: options.args ?? "{}" },
+      options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs },
+    );
+    if (options.json === true)
+      say(JSON.stringify(reply.ok ? reply.resolved : { error: reply.error }));
+    else if (reply.ok) say(JSON.stringify(reply.resolved, null, 2));
+    else say(`${reply.error.code}: ${reply.error.message}`);
+    return reply.ok ? 0 : 1;
+  });
+}
+
+/** `toolmesh tools list`: name and one line per tool. */
+export async function toolsListCommand(
+  config: RuntimeConfig,
+  options: { json?: boolean },
+): Promise<number> {
+  return withConnection(config, async (nc) => {
+    const registry = await openForReading(nc, config);
+    const tools = await registry.fetchAll();
+    if (options.json === true) {
+      say(
+        JSON.stringify(
+          tools.map((t) => ({ name: t.name, summary: t.summary, groups: t.groups, kind: t.kind })),
+        ),
+      );
+    } else if (tools.length === 0) {
+      say("no tools registered");
+    } else {
+      const width = Math.max(...tools.map((t) => t.name.length));
+      for (const t of tools) say(`${t.name.padEnd(width)}  ${t.summary}`);
+    }
+    return 0;
+  });
+}
+
+/** `toolmesh tools show`: the full registry entry of one tool. */
+export async function toolsShowCommand(
+  config: RuntimeConfig,
+  name: string,
+  options: { json?: boolean },
+): Promise<number> {
+  return withConnection(config, async (nc) => {
+    const registry = await openForReading(nc, config);
+    const tool = await registry.fetch(name);
+    if (tool === undefined) {
+      say(
+        options.json === true
+          ? JSON.stringify({
+              error: { code: ErrorCode.UnknownTool, message: `unknown tool "${name}"` },
+            })
+          : `unknown tool "${name}"`,
+      );
+      return 1;
+    }
+    say(options.json === true ? JSON.stringify(tool) : JSON.stringify(tool, null, 2));
+    return 0;
+  });
+}
+
+async function openForReading(nc: NatsConnection, config: RuntimeConfig): Promise<ToolRegistry> {
+  return ToolRegistry.open(nc, {
+    subjects: createSubjects({ prefix: config.prefix }),
+    log: createLogger({ service: "cli", level: "warn", destination: process.stderr }),
+    watch: false,
+  });
+}

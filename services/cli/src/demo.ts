@@ -1,0 +1,100 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { CallInput } from "@toolmesh/client";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { ToolMessage } from "@toolmesh/protocol";
+import { describeMessage, say } from "./print.js";
+
+/** One scripted step of the demo. */
+interface DemoStep {
+  title: string;
+  call: CallInput;
+  /** Also show the resolved-call record (defaults and their sources). */
+  showResolution?: boolean;
+}
+
+const STEPS: DemoStep[] = [
+  {
+    title: "a successful call",
+    call: { id: "demo-echo", name: "echo", arguments: '{"text":"hello from toolmesh"}' },
+  },
+  {
+    title: "a call with defaults filled (seed 000's optimize_structure)",
+    call: {
+      id: "demo-optimize",
+      name: "optimize_structure",
+      arguments: JSON.stringify({
+        input_structure: "https://example.org/Cu_bulk.cif",
+        model_path: "https://example.org/dpa-2.4-7M.pt",
+        relax_cell: false,
+      }),
+    },
+    showResolution: true,
+  },
+  {
+    title: "a call missing a required argument",
+    call: { id: "demo-weather", name: "get_weather", arguments: '{"days": 2}' },
+  },
+  {
+    title: "an invalid call: arguments that are not JSON",
+    call: { id: "demo-bad-json", name: "echo", arguments: '{"text": "unterminated' },
+  },
+  {
+    title: "an invalid call: a tool that does not exist",
+    call: { id: "demo-unknown", name: "get_wether", arguments: '{"city":"Paris"}' },
+  },
+];
+
+/**
+ * Walks through the demo against a running mesh and prints what each call returned.
+ * Returns the number of steps whose outcome was not the one expected.
+ */
+export async function runDemo(
+  nc: NatsConnection,
+  options: { prefix: string; tenant: string },
+): Promise<number> {
+  const client = new ToolmeshClient(nc, {
+    prefix: options.prefix,
+    tenant: options.tenant,
+    defaultTimeoutMs: 20_000,
+  });
+  const session = client.session(`demo-${Date.now().toString(36)}`);
+  const expectations = ["ok", "ok", "missing_arguments", "invalid_arguments", "unknown_tool"];
+  let surprises = 0;
+  try {
+    for (const [i, step] of STEPS.entries()) {
+      say(`\n── ${i + 1}. ${step.title}`);
+      say(
+        `   call: ${"name" in step.call ? step.call.name : ""} ${"arguments" in step.call ? String(step.call.arguments) : ""}`,
+      );
+      if (step.showResolution === true) {
+        const reply = await client.resolve(session.id, step.call);
+        if (reply.ok) {
+          say("   input_parameters:");
+          for (const p of reply.resolved.input_parameters) {
+            say(
+              `     ${p.name.padEnd(16)} ${p.type.padEnd(5)} ${JSON.stringify(p.value).padEnd(40)} (${p.source})`,
+            );
+          }
+        }
+      }
+      const message: ToolMessage = await session.submit(step.call).result;
+      say(
+        `   ${message.error === undefined ? "result" : "error"}: ${indent(describeMessage(message))}`,
+      );
+      const outcome = message.error?.code ?? "ok";
+      if (outcome !== expectations[i]) surprises++;
+    }
+  } finally {
+    session.close();
+  }
+  say(
+    surprises === 0
+      ? "\ndemo finished: every call ended as expected"
+      : `\ndemo finished: ${surprises} unexpected outcome(s)`,
+  );
+  return surprises;
+}
+
+function indent(text: string): string {
+  return text.split("\n").join("\n   ");
+}

@@ -1,0 +1,16 @@
+import type { ToolMessage } from "@toolmesh/protocol";
+
+/** Writes a line to stdout. The CLI's only way to talk to people. */
+export function say(text = ""): void {
+  process.stdout.write(`${text}\n`);
+}
+
+/** A final message for people: the content, or the error code and message. */
+export function describeMessage(message: ToolMessage): string {
+  if (message.error === undefined) return message.content;
+  const details =
+    message.error.details === undefined
+      ? ""
+      : `\n${JSON.stringify(message.error.details, null, 2)}`;
+  return `${message.error.code}: ${message.error.message}${details}`;
+}

@@ -1,0 +1,146 @@
+import { Command, InvalidArgumentError, Option } from "commander";
+import type { RuntimeConfig } from "@toolmesh/runtime";
+import { installShutdown, loadConfig, openRuntime } from "@toolmesh/runtime";
+import type { Role } from "./actors.js";
+import { ROLES, startActors } from "./actors.js";
+import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
+import { devCommand } from "./dev.js";
+
+interface GlobalOptions {
+  server?: string;
+  creds?: string;
+  nkey?: string;
+  user?: string;
+  password?: string;
+  token?: string;
+  prefix?: string;
+  tenant?: string;
+  logLevel?: string;
+  toolsDir?: string;
+}
+
+function positiveInt(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
+  return n;
+}
+
+/**
+ * The `toolmesh` command line. `env` is the process environment; `run` receives each
+ * command's exit code.
+ */
+export function buildProgram(
+  env: Readonly<Record<string, string | undefined>>,
+  run: (code: Promise<number>) => void,
+): Command {
+  const program = new Command("toolmesh")
+    .description("Executes LLM tool calls over NATS")
+    .option("-s, --server <url>", "NATS server URL(s) (NATS_URL)")
+    .option("--creds <file>", "NATS credentials file (NATS_CREDS)")
+    .option("--nkey <file>", "NATS nkey seed file (NATS_NKEY)")
+    .option("--user <name>", "NATS user (NATS_USER)")
+    .option("--password <secret>", "NATS password (NATS_PASSWORD)")
+    .option("--token <secret>", "NATS token (NATS_TOKEN)")
+    .option("--prefix <prefix>", "subject prefix (TOOLMESH_PREFIX)")
+    .option("--tenant <id>", "tenant id of this frontend (TOOLMESH_TENANT)")
+    .option("--log-level <level>", "fatal|error|warn|info|debug|trace|silent (TOOLMESH_LOG_LEVEL)")
+    .showHelpAfterError();
+
+  const config = (extra: Partial<Record<string, string | undefined>> = {}): RuntimeConfig => {
+    const o = program.opts<GlobalOptions>();
+    return loadConfig(env, {
+      NATS_URL: o.server,
+      NATS_CREDS: o.creds,
+      NATS_NKEY: o.nkey,
+      NATS_USER: o.user,
+      NATS_PASSWORD: o.password,
+      NATS_TOKEN: o.token,
+      TOOLMESH_PREFIX: o.prefix,
+      TOOLMESH_TENANT: o.tenant,
+      TOOLMESH_LOG_LEVEL: o.logLevel,
+      ...extra,
+    });
+  };
+
+  program
+    .command("serve")
+    .description(`run one or more actors in this process (${ROLES.join(", ")})`)
+    .addArgument(program.createArgument("<roles...>", "actors to run").choices(ROLES))
+    .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
+    .option("--concurrency <n>", "calls run at once by this executor (TOOLMESH_CONCURRENCY)")
+    .action((roles: Role[], o: { toolsDir?: string; concurrency?: string }) => {
+      run(
+        (async () => {
+          const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
+          const rt = await openRuntime(c, roles.join("+"));
+          const actors = await startActors(rt, roles);
+          installShutdown(rt.log, async () => {
+            await actors.stop(c.shutdownGraceMs);
+            await rt.close();
+          });
+          return new Promise<number>(() => undefined);
+        })(),
+      );
+    });
+
+  program
+    .command("dev")
+    .description("run every actor against NATS_URL, or a nats-server it starts, then a demo")
+    .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
+    .option("--no-demo", "skip the demo")
+    .option("--exit-after-demo", "stop the mesh once the demo is done (exit 1 if it went wrong)")
+    .action((o: { toolsDir?: string; demo: boolean; exitAfterDemo?: boolean }) => {
+      run(
+        devCommand(
+          config({
+            TOOLMESH_TOOLS_DIR: o.toolsDir,
+            TOOLMESH_LOG_LEVEL:
+              program.opts<GlobalOptions>().logLevel ?? env.TOOLMESH_LOG_LEVEL ?? "warn",
+          }),
+          { demo: o.demo, exitAfterDemo: o.exitAfterDemo === true },
+        ),
+      );
+    });
+
+  const callOptions = (cmd: Command): Command =>
+    cmd
+      .option("--args <json>", "function.arguments as JSON text", "{}")
+      .option("--session <id>", "session id (default: a new one)")
+      .addOption(new Option("--timeout-ms <n>", "the call's budget in ms").argParser(positiveInt))
+      .option("--json", "print one JSON object");
+
+  callOptions(
+    program
+      .command("call")
+      .description("publish one call and print its final message")
+      .argument("<tool>"),
+  ).action(
+    (tool: string, o: { args: string; session?: string; timeoutMs?: number; json?: boolean }) => {
+      run(callCommand(config(), tool, o));
+    },
+  );
+
+  callOptions(
+    program
+      .command("resolve")
+      .description("print the resolved-call record without executing")
+      .argument("<tool>"),
+  ).action(
+    (tool: string, o: { args: string; session?: string; timeoutMs?: number; json?: boolean }) => {
+      run(resolveCommand(config(), tool, o));
+    },
+  );
+
+  const tools = program.command("tools").description("look at the tool registry");
+  tools
+    .command("list")
+    .option("--json", "print JSON")
+    .action((o: { json?: boolean }) => run(toolsListCommand(config(), o)));
+  tools
+    .command("show")
+    .argument("<tool>")
+    .option("--json", "print JSON")
+    .action((name: string, o: { json?: boolean }) => run(toolsShowCommand(config(), name, o)));
+
+  return program;
+}
