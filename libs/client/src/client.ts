@@ -330,7 +330,7 @@ export class Session {
   }
 
   #onMessage(msg: Msg): void {
-    const kind = msg.subject.split(".").at(-2);
+    const kind = this.#client.subjects.sessionEventKind(msg.subject);
     let event: SessionEvent;
     try {
       const body = decodeJson(msg.data);

@@ -102,6 +102,8 @@ export interface Subjects {
   readonly allResolveRpc: string;
   /** Reads the tenant token back from a request-reply subject. */
   parseRpcTenant(subject: string): string | undefined;
+  /** Reads the kind (`result`, `progress`, `schema`) back from a session event subject. */
+  sessionEventKind(subject: string): string | undefined;
   /** Reads the session address back from a call or cancel subject. */
   parseSessionSubject(subject: string): SessionAddress | undefined;
   /** JetStream stream names. */
@@ -162,6 +164,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     resolveRpc: (tenant) => `${base}.rpc.${t(tenant)}.resolve`,
     allResolveRpc: `${base}.rpc.*.resolve`,
     parseRpcTenant: (subject) => subject.split(".")[baseParts + 1],
+    sessionEventKind: (subject) => subject.split(".")[baseParts + 3],
     parseSessionSubject(subject) {
       const parts = subject.split(".");
       if (parts.length !== baseParts + 3) return undefined;

@@ -73,9 +73,7 @@ export function getSharedAjv(): Ajv2020 {
     // `keywords: false`: ajv-formats resolves its own copy of ajv in this install, and the
     // formatMinimum/formatMaximum keywords built with that copy's code generator fail at
     // validation time ("….compare is not a function"). Plain `format` is unaffected.
-    formatsPlugin.default(ajv as unknown as Parameters<typeof formatsPlugin.default>[0], {
-      keywords: false,
-    });
+    formatsPlugin.default(ajv, { keywords: false });
     sharedAjv = ajv;
   }
   return sharedAjv;
@@ -205,9 +203,10 @@ function typeOf(schema: unknown): ParamType | undefined {
   const type = schema["type"];
   if (typeof type === "string") return TYPE_NAMES[type];
   if (Array.isArray(type)) {
+    // "null" has no entry in TYPE_NAMES, so the first non-null type wins.
     for (const name of type) {
-      if (typeof name === "string" && name !== "null" && TYPE_NAMES[name] !== undefined)
-        return TYPE_NAMES[name];
+      const mapped = typeof name === "string" ? TYPE_NAMES[name] : undefined;
+      if (mapped !== undefined) return mapped;
     }
     return undefined;
   }

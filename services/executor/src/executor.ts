@@ -316,7 +316,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     } catch (err) {
       const error = controller.signal.aborted
         ? ensureError(controller.signal.reason)
-        : ensureError(err, ErrorCode.ToolError);
+        : handlerError(err);
       return { ok: false, error };
     } finally {
       clearTimeout(timer);
@@ -331,6 +331,35 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       await Promise.all(loops.map((loop) => loop.stop(graceMs)));
     },
   };
+}
+
+const WIRE_CODES: ReadonlySet<string> = new Set(Object.values(ErrorCode));
+
+/**
+ * What a handler threw, as a typed error. Plain exceptions are `tool_error` and retryable
+ * (as in Temporal) unless they say otherwise: a thrown object's own `retryable` boolean and
+ * wire `code` are honoured, so tools need not import toolmesh to throw typed errors.
+ */
+export function handlerError(err: unknown): ToolmeshError {
+  if (err instanceof ToolmeshError) return err;
+  const shape = (typeof err === "object" && err !== null ? err : {}) as {
+    code?: unknown;
+    retryable?: unknown;
+    details?: unknown;
+  };
+  const code =
+    typeof shape.code === "string" && WIRE_CODES.has(shape.code)
+      ? (shape.code as ErrorCode)
+      : ErrorCode.ToolError;
+  const details =
+    typeof shape.details === "object" && shape.details !== null
+      ? (shape.details as Record<string, unknown>)
+      : undefined;
+  return new ToolmeshError(code, err instanceof Error ? err.message : String(err), {
+    retryable: typeof shape.retryable === "boolean" ? shape.retryable : true,
+    ...(details === undefined ? {} : { details }),
+    cause: err,
+  });
 }
 
 function deadlineError(call: ResolvedCall): ToolmeshError {

@@ -1,4 +1,10 @@
-export { retryDelay, startExecutor, toContent, toolDefinitionOf } from "./executor.js";
+export {
+  handlerError,
+  retryDelay,
+  startExecutor,
+  toContent,
+  toolDefinitionOf,
+} from "./executor.js";
 export type { Executor, ExecutorOptions } from "./executor.js";
 export { ToolLoadError, loadToolsDir } from "./load-tools.js";
 export type { LoadLog, LoadedTool } from "./load-tools.js";

@@ -185,7 +185,15 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       answerDryRun(msg);
     },
   });
-  log.info({ prefix: subjects.prefix }, "resolver started");
+  const stopWatching = registry.onChange(({ name, tool }) => {
+    if (tool === undefined) log.info({ tool: name }, "tool removed");
+    else
+      log.info(
+        { tool: name, revision: tool.revision, owner: tool.definition.owner },
+        "tool available",
+      );
+  });
+  log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
 
   async function ensureResolverConsumer(): Promise<void> {
     const config = {
@@ -345,6 +353,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   return {
     async stop(graceMs = 10_000) {
+      stopWatching();
       rpc.unsubscribe();
       await loop.stop(graceMs);
     },

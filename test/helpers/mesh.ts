@@ -1,0 +1,140 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+
+/** A toolmesh service running as its own process, started from the built `dist/`. */
+export interface ServiceProcess {
+  readonly pid: number;
+  readonly child: ChildProcess;
+  /** Parsed JSON log lines written so far. */
+  readonly lines: Record<string, unknown>[];
+  /** Resolves with the first log line matching `predicate` (already written or future). */
+  waitForLog(
+    predicate: (line: Record<string, unknown>) => boolean,
+    timeoutMs?: number,
+  ): Promise<Record<string, unknown>>;
+  /** Everything written to stderr so far. */
+  stderr(): string;
+  /** SIGTERM and wait for exit; resolves with the exit code. */
+  stop(): Promise<number | null>;
+  /** SIGKILL and wait for exit. */
+  kill(): Promise<void>;
+}
+
+const running = new Set<ServiceProcess>();
+
+/**
+ * Starts `services/<service>/dist/main.js` with the given environment and waits for its
+ * "<service> started" log line (readiness, not a sleep).
+ */
+export async function startService(
+  service: "resolver" | "executor",
+  env: Record<string, string>,
+  timeoutMs = 20_000,
+): Promise<ServiceProcess> {
+  const child = spawn(process.execPath, [join(ROOT, "services", service, "dist", "main.js")], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? "", TOOLMESH_LOG_LEVEL: "info", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const lines: Record<string, unknown>[] = [];
+  const waiters = new Set<{
+    predicate: (l: Record<string, unknown>) => boolean;
+    resolve: (l: Record<string, unknown>) => void;
+  }>();
+  let stderr = "";
+  let partial = "";
+  child.stdout.setEncoding("utf8");
+  child.stdout.on("data", (chunk: string) => {
+    const parts = (partial + chunk).split("\n");
+    partial = parts.pop() ?? "";
+    for (const text of parts) {
+      if (text.trim() === "") continue;
+      let line: Record<string, unknown>;
+      try {
+        line = JSON.parse(text) as Record<string, unknown>;
+      } catch {
+        line = { msg: text };
+      }
+      lines.push(line);
+      for (const w of waiters) {
+        if (w.predicate(line)) {
+          waiters.delete(w);
+          w.resolve(line);
+        }
+      }
+    }
+  });
+  child.stderr.setEncoding("utf8");
+  child.stderr.on("data", (chunk: string) => {
+    stderr += chunk;
+  });
+  const exited = once(child, "exit") as Promise<[number | null, NodeJS.Signals | null]>;
+
+  const handle: ServiceProcess = {
+    pid: child.pid ?? -1,
+    child,
+    lines,
+    stderr: () => stderr,
+    waitForLog(predicate, waitMs = 20_000) {
+      const found = lines.find(predicate);
+      if (found !== undefined) return Promise.resolve(found);
+      return new Promise((resolve, reject) => {
+        const waiter = { predicate, resolve };
+        waiters.add(waiter);
+        const timer = setTimeout(() => {
+          waiters.delete(waiter);
+          reject(
+            new Error(
+              `${service} ${child.pid}: no matching log line within ${waitMs} ms\n${stderr}`,
+            ),
+          );
+        }, waitMs);
+        void exited.then(([code]) => {
+          if (!waiters.has(waiter)) return;
+          waiters.delete(waiter);
+          clearTimeout(timer);
+          reject(
+            new Error(
+              `${service} exited with ${String(code)} before the expected log line\n${stderr}`,
+            ),
+          );
+        });
+        const original = waiter.resolve;
+        waiter.resolve = (l) => {
+          clearTimeout(timer);
+          original(l);
+        };
+      });
+    },
+    async stop() {
+      running.delete(handle);
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+      child.kill("SIGTERM");
+      const [code] = await exited;
+      return code;
+    },
+    async kill() {
+      running.delete(handle);
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill("SIGKILL");
+      await exited;
+    },
+  };
+  running.add(handle);
+  await handle.waitForLog((l) => l.msg === `${service} started`, timeoutMs);
+  return handle;
+}
+
+/** Kills every service process still running (for afterAll). */
+export async function killAllServices(): Promise<void> {
+  await Promise.all([...running].map((s) => s.kill()));
+}
+
+/** The folder of a fixture tools set under test/fixtures. */
+export function fixtureTools(name: string): string {
+  return join(ROOT, "test", "fixtures", name);
+}
