@@ -53,6 +53,7 @@ export interface NatsServerHandle {
   restart(): Promise<void>;
   /** `GET /jsz?consumers=true` from the monitoring port. */
   // The monitoring JSON is wide and version-dependent; tests poke at the fields they need.
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
   jsz(): Promise<any>;
   /** The last lines the server wrote to stderr (its log). */
   logs(): string;

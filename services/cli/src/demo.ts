@@ -7,7 +7,9 @@ import { describeMessage, say } from "./print.js";
 /** One scripted step of the demo. */
 interface DemoStep {
   title: string;
-  call: CallInput;
+  call: CallInput & { name: string; arguments: string };
+  /** The error code the step should end with, or "ok". */
+  expect: string;
   /** Also show the resolved-call record (defaults and their sources). */
   showResolution?: boolean;
 }
@@ -16,6 +18,7 @@ const STEPS: DemoStep[] = [
   {
     title: "a successful call",
     call: { id: "demo-echo", name: "echo", arguments: '{"text":"hello from toolmesh"}' },
+    expect: "ok",
   },
   {
     title: "a call with defaults filled (seed 000's optimize_structure)",
@@ -28,19 +31,23 @@ const STEPS: DemoStep[] = [
         relax_cell: false,
       }),
     },
+    expect: "ok",
     showResolution: true,
   },
   {
     title: "a call missing a required argument",
     call: { id: "demo-weather", name: "get_weather", arguments: '{"days": 2}' },
+    expect: "missing_arguments",
   },
   {
     title: "an invalid call: arguments that are not JSON",
     call: { id: "demo-bad-json", name: "echo", arguments: '{"text": "unterminated' },
+    expect: "invalid_arguments",
   },
   {
     title: "an invalid call: a tool that does not exist",
     call: { id: "demo-unknown", name: "get_wether", arguments: '{"city":"Paris"}' },
+    expect: "unknown_tool",
   },
 ];
 
@@ -58,14 +65,11 @@ export async function runDemo(
     defaultTimeoutMs: 20_000,
   });
   const session = client.session(`demo-${Date.now().toString(36)}`);
-  const expectations = ["ok", "ok", "missing_arguments", "invalid_arguments", "unknown_tool"];
   let surprises = 0;
   try {
     for (const [i, step] of STEPS.entries()) {
       say(`\n── ${i + 1}. ${step.title}`);
-      say(
-        `   call: ${"name" in step.call ? step.call.name : ""} ${"arguments" in step.call ? String(step.call.arguments) : ""}`,
-      );
+      say(`   call: ${step.call.name} ${step.call.arguments}`);
       if (step.showResolution === true) {
         const reply = await client.resolve(session.id, step.call);
         if (reply.ok) {
@@ -82,7 +86,7 @@ export async function runDemo(
         `   ${message.error === undefined ? "result" : "error"}: ${indent(describeMessage(message))}`,
       );
       const outcome = message.error?.code ?? "ok";
-      if (outcome !== expectations[i]) surprises++;
+      if (outcome !== step.expect) surprises++;
     }
   } finally {
     session.close();
