@@ -2,18 +2,20 @@ import { ConfigError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { buildProgram } from "./program.js";
 
-const program = buildProgram(process.env, (code) => {
-  code.then(
-    (c) => {
-      process.exitCode = c;
-    },
-    (err: unknown) => {
-      const known = err instanceof ConfigError || err instanceof ToolmeshError;
-      process.stderr.write(
-        `toolmesh: ${known ? (err as Error).message : String((err as Error)?.stack ?? err)}\n`,
-      );
-      process.exit(2);
-    },
-  );
+const program = buildProgram(process.env, (command) => {
+  Promise.resolve()
+    .then(command)
+    .then(
+      (c) => {
+        process.exitCode = c;
+      },
+      (err: unknown) => {
+        const known = err instanceof ConfigError || err instanceof ToolmeshError;
+        process.stderr.write(
+          `toolmesh: ${known ? (err as Error).message : String((err as Error)?.stack ?? err)}\n`,
+        );
+        process.exit(2);
+      },
+    );
 });
 await program.parseAsync(process.argv);

@@ -31,7 +31,7 @@ function positiveInt(value: string): number {
  */
 export function buildProgram(
   env: Readonly<Record<string, string | undefined>>,
-  run: (code: Promise<number>) => void,
+  run: (command: () => Promise<number>) => void,
 ): Command {
   const program = new Command("toolmesh")
     .description("Executes LLM tool calls over NATS")
@@ -69,18 +69,16 @@ export function buildProgram(
     .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
     .option("--concurrency <n>", "calls run at once by this executor (TOOLMESH_CONCURRENCY)")
     .action((roles: Role[], o: { toolsDir?: string; concurrency?: string }) => {
-      run(
-        (async () => {
-          const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
-          const rt = await openRuntime(c, roles.join("+"));
-          const actors = await startActors(rt, roles);
-          installShutdown(rt.log, async () => {
-            await actors.stop(c.shutdownGraceMs);
-            await rt.close();
-          });
-          return new Promise<number>(() => undefined);
-        })(),
-      );
+      run(async () => {
+        const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
+        const rt = await openRuntime(c, roles.join("+"));
+        const actors = await startActors(rt, roles);
+        installShutdown(rt.log, async () => {
+          await actors.stop(c.shutdownGraceMs);
+          await rt.close();
+        });
+        return new Promise<number>(() => undefined);
+      });
     });
 
   program
@@ -90,10 +88,11 @@ export function buildProgram(
     .option("--no-demo", "skip the demo")
     .option("--exit-after-demo", "stop the mesh once the demo is done (exit 1 if it went wrong)")
     .action((o: { toolsDir?: string; demo: boolean; exitAfterDemo?: boolean }) => {
-      run(
+      run(() =>
         devCommand(
           config({
             TOOLMESH_TOOLS_DIR: o.toolsDir,
+            // The demo's output is the point of `dev`: quiet logs unless asked.
             TOOLMESH_LOG_LEVEL:
               program.opts<GlobalOptions>().logLevel ?? env.TOOLMESH_LOG_LEVEL ?? "warn",
           }),
@@ -116,7 +115,7 @@ export function buildProgram(
       .argument("<tool>"),
   ).action(
     (tool: string, o: { args: string; session?: string; timeoutMs?: number; json?: boolean }) => {
-      run(callCommand(config(), tool, o));
+      run(() => callCommand(config(), tool, o));
     },
   );
 
@@ -127,7 +126,7 @@ export function buildProgram(
       .argument("<tool>"),
   ).action(
     (tool: string, o: { args: string; session?: string; timeoutMs?: number; json?: boolean }) => {
-      run(resolveCommand(config(), tool, o));
+      run(() => resolveCommand(config(), tool, o));
     },
   );
 
@@ -135,12 +134,14 @@ export function buildProgram(
   tools
     .command("list")
     .option("--json", "print JSON")
-    .action((o: { json?: boolean }) => run(toolsListCommand(config(), o)));
+    .action((o: { json?: boolean }) => run(() => toolsListCommand(config(), o)));
   tools
     .command("show")
     .argument("<tool>")
     .option("--json", "print JSON")
-    .action((name: string, o: { json?: boolean }) => run(toolsShowCommand(config(), name, o)));
+    .action((name: string, o: { json?: boolean }) =>
+      run(() => toolsShowCommand(config(), name, o)),
+    );
 
   return program;
 }

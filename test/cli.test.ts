@@ -1,0 +1,149 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { execFile } from "node:child_process";
+import { createServer } from "node:net";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+
+const run = promisify(execFile);
+const BIN = join(dirname(fileURLToPath(import.meta.url)), "..", "bin", "toolmesh.js");
+
+let server: NatsServerHandle;
+let env: Record<string, string>;
+
+/** Runs the CLI; resolves with exit code and output whatever the exit code. */
+async function toolmesh(
+  args: string[],
+  extraEnv: Record<string, string> = {},
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], {
+      env: { PATH: process.env.PATH ?? "", ...env, ...extraEnv },
+      timeout: 60_000,
+    });
+    return { code: 0, stdout, stderr };
+  } catch (err) {
+    const e = err as { code?: number; stdout?: string; stderr?: string };
+    return {
+      code: typeof e.code === "number" ? e.code : -1,
+      stdout: e.stdout ?? "",
+      stderr: e.stderr ?? "",
+    };
+  }
+}
+
+/** A port nothing listens on: bind one, note it, close it. */
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", resolve));
+  const { port } = srv.address() as { port: number };
+  await new Promise<void>((resolve) => srv.close(() => resolve()));
+  return port;
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  env = { NATS_URL: server.url, TOOLMESH_TOOLS_DIR: fixtureTools("tools-a") };
+  const resolver = await startService("resolver", env);
+  await startService("executor", env);
+  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "inspect");
+});
+
+afterAll(async () => {
+  await killAllServices();
+  await server?.stop();
+});
+
+describe("toolmesh CLI", () => {
+  it("call --json prints the tool message and exits 0", async () => {
+    const { code, stdout } = await toolmesh([
+      "call",
+      "inspect",
+      "--args",
+      '{"query":"q"}',
+      "--session",
+      "cli-1",
+      "--json",
+    ]);
+    expect(code).toBe(0);
+    const message = JSON.parse(stdout) as { role: string; content: string; session_id: string };
+    expect(message).toMatchObject({ role: "tool", name: "inspect", session_id: "cli-1" });
+    expect(JSON.parse(message.content)).toMatchObject({ args: { query: "q", limit: 10 } });
+  });
+
+  it("call exits 1 with the typed error when the call fails", async () => {
+    const { code, stdout } = await toolmesh(["call", "inspect", "--args", "{oops", "--json"]);
+    expect(code).toBe(1);
+    expect(JSON.parse(stdout)).toMatchObject({ error: { code: "invalid_arguments" } });
+  });
+
+  it("call honours -s/--server over NATS_URL", async () => {
+    const { code, stdout } = await toolmesh(["-s", server.url, "call", "whoami", "--json"], {
+      NATS_URL: "nats://127.0.0.1:1",
+    });
+    expect(code).toBe(0);
+    expect(JSON.parse(stdout)).toMatchObject({ name: "whoami" });
+  });
+
+  it("resolve --json prints the resolved-call record", async () => {
+    const { code, stdout } = await toolmesh([
+      "resolve",
+      "inspect",
+      "--args",
+      '{"query":"q"}',
+      "--json",
+    ]);
+    expect(code).toBe(0);
+    const record = JSON.parse(stdout) as {
+      arguments: Record<string, unknown>;
+      missing_optional: string[];
+    };
+    expect(record.arguments).toEqual({
+      query: "q",
+      limit: 10,
+      options: { deep: true, lang: "en" },
+    });
+    expect(record.missing_optional).toEqual([]);
+  });
+
+  it("tools list and show read the registry", async () => {
+    const list = await toolmesh(["tools", "list", "--json"]);
+    expect(list.code).toBe(0);
+    expect((JSON.parse(list.stdout) as { name: string }[]).map((t) => t.name)).toEqual([
+      "inspect",
+      "misbehave",
+      "whoami",
+    ]);
+    const show = await toolmesh(["tools", "show", "inspect", "--json"]);
+    const definition = JSON.parse(show.stdout) as {
+      parameters: { properties: Record<string, unknown> };
+      preset_params: string[];
+    };
+    expect(definition.preset_params).toEqual(["token"]);
+    expect(Object.keys(definition.parameters.properties)).not.toContain("token");
+    const missing = await toolmesh(["tools", "show", "nope", "--json"]);
+    expect(missing.code).toBe(1);
+  });
+
+  it("refuses a bad configuration value, naming the variable", async () => {
+    const { code, stderr } = await toolmesh(["call", "whoami"], {
+      TOOLMESH_DEFAULT_TIMEOUT_MS: "soon",
+    });
+    expect(code).toBe(2);
+    expect(stderr).toContain("TOOLMESH_DEFAULT_TIMEOUT_MS");
+  });
+
+  it("dev starts its own nats-server when none answers and runs the demo", async () => {
+    const port = await freePort();
+    const { code, stdout } = await toolmesh(["dev", "--exit-after-demo"], {
+      NATS_URL: `nats://127.0.0.1:${port}`,
+      TOOLMESH_TOOLS_DIR: "tools/builtin",
+    });
+    expect(stdout).toContain(`no NATS answered at nats://127.0.0.1:${port}; started nats-server`);
+    expect(stdout).toContain("demo finished: every call ended as expected");
+    expect(code).toBe(0);
+  });
+});
