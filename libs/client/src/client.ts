@@ -1,7 +1,9 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type {
+  CancelReply,
+  CancelRequest,
   CallRequest,
   ProgressEvent,
   ResolveReply,
@@ -11,6 +13,8 @@ import type {
   ToolMessage,
 } from "@toolmesh/protocol";
 import {
+  CallRequestSchema,
+  CancelReplySchema,
   DEFAULT_TENANT,
   ErrorCode,
   ProgressEventSchema,
@@ -21,6 +25,7 @@ import {
   decodeJson,
   encodeJson,
   ensureError,
+  errorToolMessage,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { Span, Tracer } from "@toolmesh/telemetry";
@@ -37,6 +42,8 @@ export interface ClientOptions {
   defaultTimeoutMs?: number;
   /** Extra wait past a call's deadline before the client answers it itself, in ms. Default 2 000. */
   deadlineGraceMs?: number;
+  /** How long request-reply exchanges (dry runs, cancellations) wait, in ms. Default 5 000. */
+  requestTimeoutMs?: number;
   /** Tracer for the call spans; default the global tracer named `toolmesh-client`. */
   tracer?: Tracer;
 }
@@ -71,6 +78,8 @@ export interface CallHandle {
   readonly tool: string;
   /** The one final message: a result or a typed error. Never rejects. */
   readonly result: Promise<ToolMessage>;
+  /** Asks the mesh to cancel this call. */
+  cancel(): Promise<CancelReply>;
 }
 
 /** The frontend side of toolmesh: build once per process, open a session per conversation. */
@@ -91,6 +100,7 @@ export class ToolmeshClient {
     this.#options = {
       defaultTimeoutMs: options.defaultTimeoutMs ?? 60_000,
       deadlineGraceMs: options.deadlineGraceMs ?? 2_000,
+      requestTimeoutMs: options.requestTimeoutMs ?? 5_000,
       tracer: options.tracer ?? trace.getTracer("toolmesh-client"),
     };
   }
@@ -112,7 +122,7 @@ export class ToolmeshClient {
         this.subjects.resolveRpc(this.tenant),
         encodeJson(request),
         {
-          timeout: options.timeoutMs ?? 5_000,
+          timeout: this.#options.requestTimeoutMs,
         },
       );
       return ResolveReplySchema.parse(decodeJson(reply.data));
@@ -197,8 +207,7 @@ export class Session {
     const tool = request.tool_call.function.name;
     const timeoutMs = request.timeout_ms ?? this.#options.defaultTimeoutMs;
     request.timeout_ms = timeoutMs;
-    const existing = this.#pending.get(callId);
-    if (existing !== undefined) {
+    if (this.#pending.has(callId)) {
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
         `call ${callId} is already waiting in this session`,
@@ -213,6 +222,7 @@ export class Session {
           "toolmesh.session_id": this.id,
         },
       });
+      const deadline = Date.now() + timeoutMs;
       const timer = setTimeout(() => {
         this.#settle(
           callId,
@@ -220,30 +230,116 @@ export class Session {
             callId,
             tool,
             this.id,
-            ErrorCode.DeadlineExceeded,
-            `no answer within ${timeoutMs} ms`,
+            new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
           ),
         );
       }, timeoutMs + this.#options.deadlineGraceMs);
       this.#pending.set(callId, { resolve, timer, span });
+      const checked = CallRequestSchema.safeParse(request);
+      if (!checked.success) {
+        // Caught here: the mesh could not even tell which call to answer.
+        const issues = checked.error.issues.map((i) => ({
+          path: `/${i.path.join("/")}`,
+          message: i.message,
+        }));
+        this.#settle(
+          callId,
+          localError(
+            callId,
+            tool,
+            this.id,
+            new ToolmeshError(
+              ErrorCode.InvalidRequest,
+              `malformed call: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
+              { details: { issues } },
+            ),
+          ),
+        );
+        return;
+      }
       void withSpan(
         this.#options.tracer,
         `publish ${tool}`,
         { kind: SpanKind.PRODUCER, parent: trace.setSpan(context.active(), span) },
-        () =>
-          publishDurable(this.#client.js, this.#client.subjects.call(this.address), request, {
-            msgId: request.idempotency_key ?? `${this.id}/${callId}`,
-            headers: tracedHeaders(),
-          }),
+        () => this.#publish(request, deadline),
       ).catch((err: unknown) => {
-        const error = ensureError(err, ErrorCode.Unavailable);
         this.#settle(
           callId,
-          localError(callId, tool, this.id, error.code, error.message, error.retryable),
+          localError(callId, tool, this.id, ensureError(err, ErrorCode.Unavailable)),
         );
       });
     });
-    return { callId, tool, result };
+    return { callId, tool, result, cancel: () => this.cancel(callId, options.idempotencyKey) };
+  }
+
+  /**
+   * Asks the mesh to cancel a call: a queued call never starts, a running one is aborted,
+   * and the session gets `cancelled` — unless the call had already ended.
+   */
+  async cancel(callId: string, idempotencyKey?: string): Promise<CancelReply> {
+    const request: CancelRequest = {
+      tool_call_id: callId,
+      session_id: this.id,
+      ...(idempotencyKey === undefined ? {} : { idempotency_key: idempotencyKey }),
+    };
+    try {
+      const reply = await this.#client.nc.request(
+        this.#client.subjects.cancel(this.address),
+        encodeJson(request),
+        {
+          timeout: this.#options.requestTimeoutMs,
+        },
+      );
+      return CancelReplySchema.parse(decodeJson(reply.data));
+    } catch (err) {
+      return {
+        cancelled: false,
+        state: "unknown",
+        error: ensureError(err, ErrorCode.Unavailable).toWire(),
+      };
+    }
+  }
+
+  /**
+   * Publishes a call, retrying with the same message id while the server is unreachable
+   * (restarts, failovers) and the deadline allows. A duplicate of an earlier submission is
+   * answered from the stored result when there is one.
+   */
+  async #publish(request: CallRequest, deadline: number): Promise<void> {
+    const callId = request.tool_call.id;
+    const msgId = request.idempotency_key ?? `${this.id}/${callId}`;
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
+      try {
+        const ack = await publishDurable(
+          this.#client.js,
+          this.#client.subjects.call(this.address),
+          request,
+          {
+            msgId,
+            headers: tracedHeaders(),
+          },
+        );
+        if (ack.duplicate) await this.#answerFromStore(callId);
+        return;
+      } catch (err) {
+        const error = ensureError(err, ErrorCode.Unavailable);
+        if (!error.retryable || Date.now() + delay >= deadline || !this.#pending.has(callId))
+          throw error;
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
+  }
+
+  async #answerFromStore(callId: string): Promise<void> {
+    const jsm = await jetstreamManager(this.#client.nc);
+    const stored = await jsm.streams
+      .getMessage(this.#client.subjects.streams.sessions, {
+        last_by_subj: this.#client.subjects.result(this.address, callId),
+      })
+      .catch(() => null);
+    if (stored === null) return; // still running: the answer will arrive live
+    const parsed = ToolMessageSchema.safeParse(safeJson(stored.data));
+    if (parsed.success) this.#settle(callId, parsed.data);
   }
 
   /**
@@ -321,8 +417,7 @@ export class Session {
           callId,
           "",
           this.id,
-          ErrorCode.Cancelled,
-          "session closed before the answer arrived",
+          new ToolmeshError(ErrorCode.Cancelled, "session closed before the answer arrived"),
         ),
       );
     }
@@ -363,18 +458,17 @@ function localError(
   callId: string,
   tool: string,
   sessionId: string,
-  code: ErrorCode,
-  message: string,
-  retryable?: boolean,
+  error: ToolmeshError,
 ): ToolMessage {
-  const error = new ToolmeshError(code, message, retryable === undefined ? {} : { retryable });
-  return {
-    role: "tool",
-    tool_call_id: callId,
-    name: tool,
-    content: `Error: ${message}`,
-    error: error.toWire(),
-    session_id: sessionId,
+  return errorToolMessage({ tool_call_id: callId, name: tool, session_id: sessionId }, error, {
     attempts: 0,
-  };
+  });
+}
+
+function safeJson(data: Uint8Array): unknown {
+  try {
+    return decodeJson(data);
+  } catch {
+    return undefined;
+  }
 }

@@ -24,3 +24,4 @@ export {
   stopAll as stopAllNatsServers,
 } from "./local-server.js";
 export type { NatsServerHandle, StartNatsServerOptions } from "./local-server.js";
+export { ServerClock } from "./server-clock.js";

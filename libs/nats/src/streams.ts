@@ -20,11 +20,15 @@ export interface StreamLimits {
   sessionRetentionMs?: number;
   /** How long events (missing arguments) are kept, in ms. Default 24 h. */
   eventRetentionMs?: number;
+  /** How long dead letters are kept, in ms. Default 7 days. */
+  deadLetterRetentionMs?: number;
+  /** Most calls waiting in the calls or work stream; more are refused as `overloaded`. Default 1 000 000. */
+  maxQueuedCalls?: number;
 }
 
 const STREAM_NAME_IN_USE = 10058;
 
-/** The configurations of the four streams for a prefix. */
+/** The configurations of the streams for a prefix. */
 export function streamConfigs(
   subjects: Subjects,
   limits: StreamLimits = {},
@@ -32,6 +36,7 @@ export function streamConfigs(
   const maxMsgSize = limits.maxMessageBytes ?? 1024 * 1024;
   const dup = nanos(limits.duplicateWindowMs ?? 120_000);
   const common = { storage: StorageType.File, num_replicas: 1, max_msg_size: maxMsgSize };
+  const maxMsgs = limits.maxQueuedCalls ?? 1_000_000;
   return [
     {
       ...common,
@@ -39,6 +44,7 @@ export function streamConfigs(
       subjects: [subjects.allCalls],
       retention: RetentionPolicy.Workqueue,
       discard: DiscardPolicy.New,
+      max_msgs: maxMsgs,
       duplicate_window: dup,
     },
     {
@@ -47,6 +53,7 @@ export function streamConfigs(
       subjects: [subjects.allWork],
       retention: RetentionPolicy.Workqueue,
       discard: DiscardPolicy.New,
+      max_msgs: maxMsgs,
       duplicate_window: dup,
     },
     {
@@ -65,6 +72,23 @@ export function streamConfigs(
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
       max_age: nanos(limits.eventRetentionMs ?? 86_400_000),
+      duplicate_window: dup,
+    },
+    {
+      ...common,
+      name: subjects.streams.timers,
+      subjects: [subjects.deadlineTimer],
+      retention: RetentionPolicy.Workqueue,
+      discard: DiscardPolicy.New,
+      duplicate_window: dup,
+    },
+    {
+      ...common,
+      name: subjects.streams.dlq,
+      subjects: [subjects.allDlq],
+      retention: RetentionPolicy.Limits,
+      discard: DiscardPolicy.Old,
+      max_age: nanos(limits.deadLetterRetentionMs ?? 7 * 86_400_000),
       duplicate_window: dup,
     },
   ];

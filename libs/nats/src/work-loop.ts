@@ -1,7 +1,7 @@
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import type { Semaphore } from "./semaphore.js";
 
-/** Options of {@link startWorkLoop}. */
+/** Options of {@link startWorkLoop}. Durations in ms. */
 export interface WorkLoopOptions {
   js: JetStreamClient;
   stream: string;
@@ -11,16 +11,26 @@ export interface WorkLoopOptions {
   slots: Semaphore;
   /** Messages buffered per pull. Default 8. */
   maxMessages?: number;
+  /**
+   * While a message waits for a slot or is being handled, tell the server every this many ms
+   * that it is still owned (`working()`), so it is not redelivered elsewhere. Set it below
+   * the consumer's ack wait; default off.
+   */
+  heartbeatMs?: number;
   /** Handles one message and settles it (ack, nak or term). Must not throw. */
   handle(msg: JsMsg): Promise<void>;
-  /** Told about handler failures and consumer notifications that need attention. */
+  /** Told about handler failures and consumer errors that need attention. */
   onError(err: unknown, msg?: JsMsg): void;
 }
 
 /** A running consumption loop. */
 export interface WorkLoop {
-  /** Stops pulling, waits for running handlers (at most `graceMs`, default 10 s). */
-  stop(graceMs?: number): Promise<void>;
+  /**
+   * Stops pulling and waits for running handlers. When `graceMs` (default 10 s) passes first,
+   * calls `onGraceExpired` (which should make the handlers hand their messages back) and
+   * waits for the handlers to return.
+   */
+  stop(graceMs?: number, onGraceExpired?: () => void): Promise<void>;
   /** How many handlers run right now. */
   readonly inFlight: number;
 }
@@ -35,10 +45,18 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
   const running = new Set<Promise<void>>();
   let stopping = false;
 
+  const heartbeat = (msg: JsMsg): (() => void) => {
+    if (options.heartbeatMs === undefined) return () => undefined;
+    const timer = setInterval(() => msg.working(), options.heartbeatMs);
+    return () => clearInterval(timer);
+  };
+
   const pump = (async () => {
     for await (const msg of messages) {
+      const stopBeating = heartbeat(msg);
       await options.slots.acquire();
       if (stopping) {
+        stopBeating();
         options.slots.release();
         msg.nak();
         continue;
@@ -47,6 +65,7 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
         .handle(msg)
         .catch((err: unknown) => options.onError(err, msg))
         .finally(() => {
+          stopBeating();
           options.slots.release();
           running.delete(task);
         });
@@ -58,15 +77,19 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     get inFlight() {
       return running.size;
     },
-    async stop(graceMs = 10_000) {
+    async stop(graceMs = 10_000, onGraceExpired) {
       stopping = true;
       await messages.close().catch(() => undefined);
       await pump;
       let timer: NodeJS.Timeout | undefined;
-      const grace = new Promise<void>((resolve) => {
-        timer = setTimeout(resolve, graceMs);
+      const expired = new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(true), graceMs);
       });
-      await Promise.race([Promise.allSettled([...running]), grace]);
+      const finished = Promise.allSettled([...running]).then(() => false);
+      if (await Promise.race([finished, expired])) {
+        onGraceExpired?.();
+        await Promise.allSettled([...running]);
+      }
       clearTimeout(timer);
     },
   };

@@ -175,3 +175,29 @@ export const ResolveReplySchema = z
 
 /** Reply to a dry-run request. */
 export type ResolveReply = z.infer<typeof ResolveReplySchema>;
+
+/** Request on `{p}.v1.cancel.{tenant}.{session}`: cancel one call of the session. */
+export const CancelRequestSchema = z
+  .object({
+    tool_call_id: Id,
+    session_id: Id,
+    idempotency_key: Id.optional().describe("Defaults to `{session_id}/{tool_call_id}`."),
+  })
+  .meta({ id: "CancelRequest", description: "Asks the mesh to cancel a call." });
+
+/** Asks the mesh to cancel a call. */
+export type CancelRequest = z.infer<typeof CancelRequestSchema>;
+
+/** Reply to a cancel request. */
+export const CancelReplySchema = z
+  .object({
+    cancelled: z.boolean().describe("True when this request ended the call."),
+    state: z
+      .enum(["cancelled", "done", "unknown"])
+      .describe("`done`: it had already ended; `unknown`: no such accepted call."),
+    error: WireErrorSchema.optional(),
+  })
+  .meta({ id: "CancelReply", description: "What became of a cancel request." });
+
+/** Reply to a cancel request. */
+export type CancelReply = z.infer<typeof CancelReplySchema>;

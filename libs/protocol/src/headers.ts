@@ -8,4 +8,14 @@ export const Header = {
   TraceState: "tracestate",
   /** Delivery attempt of a call, counting from 1. */
   Attempt: "Toolmesh-Attempt",
+  /** On a dead letter: the stream it came from. */
+  DlqStream: "Toolmesh-Dlq-Stream",
+  /** On a dead letter: its subject in that stream. */
+  DlqSubject: "Toolmesh-Dlq-Subject",
+  /** On a dead letter: its sequence in that stream. */
+  DlqSequence: "Toolmesh-Dlq-Sequence",
+  /** On a dead letter: why it was given up. */
+  DlqReason: "Toolmesh-Dlq-Reason",
+  /** On a dead letter: how many times it was delivered. */
+  DlqDeliveries: "Toolmesh-Dlq-Deliveries",
 } as const;

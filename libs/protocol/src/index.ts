@@ -9,6 +9,8 @@ export {
 } from "./errors.js";
 export type { ToolmeshErrorOptions, WireError } from "./errors.js";
 export {
+  CancelReplySchema,
+  CancelRequestSchema,
   CallRequestSchema,
   InputParameterSchema,
   MAX_ID_LENGTH,
@@ -24,6 +26,8 @@ export {
   ToolMessageSchema,
 } from "./envelopes.js";
 export type {
+  CancelReply,
+  CancelRequest,
   CallRequest,
   InputParameter,
   MissingArgumentsEvent,
@@ -62,3 +66,5 @@ export {
 export type { SessionAddress, SubjectOptions, Subjects } from "./subjects.js";
 export { encodeJson, decodeJson } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";
+export { errorToolMessage } from "./messages.js";
+export type { MessageTarget } from "./messages.js";

@@ -25,7 +25,8 @@ const KEEP_CHARS = MAX_TOKEN_LENGTH - HASH_CHARS - 2;
  * followed by `==` and the first 24 hex digits of the SHA-256 of the name. The result is a
  * valid subject token and a valid KV key: it never holds `.`, `*`, `>`, spaces or control
  * characters, so no name can reach another subject. Distinct names give distinct tokens
- * (up to SHA-256 collisions for names longer than the limit).
+ * (up to SHA-256 collisions for names longer than the limit). A name holding a lone UTF-16
+ * surrogate is escaped per code unit instead (`=uXXXX`), hashed over its UTF-16LE bytes.
  */
 export function subjectToken(name: string): string {
   if (name.length === 0) {
@@ -35,25 +36,44 @@ export function subjectToken(name: string): string {
     );
   }
   if (name.length <= MAX_TOKEN_LENGTH && SAFE_TOKEN.test(name)) return name;
+  // A lone surrogate has no UTF-8 form: such names are escaped per UTF-16 code unit as
+  // `=uXXXX`, which no well-formed name produces, so distinct names keep distinct tokens.
+  const wellFormed = name.isWellFormed();
+  const units: Iterable<number> = wellFormed ? Buffer.from(name, "utf8") : codeUnits(name);
   let out = "";
-  for (const byte of Buffer.from(name, "utf8")) {
-    const isSafe =
-      (byte >= 0x30 && byte <= 0x39) ||
-      (byte >= 0x41 && byte <= 0x5a) ||
-      (byte >= 0x61 && byte <= 0x7a) ||
-      byte === 0x5f ||
-      byte === 0x2d;
-    out += isSafe ? String.fromCharCode(byte) : `=${byte.toString(16).padStart(2, "0")}`;
+  for (const unit of units) {
+    out += isSafeByte(unit)
+      ? String.fromCharCode(unit)
+      : wellFormed
+        ? `=${unit.toString(16).padStart(2, "0")}`
+        : `=u${unit.toString(16).padStart(4, "0")}`;
     if (out.length > MAX_TOKEN_LENGTH) break;
   }
   if (out.length <= MAX_TOKEN_LENGTH) return out;
-  const digest = createHash("sha256").update(name, "utf8").digest("hex").slice(0, HASH_CHARS);
+  const digest = createHash("sha256")
+    .update(wellFormed ? Buffer.from(name, "utf8") : Buffer.from(name, "utf16le"))
+    .digest("hex")
+    .slice(0, HASH_CHARS);
   return `${out.slice(0, KEEP_CHARS)}==${digest}`;
+}
+
+function isSafeByte(unit: number): boolean {
+  return (
+    (unit >= 0x30 && unit <= 0x39) ||
+    (unit >= 0x41 && unit <= 0x5a) ||
+    (unit >= 0x61 && unit <= 0x7a) ||
+    unit === 0x5f ||
+    unit === 0x2d
+  );
+}
+
+function* codeUnits(text: string): Generator<number> {
+  for (let i = 0; i < text.length; i++) yield text.charCodeAt(i);
 }
 
 /** Options for {@link createSubjects}. */
 export interface SubjectOptions {
-  /** Dot-separated prefix of every subject, each part `[A-Za-z0-9_-]+`. Default `toolmesh`. */
+  /** Dot-separated prefix of every subject, each part `[a-z0-9-]+`. Default `toolmesh`. */
   prefix?: string;
 }
 
@@ -76,8 +96,20 @@ export interface Subjects {
   call(at: SessionAddress): string;
   /** Wildcard over every call subject (the calls stream). */
   readonly allCalls: string;
-  /** Where a frontend publishes a cancellation: `{p}.v1.cancel.{tenant}.{session}`. */
+  /** Request-reply: cancel a call of a session, `{p}.v1.cancel.{tenant}.{session}`. */
   cancel(at: SessionAddress): string;
+  /** Wildcard over every cancel subject (the resolver's subscription). */
+  readonly allCancel: string;
+  /** Core broadcast telling every executor to abort a running call: `{p}.v1.control.abort`. */
+  readonly abort: string;
+  /** Deadline timers of accepted calls: `{p}.v1.timers.deadline`. */
+  readonly deadlineTimer: string;
+  /** Dead letters of a tool: `{p}.v1.dlq.{tool}`. */
+  dlq(tool: string): string;
+  /** Wildcard over every dead letter (the dead-letter stream). */
+  readonly allDlq: string;
+  /** Server advisory sent when a consumer of `stream` gives up on a message. */
+  maxDeliveriesAdvisory(stream: string): string;
   /** Where resolved calls wait for an executor: `{p}.v1.work.{tool}`. */
   work(tool: string): string;
   /** Wildcard over every work subject (the work stream). */
@@ -86,6 +118,10 @@ export interface Subjects {
   sessionEvents(at: SessionAddress): string;
   /** The final message of one call: `{p}.v1.sessions.{tenant}.{session}.result.{call}`. */
   result(at: SessionAddress, callId: string): string;
+  /** Wildcard over every session's final messages. */
+  readonly allResults: string;
+  /** Reads the session address and call token back from a final message's subject. */
+  parseResultSubject(subject: string): { address: SessionAddress; call: string } | undefined;
   /** Progress of one call: `{p}.v1.sessions.{tenant}.{session}.progress.{call}`. */
   progress(at: SessionAddress, callId: string): string;
   /** A tool schema sent to a session: `{p}.v1.sessions.{tenant}.{session}.schema.{tool}`. */
@@ -112,16 +148,24 @@ export interface Subjects {
     readonly work: string;
     readonly sessions: string;
     readonly events: string;
+    readonly timers: string;
+    readonly dlq: string;
   };
   /** KV bucket holding the tool registry. */
   readonly registryBucket: string;
+  /** KV bucket holding the record of every accepted call. */
+  readonly callsBucket: string;
+  /** Durable consumer of the deadline keeper on the timers stream. */
+  readonly deadlineConsumer: string;
   /** Durable consumer name for one tool's work, shared by every executor of the tool. */
   workConsumer(tool: string): string;
   /** Durable consumer name of the resolver on the calls stream. */
   readonly resolverConsumer: string;
 }
 
-const PREFIX_PART = /^[A-Za-z0-9_-]+$/;
+// Lower case and no `_`: stream and bucket names join the parts with `_` and upper-case
+// them, and distinct prefixes must never share streams.
+const PREFIX_PART = /^[a-z0-9-]+$/;
 
 /** Validates a prefix; throws `invalid_request` naming the offending part. */
 export function assertValidPrefix(prefix: string): void {
@@ -130,7 +174,7 @@ export function assertValidPrefix(prefix: string): void {
     if (!PREFIX_PART.test(part)) {
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
-        `invalid subject prefix "${prefix}": part "${part}" must match [A-Za-z0-9_-]+`,
+        `invalid subject prefix "${prefix}": part "${part}" must match [a-z0-9-]+`,
       );
     }
   }
@@ -152,6 +196,12 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     call: (at) => `${base}.calls.${at.tenant}.${at.session}`,
     allCalls: `${base}.calls.*.*`,
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
+    allCancel: `${base}.cancel.*.*`,
+    abort: `${base}.control.abort`,
+    deadlineTimer: `${base}.timers.deadline`,
+    dlq: (tool) => `${base}.dlq.${t(tool)}`,
+    allDlq: `${base}.dlq.*`,
+    maxDeliveriesAdvisory: (stream) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`,
     work: (tool) => `${base}.work.${t(tool)}`,
     allWork: `${base}.work.*`,
     sessionEvents: (at) => `${base}.sessions.${at.tenant}.${at.session}.>`,
@@ -165,6 +215,14 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     allResolveRpc: `${base}.rpc.*.resolve`,
     parseRpcTenant: (subject) => subject.split(".")[baseParts + 1],
     sessionEventKind: (subject) => subject.split(".")[baseParts + 3],
+    allResults: `${base}.sessions.*.*.result.*`,
+    parseResultSubject(subject) {
+      const parts = subject.split(".");
+      const [tenant, session, kind, call] = parts.slice(baseParts + 1);
+      if (parts.length !== baseParts + 5 || kind !== "result") return undefined;
+      if (tenant === undefined || session === undefined || call === undefined) return undefined;
+      return { address: { tenant, session }, call };
+    },
     parseSessionSubject(subject) {
       const parts = subject.split(".");
       if (parts.length !== baseParts + 3) return undefined;
@@ -178,8 +236,12 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
       work: `${stem}_WORK`,
       sessions: `${stem}_SESSIONS`,
       events: `${stem}_EVENTS`,
+      timers: `${stem}_TIMERS`,
+      dlq: `${stem}_DLQ`,
     },
     registryBucket: `${bucketStem}_tools`,
+    callsBucket: `${bucketStem}_calls`,
+    deadlineConsumer: "deadline_keeper",
     workConsumer: (tool) => `work_${t(tool)}`,
     resolverConsumer: "resolver",
   };

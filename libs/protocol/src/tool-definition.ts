@@ -73,5 +73,9 @@ export type ToolDefinitionInput = z.input<typeof ToolDefinitionSchema>;
 export function summarize(description: string, maxLength = 120): string {
   const firstLine = description.trim().split(/\r?\n/, 1)[0] ?? "";
   const sentence = /^(.+?[.!?])(\s|$)/.exec(firstLine)?.[1] ?? firstLine;
-  return sentence.length <= maxLength ? sentence : `${sentence.slice(0, maxLength - 1).trimEnd()}…`;
+  if (sentence.length <= maxLength) return sentence;
+  let cut = sentence.slice(0, maxLength - 1);
+  // Never end inside a surrogate pair.
+  if (/[\uD800-\uDBFF]$/.test(cut)) cut = cut.slice(0, -1);
+  return `${cut.trimEnd()}…`;
 }

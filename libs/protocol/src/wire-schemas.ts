@@ -1,6 +1,8 @@
 import type { z } from "zod";
 import { WireErrorSchema } from "./errors.js";
 import {
+  CancelReplySchema,
+  CancelRequestSchema,
   CallRequestSchema,
   MissingArgumentsEventSchema,
   ProgressEventSchema,
@@ -20,6 +22,8 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "progress-event": ProgressEventSchema,
   "missing-arguments-event": MissingArgumentsEventSchema,
   "resolve-reply": ResolveReplySchema,
+  "cancel-request": CancelRequestSchema,
+  "cancel-reply": CancelReplySchema,
   "tool-definition": ToolDefinitionSchema,
   "wire-error": WireErrorSchema,
 };

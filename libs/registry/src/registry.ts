@@ -82,16 +82,25 @@ export class ToolRegistry {
       }
       const entry = await this.#kv.get(key);
       if (entry === null || entry.operation !== "PUT") continue; // deleted meanwhile: create again
-      const current = ToolDefinitionSchema.parse(entry.json());
-      if (current.owner !== definition.owner) {
+      const parsed = ToolDefinitionSchema.safeParse(safeJson(entry.value));
+      if (parsed.success) {
+        const current = parsed.data;
+        if (current.owner !== definition.owner) {
+          this.#log.warn(
+            { tool: definition.name, owner: current.owner, refused: definition.owner },
+            "tool name already registered by another owner; registration refused",
+          );
+          return { status: "conflict", owner: current.owner };
+        }
+        if (JSON.stringify(current) === JSON.stringify(definition)) {
+          return { status: "unchanged", revision: entry.revision };
+        }
+      } else {
+        // Not a tool definition (written by something else): nobody owns it, so it is taken.
         this.#log.warn(
-          { tool: definition.name, owner: current.owner, refused: definition.owner },
-          "tool name already registered by another owner; registration refused",
+          { tool: definition.name, key },
+          "replacing a registry entry that is not a tool definition",
         );
-        return { status: "conflict", owner: current.owner };
-      }
-      if (JSON.stringify(current) === JSON.stringify(definition)) {
-        return { status: "unchanged", revision: entry.revision };
       }
       try {
         return { status: "updated", revision: await this.#kv.update(key, data, entry.revision) };
@@ -146,8 +155,12 @@ export class ToolRegistry {
     const out: ToolDefinition[] = [];
     for (const key of keys) {
       const entry = await this.#kv.get(key);
-      if (entry !== null && entry.operation === "PUT")
-        out.push(ToolDefinitionSchema.parse(entry.json()));
+      if (entry === null || entry.operation !== "PUT") continue;
+      try {
+        out.push(ToolDefinitionSchema.parse(decodeJson(entry.value)));
+      } catch (err) {
+        this.#log.warn({ key, err }, "ignoring registry entry that is not a valid tool definition");
+      }
     }
     return out.sort((a, b) => a.name.localeCompare(b.name));
   }
@@ -219,4 +232,12 @@ export class ToolRegistry {
 
 function isWrongLastSequence(err: unknown): boolean {
   return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+}
+
+function safeJson(data: Uint8Array): unknown {
+  try {
+    return decodeJson(data);
+  } catch {
+    return undefined;
+  }
 }

@@ -39,7 +39,7 @@ export const EnvSchema = z.object({
           return false;
         }
       },
-      { message: "must be dot-separated parts of [A-Za-z0-9_-]" },
+      { message: "must be dot-separated parts of [a-z0-9-]" },
     ),
   TOOLMESH_TENANT: z.string().min(1).max(256).default(DEFAULT_TENANT),
   TOOLMESH_LOG_LEVEL: z.enum(LOG_LEVELS).default("info"),

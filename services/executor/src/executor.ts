@@ -1,5 +1,5 @@
-import type { NatsConnection } from "@nats-io/nats-core";
-import { nanos } from "@nats-io/nats-core";
+import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import { headers, nanos } from "@nats-io/nats-core";
 import type { ConsumerConfig, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
 import type {
@@ -11,17 +11,23 @@ import type {
 } from "@toolmesh/protocol";
 import {
   ErrorCode,
+  Header,
   ResolvedCallSchema,
   RetryableError,
   ToolDefinitionSchema,
   ToolmeshError,
   decodeJson,
+  encodeJson,
   ensureError,
+  errorToolMessage,
+  isRetryableByDefault,
   summarize,
 } from "@toolmesh/protocol";
+import { CallStore, finalizeCall } from "@toolmesh/call-store";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
+  ServerClock,
   ensureStreams,
   publishDurable,
   publishEphemeral,
@@ -61,8 +67,11 @@ export interface ExecutorOptions {
   /** Preset values by tool name from configuration; win over the module's own presets. */
   presets?: Record<string, Record<string, unknown>>;
   streamLimits?: StreamLimits;
-  /** Extra time a message stays owned beyond the attempt timeout, in ms. Default 15 000. */
-  ackGraceMs?: number;
+  /**
+   * How long a delivered call stays owned without a sign of life, in ms; heartbeats keep
+   * long calls owned. After a crash the call is redelivered once this passes. Default 10 000.
+   */
+  ackWaitMs?: number;
 }
 
 /** A running executor. */
@@ -114,19 +123,31 @@ function withoutParams(
   return { ...schema, properties, ...(required === undefined ? {} : { required }) };
 }
 
+/** Why a running attempt was stopped from outside. */
+const ShutdownCode = "executor_shutdown";
+
 /**
  * Registers the tools and consumes their work. Each tool has one durable pull consumer on
- * the work stream shared by every executor serving it, so N processes split the work.
+ * the work stream shared by every executor serving it, so N processes split the work. The
+ * call store decides who ends a call: a redelivered call that already ended is answered from
+ * its stored result and not run again.
  */
 export async function startExecutor(options: ExecutorOptions): Promise<Executor> {
   const { nc, subjects, registry, log, tracer } = options;
   const owner = options.owner ?? "executor";
-  const ackGraceMs = options.ackGraceMs ?? 15_000;
+  const ackWaitMs = options.ackWaitMs ?? 10_000;
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
+  const store = await CallStore.open(nc, { subjects });
+  const clock = new ServerClock();
   const slots = new Semaphore(options.concurrency ?? 16);
   const toolkitContext = options.toolkitContext ?? {};
+  const running = new Map<string, AbortController>();
+  // The call record stores the final message too: leave room for it within one message.
+  const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
   const served: ServedTool[] = [];
+  const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
+    publishDurable(js, subject, message, { msgId });
 
   for (const module of options.tools) {
     const definition = toolDefinitionOf(module, owner);
@@ -139,16 +160,33 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     });
   }
 
+  // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
+  const aborts: Subscription = nc.subscribe(subjects.abort, {
+    callback: (err, msg) => {
+      if (err !== null) return;
+      const body = safeJson(msg.data) as
+        { idempotency_key?: unknown; reason?: unknown } | undefined;
+      const controller =
+        typeof body?.idempotency_key === "string" ? running.get(body.idempotency_key) : undefined;
+      controller?.abort(
+        body?.reason === "deadline_exceeded"
+          ? new ToolmeshError(ErrorCode.DeadlineExceeded, "the call passed its deadline")
+          : new ToolmeshError(ErrorCode.Cancelled, "the call was cancelled by its caller"),
+      );
+    },
+  });
+
   const loops: WorkLoop[] = [];
   for (const tool of served) {
-    await ensureWorkConsumer(jsm, subjects, tool.definition, ackGraceMs);
+    await ensureWorkConsumer(jsm, subjects, tool.definition, ackWaitMs);
     loops.push(
       await startWorkLoop({
         js,
         stream: subjects.streams.work,
         consumer: subjects.workConsumer(tool.definition.name),
         slots,
-        maxMessages: 2,
+        maxMessages: 1,
+        heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
         handle: (msg) => handleWork(tool, msg),
         onError: (err) => log.error({ err, tool: tool.definition.name }, "work loop error"),
       }),
@@ -157,16 +195,20 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   log.info({ tools: served.map((t) => t.definition.name), owner }, "executor started");
 
   async function handleWork(tool: ServedTool, msg: JsMsg): Promise<void> {
+    clock.observe(ServerClock.timestampOf(msg));
     let call: ResolvedCall;
     try {
       call = ResolvedCallSchema.parse(decodeJson(msg.data));
     } catch (err) {
-      // Only a foreign publisher can put this here; nobody can be answered.
+      // Only a foreign publisher can put this here; nobody can be answered. Kept for people.
       log.error(
         { err, tool: tool.definition.name, seq: msg.seq },
-        "dropping work message that is not a resolved call",
+        "work message is not a resolved call",
       );
-      msg.term();
+      await publishDeadLetter(msg, "not a resolved call").then(
+        () => msg.ack(),
+        () => msg.nak(1_000),
+      );
       return;
     }
     const attempt = msg.info.deliveryCount;
@@ -193,63 +235,118 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         },
       },
       async () => {
-        const started = performance.now();
-        const outcome = await runAttempt(tool, call, attempt, callLog);
-        const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
-        if (!outcome.ok) {
-          const delay = retryDelay(outcome.error, attempt, tool.definition, call.deadline_at);
-          if (delay !== undefined) {
-            callLog.warn(
-              {
-                code: outcome.error.code,
-                err: outcome.error,
-                retry_in_ms: delay,
-                duration_ms: durationMs,
-              },
-              "attempt failed; retrying",
+        try {
+          const stored = await store.get(call.idempotency_key);
+          if (stored?.record.state === "done" && stored.record.result !== undefined) {
+            // Ended already (result, cancellation or deadline): answer from it, don't run.
+            await publishFinal(
+              subjects.result(call.address, call.call_id),
+              stored.record.result,
+              `result:${call.idempotency_key}`,
             );
-            msg.nak(delay);
+            msg.ack();
+            callLog.info("call already ended; answered from its stored result");
             return;
           }
-        }
-        const message: ToolMessage = {
-          role: "tool",
-          tool_call_id: call.tool_call_id,
-          name: call.tool,
-          content: outcome.ok ? outcome.content : `Error: ${outcome.error.message}`,
-          session_id: call.session_id,
-          attempts: attempt,
-          duration_ms: durationMs,
-          ...(outcome.ok ? {} : { error: outcome.error.toWire() }),
-        };
-        try {
-          await publishDurable(js, subjects.result(call.address, call.call_id), message, {
-            msgId: `result:${call.idempotency_key}`,
-          });
+          const started = performance.now();
+          const outcome = await runAttempt(tool, call, attempt, callLog);
+          const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
+          if (!outcome.ok && outcome.error.details?.[ShutdownCode] === true) {
+            msg.nak(); // handed back: another executor takes it
+            callLog.info("executor shutting down; call handed back");
+            return;
+          }
+          if (!outcome.ok) {
+            const delay = retryDelay(
+              outcome.error,
+              attempt,
+              tool.definition,
+              call.deadline_at,
+              clock.now(),
+            );
+            if (delay !== undefined) {
+              callLog.warn(
+                {
+                  code: outcome.error.code,
+                  err: outcome.error,
+                  retry_in_ms: delay,
+                  duration_ms: durationMs,
+                },
+                "attempt failed; retrying",
+              );
+              msg.nak(delay);
+              return;
+            }
+          }
+          const target = {
+            tool_call_id: call.tool_call_id,
+            name: call.tool,
+            session_id: call.session_id,
+          };
+          const extra = { attempts: attempt, duration_ms: durationMs };
+          let message: ToolMessage = outcome.ok
+            ? { role: "tool", ...target, content: outcome.content, ...extra }
+            : errorToolMessage(target, outcome.error, extra);
+          const bytes = encodeJson(message).length;
+          if (bytes > maxResultBytes) {
+            message = errorToolMessage(
+              target,
+              new ToolmeshError(
+                ErrorCode.PayloadTooLarge,
+                `the result is ${bytes} bytes; results may have at most ${maxResultBytes}`,
+                {
+                  retryable: false,
+                  details: { bytes, limit: maxResultBytes },
+                },
+              ),
+              extra,
+            );
+          }
+          const won = await finalizeCall(store, publishFinal, subjects, call, message);
+          msg.ack();
+          if (!won)
+            callLog.info("call had already ended (cancelled or past its deadline); result dropped");
+          else if (outcome.ok)
+            callLog.info(
+              {
+                args: call.arguments,
+                duration_ms: durationMs,
+                result_chars: message.content.length,
+              },
+              "call succeeded",
+            );
+          else
+            callLog.info(
+              {
+                args: call.arguments,
+                duration_ms: durationMs,
+                code: outcome.error.code,
+                err: outcome.error,
+              },
+              "call failed",
+            );
         } catch (err) {
-          callLog.error({ err }, "cannot publish the result; the call will be redelivered");
+          callLog.error(
+            { err },
+            "cannot record or publish the outcome; the call will be redelivered",
+          );
           msg.nak(1_000);
-          return;
-        }
-        msg.ack();
-        if (outcome.ok) {
-          callLog.info(
-            { args: call.arguments, duration_ms: durationMs, result_chars: message.content.length },
-            "call succeeded",
-          );
-        } else {
-          callLog.info(
-            {
-              args: call.arguments,
-              duration_ms: durationMs,
-              code: outcome.error.code,
-              err: outcome.error,
-            },
-            "call failed",
-          );
         }
       },
     );
+  }
+
+  async function publishDeadLetter(msg: JsMsg, reason: string): Promise<void> {
+    const h = headers();
+    h.set(Header.DlqStream, subjects.streams.work);
+    h.set(Header.DlqSubject, msg.subject);
+    h.set(Header.DlqSequence, String(msg.seq));
+    h.set(Header.DlqReason, reason);
+    h.set(Header.DlqDeliveries, String(msg.info.deliveryCount));
+    await js.publish(subjects.dlq("_unknown"), msg.data, {
+      headers: h,
+      msgID: `dlq:${subjects.streams.work}:${msg.seq}`,
+    });
   }
 
   async function runAttempt(
@@ -258,12 +355,13 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     attempt: number,
     callLog: Logger,
   ): Promise<{ ok: true; content: string } | { ok: false; error: ToolmeshError }> {
-    const remaining = call.deadline_at - Date.now();
+    const remaining = call.deadline_at - clock.now();
     if (remaining <= 0) {
       return { ok: false, error: deadlineError(call) };
     }
     const timeoutMs = Math.min(tool.definition.timeout_ms, remaining);
     const controller = new AbortController();
+    running.set(call.idempotency_key, controller);
     const timer = setTimeout(() => {
       controller.abort(
         timeoutMs < tool.definition.timeout_ms
@@ -271,9 +369,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
           : new ToolmeshError(
               ErrorCode.Timeout,
               `attempt ${attempt} of "${call.tool}" timed out after ${timeoutMs} ms`,
-              {
-                details: { timeout_ms: timeoutMs, attempt },
-              },
+              { details: { timeout_ms: timeoutMs, attempt } },
             ),
       );
     }, timeoutMs);
@@ -286,7 +382,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       attempt,
       context: { ...toolkitContext, ...call.agent_context, ...call.context },
       signal: controller.signal,
-      deadlineAt: call.deadline_at,
+      deadlineAt: call.deadline_at + clock.offsetMs,
       log: callLog,
       emit(data) {
         if (controller.signal.aborted) return;
@@ -320,17 +416,45 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       return { ok: false, error };
     } finally {
       clearTimeout(timer);
-      if (!controller.signal.aborted)
+      running.delete(call.idempotency_key);
+      if (!controller.signal.aborted) {
         controller.abort(new ToolmeshError(ErrorCode.Cancelled, "attempt finished"));
+      }
     }
   }
 
   return {
     tools: served.map((t) => t.definition.name),
     async stop(graceMs = 10_000) {
-      await Promise.all(loops.map((loop) => loop.stop(graceMs)));
+      const handBack = (): void => {
+        for (const controller of running.values()) {
+          controller.abort(
+            new ToolmeshError(ErrorCode.Unavailable, "executor shutting down", {
+              details: { [ShutdownCode]: true },
+            }),
+          );
+        }
+      };
+      await Promise.all(loops.map((loop) => loop.stop(graceMs, handBack)));
+      aborts.unsubscribe();
     },
   };
+}
+
+function safeStringify(value: unknown): string {
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+function safeJson(data: Uint8Array): unknown {
+  try {
+    return decodeJson(data);
+  } catch {
+    return undefined;
+  }
 }
 
 const WIRE_CODES: ReadonlySet<string> = new Set(Object.values(ErrorCode));
@@ -346,17 +470,30 @@ export function handlerError(err: unknown): ToolmeshError {
     code?: unknown;
     retryable?: unknown;
     details?: unknown;
+    message?: unknown;
   };
   const code =
     typeof shape.code === "string" && WIRE_CODES.has(shape.code)
       ? (shape.code as ErrorCode)
       : ErrorCode.ToolError;
   const details =
-    typeof shape.details === "object" && shape.details !== null
+    typeof shape.details === "object" && shape.details !== null && !Array.isArray(shape.details)
       ? (shape.details as Record<string, unknown>)
       : undefined;
-  return new ToolmeshError(code, err instanceof Error ? err.message : String(err), {
-    retryable: typeof shape.retryable === "boolean" ? shape.retryable : true,
+  const message =
+    err instanceof Error
+      ? err.message
+      : typeof shape.message === "string"
+        ? shape.message
+        : typeof err === "object" && err !== null
+          ? `tool threw ${safeStringify(err)}`
+          : String(err);
+  return new ToolmeshError(code, message, {
+    // A plain exception of the tool is worth another attempt; a typed code keeps its default.
+    retryable:
+      typeof shape.retryable === "boolean"
+        ? shape.retryable
+        : code === ErrorCode.ToolError || isRetryableByDefault(code),
     ...(details === undefined ? {} : { details }),
     cause: err,
   });
@@ -378,14 +515,26 @@ function abortion(signal: AbortSignal): Promise<never> {
 export function toContent(value: unknown): string {
   if (typeof value === "string") return value;
   if (value === undefined || value === null) return "";
+  let text: string | undefined;
   try {
-    return JSON.stringify(value);
+    text = JSON.stringify(value);
   } catch (err) {
     throw new ToolmeshError(ErrorCode.ToolError, "the tool's result cannot be converted to JSON", {
       retryable: false,
       cause: err,
     });
   }
+  if (text === undefined) {
+    // Functions, symbols and toJSON() returning undefined have no JSON form.
+    throw new ToolmeshError(
+      ErrorCode.ToolError,
+      `the tool returned a ${typeof value} that has no JSON form`,
+      {
+        retryable: false,
+      },
+    );
+  }
+  return text;
 }
 
 /**
@@ -421,7 +570,7 @@ async function ensureWorkConsumer(
   jsm: JetStreamManager,
   subjects: Subjects,
   definition: ToolDefinition,
-  ackGraceMs: number,
+  ackWaitMs: number,
 ): Promise<void> {
   const name = subjects.workConsumer(definition.name);
   const config: Partial<ConsumerConfig> = {
@@ -429,7 +578,7 @@ async function ensureWorkConsumer(
     filter_subject: subjects.work(definition.name),
     ack_policy: AckPolicy.Explicit,
     deliver_policy: DeliverPolicy.All,
-    ack_wait: nanos(definition.timeout_ms + ackGraceMs),
+    ack_wait: nanos(ackWaitMs),
     // Crash redeliveries count as deliveries too: leave room beyond the policy's attempts.
     max_deliver: definition.retry.max_attempts + 3,
     max_ack_pending: 1_000,

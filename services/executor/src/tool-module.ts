@@ -1,6 +1,6 @@
 import { z } from "zod";
 import type { Logger } from "@toolmesh/telemetry";
-import { RetryPolicySchema } from "@toolmesh/protocol";
+import { ErrorCode, RetryPolicySchema, ToolmeshError } from "@toolmesh/protocol";
 
 /** What a handler receives besides its arguments. */
 export interface ToolContext {
@@ -91,6 +91,22 @@ export function defineTool<S extends z.ZodObject>(options: DefineToolOptions<S>)
   return {
     ...rest,
     parameters,
-    handler: (args, ctx) => handler(input.parse(args), ctx),
+    handler: (args, ctx) => {
+      const parsed = input.safeParse(args);
+      if (!parsed.success) {
+        // The resolver validated against the same schema; this is a refinement it cannot
+        // express in JSON Schema. Trying again would fail the same way.
+        throw new ToolmeshError(ErrorCode.InvalidParameters, z.prettifyError(parsed.error), {
+          retryable: false,
+          details: {
+            errors: parsed.error.issues.map((i) => ({
+              path: `/${i.path.join("/")}`,
+              message: i.message,
+            })),
+          },
+        });
+      }
+      return handler(parsed.data, ctx);
+    },
   };
 }

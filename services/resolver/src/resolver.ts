@@ -19,10 +19,18 @@ import {
   decodeJson,
   encodeJson,
   ensureError,
+  errorToolMessage,
   subjectToken,
 } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
-import { Semaphore, ensureStreams, publishDurable, startWorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  ServerClock,
+  ensureStreams,
+  publishDurable,
+  startWorkLoop,
+} from "@toolmesh/nats";
+import { CallStore, argumentsHash, finalizeCall } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
@@ -38,6 +46,9 @@ import {
   withSpan,
 } from "@toolmesh/telemetry";
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
+import { startControlPlane } from "./control-plane.js";
+import type { ControlPlane } from "./control-plane.js";
+import { SessionLimits } from "./session-limits.js";
 
 /** Options of {@link startResolver}. Durations in ms. */
 export interface ResolverOptions {
@@ -50,7 +61,11 @@ export interface ResolverOptions {
   defaultTimeoutMs?: number;
   /** Calls resolved at once by this process. Default 64. */
   concurrency?: number;
+  /** Calls of one session in flight through this resolver; more get `overloaded`. Default 256. */
+  sessionMaxInFlight?: number;
   streamLimits?: StreamLimits;
+  /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
+  callRetentionMs?: number;
 }
 
 /** A running resolver. */
@@ -61,7 +76,7 @@ export interface Resolver {
 
 /** The outcome of resolving one submitted call. */
 export type Resolution =
-  | { ok: true; resolved: ResolvedCall }
+  | { ok: true; resolved: ResolvedCall; request: CallRequest }
   | {
       ok: false;
       error: ToolmeshError;
@@ -72,7 +87,8 @@ export type Resolution =
 
 /**
  * Resolves one call request against the registry: envelope, tool name, arguments, defaults,
- * missing params and schema validation. Pure apart from reading the registry's live copy.
+ * missing params and schema validation. `now` is the server-clock time the call was
+ * accepted: its deadline counts from there.
  */
 export function resolveRequest(
   registry: ToolRegistry,
@@ -92,9 +108,7 @@ export function resolveRequest(
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
         "session_id does not match the session of the subject it was published on",
-        {
-          details: { session_id: request.session_id },
-        },
+        { details: { session_id: request.session_id } },
       );
     }
     validateToolName(name);
@@ -111,24 +125,19 @@ export function resolveRequest(
     }
     const args = parseArguments(request.tool_call.function.arguments);
     const resolved = resolveCall(tool, request, args, { ...options, address });
-    return { ok: true, resolved };
+    return { ok: true, resolved, request };
   } catch (err) {
     return { ok: false, error: ensureError(err), toolCallId, tool: name, request };
   }
 }
 
 function envelopeError(error: z.ZodError): ToolmeshError {
-  const argumentsIssue = error.issues.find(
-    (i) => i.path.join(".") === "tool_call.function.arguments",
-  );
   const issues = error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
-  if (argumentsIssue !== undefined && error.issues.length === 1) {
+  if (error.issues.every((i) => i.path.join(".") === "tool_call.function.arguments")) {
     return new ToolmeshError(
       ErrorCode.InvalidArguments,
       "function.arguments must be a JSON object or a string holding one",
-      {
-        details: { issues },
-      },
+      { details: { issues } },
     );
   }
   return new ToolmeshError(
@@ -149,21 +158,62 @@ function partialIds(body: unknown): {
   const name = call?.function?.name;
   return {
     toolCallId: typeof id === "string" && id.length > 0 && id.length <= 256 ? id : undefined,
-    tool: typeof name === "string" ? name : undefined,
+    tool: typeof name === "string" && name.length <= 256 ? name : undefined,
     request: undefined,
   };
 }
 
+function bodyError(err: unknown): ToolmeshError {
+  if (err instanceof TypeError) {
+    return new ToolmeshError(ErrorCode.InvalidRequest, "call request is not valid UTF-8", {
+      cause: err,
+    });
+  }
+  return new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `call request is not JSON: ${(err as Error).message}`,
+    { cause: err },
+  );
+}
+
 /**
  * Takes calls from the calls stream, resolves them, answers invalid ones on their session at
- * once and routes valid ones to their tool's work subject. Also answers dry-run requests.
+ * once and routes valid ones to their tool's work subject, after recording them in the call
+ * store and arming their deadline. Also runs the control plane: deadline keeper, dead-letter
+ * keeper, cancellation, dry-run requests.
  */
 export async function startResolver(options: ResolverOptions): Promise<Resolver> {
   const { nc, subjects, registry, log, tracer } = options;
   const defaultTimeoutMs = options.defaultTimeoutMs ?? 60_000;
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
+  const store = await CallStore.open(nc, {
+    subjects,
+    ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+  });
+  const clock = new ServerClock();
+  const limits = new SessionLimits(options.sessionMaxInFlight ?? 256);
+  const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
+    publishDurable(js, subject, message, { msgId });
   await ensureResolverConsumer();
+
+  const control: ControlPlane = await startControlPlane({
+    nc,
+    js,
+    jsm,
+    subjects,
+    store,
+    clock,
+    log,
+    publishFinal,
+  });
+
+  const results: Subscription = nc.subscribe(subjects.allResults, {
+    callback: (err, msg) => {
+      const settled = err === null ? subjects.parseResultSubject(msg.subject) : undefined;
+      if (settled !== undefined) limits.settled(settled.address.session, settled.call);
+    },
+  });
 
   const loop: WorkLoop = await startWorkLoop({
     js,
@@ -201,6 +251,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       ack_policy: AckPolicy.Explicit,
       deliver_policy: DeliverPolicy.All,
       ack_wait: nanos(30_000),
+      // A call that fails its resolver this often is a poison message: dead-lettered.
+      max_deliver: 5,
       max_ack_pending: 10_000,
     };
     try {
@@ -209,6 +261,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       if (!(err instanceof JetStreamApiError)) throw err;
       await jsm.consumers.update(subjects.streams.calls, subjects.resolverConsumer, {
         ack_wait: config.ack_wait,
+        max_deliver: config.max_deliver,
         max_ack_pending: config.max_ack_pending,
       });
     }
@@ -218,16 +271,15 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     let reply: ResolveReply;
     const tenant = subjects.parseRpcTenant(msg.subject) ?? "";
     try {
-      const body = decodeJson(msg.data) as { session_id?: unknown };
+      const body = decodeJson(msg.data) as { session_id?: unknown } | null;
+      const sessionId = body?.session_id;
       const session =
-        typeof body?.session_id === "string" && body.session_id.length > 0
-          ? subjectToken(body.session_id)
-          : "_";
+        typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
       const resolution = resolveRequest(
         registry,
         body,
         { tenant, session },
-        { now: Date.now(), defaultTimeoutMs },
+        { now: clock.now(), defaultTimeoutMs },
       );
       reply = resolution.ok
         ? { ok: true, resolved: resolution.resolved }
@@ -241,10 +293,16 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   async function handleCall(msg: JsMsg): Promise<void> {
     const address = subjects.parseSessionSubject(msg.subject);
     if (address === undefined) {
-      log.error({ subject: msg.subject }, "call on a subject outside the call layout; dropped");
-      msg.term();
+      log.error(
+        { subject: msg.subject },
+        "call on a subject outside the call layout; dead-lettered",
+      );
+      await control.deadLetter(subjects.streams.calls, msg.seq, "not a call subject");
+      msg.ack();
       return;
     }
+    const acceptedAt = ServerClock.timestampOf(msg);
+    clock.observe(acceptedAt);
     await withSpan(
       tracer,
       "resolve",
@@ -255,13 +313,14 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
           [ATTR_MESSAGING_OPERATION_TYPE]: "process",
           [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
+          [ATTR_TOOLMESH_SESSION_ID]: address.session,
         },
       },
       async (span) => {
         let resolution: Resolution;
         try {
           resolution = resolveRequest(registry, decodeJson(msg.data), address, {
-            now: Date.now(),
+            now: acceptedAt,
             defaultTimeoutMs,
           });
         } catch (err) {
@@ -277,41 +336,138 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         const tool = resolution.ok ? resolution.resolved.tool : resolution.tool;
         if (callId !== undefined) span.setAttribute(ATTR_TOOLMESH_CALL_ID, callId);
         if (tool !== undefined) span.setAttribute(ATTR_TOOLMESH_TOOL, tool);
-        span.setAttribute(ATTR_TOOLMESH_SESSION_ID, address.session);
         const callLog = log.child({ callId, sessionId: address.session, tool });
         try {
-          if (resolution.ok) {
-            const { resolved } = resolution;
-            await publishDurable(js, subjects.work(resolved.tool), resolved, {
-              msgId: resolved.idempotency_key,
-            });
-            callLog.debug(
-              { missing_optional: resolved.missing_optional },
-              "call routed to its executors",
-            );
-          } else {
+          if (resolution.ok) await routeCall(resolution, msg, callLog);
+          else {
             await answerInvalid(resolution, address, msg.seq);
             callLog.info({ code: resolution.error.code, err: resolution.error }, "call rejected");
           }
           msg.ack();
         } catch (err) {
-          const error = ensureError(err);
-          if (resolution.ok && error.code === ErrorCode.PayloadTooLarge) {
-            // The resolved record outgrew the limit (defaults added): answer, don't retry.
-            await answerInvalid(
-              { ...resolution, ok: false, error, toolCallId: callId, tool, request: undefined },
-              address,
-              msg.seq,
-            )
-              .then(() => msg.ack())
-              .catch(() => msg.nak(1_000));
-            return;
-          }
-          callLog.error({ err: error }, "cannot hand the call on; it will be redelivered");
+          callLog.error(
+            { err: ensureError(err) },
+            "cannot hand the call on; it will be redelivered",
+          );
           msg.nak(1_000);
         }
       },
     );
+  }
+
+  async function routeCall(
+    resolution: Extract<Resolution, { ok: true }>,
+    msg: JsMsg,
+    callLog: Logger,
+  ): Promise<void> {
+    const { resolved, request } = resolution;
+    const target = {
+      tool_call_id: resolved.call_id,
+      name: resolved.tool,
+      session_id: resolved.session_id,
+    };
+    const publishAnswer = (error: ToolmeshError, msgId: string): Promise<unknown> =>
+      publishFinal(
+        subjects.result(resolved.address, resolved.call_id),
+        errorToolMessage(target, error, { attempts: 0 }),
+        msgId,
+      );
+
+    if (clock.now() >= resolved.deadline_at) {
+      // It waited in the calls stream past its deadline (no resolver was running).
+      await publishAnswer(
+        new ToolmeshError(
+          ErrorCode.DeadlineExceeded,
+          `call ${resolved.call_id} passed its deadline before it was resolved`,
+          {
+            details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms },
+          },
+        ),
+        `result:${resolved.idempotency_key}`,
+      );
+      return;
+    }
+    if (!limits.tryAcquire(resolved)) {
+      await publishAnswer(
+        new ToolmeshError(
+          ErrorCode.Overloaded,
+          `session ${resolved.session_id} has too many calls in flight`,
+          {
+            details: { max_in_flight: limits.max, retry_after_ms: 1_000 },
+          },
+        ),
+        `overloaded:${resolved.idempotency_key}:${msg.seq}`,
+      );
+      return;
+    }
+    const accepted = await store.accept({
+      idempotency_key: resolved.idempotency_key,
+      call_id: resolved.call_id,
+      session_id: resolved.session_id,
+      address: resolved.address,
+      tool: resolved.tool,
+      args_hash: argumentsHash(request.tool_call.function.arguments),
+      state: "accepted",
+      deadline_at: resolved.deadline_at,
+    });
+    switch (accepted.status) {
+      case "conflict":
+        limits.release(resolved);
+        await publishAnswer(
+          new ToolmeshError(
+            ErrorCode.IdempotencyConflict,
+            `idempotency key "${resolved.idempotency_key}" was used before with different arguments`,
+            { details: { idempotency_key: resolved.idempotency_key, tool: accepted.record.tool } },
+          ),
+          `conflict:${resolved.idempotency_key}:${argumentsHash(request.tool_call.function.arguments)}`,
+        );
+        return;
+      case "done":
+        // A resubmission of a finished call: answered from the stored result, not run again.
+        limits.release(resolved);
+        await publishFinal(
+          subjects.result(resolved.address, resolved.call_id),
+          accepted.record.result,
+          `result:${resolved.idempotency_key}`,
+        );
+        callLog.info("resubmitted call answered from its stored result");
+        return;
+      case "in_flight":
+        // Redelivered after a crash between accepting and routing: route again (idempotent
+        // through the message ids). A fresh duplicate of a running call just waits for it.
+        if (msg.info.deliveryCount === 1) {
+          limits.release(resolved);
+          callLog.info("duplicate of a call in flight; its answer will come");
+          return;
+        }
+        break;
+      case "new":
+        break;
+    }
+    let workSeq: number;
+    try {
+      workSeq = (
+        await publishDurable(js, subjects.work(resolved.tool), resolved, {
+          msgId: resolved.idempotency_key,
+        })
+      ).seq;
+    } catch (err) {
+      const error = ensureError(err);
+      if (error.code !== ErrorCode.PayloadTooLarge) throw err;
+      // Defaults made the record outgrow the limit: answer, don't retry.
+      await finalizeCall(
+        store,
+        publishFinal,
+        subjects,
+        resolved,
+        errorToolMessage(target, error, { attempts: 0 }),
+      );
+      return;
+    }
+    // Armed after routing (a redelivered call routes again and then arms): a crash in
+    // between leaves work without a timer only until that redelivery.
+    await control.armDeadline(resolved, workSeq);
+    callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
   }
 
   async function answerInvalid(
@@ -337,18 +493,20 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         msgId: `missing:${request.idempotency_key ?? `${request.session_id}/${callId}`}`,
       });
     }
-    const message: ToolMessage = {
-      role: "tool",
-      tool_call_id: callId,
-      name: resolution.tool ?? "",
-      content: `Error: ${error.message}`,
-      error: error.toWire(),
-      session_id: request?.session_id ?? address.session,
-      attempts: 0,
-    };
-    await publishDurable(js, subjects.result(address, callId), message, {
-      msgId: `result:${request?.idempotency_key ?? `${address.session}/${callId}`}`,
-    });
+    const message = errorToolMessage(
+      {
+        tool_call_id: callId,
+        name: resolution.tool ?? "",
+        session_id: request?.session_id ?? address.session,
+      },
+      error,
+      { attempts: 0 },
+    );
+    await publishFinal(
+      subjects.result(address, callId),
+      message,
+      `result:${request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`}`,
+    );
   }
 
   return {
@@ -356,19 +514,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       stopWatching();
       rpc.unsubscribe();
       await loop.stop(graceMs);
+      await control.stop(graceMs);
+      results.unsubscribe();
     },
   };
-}
-
-function bodyError(err: unknown): ToolmeshError {
-  if (err instanceof TypeError) {
-    return new ToolmeshError(ErrorCode.InvalidRequest, "call request is not valid UTF-8", {
-      cause: err,
-    });
-  }
-  return new ToolmeshError(
-    ErrorCode.InvalidRequest,
-    `call request is not JSON: ${(err as Error).message}`,
-    { cause: err },
-  );
 }

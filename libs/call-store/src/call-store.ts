@@ -1,0 +1,174 @@
+import { createHash } from "node:crypto";
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { KV } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
+import { JetStreamApiError } from "@nats-io/jetstream";
+import { z } from "zod";
+import type { Subjects, ToolMessage } from "@toolmesh/protocol";
+import {
+  SessionAddressSchema,
+  ToolMessageSchema,
+  decodeJson,
+  encodeJson,
+  subjectToken,
+} from "@toolmesh/protocol";
+
+/** Where a call is in its life. */
+export const CallStateSchema = z.enum(["accepted", "done"]);
+
+/**
+ * The durable record of one accepted call, keyed by its idempotency key. It makes every call
+ * end in exactly one final message: whoever moves it to `done` (executor, deadline keeper,
+ * dead-letter keeper, cancellation) publishes the final message; everyone else stands down.
+ */
+export const CallRecordSchema = z.object({
+  idempotency_key: z.string(),
+  call_id: z.string(),
+  session_id: z.string(),
+  address: SessionAddressSchema,
+  tool: z.string(),
+  /** SHA-256 of the submitted arguments, to tell a retry from a conflicting reuse of the key. */
+  args_hash: z.string(),
+  state: CallStateSchema,
+  /** Server-clock epoch ms at which the call expires. */
+  deadline_at: z.number(),
+  /** The final message, once `done`. */
+  result: ToolMessageSchema.optional(),
+});
+
+/** The durable record of one accepted call. */
+export type CallRecord = z.infer<typeof CallRecordSchema>;
+
+/** What {@link CallStore.accept} found. */
+export type AcceptOutcome =
+  | { status: "new" }
+  | { status: "in_flight"; record: CallRecord }
+  | { status: "done"; record: CallRecord & { result: ToolMessage } }
+  | { status: "conflict"; record: CallRecord };
+
+/** Options of {@link CallStore.open}. Durations in ms. */
+export interface CallStoreOptions {
+  subjects: Subjects;
+  /** How long records are kept: the idempotency horizon, in ms. Default 24 h. */
+  retentionMs?: number;
+}
+
+const WRONG_LAST_SEQUENCE = 10071;
+
+/** Hash of a call's arguments as submitted (JSON text or object), for conflict checks. */
+export function argumentsHash(args: unknown): string {
+  const text = typeof args === "string" ? args : JSON.stringify(args);
+  return createHash("sha256")
+    .update(text ?? "")
+    .digest("hex");
+}
+
+function isWrongLastSequence(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+}
+
+/** Call records in a KV bucket, changed only by compare-and-set. */
+export class CallStore {
+  readonly #kv: KV;
+
+  private constructor(kv: KV) {
+    this.#kv = kv;
+  }
+
+  /** Opens (creating when needed) the calls bucket. */
+  static async open(nc: NatsConnection, options: CallStoreOptions): Promise<CallStore> {
+    const kv = await new Kvm(nc).create(options.subjects.callsBucket, {
+      history: 1,
+      ttl: options.retentionMs ?? 86_400_000,
+    });
+    return new CallStore(kv);
+  }
+
+  /** Records a new call, or reports what an earlier call with the same key became. */
+  async accept(record: CallRecord): Promise<AcceptOutcome> {
+    const key = subjectToken(record.idempotency_key);
+    for (;;) {
+      try {
+        await this.#kv.create(key, encodeJson(record));
+        return { status: "new" };
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+      const existing = await this.get(record.idempotency_key);
+      if (existing === undefined) continue; // expired or deleted meanwhile: try again
+      const found = existing.record;
+      if (found.args_hash !== record.args_hash || found.tool !== record.tool)
+        return { status: "conflict", record: found };
+      if (found.state === "done" && found.result !== undefined) {
+        return { status: "done", record: { ...found, result: found.result } };
+      }
+      return { status: "in_flight", record: found };
+    }
+  }
+
+  /** The record of a key, with its revision. */
+  async get(idempotencyKey: string): Promise<{ record: CallRecord; revision: number } | undefined> {
+    const entry = await this.#kv.get(subjectToken(idempotencyKey));
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    return { record: CallRecordSchema.parse(decodeJson(entry.value)), revision: entry.revision };
+  }
+
+  /**
+   * Moves a call to `done` with its final message. Returns the message to publish: the given
+   * one when this caller won, the stored one when the call was already done (publish that one
+   * again: its `Nats-Msg-Id` makes a repeat harmless), or undefined when no record exists.
+   */
+  async finish(
+    idempotencyKey: string,
+    result: ToolMessage,
+  ): Promise<{ won: boolean; result: ToolMessage } | undefined> {
+    const key = subjectToken(idempotencyKey);
+    for (;;) {
+      const current = await this.get(idempotencyKey);
+      if (current === undefined) return undefined;
+      if (current.record.state === "done" && current.record.result !== undefined) {
+        return { won: false, result: current.record.result };
+      }
+      try {
+        await this.#kv.update(
+          key,
+          encodeJson({ ...current.record, state: "done", result }),
+          current.revision,
+        );
+        return { won: true, result };
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+    }
+  }
+}
+
+/** Who publishes final messages: a JetStream client wrapped by the caller. */
+export type PublishFinal = (
+  subject: string,
+  message: ToolMessage,
+  msgId: string,
+) => Promise<unknown>;
+
+/**
+ * Ends a call with `message` unless it already ended: moves the record to `done`, then
+ * publishes the final message on the session (the stored one if another party won). The
+ * message id `result:{key}` makes a repeated publication harmless. Returns whether this
+ * caller's message became the final one.
+ */
+export async function finalizeCall(
+  store: CallStore,
+  publish: PublishFinal,
+  subjects: Subjects,
+  call: { idempotency_key: string; call_id: string; address: { tenant: string; session: string } },
+  message: ToolMessage,
+): Promise<boolean> {
+  const outcome = await store.finish(call.idempotency_key, message);
+  const final = outcome?.result ?? message;
+  await publish(
+    subjects.result(call.address, call.call_id),
+    final,
+    `result:${call.idempotency_key}`,
+  );
+  return outcome === undefined || outcome.won;
+}

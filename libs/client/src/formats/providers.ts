@@ -1,0 +1,519 @@
+import { createHash } from "node:crypto";
+import type { ToolCall } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import type { CatalogEntry } from "./catalog.js";
+import { declaredParameters, describeEntry } from "./catalog.js";
+
+/** Model providers whose native function-calling shapes this module speaks. */
+export type ProviderName = "openai" | "anthropic" | "gemini";
+
+/** Longest function name every supported provider accepts, in characters. */
+export const MAX_PROVIDER_NAME_LENGTH = 64;
+
+/**
+ * A catalog's tool names as one provider sees them, both ways. Names the provider already
+ * accepts map to themselves; others are sanitized (see {@link providerSafeName}) and, where
+ * two would collide, suffixed with a hash of the original name.
+ */
+export interface NameMap {
+  /** The provider whose rules the safe names follow. */
+  readonly provider: ProviderName;
+  /** toolmesh name → provider-safe name. */
+  readonly toProvider: ReadonlyMap<string, string>;
+  /** provider-safe name → toolmesh name. */
+  readonly toTool: ReadonlyMap<string, string>;
+}
+
+/** Tools formatted for one provider, with the name map needed to read its calls back. */
+export interface ProviderTools<T> {
+  /** Ready to put in the provider request's `tools` field. */
+  tools: T[];
+  /** Pass to `fromOpenAIToolCalls` / `fromAnthropicContent` / `fromGeminiParts`. */
+  nameMap: NameMap;
+}
+
+/** An OpenAI Chat Completions `tools` entry. */
+export interface OpenAITool {
+  type: "function";
+  function: { name: string; description: string; parameters: Record<string, unknown> };
+}
+
+/** An Anthropic Messages `tools` entry. */
+export interface AnthropicTool {
+  name: string;
+  description: string;
+  input_schema: Record<string, unknown>;
+}
+
+/**
+ * Gemini's OpenAPI-3.0-subset schema. `type` uses JSON Schema's lowercase names, which the
+ * Gemini API accepts as well as its upper-case enum names.
+ */
+export interface GeminiSchema {
+  type?: string;
+  format?: string;
+  description?: string;
+  nullable?: boolean;
+  enum?: string[];
+  items?: GeminiSchema;
+  properties?: Record<string, GeminiSchema>;
+  required?: string[];
+  anyOf?: GeminiSchema[];
+  minItems?: number;
+  maxItems?: number;
+  minLength?: number;
+  maxLength?: number;
+  minProperties?: number;
+  maxProperties?: number;
+  minimum?: number;
+  maximum?: number;
+  pattern?: string;
+}
+
+/** A Gemini function declaration; `parameters` is omitted for tools without properties. */
+export interface GeminiFunctionDeclaration {
+  name: string;
+  description: string;
+  parameters?: GeminiSchema;
+}
+
+/** A Gemini `tools` entry. */
+export interface GeminiTool {
+  function_declarations: GeminiFunctionDeclaration[];
+}
+
+/** One entry of an OpenAI `message.tool_calls` array, as the API returns it. */
+export interface OpenAIToolCallInput {
+  id: string;
+  /** `"function"`; entries of other types (e.g. `"custom"`) are skipped. */
+  type?: string;
+  function: { name: string; arguments?: string | Record<string, unknown> };
+}
+
+/** One Anthropic response content block; only `tool_use` blocks are read. */
+export interface AnthropicContentBlock {
+  type: string;
+  id?: string;
+  name?: string;
+  input?: unknown;
+  [key: string]: unknown;
+}
+
+/** A Gemini function call as found in a response part. */
+export interface GeminiFunctionCall {
+  name: string;
+  args?: Record<string, unknown>;
+  id?: string;
+}
+
+/** One Gemini response part; `functionCall` (or the snake_case `function_call`) is read. */
+export interface GeminiPart {
+  functionCall?: GeminiFunctionCall;
+  function_call?: GeminiFunctionCall;
+  [key: string]: unknown;
+}
+
+/** Options of {@link fromGeminiParts}. */
+export interface GeminiPartsOptions {
+  /**
+   * Prefix of the ids generated for calls without one: `<idPrefix>-<index>`, index counted
+   * over the function calls of `parts` from 0. Default `"gemini"`. The client derives the
+   * default idempotency key from the call id, so give each model turn its own prefix
+   * (e.g. `"turn-7-gemini"`), or the second turn's `gemini-0` is taken for a duplicate.
+   */
+  idPrefix?: string;
+}
+
+const OPENAI_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+const OPENAI_INVALID = /[^a-zA-Z0-9_-]/gu;
+// Gemini: letters, digits, `_ . : -`, starting with a letter or underscore, at most 64.
+const GEMINI_NAME = /^[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}$/;
+const GEMINI_INVALID = /[^a-zA-Z0-9_.:-]/gu;
+const HASH_LENGTH = 8;
+
+/**
+ * A name the provider accepts as a function name. A valid name is returned unchanged;
+ * otherwise each disallowed character becomes `_` (Gemini also gets a leading `_` when the
+ * name does not start with a letter or underscore), and a name longer than 64 characters is
+ * cut and suffixed with `_` and 8 hex digits of its SHA-256. Two different names can give the
+ * same result (`a.b`, `a:b`): {@link createNameMap} resolves that across a catalog.
+ */
+export function providerSafeName(name: string, provider: ProviderName = "openai"): string {
+  if (isValidName(name, provider)) return name;
+  const safe = sanitize(name, provider);
+  return safe.length <= MAX_PROVIDER_NAME_LENGTH && safe !== "" ? safe : suffixed(safe, name);
+}
+
+/**
+ * Builds the two-way name map of a catalog for one provider. Valid names keep themselves;
+ * a sanitized name shared by two tools, or equal to another tool's valid name, gets a hash
+ * suffix on every tool that needed sanitizing, so the result does not depend on the order of
+ * `names`. Throws `invalid_request` on duplicate tool names.
+ */
+export function createNameMap(names: Iterable<string>, provider: ProviderName = "openai"): NameMap {
+  const unique: string[] = [];
+  const seen = new Set<string>();
+  for (const name of names) {
+    if (seen.has(name)) {
+      throw new ToolmeshError(ErrorCode.InvalidRequest, `duplicate tool name in catalog: ${name}`, {
+        details: { tool: name },
+      });
+    }
+    seen.add(name);
+    unique.push(name);
+  }
+  const candidate = new Map(unique.map((name) => [name, providerSafeName(name, provider)]));
+  const claims = new Map<string, number>();
+  for (const safe of candidate.values()) claims.set(safe, (claims.get(safe) ?? 0) + 1);
+
+  const toProvider = new Map<string, string>();
+  const toTool = new Map<string, string>();
+  for (const name of unique) {
+    const safe = candidate.get(name) ?? name;
+    const chosen =
+      safe === name || claims.get(safe) === 1 ? safe : suffixed(sanitize(name, provider), name);
+    const holder = toTool.get(chosen);
+    if (holder !== undefined) {
+      // Only reachable through a SHA-256 prefix collision or a valid name that literally
+      // equals another tool's hashed name; refuse rather than send an ambiguous catalog.
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `tools ${holder} and ${name} both map to the provider name ${chosen}`,
+        { details: { tools: [holder, name], provider_name: chosen, provider } },
+      );
+    }
+    toProvider.set(name, chosen);
+    toTool.set(chosen, name);
+  }
+  return { provider, toProvider, toTool };
+}
+
+/** The toolmesh name of a provider-side name; unknown names are returned unchanged. */
+export function toolNameOf(providerName: string, nameMap?: NameMap): string {
+  return nameMap?.toTool.get(providerName) ?? providerName;
+}
+
+/**
+ * Formats a catalog for OpenAI Chat Completions function calling. Compact entries get the
+ * permissive placeholder schema and a description saying the schema follows a first call.
+ * A schema without a root `type` gets `type: "object"`; nothing else is changed.
+ */
+export function toOpenAITools(entries: readonly CatalogEntry[]): ProviderTools<OpenAITool> {
+  const nameMap = createNameMap(
+    entries.map((entry) => entry.name),
+    "openai",
+  );
+  const tools = entries.map((entry): OpenAITool => ({
+    type: "function",
+    function: {
+      name: safeNameOf(entry.name, nameMap),
+      description: describeEntry(entry),
+      parameters: objectRooted(declaredParameters(entry)),
+    },
+  }));
+  return { tools, nameMap };
+}
+
+/** Formats a catalog for Anthropic Messages tool use; schemas as in {@link toOpenAITools}. */
+export function toAnthropicTools(entries: readonly CatalogEntry[]): ProviderTools<AnthropicTool> {
+  const nameMap = createNameMap(
+    entries.map((entry) => entry.name),
+    "anthropic",
+  );
+  const tools = entries.map((entry): AnthropicTool => ({
+    name: safeNameOf(entry.name, nameMap),
+    description: describeEntry(entry),
+    input_schema: objectRooted(declaredParameters(entry)),
+  }));
+  return { tools, nameMap };
+}
+
+/**
+ * Formats a catalog for Gemini function calling: one `tools` entry holding every declaration
+ * (none for an empty catalog). Schemas go through {@link toGeminiSchema}; a declaration whose
+ * schema has no properties (every compact entry) omits `parameters`, because Gemini rejects an
+ * object schema with empty `properties`.
+ */
+export function toGeminiTools(entries: readonly CatalogEntry[]): ProviderTools<GeminiTool> {
+  const nameMap = createNameMap(
+    entries.map((entry) => entry.name),
+    "gemini",
+  );
+  const declarations = entries.map((entry): GeminiFunctionDeclaration => {
+    const declaration: GeminiFunctionDeclaration = {
+      name: safeNameOf(entry.name, nameMap),
+      description: describeEntry(entry),
+    };
+    if (entry.parameters !== undefined) {
+      const parameters = toGeminiSchema(objectRooted(entry.parameters));
+      if (parameters.properties !== undefined) declaration.parameters = parameters;
+    }
+    return declaration;
+  });
+  return {
+    tools: declarations.length === 0 ? [] : [{ function_declarations: declarations }],
+    nameMap,
+  };
+}
+
+const GEMINI_FORMATS: Readonly<Record<string, readonly string[]>> = {
+  string: ["enum", "date-time"],
+  integer: ["int32", "int64"],
+  number: ["float", "double"],
+};
+
+const COPIED_NUMBERS = [
+  "minItems",
+  "maxItems",
+  "minLength",
+  "maxLength",
+  "minProperties",
+  "maxProperties",
+  "minimum",
+  "maximum",
+] as const;
+
+/**
+ * Converts a JSON Schema to Gemini's OpenAPI-3.0 subset. Kept: `type`, `description`,
+ * `enum` (strings), `items`, `properties`, `required` (only names present in `properties`),
+ * `anyOf`, `pattern`, `minimum`/`maximum`, `min`/`maxLength`, `min`/`maxItems`,
+ * `min`/`maxProperties`, and `format` where Gemini allows it (string: `enum`, `date-time`;
+ * integer: `int32`, `int64`; number: `float`, `double`).
+ * Rewritten: `const` → one-value `enum`; `type: [T, "null"]` → `type: T, nullable: true`;
+ * several non-null types → `anyOf`; `null` in `enum` or an `anyOf`/`oneOf` member
+ * `{type:"null"}` → `nullable`; an `anyOf`/`oneOf` left with one member is merged into its
+ * parent; `oneOf` → `anyOf` (looser: "exactly one" becomes "at least one"); a one-member
+ * `allOf` is merged; local `$ref`s (`#/$defs/…`, `#/definitions/…`, any JSON pointer into the
+ * root) are inlined, sibling keywords winning, and a recursive reference becomes
+ * `{ type: "object" }`; a non-string `enum` (or `const`) is dropped and its values are listed
+ * in the description ("Allowed values: …"); an `enum` without `type` gets `type: "string"`.
+ * Dropped: everything else — notably `$schema`, `$id`, `$defs`, `definitions`, `title`,
+ * `default`, `examples`, `additionalProperties`, `patternProperties`, `exclusiveMinimum`,
+ * `exclusiveMaximum`, `multipleOf`, `uniqueItems`, `not`, `if`/`then`/`else`, multi-member
+ * `allOf`, tuple `items` arrays, unresolvable `$ref`s (the node keeps only its siblings), and
+ * an empty `properties` object.
+ */
+export function toGeminiSchema(schema: Record<string, unknown>): GeminiSchema {
+  return convertSchema(schema, schema, []);
+}
+
+/**
+ * Reads OpenAI `message.tool_calls` back into toolmesh calls, names mapped back through
+ * `nameMap`. Arguments stay as the model wrote them when they are a string (the resolver
+ * reports bad JSON as `invalid_arguments`); an object is serialized; absent becomes `"{}"`.
+ */
+export function fromOpenAIToolCalls(
+  toolCalls: readonly OpenAIToolCallInput[] | null | undefined,
+  nameMap?: NameMap,
+): ToolCall[] {
+  const calls: ToolCall[] = [];
+  for (const call of toolCalls ?? []) {
+    if (call.type !== undefined && call.type !== "function") continue;
+    const args = call.function.arguments;
+    calls.push(
+      toolCall(
+        call.id,
+        toolNameOf(call.function.name, nameMap),
+        typeof args === "string" ? args : JSON.stringify(args ?? {}),
+      ),
+    );
+  }
+  return calls;
+}
+
+/**
+ * Reads the `tool_use` blocks of an Anthropic response's `content` into toolmesh calls, in
+ * order, names mapped back through `nameMap`. Other blocks (text, thinking, server tools) are
+ * skipped. `input` is serialized; absent becomes `"{}"`.
+ */
+export function fromAnthropicContent(
+  contentBlocks: readonly AnthropicContentBlock[] | null | undefined,
+  nameMap?: NameMap,
+): ToolCall[] {
+  const calls: ToolCall[] = [];
+  for (const block of contentBlocks ?? []) {
+    if (block.type !== "tool_use" || typeof block.id !== "string") continue;
+    if (typeof block.name !== "string") continue;
+    calls.push(
+      toolCall(block.id, toolNameOf(block.name, nameMap), JSON.stringify(block.input ?? {})),
+    );
+  }
+  return calls;
+}
+
+/**
+ * Reads the function calls of a Gemini candidate's `content.parts` into toolmesh calls, in
+ * order, names mapped back through `nameMap`. Gemini often sends no call id: those calls get
+ * `<idPrefix>-<index>` (see {@link GeminiPartsOptions.idPrefix}). `args` is serialized;
+ * absent (a call without arguments) becomes `"{}"`.
+ */
+export function fromGeminiParts(
+  parts: readonly GeminiPart[] | null | undefined,
+  nameMap?: NameMap,
+  options: GeminiPartsOptions = {},
+): ToolCall[] {
+  const prefix = options.idPrefix ?? "gemini";
+  const calls: ToolCall[] = [];
+  for (const part of parts ?? []) {
+    const call = part.functionCall ?? part.function_call;
+    if (call === undefined || typeof call.name !== "string") continue;
+    const id = call.id !== undefined && call.id !== "" ? call.id : `${prefix}-${calls.length}`;
+    calls.push(toolCall(id, toolNameOf(call.name, nameMap), JSON.stringify(call.args ?? {})));
+  }
+  return calls;
+}
+
+function toolCall(id: string, name: string, args: string): ToolCall {
+  return { id, type: "function", function: { name, arguments: args } };
+}
+
+function safeNameOf(name: string, nameMap: NameMap): string {
+  return nameMap.toProvider.get(name) ?? name;
+}
+
+function isValidName(name: string, provider: ProviderName): boolean {
+  return (provider === "gemini" ? GEMINI_NAME : OPENAI_NAME).test(name);
+}
+
+function sanitize(name: string, provider: ProviderName): string {
+  if (provider !== "gemini") return name.replace(OPENAI_INVALID, "_");
+  const safe = name.replace(GEMINI_INVALID, "_");
+  return /^[a-zA-Z_]/.test(safe) ? safe : `_${safe}`;
+}
+
+function suffixed(safe: string, original: string): string {
+  const hash = createHash("sha256").update(original).digest("hex").slice(0, HASH_LENGTH);
+  return `${safe.slice(0, MAX_PROVIDER_NAME_LENGTH - HASH_LENGTH - 1)}_${hash}`;
+}
+
+function objectRooted(schema: Record<string, unknown>): Record<string, unknown> {
+  return schema.type === undefined ? { type: "object", ...schema } : schema;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function resolvePointer(root: Record<string, unknown>, ref: string): unknown {
+  if (!ref.startsWith("#")) return undefined;
+  const pointer = decodeURIComponent(ref.slice(1));
+  if (pointer === "") return root;
+  if (!pointer.startsWith("/")) return undefined;
+  let node: unknown = root;
+  for (const raw of pointer.slice(1).split("/")) {
+    const key = raw.replace(/~1/g, "/").replace(/~0/g, "~");
+    if (Array.isArray(node)) node = node[Number(key)];
+    else if (isRecord(node)) node = node[key];
+    else return undefined;
+  }
+  return node;
+}
+
+function isNullSchema(value: unknown): boolean {
+  return isRecord(value) && value.type === "null";
+}
+
+function convertSchema(node: unknown, root: Record<string, unknown>, refs: string[]): GeminiSchema {
+  if (!isRecord(node)) return {};
+
+  if (typeof node.$ref === "string") {
+    const { $ref: ref, ...siblings } = node;
+    const target = refs.includes(ref) ? undefined : resolvePointer(root, ref);
+    const base: GeminiSchema = refs.includes(ref)
+      ? { type: "object" }
+      : target === undefined
+        ? {}
+        : convertSchema(target, root, [...refs, ref]);
+    return { ...base, ...convertSchema(siblings, root, refs) };
+  }
+
+  if (Array.isArray(node.allOf) && node.allOf.length === 1 && isRecord(node.allOf[0])) {
+    const { allOf: _allOf, ...rest } = node;
+    return convertSchema({ ...node.allOf[0], ...rest }, root, refs);
+  }
+
+  const out: GeminiSchema = {};
+  let nullable = node.nullable === true;
+
+  const variants = Array.isArray(node.anyOf)
+    ? node.anyOf
+    : Array.isArray(node.oneOf)
+      ? node.oneOf
+      : undefined;
+  if (variants !== undefined) {
+    const kept = variants.filter((variant) => !isNullSchema(variant));
+    if (kept.length < variants.length) nullable = true;
+    if (kept.length === 1) {
+      const merged = convertSchema(kept[0], root, refs);
+      if (merged.nullable === true) nullable = true;
+      Object.assign(out, merged);
+    } else if (kept.length > 1) {
+      out.anyOf = kept.map((variant) => convertSchema(variant, root, refs));
+    }
+  }
+
+  const rawTypes =
+    typeof node.type === "string"
+      ? [node.type]
+      : Array.isArray(node.type)
+        ? node.type.filter((t): t is string => typeof t === "string")
+        : undefined;
+  if (rawTypes !== undefined) {
+    const types = rawTypes.filter((t) => t !== "null");
+    if (types.length < rawTypes.length) nullable = true;
+    if (types.length === 1) out.type = types[0];
+    else if (types.length > 1 && out.anyOf === undefined) {
+      out.anyOf = types.map((t) => ({ type: t }));
+    }
+  }
+
+  if (typeof node.description === "string") out.description = node.description;
+
+  const enumSource = Array.isArray(node.enum)
+    ? (node.enum as unknown[])
+    : "const" in node
+      ? [node.const]
+      : undefined;
+  if (enumSource !== undefined) {
+    const values = enumSource.filter((value) => value !== null);
+    if (values.length < enumSource.length) nullable = true;
+    if (values.every((value) => typeof value === "string")) {
+      if (values.length > 0) {
+        out.enum = values;
+        out.type ??= "string";
+      }
+    } else {
+      const allowed = `Allowed values: ${values.map((value) => JSON.stringify(value)).join(", ")}.`;
+      out.description = out.description === undefined ? allowed : `${out.description} ${allowed}`;
+    }
+  }
+
+  if (typeof node.format === "string" && out.type !== undefined) {
+    if (GEMINI_FORMATS[out.type]?.includes(node.format) === true) out.format = node.format;
+  }
+
+  if (isRecord(node.items)) out.items = convertSchema(node.items, root, refs);
+
+  if (isRecord(node.properties) && Object.keys(node.properties).length > 0) {
+    const properties: Record<string, GeminiSchema> = {};
+    for (const [key, value] of Object.entries(node.properties)) {
+      properties[key] = convertSchema(value, root, refs);
+    }
+    out.properties = properties;
+  }
+  if (Array.isArray(node.required) && out.properties !== undefined) {
+    const present = out.properties;
+    const required = node.required.filter(
+      (name): name is string => typeof name === "string" && Object.hasOwn(present, name),
+    );
+    if (required.length > 0) out.required = required;
+  }
+
+  for (const key of COPIED_NUMBERS) {
+    const value = node[key];
+    if (typeof value === "number" && Number.isFinite(value)) out[key] = value;
+  }
+  if (typeof node.pattern === "string") out.pattern = node.pattern;
+  if (nullable) out.nullable = true;
+  return out;
+}

@@ -1,0 +1,339 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import { headers as createHeaders, nanos } from "@nats-io/nats-core";
+import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
+import { z } from "zod";
+import type { CancelReply, ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
+import {
+  CallRequestSchema,
+  CancelRequestSchema,
+  ErrorCode,
+  Header,
+  ResolvedCallSchema,
+  SessionAddressSchema,
+  ToolmeshError,
+  decodeJson,
+  encodeJson,
+  ensureError,
+  errorToolMessage,
+  subjectToken,
+} from "@toolmesh/protocol";
+import type { WorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  ServerClock,
+  publishDurable,
+  publishEphemeral,
+  startWorkLoop,
+} from "@toolmesh/nats";
+import type { CallStore, PublishFinal } from "@toolmesh/call-store";
+import { finalizeCall } from "@toolmesh/call-store";
+import type { Logger } from "@toolmesh/telemetry";
+import { reconcileOrphans } from "./reconcile.js";
+
+/** A deadline armed for an accepted call, kept on the timers stream. */
+const DeadlineTimerSchema = z.object({
+  idempotency_key: z.string(),
+  call_id: z.string(),
+  tool: z.string(),
+  session_id: z.string(),
+  address: SessionAddressSchema,
+  deadline_at: z.number(),
+  timeout_ms: z.number(),
+  /** Sequence of the call's work message, removed from the work stream at the deadline. */
+  work_seq: z.number(),
+});
+
+/** What the server says when a consumer gives up on a message. */
+const MaxDeliveriesAdvisorySchema = z.object({
+  stream: z.string(),
+  consumer: z.string(),
+  stream_seq: z.number(),
+  deliveries: z.number(),
+});
+
+/** Options of {@link startControlPlane}. */
+export interface ControlPlaneOptions {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  jsm: JetStreamManager;
+  subjects: Subjects;
+  store: CallStore;
+  clock: ServerClock;
+  log: Logger;
+  publishFinal: PublishFinal;
+  /** How often orphaned work-queue messages are looked for, in ms. Default 30 000. */
+  reconcileEveryMs?: number;
+}
+
+/** The parts of the resolver that keep the guarantees once a call is accepted. */
+export interface ControlPlane {
+  /** Arms the deadline of an accepted call: it ends with `deadline_exceeded` if still open then. */
+  armDeadline(call: ResolvedCall, workSeq: number): Promise<void>;
+  /** Moves a stream message to the dead-letter stream and ends its call with an error. */
+  deadLetter(stream: string, seq: number, reason: string, deliveries?: number): Promise<void>;
+  stop(graceMs: number): Promise<void>;
+}
+
+const QUEUE = "toolmesh-resolver";
+// JetStream redelivery delays are bounded; long deadlines are waited for in hops.
+const MAX_TIMER_HOP_MS = 3_600_000;
+
+/**
+ * Starts the deadline keeper (a durable consumer of the timers stream that naks each timer
+ * until its deadline), the dead-letter keeper (driven by the server's max-deliveries
+ * advisories), cancellation requests, and the periodic reconciliation of orphaned messages.
+ */
+export async function startControlPlane(options: ControlPlaneOptions): Promise<ControlPlane> {
+  const { nc, js, jsm, subjects, store, clock, log, publishFinal } = options;
+  await ensureDeadlineConsumer();
+
+  const timers: WorkLoop = await startWorkLoop({
+    js,
+    stream: subjects.streams.timers,
+    consumer: subjects.deadlineConsumer,
+    slots: new Semaphore(64),
+    maxMessages: 64,
+    handle: handleTimer,
+    onError: (err) => log.error({ err }, "deadline keeper error"),
+  });
+
+  const subscriptions: Subscription[] = [
+    nc.subscribe(subjects.allCancel, {
+      queue: QUEUE,
+      callback: (err, msg) => {
+        if (err === null) void answerCancel(msg);
+      },
+    }),
+    ...[subjects.streams.work, subjects.streams.calls].map((stream) =>
+      nc.subscribe(subjects.maxDeliveriesAdvisory(stream), {
+        queue: QUEUE,
+        callback: (err, msg) => {
+          if (err === null) void onMaxDeliveries(msg);
+        },
+      }),
+    ),
+  ];
+
+  const reconcile = (): void => {
+    reconcileOrphans({ js, jsm, subjects, store, log }).catch((err: unknown) =>
+      log.warn({ err }, "reconciliation of orphaned messages failed; will try again"),
+    );
+  };
+  reconcile();
+  const reconcileTimer = setInterval(reconcile, options.reconcileEveryMs ?? 30_000);
+  reconcileTimer.unref();
+
+  async function ensureDeadlineConsumer(): Promise<void> {
+    const config = {
+      durable_name: subjects.deadlineConsumer,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(30_000),
+      max_deliver: -1,
+      max_ack_pending: 100_000,
+    };
+    try {
+      await jsm.consumers.add(subjects.streams.timers, config);
+    } catch (err) {
+      if (!(err instanceof JetStreamApiError)) throw err;
+    }
+  }
+
+  async function handleTimer(msg: JsMsg): Promise<void> {
+    clock.observe(ServerClock.timestampOf(msg));
+    const parsed = DeadlineTimerSchema.safeParse(safeJson(msg.data));
+    if (!parsed.success) {
+      log.error({ seq: msg.seq }, "deadline timer is not valid; dropped");
+      msg.term();
+      return;
+    }
+    const timer = parsed.data;
+    const remaining = timer.deadline_at - clock.now();
+    if (remaining > 0) {
+      // Held by the server until the deadline, then delivered again.
+      msg.nak(Math.min(remaining, MAX_TIMER_HOP_MS));
+      return;
+    }
+    const message = errorToolMessage(
+      { tool_call_id: timer.call_id, name: timer.tool, session_id: timer.session_id },
+      new ToolmeshError(
+        ErrorCode.DeadlineExceeded,
+        `call ${timer.call_id} did not finish within ${timer.timeout_ms} ms`,
+        {
+          details: { deadline_at: timer.deadline_at, timeout_ms: timer.timeout_ms },
+        },
+      ),
+    );
+    try {
+      const won = await finalizeCall(store, publishFinal, subjects, timer, message);
+      if (won) {
+        publishEphemeral(nc, subjects.abort, {
+          idempotency_key: timer.idempotency_key,
+          reason: "deadline_exceeded",
+        });
+        // Work still queued (no executor running) must not linger once its call has ended.
+        await jsm.streams.deleteMessage(subjects.streams.work, timer.work_seq).catch(() => false);
+        log.info(
+          { callId: timer.call_id, tool: timer.tool, sessionId: timer.session_id },
+          "call passed its deadline",
+        );
+      }
+      msg.ack();
+    } catch (err) {
+      log.warn({ err, callId: timer.call_id }, "cannot end the call at its deadline yet; retrying");
+      msg.nak(500);
+    }
+  }
+
+  async function answerCancel(msg: Msg): Promise<void> {
+    let reply: CancelReply;
+    try {
+      const request = CancelRequestSchema.parse(decodeJson(msg.data));
+      const address = subjects.parseSessionSubject(msg.subject);
+      if (address === undefined || subjectToken(request.session_id) !== address.session) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          "session_id does not match the session of the subject",
+        );
+      }
+      const key = request.idempotency_key ?? `${request.session_id}/${request.tool_call_id}`;
+      const current = await store.get(key);
+      if (current === undefined) {
+        reply = { cancelled: false, state: "unknown" };
+      } else {
+        const message = errorToolMessage(
+          {
+            tool_call_id: current.record.call_id,
+            name: current.record.tool,
+            session_id: current.record.session_id,
+          },
+          new ToolmeshError(
+            ErrorCode.Cancelled,
+            `call ${current.record.call_id} was cancelled by its caller`,
+          ),
+        );
+        const won = await finalizeCall(store, publishFinal, subjects, current.record, message);
+        if (won)
+          publishEphemeral(nc, subjects.abort, { idempotency_key: key, reason: "cancelled" });
+        reply = { cancelled: won, state: won ? "cancelled" : "done" };
+      }
+    } catch (err) {
+      const error = ensureError(
+        err instanceof z.ZodError
+          ? new ToolmeshError(ErrorCode.InvalidRequest, `malformed cancel request: ${err.message}`)
+          : err,
+      );
+      reply = { cancelled: false, state: "unknown", error: error.toWire() };
+    }
+    msg.respond(encodeJson(reply));
+  }
+
+  async function onMaxDeliveries(msg: Msg): Promise<void> {
+    const advisory = MaxDeliveriesAdvisorySchema.safeParse(safeJson(msg.data));
+    if (!advisory.success) return;
+    const { stream, stream_seq: seq, deliveries } = advisory.data;
+    await deadLetter(stream, seq, "max_deliveries", deliveries).catch((err: unknown) =>
+      log.error({ err, stream, seq }, "cannot dead-letter a message"),
+    );
+  }
+
+  async function deadLetter(
+    stream: string,
+    seq: number,
+    reason: string,
+    deliveries = 0,
+  ): Promise<void> {
+    const stored = await jsm.streams.getMessage(stream, { seq }).catch(() => null);
+    if (stored === null) return; // already handled by another resolver
+    const body = safeJson(stored.data);
+    const work = stream === subjects.streams.work ? ResolvedCallSchema.safeParse(body) : undefined;
+    const request =
+      stream === subjects.streams.calls ? CallRequestSchema.safeParse(body) : undefined;
+    const tool = work?.data?.tool ?? request?.data?.tool_call.function.name ?? "_unknown";
+    const h = createHeaders();
+    h.set(Header.DlqStream, stream);
+    h.set(Header.DlqSubject, stored.subject);
+    h.set(Header.DlqSequence, String(seq));
+    h.set(Header.DlqReason, reason);
+    h.set(Header.DlqDeliveries, String(deliveries));
+    await js.publish(subjects.dlq(tool), stored.data, {
+      headers: h,
+      msgID: `dlq:${stream}:${seq}`,
+    });
+
+    const error = new ToolmeshError(
+      ErrorCode.ToolError,
+      reason === "max_deliveries"
+        ? `gave up after ${deliveries} deliveries: the call failed its worker every time`
+        : `call could not be processed: ${reason}`,
+      { retryable: false, details: { reason, deliveries, dead_letter: true } },
+    );
+    if (work?.success === true) {
+      const call = work.data;
+      await finalizeCall(
+        store,
+        publishFinal,
+        subjects,
+        call,
+        errorToolMessage(
+          { tool_call_id: call.call_id, name: call.tool, session_id: call.session_id },
+          error,
+          { attempts: deliveries },
+        ),
+      );
+    } else {
+      const address = subjects.parseSessionSubject(stored.subject);
+      const callId = request?.data?.tool_call.id ?? `invalid-${seq}`;
+      if (address !== undefined) {
+        const sessionId = request?.data?.session_id ?? address.session;
+        const message: ToolMessage = errorToolMessage(
+          { tool_call_id: callId, name: tool, session_id: sessionId },
+          error,
+          {
+            attempts: deliveries,
+          },
+        );
+        await publishDurable(js, subjects.result(address, callId), message, {
+          msgId: `result:${request?.data?.idempotency_key ?? `${sessionId}/${callId}`}`,
+        });
+      }
+    }
+    await jsm.streams.deleteMessage(stream, seq).catch(() => false);
+    log.warn({ stream, seq, tool, reason, deliveries }, "message moved to the dead-letter stream");
+  }
+
+  return {
+    async armDeadline(call, workSeq) {
+      await publishDurable(
+        js,
+        subjects.deadlineTimer,
+        {
+          idempotency_key: call.idempotency_key,
+          call_id: call.call_id,
+          tool: call.tool,
+          session_id: call.session_id,
+          address: call.address,
+          deadline_at: call.deadline_at,
+          timeout_ms: call.timeout_ms,
+          work_seq: workSeq,
+        } satisfies z.infer<typeof DeadlineTimerSchema>,
+        { msgId: `deadline:${call.idempotency_key}` },
+      );
+    },
+    deadLetter,
+    async stop(graceMs) {
+      clearInterval(reconcileTimer);
+      for (const sub of subscriptions) sub.unsubscribe();
+      await timers.stop(graceMs);
+    },
+  };
+}
+
+function safeJson(data: Uint8Array): unknown {
+  try {
+    return decodeJson(data);
+  } catch {
+    return undefined;
+  }
+}
