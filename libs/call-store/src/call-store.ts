@@ -54,6 +54,7 @@ export interface CallStoreOptions {
 }
 
 const WRONG_LAST_SEQUENCE = 10071;
+const STREAM_NAME_IN_USE = 10058;
 
 /** Hash of a call's arguments as submitted (JSON text or object), for conflict checks. */
 export function argumentsHash(args: unknown): string {
@@ -77,10 +78,15 @@ export class CallStore {
 
   /** Opens (creating when needed) the calls bucket. */
   static async open(nc: NatsConnection, options: CallStoreOptions): Promise<CallStore> {
-    const kv = await new Kvm(nc).create(options.subjects.callsBucket, {
-      history: 1,
-      ttl: options.retentionMs ?? 86_400_000,
-    });
+    const kvm = new Kvm(nc);
+    const name = options.subjects.callsBucket;
+    // The first service to start creates the bucket; the others use it as it is.
+    const kv = await kvm
+      .create(name, { history: 1, ttl: options.retentionMs ?? 86_400_000 })
+      .catch((err: unknown) => {
+        if (err instanceof JetStreamApiError && err.code === STREAM_NAME_IN_USE) return kvm.open(name);
+        throw err;
+      });
     return new CallStore(kv);
   }
 

@@ -56,6 +56,8 @@ export type CallInput =
 export interface SubmitOptions {
   /** The call's whole budget, in ms. */
   timeoutMs?: number;
+  /** Lowers the tool's per-attempt timeout for this call, in ms. */
+  attemptTimeoutMs?: number;
   idempotencyKey?: string;
   /** Call-level execution context. */
   context?: Record<string, unknown>;
@@ -157,6 +159,7 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
     ...(options.agent === undefined ? {} : { agent: options.agent }),
     ...(options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs }),
     ...(options.edgeParams === undefined ? {} : { edge_params: options.edgeParams }),
+    ...(options.attemptTimeoutMs === undefined ? {} : { attempt_timeout_ms: options.attemptTimeoutMs }),
   };
 }
 

@@ -47,7 +47,13 @@ export const CallRequestSchema = z
       .int()
       .positive()
       .optional()
-      .describe("Budget for the whole call from submission, in ms; the deadline."),
+      .describe("Budget for the whole call from its acceptance by the server, in ms; the deadline."),
+    attempt_timeout_ms: z
+      .number()
+      .int()
+      .positive()
+      .optional()
+      .describe("Lowers the tool's per-attempt timeout for this call, in ms; never raises it."),
     edge_params: z
       .array(z.string())
       .optional()
@@ -101,8 +107,18 @@ export const ResolvedCallSchema = z
     agent_context: JsonObject,
     agent: Id.optional(),
     timeout_ms: z.number().int().positive().describe("The call's total budget, in ms."),
-    deadline_at: z.number().describe("Epoch ms by the resolver's clock when the call expires."),
-    resolved_at: z.number().describe("Epoch ms by the resolver's clock when this was made."),
+    attempt_timeout_ms: z
+      .number()
+      .int()
+      .positive()
+      .optional()
+      .describe("The caller's cap on each attempt, in ms."),
+    deadline_at: z
+      .number()
+      .describe("Epoch ms, by the NATS server's clock, at which the call expires."),
+    resolved_at: z
+      .number()
+      .describe("Epoch ms, by the NATS server's clock, at which the call was accepted."),
     tool_revision: z.number().int().nonnegative().describe("Registry revision resolved against."),
   })
   .meta({ id: "ResolvedCall", description: "A validated call with defaults filled." });

@@ -51,6 +51,12 @@ export const EnvSchema = z.object({
   TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(60_000),
   TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(1024 * 1024),
   TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(10_000),
+  TOOLMESH_ACK_WAIT_MS: positiveInt.default(10_000),
+  TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(256),
+  TOOLMESH_CALL_RETENTION_MS: positiveInt.default(86_400_000),
+  TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(120_000),
+  TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(1_000_000),
+  TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -74,6 +80,18 @@ export interface RuntimeConfig {
   defaultTimeoutMs: number;
   maxMessageBytes: number;
   shutdownGraceMs: number;
+  /** How long a delivered call stays owned without a heartbeat, in ms. */
+  ackWaitMs: number;
+  /** Calls of one session in flight through one resolver. */
+  sessionMaxInFlight: number;
+  /** How long call records (the idempotency horizon) are kept, in ms. */
+  callRetentionMs: number;
+  /** Window in which a repeated message id is dropped by the streams, in ms. */
+  duplicateWindowMs: number;
+  /** Most calls waiting in the calls or work stream. */
+  maxQueuedCalls: number;
+  /** Port of the `/healthz` and `/readyz` endpoints; none when unset. */
+  healthPort?: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -118,6 +136,12 @@ export function loadConfig(
     defaultTimeoutMs: e.TOOLMESH_DEFAULT_TIMEOUT_MS,
     maxMessageBytes: e.TOOLMESH_MAX_MESSAGE_BYTES,
     shutdownGraceMs: e.TOOLMESH_SHUTDOWN_GRACE_MS,
+    ackWaitMs: e.TOOLMESH_ACK_WAIT_MS,
+    sessionMaxInFlight: e.TOOLMESH_SESSION_MAX_IN_FLIGHT,
+    callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
+    duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
+    maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,
+    ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),
     env,
   };
 }

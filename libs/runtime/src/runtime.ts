@@ -8,6 +8,7 @@ import type { Logger, Telemetry, Tracer } from "@toolmesh/telemetry";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
 import type { RuntimeConfig } from "./config.js";
 import { loadConfig } from "./config.js";
+import { startHealthServer } from "./health.js";
 
 /** What every actor needs: one connection, one logger, one tracer, the live registry. */
 export interface Runtime {
@@ -19,6 +20,8 @@ export interface Runtime {
   readonly tracer: Tracer;
   readonly telemetry: Telemetry;
   readonly streamLimits: StreamLimits;
+  /** Whether the NATS connection is up right now (false while reconnecting). */
+  connected(): boolean;
   /** Drains the connection and flushes telemetry. */
   close(): Promise<void>;
 }
@@ -37,6 +40,18 @@ export async function openRuntime(
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
     const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, { subjects, log: logger });
+    let connected = true;
+    void (async () => {
+      for await (const status of nc.status()) {
+        if (status.type === "disconnect") {
+          connected = false;
+          logger.warn({ server: status.server }, "disconnected from NATS; reconnecting");
+        } else if (status.type === "reconnect") {
+          connected = true;
+          logger.info({ server: status.server }, "reconnected to NATS");
+        }
+      }
+    })();
     return {
       config,
       nc,
@@ -45,7 +60,12 @@ export async function openRuntime(
       log: logger,
       tracer: telemetry.tracer,
       telemetry,
-      streamLimits: { maxMessageBytes: config.maxMessageBytes },
+      connected: () => connected && !nc.isClosed(),
+      streamLimits: {
+        maxMessageBytes: config.maxMessageBytes,
+        duplicateWindowMs: config.duplicateWindowMs,
+        maxQueuedCalls: config.maxQueuedCalls,
+      },
       async close() {
         registry.close();
         await nc.drain().catch(() => undefined);
@@ -60,8 +80,7 @@ export async function openRuntime(
 
 /**
  * Graceful shutdown on SIGTERM and SIGINT: `stop` stops taking work and finishes or hands
- * back what is in flight, then the runtime closes and the process exits 0. A second signal
- * exits at once with 1.
+ * back what is in flight, then the process exits 0. A second signal exits at once with 1.
  */
 export function installShutdown(log: Logger, stop: () => Promise<void>): void {
   let stopping = false;
@@ -92,7 +111,8 @@ export interface Stoppable {
 
 /**
  * The whole life of a service process: parse the environment, open the runtime, start the
- * actor, and stop it gracefully on SIGTERM. What a service's `main.ts` calls.
+ * actor, serve health endpoints (when `TOOLMESH_HEALTH_PORT` is set), and on SIGTERM report
+ * not-ready first, then stop the actor gracefully and close. What a service's `main.ts` calls.
  */
 export async function runService(
   service: string,
@@ -101,9 +121,20 @@ export async function runService(
 ): Promise<void> {
   const config = loadConfig(env);
   const rt = await openRuntime(config, service);
+  let ready = false;
+  const health =
+    config.healthPort === undefined
+      ? undefined
+      : await startHealthServer(config.healthPort, {
+          live: () => !rt.nc.isClosed(),
+          ready: () => ready && rt.connected(),
+        });
   const actor = await start(rt);
+  ready = true;
   installShutdown(rt.log, async () => {
+    ready = false;
     await actor.stop(config.shutdownGraceMs);
     await rt.close();
+    health?.close();
   });
 }

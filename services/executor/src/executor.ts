@@ -72,6 +72,8 @@ export interface ExecutorOptions {
    * long calls owned. After a crash the call is redelivered once this passes. Default 10 000.
    */
   ackWaitMs?: number;
+  /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
+  callRetentionMs?: number;
 }
 
 /** A running executor. */
@@ -138,7 +140,10 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const ackWaitMs = options.ackWaitMs ?? 10_000;
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
-  const store = await CallStore.open(nc, { subjects });
+  const store = await CallStore.open(nc, {
+    subjects,
+    ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+  });
   const clock = new ServerClock();
   const slots = new Semaphore(options.concurrency ?? 16);
   const toolkitContext = options.toolkitContext ?? {};
@@ -359,12 +364,14 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     if (remaining <= 0) {
       return { ok: false, error: deadlineError(call) };
     }
-    const timeoutMs = Math.min(tool.definition.timeout_ms, remaining);
+    // The caller may lower the tool's attempt timeout, never raise it.
+    const attemptTimeoutMs = Math.min(tool.definition.timeout_ms, call.attempt_timeout_ms ?? Infinity);
+    const timeoutMs = Math.min(attemptTimeoutMs, remaining);
     const controller = new AbortController();
     running.set(call.idempotency_key, controller);
     const timer = setTimeout(() => {
       controller.abort(
-        timeoutMs < tool.definition.timeout_ms
+        timeoutMs < attemptTimeoutMs
           ? deadlineError(call)
           : new ToolmeshError(
               ErrorCode.Timeout,

@@ -36,6 +36,8 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     tools: tools.map((t) => t.module),
     owner: config.executorOwner,
     concurrency: config.concurrency,
+    ackWaitMs: config.ackWaitMs,
+    callRetentionMs: config.callRetentionMs,
     toolkitContext: config.toolkitContext,
     ...(config.presetsFile === undefined
       ? {}

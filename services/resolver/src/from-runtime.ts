@@ -12,5 +12,7 @@ export function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     streamLimits: rt.streamLimits,
     log: rt.log.child({ actor: "resolver" }),
     defaultTimeoutMs: rt.config.defaultTimeoutMs,
+    sessionMaxInFlight: rt.config.sessionMaxInFlight,
+    callRetentionMs: rt.config.callRetentionMs,
   });
 }

@@ -429,6 +429,7 @@ export function resolveCall(
     tool_revision: tool.revision,
   };
   if (request.agent !== undefined) resolved.agent = request.agent;
+  if (request.attempt_timeout_ms !== undefined) resolved.attempt_timeout_ms = request.attempt_timeout_ms;
   return resolved;
 }
 
