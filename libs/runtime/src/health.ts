@@ -4,9 +4,9 @@ import type { Server } from "node:http";
 /** What the health endpoints report. */
 export interface HealthState {
   /** The process works (its NATS connection is not closed). */
-  live(): boolean;
+  live: () => boolean;
   /** The process takes work: started, connected, not shutting down. */
-  ready(): boolean;
+  ready: () => boolean;
 }
 
 /**
