@@ -84,7 +84,8 @@ export class CallStore {
     const kv = await kvm
       .create(name, { history: 1, ttl: options.retentionMs ?? 86_400_000 })
       .catch((err: unknown) => {
-        if (err instanceof JetStreamApiError && err.code === STREAM_NAME_IN_USE) return kvm.open(name);
+        if (err instanceof JetStreamApiError && err.code === STREAM_NAME_IN_USE)
+          return kvm.open(name);
         throw err;
       });
     return new CallStore(kv);

@@ -159,7 +159,9 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
     ...(options.agent === undefined ? {} : { agent: options.agent }),
     ...(options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs }),
     ...(options.edgeParams === undefined ? {} : { edge_params: options.edgeParams }),
-    ...(options.attemptTimeoutMs === undefined ? {} : { attempt_timeout_ms: options.attemptTimeoutMs }),
+    ...(options.attemptTimeoutMs === undefined
+      ? {}
+      : { attempt_timeout_ms: options.attemptTimeoutMs }),
   };
 }
 

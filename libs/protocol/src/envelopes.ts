@@ -47,7 +47,9 @@ export const CallRequestSchema = z
       .int()
       .positive()
       .optional()
-      .describe("Budget for the whole call from its acceptance by the server, in ms; the deadline."),
+      .describe(
+        "Budget for the whole call from its acceptance by the server, in ms; the deadline.",
+      ),
     attempt_timeout_ms: z
       .number()
       .int()

@@ -15,13 +15,16 @@ export interface HealthState {
  */
 export async function startHealthServer(port: number, state: HealthState): Promise<Server> {
   const server = createServer((req, res) => {
-    const check = req.url === "/healthz" ? state.live : req.url === "/readyz" ? state.ready : undefined;
+    const check =
+      req.url === "/healthz" ? state.live : req.url === "/readyz" ? state.ready : undefined;
     if (check === undefined) {
       res.writeHead(404).end("not found\n");
       return;
     }
     const ok = check();
-    res.writeHead(ok ? 200 : 503, { "content-type": "text/plain" }).end(ok ? "ok\n" : "unavailable\n");
+    res
+      .writeHead(ok ? 200 : 503, { "content-type": "text/plain" })
+      .end(ok ? "ok\n" : "unavailable\n");
   });
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);

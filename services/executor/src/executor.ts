@@ -365,7 +365,10 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       return { ok: false, error: deadlineError(call) };
     }
     // The caller may lower the tool's attempt timeout, never raise it.
-    const attemptTimeoutMs = Math.min(tool.definition.timeout_ms, call.attempt_timeout_ms ?? Infinity);
+    const attemptTimeoutMs = Math.min(
+      tool.definition.timeout_ms,
+      call.attempt_timeout_ms ?? Infinity,
+    );
     const timeoutMs = Math.min(attemptTimeoutMs, remaining);
     const controller = new AbortController();
     running.set(call.idempotency_key, controller);

@@ -429,7 +429,8 @@ export function resolveCall(
     tool_revision: tool.revision,
   };
   if (request.agent !== undefined) resolved.agent = request.agent;
-  if (request.attempt_timeout_ms !== undefined) resolved.attempt_timeout_ms = request.attempt_timeout_ms;
+  if (request.attempt_timeout_ms !== undefined)
+    resolved.attempt_timeout_ms = request.attempt_timeout_ms;
   return resolved;
 }
 
