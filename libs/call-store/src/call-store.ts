@@ -34,6 +34,8 @@ export const CallRecordSchema = z.object({
   deadline_at: z.number(),
   /** The final message, once `done`. */
   result: ToolMessageSchema.optional(),
+  /** Set once the final message was published. */
+  published: z.boolean().optional(),
 });
 
 /** The durable record of one accepted call. */
@@ -121,32 +123,53 @@ export class CallStore {
   }
 
   /**
-   * Moves a call to `done` with its final message. Returns the message to publish: the given
-   * one when this caller won, the stored one when the call was already done (publish that one
-   * again: its `Nats-Msg-Id` makes a repeat harmless), or undefined when no record exists.
+   * Moves a call to `done` with its final message. `won` says whether this caller's message
+   * became the final one; otherwise `result` is the stored one and `published` whether its
+   * publication was confirmed. Undefined when no record exists.
    */
   async finish(
     idempotencyKey: string,
     result: ToolMessage,
-  ): Promise<{ won: boolean; result: ToolMessage } | undefined> {
+  ): Promise<
+    { won: boolean; result: ToolMessage; published: boolean; revision: number } | undefined
+  > {
     const key = subjectToken(idempotencyKey);
     for (;;) {
       const current = await this.get(idempotencyKey);
       if (current === undefined) return undefined;
-      if (current.record.state === "done" && current.record.result !== undefined) {
-        return { won: false, result: current.record.result };
+      const { record, revision } = current;
+      if (record.state === "done" && record.result !== undefined) {
+        return {
+          won: false,
+          result: record.result,
+          published: record.published === true,
+          revision,
+        };
       }
       try {
-        await this.#kv.update(
+        const next = await this.#kv.update(
           key,
-          encodeJson({ ...current.record, state: "done", result }),
-          current.revision,
+          encodeJson({ ...record, state: "done", result }),
+          revision,
         );
-        return { won: true, result };
+        return { won: true, result, published: false, revision: next };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
       }
     }
+  }
+
+  /** Records that the final message went out, so nobody publishes it again. Best effort. */
+  async markPublished(idempotencyKey: string, revision: number): Promise<void> {
+    const current = await this.get(idempotencyKey);
+    if (current === undefined || current.revision !== revision) return;
+    await this.#kv
+      .update(
+        subjectToken(idempotencyKey),
+        encodeJson({ ...current.record, published: true }),
+        revision,
+      )
+      .catch(() => undefined);
   }
 }
 
@@ -158,10 +181,11 @@ export type PublishFinal = (
 ) => Promise<unknown>;
 
 /**
- * Ends a call with `message` unless it already ended: moves the record to `done`, then
- * publishes the final message on the session (the stored one if another party won). The
- * message id `result:{key}` makes a repeated publication harmless. Returns whether this
- * caller's message became the final one.
+ * Ends a call with `message` unless it already ended: moves the record to `done`, publishes
+ * the final message on the session and records that it went out. When another party ended the
+ * call first, nothing is published — unless that party never confirmed its publication (it
+ * may have crashed in between), in which case the stored message is published again under the
+ * same message id. Returns whether this caller's message became the final one.
  */
 export async function finalizeCall(
   store: CallStore,
@@ -171,11 +195,12 @@ export async function finalizeCall(
   message: ToolMessage,
 ): Promise<boolean> {
   const outcome = await store.finish(call.idempotency_key, message);
-  const final = outcome?.result ?? message;
+  if (outcome?.published === true) return false;
   await publish(
     subjects.result(call.address, call.call_id),
-    final,
+    outcome?.result ?? message,
     `result:${call.idempotency_key}`,
   );
+  if (outcome !== undefined) await store.markPublished(call.idempotency_key, outcome.revision);
   return outcome === undefined || outcome.won;
 }

@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -312,7 +313,9 @@ export class Session {
    */
   async #publish(request: CallRequest, deadline: number): Promise<void> {
     const callId = request.tool_call.id;
-    const msgId = request.idempotency_key ?? `${this.id}/${callId}`;
+    // The arguments' hash in the message id lets a conflicting reuse of a key through to the
+    // resolver (which answers idempotency_conflict) while exact repeats are dropped.
+    const msgId = `${request.idempotency_key ?? `${this.id}/${callId}`}#${argumentsDigest(request.tool_call.function.arguments)}`;
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
         const ack = await publishDurable(
@@ -468,6 +471,11 @@ function localError(
   return errorToolMessage({ tool_call_id: callId, name: tool, session_id: sessionId }, error, {
     attempts: 0,
   });
+}
+
+function argumentsDigest(args: unknown): string {
+  const text = typeof args === "string" ? args : JSON.stringify(args);
+  return createHash("sha256").update(text).digest("hex").slice(0, 16);
 }
 
 function safeJson(data: Uint8Array): unknown {

@@ -119,22 +119,30 @@ export async function runService(
   env: Readonly<Record<string, string | undefined>>,
   start: (rt: Runtime) => Promise<Stoppable>,
 ): Promise<void> {
-  const config = loadConfig(env);
-  const rt = await openRuntime(config, service);
-  let ready = false;
-  const health =
-    config.healthPort === undefined
-      ? undefined
-      : await startHealthServer(config.healthPort, {
-          live: () => !rt.nc.isClosed(),
-          ready: () => ready && rt.connected(),
-        });
-  const actor = await start(rt);
-  ready = true;
-  installShutdown(rt.log, async () => {
-    ready = false;
-    await actor.stop(config.shutdownGraceMs);
-    await rt.close();
-    health?.close();
-  });
+  try {
+    const config = loadConfig(env);
+    const rt = await openRuntime(config, service);
+    let ready = false;
+    const health =
+      config.healthPort === undefined
+        ? undefined
+        : await startHealthServer(config.healthPort, {
+            live: () => !rt.nc.isClosed(),
+            ready: () => ready && rt.connected(),
+          });
+    const actor = await start(rt);
+    ready = true;
+    installShutdown(rt.log, async () => {
+      ready = false;
+      await actor.stop(config.shutdownGraceMs);
+      await rt.close();
+      health?.close();
+    });
+  } catch (err) {
+    // A service that cannot start says why in one line and exits non-zero.
+    process.stderr.write(
+      `toolmesh ${service}: ${err instanceof Error ? err.message : String(err)}\n`,
+    );
+    process.exit(1);
+  }
 }

@@ -243,12 +243,9 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         try {
           const stored = await store.get(call.idempotency_key);
           if (stored?.record.state === "done" && stored.record.result !== undefined) {
-            // Ended already (result, cancellation or deadline): answer from it, don't run.
-            await publishFinal(
-              subjects.result(call.address, call.call_id),
-              stored.record.result,
-              `result:${call.idempotency_key}`,
-            );
+            // Ended already (result, cancellation or deadline): don't run it. Its answer is
+            // published again only if its publication was never confirmed.
+            await finalizeCall(store, publishFinal, subjects, call, stored.record.result);
             msg.ack();
             callLog.info("call already ended; answered from its stored result");
             return;

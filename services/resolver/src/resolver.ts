@@ -427,8 +427,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         limits.release(resolved);
         await publishFinal(
           subjects.result(resolved.address, resolved.call_id),
-          accepted.record.result,
-          `result:${resolved.idempotency_key}`,
+          // The same key may come back under another call id: answer that id.
+          { ...accepted.record.result, tool_call_id: resolved.call_id, session_id: resolved.session_id },
+          accepted.record.call_id === resolved.call_id
+            ? `result:${resolved.idempotency_key}`
+            : `result:${resolved.idempotency_key}:${resolved.call_id}`,
         );
         callLog.info("resubmitted call answered from its stored result");
         return;
