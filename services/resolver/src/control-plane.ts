@@ -123,6 +123,12 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   reconcile();
   const reconcileTimer = setInterval(reconcile, options.reconcileEveryMs ?? 30_000);
   reconcileTimer.unref();
+  // Orphans appear when a server is killed: look for them as soon as it is back.
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type === "reconnect") setTimeout(reconcile, 1_000).unref();
+    }
+  })();
 
   async function ensureDeadlineConsumer(): Promise<void> {
     const config = {

@@ -1,0 +1,110 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { SessionEvent } from "@toolmesh/client";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let client: ToolmeshClient;
+let resolver: ServiceProcess;
+let executor: ServiceProcess;
+let ledgerDir: string;
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  ledgerDir = mkdtempSync(join(tmpdir(), "toolmesh-ledger-"));
+  const env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
+    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir }),
+    TOOLMESH_ACK_WAIT_MS: "1000",
+  };
+  resolver = await startService("resolver", env);
+  executor = await startService("executor", env);
+  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "sleepy");
+  nc = await connect({ servers: server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
+  client = new ToolmeshClient(nc, { deadlineGraceMs: 10_000 });
+});
+
+afterAll(async () => {
+  await nc?.close();
+  await killAllServices();
+  await server?.stop();
+  rmSync(ledgerDir, { recursive: true, force: true });
+});
+
+function executions(key: string): number {
+  const name = encodeURIComponent(key);
+  return readdirSync(ledgerDir).includes(name)
+    ? readFileSync(join(ledgerDir, name), "utf8").split("\n").filter(Boolean).length
+    : 0;
+}
+
+describe("a NATS server killed and restarted", () => {
+  it("loses no accepted call: in flight, queued and submitted while it was down all end with their result", async () => {
+    const session = client.session("restart-1");
+    const started = new Promise<void>((resolve) => {
+      const stop = session.onEvent((e: SessionEvent) => {
+        if (e.type === "progress" && e.event.tool_call_id === "r0") {
+          stop();
+          resolve();
+        }
+      });
+    });
+    const running = session.submit(
+      { id: "r0", name: "sleepy", arguments: { ms: 1_500 } },
+      { timeoutMs: 30_000 },
+    );
+    const queued = Array.from({ length: 5 }, (_, i) =>
+      session.submit(
+        { id: `r${i + 1}`, name: "sleepy", arguments: { ms: 50 } },
+        { timeoutMs: 30_000 },
+      ),
+    );
+    await started;
+    await server.kill();
+    // Submitted while nothing answers: the client keeps publishing with the same message id.
+    const whileDown = session.submit(
+      { id: "r9", name: "sleepy", arguments: { ms: 10 } },
+      { timeoutMs: 30_000 },
+    );
+    await server.restart();
+    await Promise.all([
+      resolver.waitForLog((l) => l.msg === "reconnected to NATS"),
+      executor.waitForLog((l) => l.msg === "reconnected to NATS"),
+    ]);
+    const messages = await Promise.all([running, ...queued, whileDown].map((h) => h.result));
+    session.close();
+    expect(messages.map((m) => m.error?.code ?? "ok")).toEqual(Array(7).fill("ok"));
+    for (const id of ["r1", "r2", "r3", "r4", "r5", "r9"])
+      expect(executions(`restart-1/${id}`)).toBe(1);
+    expect(resolver.child.exitCode).toBeNull();
+    expect(executor.child.exitCode).toBeNull();
+  });
+
+  it("answers a resubmission from the stored result after a restart made the duplicate window forget", async () => {
+    const first = client.session("restart-2");
+    const original = await first.submit({ id: "s1", name: "sleepy", arguments: { ms: 5 } }).result;
+    first.close();
+    const reconnected = (l: Record<string, unknown>): boolean => l.msg === "reconnected to NATS";
+    const before = resolver.lines.filter(reconnected).length;
+    await server.kill();
+    await server.restart();
+    await resolver.waitForLog(
+      (l) => reconnected(l) && resolver.lines.filter(reconnected).length > before,
+    );
+    const again = client.session("restart-2");
+    const repeated = await again.submit({ id: "s1", name: "sleepy", arguments: { ms: 5 } }).result;
+    again.close();
+    expect(repeated.content).toBe(original.content);
+    expect(executions("restart-2/s1")).toBe(1);
+  });
+});
