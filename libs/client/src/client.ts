@@ -106,11 +106,24 @@ export class ToolmeshClient {
       requestTimeoutMs: options.requestTimeoutMs ?? 5_000,
       tracer: options.tracer ?? trace.getTracer("toolmesh-client"),
     };
+    // Final messages published while the connection was down never reach the live
+    // subscription; they are in the sessions stream, so pending calls look them up there.
+    void (async () => {
+      for await (const status of nc.status()) {
+        if (status.type === "reconnect") for (const session of this.#sessions) session.catchUp();
+      }
+    })();
   }
+
+  readonly #sessions = new Set<Session>();
 
   /** Opens a session: one subscription that carries every answer for it. */
   session(sessionId: string): Session {
-    return new Session(this, sessionId, this.#options);
+    const session = new Session(this, sessionId, this.#options, () =>
+      this.#sessions.delete(session),
+    );
+    this.#sessions.add(session);
+    return session;
   }
 
   /** Resolves a call without executing it: the resolved-call record, or the typed error. */
@@ -184,15 +197,18 @@ export class Session {
   readonly #pending = new Map<string, Pending>();
   readonly #listeners = new Set<(event: SessionEvent) => void>();
   readonly #onClose = new Set<() => void>();
+  readonly #onClosed: () => void;
   #closed = false;
 
   constructor(
     client: ToolmeshClient,
     sessionId: string,
     options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & { tracer: Tracer },
+    onClosed: () => void = () => undefined,
   ) {
     this.#client = client;
     this.#options = options;
+    this.#onClosed = onClosed;
     this.id = sessionId;
     this.address = client.subjects.address(client.tenant, sessionId);
     this.#sub = client.nc.subscribe(client.subjects.sessionEvents(this.address), {
@@ -414,9 +430,17 @@ export class Session {
   }
 
   /** Stops listening; calls still waiting settle with `cancelled`. */
+  /** Looks up, in the sessions stream, the final messages of every call still waiting. */
+  catchUp(): void {
+    for (const callId of this.#pending.keys()) {
+      void this.#answerFromStore(callId).catch(() => undefined);
+    }
+  }
+
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    this.#onClosed();
     this.#sub.unsubscribe();
     for (const [callId] of this.#pending) {
       this.#settle(

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { ErrorCode, ToolDefinitionSchema, ToolmeshError } from "@toolmesh/protocol";
 import type { ToolDefinition } from "@toolmesh/protocol";
-import { compileTool, getSharedAjv, paramTypeOf } from "./compile.js";
+import { compileTool, getSharedAjv, linearRegExp, paramTypeOf } from "./compile.js";
 
 function definition(
   parameters: Record<string, unknown>,
@@ -340,6 +340,195 @@ describe("compileTool", () => {
     expect(Object.isFrozen(tool)).toBe(true);
     expect(Object.isFrozen(tool.properties)).toBe(true);
     expect(Object.isFrozen(tool.properties[0])).toBe(true);
+  });
+});
+
+describe("patterns run on a linear-time engine", () => {
+  const stringWith = (pattern: string): ToolDefinition =>
+    definition({ type: "object", properties: { s: { type: "string", pattern } } });
+
+  it("is the engine of the shared Ajv", () => {
+    expect(getSharedAjv().opts.code.regExp).toBe(linearRegExp);
+  });
+
+  it("validates a hostile string against a catastrophically backtracking pattern at once", () => {
+    const tool = compileTool(stringWith("^(a+)+$"), 1);
+    const hostile = `${"a".repeat(30)}!`;
+    const started = performance.now();
+    expect(tool.validate({ s: hostile })).toBe(false);
+    // A sanity bound only: V8's backtracking engine needs minutes here, RE2 microseconds.
+    expect(performance.now() - started).toBeLessThan(1000);
+    expect(tool.validate.errors?.map((e) => [e.instancePath, e.keyword])).toEqual([
+      ["/s", "pattern"],
+    ]);
+    expect(tool.validate({ s: "a".repeat(30) })).toBe(true);
+  });
+
+  it("checks property names against a hostile patternProperties key at once", () => {
+    const tool = compileTool(
+      definition({
+        type: "object",
+        patternProperties: { "^(a|aa)+$": { type: "integer" } },
+        additionalProperties: false,
+      }),
+      1,
+    );
+    const started = performance.now();
+    expect(tool.validate({ [`${"a".repeat(40)}!`]: 1 })).toBe(false);
+    expect(performance.now() - started).toBeLessThan(1000);
+    expect(tool.validate.errors?.[0]?.keyword).toBe("additionalProperties");
+    expect(tool.validate({ aaa: 1 })).toBe(true);
+    expect(tool.validate({ aaa: "one" })).toBe(false);
+  });
+
+  it("stays linear on a large input", () => {
+    const tool = compileTool(stringWith("^(\\w+\\s?)*$"), 1);
+    const started = performance.now();
+    expect(tool.validate({ s: `${"word ".repeat(20_000)}!` })).toBe(false);
+    expect(performance.now() - started).toBeLessThan(1000);
+  });
+
+  // Each pattern is run by the engine and by V8 on the same inputs: the answers must agree.
+  it.each([
+    ["^[a-z]+$", ["abc", "", "abC", "ab1", "abc\n"]],
+    ["\\d{3}", ["123", "ab1234", "12", "١٢٣"]],
+    ["^\\w+@\\w+\\.com$", ["a@b.com", "a@b.org", "é@b.com"]],
+    ["^\\p{L}+$", ["héllo", "日本語", "abc1", "Ωμέγα", ""]],
+    ["^\\p{Lu}\\P{Lu}*$", ["Hello", "hello", "HEllo"]],
+    ["^\\p{Letter}+$", ["héllo", "a1"]],
+    ["^\\p{Script=Greek}+$", ["Ωμέγα", "omega"]],
+    ["^\\p{sc=Han}+$", ["中文", "中a"]],
+    ["^\\p{gc=Nd}+$", ["123", "١٢٣", "1a"]],
+    ["^[\\u4e00-\\u9fa5]+$", ["中文", "中文a", "日本"]],
+    ["^\\u00e9$", ["é", "e"]],
+    ["^\\u{1F600}$", ["😀", "😁"]],
+    ["^\\ud83d\\ude00$", ["😀", "😁"]],
+    ["^😀+$", ["😀😀", "😀a"]],
+    ["^.$", ["a", "😀", "\n", "\r", "\u2028", "\t"]],
+    ["^\\s$", [" ", "\t", "\v", "\u00a0", "\u3000", "\ufeff", "a"]],
+    ["^\\S+$", ["abc", "a b", "a\u00a0b"]],
+    ["^[\\s\\S]*$", ["anything\n at all", ""]],
+    ["^[^\\s]+$", ["abc", "a\u00a0b"]],
+    ["^[\\b]$", ["\b", "b"]],
+    ["\\bcat\\b", ["a cat here", "concatenate"]],
+    ["^\\cJ$", ["\n", "J"]],
+    ["^a\\0b$", ["a\u0000b", "a0b"]],
+    ["^(?<year>\\d{4})-(?<month>\\d{2})$", ["2024-05", "24-05"]],
+    ["^[[:alpha:]+$", ["[:ahl", "b"]],
+    ["^\\p{Emoji}\\p{Alphabetic}$", ["😀a", "😀1"]],
+    ["^a[]$", ["a"]],
+    ["^a[^]$", ["ab", "a\n", "a"]],
+    ["^\\x41\\/\\.$", ["A/.", "A/x"]],
+    ["^(?:ab|cd){2,3}$", ["abcd", "ab", "abcdabab"]],
+    ["^[\\-+]?\\d+(\\.\\d+)?$", ["-1.5", "+2", "1.", "--1"]],
+    ["colou?r", ["color", "colour", "colr"]],
+    ["", ["", "anything"]],
+  ])("agrees with ECMAScript on %s", (pattern, inputs) => {
+    const native = new RegExp(pattern, "u");
+    const linear = linearRegExp(pattern, "u");
+    for (const input of inputs) {
+      expect([input, linear.test(input)]).toEqual([input, native.test(input)]);
+    }
+    const tool = compileTool(stringWith(pattern), 1);
+    for (const input of inputs) {
+      expect([input, tool.validate({ s: input })]).toEqual([input, native.test(input)]);
+    }
+  });
+
+  it("does not throw on strings holding lone surrogates", () => {
+    const tool = compileTool(stringWith("^.+$"), 1);
+    expect(tool.validate({ s: "a\ud800b" })).toBe(true);
+    expect(tool.validate({ s: "\udc00" })).toBe(true);
+  });
+
+  it("caches distinct patterns apart", () => {
+    const tool = compileTool(
+      definition({
+        type: "object",
+        properties: {
+          a: { type: "string", pattern: "^a+$" },
+          b: { type: "string", pattern: "^b+$" },
+        },
+      }),
+      1,
+    );
+    expect(tool.validate({ a: "aa", b: "bb" })).toBe(true);
+    expect(tool.validate({ a: "bb", b: "aa" })).toBe(false);
+    expect(String(linearRegExp("^a+$", "u"))).toBe("/^a+$/u");
+  });
+
+  it.each([
+    ["(a)\\1", "backreferences are not supported"],
+    ["(?<n>a)\\k<n>", "backreferences are not supported"],
+    ["(a)(b)(c)(d)(e)(f)(g)(h)(i)\\9", "backreferences are not supported"],
+    ["a(?=b)", "lookahead is not supported"],
+    ["a(?!b)", "lookahead is not supported"],
+    ["(?<=a)b", "lookbehind is not supported"],
+    ["(?<!a)b", "lookbehind is not supported"],
+    ["^\\p{ASCII}$", "RE2"],
+    ["^\\p{sc=Grek}$", "RE2"],
+    ["^\\p{scx=Greek}$", "\\p{scx=Greek} is not supported"],
+    ["^a{1001}$", "RE2"],
+    ["^\\ud800$", "lone surrogate"],
+    ["(", "not a valid ECMAScript regular expression"],
+    ["\\e", "not a valid ECMAScript regular expression"],
+  ])("refuses %s at compile time, naming the tool and the pattern", (pattern, reason) => {
+    const err = thrown(() => compileTool({ ...stringWith(pattern), name: "rx_tool" }, 1));
+    expect(err.code).toBe(ErrorCode.InvalidRequest);
+    expect(err.message).toContain('"rx_tool"');
+    expect(err.message).toContain(JSON.stringify(pattern));
+    expect(err.details).toMatchObject({ tool: "rx_tool", pattern, path: "/properties/s/pattern" });
+    expect(String(err.details?.["reason"])).toContain(reason);
+  });
+
+  it("names where a refused pattern is, in patternProperties and nested schemas too", () => {
+    const keyed = thrown(() =>
+      compileTool(
+        definition({
+          type: "object",
+          properties: {
+            tags: { type: "object", patternProperties: { "^(x)\\1$": { type: "string" } } },
+          },
+        }),
+        1,
+      ),
+    );
+    expect(keyed.details).toMatchObject({
+      pattern: "^(x)\\1$",
+      path: "/properties/tags/patternProperties/^(x)\\1$",
+    });
+    const nested = thrown(() =>
+      compileTool(
+        definition({
+          type: "object",
+          properties: {
+            list: { type: "array", items: { type: "string", pattern: "a(?=b)" } },
+          },
+        }),
+        1,
+      ),
+    );
+    expect(nested.details).toMatchObject({ path: "/properties/list/items/pattern" });
+  });
+
+  it("leaves nothing behind when a pattern is refused", () => {
+    const ajv = getSharedAjv();
+    const cache = (ajv as unknown as { _cache: Map<unknown, unknown> })._cache;
+    compileTool(definition({ type: "object" }), 0);
+    const refsBefore = Object.keys(ajv.refs).length;
+    const cacheBefore = cache.size;
+    expect(() =>
+      compileTool(
+        definition({
+          $id: "https://tools.example/refused",
+          type: "object",
+          properties: { s: { type: "string", pattern: "(a)\\1" } },
+        }),
+        1,
+      ),
+    ).toThrow(ToolmeshError);
+    expect(Object.keys(ajv.refs).length).toBe(refsBefore);
+    expect(cache.size).toBe(cacheBefore);
   });
 });
 

@@ -1,6 +1,7 @@
 import { Ajv2020 } from "ajv/dist/2020.js";
 import type { ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
 import formatsPlugin from "ajv-formats";
+import { RE2JS, RE2JSException } from "re2js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { ParamType, ToolDefinition } from "@toolmesh/protocol";
 
@@ -69,6 +70,9 @@ export function getSharedAjv(): Ajv2020 {
       // Without it `required: ["toString"]` is satisfied by Object.prototype and an absent
       // `constructor` param is validated as if the model had sent the Object function.
       ownProperties: true,
+      // `pattern` and `patternProperties` run on a linear-time engine: a pattern like
+      // `^(a+)+$` would otherwise block the event loop for minutes on a 30-character string.
+      code: { regExp: linearRegExp },
     });
     // `keywords: false`: ajv-formats resolves its own copy of ajv in this install, and the
     // formatMinimum/formatMaximum keywords built with that copy's code generator fail at
@@ -85,7 +89,8 @@ export function getSharedAjv(): Ajv2020 {
  * Ajv instance, so a tool may be compiled again with a new definition (same `$id` or not).
  *
  * @throws ToolmeshError `invalid_request` naming the tool when its parameter schema does not
- *   compile, or holds a `__proto__` key anywhere.
+ *   compile, holds a `__proto__` key anywhere, or has a `pattern` (or `patternProperties` key)
+ *   the linear-time regex engine cannot run (details `tool`, `pattern`, `reason`, `path`).
  */
 export function compileTool(def: ToolDefinition, revision: number): CompiledTool {
   const parameters = def.parameters;
@@ -162,6 +167,22 @@ function compileDetached(tool: string, schema: Record<string, unknown>): Validat
   try {
     return ajv.compile(schema);
   } catch (err) {
+    if (err instanceof UnsupportedPatternError) {
+      const path = findPattern(schema, err.pattern);
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `tool "${tool}": its parameter schema has a pattern ${JSON.stringify(err.pattern)}${path === undefined ? "" : ` at "${path}"`} that cannot be used: ${err.reason}`,
+        {
+          details: {
+            tool,
+            pattern: err.pattern,
+            reason: err.reason,
+            ...(path === undefined ? {} : { path }),
+          },
+          cause: err,
+        },
+      );
+    }
     const reason = err instanceof Error ? err.message : String(err);
     throw new ToolmeshError(
       ErrorCode.InvalidRequest,
@@ -177,6 +198,303 @@ function compileDetached(tool: string, schema: Record<string, unknown>): Validat
       if (!refsBefore.has(key)) delete ajv.refs[key];
     }
   }
+}
+
+/** A `pattern` the linear-time engine cannot run (or that is not a valid ECMAScript regex). */
+class UnsupportedPatternError extends Error {
+  override readonly name = "UnsupportedPatternError";
+  readonly pattern: string;
+  readonly reason: string;
+
+  constructor(pattern: string, reason: string, options?: ErrorOptions) {
+    super(`pattern ${JSON.stringify(pattern)} cannot be used: ${reason}`, options);
+    this.pattern = pattern;
+    this.reason = reason;
+  }
+}
+
+/** What Ajv calls a regex engine: `(pattern, flags) => { test }`, with a `code` for standalone output. */
+interface RegExpEngine {
+  (pattern: string, flags: string): LinearRegExp;
+  code: string;
+}
+
+/** A compiled pattern; `toString` is the key Ajv caches it by. */
+interface LinearRegExp {
+  test(input: string): boolean;
+  toString(): string;
+}
+
+/**
+ * The regex engine Ajv runs `pattern` and `patternProperties` with: RE2 (re2js, pure
+ * JavaScript), whose matching time is linear in the input, so no pattern can backtrack
+ * catastrophically. Internal; exported for tests.
+ *
+ * A pattern is first checked as an ECMAScript regex with the `u` flag (as JSON Schema and Ajv
+ * read it), then translated to RE2 syntax keeping ECMAScript's meaning: `\uXXXX`, `\u{…}`,
+ * `\cX`, `\0`, `.` (not matching `\n`, `\r`, U+2028, U+2029), `\s` (ECMAScript's white space),
+ * long Unicode property names (`\p{Letter}`, `\p{Script=Greek}`), named groups, `[]`, `[^]`.
+ * One approximation: `\S` inside a character class is RE2's, which also matches the non-ASCII
+ * spaces. Constructs RE2 cannot run in linear time are refused: backreferences (`\1`, `\k<n>`),
+ * lookahead and lookbehind; so are Unicode properties RE2 does not know (`\p{ASCII}`, script
+ * aliases such as `\p{sc=Grek}`) and repetition counts over 1000.
+ *
+ * @throws UnsupportedPatternError naming the pattern and the reason.
+ */
+export const linearRegExp: RegExpEngine = Object.assign(
+  (pattern: string, flags: string): LinearRegExp => {
+    if (flags !== "u" && flags !== "") {
+      throw new UnsupportedPatternError(pattern, `regex flags "${flags}" are not supported`);
+    }
+    try {
+      // Syntax only: V8 parses eagerly and compiles on first use, which never comes.
+      new RegExp(pattern, "u");
+    } catch (err) {
+      throw new UnsupportedPatternError(
+        pattern,
+        `not a valid ECMAScript regular expression: ${(err as Error).message}`,
+        { cause: err },
+      );
+    }
+    let re: RE2JS;
+    try {
+      re = RE2JS.compile(toRe2Syntax(pattern));
+    } catch (err) {
+      if (!(err instanceof RE2JSException)) throw err;
+      throw new UnsupportedPatternError(
+        pattern,
+        `the linear-time regex engine (RE2) refuses it: ${err.message}`,
+        { cause: err },
+      );
+    }
+    const source = `/${pattern}/${flags}`;
+    return {
+      test: (input: string) => re.test(input),
+      // Ajv caches compiled patterns by this key.
+      toString: () => source,
+    };
+  },
+  // Only read when Ajv writes standalone code, which toolmesh never does.
+  { code: "linearRegExp" },
+);
+
+/** ECMAScript white space and line terminators (what `\s` matches), as RE2 class contents. */
+const JS_SPACE = "\\x{9}-\\x{D}\\p{Zs}\\x{2028}\\x{2029}\\x{FEFF}";
+
+/** What ECMAScript's `.` matches without the `s` flag. */
+const JS_DOT = "[^\\n\\r\\x{2028}\\x{2029}]";
+
+/** Unicode General_Category long names (ECMAScript accepts them) to RE2's short ones. */
+const GENERAL_CATEGORIES: Readonly<Record<string, string>> = {
+  Letter: "L",
+  Cased_Letter: "LC",
+  Uppercase_Letter: "Lu",
+  Lowercase_Letter: "Ll",
+  Titlecase_Letter: "Lt",
+  Modifier_Letter: "Lm",
+  Other_Letter: "Lo",
+  Mark: "M",
+  Combining_Mark: "M",
+  Nonspacing_Mark: "Mn",
+  Spacing_Mark: "Mc",
+  Enclosing_Mark: "Me",
+  Number: "N",
+  Decimal_Number: "Nd",
+  digit: "Nd",
+  Letter_Number: "Nl",
+  Other_Number: "No",
+  Punctuation: "P",
+  punct: "P",
+  Connector_Punctuation: "Pc",
+  Dash_Punctuation: "Pd",
+  Open_Punctuation: "Ps",
+  Close_Punctuation: "Pe",
+  Initial_Punctuation: "Pi",
+  Final_Punctuation: "Pf",
+  Other_Punctuation: "Po",
+  Symbol: "S",
+  Math_Symbol: "Sm",
+  Currency_Symbol: "Sc",
+  Modifier_Symbol: "Sk",
+  Other_Symbol: "So",
+  Separator: "Z",
+  Space_Separator: "Zs",
+  Line_Separator: "Zl",
+  Paragraph_Separator: "Zp",
+  Other: "C",
+  Control: "Cc",
+  cntrl: "Cc",
+  Format: "Cf",
+  Surrogate: "Cs",
+  Private_Use: "Co",
+  Unassigned: "Cn",
+};
+
+const hex = (codePoint: number): string => `\\x{${codePoint.toString(16).toUpperCase()}}`;
+
+/**
+ * Rewrites an ECMAScript pattern (already known to be valid with the `u` flag) in RE2 syntax
+ * with the same meaning, or throws {@link UnsupportedPatternError} for what RE2 cannot do.
+ * Captures are not needed (only `test` is called), so named groups become plain groups.
+ */
+function toRe2Syntax(pattern: string): string {
+  const refuse = (reason: string): never => {
+    throw new UnsupportedPatternError(pattern, reason);
+  };
+  let out = "";
+  let inClass = false;
+  let i = 0;
+  while (i < pattern.length) {
+    const ch = pattern[i] as string;
+    if (ch === "\\") {
+      const next = pattern[i + 1] ?? "";
+      i += 2;
+      switch (next) {
+        case "u": {
+          let codePoint: number;
+          if (pattern[i] === "{") {
+            const end = pattern.indexOf("}", i);
+            codePoint = Number.parseInt(pattern.slice(i + 1, end), 16);
+            i = end + 1;
+          } else {
+            codePoint = Number.parseInt(pattern.slice(i, i + 4), 16);
+            i += 4;
+            const low = /^\\u([dD][c-fC-F][0-9a-fA-F]{2})/.exec(pattern.slice(i));
+            if (codePoint >= 0xd800 && codePoint <= 0xdbff && low?.[1] !== undefined) {
+              codePoint =
+                0x10000 + ((codePoint - 0xd800) << 10) + (Number.parseInt(low[1], 16) - 0xdc00);
+              i += 6;
+            }
+          }
+          if (codePoint >= 0xd800 && codePoint <= 0xdfff) refuse("it matches a lone surrogate");
+          out += hex(codePoint);
+          break;
+        }
+        case "x":
+          out += hex(Number.parseInt(pattern.slice(i, i + 2), 16));
+          i += 2;
+          break;
+        case "c":
+          out += hex((pattern.codePointAt(i) ?? 0) % 32);
+          i += 1;
+          break;
+        case "0":
+          out += hex(0);
+          break;
+        case "k":
+          refuse("backreferences are not supported");
+          break;
+        case "b":
+          out += inClass ? hex(8) : "\\b"; // `[\b]` is a backspace
+          break;
+        case "s":
+          out += inClass ? JS_SPACE : `[${JS_SPACE}]`;
+          break;
+        case "S":
+          out += inClass ? "\\S" : `[^${JS_SPACE}]`;
+          break;
+        case "p":
+        case "P": {
+          const end = pattern.indexOf("}", i);
+          out += `\\${next}{${re2Property(pattern.slice(i + 1, end), refuse)}}`;
+          i = end + 1;
+          break;
+        }
+        default:
+          if (next >= "1" && next <= "9") refuse("backreferences are not supported");
+          // \d \D \w \W \B \f \n \r \t \v and escaped syntax characters mean the same in RE2.
+          out += `\\${next}`;
+      }
+      continue;
+    }
+    if (inClass) {
+      if (ch === "]") inClass = false;
+      // A `[` inside a class is literal in ECMAScript; RE2 would read `[:alpha:]` as a class.
+      out += ch === "[" ? "\\[" : ch;
+      i += 1;
+      continue;
+    }
+    switch (ch) {
+      case "[":
+        if (pattern.startsWith("[]", i)) {
+          out += "[^\\x{0}-\\x{10FFFF}]";
+          i += 2;
+        } else if (pattern.startsWith("[^]", i)) {
+          out += "[\\x{0}-\\x{10FFFF}]";
+          i += 3;
+        } else {
+          inClass = true;
+          out += pattern[i + 1] === "^" ? "[^" : "[";
+          i += pattern[i + 1] === "^" ? 2 : 1;
+          // A `]` right after `[` or `[^` closes the class in ECMAScript; RE2 would take it
+          // literally. The `[]` and `[^]` cases are handled above, so this cannot happen.
+        }
+        continue;
+      case ".":
+        out += JS_DOT;
+        i += 1;
+        continue;
+      case "(":
+        if (pattern[i + 1] === "?") {
+          const kind = pattern[i + 2];
+          if (kind === "=" || kind === "!") refuse("lookahead is not supported");
+          if (kind === "<" && (pattern[i + 3] === "=" || pattern[i + 3] === "!"))
+            refuse("lookbehind is not supported");
+          if (kind === "<") {
+            out += "(?:";
+            i = pattern.indexOf(">", i) + 1;
+            continue;
+          }
+        }
+        out += ch;
+        i += 1;
+        continue;
+      default: {
+        // Whole code points, so a literal astral character stays one character.
+        const codePoint = pattern.codePointAt(i) ?? 0;
+        const width = codePoint > 0xffff ? 2 : 1;
+        out += pattern.slice(i, i + width);
+        i += width;
+      }
+    }
+  }
+  return out;
+}
+
+/** An ECMAScript Unicode property expression (`L`, `Letter`, `sc=Greek`, …) in RE2 terms. */
+function re2Property(expression: string, refuse: (reason: string) => never): string {
+  const [name, value] = expression.split("=", 2) as [string, string | undefined];
+  if (value === undefined) return GENERAL_CATEGORIES[name] ?? name;
+  if (name === "General_Category" || name === "gc") return GENERAL_CATEGORIES[value] ?? value;
+  if (name === "Script" || name === "sc") return value;
+  return refuse(`the Unicode property \\p{${expression}} is not supported`);
+}
+
+/** JSON pointer of the first `pattern` or `patternProperties` key equal to `pattern`. */
+function findPattern(root: unknown, pattern: string): string | undefined {
+  const stack: { value: unknown; path: string }[] = [{ value: root, path: "" }];
+  const seen = new Set<object>();
+  for (let item = stack.pop(); item !== undefined; item = stack.pop()) {
+    const { value, path } = item;
+    if (typeof value !== "object" || value === null || seen.has(value)) continue;
+    seen.add(value);
+    if (!Array.isArray(value)) {
+      const node = value as Record<string, unknown>;
+      if (node["pattern"] === pattern) return `${path}/pattern`;
+      const keyed = node["patternProperties"];
+      if (isObject(keyed) && Object.hasOwn(keyed, pattern))
+        return `${path}/patternProperties/${escapePointer(pattern)}`;
+    }
+    for (const [key, child] of Object.entries(value)) {
+      if (typeof child === "object" && child !== null)
+        stack.push({ value: child, path: `${path}/${escapePointer(key)}` });
+    }
+  }
+  return undefined;
+}
+
+function escapePointer(segment: string): string {
+  return segment.replaceAll("~", "~0").replaceAll("/", "~1");
 }
 
 const TYPE_NAMES: Readonly<Record<string, ParamType>> = {
@@ -266,10 +584,7 @@ function findProtoKey(root: unknown): string | undefined {
     if (Object.hasOwn(value, "__proto__")) return `${path}/__proto__`;
     for (const [key, child] of Object.entries(value)) {
       if (typeof child === "object" && child !== null) {
-        stack.push({
-          value: child,
-          path: `${path}/${key.replaceAll("~", "~0").replaceAll("/", "~1")}`,
-        });
+        stack.push({ value: child, path: `${path}/${escapePointer(key)}` });
       }
     }
   }

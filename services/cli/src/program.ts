@@ -5,6 +5,7 @@ import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
 import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
 import { devCommand } from "./dev.js";
+import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
 
 interface GlobalOptions {
   server?: string;
@@ -142,6 +143,39 @@ export function buildProgram(
     .action((name: string, o: { json?: boolean }) =>
       run(() => toolsShowCommand(config(), name, o)),
     );
+
+  const dlq = program
+    .command("dlq")
+    .description("look at dead letters and replay them once the cause is fixed");
+  dlq
+    .command("list")
+    .description("list dead letters, oldest first")
+    .option("--tool <name>", "only the letters of this tool")
+    .addOption(
+      new Option("--limit <n>", "most letters listed (default 100)").argParser(positiveInt),
+    )
+    .option("--json", "print JSON")
+    .action((o: { tool?: string; limit?: number; json?: boolean }) =>
+      run(() => dlqListCommand(config(), o)),
+    );
+  dlq
+    .command("show")
+    .description("print one dead letter with its body")
+    .addArgument(
+      program.createArgument("<seq>", "sequence in the DLQ stream").argParser(positiveInt),
+    )
+    .option("--json", "print JSON")
+    .action((seq: number, o: { json?: boolean }) => run(() => dlqShowCommand(config(), seq, o)));
+  dlq
+    .command("replay")
+    .description(
+      "run a dead-lettered call again (its session gets a new final message) and delete the letter",
+    )
+    .addArgument(
+      program.createArgument("<seq>", "sequence in the DLQ stream").argParser(positiveInt),
+    )
+    .option("--json", "print JSON")
+    .action((seq: number, o: { json?: boolean }) => run(() => dlqReplayCommand(config(), seq, o)));
 
   return program;
 }

@@ -5,3 +5,11 @@ export type { ParameterError, ResolveCallOptions } from "./resolve-call.js";
 export { resolveRequest, startResolver } from "./resolver.js";
 export type { Resolution, Resolver, ResolverOptions } from "./resolver.js";
 export { startResolverFromRuntime } from "./from-runtime.js";
+export { listDeadLetters, replayDeadLetter, showDeadLetter } from "./dead-letters.js";
+export type {
+  DeadLetter,
+  DeadLetterDetail,
+  ListDeadLettersOptions,
+  ReplayDeadLetterOptions,
+  ReplayOutcome,
+} from "./dead-letters.js";

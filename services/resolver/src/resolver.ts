@@ -428,7 +428,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         await publishFinal(
           subjects.result(resolved.address, resolved.call_id),
           // The same key may come back under another call id: answer that id.
-          { ...accepted.record.result, tool_call_id: resolved.call_id, session_id: resolved.session_id },
+          {
+            ...accepted.record.result,
+            tool_call_id: resolved.call_id,
+            session_id: resolved.session_id,
+          },
           accepted.record.call_id === resolved.call_id
             ? `result:${resolved.idempotency_key}`
             : `result:${resolved.idempotency_key}:${resolved.call_id}`,

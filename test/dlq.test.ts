@@ -1,0 +1,426 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { execFile, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { headers as createHeaders } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { Session, SessionEvent } from "@toolmesh/client";
+import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
+import type { ToolMessage } from "@toolmesh/protocol";
+import { listDeadLetters } from "@toolmesh/resolver";
+import type { DeadLetter, DeadLetterDetail, ReplayOutcome } from "@toolmesh/resolver";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+const BIN = join(ROOT, "bin", "toolmesh.js");
+const run = promisify(execFile);
+const subjects = createSubjects();
+
+let server: NatsServerHandle;
+let tmp: string;
+let flagFile: string;
+let env: Record<string, string>;
+let resolver: ServiceProcess;
+let executor: ExecutorProcess;
+let nc: NatsConnection;
+let js: JetStreamClient;
+let jsm: JetStreamManager;
+let client: ToolmeshClient;
+let session: Session;
+const events: SessionEvent[] = [];
+/** The crasher call's letter, found by the first test, replayed by the second. */
+let poisonLetter: DeadLetter | undefined;
+
+/**
+ * An executor process that may die at any time (the poison tool kills it), so unlike
+ * `startService` its start does not require the "executor started" line.
+ */
+interface ExecutorProcess {
+  readonly child: ChildProcess;
+  /** Resolves with the exit code or signal when the process ends. */
+  readonly exited: Promise<string>;
+  /** Resolves on the "executor started" log line; rejects if the process ends first. */
+  readonly ready: Promise<void>;
+  readonly stderr: () => string;
+}
+
+const executors = new Set<ExecutorProcess>();
+
+function spawnExecutor(): ExecutorProcess {
+  const child = spawn(process.execPath, [join(ROOT, "services", "executor", "dist", "main.js")], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? "", TOOLMESH_LOG_LEVEL: "info", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stderr = "";
+  child.stderr.setEncoding("utf8");
+  child.stderr.on("data", (chunk: string) => {
+    stderr += chunk;
+  });
+  const exited = (once(child, "exit") as Promise<[number | null, NodeJS.Signals | null]>).then(
+    ([code, signal]) => signal ?? String(code),
+  );
+  const ready = new Promise<void>((resolve, reject) => {
+    let partial = "";
+    child.stdout.setEncoding("utf8");
+    child.stdout.on("data", (chunk: string) => {
+      const parts = (partial + chunk).split("\n");
+      partial = parts.pop() ?? "";
+      if (parts.some((line) => line.includes('"msg":"executor started"'))) resolve();
+    });
+    void exited.then((how) => reject(new Error(`executor ended (${how}) before it started`)));
+  });
+  ready.catch(() => undefined); // a crashing executor may never be ready; callers decide
+  const handle: ExecutorProcess = { child, exited, ready, stderr: () => stderr };
+  executors.add(handle);
+  void exited.then(() => executors.delete(handle));
+  return handle;
+}
+
+/**
+ * Restarts the executor each time it dies (waiting on its exit, never on a timer) until
+ * `ended` settles. Returns how many processes died and the one left running.
+ */
+async function superviseUntil(
+  ended: Promise<unknown>,
+  first: ExecutorProcess,
+): Promise<{ deaths: number; survivor: ExecutorProcess }> {
+  let current = first;
+  let deaths = 0;
+  for (;;) {
+    const outcome = await Promise.race([
+      ended.then(() => "ended" as const),
+      current.exited.then(() => "died" as const),
+    ]);
+    if (outcome === "ended") return { deaths, survivor: current };
+    deaths++;
+    if (deaths > 10) throw new Error(`the executor died ${deaths} times:\n${current.stderr()}`);
+    current = spawnExecutor();
+  }
+}
+
+/** Runs the CLI; resolves with exit code and output whatever the exit code. */
+async function toolmesh(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], {
+      env: { PATH: process.env.PATH ?? "", ...env },
+      timeout: 60_000,
+    });
+    return { code: 0, stdout, stderr };
+  } catch (err) {
+    const e = err as { code?: number; stdout?: string; stderr?: string };
+    return {
+      code: typeof e.code === "number" ? e.code : -1,
+      stdout: e.stdout ?? "",
+      stderr: e.stderr ?? "",
+    };
+  }
+}
+
+/** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
+async function eventually<T>(
+  what: string,
+  probe: () => Promise<T | undefined>,
+  timeoutMs = 15_000,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+/** The first session event matching `predicate`, already seen or future. */
+function nextResult(
+  predicate: (m: ToolMessage) => boolean,
+  timeoutMs = 30_000,
+): Promise<ToolMessage> {
+  return eventually(
+    "a result on the session",
+    () => {
+      const found = events.find((e) => e.type === "result" && predicate(e.message));
+      return Promise.resolve(found?.type === "result" ? found.message : undefined);
+    },
+    timeoutMs,
+  );
+}
+
+/** How many final messages the sessions stream holds for a call of the test session. */
+async function storedResults(callId: string): Promise<number> {
+  const subject = subjects.result(subjects.address("default", session.id), callId);
+  const info = await jsm.streams.info(subjects.streams.sessions, { subjects_filter: subject });
+  return info.state.subjects?.[subject] ?? 0;
+}
+
+async function workMessageGone(seq: number): Promise<true | undefined> {
+  const stored = await jsm.streams.getMessage(subjects.streams.work, { seq });
+  return stored === null ? true : undefined;
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  tmp = await mkdtemp(join(tmpdir(), "toolmesh-dlq-"));
+  flagFile = join(tmp, "healthy");
+  env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: fixtureTools("tools-poison"),
+    TOOLMESH_ACK_WAIT_MS: "1000",
+    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ poison_flag: flagFile }),
+  };
+  resolver = await startService("resolver", env);
+  executor = spawnExecutor();
+  await executor.ready;
+  await Promise.all(
+    ["crasher", "echo"].map((name) =>
+      resolver.waitForLog(
+        (l) =>
+          (l.msg === "tool available" && l.tool === name) ||
+          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
+      ),
+    ),
+  );
+  nc = await connect({ servers: server.url });
+  js = jetstream(nc);
+  jsm = await jetstreamManager(nc);
+  client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
+  session = client.session("s-poison");
+  session.onEvent((e) => events.push(e));
+});
+
+afterAll(async () => {
+  session?.close();
+  await nc?.close();
+  await Promise.all(
+    [...executors].map(async (e) => {
+      e.child.kill("SIGKILL");
+      await e.exited;
+    }),
+  );
+  await killAllServices();
+  await server?.stop();
+  if (tmp !== undefined) await rm(tmp, { recursive: true, force: true });
+});
+
+describe("dead letters", () => {
+  it("dead-letters a call that crashes its executor every time, answering it once", async () => {
+    const handle = session.submit({ id: "p1", name: "crasher", arguments: { note: "poison" } });
+    const { deaths, survivor } = await superviseUntil(handle.result, executor);
+    executor = survivor;
+    const message = await handle.result;
+
+    // Each delivery killed a process (a delivery racing a dying connection may not).
+    expect(deaths).toBeGreaterThanOrEqual(1);
+    expect(deaths).toBeLessThanOrEqual(4);
+    expect(message).toMatchObject({ role: "tool", tool_call_id: "p1", name: "crasher" });
+    expect(message.error).toMatchObject({
+      code: "tool_error",
+      retryable: false,
+      details: { dead_letter: true, reason: "max_deliveries", deliveries: 4 },
+    });
+
+    // The letter, with the headers that say where it came from.
+    const letters = await listDeadLetters(nc, subjects, { tool: "crasher" });
+    expect(letters).toHaveLength(1);
+    const letter = letters[0] as DeadLetter;
+    expect(letter).toMatchObject({
+      tool: "crasher",
+      reason: "max_deliveries",
+      deliveries: 4,
+      stream: subjects.streams.work,
+      subject: subjects.work("crasher"),
+      call_id: "p1",
+      session_id: "s-poison",
+      idempotency_key: "s-poison/p1",
+    });
+    const stored = await jsm.streams.getMessage(subjects.streams.dlq, { seq: letter.seq });
+    expect(stored?.subject).toBe(subjects.dlq("crasher"));
+    expect(stored?.header.get(Header.DlqStream)).toBe(subjects.streams.work);
+    expect(stored?.header.get(Header.DlqSubject)).toBe(subjects.work("crasher"));
+    expect(stored?.header.get(Header.DlqSequence)).toBe(String(letter.original_seq));
+    expect(stored?.header.get(Header.DlqReason)).toBe("max_deliveries");
+    expect(stored?.header.get(Header.DlqDeliveries)).toBe("4");
+    // Moved, not copied: the keeper deletes the original right after answering the call.
+    await eventually("the work message to leave the work stream", () =>
+      workMessageGone(letter.original_seq ?? 0),
+    );
+    poisonLetter = letter;
+
+    // The same process serves the next call of another tool.
+    await survivor.ready;
+    const next = await session.submit({ id: "e1", name: "echo", arguments: { text: "hi" } }).result;
+    expect(next.error).toBeUndefined();
+    expect(JSON.parse(next.content)).toMatchObject({
+      echoed: { text: "hi" },
+      pid: survivor.child.pid,
+    });
+    // Exactly one final message for the poison call, live and stored.
+    expect(
+      events.filter((e) => e.type === "result" && e.message.tool_call_id === "p1"),
+    ).toHaveLength(1);
+    expect(await storedResults("p1")).toBe(1);
+  });
+
+  it("lists, shows and replays the letter from the CLI once the tool is fixed", async () => {
+    const letter = poisonLetter;
+    if (letter === undefined) throw new Error("needs the letter of the first test");
+
+    const list = await toolmesh(["dlq", "list", "--json"]);
+    expect(list.code).toBe(0);
+    expect(JSON.parse(list.stdout)).toEqual([letter]);
+    const none = await toolmesh(["dlq", "list", "--tool", "echo", "--json"]);
+    expect(JSON.parse(none.stdout)).toEqual([]);
+    const text = await toolmesh(["dlq", "list"]);
+    expect(text.stdout).toMatch(
+      new RegExp(`^${letter.seq}\\s.*crasher\\s+max_deliveries\\s+4`, "m"),
+    );
+
+    const show = await toolmesh(["dlq", "show", String(letter.seq), "--json"]);
+    expect(show.code).toBe(0);
+    const detail = JSON.parse(show.stdout) as DeadLetterDetail;
+    expect(detail).toMatchObject({ ...letter, body: { tool: "crasher", call_id: "p1" } });
+    expect((detail.body as { arguments: unknown }).arguments).toEqual({ note: "poison" });
+
+    const unknown = await toolmesh(["dlq", "show", "999999", "--json"]);
+    expect(unknown.code).toBe(1);
+    expect(JSON.parse(unknown.stdout)).toMatchObject({ error: { code: "invalid_request" } });
+
+    // The fix: the fixture stops crashing once the flag file exists.
+    await writeFile(flagFile, "fixed");
+    const replay = await toolmesh(["dlq", "replay", String(letter.seq), "--json"]);
+    expect(replay.code, replay.stderr).toBe(0);
+    const outcome = JSON.parse(replay.stdout) as ReplayOutcome;
+    const key = `s-poison/p1#replay-${letter.seq}`;
+    expect(outcome).toMatchObject({
+      seq: letter.seq,
+      status: "replayed",
+      stream: subjects.streams.work,
+      subject: subjects.work("crasher"),
+      msg_id: key,
+      idempotency_key: key,
+      original_idempotency_key: "s-poison/p1",
+      call_id: "p1",
+      session_id: "s-poison",
+      deleted: true,
+    });
+
+    // A new, second final message on the session: the replay's result.
+    const healed = await nextResult((m) => m.tool_call_id === "p1" && m.error === undefined);
+    expect(JSON.parse(healed.content)).toEqual({
+      healed: true,
+      key,
+      attempt: 1,
+      args: { note: "poison" },
+    });
+    expect(await storedResults("p1")).toBe(2);
+    const stored = await jsm.streams.getMessage(subjects.streams.work, {
+      seq: outcome.stream_seq ?? 0,
+    });
+    expect(stored).toBeNull(); // the replayed work was consumed
+
+    // The letter is gone; replaying it again is a typed error.
+    const after = await toolmesh(["dlq", "list", "--json"]);
+    expect(JSON.parse(after.stdout)).toEqual([]);
+    const again = await toolmesh(["dlq", "replay", String(letter.seq)]);
+    expect(again.code).toBe(1);
+    expect(again.stdout).toContain(`invalid_request: no dead letter with sequence ${letter.seq}`);
+  });
+
+  it("dead-letters a work message that is not a resolved call and goes on", async () => {
+    const garbage = Uint8Array.from([0xff, 0xfe, 0x00, 0x7b, 0x22]);
+    const ack = await js.publish(subjects.work("echo"), garbage);
+    const letter = await eventually("the garbage letter", async () =>
+      (await listDeadLetters(nc, subjects)).find((l) => l.original_seq === ack.seq),
+    );
+    expect(letter).toMatchObject({
+      tool: "_unknown",
+      reason: "not a resolved call",
+      deliveries: 1,
+      stream: subjects.streams.work,
+      subject: subjects.work("echo"),
+    });
+    expect(letter.call_id).toBeUndefined();
+    await eventually("the garbage to leave the work stream", () => workMessageGone(ack.seq));
+
+    const next = await session.submit({ id: "e2", name: "echo", arguments: { text: "after" } })
+      .result;
+    expect(next.error).toBeUndefined();
+    expect(JSON.parse(next.content)).toMatchObject({ echoed: { text: "after" } });
+
+    const show = await toolmesh(["dlq", "show", String(letter.seq), "--json"]);
+    expect(JSON.parse(show.stdout)).toMatchObject({
+      seq: letter.seq,
+      body_base64: Buffer.from(garbage).toString("base64"),
+    });
+    expect((JSON.parse(show.stdout) as DeadLetterDetail).body).toBeUndefined();
+    // Foreign bytes hold no call: replaying them could only dead-letter them again.
+    const replay = await toolmesh(["dlq", "replay", String(letter.seq), "--json"]);
+    expect(replay.code).toBe(1);
+    expect(JSON.parse(replay.stdout)).toMatchObject({
+      error: { code: "invalid_request", details: { seq: letter.seq } },
+    });
+    expect((await listDeadLetters(nc, subjects)).map((l) => l.seq)).toContain(letter.seq);
+  });
+
+  it("replays a calls-stream letter through the resolver as a new call", async () => {
+    // Making the resolver fail a call every time is hard to do cleanly; the letter is put in
+    // the dead-letter stream as the dead-letter keeper writes it instead.
+    const callSubject = subjects.call(subjects.address("default", session.id));
+    const request = {
+      tool_call: {
+        id: "c9",
+        type: "function",
+        function: { name: "echo", arguments: '{"text":"again"}' },
+      },
+      session_id: session.id,
+      timeout_ms: 20_000,
+    };
+    const h = createHeaders();
+    h.set(Header.DlqStream, subjects.streams.calls);
+    h.set(Header.DlqSubject, callSubject);
+    h.set(Header.DlqSequence, "424242");
+    h.set(Header.DlqReason, "max_deliveries");
+    h.set(Header.DlqDeliveries, "5");
+    const { seq } = await js.publish(subjects.dlq("echo"), encodeJson(request), { headers: h });
+
+    const [letter] = await listDeadLetters(nc, subjects, { tool: "echo" });
+    expect(letter).toMatchObject({
+      seq,
+      tool: "echo",
+      stream: subjects.streams.calls,
+      subject: callSubject,
+      original_seq: 424242,
+      deliveries: 5,
+      call_id: "c9",
+      session_id: session.id,
+      idempotency_key: `${session.id}/c9`,
+    });
+
+    const replay = await toolmesh(["dlq", "replay", String(seq), "--json"]);
+    expect(replay.code).toBe(0);
+    expect(JSON.parse(replay.stdout)).toMatchObject({
+      status: "replayed",
+      stream: subjects.streams.calls,
+      subject: callSubject,
+      idempotency_key: `${session.id}/c9#replay-${seq}`,
+      deleted: true,
+    });
+    const message = await nextResult((m) => m.tool_call_id === "c9");
+    expect(message.error).toBeUndefined();
+    expect(JSON.parse(message.content)).toMatchObject({ echoed: { text: "again" } });
+    expect(await listDeadLetters(nc, subjects, { tool: "echo" })).toEqual([]);
+  });
+});
