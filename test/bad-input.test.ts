@@ -12,7 +12,7 @@ import type { JetStreamClient, PubAck } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { CallInput, SubmitOptions } from "@toolmesh/client";
-import { createSubjects, encodeJson, subjectToken } from "@toolmesh/protocol";
+import { MAX_ARGUMENT_DEPTH, createSubjects, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionAddress, ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -295,7 +295,7 @@ describe("function.arguments that are not an object", () => {
       function: { name: "strict", arguments: null as unknown as string },
     });
     expect(message.error).toMatchObject({
-      code: "invalid_request",
+      code: "invalid_arguments",
       details: { issues: [expect.objectContaining({ path: "/tool_call/function/arguments" })] },
     });
   });
@@ -439,42 +439,40 @@ describe("__proto__, constructor and prototype keys", () => {
 describe("deep and large arguments", () => {
   const nested = (depth: number): string => `${'{"a":'.repeat(depth)}1${"}".repeat(depth)}`;
 
-  it("resolves and runs arguments nested 2000 deep", async () => {
-    const body = json(await call("s-size", { id: "d1", name: "measure", arguments: nested(2000) }));
-    expect(body.depth).toBe(2000);
+  it("resolves and runs arguments nested as deep as allowed", async () => {
+    const body = json(
+      await call("s-size", { id: "d1", name: "measure", arguments: nested(MAX_ARGUMENT_DEPTH) }),
+    );
+    expect(body.depth).toBe(MAX_ARGUMENT_DEPTH);
   });
 
-  it("answers arguments nested 2000 deep in arrays", async () => {
+  it("refuses arguments nested 2000 deep in arrays, naming the limit", async () => {
     const args = `{"list":${"[".repeat(2000)}${"]".repeat(2000)}}`;
-    const body = json(await call("s-size", { id: "d2", name: "measure", arguments: args }));
-    expect(body.depth).toBe(2001);
+    const message = await call("s-size", { id: "d2", name: "measure", arguments: args });
+    expect(message.error).toMatchObject({
+      code: "invalid_arguments",
+      details: { max_depth: MAX_ARGUMENT_DEPTH },
+    });
   });
 
-  // DEVIATION (guarantee 4): JSON.parse takes 20 000 levels, but JSON.stringify of the
-  // resolved call overflows the stack in the resolver (about 4 000 levels). That failure is
-  // taken as transient: the call is redelivered 5 times, 1 s apart, then dead-lettered and
-  // answered with `tool_error` "the call failed its worker every time" (the tool never ran).
-  it.fails("answers arguments nested 20 000 deep at once with a typed error", async () => {
+  // JSON.parse takes 20 000 levels, but every later JSON.stringify would overflow the stack:
+  // the resolver refuses arguments deeper than MAX_ARGUMENT_DEPTH at once.
+  it("answers arguments nested 20 000 deep at once with a typed error", async () => {
     const started = Date.now();
     const message = await call("s-size", { id: "d3", name: "measure", arguments: nested(20_000) });
     expect(["invalid_arguments", "payload_too_large"]).toContain(message.error?.code);
     expect(Date.now() - started).toBeLessThan(1_000);
   });
 
-  // DEVIATION (guarantee 4): the client cannot serialise the request either, and answers at
-  // once with `unavailable` "Maximum call stack size exceeded", retryable: as if the mesh were
-  // unreachable, so a frontend that retries `unavailable` retries this forever.
-  it.fails(
-    "answers an object nested 20 000 deep given to the client with a typed error",
-    async () => {
-      const message = await call(
-        "s-size",
-        { id: "d4", name: "measure", arguments: JSON.parse(nested(20_000)) as object },
-        { timeoutMs: 1_500 },
-      );
-      expect(["invalid_arguments", "payload_too_large"]).toContain(message.error?.code);
-    },
-  );
+  // The client refuses such an object itself, in the resolver's terms.
+  it("answers an object nested 20 000 deep given to the client with a typed error", async () => {
+    const message = await call(
+      "s-size",
+      { id: "d4", name: "measure", arguments: JSON.parse(nested(20_000)) as object },
+      { timeoutMs: 1_500 },
+    );
+    expect(["invalid_arguments", "payload_too_large"]).toContain(message.error?.code);
+  });
 
   it("runs ~900 KB of arguments under the size limit", async () => {
     const blob = "x".repeat(900_000);
@@ -695,11 +693,8 @@ describe("session ids", () => {
     }
   });
 
-  // DEVIATION (guarantee 4): a 256-character session id is valid, but the default
-  // idempotency key `{session_id}/{call_id}` is then longer than 256 characters. The resolver
-  // routes the call; the executor's envelope check refuses the work message ("work message is
-  // not a resolved call") and nobody answers until the deadline keeper's `deadline_exceeded`.
-  it.fails("runs a call whose session id is 256 characters long", async () => {
+  // The default idempotency key `{session_id}/{call_id}` is then longer than one id.
+  it("runs a call whose session id is 256 characters long", async () => {
     const message = await call(
       "s".repeat(256),
       { id: "c-256", name: "strict", arguments: { name: "n", count: 1 } },
@@ -790,20 +785,15 @@ describe("timeout_ms", () => {
     expect(json(message)).toEqual({ bytes: 2, depth: 1 });
   });
 
-  // DEVIATION: the client arms setTimeout(timeoutMs + 2000), which Node caps: past 2^31 - 1 ms
-  // it fires after 1 ms, so the client answers its own `deadline_exceeded` at once and drops
-  // the mesh's real answer.
-  it.fails(
-    "waits in the client for a call whose budget is longer than a timer can hold",
-    async () => {
-      const message = await call(
-        "s-timeout",
-        { id: "to-long-client", name: "measure", arguments: {} },
-        { timeoutMs: 2 ** 31 },
-      );
-      expect(message.error).toBeUndefined();
-    },
-  );
+  // Node timers hold at most 2^31 - 1 ms: the client caps its own wait there.
+  it("waits in the client for a call whose budget is longer than a timer can hold", async () => {
+    const message = await call(
+      "s-timeout",
+      { id: "to-long-client", name: "measure", arguments: {} },
+      { timeoutMs: 2 ** 31 },
+    );
+    expect(message.error).toBeUndefined();
+  });
 });
 
 describe("duplicate call ids", () => {

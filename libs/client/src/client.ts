@@ -25,8 +25,10 @@ import {
   createSubjects,
   decodeJson,
   encodeJson,
+  MAX_ARGUMENT_DEPTH,
   ensureError,
   errorToolMessage,
+  nestsDeeperThan,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { Span, Tracer } from "@toolmesh/telemetry";
@@ -255,28 +257,12 @@ export class Session {
             new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
           ),
         );
-      }, timeoutMs + this.#options.deadlineGraceMs);
+      }, Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS));
       this.#pending.set(callId, { resolve, timer, span });
-      const checked = CallRequestSchema.safeParse(request);
-      if (!checked.success) {
+      const problem = localProblem(request);
+      if (problem !== undefined) {
         // Caught here: the mesh could not even tell which call to answer.
-        const issues = checked.error.issues.map((i) => ({
-          path: `/${i.path.join("/")}`,
-          message: i.message,
-        }));
-        this.#settle(
-          callId,
-          localError(
-            callId,
-            tool,
-            this.id,
-            new ToolmeshError(
-              ErrorCode.InvalidRequest,
-              `malformed call: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
-              { details: { issues } },
-            ),
-          ),
-        );
+        this.#settle(callId, localError(callId, tool, this.id, problem));
         return;
       }
       void withSpan(
@@ -331,7 +317,7 @@ export class Session {
     const callId = request.tool_call.id;
     // The arguments' hash in the message id lets a conflicting reuse of a key through to the
     // resolver (which answers idempotency_conflict) while exact repeats are dropped.
-    const msgId = `${request.idempotency_key ?? `${this.id}/${callId}`}#${argumentsDigest(request.tool_call.function.arguments)}`;
+    const msgId = `${request.idempotency_key ?? `${this.id}/${callId}`}#${callDigest(request)}`;
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
         const ack = await publishDurable(
@@ -497,9 +483,39 @@ function localError(
   });
 }
 
-function argumentsDigest(args: unknown): string {
-  const text = typeof args === "string" ? args : JSON.stringify(args);
-  return createHash("sha256").update(text).digest("hex").slice(0, 16);
+// Node timers hold at most 2^31 - 1 ms; a longer wait would fire at once.
+const MAX_TIMER_MS = 2_147_483_647;
+
+/** Why a request cannot be sent at all, in the resolver's own terms; undefined when it can. */
+function localProblem(request: CallRequest): ToolmeshError | undefined {
+  const args = request.tool_call.function.arguments;
+  if (typeof args === "object" && args !== null && nestsDeeperThan(args, MAX_ARGUMENT_DEPTH)) {
+    return new ToolmeshError(ErrorCode.InvalidArguments, `function.arguments nest deeper than ${MAX_ARGUMENT_DEPTH} levels`, {
+      details: { max_depth: MAX_ARGUMENT_DEPTH },
+    });
+  }
+  const checked = CallRequestSchema.safeParse(request);
+  if (checked.success) return undefined;
+  const issues = checked.error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
+  const onlyArguments = issues.every((i) => i.path === "/tool_call/function/arguments");
+  return onlyArguments
+    ? new ToolmeshError(ErrorCode.InvalidArguments, "function.arguments must be a JSON object or a string holding one", {
+        details: { issues },
+      })
+    : new ToolmeshError(ErrorCode.InvalidRequest, `malformed call: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`, {
+        details: { issues },
+      });
+}
+
+/** Digest of what makes two submissions the same call: the tool and its arguments. */
+function callDigest(request: CallRequest): string {
+  const args = request.tool_call.function.arguments;
+  return createHash("sha256")
+    .update(request.tool_call.function.name)
+    .update("\0")
+    .update(typeof args === "string" ? args : JSON.stringify(args))
+    .digest("hex")
+    .slice(0, 16);
 }
 
 function safeJson(data: Uint8Array): unknown {

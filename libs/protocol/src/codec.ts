@@ -13,3 +13,23 @@ export function encodeJson(value: unknown): Uint8Array {
 export function decodeJson(data: Uint8Array): unknown {
   return JSON.parse(decoder.decode(data));
 }
+
+/** Deepest nesting of objects and arrays accepted in call arguments. */
+export const MAX_ARGUMENT_DEPTH = 128;
+
+/**
+ * Whether a JSON value nests objects and arrays deeper than `max` levels. Iterative, so it
+ * cannot overflow the stack on the very values it guards against.
+ */
+export function nestsDeeperThan(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 0]];
+  while (stack.length > 0) {
+    const [current, depth] = stack.pop() as [unknown, number];
+    if (typeof current !== "object" || current === null) continue;
+    if (depth + 1 > max) return true;
+    for (const child of Object.values(current)) {
+      if (typeof child === "object" && child !== null) stack.push([child, depth + 1]);
+    }
+  }
+  return false;
+}

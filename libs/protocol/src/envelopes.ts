@@ -97,7 +97,11 @@ export const ResolvedCallSchema = z
   .object({
     call_id: Id.describe("Equals tool_call_id."),
     tool_call_id: Id,
-    idempotency_key: Id,
+    // The default key `{session_id}/{tool_call.id}` joins two ids.
+    idempotency_key: z
+      .string()
+      .min(1)
+      .max(2 * MAX_ID_LENGTH + 1),
     session_id: Id,
     address: SessionAddressSchema.describe("Tenant and session tokens where answers go."),
     tool: z.string(),

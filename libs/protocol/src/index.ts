@@ -64,7 +64,7 @@ export {
   subjectToken,
 } from "./subjects.js";
 export type { SessionAddress, SubjectOptions, Subjects } from "./subjects.js";
-export { encodeJson, decodeJson } from "./codec.js";
+export { MAX_ARGUMENT_DEPTH, decodeJson, encodeJson, nestsDeeperThan } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";
 export { errorToolMessage } from "./messages.js";
 export type { MessageTarget } from "./messages.js";

@@ -1,4 +1,10 @@
-import { ErrorCode, MAX_TOOL_NAME_LENGTH, ToolmeshError } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  MAX_ARGUMENT_DEPTH,
+  MAX_TOOL_NAME_LENGTH,
+  ToolmeshError,
+  nestsDeeperThan,
+} from "@toolmesh/protocol";
 import type {
   CallRequest,
   InputParameter,
@@ -24,7 +30,7 @@ const ERRORS_IN_MESSAGE = 3;
  *   `snippet`, `reason`), or JSON that is not an object (details `received`: the JSON type).
  */
 export function parseArguments(raw: unknown): Record<string, unknown> {
-  if (typeof raw !== "string") return requireObject(raw);
+  if (typeof raw !== "string") return requireShallow(requireObject(raw));
   if (/^\s*$/.test(raw)) return {};
   let parsed: unknown;
   try {
@@ -32,7 +38,19 @@ export function parseArguments(raw: unknown): Record<string, unknown> {
   } catch (err) {
     throw notJsonError(raw, err);
   }
-  return requireObject(parsed);
+  return requireShallow(requireObject(parsed));
+}
+
+// Deeper values would overflow the stack of every later JSON.stringify on the way.
+function requireShallow(args: Record<string, unknown>): Record<string, unknown> {
+  if (nestsDeeperThan(args, MAX_ARGUMENT_DEPTH)) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidArguments,
+      `function.arguments nest deeper than ${MAX_ARGUMENT_DEPTH} levels`,
+      { details: { max_depth: MAX_ARGUMENT_DEPTH } },
+    );
+  }
+  return args;
 }
 
 function requireObject(value: unknown): Record<string, unknown> {

@@ -460,8 +460,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       ).seq;
     } catch (err) {
       const error = ensureError(err);
-      if (error.code !== ErrorCode.PayloadTooLarge) throw err;
-      // Defaults made the record outgrow the limit: answer, don't retry.
+      if (error.retryable) throw err;
+      // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
       await finalizeCall(
         store,
         publishFinal,
