@@ -247,17 +247,20 @@ export class Session {
         },
       });
       const deadline = Date.now() + timeoutMs;
-      const timer = setTimeout(() => {
-        this.#settle(
-          callId,
-          localError(
+      const timer = setTimeout(
+        () => {
+          this.#settle(
             callId,
-            tool,
-            this.id,
-            new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
-          ),
-        );
-      }, Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS));
+            localError(
+              callId,
+              tool,
+              this.id,
+              new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
+            ),
+          );
+        },
+        Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
+      );
       this.#pending.set(callId, { resolve, timer, span });
       const problem = localProblem(request);
       if (problem !== undefined) {
@@ -490,21 +493,36 @@ const MAX_TIMER_MS = 2_147_483_647;
 function localProblem(request: CallRequest): ToolmeshError | undefined {
   const args = request.tool_call.function.arguments;
   if (typeof args === "object" && args !== null && nestsDeeperThan(args, MAX_ARGUMENT_DEPTH)) {
-    return new ToolmeshError(ErrorCode.InvalidArguments, `function.arguments nest deeper than ${MAX_ARGUMENT_DEPTH} levels`, {
-      details: { max_depth: MAX_ARGUMENT_DEPTH },
-    });
+    return new ToolmeshError(
+      ErrorCode.InvalidArguments,
+      `function.arguments nest deeper than ${MAX_ARGUMENT_DEPTH} levels`,
+      {
+        details: { max_depth: MAX_ARGUMENT_DEPTH },
+      },
+    );
   }
   const checked = CallRequestSchema.safeParse(request);
   if (checked.success) return undefined;
-  const issues = checked.error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
+  const issues = checked.error.issues.map((i) => ({
+    path: `/${i.path.join("/")}`,
+    message: i.message,
+  }));
   const onlyArguments = issues.every((i) => i.path === "/tool_call/function/arguments");
   return onlyArguments
-    ? new ToolmeshError(ErrorCode.InvalidArguments, "function.arguments must be a JSON object or a string holding one", {
-        details: { issues },
-      })
-    : new ToolmeshError(ErrorCode.InvalidRequest, `malformed call: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`, {
-        details: { issues },
-      });
+    ? new ToolmeshError(
+        ErrorCode.InvalidArguments,
+        "function.arguments must be a JSON object or a string holding one",
+        {
+          details: { issues },
+        },
+      )
+    : new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `malformed call: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
+        {
+          details: { issues },
+        },
+      );
 }
 
 /** Digest of what makes two submissions the same call: the tool and its arguments. */

@@ -61,11 +61,15 @@ export function publishError(err: unknown, subject: string): ToolmeshError {
   }
   if (err instanceof RangeError) {
     // JSON.stringify ran out of stack: the value itself is the problem, not the server.
-    return new ToolmeshError(ErrorCode.InvalidArguments, `message cannot be encoded: ${err.message}`, {
-      retryable: false,
-      details: { subject },
-      cause: err,
-    });
+    return new ToolmeshError(
+      ErrorCode.InvalidArguments,
+      `message cannot be encoded: ${err.message}`,
+      {
+        retryable: false,
+        details: { subject },
+        cause: err,
+      },
+    );
   }
   if (err instanceof NoRespondersError || err instanceof TimeoutError) {
     return new ToolmeshError(
