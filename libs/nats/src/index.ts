@@ -8,13 +8,13 @@ export type { NatsConnectOptions } from "./connection.js";
 export { ensureStreams, streamConfigs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
-  attemptOf,
+  deadLetterHeaders,
   publishDurable,
   publishEphemeral,
   publishError,
   tracedHeaders,
 } from "./publish.js";
-export type { PublishOptions } from "./publish.js";
+export type { DeadLetterOrigin, PublishOptions } from "./publish.js";
 export { Semaphore } from "./semaphore.js";
 export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";

@@ -117,8 +117,30 @@ export function publishEphemeral(
   nc.publish(subject, encodeJson(value), { headers: headers ?? tracedHeaders() });
 }
 
-/** The delivery attempt stored in a header, or 1. */
-export function attemptOf(headers: MsgHdrs | undefined): number {
-  const n = Number.parseInt(headers?.get(Header.Attempt) ?? "", 10);
-  return Number.isFinite(n) && n > 0 ? n : 1;
+/** Where a dead letter came from and why it was given up. */
+export interface DeadLetterOrigin {
+  stream: string;
+  subject: string;
+  seq: number;
+  reason: string;
+  deliveries: number;
+  /** The original message's headers: its message id and trace context are kept. */
+  headers?: MsgHdrs | undefined;
+}
+
+/** Headers of a dead letter: its origin, the original message id and trace context. */
+export function deadLetterHeaders(origin: DeadLetterOrigin): MsgHdrs {
+  const h = createHeaders();
+  h.set(Header.DlqStream, origin.stream);
+  h.set(Header.DlqSubject, origin.subject);
+  h.set(Header.DlqSequence, String(origin.seq));
+  h.set(Header.DlqReason, origin.reason);
+  h.set(Header.DlqDeliveries, String(origin.deliveries));
+  const msgId = origin.headers?.get(Header.MsgId);
+  if (msgId) h.set(Header.DlqMsgId, msgId);
+  for (const key of [Header.TraceParent, Header.TraceState]) {
+    const value = origin.headers?.get(key);
+    if (value) h.set(key, value);
+  }
+  return h;
 }

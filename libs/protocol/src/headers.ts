@@ -16,6 +16,8 @@ export const Header = {
   DlqSequence: "Toolmesh-Dlq-Sequence",
   /** On a dead letter: why it was given up. */
   DlqReason: "Toolmesh-Dlq-Reason",
+  /** On a dead letter: the original message's `Nats-Msg-Id`. */
+  DlqMsgId: "Toolmesh-Dlq-Msg-Id",
   /** On a dead letter: how many times it was delivered. */
   DlqDeliveries: "Toolmesh-Dlq-Deliveries",
 } as const;

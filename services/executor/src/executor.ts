@@ -1,5 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
-import { headers, nanos } from "@nats-io/nats-core";
+import { nanos } from "@nats-io/nats-core";
 import type { ConsumerConfig, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
 import type {
@@ -11,7 +11,6 @@ import type {
 } from "@toolmesh/protocol";
 import {
   ErrorCode,
-  Header,
   ResolvedCallSchema,
   RetryableError,
   ToolDefinitionSchema,
@@ -28,6 +27,7 @@ import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   ServerClock,
+  deadLetterHeaders,
   ensureStreams,
   publishDurable,
   publishEphemeral,
@@ -80,6 +80,13 @@ export interface ExecutorOptions {
 export interface Executor {
   /** Names of the tools this executor serves (registration conflicts excluded). */
   readonly tools: readonly string[];
+  /**
+   * Registers and serves one more tool, or a new definition of one it serves. False when the
+   * name belongs to another owner.
+   */
+  addTool(module: ToolModule): Promise<boolean>;
+  /** Stops serving a tool (running calls finish within `graceMs`) and unregisters it. */
+  removeTool(name: string, graceMs?: number): Promise<void>;
   /** Stops pulling work and waits for running calls (at most `graceMs`, default 10 s). */
   stop(graceMs?: number): Promise<void>;
 }
@@ -101,7 +108,9 @@ export function toolDefinitionOf(module: ToolModule, owner: string): ToolDefinit
     ...(module.groups === undefined ? {} : { groups: module.groups }),
     ...(module.systemParams === undefined ? {} : { system_params: module.systemParams }),
     preset_params: presetNames,
-    kind: "builtin",
+    kind: module.kind ?? "builtin",
+    ...(module.annotations === undefined ? {} : { annotations: module.annotations }),
+    ...(module.origin === undefined ? {} : { origin: module.origin }),
     owner,
     ...(module.timeoutMs === undefined ? {} : { timeout_ms: module.timeoutMs }),
     ...(module.retry === undefined ? {} : { retry: module.retry }),
@@ -150,20 +159,9 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const running = new Map<string, AbortController>();
   // The call record stores the final message too: leave room for it within one message.
   const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
-  const served: ServedTool[] = [];
+  const served = new Map<string, ServedTool>();
   const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
     publishDurable(js, subject, message, { msgId });
-
-  for (const module of options.tools) {
-    const definition = toolDefinitionOf(module, owner);
-    const outcome = await registry.register(definition);
-    if (outcome.status === "conflict") continue; // the registry has logged the warning
-    served.push({
-      module,
-      definition,
-      presets: { ...module.presets, ...options.presets?.[module.name] },
-    });
-  }
 
   // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
   const aborts: Subscription = nc.subscribe(subjects.abort, {
@@ -181,23 +179,44 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     },
   });
 
-  const loops: WorkLoop[] = [];
-  for (const tool of served) {
-    await ensureWorkConsumer(jsm, subjects, tool.definition, ackWaitMs);
-    loops.push(
+  const loops = new Map<string, WorkLoop>();
+
+  /** Registers a tool and starts consuming its work; false when another owner has the name. */
+  async function serve(module: ToolModule): Promise<boolean> {
+    const definition = toolDefinitionOf(module, owner);
+    const outcome = await registry.register(definition);
+    if (outcome.status === "conflict") return false; // the registry has logged the warning
+    const tool: ServedTool = {
+      module,
+      definition,
+      presets: { ...module.presets, ...options.presets?.[module.name] },
+    };
+    const previous = served.get(definition.name);
+    served.set(definition.name, tool);
+    if (previous !== undefined && loops.has(definition.name)) {
+      // A new definition of a tool already served: the running loop picks it up.
+      await ensureWorkConsumer(jsm, subjects, definition, ackWaitMs);
+      return true;
+    }
+    await ensureWorkConsumer(jsm, subjects, definition, ackWaitMs);
+    loops.set(
+      definition.name,
       await startWorkLoop({
         js,
         stream: subjects.streams.work,
-        consumer: subjects.workConsumer(tool.definition.name),
+        consumer: subjects.workConsumer(definition.name),
         slots,
         maxMessages: 1,
         heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
-        handle: (msg) => handleWork(tool, msg),
-        onError: (err) => log.error({ err, tool: tool.definition.name }, "work loop error"),
+        handle: (msg) => handleWork(served.get(definition.name) ?? tool, msg),
+        onError: (err) => log.error({ err, tool: definition.name }, "work loop error"),
       }),
     );
+    return true;
   }
-  log.info({ tools: served.map((t) => t.definition.name), owner }, "executor started");
+
+  for (const module of options.tools) await serve(module);
+  log.info({ tools: [...served.keys()], owner }, "executor started");
 
   async function handleWork(tool: ServedTool, msg: JsMsg): Promise<void> {
     clock.observe(ServerClock.timestampOf(msg));
@@ -210,7 +229,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         { err, tool: tool.definition.name, seq: msg.seq },
         "work message is not a resolved call",
       );
-      await publishDeadLetter(msg, "not a resolved call").then(
+      await publishDeadLetter(tool, msg, "not a resolved call").then(
         () => msg.ack(),
         () => msg.nak(1_000),
       );
@@ -338,14 +357,16 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     );
   }
 
-  async function publishDeadLetter(msg: JsMsg, reason: string): Promise<void> {
-    const h = headers();
-    h.set(Header.DlqStream, subjects.streams.work);
-    h.set(Header.DlqSubject, msg.subject);
-    h.set(Header.DlqSequence, String(msg.seq));
-    h.set(Header.DlqReason, reason);
-    h.set(Header.DlqDeliveries, String(msg.info.deliveryCount));
-    await js.publish(subjects.dlq("_unknown"), msg.data, {
+  async function publishDeadLetter(tool: ServedTool, msg: JsMsg, reason: string): Promise<void> {
+    const h = deadLetterHeaders({
+      stream: subjects.streams.work,
+      subject: msg.subject,
+      seq: msg.seq,
+      reason,
+      deliveries: msg.info.deliveryCount,
+      headers: msg.headers,
+    });
+    await js.publish(subjects.dlq(tool.definition.name), msg.data, {
       headers: h,
       msgID: `dlq:${subjects.streams.work}:${msg.seq}`,
     });
@@ -431,7 +452,21 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   }
 
   return {
-    tools: served.map((t) => t.definition.name),
+    get tools() {
+      return [...served.keys()];
+    },
+    async addTool(module) {
+      return serve(module);
+    },
+    async removeTool(name, graceMs = 10_000) {
+      const loop = loops.get(name);
+      loops.delete(name);
+      served.delete(name);
+      await loop?.stop(graceMs);
+      await registry.unregister(name, owner).catch((err: unknown) => {
+        log.warn({ err, tool: name }, "cannot remove the tool from the registry");
+      });
+    },
     async stop(graceMs = 10_000) {
       const handBack = (): void => {
         for (const controller of running.values()) {
@@ -442,7 +477,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
           );
         }
       };
-      await Promise.all(loops.map((loop) => loop.stop(graceMs, handBack)));
+      await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
       aborts.unsubscribe();
     },
   };

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { Logger } from "@toolmesh/telemetry";
-import { ErrorCode, RetryPolicySchema, ToolmeshError } from "@toolmesh/protocol";
+import { ErrorCode, RetryPolicySchema, ToolKindSchema, ToolmeshError } from "@toolmesh/protocol";
+import type { ToolKind } from "@toolmesh/protocol";
 
 /** What a handler receives besides its arguments. */
 export interface ToolContext {
@@ -52,6 +53,12 @@ export interface ToolModule<A = Record<string, unknown>> {
   /** Retry policy (snake_case, as on the wire). */
   retry?: z.input<typeof RetryPolicySchema>;
   handler: ToolHandler<A>;
+  /** Who serves it: `builtin` (default), `native` (HTTP API) or `mcp`. */
+  kind?: ToolKind;
+  /** Hints for people and models (MCP tool annotations). */
+  annotations?: Record<string, unknown>;
+  /** Where the tool comes from (server, file, URL). Never secrets. */
+  origin?: Record<string, unknown>;
 }
 
 /** Checks the shape of a loaded module's default export. */
@@ -66,6 +73,9 @@ export const ToolModuleSchema = z.object({
   timeoutMs: z.number().int().positive().optional(),
   retry: RetryPolicySchema.partial().optional(),
   handler: z.custom<ToolHandler>((v) => typeof v === "function", "handler must be a function"),
+  kind: ToolKindSchema.optional(),
+  annotations: z.record(z.string(), z.unknown()).optional(),
+  origin: z.record(z.string(), z.unknown()).optional(),
 });
 
 /** Options of {@link defineTool}: a zod object schema types the handler's arguments. */

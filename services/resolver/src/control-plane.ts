@@ -1,5 +1,5 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
-import { headers as createHeaders, nanos } from "@nats-io/nats-core";
+import { nanos } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";
@@ -8,7 +8,6 @@ import {
   CallRequestSchema,
   CancelRequestSchema,
   ErrorCode,
-  Header,
   ResolvedCallSchema,
   SessionAddressSchema,
   ToolmeshError,
@@ -22,6 +21,7 @@ import type { WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   ServerClock,
+  deadLetterHeaders,
   publishDurable,
   publishEphemeral,
   startWorkLoop,
@@ -257,12 +257,14 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     const request =
       stream === subjects.streams.calls ? CallRequestSchema.safeParse(body) : undefined;
     const tool = work?.data?.tool ?? request?.data?.tool_call.function.name ?? "_unknown";
-    const h = createHeaders();
-    h.set(Header.DlqStream, stream);
-    h.set(Header.DlqSubject, stored.subject);
-    h.set(Header.DlqSequence, String(seq));
-    h.set(Header.DlqReason, reason);
-    h.set(Header.DlqDeliveries, String(deliveries));
+    const h = deadLetterHeaders({
+      stream,
+      subject: stored.subject,
+      seq,
+      reason,
+      deliveries,
+      headers: stored.header,
+    });
     await js.publish(subjects.dlq(tool), stored.data, {
       headers: h,
       msgID: `dlq:${stream}:${seq}`,
