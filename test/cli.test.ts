@@ -1,38 +1,17 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { execFile } from "node:child_process";
 import { createServer } from "node:net";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-import { promisify } from "node:util";
+import { runCli } from "./helpers/cli.js";
+import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 
-const run = promisify(execFile);
-const BIN = join(dirname(fileURLToPath(import.meta.url)), "..", "bin", "toolmesh.js");
-
 let server: NatsServerHandle;
 let env: Record<string, string>;
 
-/** Runs the CLI; resolves with exit code and output whatever the exit code. */
-async function toolmesh(
-  args: string[],
-  extraEnv: Record<string, string> = {},
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  try {
-    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], {
-      env: { PATH: process.env.PATH ?? "", ...env, ...extraEnv },
-      timeout: 60_000,
-    });
-    return { code: 0, stdout, stderr };
-  } catch (err) {
-    const e = err as { code?: number; stdout?: string; stderr?: string };
-    return {
-      code: typeof e.code === "number" ? e.code : -1,
-      stdout: e.stdout ?? "",
-      stderr: e.stderr ?? "",
-    };
-  }
+/** Runs the CLI against this file's mesh, with extra variables. */
+function toolmesh(args: string[], extraEnv: Record<string, string> = {}): Promise<CliOutcome> {
+  return runCli(args, { ...env, ...extraEnv });
 }
 
 /** A port nothing listens on: bind one, note it, close it. */

@@ -1,12 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { execFile, spawn } from "node:child_process";
+import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { promisify } from "node:util";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { headers as createHeaders } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
@@ -18,14 +17,14 @@ import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { listDeadLetters } from "@toolmesh/resolver";
 import type { DeadLetter, DeadLetterDetail, ReplayOutcome } from "@toolmesh/resolver";
+import { runCli } from "./helpers/cli.js";
+import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
-const BIN = join(ROOT, "bin", "toolmesh.js");
-const run = promisify(execFile);
 const subjects = createSubjects();
 
 let server: NatsServerHandle;
@@ -111,22 +110,9 @@ async function superviseUntil(
   }
 }
 
-/** Runs the CLI; resolves with exit code and output whatever the exit code. */
-async function toolmesh(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  try {
-    const { stdout, stderr } = await run(process.execPath, [BIN, ...args], {
-      env: { PATH: process.env.PATH ?? "", ...env },
-      timeout: 60_000,
-    });
-    return { code: 0, stdout, stderr };
-  } catch (err) {
-    const e = err as { code?: number; stdout?: string; stderr?: string };
-    return {
-      code: typeof e.code === "number" ? e.code : -1,
-      stdout: e.stdout ?? "",
-      stderr: e.stderr ?? "",
-    };
-  }
+/** Runs the CLI against this file's mesh. */
+function toolmesh(args: string[]): Promise<CliOutcome> {
+  return runCli(args, env);
 }
 
 /** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
