@@ -172,35 +172,3 @@ export class CallStore {
       .catch(() => undefined);
   }
 }
-
-/** Who publishes final messages: a JetStream client wrapped by the caller. */
-export type PublishFinal = (
-  subject: string,
-  message: ToolMessage,
-  msgId: string,
-) => Promise<unknown>;
-
-/**
- * Ends a call with `message` unless it already ended: moves the record to `done`, publishes
- * the final message on the session and records that it went out. When another party ended the
- * call first, nothing is published — unless that party never confirmed its publication (it
- * may have crashed in between), in which case the stored message is published again under the
- * same message id. Returns whether this caller's message became the final one.
- */
-export async function finalizeCall(
-  store: CallStore,
-  publish: PublishFinal,
-  subjects: Subjects,
-  call: { idempotency_key: string; call_id: string; address: { tenant: string; session: string } },
-  message: ToolMessage,
-): Promise<boolean> {
-  const outcome = await store.finish(call.idempotency_key, message);
-  if (outcome?.published === true) return false;
-  await publish(
-    subjects.result(call.address, call.call_id),
-    outcome?.result ?? message,
-    `result:${call.idempotency_key}`,
-  );
-  if (outcome !== undefined) await store.markPublished(call.idempotency_key, outcome.revision);
-  return outcome === undefined || outcome.won;
-}

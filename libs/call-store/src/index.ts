@@ -1,8 +1,4 @@
-export {
-  CallRecordSchema,
-  CallStateSchema,
-  CallStore,
-  argumentsHash,
-  finalizeCall,
-} from "./call-store.js";
-export type { AcceptOutcome, CallRecord, CallStoreOptions, PublishFinal } from "./call-store.js";
+export { CallRecordSchema, CallStateSchema, CallStore, argumentsHash } from "./call-store.js";
+export type { AcceptOutcome, CallRecord, CallStoreOptions } from "./call-store.js";
+export { openCallPlane } from "./plane.js";
+export type { CallPlane, CallPlaneOptions, CallTarget } from "./plane.js";

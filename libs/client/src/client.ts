@@ -199,6 +199,8 @@ export class Session {
   readonly #pending = new Map<string, Pending>();
   readonly #listeners = new Set<(event: SessionEvent) => void>();
   readonly #onClose = new Set<() => void>();
+  // Call ids whose final message was delivered, oldest first, to drop repeats.
+  readonly #finished = new Set<string>();
   readonly #onClosed: () => void;
   #closed = false;
 
@@ -231,6 +233,7 @@ export class Session {
     const tool = request.tool_call.function.name;
     const timeoutMs = request.timeout_ms ?? this.#options.defaultTimeoutMs;
     request.timeout_ms = timeoutMs;
+    this.#finished.delete(callId); // submitted again: its answer is awaited again
     if (this.#pending.has(callId)) {
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
@@ -330,6 +333,8 @@ export class Session {
           {
             msgId,
             headers: tracedHeaders(),
+            // Short attempts: while the server restarts, retry soon rather than wait 5 s.
+            timeoutMs: Math.max(250, Math.min(2_000, deadline - Date.now())),
           },
         );
         if (ack.duplicate) await this.#answerFromStore(callId);
@@ -352,7 +357,7 @@ export class Session {
       .catch(() => null);
     if (stored === null) return; // still running: the answer will arrive live
     const parsed = ToolMessageSchema.safeParse(safeJson(stored.data));
-    if (parsed.success) this.#settle(callId, parsed.data);
+    if (parsed.success) this.#deliver({ type: "result", message: parsed.data });
   }
 
   /**
@@ -459,7 +464,23 @@ export class Session {
     } catch {
       return; // Not ours to understand; the session goes on.
     }
-    if (event.type === "result") this.#settle(event.message.tool_call_id, event.message);
+    this.#deliver(event);
+  }
+
+  /**
+   * Settles the call a final message answers and tells the listeners, once per call: the
+   * same final message can come twice (live, and again from the stream after a reconnect).
+   */
+  #deliver(event: SessionEvent): void {
+    if (event.type === "result") {
+      const callId = event.message.tool_call_id;
+      if (this.#finished.has(callId)) return;
+      this.#finished.add(callId);
+      if (this.#finished.size > FINISHED_REMEMBERED) {
+        this.#finished.delete(this.#finished.values().next().value as string);
+      }
+      this.#settle(callId, event.message);
+    }
     for (const listener of this.#listeners) listener(event);
   }
 
@@ -485,6 +506,9 @@ function localError(
     attempts: 0,
   });
 }
+
+// How many finished call ids a session remembers to drop repeated final messages.
+const FINISHED_REMEMBERED = 4_096;
 
 // Node timers hold at most 2^31 - 1 ms; a longer wait would fire at once.
 const MAX_TIMER_MS = 2_147_483_647;

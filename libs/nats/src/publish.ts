@@ -16,6 +16,8 @@ export interface PublishOptions {
   msgId?: string;
   /** Extra headers; trace context is added to them. */
   headers?: MsgHdrs;
+  /** How long to wait for the stream's acknowledgement, in ms. Default 5 000. */
+  timeoutMs?: number;
 }
 
 const STREAM_STORE_FULL = [10077, 10047, 10028];
@@ -101,6 +103,7 @@ export async function publishDurable(
     return await js.publish(subject, encodeJson(value), {
       headers,
       ...(options.msgId === undefined ? {} : { msgID: options.msgId }),
+      ...(options.timeoutMs === undefined ? {} : { timeout: options.timeoutMs }),
     });
   } catch (err) {
     throw publishError(err, subject);

@@ -15,6 +15,24 @@ const jsonObject = z.string().transform((text, ctx) => {
   ctx.addIssue({ code: "custom", message: "must be a JSON object" });
   return z.NEVER;
 });
+/** Comma-separated http(s) URL prefixes. */
+const urlPrefixes = z.string().transform((text, ctx) => {
+  const prefixes = text
+    .split(",")
+    .map((p) => p.trim())
+    .filter((p) => p !== "");
+  if (prefixes.length === 0) {
+    ctx.addIssue({ code: "custom", message: "must list at least one URL prefix" });
+    return z.NEVER;
+  }
+  for (const prefix of prefixes) {
+    if (!URL.canParse(prefix) || !/^https?:$/.test(new URL(prefix).protocol)) {
+      ctx.addIssue({ code: "custom", message: `${prefix} is not an http(s) URL` });
+      return z.NEVER;
+    }
+  }
+  return prefixes;
+});
 
 /**
  * Every environment variable toolmesh reads, with its default. Parsed once, in the
@@ -57,6 +75,11 @@ export const EnvSchema = z.object({
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(120_000),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(1_000_000),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
+  TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
+  TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(86_400_000),
+  TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
+  TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
+  TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -92,6 +115,16 @@ export interface RuntimeConfig {
   maxQueuedCalls: number;
   /** Port of the `/healthz` and `/readyz` endpoints; none when unset. */
   healthPort?: number;
+  /** The executor's folder of native HTTP tools (`*.yaml`); a missing default folder is none. */
+  nativeToolsDir: string;
+  /** URL prefixes native tools may call; any URL when unset. */
+  nativeAllowedUrls?: string[];
+  /** The mcp-bridge's folder of MCP server files (`*.yaml`); a missing default folder is none. */
+  mcpDir: string;
+  /** Folder of `tool_sets/*.yaml` and `agents/*.yaml`; a missing folder is none. */
+  configDir: string;
+  /** How long a session's state (schemas sent, groups, agent) lives after its last change, in ms. */
+  sessionStateTtlMs: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -142,6 +175,13 @@ export function loadConfig(
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),
+    nativeToolsDir: e.TOOLMESH_NATIVE_TOOLS_DIR,
+    ...(e.TOOLMESH_NATIVE_ALLOWED_URLS === undefined
+      ? {}
+      : { nativeAllowedUrls: e.TOOLMESH_NATIVE_ALLOWED_URLS }),
+    mcpDir: e.TOOLMESH_MCP_DIR,
+    configDir: e.TOOLMESH_CONFIG_DIR,
+    sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
     env,
   };
 }

@@ -1,7 +1,7 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { nanos } from "@nats-io/nats-core";
 import type { ConsumerConfig, JetStreamManager, JsMsg } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
 import type {
   ProgressEvent,
   ResolvedCall,
@@ -22,14 +22,12 @@ import {
   isRetryableByDefault,
   summarize,
 } from "@toolmesh/protocol";
-import { CallStore, finalizeCall } from "@toolmesh/call-store";
+import { openCallPlane } from "@toolmesh/call-store";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   ServerClock,
   deadLetterHeaders,
-  ensureStreams,
-  publishDurable,
   publishEphemeral,
   startWorkLoop,
 } from "@toolmesh/nats";
@@ -147,21 +145,18 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const { nc, subjects, registry, log, tracer } = options;
   const owner = options.owner ?? "executor";
   const ackWaitMs = options.ackWaitMs ?? 10_000;
-  const jsm = await ensureStreams(nc, subjects, options.streamLimits);
-  const js = jetstream(nc);
-  const store = await CallStore.open(nc, {
+  const plane = await openCallPlane(nc, {
     subjects,
-    ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+    streamLimits: options.streamLimits,
+    callRetentionMs: options.callRetentionMs,
   });
-  const clock = new ServerClock();
+  const { jsm, js, store, clock } = plane;
   const slots = new Semaphore(options.concurrency ?? 16);
   const toolkitContext = options.toolkitContext ?? {};
   const running = new Map<string, AbortController>();
   // The call record stores the final message too: leave room for it within one message.
   const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
   const served = new Map<string, ServedTool>();
-  const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
-    publishDurable(js, subject, message, { msgId });
 
   // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
   const aborts: Subscription = nc.subscribe(subjects.abort, {
@@ -264,7 +259,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
           if (stored?.record.state === "done" && stored.record.result !== undefined) {
             // Ended already (result, cancellation or deadline): don't run it. Its answer is
             // published again only if its publication was never confirmed.
-            await finalizeCall(store, publishFinal, subjects, call, stored.record.result);
+            await plane.finalize(call, stored.record.result);
             msg.ack();
             callLog.info("call already ended; answered from its stored result");
             return;
@@ -323,7 +318,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
               extra,
             );
           }
-          const won = await finalizeCall(store, publishFinal, subjects, call, message);
+          const won = await plane.finalize(call, message);
           msg.ack();
           if (!won)
             callLog.info("call had already ended (cancelled or past its deadline); result dropped");

@@ -5,6 +5,7 @@ import type { Runtime } from "@toolmesh/runtime";
 import type { Executor } from "./executor.js";
 import { startExecutor } from "./executor.js";
 import { loadToolsDir } from "./load-tools.js";
+import { DEFAULT_NATIVE_TOOLS_DIR, loadNativeToolsDir } from "./native-tools.js";
 
 const PresetsFileSchema = z.record(z.string(), z.record(z.string(), z.unknown()));
 
@@ -21,11 +22,21 @@ export async function loadPresetsFile(
   return parsed.data;
 }
 
-/** Starts an executor configured by the runtime: tools folder, presets file, concurrency. */
+/**
+ * Starts an executor configured by the runtime: tools folder, native tools folder, presets
+ * file, concurrency.
+ */
 export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
   const { config } = rt;
   const log = rt.log.child({ actor: "executor" });
   const tools = await loadToolsDir(config.toolsDir, log);
+  // Builtin tools come first: a native tool of the same name is skipped with a warning.
+  const nativeTools = await loadNativeToolsDir(config.nativeToolsDir, config.env, log, {
+    missingOk: config.nativeToolsDir === DEFAULT_NATIVE_TOOLS_DIR,
+    taken: new Map(tools.map((t) => [t.module.name, t.file])),
+    maxResponseBytes: config.maxMessageBytes,
+    ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
+  });
   return startExecutor({
     nc: rt.nc,
     subjects: rt.subjects,
@@ -33,7 +44,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     tracer: rt.tracer,
     streamLimits: rt.streamLimits,
     log,
-    tools: tools.map((t) => t.module),
+    tools: [...tools.map((t) => t.module), ...nativeTools],
     owner: config.executorOwner,
     concurrency: config.concurrency,
     ackWaitMs: config.ackWaitMs,

@@ -11,3 +11,11 @@ export type { LoadLog, LoadedTool } from "./load-tools.js";
 export { ToolModuleSchema, defineTool } from "./tool-module.js";
 export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
 export { loadPresetsFile, startExecutorFromRuntime } from "./from-runtime.js";
+export {
+  DEFAULT_NATIVE_TOOLS_DIR,
+  NATIVE_METHODS,
+  NativeToolFileSchema,
+  loadNativeToolsDir,
+  retryAfterMs,
+} from "./native-tools.js";
+export type { NativeMethod, NativeToolFile, NativeToolsOptions } from "./native-tools.js";

@@ -1,6 +1,6 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import { nanos } from "@nats-io/nats-core";
-import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
+import type { JsMsg } from "@nats-io/jetstream";
 import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";
 import type { CancelReply, ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
@@ -26,8 +26,7 @@ import {
   publishEphemeral,
   startWorkLoop,
 } from "@toolmesh/nats";
-import type { CallStore, PublishFinal } from "@toolmesh/call-store";
-import { finalizeCall } from "@toolmesh/call-store";
+import type { CallPlane } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
 import { reconcileOrphans } from "./reconcile.js";
 
@@ -55,13 +54,9 @@ const MaxDeliveriesAdvisorySchema = z.object({
 /** Options of {@link startControlPlane}. */
 export interface ControlPlaneOptions {
   nc: NatsConnection;
-  js: JetStreamClient;
-  jsm: JetStreamManager;
+  plane: CallPlane;
   subjects: Subjects;
-  store: CallStore;
-  clock: ServerClock;
   log: Logger;
-  publishFinal: PublishFinal;
   /** How often orphaned work-queue messages are looked for, in ms. Default 30 000. */
   reconcileEveryMs?: number;
 }
@@ -85,7 +80,8 @@ const MAX_TIMER_HOP_MS = 3_600_000;
  * advisories), cancellation requests, and the periodic reconciliation of orphaned messages.
  */
 export async function startControlPlane(options: ControlPlaneOptions): Promise<ControlPlane> {
-  const { nc, js, jsm, subjects, store, clock, log, publishFinal } = options;
+  const { nc, plane, subjects, log } = options;
+  const { js, jsm, store, clock } = plane;
   await ensureDeadlineConsumer();
 
   const timers: WorkLoop = await startWorkLoop({
@@ -172,7 +168,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       ),
     );
     try {
-      const won = await finalizeCall(store, publishFinal, subjects, timer, message);
+      const won = await plane.finalize(timer, message);
       if (won) {
         publishEphemeral(nc, subjects.abort, {
           idempotency_key: timer.idempotency_key,
@@ -219,7 +215,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
             `call ${current.record.call_id} was cancelled by its caller`,
           ),
         );
-        const won = await finalizeCall(store, publishFinal, subjects, current.record, message);
+        const won = await plane.finalize(current.record, message);
         if (won)
           publishEphemeral(nc, subjects.abort, { idempotency_key: key, reason: "cancelled" });
         reply = { cancelled: won, state: won ? "cancelled" : "done" };
@@ -279,10 +275,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     );
     if (work?.success === true) {
       const call = work.data;
-      await finalizeCall(
-        store,
-        publishFinal,
-        subjects,
+      await plane.finalize(
         call,
         errorToolMessage(
           { tool_call_id: call.call_id, name: call.tool, session_id: call.session_id },

@@ -1,6 +1,6 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JsMsg } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/nats-core";
 import type { z } from "zod";
 import type {
@@ -10,7 +10,7 @@ import type {
   ResolvedCall,
   SessionAddress,
   Subjects,
-  ToolMessage,
+  ToolDefinition,
 } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
@@ -23,14 +23,8 @@ import {
   subjectToken,
 } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
-import {
-  Semaphore,
-  ServerClock,
-  ensureStreams,
-  publishDurable,
-  startWorkLoop,
-} from "@toolmesh/nats";
-import { CallStore, argumentsHash, finalizeCall } from "@toolmesh/call-store";
+import { Semaphore, ServerClock, publishDurable, startWorkLoop } from "@toolmesh/nats";
+import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
@@ -59,6 +53,11 @@ export interface ResolverOptions {
   tracer: Tracer;
   /** Budget of a call that sets none, in ms. Default 60 000. */
   defaultTimeoutMs?: number;
+  /**
+   * How long a delivered call stays owned without a sign of life, in ms: after a resolver
+   * crash its calls are redelivered once this passes. Default 10 000.
+   */
+  ackWaitMs?: number;
   /** Calls resolved at once by this process. Default 64. */
   concurrency?: number;
   /** Calls of one session in flight through this resolver; more get `overloaded`. Default 256. */
@@ -66,6 +65,17 @@ export interface ResolverOptions {
   streamLimits?: StreamLimits;
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number;
+  /** Who may call what: tool groups and agents. Default: every tool open to every session. */
+  access?: ToolAccessPolicy;
+}
+
+/**
+ * Decides whether a session may call a tool (an `AccessView` from `@toolmesh/catalog` fits).
+ * Runs on every call: it must answer from memory.
+ */
+export interface ToolAccessPolicy {
+  /** The error the call gets (`permission_denied`, `tool_disabled`), or `undefined` to go on. */
+  check(def: ToolDefinition, at: SessionAddress, agent?: string): ToolmeshError | undefined;
 }
 
 /** A running resolver. */
@@ -86,15 +96,17 @@ export type Resolution =
     };
 
 /**
- * Resolves one call request against the registry: envelope, tool name, arguments, defaults,
- * missing params and schema validation. `now` is the server-clock time the call was
- * accepted: its deadline counts from there.
+ * Resolves one call request against the registry: envelope, tool name, access (agent and tool
+ * groups, when `access` is given), arguments, defaults, missing params and schema validation.
+ * Access comes before the arguments, so a tool the session may not call never reveals its
+ * schema through `missing_arguments`. `now` is the server-clock time the call was accepted:
+ * its deadline counts from there.
  */
 export function resolveRequest(
   registry: ToolRegistry,
   body: unknown,
   address: SessionAddress,
-  options: { now: number; defaultTimeoutMs: number },
+  options: { now: number; defaultTimeoutMs: number; access?: ToolAccessPolicy | undefined },
 ): Resolution {
   const envelope = CallRequestSchema.safeParse(body);
   if (!envelope.success) {
@@ -112,9 +124,17 @@ export function resolveRequest(
       );
     }
     validateToolName(name);
+    const { access } = options;
     const tool = registry.get(name);
     if (tool === undefined) {
-      const closeMatches = findCloseMatches(name, registry.names());
+      // Only tools the session may call are suggested.
+      const callable =
+        access === undefined
+          ? registry.names()
+          : [...registry.tools()]
+              .filter((t) => access.check(t.definition, address, request.agent) === undefined)
+              .map((t) => t.definition.name);
+      const closeMatches = findCloseMatches(name, callable);
       throw new ToolmeshError(
         ErrorCode.UnknownTool,
         closeMatches.length > 0
@@ -123,8 +143,14 @@ export function resolveRequest(
         { details: { tool: name, close_matches: closeMatches } },
       );
     }
+    const denied = access?.check(tool.definition, address, request.agent);
+    if (denied !== undefined) throw denied;
     const args = parseArguments(request.tool_call.function.arguments);
-    const resolved = resolveCall(tool, request, args, { ...options, address });
+    const resolved = resolveCall(tool, request, args, {
+      now: options.now,
+      defaultTimeoutMs: options.defaultTimeoutMs,
+      address,
+    });
     return { ok: true, resolved, request };
   } catch (err) {
     return { ok: false, error: ensureError(err), toolCallId, tool: name, request };
@@ -185,28 +211,17 @@ function bodyError(err: unknown): ToolmeshError {
 export async function startResolver(options: ResolverOptions): Promise<Resolver> {
   const { nc, subjects, registry, log, tracer } = options;
   const defaultTimeoutMs = options.defaultTimeoutMs ?? 60_000;
-  const jsm = await ensureStreams(nc, subjects, options.streamLimits);
-  const js = jetstream(nc);
-  const store = await CallStore.open(nc, {
+  const ackWaitMs = options.ackWaitMs ?? 10_000;
+  const plane = await openCallPlane(nc, {
     subjects,
-    ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+    streamLimits: options.streamLimits,
+    callRetentionMs: options.callRetentionMs,
   });
-  const clock = new ServerClock();
+  const { jsm, js, store, clock, publishFinal } = plane;
   const limits = new SessionLimits(options.sessionMaxInFlight ?? 256);
-  const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
-    publishDurable(js, subject, message, { msgId });
   await ensureResolverConsumer();
 
-  const control: ControlPlane = await startControlPlane({
-    nc,
-    js,
-    jsm,
-    subjects,
-    store,
-    clock,
-    log,
-    publishFinal,
-  });
+  const control: ControlPlane = await startControlPlane({ nc, plane, subjects, log });
 
   const results: Subscription = nc.subscribe(subjects.allResults, {
     callback: (err, msg) => {
@@ -221,6 +236,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     consumer: subjects.resolverConsumer,
     slots: new Semaphore(options.concurrency ?? 64),
     maxMessages: 32,
+    // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
+    heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: handleCall,
     onError: (err) => log.error({ err }, "resolver loop error"),
   });
@@ -250,7 +267,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       durable_name: subjects.resolverConsumer,
       ack_policy: AckPolicy.Explicit,
       deliver_policy: DeliverPolicy.All,
-      ack_wait: nanos(30_000),
+      ack_wait: nanos(ackWaitMs),
       // A call that fails its resolver this often is a poison message: dead-lettered.
       max_deliver: 5,
       max_ack_pending: 10_000,
@@ -279,7 +296,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         registry,
         body,
         { tenant, session },
-        { now: clock.now(), defaultTimeoutMs },
+        { now: clock.now(), defaultTimeoutMs, access: options.access },
       );
       reply = resolution.ok
         ? { ok: true, resolved: resolution.resolved }
@@ -322,6 +339,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           resolution = resolveRequest(registry, decodeJson(msg.data), address, {
             now: acceptedAt,
             defaultTimeoutMs,
+            access: options.access,
           });
         } catch (err) {
           resolution = {
@@ -440,13 +458,10 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         callLog.info("resubmitted call answered from its stored result");
         return;
       case "in_flight":
-        // Redelivered after a crash between accepting and routing: route again (idempotent
-        // through the message ids). A fresh duplicate of a running call just waits for it.
-        if (msg.info.deliveryCount === 1) {
-          limits.release(resolved);
-          callLog.info("duplicate of a call in flight; its answer will come");
-          return;
-        }
+        // Accepted before but maybe never routed: a crash between accepting and routing, or a
+        // killed server that forgot the first delivery (it comes back as delivery 1). Route
+        // again: the work and timer message ids make a repeat harmless within the window.
+        callLog.info("call accepted before; routing it again");
         break;
       case "new":
         break;
@@ -462,13 +477,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       const error = ensureError(err);
       if (error.retryable) throw err;
       // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
-      await finalizeCall(
-        store,
-        publishFinal,
-        subjects,
-        resolved,
-        errorToolMessage(target, error, { attempts: 0 }),
-      );
+      await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
       return;
     }
     // Armed after routing (a redelivered call routes again and then arms): a crash in
