@@ -31,7 +31,7 @@ export interface CallPlane {
   readonly store: CallStore;
   readonly clock: ServerClock;
   /** Publishes a final message to the sessions stream under a message id. */
-  publishFinal(subject: string, message: ToolMessage, msgId: string): Promise<unknown>;
+  publishFinal: (subject: string, message: ToolMessage, msgId: string) => Promise<unknown>;
   /**
    * Ends a call with `message` unless it already ended: moves its record to `done`, publishes
    * the final message and records that it went out. When another party ended the call first,
@@ -39,7 +39,7 @@ export interface CallPlane {
    * died in between) and the sessions stream does not hold it either; then the stored
    * message is published. Returns whether this caller's message became the final one.
    */
-  finalize(call: CallTarget, message: ToolMessage): Promise<boolean>;
+  finalize: (call: CallTarget, message: ToolMessage) => Promise<boolean>;
 }
 
 /** Creates or updates the streams and opens the call store. */

@@ -6,16 +6,26 @@ import type {
   CancelReply,
   CancelRequest,
   CallRequest,
+  CatalogRequest,
+  GroupState,
   ProgressEvent,
   ResolveReply,
+  SchemaEvent,
   SessionAddress,
   Subjects,
   ToolCall,
   ToolMessage,
+  ToolSchema,
+  WireError,
 } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   CancelReplySchema,
+  CatalogReplySchema,
+  DescribeReplySchema,
+  ExpandReplySchema,
+  GroupsReplySchema,
+  SchemaEventSchema,
   DEFAULT_TENANT,
   ErrorCode,
   ProgressEventSchema,
@@ -29,11 +39,17 @@ import {
   ensureError,
   errorToolMessage,
   nestsDeeperThan,
+  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { Span, Tracer } from "@toolmesh/telemetry";
 import { SpanKind, withSpan } from "@toolmesh/telemetry";
 import { context, trace } from "@opentelemetry/api";
+import type { z } from "zod";
+import type { GroupChanges } from "./expansion.js";
+import { SchemaInbox, requestSchemaExpander } from "./expansion.js";
+import type { CatalogEntry } from "./formats/catalog.js";
+import type { SupplementedSchema } from "./formats/supplemented.js";
 
 /** Options of {@link ToolmeshClient}. Durations in ms. */
 export interface ClientOptions {
@@ -75,7 +91,25 @@ export interface SubmitOptions {
 export type SessionEvent =
   | { type: "result"; message: ToolMessage }
   | { type: "progress"; event: ProgressEvent }
-  | { type: "schema"; tool: string; body: unknown };
+  | {
+      type: "schema";
+      tool: string;
+      body: unknown;
+      /** The body parsed; absent when it is not a valid schema event. */
+      schema?: SchemaEvent;
+    };
+
+/** A catalog as the schema expander gives it (see `docs/protocol.md`, "Catalog"). */
+export interface Catalog {
+  /** Compact entries, and expanded ones for tools whose schema the session already has. */
+  tools: (CatalogEntry & { groups: string[]; revision: number })[];
+  /** The agent that bounds it. */
+  agent?: string;
+  /** That agent's configured output strategy. */
+  output_strategy?: { function_calling: boolean; fallback_to_structured_output: boolean };
+  /** Tools the agent lists that no executor has registered. */
+  unavailable: string[];
+}
 
 /** One submitted call. */
 export interface CallHandle {
@@ -152,6 +186,42 @@ export class ToolmeshClient {
       return { ok: false, error: error.toWire() };
     }
   }
+
+  /**
+   * The compact catalog without a session: every tool, or an agent's tools. Filtered by the
+   * tenant's tool groups. Throws the typed error of a failed request (`unavailable` when no
+   * schema expander runs).
+   */
+  catalog(options: { agent?: string } = {}): Promise<Catalog> {
+    return this.schemaRequest(this.subjects.catalogRpc(this.tenant), options, CatalogReplySchema);
+  }
+
+  /** Every tool group and whether it is active for the tenant's sessions. */
+  async groups(): Promise<GroupState[]> {
+    return this.setGroups({});
+  }
+
+  /**
+   * Switches tool groups for every session of the tenant (a session's own switch still wins);
+   * returns every group afterwards.
+   */
+  async setGroups(changes: GroupChanges): Promise<GroupState[]> {
+    const reply = await this.schemaRequest(
+      this.subjects.groupsRpc(this.tenant),
+      changes,
+      GroupsReplySchema,
+    );
+    return reply.groups;
+  }
+
+  /** @internal A request to the schema expander; used by sessions too. */
+  schemaRequest<T extends { ok: true }>(
+    subject: string,
+    body: unknown,
+    schema: z.ZodType<T | { ok: false; error: WireError }>,
+  ): Promise<T> {
+    return requestSchemaExpander(this.nc, subject, body, schema, this.#options.requestTimeoutMs);
+  }
 }
 
 let generatedIds = 0;
@@ -199,6 +269,7 @@ export class Session {
   readonly #pending = new Map<string, Pending>();
   readonly #listeners = new Set<(event: SessionEvent) => void>();
   readonly #onClose = new Set<() => void>();
+  readonly #schemas = new SchemaInbox();
   // Call ids whose final message was delivered, oldest first, to drop repeats.
   readonly #finished = new Set<string>();
   readonly #onClosed: () => void;
@@ -356,7 +427,7 @@ export class Session {
       })
       .catch(() => null);
     if (stored === null) return; // still running: the answer will arrive live
-    const parsed = ToolMessageSchema.safeParse(safeJson(stored.data));
+    const parsed = ToolMessageSchema.safeParse(decodeJsonOrUndefined(stored.data));
     if (parsed.success) this.#deliver({ type: "result", message: parsed.data });
   }
 
@@ -448,6 +519,97 @@ export class Session {
       );
     }
     for (const wake of this.#onClose) wake();
+    this.#schemas.close();
+  }
+
+  // ---- Schema expansion, catalog and tool groups (the schema expander) ----
+
+  /**
+   * The compact catalog for this session: the tools it may call (its agent's, with an active
+   * group), compact, except those whose schema it already received. `bindAgent` binds the
+   * session to `agent` for good: from then on it may call only that agent's tools.
+   */
+  catalog(options: { agent?: string; bindAgent?: boolean } = {}): Promise<Catalog> {
+    const request: CatalogRequest = {
+      session_id: this.id,
+      ...(options.agent === undefined ? {} : { agent: options.agent }),
+      ...(options.bindAgent === true ? { bind_agent: true } : {}),
+    };
+    return this.#client.schemaRequest(
+      this.#client.subjects.catalogRpc(this.#client.tenant),
+      request,
+      CatalogReplySchema,
+    );
+  }
+
+  /**
+   * The full schemas of some tools, now; they count as sent to this session (no schema event
+   * follows a later incomplete call) and join {@link Session.takeSupplementedSchemas}. Tools that
+   * cannot be described (unknown, disabled, not the agent's) come back in `errors`.
+   */
+  async describe(
+    tools: readonly string[],
+    options: { agent?: string } = {},
+  ): Promise<{ schemas: ToolSchema[]; errors: { tool: string; error: WireError }[] }> {
+    const reply = await this.#client.schemaRequest(
+      this.#client.subjects.describeRpc(this.#client.tenant),
+      { session_id: this.id, tools, ...options },
+      DescribeReplySchema,
+    );
+    this.#schemas.described(reply.schemas);
+    return { schemas: reply.schemas, errors: reply.errors };
+  }
+
+  /** Asks for a tool's schema to be sent to this session again (a schema event follows). */
+  async expand(tool: string, options: { agent?: string } = {}): Promise<ToolSchema> {
+    const reply = await this.#client.schemaRequest(
+      this.#client.subjects.expandRpc(this.#client.tenant),
+      { session_id: this.id, tool, ...options },
+      ExpandReplySchema,
+    );
+    return reply.schema;
+  }
+
+  /** Every tool group and whether it is active for this session. */
+  groups(): Promise<GroupState[]> {
+    return this.setGroups({});
+  }
+
+  /** Switches tool groups for this session only (winning over the tenant's switches). */
+  async setGroups(changes: GroupChanges): Promise<GroupState[]> {
+    const reply = await this.#client.schemaRequest(
+      this.#client.subjects.groupsRpc(this.#client.tenant),
+      { session_id: this.id, ...changes },
+      GroupsReplySchema,
+    );
+    return reply.groups;
+  }
+
+  /**
+   * Waits for a schema of `tool` that has not been taken yet: resolves at once with `true` if one
+   * is pending, else when one arrives, or with `false` after `timeoutMs` (default 5 000).
+   */
+  async waitForSchema(tool: string, timeoutMs = 5_000): Promise<boolean> {
+    if (this.#schemas.hasPending(tool)) return true;
+    return (await this.#schemas.next(tool, timeoutMs)) !== undefined;
+  }
+
+  /**
+   * The schemas received (events and `describe`) since the last call, for the next model turn;
+   * feed them to `renderSupplementedSchemas`. Each is handed out once.
+   */
+  takeSupplementedSchemas(): SupplementedSchema[] {
+    return this.#schemas.take();
+  }
+
+  /** The latest schema received for each tool. */
+  receivedSchemas(): ReadonlyMap<string, ToolSchema> {
+    return this.#schemas.latest();
+  }
+
+  /** `entries` with the tools whose schema this session received in their expanded form. */
+  withReceivedSchemas<E extends CatalogEntry>(entries: readonly E[]): E[] {
+    return this.#schemas.expand(entries);
   }
 
   #onMessage(msg: Msg): void {
@@ -458,9 +620,14 @@ export class Session {
       if (kind === "result") event = { type: "result", message: ToolMessageSchema.parse(body) };
       else if (kind === "progress")
         event = { type: "progress", event: ProgressEventSchema.parse(body) };
-      else if (kind === "schema")
+      else if (kind === "schema") {
+        const schema = SchemaEventSchema.safeParse(body);
         event = { type: "schema", tool: (body as { tool?: string }).tool ?? "", body };
-      else return;
+        if (schema.success) {
+          event.schema = schema.data;
+          this.#schemas.received(schema.data);
+        }
+      } else return;
     } catch {
       return; // Not ours to understand; the session goes on.
     }
@@ -558,12 +725,4 @@ function callDigest(request: CallRequest): string {
     .update(typeof args === "string" ? args : JSON.stringify(args))
     .digest("hex")
     .slice(0, 16);
-}
-
-function safeJson(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch {
-    return undefined;
-  }
 }

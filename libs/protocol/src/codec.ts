@@ -33,3 +33,12 @@ export function nestsDeeperThan(value: unknown, max: number): boolean {
   }
   return false;
 }
+
+/** Decodes UTF-8 JSON bytes, or gives undefined when they are not (for foreign messages). */
+export function decodeJsonOrUndefined(data: Uint8Array): unknown {
+  try {
+    return decodeJson(data);
+  } catch {
+    return undefined;
+  }
+}

@@ -10,6 +10,7 @@ import {
   decodeJson,
   encodeJson,
   subjectToken,
+  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import type { CompiledTool } from "./compile.js";
 import { compileTool } from "./compile.js";
@@ -82,7 +83,7 @@ export class ToolRegistry {
       }
       const entry = await this.#kv.get(key);
       if (entry === null || entry.operation !== "PUT") continue; // deleted meanwhile: create again
-      const parsed = ToolDefinitionSchema.safeParse(safeJson(entry.value));
+      const parsed = ToolDefinitionSchema.safeParse(decodeJsonOrUndefined(entry.value));
       if (parsed.success) {
         const current = parsed.data;
         if (current.owner !== definition.owner) {
@@ -232,12 +233,4 @@ export class ToolRegistry {
 
 function isWrongLastSequence(err: unknown): boolean {
   return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
-}
-
-function safeJson(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch {
-    return undefined;
-  }
 }

@@ -21,6 +21,7 @@ import {
   errorToolMessage,
   isRetryableByDefault,
   summarize,
+  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
@@ -162,7 +163,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const aborts: Subscription = nc.subscribe(subjects.abort, {
     callback: (err, msg) => {
       if (err !== null) return;
-      const body = safeJson(msg.data) as
+      const body = decodeJsonOrUndefined(msg.data) as
         { idempotency_key?: unknown; reason?: unknown } | undefined;
       const controller =
         typeof body?.idempotency_key === "string" ? running.get(body.idempotency_key) : undefined;
@@ -483,14 +484,6 @@ function safeStringify(value: unknown): string {
     return JSON.stringify(value) ?? String(value);
   } catch {
     return String(value);
-  }
-}
-
-function safeJson(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch {
-    return undefined;
   }
 }
 

@@ -16,6 +16,7 @@ import {
   ensureError,
   errorToolMessage,
   subjectToken,
+  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import type { WorkLoop } from "@toolmesh/nats";
 import {
@@ -144,7 +145,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
 
   async function handleTimer(msg: JsMsg): Promise<void> {
     clock.observe(ServerClock.timestampOf(msg));
-    const parsed = DeadlineTimerSchema.safeParse(safeJson(msg.data));
+    const parsed = DeadlineTimerSchema.safeParse(decodeJsonOrUndefined(msg.data));
     if (!parsed.success) {
       log.error({ seq: msg.seq }, "deadline timer is not valid; dropped");
       msg.term();
@@ -232,7 +233,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   }
 
   async function onMaxDeliveries(msg: Msg): Promise<void> {
-    const advisory = MaxDeliveriesAdvisorySchema.safeParse(safeJson(msg.data));
+    const advisory = MaxDeliveriesAdvisorySchema.safeParse(decodeJsonOrUndefined(msg.data));
     if (!advisory.success) return;
     const { stream, stream_seq: seq, deliveries } = advisory.data;
     await deadLetter(stream, seq, "max_deliveries", deliveries).catch((err: unknown) =>
@@ -248,7 +249,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   ): Promise<void> {
     const stored = await jsm.streams.getMessage(stream, { seq }).catch(() => null);
     if (stored === null) return; // already handled by another resolver
-    const body = safeJson(stored.data);
+    const body = decodeJsonOrUndefined(stored.data);
     const work = stream === subjects.streams.work ? ResolvedCallSchema.safeParse(body) : undefined;
     const request =
       stream === subjects.streams.calls ? CallRequestSchema.safeParse(body) : undefined;
@@ -329,12 +330,4 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       await timers.stop(graceMs);
     },
   };
-}
-
-function safeJson(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch {
-    return undefined;
-  }
 }

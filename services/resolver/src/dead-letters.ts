@@ -10,8 +10,8 @@ import {
   MAX_ID_LENGTH,
   ResolvedCallSchema,
   ToolmeshError,
-  decodeJson,
   ensureError,
+  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { publishDurable } from "@toolmesh/nats";
 import { CallStore, argumentsHash } from "@toolmesh/call-store";
@@ -173,7 +173,7 @@ export async function showDeadLetter(
     headers: stored.header,
     data: stored.data,
   });
-  const body = safeJson(stored.data);
+  const body = decodeJsonOrUndefined(stored.data);
   return body === undefined
     ? { ...letter, body_base64: Buffer.from(stored.data).toString("base64") }
     : { ...letter, body };
@@ -230,7 +230,7 @@ export async function replayDeadLetter(
     headers: stored.header,
     data: stored.data,
   });
-  const raw = safeJson(stored.data);
+  const raw = decodeJsonOrUndefined(stored.data);
   let outcome: Omit<ReplayOutcome, "deleted">;
   if (letter.stream === subjects.streams.work) {
     const parsed = ResolvedCallSchema.safeParse(raw);
@@ -405,7 +405,7 @@ function describeLetter(
   msg: { seq: number; subject: string; time: Date; headers?: MsgHdrs; data: Uint8Array },
 ): DeadLetter {
   const h = msg.headers;
-  const body = safeJson(msg.data);
+  const body = decodeJsonOrUndefined(msg.data);
   const stream = h?.get(Header.DlqStream) ?? "";
   let call: { tool: string; call_id: string; session_id: string; key: string } | undefined;
   if (stream === subjects.streams.work) {
@@ -475,12 +475,4 @@ async function withNatsErrors<T>(fn: () => Promise<T>): Promise<T> {
 function nonNegativeInt(text: string | undefined): number | undefined {
   const n = Number(text);
   return text !== undefined && text !== "" && Number.isSafeInteger(n) && n >= 0 ? n : undefined;
-}
-
-function safeJson(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch {
-    return undefined;
-  }
 }

@@ -1,7 +1,7 @@
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { DeliverPolicy } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { Header, ResolvedCallSchema, decodeJson } from "@toolmesh/protocol";
+import { Header, ResolvedCallSchema, decodeJsonOrUndefined } from "@toolmesh/protocol";
 import type { CallStore } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
 
@@ -61,7 +61,7 @@ async function scan(
       found++;
       let finished = false;
       if (stream === subjects.streams.work) {
-        const call = ResolvedCallSchema.safeParse(safeJson(msg.data));
+        const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(msg.data));
         finished =
           call.success && (await store.get(call.data.idempotency_key))?.record.state === "done";
       }
@@ -78,12 +78,4 @@ async function scan(
     await reader.delete().catch(() => undefined);
   }
   return found;
-}
-
-function safeJson(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch {
-    return undefined;
-  }
 }
