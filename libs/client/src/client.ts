@@ -270,8 +270,8 @@ export class Session {
   readonly #listeners = new Set<(event: SessionEvent) => void>();
   readonly #onClose = new Set<() => void>();
   readonly #schemas = new SchemaInbox();
-  // Call ids whose final message was delivered, oldest first, to drop repeats.
-  readonly #finished = new Set<string>();
+  // The final message delivered per call id, oldest first, to drop repeats.
+  readonly #finished = new Map<string, string>();
   readonly #onClosed: () => void;
   #closed = false;
 
@@ -635,16 +635,19 @@ export class Session {
   }
 
   /**
-   * Settles the call a final message answers and tells the listeners, once per call: the
-   * same final message can come twice (live, and again from the stream after a reconnect).
+   * Settles the call a final message answers and tells the listeners. The same final
+   * message can arrive twice (live, and again from the stream after a reconnect): a repeat is
+   * dropped. A different final message for the same call (an operator's replay) is not.
    */
   #deliver(event: SessionEvent): void {
     if (event.type === "result") {
       const callId = event.message.tool_call_id;
-      if (this.#finished.has(callId)) return;
-      this.#finished.add(callId);
+      const text = JSON.stringify(event.message);
+      if (this.#finished.get(callId) === text) return;
+      this.#finished.delete(callId);
+      this.#finished.set(callId, text);
       if (this.#finished.size > FINISHED_REMEMBERED) {
-        this.#finished.delete(this.#finished.values().next().value as string);
+        this.#finished.delete(this.#finished.keys().next().value as string);
       }
       this.#settle(callId, event.message);
     }
