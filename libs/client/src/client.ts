@@ -494,7 +494,6 @@ export class Session {
     }
   }
 
-  /** Stops listening; calls still waiting settle with `cancelled`. */
   /** Looks up, in the sessions stream, the final messages of every call still waiting. */
   catchUp(): void {
     for (const callId of this.#pending.keys()) {
@@ -502,6 +501,7 @@ export class Session {
     }
   }
 
+  /** Stops listening; calls still waiting settle with `cancelled`. */
   close(): void {
     if (this.#closed) return;
     this.#closed = true;

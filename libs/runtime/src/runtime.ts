@@ -110,9 +110,39 @@ export interface Stoppable {
 }
 
 /**
- * The whole life of a service process: parse the environment, open the runtime, start the
- * actor, serve health endpoints (when `TOOLMESH_HEALTH_PORT` is set), and on SIGTERM report
- * not-ready first, then stop the actor gracefully and close. What a service's `main.ts` calls.
+ * Serves actors for the life of the process: opens the runtime, starts them, serves the
+ * health endpoints (when `healthPort` is set), and on SIGTERM reports not-ready first, then
+ * stops them gracefully and closes. Resolves once they run.
+ */
+export async function serveActors(
+  config: RuntimeConfig,
+  service: string,
+  start: (rt: Runtime) => Promise<Stoppable>,
+): Promise<Runtime> {
+  const rt = await openRuntime(config, service);
+  let ready = false;
+  const health =
+    config.healthPort === undefined
+      ? undefined
+      : await startHealthServer(config.healthPort, {
+          live: () => !rt.nc.isClosed(),
+          ready: () => ready && rt.connected(),
+        });
+  const actor = await start(rt);
+  ready = true;
+  installShutdown(rt.log, async () => {
+    ready = false;
+    await actor.stop(config.shutdownGraceMs);
+    await rt.close();
+    health?.close();
+  });
+  return rt;
+}
+
+/**
+ * The whole life of a service process, what a service's `main.ts` calls: parse the
+ * environment and {@link serveActors}. A service that cannot start says why in one line on
+ * stderr and exits 1.
  */
 export async function runService(
   service: string,
@@ -120,26 +150,8 @@ export async function runService(
   start: (rt: Runtime) => Promise<Stoppable>,
 ): Promise<void> {
   try {
-    const config = loadConfig(env);
-    const rt = await openRuntime(config, service);
-    let ready = false;
-    const health =
-      config.healthPort === undefined
-        ? undefined
-        : await startHealthServer(config.healthPort, {
-            live: () => !rt.nc.isClosed(),
-            ready: () => ready && rt.connected(),
-          });
-    const actor = await start(rt);
-    ready = true;
-    installShutdown(rt.log, async () => {
-      ready = false;
-      await actor.stop(config.shutdownGraceMs);
-      await rt.close();
-      health?.close();
-    });
+    await serveActors(loadConfig(env), service, start);
   } catch (err) {
-    // A service that cannot start says why in one line and exits non-zero.
     process.stderr.write(
       `toolmesh ${service}: ${err instanceof Error ? err.message : String(err)}\n`,
     );

@@ -1,8 +1,9 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import { installShutdown, loadConfig, openRuntime } from "@toolmesh/runtime";
+import { loadConfig, serveActors } from "@toolmesh/runtime";
 import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
+import { addCatalogCommands } from "./catalog-commands.js";
 import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
 import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
@@ -72,12 +73,7 @@ export function buildProgram(
     .action((roles: Role[], o: { toolsDir?: string; concurrency?: string }) => {
       run(async () => {
         const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
-        const rt = await openRuntime(c, roles.join("+"));
-        const actors = await startActors(rt, roles);
-        installShutdown(rt.log, async () => {
-          await actors.stop(c.shutdownGraceMs);
-          await rt.close();
-        });
+        await serveActors(c, roles.join("+"), (rt) => startActors(rt, roles));
         return new Promise<number>(() => undefined);
       });
     });
@@ -176,6 +172,8 @@ export function buildProgram(
     )
     .option("--json", "print JSON")
     .action((seq: number, o: { json?: boolean }) => run(() => dlqReplayCommand(config(), seq, o)));
+
+  addCatalogCommands(program, () => config(), run);
 
   return program;
 }

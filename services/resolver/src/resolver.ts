@@ -268,8 +268,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       ack_policy: AckPolicy.Explicit,
       deliver_policy: DeliverPolicy.All,
       ack_wait: nanos(ackWaitMs),
-      // A call that fails its resolver this often is a poison message: dead-lettered.
-      max_deliver: 5,
+      // With backoff up to 10 s between deliveries this rides out a couple of minutes of
+      // trouble downstream; a call failing its resolver this often is dead-lettered.
+      max_deliver: 20,
       max_ack_pending: 10_000,
     };
     try {
@@ -367,7 +368,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
             { err: ensureError(err) },
             "cannot hand the call on; it will be redelivered",
           );
-          msg.nak(1_000);
+          msg.nak(Math.min(1_000 * 2 ** (msg.info.deliveryCount - 1), 10_000));
         }
       },
     );
@@ -405,7 +406,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       );
       return;
     }
-    if (!limits.tryAcquire(resolved)) {
+    if (!limits.tryAcquire(resolved, clock.now())) {
       await publishAnswer(
         new ToolmeshError(
           ErrorCode.Overloaded,
