@@ -169,14 +169,16 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       ),
     );
     try {
+      // Work still queued (no executor running) must not outlive its call; removed first so
+      // the call's end is the last thing anyone sees. A call that already ended has no
+      // work left to remove.
+      await jsm.streams.deleteMessage(subjects.streams.work, timer.work_seq).catch(() => false);
       const won = await plane.finalize(timer, message);
       if (won) {
         publishEphemeral(nc, subjects.abort, {
           idempotency_key: timer.idempotency_key,
           reason: "deadline_exceeded",
         });
-        // Work still queued (no executor running) must not linger once its call has ended.
-        await jsm.streams.deleteMessage(subjects.streams.work, timer.work_seq).catch(() => false);
         log.info(
           { callId: timer.call_id, tool: timer.tool, sessionId: timer.session_id },
           "call passed its deadline",
