@@ -6,6 +6,7 @@ import type {
   CancelReply,
   CancelRequest,
   CallRequest,
+  CatalogReply,
   CatalogRequest,
   GroupState,
   ProgressEvent,
@@ -99,17 +100,12 @@ export type SessionEvent =
       schema?: SchemaEvent;
     };
 
-/** A catalog as the schema expander gives it (see `docs/protocol.md`, "Catalog"). */
-export interface Catalog {
-  /** Compact entries, and expanded ones for tools whose schema the session already has. */
-  tools: (CatalogEntry & { groups: string[]; revision: number })[];
-  /** The agent that bounds it. */
-  agent?: string;
-  /** That agent's configured output strategy. */
-  output_strategy?: { function_calling: boolean; fallback_to_structured_output: boolean };
-  /** Tools the agent lists that no executor has registered. */
-  unavailable: string[];
-}
+/**
+ * A catalog as the schema expander gives it (`docs/protocol.md`, "CatalogRequest and
+ * CatalogReply"): compact entries, expanded ones for tools whose schema the session already has,
+ * the agent and its `output_strategy` when one applies, and `unavailable` tools of the agent.
+ */
+export type Catalog = Extract<CatalogReply, { ok: true }>;
 
 /** One submitted call. */
 export interface CallHandle {

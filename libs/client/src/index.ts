@@ -2,10 +2,12 @@ export { Session, ToolmeshClient } from "./client.js";
 export type {
   CallHandle,
   CallInput,
+  Catalog,
   ClientOptions,
   SessionEvent,
   SubmitOptions,
 } from "./client.js";
+export type { GroupChanges } from "./expansion.js";
 
 // ---- Output strategies: catalog formats, provider tools, structured-output fallback ----
 // Pure functions, no NATS (formats/).
@@ -21,6 +23,7 @@ export {
   declaredParameters,
   describeEntry,
   expandedEntry,
+  formatCatalogFor,
   fromAnthropicContent,
   fromGeminiParts,
   fromOpenAIToolCalls,
@@ -39,6 +42,8 @@ export type {
   AnthropicContentBlock,
   AnthropicTool,
   CatalogEntry,
+  FormatCatalogOptions,
+  FormattedCatalog,
   GeminiFunctionCall,
   GeminiFunctionDeclaration,
   GeminiPart,
@@ -46,6 +51,7 @@ export type {
   GeminiSchema,
   GeminiTool,
   ModelCapabilities,
+  ModelConfig,
   NameMap,
   OpenAITool,
   OpenAIToolCallInput,

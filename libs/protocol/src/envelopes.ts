@@ -223,3 +223,222 @@ export const CancelReplySchema = z
 
 /** Reply to a cancel request. */
 export type CancelReply = z.infer<typeof CancelReplySchema>;
+
+// ---- Schema expansion, catalog and tool groups (the schema expander's request-reply) ----
+
+const ToolName = z.string().min(1).max(MAX_TOOL_NAME_LENGTH);
+const GroupName = z.string().min(1).max(MAX_TOOL_NAME_LENGTH);
+
+/** Why a tool's full schema was sent to a session. */
+export const SchemaReasonSchema = z.enum(["missing_arguments", "describe", "expand"]);
+
+/** Why a tool's full schema was sent to a session. */
+export type SchemaReason = z.infer<typeof SchemaReasonSchema>;
+
+/**
+ * A tool's full schema as a model may see it: preset parameters absent, system parameters
+ * removed from `properties` and `required`.
+ */
+export const ToolSchemaSchema = z
+  .object({
+    tool: z.string().describe("The tool's registry name."),
+    revision: z
+      .number()
+      .int()
+      .nonnegative()
+      .describe("Registry revision of the definition the schema was taken from."),
+    summary: z.string().describe("The one line of the compact catalog."),
+    description: z.string(),
+    parameters: JsonObject.describe("JSON Schema (2020-12) of the arguments, an object schema."),
+    required: z.array(z.string()).describe("The parameters the model must give."),
+    groups: z.array(z.string()),
+  })
+  .meta({ id: "ToolSchema", description: "A tool's full, model-facing parameter schema." });
+
+/** A tool's full, model-facing parameter schema. */
+export type ToolSchema = z.infer<typeof ToolSchemaSchema>;
+
+/** Published on `{p}.v1.sessions.{tenant}.{session}.schema.{tool}` by the schema expander. */
+export const SchemaEventSchema = ToolSchemaSchema.extend({
+  session_id: z.string(),
+  reason: SchemaReasonSchema,
+  tool_call_id: z
+    .string()
+    .optional()
+    .describe("The incomplete call that caused it (reason `missing_arguments`)."),
+  missing: z
+    .array(z.string())
+    .describe("Required parameters the call left out; empty unless `missing_arguments`."),
+  at: z.number().describe("Epoch ms by the schema expander's clock."),
+}).meta({
+  id: "SchemaEvent",
+  description: "A tool's full schema, sent to a session that needs it.",
+});
+
+/** A tool's full schema sent to a session. */
+export type SchemaEvent = z.infer<typeof SchemaEventSchema>;
+
+/** An agent's output strategy (seed 003), as configured. */
+export const OutputStrategyConfigSchema = z.object({
+  function_calling: z.boolean().default(true).describe("Prefer native function calling."),
+  fallback_to_structured_output: z
+    .boolean()
+    .default(true)
+    .describe("Use the structured-output prompt when the model cannot call functions."),
+});
+
+/** An agent's output strategy, as configured. */
+export type OutputStrategyConfig = z.infer<typeof OutputStrategyConfigSchema>;
+
+/** One tool of a catalog: compact (name and one line) or expanded (with its full schema). */
+export const CatalogEntrySchema = z
+  .object({
+    name: z.string(),
+    summary: z.string().describe("One line: the configured summary, else the first sentence."),
+    groups: z.array(z.string()),
+    revision: z.number().int().nonnegative(),
+    description: z.string().optional().describe("Expanded entries only."),
+    parameters: JsonObject.optional().describe(
+      "Expanded entries only: the full model-facing schema.",
+    ),
+  })
+  .meta({ id: "CatalogEntry", description: "One tool of a catalog, compact or expanded." });
+
+/** One tool of a catalog. */
+export type CatalogEntry = z.infer<typeof CatalogEntrySchema>;
+
+/** Request on `{p}.v1.rpc.{tenant}.catalog`. */
+export const CatalogRequestSchema = z
+  .object({
+    session_id: Id.optional().describe(
+      "Filter by the session's groups and agent; tools it has seen come expanded.",
+    ),
+    agent: Id.optional().describe("Only this agent's tools (its tool sets and tools, merged)."),
+    bind_agent: z
+      .boolean()
+      .default(false)
+      .describe("Bind the session to `agent`: from then on it may call only the agent's tools."),
+  })
+  .meta({ id: "CatalogRequest", description: "Asks for the compact catalog." });
+
+/** Asks for the compact catalog. */
+export type CatalogRequest = z.input<typeof CatalogRequestSchema>;
+
+const RpcFailureSchema = z.object({ ok: z.literal(false), error: WireErrorSchema });
+
+/** Reply to a catalog request. */
+export const CatalogReplySchema = z
+  .union([
+    z.object({
+      ok: z.literal(true),
+      tools: z.array(CatalogEntrySchema),
+      agent: z.string().optional().describe("The agent the catalog was filtered by."),
+      output_strategy: OutputStrategyConfigSchema.optional().describe("The agent's."),
+      unavailable: z
+        .array(z.string())
+        .describe("Tools the agent lists that no executor has registered."),
+    }),
+    RpcFailureSchema,
+  ])
+  .meta({ id: "CatalogReply", description: "The catalog, or why it cannot be given." });
+
+/** Reply to a catalog request. */
+export type CatalogReply = z.infer<typeof CatalogReplySchema>;
+
+/** Request on `{p}.v1.rpc.{tenant}.describe`. */
+export const DescribeRequestSchema = z
+  .object({
+    session_id: Id,
+    tools: z.array(ToolName).min(1).max(64),
+    agent: Id.optional(),
+  })
+  .meta({
+    id: "DescribeRequest",
+    description: "Asks for tools' full schemas now; they count as sent to the session.",
+  });
+
+/** Asks for tools' full schemas now. */
+export type DescribeRequest = z.input<typeof DescribeRequestSchema>;
+
+/** Reply to a describe request. */
+export const DescribeReplySchema = z
+  .union([
+    z.object({
+      ok: z.literal(true),
+      schemas: z.array(ToolSchemaSchema),
+      errors: z
+        .array(z.object({ tool: z.string(), error: WireErrorSchema }))
+        .describe("Tools that could not be described: unknown, disabled or not allowed."),
+    }),
+    RpcFailureSchema,
+  ])
+  .meta({ id: "DescribeReply", description: "The schemas asked for, and per-tool errors." });
+
+/** Reply to a describe request. */
+export type DescribeReply = z.infer<typeof DescribeReplySchema>;
+
+/** Request on `{p}.v1.rpc.{tenant}.expand`. */
+export const ExpandRequestSchema = z
+  .object({ session_id: Id, tool: ToolName, agent: Id.optional() })
+  .meta({
+    id: "ExpandRequest",
+    description: "Asks for a tool's schema to be sent to the session again.",
+  });
+
+/** Asks for a tool's schema to be sent to the session again. */
+export type ExpandRequest = z.input<typeof ExpandRequestSchema>;
+
+/** Reply to an expand request. */
+export const ExpandReplySchema = z
+  .union([z.object({ ok: z.literal(true), schema: ToolSchemaSchema }), RpcFailureSchema])
+  .meta({ id: "ExpandReply", description: "The schema that was sent, or why none was." });
+
+/** Reply to an expand request. */
+export type ExpandReply = z.infer<typeof ExpandReplySchema>;
+
+/** Request on `{p}.v1.rpc.{tenant}.groups`. */
+export const GroupsRequestSchema = z
+  .object({
+    session_id: Id.optional().describe(
+      "Switch for this session only; without it, for every session of the tenant.",
+    ),
+    enable: z.array(GroupName).max(256).default([]),
+    disable: z.array(GroupName).max(256).default([]),
+    reset: z
+      .array(GroupName)
+      .max(256)
+      .default([])
+      .describe("Drop the switch at this scope: the tenant's (or the default, active) applies."),
+  })
+  .meta({ id: "GroupsRequest", description: "Lists tool groups, switching some first." });
+
+/** Lists tool groups, switching some first. */
+export type GroupsRequest = z.input<typeof GroupsRequestSchema>;
+
+/** One tool group as a session (or the tenant) sees it. */
+export const GroupStateSchema = z.object({
+  name: z.string(),
+  active: z.boolean(),
+  source: z
+    .enum(["default", "tenant", "session"])
+    .describe("Where `active` comes from: no switch (active), the tenant's, the session's."),
+  tools: z.array(z.string()).describe("Registered tools in the group."),
+});
+
+/** One tool group as a session (or the tenant) sees it. */
+export type GroupState = z.infer<typeof GroupStateSchema>;
+
+/** Reply to a groups request. */
+export const GroupsReplySchema = z
+  .union([
+    z.object({
+      ok: z.literal(true),
+      scope: z.enum(["tenant", "session"]),
+      groups: z.array(GroupStateSchema),
+    }),
+    RpcFailureSchema,
+  ])
+  .meta({ id: "GroupsReply", description: "Every known group and whether it is active." });
+
+/** Reply to a groups request. */
+export type GroupsReply = z.infer<typeof GroupsReplySchema>;

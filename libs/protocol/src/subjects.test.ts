@@ -447,3 +447,30 @@ describe("createSubjects", () => {
     expect(s.workConsumer("a.b*c>d e")).toMatch(/^[^.*> \t\r\n]+$/);
   });
 });
+
+describe("schema expansion names", () => {
+  it("builds the request-reply subjects, buckets, keys and consumer of the schema expander", () => {
+    const s = createSubjects({ prefix: "acme.prod-1" });
+    expect(s.catalogRpc("t.1")).toBe("acme.prod-1.v1.rpc.t=2e1.catalog");
+    expect(s.describeRpc("t")).toBe("acme.prod-1.v1.rpc.t.describe");
+    expect(s.expandRpc("t")).toBe("acme.prod-1.v1.rpc.t.expand");
+    expect(s.groupsRpc("t")).toBe("acme.prod-1.v1.rpc.t.groups");
+    expect([s.allCatalogRpc, s.allDescribeRpc, s.allExpandRpc, s.allGroupsRpc]).toEqual([
+      "acme.prod-1.v1.rpc.*.catalog",
+      "acme.prod-1.v1.rpc.*.describe",
+      "acme.prod-1.v1.rpc.*.expand",
+      "acme.prod-1.v1.rpc.*.groups",
+    ]);
+    expect(s.parseRpcTenant(s.groupsRpc("t.1"))).toBe("t=2e1");
+    expect(s.allMissingArguments).toBe("acme.prod-1.v1.events.missing.>");
+    expect(s.sessionsBucket).toBe("acme_prod-1_sessions");
+    expect(s.groupsBucket).toBe("acme_prod-1_groups");
+    expect(s.sessionStateKey(s.address("t.1", "s 2"), "policy")).toBe("t=2e1.s=202.policy");
+    expect(s.allSessionPolicies).toBe("*.*.policy");
+    expect(s.schemaExpanderConsumer).toMatch(/^[^.*> \t\r\n]+$/);
+    for (const bucket of [s.sessionsBucket, s.groupsBucket]) {
+      expect(bucket).toMatch(/^[a-zA-Z0-9_-]+$/);
+      expect([s.registryBucket, s.callsBucket]).not.toContain(bucket);
+    }
+  });
+});

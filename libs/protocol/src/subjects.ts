@@ -132,10 +132,28 @@ export interface Subjects {
   missingArguments(at: SessionAddress, tool: string): string;
   /** Wildcard over every event subject (the events stream). */
   readonly allEvents: string;
+  /** Wildcard over every missing-arguments event (the schema expander's consumer filter). */
+  readonly allMissingArguments: string;
   /** Request-reply: dry-run resolution, `{p}.v1.rpc.{tenant}.resolve`. */
   resolveRpc(tenant: string): string;
   /** Wildcard over every tenant's resolve requests (the resolver's subscription). */
   readonly allResolveRpc: string;
+  /** Request-reply: the compact catalog of a session or agent, `{p}.v1.rpc.{tenant}.catalog`. */
+  catalogRpc(tenant: string): string;
+  /** Wildcard over every tenant's catalog requests (the schema expander's subscription). */
+  readonly allCatalogRpc: string;
+  /** Request-reply: full schemas of tools, now, `{p}.v1.rpc.{tenant}.describe`. */
+  describeRpc(tenant: string): string;
+  /** Wildcard over every tenant's describe requests. */
+  readonly allDescribeRpc: string;
+  /** Request-reply: send a tool's schema to a session again, `{p}.v1.rpc.{tenant}.expand`. */
+  expandRpc(tenant: string): string;
+  /** Wildcard over every tenant's expand requests. */
+  readonly allExpandRpc: string;
+  /** Request-reply: list or switch tool groups, `{p}.v1.rpc.{tenant}.groups`. */
+  groupsRpc(tenant: string): string;
+  /** Wildcard over every tenant's groups requests. */
+  readonly allGroupsRpc: string;
   /** Reads the tenant token back from a request-reply subject. */
   parseRpcTenant(subject: string): string | undefined;
   /** Reads the kind (`result`, `progress`, `schema`) back from a session event subject. */
@@ -155,6 +173,22 @@ export interface Subjects {
   readonly registryBucket: string;
   /** KV bucket holding the record of every accepted call. */
   readonly callsBucket: string;
+  /**
+   * KV bucket (with a TTL) holding per-session state: what the schema expander sent and the
+   * session's policy (group overrides, bound agent). Keys from {@link Subjects.sessionStateKey}.
+   */
+  readonly sessionsBucket: string;
+  /** KV bucket holding each tenant's tool-group switches; key = tenant token. */
+  readonly groupsBucket: string;
+  /**
+   * Key of one part of a session's state in {@link Subjects.sessionsBucket}:
+   * `{tenant}.{session}.{part}`, part `schemas` (expansion) or `policy` (groups, agent).
+   */
+  sessionStateKey(at: SessionAddress, part: "schemas" | "policy"): string;
+  /** Key filter matching the `policy` part of every session. */
+  readonly allSessionPolicies: string;
+  /** Durable consumer of the schema expanders on the events stream, shared by replicas. */
+  readonly schemaExpanderConsumer: string;
   /** Durable consumer of the deadline keeper on the timers stream. */
   readonly deadlineConsumer: string;
   /** Durable consumer name for one tool's work, shared by every executor of the tool. */
@@ -211,8 +245,17 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     storedSessionEvents: [`${base}.sessions.*.*.result.*`, `${base}.sessions.*.*.schema.*`],
     missingArguments: (at, tool) => `${base}.events.missing.${at.tenant}.${t(tool)}`,
     allEvents: `${base}.events.>`,
+    allMissingArguments: `${base}.events.missing.>`,
     resolveRpc: (tenant) => `${base}.rpc.${t(tenant)}.resolve`,
     allResolveRpc: `${base}.rpc.*.resolve`,
+    catalogRpc: (tenant) => `${base}.rpc.${t(tenant)}.catalog`,
+    allCatalogRpc: `${base}.rpc.*.catalog`,
+    describeRpc: (tenant) => `${base}.rpc.${t(tenant)}.describe`,
+    allDescribeRpc: `${base}.rpc.*.describe`,
+    expandRpc: (tenant) => `${base}.rpc.${t(tenant)}.expand`,
+    allExpandRpc: `${base}.rpc.*.expand`,
+    groupsRpc: (tenant) => `${base}.rpc.${t(tenant)}.groups`,
+    allGroupsRpc: `${base}.rpc.*.groups`,
     parseRpcTenant: (subject) => subject.split(".")[baseParts + 1],
     sessionEventKind: (subject) => subject.split(".")[baseParts + 3],
     allResults: `${base}.sessions.*.*.result.*`,
@@ -241,6 +284,11 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     },
     registryBucket: `${bucketStem}_tools`,
     callsBucket: `${bucketStem}_calls`,
+    sessionsBucket: `${bucketStem}_sessions`,
+    groupsBucket: `${bucketStem}_groups`,
+    sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
+    allSessionPolicies: "*.*.policy",
+    schemaExpanderConsumer: "schema_expander",
     deadlineConsumer: "deadline_keeper",
     workConsumer: (tool) => `work_${t(tool)}`,
     resolverConsumer: "resolver",

@@ -1,11 +1,15 @@
 import { startExecutorFromRuntime } from "@toolmesh/executor";
+import { startBridgeFromRuntime } from "@toolmesh/mcp-bridge";
 import { startResolverFromRuntime } from "@toolmesh/resolver";
+import { startSchemaExpanderFromRuntime } from "@toolmesh/schema-expander";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
 
 /** The actors a process can run, and how each starts. */
 const STARTERS = {
   resolver: startResolverFromRuntime,
   executor: startExecutorFromRuntime,
+  "mcp-bridge": startBridgeFromRuntime,
+  "schema-expander": startSchemaExpanderFromRuntime,
 } as const satisfies Record<string, (rt: Runtime) => Promise<Stoppable>>;
 
 /** Names of the actors. */

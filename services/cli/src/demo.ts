@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { CallInput } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
+import { runExpansionDemo } from "./expansion-demo.js";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { describeMessage, say } from "./print.js";
 
@@ -91,6 +92,7 @@ export async function runDemo(
   } finally {
     session.close();
   }
+  surprises += await runExpansionDemo(client, STEPS.length + 1);
   say(
     surprises === 0
       ? "\ndemo finished: every call ended as expected"

@@ -42,3 +42,5 @@ export { parseToolCallsFromText, renderToolPrompt } from "./fallback.js";
 export type { ParseToolCallsOptions, ParsedToolCalls, ToolPromptOptions } from "./fallback.js";
 export { SUPPLEMENTED_SCHEMAS_HEADING, renderSupplementedSchemas } from "./supplemented.js";
 export type { SupplementedSchema } from "./supplemented.js";
+export { formatCatalogFor } from "./format-for.js";
+export type { FormatCatalogOptions, FormattedCatalog, ModelConfig } from "./format-for.js";

@@ -1,0 +1,80 @@
+import type { CatalogEntry, ToolDefinition, ToolSchema } from "@toolmesh/protocol";
+import { summarize } from "@toolmesh/protocol";
+
+/** Longest one-line summary in a compact catalog, in characters. */
+export const MAX_SUMMARY_LENGTH = 120;
+
+/** A registry entry with the revision it was read at (a `CompiledTool` fits). */
+export interface RevisedTool {
+  readonly definition: ToolDefinition;
+  readonly revision: number;
+}
+
+/**
+ * The one line a compact catalog shows for a tool: its configured `summary`, else the first
+ * sentence of its description; whitespace collapsed, at most {@link MAX_SUMMARY_LENGTH}
+ * characters (cut with `…`).
+ */
+export function compactLine(def: ToolDefinition, maxLength = MAX_SUMMARY_LENGTH): string {
+  // A configured summary is meant as the line itself: joined, not cut at its first newline.
+  const configured = def.summary.replace(/\s+/g, " ").trim();
+  const line =
+    configured === "" ? summarize(def.description, maxLength) : summarize(configured, maxLength);
+  return line.replace(/\s+/g, " ").trim();
+}
+
+/**
+ * The full schema a model may see: the definition's parameters (preset parameters are already
+ * absent from them) with the system parameters — and, defensively, any preset name — removed
+ * from `properties` and `required`. The definition is not changed.
+ */
+export function modelSchema(tool: RevisedTool): ToolSchema {
+  const def = tool.definition;
+  const hidden = new Set([...def.system_params, ...def.preset_params]);
+  const parameters: Record<string, unknown> = { ...def.parameters };
+  const properties = parameters.properties;
+  if (isRecord(properties) && Object.keys(properties).some((name) => hidden.has(name))) {
+    parameters.properties = Object.fromEntries(
+      Object.entries(properties).filter(([name]) => !hidden.has(name)),
+    );
+  }
+  const required = Array.isArray(parameters.required)
+    ? parameters.required.filter(
+        (name): name is string => typeof name === "string" && !hidden.has(name),
+      )
+    : [];
+  if (Array.isArray(parameters.required)) parameters.required = required;
+  return {
+    tool: def.name,
+    revision: tool.revision,
+    summary: compactLine(def),
+    description: def.description,
+    parameters,
+    required,
+    groups: [...def.groups],
+  };
+}
+
+/** The compact catalog entry of a tool: name, one line, groups, revision; no schema. */
+export function compactCatalogEntry(tool: RevisedTool): CatalogEntry {
+  const def = tool.definition;
+  return {
+    name: def.name,
+    summary: compactLine(def),
+    groups: [...def.groups],
+    revision: tool.revision,
+  };
+}
+
+/** The expanded catalog entry of a tool: the compact one plus description and full schema. */
+export function expandedCatalogEntry(tool: RevisedTool): CatalogEntry {
+  const schema = modelSchema(tool);
+  const entry = compactCatalogEntry(tool);
+  if (schema.description.trim() !== "") entry.description = schema.description;
+  entry.parameters = schema.parameters;
+  return entry;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}

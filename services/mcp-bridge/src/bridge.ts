@@ -1,0 +1,264 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
+import type { StreamLimits } from "@toolmesh/nats";
+import type { ToolRegistry } from "@toolmesh/registry";
+import type { Logger, Tracer } from "@toolmesh/telemetry";
+import type { Executor, ToolModule } from "@toolmesh/executor";
+import { startExecutor } from "@toolmesh/executor";
+import type { McpServerConfig } from "./config.js";
+import type { ConnectionState } from "./connection.js";
+import { ServerConnection } from "./connection.js";
+
+/** Options of {@link startBridge}. Durations in ms. */
+export interface BridgeOptions {
+  nc: NatsConnection;
+  subjects: Subjects;
+  registry: ToolRegistry;
+  log: Logger;
+  tracer: Tracer;
+  /** The MCP servers, one per file of the MCP folder. */
+  servers: readonly McpServerConfig[];
+  /** The environment `{ env: VAR }` secrets and `auth.env` are read from. */
+  env: Readonly<Record<string, string | undefined>>;
+  streamLimits?: StreamLimits;
+  /** Calls one server's tools run at once in this process. Default 16. */
+  concurrency?: number;
+  /** See the executor's `ackWaitMs`. Default 10 000. */
+  ackWaitMs?: number;
+  /** See the executor's `callRetentionMs`. Default 24 h. */
+  callRetentionMs?: number;
+  /** How long a removed tool's running calls may take to finish, in ms. Default 10 000. */
+  removeGraceMs?: number;
+}
+
+/** What the bridge knows about one server right now. */
+export interface ServerStatus {
+  state: ConnectionState;
+  /** Mesh names (`<server>.<tool>`) this process serves. */
+  tools: string[];
+  /** The last connect or connection error, one line. */
+  lastError?: string;
+}
+
+/** A running bridge. */
+export interface Bridge {
+  /** Each server's state and tools, by server name. */
+  status(): Record<string, ServerStatus>;
+  /** Stops taking calls, lets running ones finish (at most `graceMs`), closes every server. */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/** The registry owner of a server's tools; every bridge replica uses the same one. */
+export function ownerOf(server: string): string {
+  return `mcp-bridge:${server}`;
+}
+
+/** The mesh name of an MCP tool. Dots are safe: subject tokens escape them. */
+export function meshToolName(server: string, tool: string): string {
+  return `${server}.${tool}`;
+}
+
+interface ServedServer {
+  config: McpServerConfig;
+  executor: Executor;
+  connection: ServerConnection;
+  registered: Map<string, string>;
+  removals: Set<Promise<void>>;
+}
+
+/**
+ * Bridges MCP servers into the mesh. Each server gets its own executor, owned by
+ * `mcp-bridge:<server>` so replicas share registrations and work consumers, and its own
+ * connection (its own stdio process per replica). Its tools are registered as
+ * `<server>.<tool>` with the server's full input schema; `tools/list_changed` adds, updates
+ * and removes them at once.
+ */
+export async function startBridge(options: BridgeOptions): Promise<Bridge> {
+  const { log } = options;
+  const servers = await Promise.all(options.servers.map((config) => startServer(config)));
+
+  async function startServer(config: McpServerConfig): Promise<ServedServer> {
+    const owner = ownerOf(config.name);
+    const serverLog = log.child({ server: config.name });
+    const executor = await startExecutor({
+      nc: options.nc,
+      subjects: options.subjects,
+      registry: options.registry,
+      tracer: options.tracer,
+      log: serverLog,
+      tools: [],
+      owner,
+      ...(options.streamLimits === undefined ? {} : { streamLimits: options.streamLimits }),
+      ...(options.concurrency === undefined ? {} : { concurrency: options.concurrency }),
+      ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
+      ...(options.callRetentionMs === undefined
+        ? {}
+        : { callRetentionMs: options.callRetentionMs }),
+    });
+    const registered = new Map<string, string>();
+    const removals = new Set<Promise<void>>();
+    let syncing: Promise<void> = Promise.resolve();
+
+    const moduleOf = (tool: Tool): ToolModule => {
+      const annotations: Record<string, unknown> = { ...tool.annotations };
+      if (tool.title !== undefined && annotations.title === undefined)
+        annotations.title = tool.title;
+      return {
+        name: meshToolName(config.name, tool.name),
+        description: tool.description ?? "",
+        parameters: tool.inputSchema,
+        kind: "mcp",
+        // Every param of an MCP tool is the server's; none is a toolmesh system param.
+        systemParams: [],
+        ...(Object.keys(annotations).length === 0 ? {} : { annotations }),
+        origin: { server: config.name, tool: tool.name, transport: config.transport },
+        ...(config.groups === undefined ? {} : { groups: config.groups }),
+        ...(config.timeout_ms === undefined ? {} : { timeoutMs: config.timeout_ms }),
+        ...(config.retry === undefined ? {} : { retry: config.retry }),
+        handler: (args, ctx) => connection.call(tool.name, args, ctx),
+      };
+    };
+
+    /** Makes the served tools match the server's list; one sync at a time, in order. */
+    const syncTools = (tools: Tool[]): Promise<void> => {
+      syncing = syncing.then(() =>
+        applyTools(tools).catch((err: unknown) => {
+          serverLog.error({ err }, "cannot sync MCP tools");
+        }),
+      );
+      return syncing;
+    };
+
+    const applyTools = async (tools: Tool[]): Promise<void> => {
+      const next = new Map<string, ToolModule>();
+      for (const tool of tools) {
+        if (tool.execution?.taskSupport === "required") {
+          serverLog.warn(
+            { tool: tool.name },
+            "MCP tool runs only as a task, which the bridge does not support; skipped",
+          );
+          continue;
+        }
+        const module = moduleOf(tool);
+        next.set(module.name, module);
+      }
+      const added: string[] = [];
+      for (const [name, module] of next) {
+        const fingerprint = fingerprintOf(module);
+        if (registered.get(name) === fingerprint) continue;
+        try {
+          if (await executor.addTool(module)) {
+            registered.set(name, fingerprint);
+            added.push(name);
+          }
+        } catch (err) {
+          serverLog.warn(
+            { tool: name, err: err instanceof Error ? err.message : String(err) },
+            "cannot register MCP tool; skipped",
+          );
+        }
+      }
+      const removed = [...registered.keys()].filter((name) => !next.has(name));
+      for (const name of removed) {
+        registered.delete(name);
+        // Running calls of a removed tool may finish; the sync does not wait for them.
+        const removal = executor
+          .removeTool(name, options.removeGraceMs ?? 10_000)
+          .catch((err: unknown) => serverLog.warn({ err, tool: name }, "cannot remove MCP tool"))
+          .finally(() => removals.delete(removal));
+        removals.add(removal);
+      }
+      if (added.length > 0 || removed.length > 0) {
+        serverLog.info({ added, removed, tools: [...registered.keys()] }, "MCP tools synced");
+      }
+    };
+
+    // A lazy server's catalog comes from the registry (what an earlier run or another replica
+    // listed), else from the file, else the server is started once to list its tools.
+    let known: Tool[] | undefined;
+    if (config.lazy) {
+      const cached = (await options.registry.fetchAll()).filter((d) => d.owner === owner);
+      if (cached.length > 0) {
+        known = cached.map((d) => toolFromDefinition(d, config.name));
+      } else if (config.tools !== undefined) {
+        known = config.tools.map((t) => ({
+          name: t.name,
+          description: t.description,
+          inputSchema: t.inputSchema as Tool["inputSchema"],
+          ...(t.annotations === undefined ? {} : { annotations: t.annotations }),
+        }));
+      }
+    }
+    const connection = new ServerConnection({
+      config,
+      env: options.env,
+      log: serverLog,
+      onTools: syncTools,
+      discover: config.lazy && known === undefined,
+    });
+    if (known !== undefined) await syncTools(known);
+    await connection.start();
+    return { config, executor, connection, registered, removals };
+  }
+
+  log.info(
+    {
+      servers: Object.fromEntries(
+        servers.map((s) => [
+          s.config.name,
+          { state: s.connection.state, tools: s.registered.size },
+        ]),
+      ),
+    },
+    "mcp-bridge started",
+  );
+
+  return {
+    status() {
+      return Object.fromEntries(
+        servers.map((s) => [
+          s.config.name,
+          {
+            state: s.connection.state,
+            tools: [...s.registered.keys()],
+            ...(s.connection.lastError === undefined ? {} : { lastError: s.connection.lastError }),
+          },
+        ]),
+      );
+    },
+    async stop(graceMs = 10_000) {
+      // Calls in flight still need their server: stop the executors first.
+      await Promise.all(servers.map((s) => s.executor.stop(graceMs)));
+      await Promise.all(
+        servers.map(async (s) => {
+          await Promise.all(s.removals);
+          await s.connection.stop();
+        }),
+      );
+    },
+  };
+}
+
+/** What a registration depends on, to skip re-registering an unchanged tool. */
+function fingerprintOf(module: ToolModule): string {
+  return JSON.stringify([module.description, module.parameters, module.annotations]);
+}
+
+/** A registry entry written by an earlier run, as the MCP tool it came from. */
+function toolFromDefinition(definition: ToolDefinition, server: string): Tool {
+  const origin = definition.origin as { tool?: unknown } | undefined;
+  const prefix = `${server}.`;
+  const name =
+    typeof origin?.tool === "string"
+      ? origin.tool
+      : definition.name.startsWith(prefix)
+        ? definition.name.slice(prefix.length)
+        : definition.name;
+  return {
+    name,
+    description: definition.description,
+    inputSchema: definition.parameters as Tool["inputSchema"],
+    ...(definition.annotations === undefined ? {} : { annotations: definition.annotations }),
+  };
+}

@@ -1,0 +1,497 @@
+import { createInterface } from "node:readline";
+import type { Readable } from "node:stream";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { SSEClientTransport } from "@modelcontextprotocol/sdk/client/sse.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
+import {
+  CallToolResultSchema,
+  ProgressNotificationSchema,
+  ToolListChangedNotificationSchema,
+} from "@modelcontextprotocol/sdk/types.js";
+import type { Progress, Tool } from "@modelcontextprotocol/sdk/types.js";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import type { ToolContext } from "@toolmesh/executor";
+import type { Logger } from "@toolmesh/telemetry";
+import type { McpServerConfig } from "./config.js";
+import { remoteHeaders, stdioEnv } from "./config.js";
+import {
+  callError,
+  describeError,
+  failureKind,
+  resultContent,
+  resultError,
+  unavailable,
+} from "./result.js";
+
+/** Where a server connection is in its life. */
+export type ConnectionState =
+  /** Not running and not wanted yet (a lazy server before its first call, or stopped idle). */
+  | "idle"
+  /** Waiting out the backoff before the next attempt. */
+  | "waiting"
+  /** Starting the process or session: `initialize` and the first `tools/list`. */
+  | "connecting"
+  | "ready"
+  | "stopped";
+
+/** Options of {@link ServerConnection}. */
+export interface ServerConnectionOptions {
+  config: McpServerConfig;
+  /** The environment `{ env: VAR }` secrets come from. */
+  env: Readonly<Record<string, string | undefined>>;
+  log: Logger;
+  /**
+   * Told the server's complete tool list after every connect and every
+   * `notifications/tools/list_changed`. Must not throw.
+   */
+  onTools: (tools: Tool[]) => Promise<void>;
+  /** Keep the server connected even if it is lazy, until its tools were listed once. */
+  discover?: boolean;
+}
+
+/** A connection that is up at least this long resets the restart backoff, in ms. */
+const STABLE_AFTER_MS = 10_000;
+/** Most `tools/list` pages followed before the list is taken as it is. */
+const MAX_LIST_PAGES = 1_000;
+/** Longest stderr line of a stdio server copied into the log, in characters. */
+const MAX_STDERR_CHARS = 2_000;
+
+const CLIENT_INFO = { name: "toolmesh-mcp-bridge", version: "0.1.0" };
+
+/** `_meta` key carrying the call's idempotency key to the server. */
+export const IDEMPOTENCY_META_KEY = "toolmesh/idempotency_key";
+
+/**
+ * One MCP server as the bridge sees it: a client connected over stdio, streamable HTTP or
+ * SSE that is opened independently of every other server (`initialize` bounded by
+ * `connect_timeout_ms`), reopened with exponential backoff when the process crashes or the
+ * session breaks, re-initialised when an HTTP session expired, started on demand when lazy
+ * and stopped when idle. Calls that find it down wait for it within their own time.
+ */
+export class ServerConnection {
+  readonly #config: McpServerConfig;
+  readonly #env: Readonly<Record<string, string | undefined>>;
+  readonly #log: Logger;
+  readonly #onTools: (tools: Tool[]) => Promise<void>;
+  readonly #stopped = new AbortController();
+  #keepConnected: boolean;
+  #state: ConnectionState = "idle";
+  #client: Client | undefined;
+  /** The client being opened, so stop() can abort a hanging `initialize`. */
+  #opening: Client | undefined;
+  #connecting: Promise<Client> | undefined;
+  #failures = 0;
+  #notBefore = 0;
+  #openedAt = 0;
+  #lastError: string | undefined;
+  #inFlight = 0;
+  #idleTimer: NodeJS.Timeout | undefined;
+  #resync: Promise<void> | undefined;
+  #resyncAgain = false;
+  /** Progress listeners of the calls in flight, by the progress token sent with each. */
+  readonly #progress = new Map<string, (progress: Progress) => void>();
+  #progressTokens = 0;
+
+  constructor(options: ServerConnectionOptions) {
+    this.#config = options.config;
+    this.#env = options.env;
+    this.#log = options.log;
+    this.#onTools = options.onTools;
+    this.#keepConnected = !options.config.lazy || options.discover === true;
+  }
+
+  /** Where the connection is in its life. */
+  get state(): ConnectionState {
+    return this.#state;
+  }
+
+  /** The last connect or connection error, one line; undefined once connected. */
+  get lastError(): string | undefined {
+    return this.#lastError;
+  }
+
+  /**
+   * Connects a server that should be running (not lazy, or lazy with nothing known about its
+   * tools), and keeps it connected. Resolves after the first attempt, whether or not it
+   * succeeded: a server that fails or hangs is retried in the background and never blocks
+   * the others.
+   */
+  async start(): Promise<void> {
+    if (!this.#keepConnected) return;
+    await this.#connect().then(
+      () => undefined,
+      () => this.#supervise(),
+    );
+  }
+
+  /**
+   * Calls a tool. Waits for the server within the call's time (starting it when lazy), sends
+   * `tools/call` with the attempt's signal (an abort sends `notifications/cancelled`) and
+   * progress reported to `ctx.emit`, and converts the result ({@link resultContent}).
+   */
+  async call(tool: string, args: Record<string, unknown>, ctx: ToolContext): Promise<string> {
+    this.#inFlight++;
+    this.#clearIdle();
+    try {
+      for (let resend = 0; ; resend++) {
+        const client = await this.#acquire(ctx.signal);
+        // Progress is routed by a token of ours rather than the SDK's `onprogress`, which
+        // drops a notification that arrives in the same read as the response
+        // (typescript-sdk#2580): the last "100 %" event of a tool is the usual casualty.
+        const progressToken = `toolmesh-${++this.#progressTokens}`;
+        this.#progress.set(progressToken, (progress) => ctx.emit(progress));
+        try {
+          const result = await client.request(
+            {
+              method: "tools/call",
+              params: {
+                name: tool,
+                arguments: args,
+                _meta: { progressToken, [IDEMPOTENCY_META_KEY]: ctx.idempotencyKey },
+              },
+            },
+            CallToolResultSchema,
+            {
+              signal: ctx.signal,
+              // The executor ends the attempt (and aborts the signal) first; this only
+              // keeps the SDK's own 60 s default from cutting long calls short.
+              timeout: Math.max(1_000, ctx.deadlineAt - Date.now() + 5_000),
+            },
+          );
+          if (result.isError === true) throw resultError(result, this.#config.name, tool);
+          return resultContent(result);
+        } catch (err) {
+          if (ctx.signal.aborted) throw ctx.signal.reason;
+          if (err instanceof ToolmeshError) throw err;
+          const kind = failureKind(err);
+          if (kind === "session_expired") {
+            // The server forgot the session (restarted, or expired it): the request was not
+            // run, so it is safe to initialise again and send it once more.
+            this.#discard(client, err, { backoff: false });
+            if (resend === 0) {
+              this.#log.info({ tool }, "MCP session expired; initialising again");
+              continue;
+            }
+          } else if (kind === "connection") {
+            this.#discard(client, err, { backoff: true });
+          }
+          throw callError(err, this.#config.name, tool);
+        } finally {
+          this.#progress.delete(progressToken);
+        }
+      }
+    } finally {
+      this.#inFlight--;
+      this.#armIdle();
+    }
+  }
+
+  /** Closes the connection (a stdio server is stopped) and stops reconnecting. */
+  async stop(): Promise<void> {
+    this.#state = "stopped";
+    this.#keepConnected = false;
+    this.#stopped.abort();
+    this.#clearIdle();
+    const client = this.#client ?? this.#opening;
+    this.#client = undefined;
+    this.#opening = undefined;
+    if (client !== undefined) await closeClient(client, { terminate: true });
+    await this.#connecting?.catch(() => undefined);
+    await this.#resync?.catch(() => undefined);
+  }
+
+  /** A connected client, connecting when needed; bounded by the call's signal. */
+  async #acquire(signal: AbortSignal): Promise<Client> {
+    if (this.#client !== undefined) return this.#client;
+    if (this.#state === "stopped") {
+      throw new ToolmeshError(ErrorCode.Unavailable, "the MCP bridge is shutting down", {
+        retryable: true,
+        details: { server: this.#config.name },
+      });
+    }
+    // A server that will not even be tried again for a while, or is still down when the bound
+    // passes, is `unavailable`: the call's retry policy turns that into another attempt later,
+    // rather than the attempt waiting out its timeout.
+    const backoffLeft = Math.max(0, this.#notBefore - Date.now());
+    if (backoffLeft > this.#config.connect_timeout_ms) {
+      throw unavailable(this.#config.name, this.#lastError ?? "not connected", {
+        server: this.#config.name,
+        retry_in_ms: backoffLeft,
+      });
+    }
+    const waitMs = this.#config.connect_timeout_ms + backoffLeft;
+    const connecting = this.#connect();
+    let timer: NodeJS.Timeout | undefined;
+    let onAbort: (() => void) | undefined;
+    try {
+      return await Promise.race([
+        connecting,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(
+            () => reject(unavailable(this.#config.name, this.#lastError ?? "not connected yet")),
+            waitMs,
+          );
+          onAbort = () => reject(signal.reason as Error);
+          signal.addEventListener("abort", onAbort, { once: true });
+        }),
+      ]);
+    } catch (err) {
+      if (err instanceof ToolmeshError || signal.aborted) throw err;
+      throw unavailable(this.#config.name, err);
+    } finally {
+      clearTimeout(timer);
+      if (onAbort !== undefined) signal.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** Opens the connection once for every caller at the same time. */
+  #connect(): Promise<Client> {
+    if (this.#client !== undefined) return Promise.resolve(this.#client);
+    this.#connecting ??= this.#open().finally(() => {
+      this.#connecting = undefined;
+    });
+    return this.#connecting;
+  }
+
+  /** Keeps a server that should run connected: tries again once the backoff has passed. */
+  #supervise(): void {
+    if (!this.#keepConnected || this.#client !== undefined || this.#connecting !== undefined)
+      return;
+    this.#connect().then(
+      () => undefined,
+      () => this.#supervise(),
+    );
+  }
+
+  async #open(): Promise<Client> {
+    const wait = this.#notBefore - Date.now();
+    if (wait > 0) {
+      this.#state = "waiting";
+      await delay(wait, this.#stopped.signal);
+    }
+    if (this.#stopped.signal.aborted) throw new Error("stopped");
+    this.#state = "connecting";
+    const client = new Client(CLIENT_INFO, { capabilities: {} });
+    this.#opening = client;
+    try {
+      const transport = await this.#transport();
+      client.onclose = () => this.#closed(client);
+      client.onerror = (err) => {
+        this.#log.debug({ err: describeError(err) }, "MCP transport error");
+      };
+      // Replaces the SDK's own progress dispatch; see call(). Notifications are handled in
+      // arrival order, each before the response that follows it resumes its caller.
+      client.setNotificationHandler(ProgressNotificationSchema, (notification) => {
+        const { progressToken, _meta: _ignored, ...progress } = notification.params;
+        this.#progress.get(String(progressToken))?.(progress);
+      });
+      client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
+        if (this.#client === client) this.#resyncTools(client);
+      });
+      const timeout = this.#config.connect_timeout_ms;
+      const started = Date.now();
+      await client.connect(transport, { timeout, signal: this.#stopped.signal });
+      // A server without the tools capability has none to list (and may refuse the method).
+      const tools =
+        client.getServerCapabilities()?.tools === undefined
+          ? []
+          : await listTools(client, Math.max(1, timeout - (Date.now() - started)));
+      if (this.#stopped.signal.aborted) throw new Error("stopped");
+      this.#opening = undefined;
+      this.#client = client;
+      this.#state = "ready";
+      this.#openedAt = Date.now();
+      this.#lastError = undefined;
+      this.#log.info(
+        {
+          transport: this.#config.transport,
+          ...(transport instanceof StdioClientTransport ? { pid: transport.pid } : {}),
+          server_info: client.getServerVersion(),
+          tools: tools.length,
+        },
+        "MCP server ready",
+      );
+      await this.#onTools(tools);
+      // Lost while its tools were registered: the reconnect was left to this attempt.
+      if (this.#client !== client) throw new Error("the connection closed during start-up");
+      // A lazy server started to learn its tools runs only when called from now on.
+      if (this.#config.lazy) this.#keepConnected = false;
+      this.#armIdle();
+      return client;
+    } catch (err) {
+      if (this.#opening === client) this.#opening = undefined;
+      if (this.#client === client) this.#client = undefined;
+      await closeClient(client, { terminate: false });
+      if (this.#stopped.signal.aborted) throw err;
+      const delayMs = this.#backoff();
+      this.#lastError = describeError(err);
+      this.#state = this.#keepConnected ? "waiting" : "idle";
+      this.#log.warn(
+        { err: this.#lastError, retry_in_ms: delayMs, failures: this.#failures },
+        "cannot connect to MCP server",
+      );
+      throw err;
+    }
+  }
+
+  /** Counts one more failure in a row and returns the delay before the next attempt. */
+  #backoff(): number {
+    const { initial_delay_ms: initial, max_delay_ms: max } = this.#config.reconnect;
+    this.#failures++;
+    const delayMs = Math.min(initial * 2 ** (this.#failures - 1), max);
+    this.#notBefore = Date.now() + delayMs;
+    return delayMs;
+  }
+
+  /** The transport's own close: a stdio process that exited, a closed session. */
+  #closed(client: Client): void {
+    if (this.#client !== client) return; // closed on purpose, or an older connection
+    this.#lost("connection closed", { backoff: true });
+  }
+
+  /** Drops a connection found broken by a request; the next user opens a new one. */
+  #discard(client: Client, err: unknown, options: { backoff: boolean }): void {
+    if (this.#client !== client) return;
+    this.#lost(describeError(err), options);
+    void closeClient(client, { terminate: false });
+  }
+
+  #lost(reason: string, options: { backoff: boolean }): void {
+    this.#client = undefined;
+    this.#clearIdle();
+    if (Date.now() - this.#openedAt >= STABLE_AFTER_MS) this.#failures = 0;
+    const delayMs = options.backoff ? this.#backoff() : 0;
+    this.#lastError = reason;
+    this.#state = this.#keepConnected ? "waiting" : "idle";
+    this.#log.warn(
+      this.#keepConnected
+        ? { err: reason, reconnect_in_ms: delayMs }
+        : { err: reason, reconnect: "on the next call" },
+      "MCP server connection lost",
+    );
+    this.#supervise();
+  }
+
+  /** Lists the tools again after `notifications/tools/list_changed`; changes coalesce. */
+  #resyncTools(client: Client): void {
+    if (this.#resync !== undefined) {
+      this.#resyncAgain = true;
+      return;
+    }
+    this.#resync = (async () => {
+      do {
+        this.#resyncAgain = false;
+        const tools = await listTools(client, this.#config.connect_timeout_ms);
+        if (this.#client !== client) return;
+        this.#log.info({ tools: tools.length }, "MCP tool list changed");
+        await this.#onTools(tools);
+      } while (this.#resyncAgain && this.#client === client);
+    })()
+      .catch((err: unknown) => {
+        this.#log.warn({ err: describeError(err) }, "cannot list the MCP server's tools again");
+        if (failureKind(err) !== "answered") this.#discard(client, err, { backoff: true });
+      })
+      .finally(() => {
+        this.#resync = undefined;
+      });
+  }
+
+  #armIdle(): void {
+    this.#clearIdle();
+    const config = this.#config;
+    if (config.transport !== "stdio" || !config.lazy || config.idle_timeout_ms === undefined)
+      return;
+    if (this.#inFlight > 0 || this.#client === undefined || this.#keepConnected) return;
+    const idleMs = config.idle_timeout_ms;
+    this.#idleTimer = setTimeout(() => {
+      const client = this.#client;
+      if (client === undefined || this.#inFlight > 0) return;
+      this.#client = undefined;
+      this.#state = "idle";
+      this.#log.info({ idle_timeout_ms: idleMs }, "MCP server idle; stopped");
+      void closeClient(client, { terminate: false });
+    }, idleMs);
+    this.#idleTimer.unref();
+  }
+
+  #clearIdle(): void {
+    clearTimeout(this.#idleTimer);
+    this.#idleTimer = undefined;
+  }
+
+  async #transport(): Promise<Transport> {
+    const config = this.#config;
+    if (config.transport === "stdio") {
+      const transport = new StdioClientTransport({
+        command: config.command,
+        args: config.args,
+        env: await stdioEnv(config, this.#env),
+        ...(config.cwd === undefined ? {} : { cwd: config.cwd }),
+        stderr: "pipe",
+      });
+      const stderr = transport.stderr;
+      if (stderr !== null) {
+        // A PassThrough, returned before the process starts so no early line is lost.
+        const lines = createInterface({ input: stderr as Readable, crlfDelay: Infinity });
+        lines.on("line", (line) => {
+          if (line.trim() === "") return;
+          this.#log.info({ stderr: line.slice(0, MAX_STDERR_CHARS) }, "MCP server stderr");
+        });
+      }
+      return transport;
+    }
+    const headers = await remoteHeaders(config, this.#env);
+    const url = new URL(config.url);
+    return config.transport === "http"
+      ? new StreamableHTTPClientTransport(url, { requestInit: { headers } })
+      : new SSEClientTransport(url, { requestInit: { headers } });
+  }
+}
+
+/** Every tool of the server, following `nextCursor` pages. */
+async function listTools(client: Client, timeout: number): Promise<Tool[]> {
+  const tools: Tool[] = [];
+  const seen = new Set<string>();
+  let cursor: string | undefined;
+  for (let page = 0; page < MAX_LIST_PAGES; page++) {
+    const result = await client.listTools(cursor === undefined ? {} : { cursor }, { timeout });
+    tools.push(...result.tools);
+    cursor = result.nextCursor;
+    // A server repeating a cursor would loop forever.
+    if (cursor === undefined || seen.has(cursor)) break;
+    seen.add(cursor);
+  }
+  return tools;
+}
+
+/** Closes a client without throwing; `terminate` also ends an HTTP session (DELETE). */
+async function closeClient(client: Client, options: { terminate: boolean }): Promise<void> {
+  const transport = client.transport;
+  if (options.terminate && transport instanceof StreamableHTTPClientTransport) {
+    await Promise.race([
+      transport.terminateSession().catch(() => undefined),
+      delay(1_000, undefined).catch(() => undefined),
+    ]);
+  }
+  await client.close().catch(() => undefined);
+}
+
+function delay(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted === true) {
+      reject(new Error("stopped"));
+      return;
+    }
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      reject(new Error("stopped"));
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}

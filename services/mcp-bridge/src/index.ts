@@ -1,0 +1,18 @@
+export { meshToolName, ownerOf, startBridge } from "./bridge.js";
+export type { Bridge, BridgeOptions, ServerStatus } from "./bridge.js";
+export {
+  AuthSchema,
+  DEFAULT_MCP_DIR,
+  DeclaredToolSchema,
+  McpConfigError,
+  McpServerConfigSchema,
+  SecretValueSchema,
+  loadMcpServers,
+  parseServerFile,
+  readSecret,
+} from "./config.js";
+export type { LoadServersOptions, LoadedServer, McpServerConfig, SecretValue } from "./config.js";
+export { IDEMPOTENCY_META_KEY, ServerConnection } from "./connection.js";
+export type { ConnectionState, ServerConnectionOptions } from "./connection.js";
+export { callError, resultContent, resultError } from "./result.js";
+export { startBridgeFromRuntime } from "./from-runtime.js";

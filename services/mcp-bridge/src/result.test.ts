@@ -1,0 +1,164 @@
+import { describe, expect, it } from "vitest";
+import { ErrorCode as McpErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
+import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { ToolmeshError } from "@toolmesh/protocol";
+import { callError, failureKind, resultContent, resultError } from "./result.js";
+
+const image = { type: "image", data: "iVBORw0=", mimeType: "image/png" } as const;
+
+describe("resultContent", () => {
+  it("gives a single text block as it is", () => {
+    expect(resultContent({ content: [{ type: "text", text: "Echo: hi" }] })).toBe("Echo: hi");
+  });
+
+  it("gives the text when it repeats the structured content", () => {
+    const structuredContent = { temperature: 21, conditions: "sunny" };
+    expect(
+      resultContent({
+        content: [{ type: "text", text: JSON.stringify(structuredContent, null, 2) }],
+        structuredContent,
+      }),
+    ).toBe(JSON.stringify(structuredContent, null, 2));
+  });
+
+  it("keeps structured content the text does not repeat", () => {
+    const result: CallToolResult = {
+      content: [{ type: "text", text: "it is sunny" }],
+      structuredContent: { temperature: 21 },
+    };
+    expect(JSON.parse(resultContent(result))).toEqual({
+      content: [{ type: "text", text: "it is sunny" }],
+      structuredContent: { temperature: 21 },
+    });
+  });
+
+  it("gives the JSON of every block for anything else, binary data as sent", () => {
+    const blocks: CallToolResult["content"] = [
+      { type: "text", text: "look" },
+      image,
+      { type: "audio", data: "UklGRg==", mimeType: "audio/wav" },
+      { type: "resource", resource: { uri: "file:///a.txt", text: "a", mimeType: "text/plain" } },
+      { type: "resource_link", uri: "file:///b.txt", name: "b" },
+    ];
+    expect(JSON.parse(resultContent({ content: blocks }))).toEqual({ content: blocks });
+    expect(JSON.parse(resultContent({ content: [image] }))).toEqual({ content: [image] });
+  });
+
+  it("gives structured content alone as JSON and nothing as an empty string", () => {
+    expect(JSON.parse(resultContent({ content: [], structuredContent: { n: 1 } }))).toEqual({
+      content: [],
+      structuredContent: { n: 1 },
+    });
+    expect(resultContent({ content: [] })).toBe("");
+  });
+
+  it("drops the result's _meta", () => {
+    expect(resultContent({ content: [{ type: "text", text: "x" }], _meta: { trace: "abc" } })).toBe(
+      "x",
+    );
+  });
+});
+
+describe("resultError", () => {
+  it("is a terminal tool_error carrying the server's content", () => {
+    const error = resultError(
+      { content: [{ type: "text", text: "disk full" }, image], isError: true },
+      "files",
+      "write",
+    );
+    expect(error.toWire()).toEqual({
+      code: "tool_error",
+      message: "disk full",
+      retryable: false,
+      details: {
+        server: "files",
+        tool: "write",
+        content: [{ type: "text", text: "disk full" }, image],
+      },
+    });
+  });
+
+  it("says which tool failed when the server gave no text", () => {
+    expect(resultError({ content: [], isError: true }, "s", "t").message).toBe(
+      'MCP tool "t" of server "s" reported an error',
+    );
+  });
+});
+
+describe("callError", () => {
+  const mapped = (err: unknown): [string, boolean] => {
+    const e = callError(err, "s", "t");
+    return [e.code, e.retryable];
+  };
+
+  it("maps JSON-RPC errors", () => {
+    expect(mapped(new McpError(McpErrorCode.MethodNotFound, "no such method"))).toEqual([
+      "unknown_tool",
+      false,
+    ]);
+    expect(mapped(new McpError(McpErrorCode.InvalidParams, "Unknown tool: nope"))).toEqual([
+      "unknown_tool",
+      false,
+    ]);
+    expect(mapped(new McpError(McpErrorCode.InvalidParams, "Tool nope not found"))).toEqual([
+      "unknown_tool",
+      false,
+    ]);
+    expect(mapped(new McpError(McpErrorCode.InvalidParams, "a must be a number"))).toEqual([
+      "invalid_parameters",
+      false,
+    ]);
+    expect(mapped(new McpError(McpErrorCode.ConnectionClosed, "Connection closed"))).toEqual([
+      "unavailable",
+      true,
+    ]);
+    expect(mapped(new McpError(McpErrorCode.InternalError, "boom"))).toEqual(["tool_error", true]);
+    expect(mapped(new McpError(-31000, "custom"))).toEqual(["tool_error", false]);
+  });
+
+  it("keeps the JSON-RPC code and data in details, without the SDK's message prefix", () => {
+    const error = callError(
+      new McpError(McpErrorCode.InvalidParams, "MCP error -32602: bad a", { path: "/a" }),
+      "s",
+      "t",
+    );
+    expect(error.message).toBe("bad a");
+    expect(error.details).toEqual({
+      server: "s",
+      tool: "t",
+      jsonrpc_code: -32602,
+      data: { path: "/a" },
+    });
+  });
+
+  it("maps HTTP failures and unreachable servers", () => {
+    expect(mapped(new StreamableHTTPError(401, "Unauthorized"))).toEqual([
+      "permission_denied",
+      false,
+    ]);
+    expect(mapped(new StreamableHTTPError(403, "Forbidden"))).toEqual(["permission_denied", false]);
+    expect(mapped(new StreamableHTTPError(503, "Busy"))).toEqual(["unavailable", true]);
+    expect(mapped(new StreamableHTTPError(400, "Bad"))).toEqual(["tool_error", false]);
+    const refused = new TypeError("fetch failed", { cause: { code: "ECONNREFUSED" } });
+    const error = callError(refused, "s", "t");
+    expect([error.code, error.retryable]).toEqual(["unavailable", true]);
+    expect(error.message).toBe('MCP server "s" is unavailable: fetch failed: ECONNREFUSED');
+  });
+
+  it("passes typed errors through", () => {
+    const typed = new ToolmeshError("timeout", "attempt timed out");
+    expect(callError(typed, "s", "t")).toBe(typed);
+  });
+});
+
+describe("failureKind", () => {
+  it("tells broken connections and expired sessions from answers", () => {
+    expect(failureKind(new StreamableHTTPError(404, "Session not found"))).toBe("session_expired");
+    expect(failureKind(new StreamableHTTPError(502, "Bad gateway"))).toBe("connection");
+    expect(failureKind(new StreamableHTTPError(400, "Bad request"))).toBe("answered");
+    expect(failureKind(new McpError(McpErrorCode.ConnectionClosed, "closed"))).toBe("connection");
+    expect(failureKind(new McpError(McpErrorCode.InvalidParams, "bad"))).toBe("answered");
+    expect(failureKind(new TypeError("fetch failed"))).toBe("connection");
+  });
+});

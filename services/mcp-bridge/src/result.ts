@@ -1,0 +1,195 @@
+import { isDeepStrictEqual } from "node:util";
+import { ErrorCode as McpErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
+import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { SseError } from "@modelcontextprotocol/sdk/client/sse.js";
+import { UnauthorizedError } from "@modelcontextprotocol/sdk/client/auth.js";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+
+/** Longest error text taken from a server's content into an error message, in characters. */
+const MAX_MESSAGE_CHARS = 500;
+
+/**
+ * The tool message `content` of a successful `tools/call` result. Only what models read
+ * and nothing is lost:
+ *
+ * - one `text` block, and either no `structuredContent` or one equal to that text parsed as
+ *   JSON (the spec asks servers to send both) → the text as it is;
+ * - no content blocks and no `structuredContent` → `""`;
+ * - anything else (several blocks, images, audio, embedded resources, resource links, or
+ *   structured content the text does not repeat) → the JSON of
+ *   `{ "content": [...blocks as the server sent them], "structuredContent"?: {...} }`.
+ *
+ * The result's `_meta` is dropped; binary data stays base64 as the server sent it.
+ */
+export function resultContent(result: CallToolResult): string {
+  const blocks = result.content ?? [];
+  const structured = result.structuredContent;
+  const only = blocks.length === 1 ? blocks[0] : undefined;
+  if (only?.type === "text") {
+    if (structured === undefined || sameJson(only.text, structured)) return only.text;
+  }
+  if (blocks.length === 0 && structured === undefined) return "";
+  return JSON.stringify(
+    structured === undefined
+      ? { content: blocks }
+      : { content: blocks, structuredContent: structured },
+  );
+}
+
+function sameJson(text: string, value: unknown): boolean {
+  try {
+    return isDeepStrictEqual(JSON.parse(text), value);
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The error for a result with `isError: true`: a terminal `tool_error` (the server ran the
+ * tool and it failed; it said nothing about trying again), its content in `details`.
+ */
+export function resultError(result: CallToolResult, server: string, tool: string): ToolmeshError {
+  const blocks = result.content ?? [];
+  const text = blocks
+    .flatMap((b) => (b.type === "text" ? [b.text] : []))
+    .join("\n")
+    .trim();
+  const message =
+    text === ""
+      ? `MCP tool "${tool}" of server "${server}" reported an error`
+      : truncate(text, MAX_MESSAGE_CHARS);
+  return new ToolmeshError(ErrorCode.ToolError, message, {
+    retryable: false,
+    details: {
+      server,
+      tool,
+      content: blocks,
+      ...(result.structuredContent === undefined
+        ? {}
+        : { structuredContent: result.structuredContent }),
+    },
+  });
+}
+
+/** How a failed request should be handled by the connection. */
+export type FailureKind =
+  /** The server answered with an error; the connection is fine. */
+  | "answered"
+  /** The connection is gone or unusable: open a new one. */
+  | "connection"
+  /** An HTTP session the server no longer knows (404): initialise again and resend. */
+  | "session_expired";
+
+/** Classifies an error thrown by a request to an MCP server. */
+export function failureKind(err: unknown): FailureKind {
+  if (err instanceof StreamableHTTPError) {
+    if (err.code === 404) return "session_expired";
+    return err.code === undefined || err.code < 0 || err.code >= 500 ? "connection" : "answered";
+  }
+  if (err instanceof McpError) {
+    return (err.code as McpErrorCode) === McpErrorCode.ConnectionClosed ? "connection" : "answered";
+  }
+  if (err instanceof UnauthorizedError) return "answered";
+  if (err instanceof SseError) return "connection";
+  // fetch() failures (refused, reset, DNS), "Not connected", EPIPE on a dead stdio process.
+  return "connection";
+}
+
+/**
+ * A failed `tools/call` as a typed toolmesh error. JSON-RPC errors: method or tool not found
+ * → `unknown_tool`; invalid params (-32602) → `invalid_parameters`; internal error (-32603)
+ * → retryable `tool_error`; the connection closed or the server down → retryable
+ * `unavailable`; HTTP 401/403 → `permission_denied`. Messages never carry request headers.
+ */
+export function callError(err: unknown, server: string, tool: string): ToolmeshError {
+  if (err instanceof ToolmeshError) return err;
+  const where = { server, tool };
+  if (err instanceof McpError) {
+    const details = {
+      ...where,
+      jsonrpc_code: err.code,
+      ...(err.data === undefined ? {} : { data: err.data }),
+    };
+    // The SDK prefixes "MCP error <code>: "; the code is in details already.
+    const message = err.message.replace(/^(MCP error -?\d+: )+/, "");
+    switch (err.code as McpErrorCode) {
+      case McpErrorCode.MethodNotFound:
+        return new ToolmeshError(ErrorCode.UnknownTool, message, { retryable: false, details });
+      case McpErrorCode.InvalidParams:
+        // The spec answers an unknown tool with -32602 too.
+        return /\bunknown tool\b|\btool\b.*\bnot found\b/i.test(message)
+          ? new ToolmeshError(ErrorCode.UnknownTool, message, { retryable: false, details })
+          : new ToolmeshError(ErrorCode.InvalidParameters, message, {
+              retryable: false,
+              details,
+            });
+      case McpErrorCode.ConnectionClosed:
+        return new ToolmeshError(
+          ErrorCode.Unavailable,
+          `MCP server "${server}" closed the connection`,
+          { retryable: true, details },
+        );
+      case McpErrorCode.RequestTimeout:
+        return new ToolmeshError(ErrorCode.Timeout, message, { details });
+      case McpErrorCode.InternalError:
+        return new ToolmeshError(ErrorCode.ToolError, message, { retryable: true, details });
+      default:
+        return new ToolmeshError(ErrorCode.ToolError, message, { retryable: false, details });
+    }
+  }
+  if (err instanceof UnauthorizedError) {
+    return new ToolmeshError(
+      ErrorCode.PermissionDenied,
+      `MCP server "${server}" refused the bridge's credentials`,
+      { retryable: false, details: where },
+    );
+  }
+  if (err instanceof StreamableHTTPError) {
+    const status = err.code ?? -1;
+    if (status === 401 || status === 403) {
+      return new ToolmeshError(
+        ErrorCode.PermissionDenied,
+        `MCP server "${server}" answered HTTP ${status}`,
+        { retryable: false, details: { ...where, http_status: status } },
+      );
+    }
+    if (status >= 400 && status < 500 && status !== 404) {
+      return new ToolmeshError(
+        ErrorCode.ToolError,
+        `MCP server "${server}" answered HTTP ${status}`,
+        { retryable: false, details: { ...where, http_status: status } },
+      );
+    }
+  }
+  return unavailable(server, err, where);
+}
+
+/** A retryable `unavailable` error for a server that cannot be reached right now. */
+export function unavailable(
+  server: string,
+  err: unknown,
+  details: Record<string, unknown> = { server },
+): ToolmeshError {
+  return new ToolmeshError(
+    ErrorCode.Unavailable,
+    `MCP server "${server}" is unavailable: ${describeError(err)}`,
+    { retryable: true, details, cause: err },
+  );
+}
+
+/** One line about an error, with the cause of fetch() failures ("fetch failed: ECONNREFUSED"). */
+export function describeError(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  if ((err instanceof StreamableHTTPError || err instanceof SseError) && (err.code ?? 0) > 0) {
+    return truncate(`${err.message} (HTTP ${err.code})`, MAX_MESSAGE_CHARS);
+  }
+  const cause = err.cause;
+  const code =
+    typeof cause === "object" && cause !== null && "code" in cause ? String(cause.code) : undefined;
+  return truncate(code === undefined ? err.message : `${err.message}: ${code}`, MAX_MESSAGE_CHARS);
+}
+
+function truncate(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, max - 1)}…`;
+}

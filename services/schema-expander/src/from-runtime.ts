@@ -1,0 +1,29 @@
+import { StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
+import type { Runtime } from "@toolmesh/runtime";
+import type { SchemaExpander } from "./schema-expander.js";
+import { startSchemaExpander } from "./schema-expander.js";
+
+/**
+ * Starts a schema expander configured by the runtime: tool sets and agents from
+ * `TOOLMESH_CONFIG_DIR`, session state kept `TOOLMESH_SESSION_STATE_TTL_MS` after its last change.
+ */
+export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<SchemaExpander> {
+  const log = rt.log.child({ actor: "schema-expander" });
+  const catalog = await loadCatalogConfig(rt.config.configDir);
+  logConfigWarnings(catalog, log);
+  const store = await StateStore.open(rt.nc, {
+    subjects: rt.subjects,
+    sessionTtlMs: rt.config.sessionStateTtlMs,
+  });
+  return startSchemaExpander({
+    nc: rt.nc,
+    subjects: rt.subjects,
+    registry: rt.registry,
+    store,
+    catalog,
+    log,
+    tracer: rt.tracer,
+    streamLimits: rt.streamLimits,
+    ackWaitMs: rt.config.ackWaitMs,
+  });
+}

@@ -1,0 +1,4 @@
+import { runService } from "@toolmesh/runtime";
+import { startSchemaExpanderFromRuntime } from "./from-runtime.js";
+
+await runService("schema-expander", process.env, startSchemaExpanderFromRuntime);

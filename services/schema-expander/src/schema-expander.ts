@@ -1,0 +1,567 @@
+import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { JsMsg } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
+import { nanos } from "@nats-io/nats-core";
+import { z } from "zod";
+import type {
+  CatalogReply,
+  DescribeReply,
+  ExpandReply,
+  GroupsReply,
+  MissingArgumentsEvent,
+  SchemaEvent,
+  SchemaReason,
+  SessionAddress,
+  Subjects,
+  ToolSchema,
+  WireError,
+} from "@toolmesh/protocol";
+import {
+  CatalogRequestSchema,
+  DescribeRequestSchema,
+  ErrorCode,
+  ExpandRequestSchema,
+  GroupsRequestSchema,
+  MissingArgumentsEventSchema,
+  ToolmeshError,
+  decodeJson,
+  encodeJson,
+  ensureError,
+  subjectToken,
+} from "@toolmesh/protocol";
+import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
+import { Semaphore, ensureStreams, publishDurable, startWorkLoop } from "@toolmesh/nats";
+import type { CompiledTool, ToolRegistry } from "@toolmesh/registry";
+import type {
+  CatalogConfig,
+  SessionPolicy,
+  SessionSchemasState,
+  StateStore,
+} from "@toolmesh/catalog";
+import {
+  buildCatalog,
+  checkToolAccess,
+  describeGroups,
+  findAgent,
+  modelSchema,
+} from "@toolmesh/catalog";
+import type { Logger, Tracer } from "@toolmesh/telemetry";
+import {
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  ATTR_TOOLMESH_CALL_ID,
+  ATTR_TOOLMESH_SESSION_ID,
+  ATTR_TOOLMESH_TOOL,
+  MESSAGING_SYSTEM_VALUE_NATS,
+  SpanKind,
+  extractTraceContext,
+  withSpan,
+} from "@toolmesh/telemetry";
+
+/** Options of {@link startSchemaExpander}. Durations in ms. */
+export interface SchemaExpanderOptions {
+  nc: NatsConnection;
+  subjects: Subjects;
+  registry: ToolRegistry;
+  /** Per-session and per-tenant state (`StateStore.open`). */
+  store: StateStore;
+  /** Tool sets and agents (`loadCatalogConfig`). */
+  catalog: CatalogConfig;
+  log: Logger;
+  tracer: Tracer;
+  streamLimits?: StreamLimits;
+  /** Events handled at once by this process. Default 16. */
+  concurrency?: number;
+  /** How long a delivered event stays owned without a heartbeat, in ms. Default 30 000. */
+  ackWaitMs?: number;
+}
+
+/** A running schema expander. */
+export interface SchemaExpander {
+  /** Stops taking events and requests; waits for those in hand (at most `graceMs`, default 10 s). */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/** Queue group of the schema expanders' request-reply subscriptions. */
+export const SCHEMA_EXPANDER_QUEUE = "toolmesh-schema-expander";
+
+// Deliveries of an event naming a tool (or revision) this process's registry has not seen yet:
+// the registry watcher may lag the resolver's by a moment.
+const REGISTRY_LAG_RETRIES = 3;
+const REGISTRY_LAG_DELAY_MS = 500;
+
+/**
+ * Seed 004's schema expansion as a service. Consumes missing-arguments events from the events
+ * stream through one durable consumer shared by every replica; the first time a session calls a
+ * tool with required arguments missing it publishes the tool's full schema to that session and
+ * records it in the session's `expanded_tools`. It sends it again only when the frontend asks
+ * (`expand`) or the tool's registry revision changed. Serves `catalog`, `describe`, `expand` and
+ * `groups` requests.
+ *
+ * Two replicas never publish the same schema twice: a replica first claims the
+ * `{tool → revision}` entry by compare-and-set on the session's state and publishes only if its
+ * claim won. The schema's `Nats-Msg-Id` (`schema:{tenant}:{session}:{tool}:{revision}`) only
+ * keeps the stored copy single if a publish is retried; live subscribers would still get a
+ * duplicate, so it is not what prevents them.
+ */
+export async function startSchemaExpander(options: SchemaExpanderOptions): Promise<SchemaExpander> {
+  const { nc, subjects, registry, store, catalog, log, tracer } = options;
+  const jsm = await ensureStreams(nc, subjects, options.streamLimits);
+  const js = jetstream(nc);
+  const ackWaitMs = options.ackWaitMs ?? 30_000;
+  await ensureConsumer();
+
+  const loop: WorkLoop = await startWorkLoop({
+    js,
+    stream: subjects.streams.events,
+    consumer: subjects.schemaExpanderConsumer,
+    slots: new Semaphore(options.concurrency ?? 16),
+    maxMessages: 16,
+    heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+    handle: handleEvent,
+    onError: (err) => log.error({ err }, "schema expander loop error"),
+  });
+
+  const running = new Set<Promise<void>>();
+  const serve = (
+    subject: string,
+    handler: (tenant: string, body: unknown) => Promise<unknown>,
+  ): Subscription =>
+    nc.subscribe(subject, {
+      queue: SCHEMA_EXPANDER_QUEUE,
+      callback: (err, msg) => {
+        if (err !== null) {
+          log.error({ err, subject }, "request subscription failed");
+          return;
+        }
+        const task = answer(msg, handler).finally(() => running.delete(task));
+        running.add(task);
+      },
+    });
+  const subscriptions = [
+    serve(subjects.allCatalogRpc, answerCatalog),
+    serve(subjects.allDescribeRpc, answerDescribe),
+    serve(subjects.allExpandRpc, answerExpand),
+    serve(subjects.allGroupsRpc, answerGroups),
+  ];
+
+  const stopWatching = registry.onChange(({ name, tool }) => {
+    if (tool === undefined) log.info({ tool: name }, "tool removed");
+    else log.info({ tool: name, revision: tool.revision }, "tool available");
+  });
+  log.info(
+    {
+      prefix: subjects.prefix,
+      tools: [...registry.names()],
+      agents: [...catalog.agents.keys()],
+      toolSets: [...catalog.toolSets.keys()],
+      sessionTtlMs: store.sessionTtlMs,
+    },
+    "schema-expander started",
+  );
+
+  async function ensureConsumer(): Promise<void> {
+    const config = {
+      durable_name: subjects.schemaExpanderConsumer,
+      filter_subject: subjects.allMissingArguments,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(ackWaitMs),
+      max_deliver: 10,
+      max_ack_pending: 1_000,
+    };
+    try {
+      await jsm.consumers.add(subjects.streams.events, config);
+    } catch (err) {
+      if (!(err instanceof JetStreamApiError)) throw err;
+      await jsm.consumers.update(subjects.streams.events, subjects.schemaExpanderConsumer, {
+        ack_wait: config.ack_wait,
+        max_deliver: config.max_deliver,
+        max_ack_pending: config.max_ack_pending,
+      });
+    }
+  }
+
+  async function handleEvent(msg: JsMsg): Promise<void> {
+    let event: MissingArgumentsEvent;
+    try {
+      event = MissingArgumentsEventSchema.parse(decodeJson(msg.data));
+    } catch (err) {
+      log.warn({ err, subject: msg.subject, seq: msg.seq }, "dropping an event that is not valid");
+      msg.term();
+      return;
+    }
+    await withSpan(
+      tracer,
+      "expand schema",
+      {
+        kind: SpanKind.CONSUMER,
+        parent: extractTraceContext(msg.headers),
+        attributes: {
+          [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
+          [ATTR_MESSAGING_OPERATION_TYPE]: "process",
+          [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
+          [ATTR_TOOLMESH_SESSION_ID]: event.address.session,
+          [ATTR_TOOLMESH_CALL_ID]: event.tool_call_id,
+          [ATTR_TOOLMESH_TOOL]: event.tool,
+        },
+      },
+      async () => {
+        const eventLog = log.child({
+          sessionId: event.session_id,
+          tool: event.tool,
+          callId: event.tool_call_id,
+        });
+        try {
+          await expandOnce(event, msg, eventLog);
+        } catch (err) {
+          eventLog.error({ err: ensureError(err) }, "cannot expand the schema; it will be retried");
+          msg.nak(1_000);
+        }
+      },
+    );
+  }
+
+  async function expandOnce(
+    event: MissingArgumentsEvent,
+    msg: JsMsg,
+    eventLog: Logger,
+  ): Promise<void> {
+    const tool = registry.get(event.tool);
+    if (tool === undefined || tool.revision < event.tool_revision) {
+      if (msg.info.deliveryCount <= REGISTRY_LAG_RETRIES) {
+        msg.nak(REGISTRY_LAG_DELAY_MS);
+        return;
+      }
+      if (tool === undefined) {
+        eventLog.info("the tool is no longer registered; no schema sent");
+        msg.ack();
+        return;
+      }
+    }
+    const { address } = event;
+    const revision = tool.revision;
+    let claimed = false;
+    await store.updateSchemas(address, event.session_id, (current) => {
+      claimed = false;
+      const requested = withRequested(current, [event.tool]);
+      if (current.expanded_tools.get(event.tool) === revision) {
+        return requested === current ? undefined : requested;
+      }
+      claimed = true;
+      return withExpanded(requested, [[event.tool, revision]]);
+    });
+    if (!claimed) {
+      eventLog.debug({ revision }, "schema already sent to the session");
+      msg.ack();
+      return;
+    }
+    try {
+      await publishSchema(address, event.session_id, modelSchema(tool), {
+        reason: "missing_arguments",
+        missing: event.missing_required,
+        toolCallId: event.tool_call_id,
+        msgId: `schema:${address.tenant}:${address.session}:${subjectToken(event.tool)}:${revision}`,
+      });
+    } catch (err) {
+      // Give the claim back, so the redelivery (or another replica) sends it.
+      await store
+        .updateSchemas(address, event.session_id, (current) => {
+          if (current.expanded_tools.get(event.tool) !== revision) return undefined;
+          const expanded = new Map(current.expanded_tools);
+          expanded.delete(event.tool);
+          return { ...current, expanded_tools: expanded };
+        })
+        .catch((undo: unknown) => eventLog.warn({ err: undo }, "cannot release the claim"));
+      throw err;
+    }
+    eventLog.info({ revision, missing: event.missing_required }, "schema sent to the session");
+    msg.ack();
+  }
+
+  async function publishSchema(
+    address: SessionAddress,
+    sessionId: string,
+    schema: ToolSchema,
+    extra: { reason: SchemaReason; missing: string[]; toolCallId?: string; msgId?: string },
+  ): Promise<void> {
+    const event: SchemaEvent = {
+      ...schema,
+      session_id: sessionId,
+      reason: extra.reason,
+      missing: extra.missing,
+      at: Date.now(),
+    };
+    if (extra.toolCallId !== undefined) event.tool_call_id = extra.toolCallId;
+    await publishDurable(
+      js,
+      subjects.schema(address, schema.tool),
+      event,
+      extra.msgId === undefined ? {} : { msgId: extra.msgId },
+    );
+  }
+
+  async function answer(
+    msg: Msg,
+    handler: (tenant: string, body: unknown) => Promise<unknown>,
+  ): Promise<void> {
+    let reply: unknown;
+    try {
+      const tenant = subjects.parseRpcTenant(msg.subject);
+      if (tenant === undefined) throw new ToolmeshError(ErrorCode.InvalidRequest, "no tenant");
+      let body: unknown;
+      try {
+        body = decodeJson(msg.data);
+      } catch (err) {
+        throw new ToolmeshError(ErrorCode.InvalidRequest, "request is not JSON", { cause: err });
+      }
+      reply = await handler(tenant, body);
+    } catch (err) {
+      // Typed errors pass through; anything else came from NATS or KV.
+      const error = ensureError(err, ErrorCode.Unavailable);
+      if (error.code === ErrorCode.Internal || error.code === ErrorCode.Unavailable) {
+        log.error({ err: error, subject: msg.subject }, "request failed");
+      }
+      reply = { ok: false, error: error.toWire() satisfies WireError };
+    }
+    if (msg.reply !== undefined && msg.reply !== "") msg.respond(encodeJson(reply));
+  }
+
+  /** The session's policy and its tenant's group switches, read from KV (fresh). */
+  async function accessState(
+    tenant: string,
+    at: SessionAddress | undefined,
+  ): Promise<{
+    tenantGroups: ReadonlyMap<string, boolean> | undefined;
+    session: SessionPolicy | undefined;
+  }> {
+    const [tenantState, policy] = await Promise.all([
+      store.getTenantGroups(tenant),
+      at === undefined ? undefined : store.getPolicy(at),
+    ]);
+    return { tenantGroups: tenantState?.groups, session: policy?.value };
+  }
+
+  async function answerCatalog(tenant: string, body: unknown): Promise<CatalogReply> {
+    const request = parseRequest(CatalogRequestSchema, body);
+    const at =
+      request.session_id === undefined
+        ? undefined
+        : { tenant, session: subjectToken(request.session_id) };
+    if (request.bind_agent && (at === undefined || request.agent === undefined)) {
+      throw new ToolmeshError(ErrorCode.InvalidRequest, "bind_agent needs session_id and agent");
+    }
+    const state = await accessState(tenant, at);
+    if (request.bind_agent && at !== undefined && request.agent !== undefined) {
+      state.session = await bindAgent(at, request.session_id ?? "", request.agent);
+    }
+    const expanded =
+      at === undefined ? undefined : (await store.getSchemas(at))?.value.expanded_tools;
+    const built = buildCatalog({
+      tools: registry.tools(),
+      tenantGroups: state.tenantGroups,
+      session: state.session,
+      agent: request.agent,
+      agents: catalog.agents,
+      expanded: expanded === undefined ? undefined : new Set(expanded.keys()),
+    });
+    return {
+      ok: true,
+      tools: built.tools,
+      ...(built.agent === undefined ? {} : { agent: built.agent }),
+      ...(built.outputStrategy === undefined ? {} : { output_strategy: built.outputStrategy }),
+      unavailable: built.unavailable,
+    };
+  }
+
+  async function bindAgent(
+    at: SessionAddress,
+    sessionId: string,
+    agent: string,
+  ): Promise<SessionPolicy> {
+    if (catalog.agents.size === 0) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `cannot bind the session to agent "${agent}": no agents are configured`,
+        { details: { agent } },
+      );
+    }
+    findAgent(agent, catalog.agents);
+    const outcome = await store.updatePolicy(at, sessionId, (current) => {
+      if (current.agent === agent) return undefined;
+      if (current.agent !== undefined) {
+        throw new ToolmeshError(
+          ErrorCode.PermissionDenied,
+          `the session is bound to agent "${current.agent}"; it cannot be bound to "${agent}"`,
+          { details: { agent, bound_agent: current.agent, reason: "other_agent" } },
+        );
+      }
+      return { ...current, agent };
+    });
+    if (outcome.changed) log.info({ sessionId, agent }, "session bound to agent");
+    return outcome.value;
+  }
+
+  async function answerDescribe(tenant: string, body: unknown): Promise<DescribeReply> {
+    const request = parseRequest(DescribeRequestSchema, body);
+    const at = { tenant, session: subjectToken(request.session_id) };
+    const state = await accessState(tenant, at);
+    const schemas: ToolSchema[] = [];
+    const errors: Extract<DescribeReply, { ok: true }>["errors"] = [];
+    for (const name of new Set(request.tools)) {
+      try {
+        schemas.push(modelSchema(callableTool(name, state, request.agent)));
+      } catch (err) {
+        errors.push({ tool: name, error: ensureError(err).toWire() });
+      }
+    }
+    if (schemas.length > 0) {
+      await store.updateSchemas(at, request.session_id, (current) =>
+        withExpanded(
+          withRequested(
+            current,
+            schemas.map((s) => s.tool),
+          ),
+          schemas.map((s) => [s.tool, s.revision]),
+        ),
+      );
+    }
+    return { ok: true, schemas, errors };
+  }
+
+  async function answerExpand(tenant: string, body: unknown): Promise<ExpandReply> {
+    const request = parseRequest(ExpandRequestSchema, body);
+    const at = { tenant, session: subjectToken(request.session_id) };
+    const state = await accessState(tenant, at);
+    const schema = modelSchema(callableTool(request.tool, state, request.agent));
+    // Forced: no message id, so a second `expand` is sent too.
+    await publishSchema(at, request.session_id, schema, { reason: "expand", missing: [] });
+    await store.updateSchemas(at, request.session_id, (current) =>
+      withExpanded(withRequested(current, [schema.tool]), [[schema.tool, schema.revision]]),
+    );
+    log.info({ sessionId: request.session_id, tool: schema.tool }, "schema sent again on request");
+    return { ok: true, schema };
+  }
+
+  async function answerGroups(tenant: string, body: unknown): Promise<GroupsReply> {
+    const request = parseRequest(GroupsRequestSchema, body);
+    const enable = new Set(request.enable);
+    const disable = new Set(request.disable);
+    const reset = new Set(request.reset);
+    const both = [...enable].filter((g) => disable.has(g) || reset.has(g));
+    const twice = [...disable].filter((g) => reset.has(g));
+    if (both.length > 0 || twice.length > 0) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `a group may be named once per request: ${[...both, ...twice].join(", ")}`,
+        { details: { groups: [...both, ...twice] } },
+      );
+    }
+    const change = (current: ReadonlyMap<string, boolean>): Map<string, boolean> | undefined => {
+      const next = new Map(current);
+      for (const g of enable) next.set(g, true);
+      for (const g of disable) next.set(g, false);
+      for (const g of reset) next.delete(g);
+      const same =
+        next.size === current.size && [...next].every(([g, active]) => current.get(g) === active);
+      return same ? undefined : next;
+    };
+    const changes = { enable: [...enable], disable: [...disable], reset: [...reset] };
+    const defs = [...registry.tools()].map((t) => t.definition);
+    if (request.session_id === undefined) {
+      const outcome = await store.updateTenantGroups(tenant, (current) => {
+        const groups = change(current.groups);
+        return groups === undefined ? undefined : { ...current, groups };
+      });
+      if (outcome.changed) log.info({ tenant, ...changes }, "tenant tool groups switched");
+      return {
+        ok: true,
+        scope: "tenant",
+        groups: describeGroups(defs, outcome.value.groups, undefined),
+      };
+    }
+    const at = { tenant, session: subjectToken(request.session_id) };
+    const [tenantGroups, outcome] = await Promise.all([
+      store.getTenantGroups(tenant),
+      store.updatePolicy(at, request.session_id, (current) => {
+        const groups = change(current.groups);
+        return groups === undefined ? undefined : { ...current, groups };
+      }),
+    ]);
+    if (outcome.changed) {
+      log.info({ sessionId: request.session_id, ...changes }, "session tool groups switched");
+    }
+    return {
+      ok: true,
+      scope: "session",
+      groups: describeGroups(defs, tenantGroups?.groups, outcome.value),
+    };
+  }
+
+  /** The tool, if this session (as `agent`) may call it; else the error a call would get. */
+  function callableTool(
+    name: string,
+    state: {
+      tenantGroups: ReadonlyMap<string, boolean> | undefined;
+      session: SessionPolicy | undefined;
+    },
+    agent: string | undefined,
+  ): CompiledTool {
+    const tool = registry.get(name);
+    if (tool === undefined) {
+      throw new ToolmeshError(ErrorCode.UnknownTool, `unknown tool "${name}"`, {
+        details: { tool: name, close_matches: [] },
+      });
+    }
+    const denied = checkToolAccess(tool.definition, { ...state, agent, agents: catalog.agents });
+    if (denied !== undefined) throw denied;
+    return tool;
+  }
+
+  return {
+    async stop(graceMs = 10_000) {
+      stopWatching();
+      for (const sub of subscriptions) sub.unsubscribe();
+      await loop.stop(graceMs);
+      await Promise.allSettled([...running]);
+    },
+  };
+}
+
+/** `current` with `tools` added to `requested_tools` (the same object when nothing is new). */
+function withRequested(
+  current: SessionSchemasState,
+  tools: readonly string[],
+): SessionSchemasState {
+  const fresh = tools.filter((t) => !current.requested_tools.includes(t));
+  if (fresh.length === 0) return current;
+  return { ...current, requested_tools: [...current.requested_tools, ...new Set(fresh)] };
+}
+
+/** `current` with each tool's expanded revision set. */
+function withExpanded(
+  current: SessionSchemasState,
+  entries: readonly (readonly [string, number])[],
+): SessionSchemasState {
+  const expanded = new Map(current.expanded_tools);
+  for (const [tool, revision] of entries) expanded.set(tool, revision);
+  return { ...current, expanded_tools: expanded };
+}
+
+function parseRequest<T>(schema: z.ZodType<T>, body: unknown): T {
+  const parsed = schema.safeParse(body);
+  if (parsed.success) return parsed.data;
+  throw new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `malformed request: ${z.prettifyError(parsed.error).replace(/\n/g, "; ")}`,
+    {
+      details: {
+        issues: parsed.error.issues.map((i) => ({
+          path: `/${i.path.join("/")}`,
+          message: i.message,
+        })),
+      },
+    },
+  );
+}

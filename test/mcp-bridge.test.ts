@@ -1,0 +1,552 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { SessionEvent } from "@toolmesh/client";
+import { createSubjects } from "@toolmesh/protocol";
+import type { ToolMessage } from "@toolmesh/protocol";
+import { ToolRegistry } from "@toolmesh/registry";
+import { runCli } from "./helpers/cli.js";
+import { killAllServices, startService } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+// resolver → mcp-bridge → real MCP servers (the repository's SDK test server over stdio,
+// streamable HTTP and SSE, and the npm package @modelcontextprotocol/server-everything run
+// exactly as users run it) → the caller's session.
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+const TEST_SERVER = join(ROOT, "test", "fixtures", "mcp", "test-server.mjs");
+const EVERYTHING = join(
+  ROOT,
+  "node_modules",
+  "@modelcontextprotocol",
+  "server-everything",
+  "dist",
+  "index.js",
+);
+const API_KEY = "k3y-for-the-http-test-server";
+const TOKEN = "t0ken-for-the-sse-test-server";
+
+let server: NatsServerHandle;
+let work: string;
+let records: string;
+let http: RemoteServer;
+let sse: RemoteServer;
+let resolver: ServiceProcess;
+let bridge: ServiceProcess;
+let env: Record<string, string>;
+let nc: NatsConnection;
+let client: ToolmeshClient;
+let registry: ToolRegistry;
+
+/** A test server in HTTP or SSE mode, its own process. */
+interface RemoteServer {
+  url: string;
+  child: ChildProcess;
+}
+
+async function startRemote(mode: "--http" | "--sse", extraEnv: Record<string, string>) {
+  const child = spawn(process.execPath, [TEST_SERVER, mode], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? "", MCP_TEST_RECORD: records, ...extraEnv },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const lines = createInterface({ input: child.stdout });
+  const [line] = (await once(lines, "line")) as [string];
+  lines.close();
+  return { url: (JSON.parse(line) as { listening: string }).listening, child };
+}
+
+/** One record line of the test servers (see test-server.mjs). */
+interface ServerRecord {
+  event: string;
+  server: string;
+  pid: number;
+  [key: string]: unknown;
+}
+
+async function readRecords(): Promise<ServerRecord[]> {
+  const text = await readFile(records, "utf8").catch(() => "");
+  return text
+    .split("\n")
+    .filter((l) => l !== "")
+    .map((l) => JSON.parse(l) as ServerRecord);
+}
+
+/** Waits until a test server wrote a matching record (a condition, not a fixed sleep). */
+async function waitForRecord(
+  predicate: (r: ServerRecord) => boolean,
+  timeoutMs = 10_000,
+): Promise<ServerRecord> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const found = (await readRecords()).find(predicate);
+    if (found !== undefined) return found;
+    if (Date.now() > until) throw new Error(`no matching server record within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+}
+
+/** Waits until the resolver sees the tools (it logs each registry change). */
+async function toolAvailable(...names: string[]): Promise<void> {
+  await Promise.all(
+    names.map((name) =>
+      resolver.waitForLog(
+        (l) =>
+          (l.msg === "tool available" && l.tool === name) ||
+          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
+      ),
+    ),
+  );
+}
+
+/** The bridge's latest "MCP server ready" line for a server. */
+function lastReady(process: ServiceProcess, name: string): Record<string, unknown> | undefined {
+  return process.lines.filter((l) => l.msg === "MCP server ready" && l.server === name).at(-1);
+}
+
+async function call(
+  name: string,
+  args: Record<string, unknown> = {},
+  options: { session?: string; events?: SessionEvent[] } = {},
+): Promise<ToolMessage> {
+  const session = client.session(options.session ?? `s-${name}-${Math.random().toString(36)}`);
+  if (options.events !== undefined) session.onEvent((e) => options.events?.push(e));
+  try {
+    return await session.submit({ name, arguments: args }).result;
+  } finally {
+    session.close();
+  }
+}
+
+const json = (message: ToolMessage): Record<string, unknown> =>
+  JSON.parse(message.content) as Record<string, unknown>;
+
+function yaml(lines: Record<string, unknown>): string {
+  // JSON is YAML: no formatting surprises in generated files.
+  return `${JSON.stringify(lines, null, 2)}\n`;
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  work = await mkdtemp(join(tmpdir(), "toolmesh-mcp-bridge-"));
+  records = join(work, "records.jsonl");
+  [http, sse] = await Promise.all([
+    startRemote("--http", { MCP_TEST_NAME: "h", MCP_TEST_AUTH_VALUE: API_KEY }),
+    startRemote("--sse", {
+      MCP_TEST_NAME: "s",
+      MCP_TEST_AUTH_HEADER: "authorization",
+      MCP_TEST_AUTH_VALUE: `Bearer ${TOKEN}`,
+    }),
+  ]);
+  await writeFile(join(work, "token"), `${TOKEN}\n`);
+  const mcpDir = join(work, "mcp");
+  await mkdir(mcpDir);
+  const stdio = (name: string, extra: Record<string, unknown> = {}) => ({
+    name,
+    transport: "stdio",
+    command: process.execPath,
+    args: [TEST_SERVER],
+    env: { MCP_TEST_NAME: name, MCP_TEST_RECORD: records },
+    retry: { initial_backoff_ms: 200 },
+    reconnect: { initial_delay_ms: 100 },
+    ...extra,
+  });
+  const files: Record<string, Record<string, unknown>> = {
+    "t.yaml": stdio("t"),
+    "lag.yaml": stdio("lag", { timeout_ms: 1_000, retry: { max_attempts: 1 } }),
+    "lz.yaml": stdio("lz", {
+      lazy: true,
+      idle_timeout_ms: 500,
+      tools: [
+        {
+          name: "echo",
+          description: "Returns the text it is given.",
+          inputSchema: {
+            type: "object",
+            properties: { text: { type: "string" } },
+            required: ["text"],
+          },
+        },
+      ],
+    }),
+    "stuck.yaml": stdio("stuck", {
+      args: [TEST_SERVER, "--hang-initialize"],
+      connect_timeout_ms: 1_000,
+    }),
+    "h.yaml": {
+      name: "h",
+      transport: "http",
+      url: http.url,
+      auth: { type: "api_key", env: "H_KEY" },
+      reconnect: { initial_delay_ms: 100 },
+    },
+    "denied.yaml": {
+      name: "denied",
+      transport: "http",
+      url: http.url,
+      headers: { "X-API-Key": { env: "WRONG_KEY" } },
+    },
+    "s.yaml": {
+      name: "s",
+      transport: "sse",
+      url: sse.url,
+      auth: { type: "bearer", file: join(work, "token") },
+    },
+  };
+  for (const [file, content] of Object.entries(files)) {
+    await writeFile(join(mcpDir, file), yaml(content));
+  }
+  // The example of the README, as it is.
+  await copyFile(join(ROOT, "examples", "mcp", "everything.yaml"), join(mcpDir, "everything.yaml"));
+  env = {
+    NATS_URL: server.url,
+    TOOLMESH_MCP_DIR: mcpDir,
+    H_KEY: API_KEY,
+    WRONG_KEY: "not-the-key",
+  };
+  resolver = await startService("resolver", env);
+  bridge = await startService("mcp-bridge", env);
+  nc = await connect({ servers: server.url });
+  client = new ToolmeshClient(nc, { defaultTimeoutMs: 20_000 });
+  registry = await ToolRegistry.open(nc, {
+    subjects: createSubjects(),
+    log: { warn: () => undefined },
+  });
+  await toolAvailable("t.echo", "h.echo", "s.echo", "lz.echo", "everything.echo");
+});
+
+afterAll(async () => {
+  registry?.close();
+  await nc?.close();
+  await killAllServices();
+  http?.child.kill();
+  sse?.child.kill();
+  await server?.stop();
+  if (work !== undefined) await rm(work, { recursive: true, force: true });
+});
+
+describe("registration", () => {
+  it("registers every tool of every tools/list page as <server>.<tool>", () => {
+    const names = [...registry.names()].filter((n) => n.startsWith("t.")).sort();
+    expect(names).toEqual(
+      [
+        "add_tool",
+        "count",
+        "crash",
+        "echo",
+        "expire_session",
+        "fail",
+        "greet",
+        "math.add",
+        "mixed",
+        "remove_tool",
+        "rpc_error",
+        "slow",
+        "whoami",
+      ].map((n) => `t.${n}`),
+    );
+  });
+
+  it("keeps the server's full input schema, annotations and origin under a shared owner", () => {
+    const greet = registry.get("t.greet")?.definition;
+    expect(greet).toMatchObject({
+      name: "t.greet",
+      description: "Greets someone. Returns the arguments it received.",
+      kind: "mcp",
+      owner: "mcp-bridge:t",
+      system_params: [],
+      annotations: { title: "Greeter" },
+      origin: { server: "t", tool: "greet", transport: "stdio" },
+    });
+    expect(greet?.parameters).toEqual({
+      $schema: "http://json-schema.org/draft-07/schema#",
+      type: "object",
+      properties: {
+        name: { type: "string", description: "Who to greet" },
+        greeting: { type: "string", default: "Hello" },
+        punctuation: { type: "string", enum: ["!", "."], default: "!" },
+      },
+      required: ["name"],
+      additionalProperties: false,
+    });
+    expect(registry.get("t.echo")?.definition.annotations).toEqual({ readOnlyHint: true });
+    expect(registry.get("lag.slow")?.definition.timeout_ms).toBe(1_000);
+  });
+
+  it("never writes a secret into the registry or a log line", async () => {
+    const entries = JSON.stringify(await registry.fetchAll());
+    const logs = JSON.stringify([...bridge.lines, ...resolver.lines]) + bridge.stderr();
+    for (const secret of [API_KEY, TOKEN, "not-the-key"]) {
+      expect(entries).not.toContain(secret);
+      expect(logs).not.toContain(secret);
+    }
+  });
+});
+
+describe("calls", () => {
+  it("fills defaults from the MCP schema in the resolver and answers with the server's text", async () => {
+    const message = await call("t.greet", { name: "Ada" });
+    expect(message.error).toBeUndefined();
+    // The server sent the same JSON as text and as structured content: the text is kept.
+    expect(json(message)).toEqual({
+      message: "Hello, Ada!",
+      args: { name: "Ada", greeting: "Hello", punctuation: "!" },
+    });
+    const dry = await client.resolve("s-dry", { name: "t.greet", arguments: { name: "Ada" } });
+    expect(dry.ok && dry.resolved.input_parameters).toEqual([
+      { name: "name", type: "str", value: "Ada", source: "tool_args" },
+      { name: "greeting", type: "str", value: "Hello", source: "default" },
+      { name: "punctuation", type: "str", value: "!", source: "default" },
+    ]);
+  });
+
+  it("calls a tool whose MCP name holds a dot", async () => {
+    const message = await call("t.math.add", { a: 2, b: 3 });
+    expect(message.content).toBe("5");
+  });
+
+  it("streams the server's progress notifications to the session before the result", async () => {
+    const events: SessionEvent[] = [];
+    const message = await call("t.count", { steps: 3 }, { events });
+    expect(message.content).toBe("counted to 3");
+    expect(events.map((e) => e.type)).toEqual(["progress", "progress", "progress", "result"]);
+    expect(events.filter((e) => e.type === "progress").map((e) => e.event.data)).toEqual([
+      { progress: 1, total: 3, message: "step 1" },
+      { progress: 2, total: 3, message: "step 2" },
+      { progress: 3, total: 3, message: "step 3" },
+    ]);
+  });
+
+  it("carries images, audio, resources, links and structured content as JSON", async () => {
+    const body = json(await call("t.mixed"));
+    expect(body.structuredContent).toEqual({ kinds: 5 });
+    expect((body.content as { type: string }[]).map((b) => b.type)).toEqual([
+      "text",
+      "image",
+      "audio",
+      "resource",
+      "resource_link",
+    ]);
+    expect((body.content as Record<string, unknown>[])[1]).toMatchObject({
+      type: "image",
+      mimeType: "image/png",
+      data: expect.stringMatching(/^iVBOR/),
+    });
+  });
+
+  it("turns isError into a terminal tool_error carrying the server's content", async () => {
+    const message = await call("t.fail", { reason: "disk full" });
+    expect(message.attempts).toBe(1);
+    expect(message.error).toEqual({
+      code: "tool_error",
+      message: "disk full",
+      retryable: false,
+      details: {
+        server: "t",
+        tool: "fail",
+        content: [{ type: "text", text: "disk full" }],
+        structuredContent: { reason: "disk full" },
+      },
+    });
+  });
+
+  it("maps JSON-RPC errors to typed errors", async () => {
+    const [invalid, unknown, internal] = await Promise.all([
+      call("t.rpc_error", { code: -32602, message: "b must be positive" }),
+      call("t.rpc_error", { code: -32601, message: "no such method" }),
+      call("t.rpc_error", { code: -32603, message: "database down" }),
+    ]);
+    expect(invalid.error).toMatchObject({
+      code: "invalid_parameters",
+      retryable: false,
+      message: "b must be positive",
+      details: { server: "t", tool: "rpc_error", jsonrpc_code: -32602 },
+    });
+    expect(unknown.error).toMatchObject({ code: "unknown_tool", retryable: false });
+    // An internal error may pass: it is retried (3 attempts) before it is final.
+    expect(internal.error).toMatchObject({ code: "tool_error", retryable: true });
+    expect(internal.attempts).toBe(3);
+  });
+
+  it("ends a hung call with timeout and the server receives notifications/cancelled", async () => {
+    const message = await call("lag.slow", {});
+    expect(message.error).toMatchObject({ code: "timeout" });
+    const started = await waitForRecord((r) => r.server === "lag" && r.event === "slow-started");
+    const cancelled = await waitForRecord((r) => r.server === "lag" && r.event === "cancelled");
+    expect(cancelled.request_id).toBe(started.request_id);
+    expect(String(cancelled.reason)).toMatch(/timed out after 1000 ms/);
+    // The idempotency key reached the server in _meta.
+    expect(started.idempotency_key).toMatch(/\//);
+  });
+});
+
+describe("liveness", () => {
+  it("restarts a killed stdio server; the call in flight is retried and the next call works", async () => {
+    const before = lastReady(bridge, "t")?.pid as number;
+    const session = client.session("s-kill");
+    const handle = session.submit({ name: "t.slow", arguments: { ms: 1_500 } });
+    await waitForRecord((r) => r.server === "t" && r.event === "slow-started" && r.pid === before);
+    process.kill(before, "SIGKILL");
+    const message = await handle.result;
+    session.close();
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("slept 1500 ms");
+    expect(message.attempts).toBe(2);
+    const after = lastReady(bridge, "t")?.pid as number;
+    expect(after).not.toBe(before);
+    expect((await call("t.echo", { text: "still here" })).content).toBe("still here");
+  });
+
+  it("answers unavailable when the server crashes on every attempt, then recovers", async () => {
+    const crashed = await call("t.crash");
+    expect(crashed.error).toMatchObject({ code: "unavailable", retryable: true });
+    expect(crashed.attempts).toBe(3);
+    expect((await call("t.echo", { text: "back" })).content).toBe("back");
+  });
+
+  it("follows tools/list_changed: an added tool is callable within a second, a removed one goes", async () => {
+    const added = await call("t.add_tool", { name: "fresh" });
+    expect(added.content).toBe("added fresh");
+    const startedAt = Date.now();
+    await toolAvailable("t.fresh");
+    expect(Date.now() - startedAt).toBeLessThan(1_000);
+    const fresh = await call("t.fresh", {});
+    expect(json(fresh)).toEqual({ tool: "fresh", args: { value: "none" } });
+    await call("t.remove_tool", { name: "fresh" });
+    await resolver.waitForLog((l) => l.msg === "tool removed" && l.tool === "t.fresh");
+    expect((await call("t.fresh", {})).error?.code).toBe("unknown_tool");
+  });
+
+  it("starts a lazy server on its first call from the declared catalog and stops it when idle", async () => {
+    expect(registry.get("lz.echo")?.definition.owner).toBe("mcp-bridge:lz");
+    expect((await readRecords()).filter((r) => r.server === "lz")).toEqual([]);
+    expect((await call("lz.echo", { text: "woken" })).content).toBe("woken");
+    await waitForRecord((r) => r.server === "lz" && r.event === "started");
+    // Once running, the server's real list replaces the declared one.
+    await toolAvailable("lz.greet");
+    await bridge.waitForLog((l) => l.msg === "MCP server idle; stopped" && l.server === "lz");
+    expect((await call("lz.echo", { text: "again" })).content).toBe("again");
+    const starts = (await readRecords()).filter((r) => r.server === "lz" && r.event === "started");
+    expect(starts).toHaveLength(2);
+  });
+
+  it("does not let a server hanging in initialize or refusing the credentials block the others", () => {
+    const started = bridge.lines.find((l) => l.msg === "mcp-bridge started");
+    const servers = started?.servers as Record<string, { state: string; tools: number }>;
+    expect(servers.t).toMatchObject({ state: "ready", tools: 13 });
+    expect(servers.stuck?.state).not.toBe("ready");
+    expect(servers.denied?.state).not.toBe("ready");
+    const failures = bridge.lines.filter((l) => l.msg === "cannot connect to MCP server");
+    expect(failures.some((l) => l.server === "stuck" && /timed out/i.test(String(l.err)))).toBe(
+      true,
+    );
+    expect(failures.some((l) => l.server === "denied" && /401/.test(String(l.err)))).toBe(true);
+  });
+});
+
+describe("remote transports", () => {
+  it("calls a streamable HTTP server with the API key header", async () => {
+    expect((await call("h.echo", { text: "over http" })).content).toBe("over http");
+    const events: SessionEvent[] = [];
+    expect((await call("h.count", { steps: 2 }, { events })).content).toBe("counted to 2");
+    expect(events.filter((e) => e.type === "progress")).toHaveLength(2);
+    // The "denied" server (same URL, wrong key) was refused by the server itself.
+    await waitForRecord((r) => r.server === "h" && r.event === "unauthorized");
+  });
+
+  it("initialises again when the HTTP session expired (404) and sends the call once more", async () => {
+    await call("h.expire_session");
+    const message = await call("h.echo", { text: "after expiry" });
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("after expiry");
+    expect(message.attempts).toBe(1);
+    await waitForRecord((r) => r.server === "h" && r.event === "session-expired");
+    await bridge.waitForLog((l) => l.msg === "MCP session expired; initialising again");
+  });
+
+  it("calls a legacy SSE server with a bearer token read from a file", async () => {
+    expect((await call("s.echo", { text: "over sse" })).content).toBe("over sse");
+    expect(json(await call("s.greet", { name: "Bo" }))).toMatchObject({ message: "Hello, Bo!" });
+  });
+});
+
+describe("the npm server @modelcontextprotocol/server-everything", () => {
+  it("appears in toolmesh tools list and answers what the server answers", async () => {
+    const listed = await runCli(["tools", "list", "--json"], { NATS_URL: server.url });
+    expect(listed.code).toBe(0);
+    const tools = JSON.parse(listed.stdout) as { name: string; kind: string }[];
+    expect(tools).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ name: "everything.echo", kind: "mcp" }),
+        expect.objectContaining({ name: "everything.get-sum", kind: "mcp" }),
+        expect.objectContaining({ name: "everything.get-tiny-image", kind: "mcp" }),
+      ]),
+    );
+    // The same server, asked directly over its own stdio.
+    const direct = new Client({ name: "toolmesh-test", version: "1" });
+    await direct.connect(
+      new StdioClientTransport({
+        command: process.execPath,
+        args: [EVERYTHING, "stdio"],
+        stderr: "ignore",
+      }),
+    );
+    try {
+      const ask = async (name: string, args: Record<string, unknown>) =>
+        (await direct.callTool({ name, arguments: args })) as CallToolResult;
+      const [echo, sum, image] = await Promise.all([
+        ask("echo", { message: "hi there" }),
+        ask("get-sum", { a: 2, b: 40 }),
+        ask("get-tiny-image", {}),
+      ]);
+      const [viaEcho, viaSum, viaImage] = await Promise.all([
+        call("everything.echo", { message: "hi there" }),
+        call("everything.get-sum", { a: 2, b: 40 }),
+        call("everything.get-tiny-image"),
+      ]);
+      expect(viaEcho.content).toBe((echo.content[0] as { text: string }).text);
+      expect(viaSum.content).toBe((sum.content[0] as { text: string }).text);
+      expect(json(viaImage)).toEqual({ content: image.content });
+    } finally {
+      await direct.close();
+    }
+  });
+});
+
+describe("replicas", () => {
+  it("lets two bridge processes share one server's tools and work", async () => {
+    const second = await startService("mcp-bridge", env);
+    await second.waitForLog((l) => l.msg === "MCP server ready" && l.server === "t");
+    const session = client.session("s-replicas");
+    const results = await session.submitAll(
+      Array.from({ length: 24 }, (_, i) => ({
+        id: `r${i}`,
+        name: "t.whoami",
+        arguments: { delay_ms: 60 },
+      })),
+    ).results;
+    session.close();
+    expect(results.every((m) => m.error === undefined)).toBe(true);
+    // Each replica runs its own stdio server: the server's parent is the bridge that called it.
+    const parents = new Set(results.map((m) => json(m).ppid));
+    expect(parents).toEqual(new Set([bridge.pid, second.pid]));
+    expect(await second.stop()).toBe(0);
+    // The replica that stopped did not take the shared registrations with it.
+    expect(registry.get("t.whoami")?.definition.owner).toBe("mcp-bridge:t");
+    expect((await call("t.whoami")).error).toBeUndefined();
+  });
+});
