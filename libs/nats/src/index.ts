@@ -25,3 +25,5 @@ export {
 } from "./local-server.js";
 export type { NatsServerHandle, StartNatsServerOptions } from "./local-server.js";
 export { ServerClock } from "./server-clock.js";
+export { ensureDurableConsumer } from "./consumers.js";
+export type { DurableConsumerOptions } from "./consumers.js";

@@ -1,7 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
-import { nanos } from "@nats-io/nats-core";
-import type { ConsumerConfig, JetStreamManager, JsMsg } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
+import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type {
   ProgressEvent,
   ResolvedCall,
@@ -29,6 +27,7 @@ import {
   Semaphore,
   ServerClock,
   deadLetterHeaders,
+  ensureDurableConsumer,
   publishEphemeral,
   startWorkLoop,
 } from "@toolmesh/nats";
@@ -593,40 +592,20 @@ export function retryDelay(
   return Math.round(delay);
 }
 
-const CONSUMER_NOT_FOUND = 10014;
-
-/** Creates the tool's durable work consumer, or updates it to the tool's current policy. */
-async function ensureWorkConsumer(
+/** The tool's durable work consumer, shared by every executor serving it. */
+function ensureWorkConsumer(
   jsm: JetStreamManager,
   subjects: Subjects,
   definition: ToolDefinition,
   ackWaitMs: number,
 ): Promise<void> {
-  const name = subjects.workConsumer(definition.name);
-  const config: Partial<ConsumerConfig> = {
-    durable_name: name,
-    filter_subject: subjects.work(definition.name),
-    ack_policy: AckPolicy.Explicit,
-    deliver_policy: DeliverPolicy.All,
-    ack_wait: nanos(ackWaitMs),
+  return ensureDurableConsumer(jsm, {
+    stream: subjects.streams.work,
+    name: subjects.workConsumer(definition.name),
+    filterSubject: subjects.work(definition.name),
+    ackWaitMs,
     // Crash redeliveries count as deliveries too: leave room beyond the policy's attempts.
-    max_deliver: definition.retry.max_attempts + 3,
-    max_ack_pending: 1_000,
-  };
-  const exists = await jsm.consumers.info(subjects.streams.work, name).then(
-    () => true,
-    (err: unknown) => {
-      if (err instanceof JetStreamApiError && err.code === CONSUMER_NOT_FOUND) return false;
-      throw err;
-    },
-  );
-  if (exists) {
-    await jsm.consumers.update(subjects.streams.work, name, {
-      ack_wait: config.ack_wait,
-      max_deliver: config.max_deliver,
-      max_ack_pending: config.max_ack_pending,
-    });
-  } else {
-    await jsm.consumers.add(subjects.streams.work, config);
-  }
+    maxDeliver: definition.retry.max_attempts + 3,
+    maxAckPending: 1_000,
+  });
 }

@@ -1,7 +1,5 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
-import { nanos } from "@nats-io/nats-core";
 import type { JsMsg } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
 import { z } from "zod";
 import type { CancelReply, ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
@@ -23,6 +21,7 @@ import {
   Semaphore,
   ServerClock,
   deadLetterHeaders,
+  ensureDurableConsumer,
   publishDurable,
   publishEphemeral,
   startWorkLoop,
@@ -128,19 +127,14 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   })();
 
   async function ensureDeadlineConsumer(): Promise<void> {
-    const config = {
-      durable_name: subjects.deadlineConsumer,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: nanos(30_000),
-      max_deliver: -1,
-      max_ack_pending: 100_000,
-    };
-    try {
-      await jsm.consumers.add(subjects.streams.timers, config);
-    } catch (err) {
-      if (!(err instanceof JetStreamApiError)) throw err;
-    }
+    // Timers are naked until due, each nak a delivery: no delivery limit.
+    await ensureDurableConsumer(jsm, {
+      stream: subjects.streams.timers,
+      name: subjects.deadlineConsumer,
+      ackWaitMs: 30_000,
+      maxDeliver: -1,
+      maxAckPending: 100_000,
+    });
   }
 
   async function handleTimer(msg: JsMsg): Promise<void> {

@@ -1,7 +1,5 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JsMsg } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
-import { nanos } from "@nats-io/nats-core";
 import type { z } from "zod";
 import type {
   CallRequest,
@@ -23,7 +21,13 @@ import {
   subjectToken,
 } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
-import { Semaphore, ServerClock, publishDurable, startWorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  ServerClock,
+  ensureDurableConsumer,
+  publishDurable,
+  startWorkLoop,
+} from "@toolmesh/nats";
 import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
@@ -263,26 +267,15 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
 
   async function ensureResolverConsumer(): Promise<void> {
-    const config = {
-      durable_name: subjects.resolverConsumer,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: nanos(ackWaitMs),
+    await ensureDurableConsumer(jsm, {
+      stream: subjects.streams.calls,
+      name: subjects.resolverConsumer,
+      ackWaitMs,
       // With backoff up to 10 s between deliveries this rides out a couple of minutes of
       // trouble downstream; a call failing its resolver this often is dead-lettered.
-      max_deliver: 20,
-      max_ack_pending: 10_000,
-    };
-    try {
-      await jsm.consumers.add(subjects.streams.calls, config);
-    } catch (err) {
-      if (!(err instanceof JetStreamApiError)) throw err;
-      await jsm.consumers.update(subjects.streams.calls, subjects.resolverConsumer, {
-        ack_wait: config.ack_wait,
-        max_deliver: config.max_deliver,
-        max_ack_pending: config.max_ack_pending,
-      });
-    }
+      maxDeliver: 20,
+      maxAckPending: 10_000,
+    });
   }
 
   function answerDryRun(msg: Msg): void {

@@ -1,7 +1,6 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JsMsg } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError, jetstream } from "@nats-io/jetstream";
-import { nanos } from "@nats-io/nats-core";
+import { jetstream } from "@nats-io/jetstream";
 import { z } from "zod";
 import type {
   CatalogReply,
@@ -30,7 +29,13 @@ import {
   subjectToken,
 } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
-import { Semaphore, ensureStreams, publishDurable, startWorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  ensureDurableConsumer,
+  ensureStreams,
+  publishDurable,
+  startWorkLoop,
+} from "@toolmesh/nats";
 import type { CompiledTool, ToolRegistry } from "@toolmesh/registry";
 import type {
   CatalogConfig,
@@ -162,25 +167,14 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   );
 
   async function ensureConsumer(): Promise<void> {
-    const config = {
-      durable_name: subjects.schemaExpanderConsumer,
-      filter_subject: subjects.allMissingArguments,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: nanos(ackWaitMs),
-      max_deliver: 10,
-      max_ack_pending: 1_000,
-    };
-    try {
-      await jsm.consumers.add(subjects.streams.events, config);
-    } catch (err) {
-      if (!(err instanceof JetStreamApiError)) throw err;
-      await jsm.consumers.update(subjects.streams.events, subjects.schemaExpanderConsumer, {
-        ack_wait: config.ack_wait,
-        max_deliver: config.max_deliver,
-        max_ack_pending: config.max_ack_pending,
-      });
-    }
+    await ensureDurableConsumer(jsm, {
+      stream: subjects.streams.events,
+      name: subjects.schemaExpanderConsumer,
+      filterSubject: subjects.allMissingArguments,
+      ackWaitMs,
+      maxDeliver: 10,
+      maxAckPending: 1_000,
+    });
   }
 
   async function handleEvent(msg: JsMsg): Promise<void> {
