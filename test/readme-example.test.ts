@@ -16,7 +16,11 @@ let server: NatsServerHandle;
 
 beforeAll(async () => {
   server = await startNatsServer();
-  const env = { NATS_URL: server.url, TOOLMESH_TOOLS_DIR: join(ROOT, "tools", "builtin"), TOOLMESH_TENANT: "acme" };
+  const env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: join(ROOT, "tools", "builtin"),
+    TOOLMESH_TENANT: "acme",
+  };
   const resolver = await startService("resolver", env);
   await startService("executor", env);
   await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "optimize_structure");
@@ -36,15 +40,24 @@ describe("the README's client example", () => {
   });
 
   it("runs against a mesh and prints what it promises", async () => {
-    const { stdout } = await run(process.execPath, [join(ROOT, "examples", "client", "dist", "main.js")], {
-      env: { PATH: process.env.PATH ?? "", NATS_URL: server.url },
-      timeout: 60_000,
-    });
+    const { stdout } = await run(
+      process.execPath,
+      [join(ROOT, "examples", "client", "dist", "main.js")],
+      {
+        env: { PATH: process.env.PATH ?? "", NATS_URL: server.url },
+        timeout: 60_000,
+      },
+    );
     const lines = stdout.trim().split("\n");
-    expect(JSON.parse(lines.find((l) => l.startsWith("{")) ?? "{}")).toMatchObject({ structure: "Cu.cif", head: "Omat24" });
+    expect(JSON.parse(lines.find((l) => l.startsWith("{")) ?? "{}")).toMatchObject({
+      structure: "Cu.cif",
+      head: "Omat24",
+    });
     expect(lines).toContain("call_1 a");
     expect(lines).toContain("call_2 missing_arguments");
-    expect(lines.some((l) => /^(true cancelled cancelled|false done finished first)$/.test(l))).toBe(true);
+    expect(
+      lines.some((l) => /^(true cancelled cancelled|false done finished first)$/.test(l)),
+    ).toBe(true);
     expect(lines).toContain("{ text: 'hi', upper: false }");
   });
 });

@@ -222,6 +222,21 @@ describe("cancellation", () => {
     expect(executions("rel-cancel-queued/q1")).toBe(0);
   });
 
+  it("cancels a call it has not accepted yet: the call is answered cancelled and never runs", async () => {
+    await executor();
+    const session = client.session("rel-cancel-early");
+    const handle = session.submit({ id: "e1", name: "sleepy", arguments: { ms: 10 } });
+    // Cancelled at once: the call is most likely still in the calls stream.
+    const reply = await handle.cancel();
+    const message = await handle.result;
+    session.close();
+    if (reply.state === "done") return; // it was faster than the cancellation: nothing to check
+    expect(reply).toEqual({ cancelled: true, state: "cancelled" });
+    expect(message.error).toMatchObject({ code: "cancelled" });
+    expect(message.name).toBe("sleepy");
+    expect(executions("rel-cancel-early/e1")).toBe(0);
+  });
+
   it("says so when the call had already ended", async () => {
     await executor();
     const session = client.session("rel-cancel-late");

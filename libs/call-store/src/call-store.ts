@@ -56,6 +56,9 @@ export interface CallStoreOptions {
 }
 
 const WRONG_LAST_SEQUENCE = 10071;
+
+/** `args_hash` of a record made by a cancellation that came before its call. */
+export const ANY_ARGUMENTS = "*";
 const STREAM_NAME_IN_USE = 10058;
 
 /** Hash of a call's arguments as submitted (JSON text or object), for conflict checks. */
@@ -106,7 +109,9 @@ export class CallStore {
       const existing = await this.get(record.idempotency_key);
       if (existing === undefined) continue; // expired or deleted meanwhile: try again
       const found = existing.record;
-      if (found.args_hash !== record.args_hash || found.tool !== record.tool)
+      // A record cancelled before its call arrived (ANY_ARGUMENTS) matches whatever comes.
+      const tombstone = found.args_hash === ANY_ARGUMENTS;
+      if (!tombstone && (found.args_hash !== record.args_hash || found.tool !== record.tool))
         return { status: "conflict", record: found };
       if (found.state === "done" && found.result !== undefined) {
         return { status: "done", record: { ...found, result: found.result } };

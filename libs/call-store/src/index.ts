@@ -1,4 +1,10 @@
-export { CallRecordSchema, CallStateSchema, CallStore, argumentsHash } from "./call-store.js";
+export {
+  ANY_ARGUMENTS,
+  CallRecordSchema,
+  CallStateSchema,
+  CallStore,
+  argumentsHash,
+} from "./call-store.js";
 export type { AcceptOutcome, CallRecord, CallStoreOptions } from "./call-store.js";
 export { openCallPlane } from "./plane.js";
 export type { CallPlane, CallPlaneOptions, CallTarget } from "./plane.js";

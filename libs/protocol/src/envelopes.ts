@@ -216,7 +216,7 @@ export const CancelReplySchema = z
     cancelled: z.boolean().describe("True when this request ended the call."),
     state: z
       .enum(["cancelled", "done", "unknown"])
-      .describe("`done`: it had already ended; `unknown`: no such accepted call."),
+      .describe("`done`: it had already ended; `unknown`: the request failed (see `error`)."),
     error: WireErrorSchema.optional(),
   })
   .meta({ id: "CancelReply", description: "What became of a cancel request." });

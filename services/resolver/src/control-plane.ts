@@ -27,6 +27,7 @@ import {
   startWorkLoop,
 } from "@toolmesh/nats";
 import type { CallPlane } from "@toolmesh/call-store";
+import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
 import { reconcileOrphans } from "./reconcile.js";
 
@@ -185,6 +186,46 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     }
   }
 
+  /**
+   * Ends an accepted call with `cancelled`. A call not accepted yet (still in the calls
+   * stream) gets a cancelled record first: when it arrives it is answered from that record and
+   * never runs.
+   */
+  async function cancelCall(
+    callId: string,
+    sessionId: string,
+    key: string,
+    address: { tenant: string; session: string },
+  ): Promise<CancelReply> {
+    const cancelled = (tool: string): ToolMessage =>
+      errorToolMessage(
+        { tool_call_id: callId, name: tool, session_id: sessionId },
+        new ToolmeshError(ErrorCode.Cancelled, `call ${callId} was cancelled by its caller`),
+      );
+    for (;;) {
+      const current = await store.get(key);
+      if (current !== undefined) {
+        const won = await plane.finalize(current.record, cancelled(current.record.tool));
+        if (won)
+          publishEphemeral(nc, subjects.abort, { idempotency_key: key, reason: "cancelled" });
+        return { cancelled: won, state: won ? "cancelled" : "done" };
+      }
+      const early = await store.accept({
+        idempotency_key: key,
+        call_id: callId,
+        session_id: sessionId,
+        address,
+        tool: "",
+        args_hash: ANY_ARGUMENTS,
+        state: "done",
+        deadline_at: clock.now(),
+        result: cancelled(""),
+      });
+      if (early.status === "new") return { cancelled: true, state: "cancelled" };
+      // The resolver accepted the call meanwhile: cancel it as an accepted call.
+    }
+  }
+
   async function answerCancel(msg: Msg): Promise<void> {
     let reply: CancelReply;
     try {
@@ -197,26 +238,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         );
       }
       const key = request.idempotency_key ?? `${request.session_id}/${request.tool_call_id}`;
-      const current = await store.get(key);
-      if (current === undefined) {
-        reply = { cancelled: false, state: "unknown" };
-      } else {
-        const message = errorToolMessage(
-          {
-            tool_call_id: current.record.call_id,
-            name: current.record.tool,
-            session_id: current.record.session_id,
-          },
-          new ToolmeshError(
-            ErrorCode.Cancelled,
-            `call ${current.record.call_id} was cancelled by its caller`,
-          ),
-        );
-        const won = await plane.finalize(current.record, message);
-        if (won)
-          publishEphemeral(nc, subjects.abort, { idempotency_key: key, reason: "cancelled" });
-        reply = { cancelled: won, state: won ? "cancelled" : "done" };
-      }
+      reply = await cancelCall(request.tool_call_id, request.session_id, key, address);
     } catch (err) {
       const error = ensureError(
         err instanceof z.ZodError

@@ -439,11 +439,13 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         limits.release(resolved);
         await publishFinal(
           subjects.result(resolved.address, resolved.call_id),
-          // The same key may come back under another call id: answer that id.
+          // The same key may come back under another call id: answer that id. A call
+          // cancelled before it arrived gets its tool's name here.
           {
             ...accepted.record.result,
             tool_call_id: resolved.call_id,
             session_id: resolved.session_id,
+            name: resolved.tool,
           },
           accepted.record.call_id === resolved.call_id
             ? `result:${resolved.idempotency_key}`
