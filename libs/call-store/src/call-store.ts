@@ -2,7 +2,8 @@ import { createHash } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { nanos } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
@@ -85,14 +86,15 @@ export class CallStore {
   static async open(nc: NatsConnection, options: CallStoreOptions): Promise<CallStore> {
     const kvm = new Kvm(nc);
     const name = options.subjects.callsBucket;
-    // The first service to start creates the bucket; the others use it as it is.
-    const kv = await kvm
-      .create(name, { history: 1, ttl: options.retentionMs ?? 86_400_000 })
-      .catch((err: unknown) => {
-        if (err instanceof JetStreamApiError && err.code === STREAM_NAME_IN_USE)
-          return kvm.open(name);
-        throw err;
-      });
+    const retentionMs = options.retentionMs ?? 86_400_000;
+    // The first service to start creates the bucket; a later one with another retention
+    // brings it up to date (the last one started wins).
+    const kv = await kvm.create(name, { history: 1, ttl: retentionMs }).catch(async (err: unknown) => {
+      if (!(err instanceof JetStreamApiError) || err.code !== STREAM_NAME_IN_USE) throw err;
+      const jsm = await jetstreamManager(nc);
+      await jsm.streams.update(`KV_${name}`, { max_age: nanos(retentionMs) });
+      return kvm.open(name);
+    });
     return new CallStore(kv);
   }
 

@@ -216,6 +216,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   const { nc, subjects, registry, log, tracer } = options;
   const defaultTimeoutMs = options.defaultTimeoutMs ?? 60_000;
   const ackWaitMs = options.ackWaitMs ?? 10_000;
+  const callRetentionMs = options.callRetentionMs ?? 86_400_000;
   const plane = await openCallPlane(nc, {
     subjects,
     streamLimits: options.streamLimits,
@@ -385,6 +386,18 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         msgId,
       );
 
+    if (resolved.timeout_ms > callRetentionMs) {
+      // Its record would expire while it runs, and with it the guarantee of one final message.
+      await publishAnswer(
+        new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `timeout_ms ${resolved.timeout_ms} is longer than calls are remembered (${callRetentionMs} ms)`,
+          { details: { timeout_ms: resolved.timeout_ms, max_timeout_ms: callRetentionMs } },
+        ),
+        `result:${resolved.idempotency_key}`,
+      );
+      return;
+    }
     if (clock.now() >= resolved.deadline_at) {
       // It waited in the calls stream past its deadline (no resolver was running).
       await publishAnswer(
