@@ -89,12 +89,14 @@ export class CallStore {
     const retentionMs = options.retentionMs ?? 86_400_000;
     // The first service to start creates the bucket; a later one with another retention
     // brings it up to date (the last one started wins).
-    const kv = await kvm.create(name, { history: 1, ttl: retentionMs }).catch(async (err: unknown) => {
-      if (!(err instanceof JetStreamApiError) || err.code !== STREAM_NAME_IN_USE) throw err;
-      const jsm = await jetstreamManager(nc);
-      await jsm.streams.update(`KV_${name}`, { max_age: nanos(retentionMs) });
-      return kvm.open(name);
-    });
+    const kv = await kvm
+      .create(name, { history: 1, ttl: retentionMs })
+      .catch(async (err: unknown) => {
+        if (!(err instanceof JetStreamApiError) || err.code !== STREAM_NAME_IN_USE) throw err;
+        const jsm = await jetstreamManager(nc);
+        await jsm.streams.update(`KV_${name}`, { max_age: nanos(retentionMs) });
+        return kvm.open(name);
+      });
     return new CallStore(kv);
   }
 

@@ -91,6 +91,15 @@ export function streamConfigs(
       max_age: nanos(limits.deadLetterRetentionMs ?? 7 * 86_400_000),
       duplicate_window: dup,
     },
+    {
+      ...common,
+      name: subjects.streams.advisories,
+      subjects: [subjects.streams.calls, subjects.streams.work].map((s) =>
+        subjects.maxDeliveriesAdvisory(s),
+      ),
+      retention: RetentionPolicy.Workqueue,
+      discard: DiscardPolicy.Old,
+    },
   ];
 }
 

@@ -168,6 +168,8 @@ export interface Subjects {
     readonly events: string;
     readonly timers: string;
     readonly dlq: string;
+    /** Keeps the server's max-deliveries advisories of the calls and work streams. */
+    readonly advisories: string;
   };
   /** KV bucket holding the tool registry. */
   readonly registryBucket: string;
@@ -191,6 +193,8 @@ export interface Subjects {
   readonly schemaExpanderConsumer: string;
   /** Durable consumer of the deadline keeper on the timers stream. */
   readonly deadlineConsumer: string;
+  /** Durable consumer of the dead-letter keeper on the advisories stream. */
+  readonly deadLetterConsumer: string;
   /** Durable consumer name for one tool's work, shared by every executor of the tool. */
   workConsumer(tool: string): string;
   /** Durable consumer name of the resolver on the calls stream. */
@@ -281,6 +285,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
       events: `${stem}_EVENTS`,
       timers: `${stem}_TIMERS`,
       dlq: `${stem}_DLQ`,
+      advisories: `${stem}_ADVISORIES`,
     },
     registryBucket: `${bucketStem}_tools`,
     callsBucket: `${bucketStem}_calls`,
@@ -290,6 +295,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",
     deadlineConsumer: "deadline_keeper",
+    deadLetterConsumer: "dead_letter_keeper",
     workConsumer: (tool) => `work_${t(tool)}`,
     resolverConsumer: "resolver",
   };

@@ -84,6 +84,14 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   const { nc, plane, subjects, log } = options;
   const { js, jsm, store, clock } = plane;
   await ensureDeadlineConsumer();
+  // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
+  await ensureDurableConsumer(jsm, {
+    stream: subjects.streams.advisories,
+    name: subjects.deadLetterConsumer,
+    ackWaitMs: 30_000,
+    maxDeliver: -1,
+    maxAckPending: 1_000,
+  });
 
   const timers: WorkLoop = await startWorkLoop({
     js,
@@ -102,15 +110,17 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         if (err === null) void answerCancel(msg);
       },
     }),
-    ...[subjects.streams.work, subjects.streams.calls].map((stream) =>
-      nc.subscribe(subjects.maxDeliveriesAdvisory(stream), {
-        queue: QUEUE,
-        callback: (err, msg) => {
-          if (err === null) void onMaxDeliveries(msg);
-        },
-      }),
-    ),
   ];
+
+  const deadLetters: WorkLoop = await startWorkLoop({
+    js,
+    stream: subjects.streams.advisories,
+    consumer: subjects.deadLetterConsumer,
+    slots: new Semaphore(8),
+    maxMessages: 8,
+    handle: onMaxDeliveries,
+    onError: (err) => log.error({ err }, "dead-letter keeper error"),
+  });
 
   const reconcile = (): void => {
     reconcileOrphans({ js, jsm, subjects, store, log }).catch((err: unknown) =>
@@ -250,13 +260,20 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     msg.respond(encodeJson(reply));
   }
 
-  async function onMaxDeliveries(msg: Msg): Promise<void> {
+  async function onMaxDeliveries(msg: JsMsg): Promise<void> {
     const advisory = MaxDeliveriesAdvisorySchema.safeParse(decodeJsonOrUndefined(msg.data));
-    if (!advisory.success) return;
+    if (!advisory.success) {
+      msg.ack();
+      return;
+    }
     const { stream, stream_seq: seq, deliveries } = advisory.data;
-    await deadLetter(stream, seq, "max_deliveries", deliveries).catch((err: unknown) =>
-      log.error({ err, stream, seq }, "cannot dead-letter a message"),
-    );
+    try {
+      await deadLetter(stream, seq, "max_deliveries", deliveries);
+      msg.ack();
+    } catch (err) {
+      log.error({ err, stream, seq }, "cannot dead-letter a message yet; will try again");
+      msg.nak(5_000);
+    }
   }
 
   async function deadLetter(
@@ -345,7 +362,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     async stop(graceMs) {
       clearInterval(reconcileTimer);
       for (const sub of subscriptions) sub.unsubscribe();
-      await timers.stop(graceMs);
+      await Promise.all([timers.stop(graceMs), deadLetters.stop(graceMs)]);
     },
   };
 }
