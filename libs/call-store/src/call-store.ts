@@ -134,17 +134,19 @@ export class CallStore {
   /**
    * Moves a call to `done` with its final message. `won` says whether this caller's message
    * became the final one; otherwise `result` is the stored one and `published` whether its
-   * publication was confirmed. Undefined when no record exists.
+   * publication was confirmed. `record` and `revision` are what is stored now, for
+   * {@link markPublished}. `known` (a record just read) saves a read when it is still current.
+   * Undefined when no record exists.
    */
   async finish(
     idempotencyKey: string,
     result: ToolMessage,
-  ): Promise<
-    { won: boolean; result: ToolMessage; published: boolean; revision: number } | undefined
-  > {
+    known?: { record: CallRecord; revision: number },
+  ): Promise<FinishOutcome | undefined> {
     const key = subjectToken(idempotencyKey);
+    let current = known;
     for (;;) {
-      const current = await this.get(idempotencyKey);
+      current ??= await this.get(idempotencyKey);
       if (current === undefined) return undefined;
       const { record, revision } = current;
       if (record.state === "done" && record.result !== undefined) {
@@ -152,32 +154,41 @@ export class CallStore {
           won: false,
           result: record.result,
           published: record.published === true,
+          record,
           revision,
         };
       }
+      const done: CallRecord = { ...record, state: "done", result };
       try {
-        const next = await this.#kv.update(
-          key,
-          encodeJson({ ...record, state: "done", result }),
-          revision,
-        );
-        return { won: true, result, published: false, revision: next };
+        const next = await this.#kv.update(key, encodeJson(done), revision);
+        return { won: true, result, published: false, record: done, revision: next };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
+        current = undefined; // changed meanwhile: read it again
       }
     }
   }
 
   /** Records that the final message went out, so nobody publishes it again. Best effort. */
-  async markPublished(idempotencyKey: string, revision: number): Promise<void> {
-    const current = await this.get(idempotencyKey);
-    if (current === undefined || current.revision !== revision) return;
+  async markPublished(
+    idempotencyKey: string,
+    stored: { record: CallRecord; revision: number },
+  ): Promise<void> {
     await this.#kv
       .update(
         subjectToken(idempotencyKey),
-        encodeJson({ ...current.record, published: true }),
-        revision,
+        encodeJson({ ...stored.record, published: true }),
+        stored.revision,
       )
       .catch(() => undefined);
   }
+}
+
+/** What {@link CallStore.finish} did. */
+export interface FinishOutcome {
+  won: boolean;
+  result: ToolMessage;
+  published: boolean;
+  record: CallRecord;
+  revision: number;
 }

@@ -5,6 +5,7 @@ import type { Subjects, ToolMessage } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import { ServerClock, ensureStreams, publishDurable } from "@toolmesh/nats";
 import { CallStore } from "./call-store.js";
+import type { CallRecord } from "./call-store.js";
 
 /** Which call a final message ends. */
 export interface CallTarget {
@@ -39,7 +40,11 @@ export interface CallPlane {
    * died in between) and the sessions stream does not hold it either; then the stored
    * message is published. Returns whether this caller's message became the final one.
    */
-  finalize: (call: CallTarget, message: ToolMessage) => Promise<boolean>;
+  finalize: (
+    call: CallTarget,
+    message: ToolMessage,
+    known?: { record: CallRecord; revision: number },
+  ) => Promise<boolean>;
 }
 
 /** Creates or updates the streams and opens the call store. */
@@ -70,18 +75,18 @@ export async function openCallPlane(
     store,
     clock: new ServerClock(),
     publishFinal,
-    async finalize(call, message) {
+    async finalize(call, message, known) {
       const subject = subjects.result(call.address, call.call_id);
-      const outcome = await store.finish(call.idempotency_key, message);
+      const outcome = await store.finish(call.idempotency_key, message, known);
       if (outcome?.published === true) return false;
       // Live subscribers see every publication, whatever the stream keeps: a loser only
       // publishes when the winner's message is nowhere to be found.
       if (outcome?.won === false && (await alreadyStored(subject))) {
-        await store.markPublished(call.idempotency_key, outcome.revision);
+        await store.markPublished(call.idempotency_key, outcome);
         return false;
       }
       await publishFinal(subject, outcome?.result ?? message, `result:${call.idempotency_key}`);
-      if (outcome !== undefined) await store.markPublished(call.idempotency_key, outcome.revision);
+      if (outcome !== undefined) await store.markPublished(call.idempotency_key, outcome);
       return outcome === undefined || outcome.won;
     },
   };

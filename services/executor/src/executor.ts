@@ -201,7 +201,8 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         stream: subjects.streams.work,
         consumer: subjects.workConsumer(definition.name),
         slots,
-        maxMessages: 1,
+        // Buffered messages are kept owned by heartbeats while they wait for a slot.
+        maxMessages: 8,
         heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
         handle: (msg) => handleWork(served.get(definition.name) ?? tool, msg),
         onError: (err) => log.error({ err, tool: definition.name }, "work loop error"),
@@ -318,7 +319,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
               extra,
             );
           }
-          const won = await plane.finalize(call, message);
+          const won = await plane.finalize(call, message, stored);
           msg.ack();
           if (!won)
             callLog.info("call had already ended (cancelled or past its deadline); result dropped");
