@@ -10,7 +10,13 @@ const PACKAGE_SOURCES = ["libs/*/src/**", "services/*/src/**"];
 
 /** Configuration is parsed once, in entrypoints (STYLE.md rule 4); the CLI and tests read env. */
 // Examples and benchmarks are programs run as they are: they read their environment like any app.
-const ENV_ALLOWED = ["services/*/src/main.ts", "services/cli/src/**", "test/**", "examples/**", "bench/**"];
+const ENV_ALLOWED = [
+  "services/*/src/main.ts",
+  "services/cli/src/**",
+  "test/**",
+  "examples/**",
+  "bench/**",
+];
 const ENV_MESSAGE = "Parse config in services/*/src/main.ts and pass it down, not process.env.";
 
 /**
