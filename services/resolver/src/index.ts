@@ -13,3 +13,5 @@ export type {
   ReplayDeadLetterOptions,
   ReplayOutcome,
 } from "./dead-letters.js";
+export { reconcileOrphans } from "./reconcile.js";
+export type { ReconcileOptions } from "./reconcile.js";
