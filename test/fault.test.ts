@@ -1,6 +1,6 @@
 /**
  * Fault test with figures: a steady stream of side-effecting calls through 3 executor and 2
- * resolver processes while executors are SIGKILLed and restarted and the NATS server is
+ * resolver processes while executors and a resolver are SIGKILLed and restarted and the NATS server is
  * SIGKILLed and restarted on the same port and store. Checks guarantees 1–3 of DESIGN.md
  * (exactly one final message by the deadline, nothing lost, side effects exactly-once through
  * the idempotency key) and prints the figures.
@@ -230,6 +230,18 @@ describe("fault tolerance under load", () => {
       stamp(`executor ${which.join("+")} restarted`);
     };
 
+    /** SIGKILLs a resolver (0 or 1), whatever it holds, and starts a new one. */
+    const killResolver = async (i: number): Promise<void> => {
+      const victim = services[i] as ServiceProcess;
+      await victim.kill();
+      stamp(`SIGKILL resolver ${i}`);
+      await sleep(1_000);
+      const restarted = await startService("resolver", env);
+      services[i] = restarted;
+      everStarted.push(restarted);
+      stamp(`resolver ${i} restarted`);
+    };
+
     // Faults, on a fixed schedule inside the ~40 s submission window.
     const faults = (async () => {
       await at(4_000);
@@ -250,6 +262,9 @@ describe("fault tolerance under load", () => {
       await server.restart();
       stamp("nats-server restarted (same port, same store)");
       outages.push({ from: down, to: now() });
+
+      await at(19_000);
+      await killResolver(0);
 
       await at(22_000);
       await killExecutors("started", 2);
