@@ -74,6 +74,7 @@ export interface ControlPlane {
 const QUEUE = "toolmesh-resolver";
 // JetStream redelivery delays are bounded; long deadlines are waited for in hops.
 const MAX_TIMER_HOP_MS = 3_600_000;
+const FIRST_TIMER_HOP_MS = 2_000;
 
 /**
  * Starts the deadline keeper (a durable consumer of the timers stream that naks each timer
@@ -159,8 +160,19 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     const timer = parsed.data;
     const remaining = timer.deadline_at - clock.now();
     if (remaining > 0) {
-      // Held by the server until the deadline, then delivered again.
-      msg.nak(Math.min(remaining, MAX_TIMER_HOP_MS));
+      // Most calls end within moments: after a first short hop a timer whose call ended is
+      // dropped, so the timers held by the server stay few however long the deadlines.
+      if (msg.info.deliveryCount > 1) {
+        const current = await store.get(timer.idempotency_key).catch(() => undefined);
+        if (current?.record.state === "done") {
+          msg.ack();
+          return;
+        }
+      }
+      // Held by the server for the hop, then delivered again.
+      msg.nak(
+        Math.min(remaining, msg.info.deliveryCount === 1 ? FIRST_TIMER_HOP_MS : MAX_TIMER_HOP_MS),
+      );
       return;
     }
     const message = errorToolMessage(
