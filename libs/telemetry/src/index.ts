@@ -17,7 +17,7 @@ export {
   MESSAGING_SYSTEM_VALUE_NATS,
   MessagingOperationType,
 } from "./semconv.js";
-export { traceIdOf, withSpan } from "./spans.js";
-export type { WithSpanOptions } from "./spans.js";
+export { processSpanOptions, traceIdOf, withSpan } from "./spans.js";
+export type { ConsumedMessage, WithSpanOptions } from "./spans.js";
 export { TelemetryConfigError, initTelemetry } from "./tracing.js";
 export type { Telemetry, TelemetryEnv, TelemetryOptions } from "./tracing.js";

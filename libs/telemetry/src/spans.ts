@@ -7,9 +7,17 @@ import {
   type Attributes,
   type Context,
   type Span,
-  type SpanKind,
+  SpanKind,
   type Tracer,
 } from "@opentelemetry/api";
+import { extractTraceContext } from "./propagation.js";
+import {
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  MESSAGING_SYSTEM_VALUE_NATS,
+  MessagingOperationType,
+} from "./semconv.js";
 
 /** Options for {@link withSpan}. */
 export interface WithSpanOptions {
@@ -80,4 +88,30 @@ function ignoreFailure(action: () => void): void {
   } catch {
     // Telemetry must not replace the caller's result or error with its own.
   }
+}
+
+/** What a consumer span needs from a NATS message: its subject and headers. */
+export interface ConsumedMessage {
+  subject: string;
+  headers?: Parameters<typeof extractTraceContext>[0];
+}
+
+/**
+ * Options of the span that processes one NATS message: a CONSUMER span, child of the trace
+ * the message carries, with the messaging attributes and any toolmesh attributes given.
+ */
+export function processSpanOptions(
+  msg: ConsumedMessage,
+  attributes: Attributes = {},
+): WithSpanOptions {
+  return {
+    kind: SpanKind.CONSUMER,
+    parent: extractTraceContext(msg.headers),
+    attributes: {
+      [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
+      [ATTR_MESSAGING_OPERATION_TYPE]: MessagingOperationType.Process,
+      [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
+      ...attributes,
+    },
+  };
 }

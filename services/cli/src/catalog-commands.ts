@@ -1,18 +1,11 @@
 import type { Command } from "commander";
 import { Option } from "commander";
-import type { NatsConnection } from "@nats-io/nats-core";
 import type { Catalog, GroupChanges } from "@toolmesh/client";
-import {
-  ToolmeshClient,
-  renderToolPrompt,
-  toAnthropicTools,
-  toGeminiTools,
-  toOpenAITools,
-} from "@toolmesh/client";
+import { renderToolPrompt, toAnthropicTools, toGeminiTools, toOpenAITools } from "@toolmesh/client";
 import type { GroupState } from "@toolmesh/protocol";
 import { ToolmeshError } from "@toolmesh/protocol";
-import { connectNats } from "@toolmesh/nats";
 import type { RuntimeConfig } from "@toolmesh/runtime";
+import { withClient } from "./commands.js";
 import { say } from "./print.js";
 
 /** Catalog output formats of `toolmesh catalog --format`. */
@@ -33,24 +26,6 @@ export interface CatalogCommandOptions {
   agent?: string;
   format?: CatalogFormat;
   json?: boolean;
-}
-
-async function withClient<T>(
-  config: RuntimeConfig,
-  fn: (client: ToolmeshClient) => Promise<T>,
-): Promise<T> {
-  const nc: NatsConnection = await connectNats({ ...config.nats, name: "toolmesh-cli" });
-  try {
-    return await fn(
-      new ToolmeshClient(nc, {
-        prefix: config.prefix,
-        tenant: config.tenant,
-        defaultTimeoutMs: config.defaultTimeoutMs,
-      }),
-    );
-  } finally {
-    await nc.close();
-  }
 }
 
 /** Prints a typed error from the schema expander and returns exit code 1; rethrows others. */

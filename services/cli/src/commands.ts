@@ -27,6 +27,22 @@ async function withConnection<T>(
   }
 }
 
+/** Runs `fn` with a client connected as this configuration's frontend, then disconnects. */
+export function withClient<T>(
+  config: RuntimeConfig,
+  fn: (client: ToolmeshClient) => Promise<T>,
+): Promise<T> {
+  return withConnection(config, (nc) =>
+    fn(
+      new ToolmeshClient(nc, {
+        prefix: config.prefix,
+        tenant: config.tenant,
+        defaultTimeoutMs: config.defaultTimeoutMs,
+      }),
+    ),
+  );
+}
+
 function newSessionId(): string {
   return `cli-${Date.now().toString(36)}-${process.pid}`;
 }
@@ -37,12 +53,7 @@ export async function callCommand(
   tool: string,
   options: CallCommandOptions,
 ): Promise<number> {
-  return withConnection(config, async (nc) => {
-    const client = new ToolmeshClient(nc, {
-      prefix: config.prefix,
-      tenant: config.tenant,
-      defaultTimeoutMs: config.defaultTimeoutMs,
-    });
+  return withClient(config, async (client) => {
     const session = client.session(options.session ?? newSessionId());
     try {
       const handle = session.submit(
@@ -64,12 +75,7 @@ export async function resolveCommand(
   tool: string,
   options: CallCommandOptions,
 ): Promise<number> {
-  return withConnection(config, async (nc) => {
-    const client = new ToolmeshClient(nc, {
-      prefix: config.prefix,
-      tenant: config.tenant,
-      defaultTimeoutMs: config.defaultTimeoutMs,
-    });
+  return withClient(config, async (client) => {
     const reply = await client.resolve(
       options.session ?? newSessionId(),
       { name: tool, arguments: options.args ?? "{}" },

@@ -34,16 +34,11 @@ import {
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
-  ATTR_MESSAGING_DESTINATION_NAME,
-  ATTR_MESSAGING_OPERATION_TYPE,
-  ATTR_MESSAGING_SYSTEM,
   ATTR_TOOLMESH_ATTEMPT,
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
-  MESSAGING_SYSTEM_VALUE_NATS,
-  SpanKind,
-  extractTraceContext,
+  processSpanOptions,
   withSpan,
 } from "@toolmesh/telemetry";
 import type { ToolContext, ToolModule } from "./tool-module.js";
@@ -241,19 +236,12 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     await withSpan(
       tracer,
       `process ${call.tool}`,
-      {
-        kind: SpanKind.CONSUMER,
-        parent: extractTraceContext(msg.headers),
-        attributes: {
-          [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
-          [ATTR_MESSAGING_OPERATION_TYPE]: "process",
-          [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
-          [ATTR_TOOLMESH_CALL_ID]: call.call_id,
-          [ATTR_TOOLMESH_SESSION_ID]: call.session_id,
-          [ATTR_TOOLMESH_TOOL]: call.tool,
-          [ATTR_TOOLMESH_ATTEMPT]: attempt,
-        },
-      },
+      processSpanOptions(msg, {
+        [ATTR_TOOLMESH_CALL_ID]: call.call_id,
+        [ATTR_TOOLMESH_SESSION_ID]: call.session_id,
+        [ATTR_TOOLMESH_TOOL]: call.tool,
+        [ATTR_TOOLMESH_ATTEMPT]: attempt,
+      }),
       async () => {
         try {
           const stored = await store.get(call.idempotency_key);

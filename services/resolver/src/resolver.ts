@@ -32,15 +32,10 @@ import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
-  ATTR_MESSAGING_DESTINATION_NAME,
-  ATTR_MESSAGING_OPERATION_TYPE,
-  ATTR_MESSAGING_SYSTEM,
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
-  MESSAGING_SYSTEM_VALUE_NATS,
-  SpanKind,
-  extractTraceContext,
+  processSpanOptions,
   withSpan,
 } from "@toolmesh/telemetry";
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
@@ -318,16 +313,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     await withSpan(
       tracer,
       "resolve",
-      {
-        kind: SpanKind.CONSUMER,
-        parent: extractTraceContext(msg.headers),
-        attributes: {
-          [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
-          [ATTR_MESSAGING_OPERATION_TYPE]: "process",
-          [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
-          [ATTR_TOOLMESH_SESSION_ID]: address.session,
-        },
-      },
+      processSpanOptions(msg, { [ATTR_TOOLMESH_SESSION_ID]: address.session }),
       async (span) => {
         let resolution: Resolution;
         try {

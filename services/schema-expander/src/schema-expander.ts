@@ -52,15 +52,10 @@ import {
 } from "@toolmesh/catalog";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
-  ATTR_MESSAGING_DESTINATION_NAME,
-  ATTR_MESSAGING_OPERATION_TYPE,
-  ATTR_MESSAGING_SYSTEM,
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
-  MESSAGING_SYSTEM_VALUE_NATS,
-  SpanKind,
-  extractTraceContext,
+  processSpanOptions,
   withSpan,
 } from "@toolmesh/telemetry";
 
@@ -189,18 +184,11 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     await withSpan(
       tracer,
       "expand schema",
-      {
-        kind: SpanKind.CONSUMER,
-        parent: extractTraceContext(msg.headers),
-        attributes: {
-          [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
-          [ATTR_MESSAGING_OPERATION_TYPE]: "process",
-          [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
-          [ATTR_TOOLMESH_SESSION_ID]: event.address.session,
-          [ATTR_TOOLMESH_CALL_ID]: event.tool_call_id,
-          [ATTR_TOOLMESH_TOOL]: event.tool,
-        },
-      },
+      processSpanOptions(msg, {
+        [ATTR_TOOLMESH_SESSION_ID]: event.address.session,
+        [ATTR_TOOLMESH_CALL_ID]: event.tool_call_id,
+        [ATTR_TOOLMESH_TOOL]: event.tool,
+      }),
       async () => {
         const eventLog = log.child({
           sessionId: event.session_id,
