@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { copyFile, mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
@@ -47,6 +48,12 @@ let http: RemoteServer;
 let sse: RemoteServer;
 let resolver: ServiceProcess;
 let bridge: ServiceProcess;
+let examples: ServiceProcess;
+let hr: RemoteServer;
+let sr: RemoteServer;
+let evh: RemoteServer;
+let healthPort: number;
+let mcpDir: string;
 let env: Record<string, string>;
 let nc: NatsConnection;
 let client: ToolmeshClient;
@@ -58,8 +65,12 @@ interface RemoteServer {
   child: ChildProcess;
 }
 
-async function startRemote(mode: "--http" | "--sse", extraEnv: Record<string, string>) {
-  const child = spawn(process.execPath, [TEST_SERVER, mode], {
+async function startRemote(
+  mode: "--http" | "--sse",
+  extraEnv: Record<string, string>,
+  port = 0,
+): Promise<RemoteServer> {
+  const child = spawn(process.execPath, [TEST_SERVER, mode, "--port", String(port)], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? "", MCP_TEST_RECORD: records, ...extraEnv },
     stdio: ["ignore", "pipe", "inherit"],
@@ -68,6 +79,47 @@ async function startRemote(mode: "--http" | "--sse", extraEnv: Record<string, st
   const [line] = (await once(lines, "line")) as [string];
   lines.close();
   return { url: (JSON.parse(line) as { listening: string }).listening, child };
+}
+
+/** Stops a remote test server and starts it again on the same port, as a restart. */
+async function restartRemote(
+  remote: RemoteServer,
+  mode: "--http" | "--sse",
+  extraEnv: Record<string, string>,
+): Promise<RemoteServer> {
+  await stopChild(remote.child);
+  return startRemote(mode, extraEnv, Number(new URL(remote.url).port));
+}
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = once(child, "exit");
+  child.kill("SIGKILL");
+  await exited;
+}
+
+/** A port no one listens on right now. */
+async function freePort(): Promise<number> {
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const { port } = probe.address() as { port: number };
+  await new Promise((resolve) => probe.close(resolve));
+  return port;
+}
+
+/** server-everything over streamable HTTP, as `node dist/index.js streamableHttp` runs it. */
+async function startEverythingHttp(port: number): Promise<RemoteServer> {
+  const child = spawn(process.execPath, [EVERYTHING, "streamableHttp"], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? "", PORT: String(port) },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  const lines = createInterface({ input: child.stderr });
+  for await (const line of lines) {
+    if (line.includes("listening on port")) break;
+  }
+  child.stderr.resume();
+  return { url: `http://127.0.0.1:${port}/mcp`, child };
 }
 
 /** One record line of the test servers (see test-server.mjs). */
@@ -113,6 +165,14 @@ async function toolAvailable(...names: string[]): Promise<void> {
   );
 }
 
+/** Waits until a bridge registered every tool of the servers and the resolver sees them. */
+async function serversSynced(process: ServiceProcess, ...servers: string[]): Promise<void> {
+  for (const name of servers) {
+    const line = await process.waitForLog((l) => l.msg === "MCP tools synced" && l.server === name);
+    await toolAvailable(...(line.tools as string[]));
+  }
+}
+
 /** The bridge's latest "MCP server ready" line for a server. */
 function lastReady(process: ServiceProcess, name: string): Record<string, unknown> | undefined {
   return process.lines.filter((l) => l.msg === "MCP server ready" && l.server === name).at(-1);
@@ -144,17 +204,25 @@ beforeAll(async () => {
   server = await startNatsServer();
   work = await mkdtemp(join(tmpdir(), "toolmesh-mcp-bridge-"));
   records = join(work, "records.jsonl");
-  [http, sse] = await Promise.all([
+  [http, sse, hr, sr, evh, healthPort] = await Promise.all([
     startRemote("--http", { MCP_TEST_NAME: "h", MCP_TEST_AUTH_VALUE: API_KEY }),
     startRemote("--sse", {
       MCP_TEST_NAME: "s",
       MCP_TEST_AUTH_HEADER: "authorization",
       MCP_TEST_AUTH_VALUE: `Bearer ${TOKEN}`,
     }),
+    startRemote("--http", { MCP_TEST_NAME: "hr" }),
+    startRemote("--sse", { MCP_TEST_NAME: "sr" }),
+    freePort().then(startEverythingHttp),
+    freePort(),
   ]);
   await writeFile(join(work, "token"), `${TOKEN}\n`);
-  const mcpDir = join(work, "mcp");
-  await mkdir(mcpDir);
+  mcpDir = join(work, "mcp");
+  await mkdir(join(mcpDir, "bin"), { recursive: true });
+  // A server beside its file, started by relative paths: ./bin/node in the folder bin.
+  await symlink(process.execPath, join(mcpDir, "bin", "node"));
+  await symlink(TEST_SERVER, join(mcpDir, "bin", "server.mjs"));
+  await writeFile(join(work, "label"), "label-from-a-file\n");
   const stdio = (name: string, extra: Record<string, unknown> = {}) => ({
     name,
     transport: "stdio",
@@ -162,6 +230,13 @@ beforeAll(async () => {
     args: [TEST_SERVER],
     env: { MCP_TEST_NAME: name, MCP_TEST_RECORD: records },
     retry: { initial_backoff_ms: 200 },
+    reconnect: { initial_delay_ms: 100 },
+    ...extra,
+  });
+  const remote = (name: string, url: string, extra: Record<string, unknown> = {}) => ({
+    name,
+    transport: url.endsWith("/sse") ? "sse" : "http",
+    url,
     reconnect: { initial_delay_ms: 100 },
     ...extra,
   });
@@ -187,13 +262,23 @@ beforeAll(async () => {
       args: [TEST_SERVER, "--hang-initialize"],
       connect_timeout_ms: 1_000,
     }),
-    "h.yaml": {
-      name: "h",
-      transport: "http",
-      url: http.url,
+    // Hangs far longer than the bridge may take to start.
+    "hang.yaml": stdio("hang", {
+      args: [TEST_SERVER, "--hang-initialize"],
+      connect_timeout_ms: 600_000,
+    }),
+    "missing.yaml": stdio("missing", { args: ["no-such-server.mjs"] }),
+    "rel.yaml": stdio("rel", {
+      command: "./bin/node",
+      cwd: "bin",
+      args: ["server.mjs", "--name", { file: join(work, "label") }],
+    }),
+    "h.yaml": remote("h", http.url, {
       auth: { type: "api_key", env: "H_KEY" },
-      reconnect: { initial_delay_ms: 100 },
-    },
+      internal_error: "retry",
+      structured_content: "structured",
+      retry: { initial_backoff_ms: 200 },
+    }),
     "denied.yaml": {
       name: "denied",
       transport: "http",
@@ -206,35 +291,59 @@ beforeAll(async () => {
       url: sse.url,
       auth: { type: "bearer", file: join(work, "token") },
     },
+    "hr.yaml": remote("hr", hr.url),
+    "sr.yaml": remote("sr", sr.url),
+    "evh.yaml": remote("evh", evh.url),
   };
   for (const [file, content] of Object.entries(files)) {
     await writeFile(join(mcpDir, file), yaml(content));
   }
-  // The example of the README, as it is.
-  await copyFile(join(ROOT, "examples", "mcp", "everything.yaml"), join(mcpDir, "everything.yaml"));
+  // A file in the mcpServers format of Claude Desktop and Cursor, secrets as ${env:} / ${file:}.
+  const clients = {
+    mcpServers: {
+      cj: {
+        command: process.execPath,
+        args: [TEST_SERVER, "--name", "${env:CJ_LABEL}"],
+        env: { MCP_TEST_RECORD: records },
+      },
+      cu: { url: http.url, headers: { "X-API-Key": "${env:H_KEY}" } },
+      cs: { url: sse.url, headers: { Authorization: `Bearer \${file:${join(work, "token")}}` } },
+      off: { command: "toolmesh-no-such-command", disabled: true },
+      nocmd: { command: "toolmesh-no-such-command" },
+    },
+  };
+  await writeFile(join(mcpDir, "clients.json"), JSON.stringify(clients, null, 2));
   env = {
     NATS_URL: server.url,
     TOOLMESH_MCP_DIR: mcpDir,
     H_KEY: API_KEY,
     WRONG_KEY: "not-the-key",
+    CJ_LABEL: "label-from-env",
   };
   resolver = await startService("resolver", env);
-  bridge = await startService("mcp-bridge", env);
+  [bridge, examples] = await Promise.all([
+    startService("mcp-bridge", { ...env, TOOLMESH_HEALTH_PORT: String(healthPort) }),
+    // The example of the README, as it is, from its own folder.
+    startService("mcp-bridge", {
+      NATS_URL: server.url,
+      TOOLMESH_MCP_DIR: join(ROOT, "examples", "mcp"),
+    }),
+  ]);
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 20_000 });
   registry = await ToolRegistry.open(nc, {
     subjects: createSubjects(),
     log: { warn: () => undefined },
   });
-  await toolAvailable("t.echo", "h.echo", "s.echo", "lz.echo", "everything.echo");
+  await serversSynced(bridge, "t", "h", "s", "lz", "hr", "sr", "evh", "rel", "cj", "cu", "cs");
+  await serversSynced(examples, "everything");
 });
 
 afterAll(async () => {
   registry?.close();
   await nc?.close();
   await killAllServices();
-  http?.child.kill();
-  sse?.child.kill();
+  for (const remote of [http, sse, hr, sr, evh]) remote?.child.kill();
   await server?.stop();
   if (work !== undefined) await rm(work, { recursive: true, force: true });
 });
@@ -251,12 +360,16 @@ describe("registration", () => {
         "expire_session",
         "fail",
         "greet",
+        "http_error",
         "math.add",
         "mixed",
+        "redefine",
         "remove_tool",
         "rpc_error",
         "slow",
+        "target",
         "whoami",
+        "wrapped",
       ].map((n) => `t.${n}`),
     );
   });
@@ -364,11 +477,12 @@ describe("calls", () => {
     });
   });
 
-  it("maps JSON-RPC errors to typed errors", async () => {
-    const [invalid, unknown, internal] = await Promise.all([
+  it("maps JSON-RPC errors to typed errors; -32603 is retried only where the server says so", async () => {
+    const [invalid, unknown, internal, retried] = await Promise.all([
       call("t.rpc_error", { code: -32602, message: "b must be positive" }),
       call("t.rpc_error", { code: -32601, message: "no such method" }),
-      call("t.rpc_error", { code: -32603, message: "database down" }),
+      call("t.rpc_error", { code: -32603, message: 'relation "nope" does not exist' }),
+      call("h.rpc_error", { code: -32603, message: "database down" }),
     ]);
     expect(invalid.error).toMatchObject({
       code: "invalid_parameters",
@@ -376,10 +490,41 @@ describe("calls", () => {
       message: "b must be positive",
       details: { server: "t", tool: "rpc_error", jsonrpc_code: -32602 },
     });
+    expect(invalid.attempts).toBe(1);
     expect(unknown.error).toMatchObject({ code: "unknown_tool", retryable: false });
-    // An internal error may pass: it is retried (3 attempts) before it is final.
-    expect(internal.error).toMatchObject({ code: "tool_error", retryable: true });
-    expect(internal.attempts).toBe(3);
+    // By default an internal error is final: servers report bad input that way too.
+    expect(internal.error).toMatchObject({
+      code: "tool_error",
+      retryable: false,
+      message: 'relation "nope" does not exist',
+    });
+    expect(internal.attempts).toBe(1);
+    // h.yaml says internal_error: retry.
+    expect(retried.error).toMatchObject({ code: "tool_error", retryable: true });
+    expect(retried.attempts).toBe(3);
+  });
+
+  it("keeps the server's reason in an HTTP 4xx error and does not retry it", async () => {
+    const message = await call("h.http_error", {
+      status: 422,
+      message: "query rejected by policy",
+    });
+    expect(message.attempts).toBe(1);
+    expect(message.error).toMatchObject({
+      code: "tool_error",
+      retryable: false,
+      message: 'MCP server "h" answered HTTP 422: query rejected by policy',
+      details: { http_status: 422, reason: "query rejected by policy" },
+    });
+  });
+
+  it("gives the text alone when structuredContent only wraps it; a server may ask for the structured form", async () => {
+    expect((await call("t.wrapped", { text: "line one\nline two" })).content).toBe(
+      "line one\nline two",
+    );
+    // h.yaml says structured_content: structured.
+    expect(json(await call("h.wrapped", { text: "abc" }))).toEqual({ content: "abc" });
+    expect(json(await call("h.greet", { name: "Ada" }))).toMatchObject({ message: "Hello, Ada!" });
   });
 
   it("ends a hung call with timeout and the server receives notifications/cancelled", async () => {
@@ -444,17 +589,66 @@ describe("liveness", () => {
     expect(starts).toHaveLength(2);
   });
 
-  it("does not let a server hanging in initialize or refusing the credentials block the others", () => {
+  it("does not let a server hanging in initialize or refusing the credentials block the others", async () => {
     const started = bridge.lines.find((l) => l.msg === "mcp-bridge started");
     const servers = started?.servers as Record<string, { state: string; tools: number }>;
-    expect(servers.t).toMatchObject({ state: "ready", tools: 13 });
-    expect(servers.stuck?.state).not.toBe("ready");
-    expect(servers.denied?.state).not.toBe("ready");
+    // The bridge was up long before the hanging server's connect timeout (10 minutes).
+    expect(servers.hang?.state).toBe("connecting");
+    expect(lastReady(bridge, "t")?.tools).toBe(17);
     const failures = bridge.lines.filter((l) => l.msg === "cannot connect to MCP server");
-    expect(failures.some((l) => l.server === "stuck" && /timed out/i.test(String(l.err)))).toBe(
-      true,
+    await bridge.waitForLog(
+      (l) =>
+        l.msg === "cannot connect to MCP server" &&
+        l.server === "stuck" &&
+        /timed out/i.test(String(l.err)),
     );
-    expect(failures.some((l) => l.server === "denied" && /401/.test(String(l.err)))).toBe(true);
+    await bridge.waitForLog(
+      (l) =>
+        l.msg === "cannot connect to MCP server" &&
+        l.server === "denied" &&
+        /401/.test(String(l.err)),
+    );
+    expect(failures.every((l) => l.server !== "t")).toBe(true);
+  });
+});
+
+describe("mcpServers JSON files", () => {
+  it("serves the servers of a Claude Desktop / Cursor file as it is", async () => {
+    expect(json(await call("cj.whoami")).server).toBe("label-from-env");
+    expect((await call("cu.echo", { text: "over http" })).content).toBe("over http");
+    expect((await call("cs.echo", { text: "over sse" })).content).toBe("over sse");
+    expect(registry.get("cs.echo")?.definition.origin).toMatchObject({ transport: "sse" });
+    expect([...registry.names()].some((n) => n.startsWith("off."))).toBe(false);
+  });
+});
+
+describe("paths and start-up", () => {
+  it("resolves a relative command and cwd against the server file's folder; args may come from a file", async () => {
+    const message = await call("rel.whoami");
+    expect(message.error).toBeUndefined();
+    expect(json(message).server).toBe("label-from-a-file");
+  });
+
+  it("names the real cause of a server that cannot start, in the warning and in /readyz", async () => {
+    const warning = await bridge.waitForLog(
+      (l) => l.msg === "cannot connect to MCP server" && l.server === "missing",
+    );
+    expect(String(warning.err)).toContain(
+      `Cannot find module '${join(mcpDir, "no-such-server.mjs")}'`,
+    );
+    const ready = await fetch(`http://127.0.0.1:${healthPort}/readyz`);
+    expect(ready.status).toBe(200);
+    const body = (await ready.json()) as {
+      status: string;
+      mcp_servers: Record<string, { state: string; tools: number; last_error?: string }>;
+    };
+    expect(body.status).toBe("ok");
+    expect(body.mcp_servers.t).toEqual({ state: "ready", tools: 17 });
+    expect(body.mcp_servers.missing?.state).toBe("waiting");
+    expect(body.mcp_servers.missing?.last_error).toContain("Cannot find module");
+    expect(body.mcp_servers.nocmd?.last_error).toMatch(
+      /^command not found: toolmesh-no-such-command/,
+    );
   });
 });
 
@@ -481,6 +675,38 @@ describe("remote transports", () => {
   it("calls a legacy SSE server with a bearer token read from a file", async () => {
     expect((await call("s.echo", { text: "over sse" })).content).toBe("over sse");
     expect(json(await call("s.greet", { name: "Bo" }))).toMatchObject({ message: "Hello, Bo!" });
+  });
+});
+
+describe("remote servers restarted while the bridge is idle", () => {
+  it("reaches server-everything over streamable HTTP again (it answers an unknown session 400)", async () => {
+    expect((await call("evh.echo", { message: "before" })).content).toBe("Echo: before");
+    await stopChild(evh.child);
+    evh = await startEverythingHttp(Number(new URL(evh.url).port));
+    const message = await call("evh.echo", { message: "after" });
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("Echo: after");
+    expect(message.attempts).toBe(1);
+  });
+
+  it("reaches the SDK test server over streamable HTTP again", async () => {
+    expect((await call("hr.echo", { text: "before" })).content).toBe("before");
+    hr = await restartRemote(hr, "--http", { MCP_TEST_NAME: "hr" });
+    const message = await call("hr.echo", { text: "after" });
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("after");
+  });
+
+  it("initialises again over SSE once the event stream lands in a new session", async () => {
+    expect((await call("sr.echo", { text: "before" })).content).toBe("before");
+    sr = await restartRemote(sr, "--sse", { MCP_TEST_NAME: "sr" });
+    const pid = sr.child.pid;
+    // Idle: the restarted server gets a new event stream before any call is sent.
+    await waitForRecord((r) => r.server === "sr" && r.event === "session" && r.pid === pid);
+    const message = await call("sr.echo", { text: "after" });
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("after");
+    await waitForRecord((r) => r.server === "sr" && r.event === "initialized" && r.pid === pid);
   });
 });
 
@@ -529,7 +755,11 @@ describe("the npm server @modelcontextprotocol/server-everything", () => {
 
 describe("replicas", () => {
   it("lets two bridge processes share one server's tools and work", async () => {
-    const second = await startService("mcp-bridge", env);
+    // The replica serves only t: the other servers' processes would just slow it down.
+    const only = join(work, "replica");
+    await mkdir(only);
+    await writeFile(join(only, "t.yaml"), await readFile(join(mcpDir, "t.yaml"), "utf8"));
+    const second = await startService("mcp-bridge", { ...env, TOOLMESH_MCP_DIR: only });
     await second.waitForLog((l) => l.msg === "MCP server ready" && l.server === "t");
     const session = client.session("s-replicas");
     const results = await session.submitAll(

@@ -7,11 +7,14 @@ export interface HealthState {
   live: () => boolean;
   /** The process takes work: started, connected, not shutting down. */
   ready: () => boolean;
+  /** What the actors report about their parts; when given, `/readyz` answers it as JSON. */
+  readiness?: () => Record<string, unknown> | undefined;
 }
 
 /**
  * Serves `GET /healthz` (liveness) and `GET /readyz` (readiness): 200 `ok` or 503
- * `unavailable`, for Kubernetes probes. Listens on `port` (0: any free port).
+ * `unavailable` (`/readyz`: a JSON object with `status` and the actors' readiness details
+ * when they report some), for Kubernetes probes. Listens on `port` (0: any free port).
  */
 export async function startHealthServer(port: number, state: HealthState): Promise<Server> {
   const server = createServer((req, res) => {
@@ -22,6 +25,13 @@ export async function startHealthServer(port: number, state: HealthState): Promi
       return;
     }
     const ok = check();
+    const detail = req.url === "/readyz" ? state.readiness?.() : undefined;
+    if (detail !== undefined) {
+      res
+        .writeHead(ok ? 200 : 503, { "content-type": "application/json" })
+        .end(`${JSON.stringify({ status: ok ? "ok" : "unavailable", ...detail })}\n`);
+      return;
+    }
     res
       .writeHead(ok ? 200 : 503, { "content-type": "text/plain" })
       .end(ok ? "ok\n" : "unavailable\n");

@@ -107,6 +107,8 @@ export function installShutdown(log: Logger, stop: () => Promise<void>): void {
 export interface Stoppable {
   /** Stops taking work and finishes or hands back what is in flight, within `graceMs`. */
   stop(graceMs: number): Promise<void>;
+  /** Details of its parts for the body of `/readyz` (e.g. the mcp-bridge's servers). */
+  readiness?(): Record<string, unknown> | undefined;
 }
 
 /**
@@ -121,14 +123,17 @@ export async function serveActors(
 ): Promise<Runtime> {
   const rt = await openRuntime(config, service);
   let ready = false;
+  const running: { actor?: Stoppable } = {};
   const health =
     config.healthPort === undefined
       ? undefined
       : await startHealthServer(config.healthPort, {
           live: () => !rt.nc.isClosed(),
           ready: () => ready && rt.connected(),
+          readiness: () => running.actor?.readiness?.(),
         });
   const actor = await start(rt);
+  running.actor = actor;
   ready = true;
   installShutdown(rt.log, async () => {
     ready = false;

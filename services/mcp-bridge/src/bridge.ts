@@ -45,6 +45,8 @@ export interface ServerStatus {
 export interface Bridge {
   /** Each server's state and tools, by server name. */
   status(): Record<string, ServerStatus>;
+  /** The body of `/readyz`: `{ mcp_servers: { <name>: { state, tools, last_error? } } }`. */
+  readiness(): Record<string, unknown>;
   /** Stops taking calls, lets running ones finish (at most `graceMs`), closes every server. */
   stop(graceMs?: number): Promise<void>;
 }
@@ -198,7 +200,9 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       discover: config.lazy && known === undefined,
     });
     if (known !== undefined) await syncTools(known);
-    await connection.start();
+    // Not awaited: the bridge is up once every server's executor is; each server connects
+    // (or keeps trying) on its own.
+    void connection.start();
     return { config, executor, connection, registered, removals };
   }
 
@@ -214,18 +218,33 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     "mcp-bridge started",
   );
 
+  const status = (): Record<string, ServerStatus> =>
+    Object.fromEntries(
+      servers.map((s) => [
+        s.config.name,
+        {
+          state: s.connection.state,
+          tools: [...s.registered.keys()],
+          ...(s.connection.lastError === undefined ? {} : { lastError: s.connection.lastError }),
+        },
+      ]),
+    );
+
   return {
-    status() {
-      return Object.fromEntries(
-        servers.map((s) => [
-          s.config.name,
-          {
-            state: s.connection.state,
-            tools: [...s.registered.keys()],
-            ...(s.connection.lastError === undefined ? {} : { lastError: s.connection.lastError }),
-          },
-        ]),
-      );
+    status,
+    readiness() {
+      return {
+        mcp_servers: Object.fromEntries(
+          Object.entries(status()).map(([name, s]) => [
+            name,
+            {
+              state: s.state,
+              tools: s.tools.length,
+              ...(s.lastError === undefined ? {} : { last_error: s.lastError }),
+            },
+          ]),
+        ),
+      };
     },
     async stop(graceMs = 10_000) {
       // Calls in flight still need their server: stop the executors first.

@@ -1,6 +1,7 @@
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { existsSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, it } from "vitest";
 import {
@@ -10,6 +11,7 @@ import {
   parseServerFile,
   readSecret,
   remoteHeaders,
+  stdioArgs,
   stdioEnv,
 } from "./config.js";
 import type { McpServerConfig } from "./config.js";
@@ -71,6 +73,9 @@ describe("server files", () => {
       lazy: false,
       connect_timeout_ms: 10_000,
       reconnect: { initial_delay_ms: 250, max_delay_ms: 30_000 },
+      internal_error: "fail",
+      structured_content: "auto",
+      pin_tools: false,
     });
   });
 
@@ -89,6 +94,8 @@ describe("server files", () => {
     ["declared tools on an eager server", `${STDIO}tools: [{ name: t }]\n`, "lazy"],
     ["idle timeout on an eager server", `${STDIO}idle_timeout_ms: 1000\n`, "lazy"],
     ["YAML that does not parse", "name: [unclosed\n", "not valid YAML"],
+    ["an unknown internal_error policy", `${STDIO}internal_error: sometimes\n`, "internal_error"],
+    ["an unknown structured_content form", `${STDIO}structured_content: both\n`, "structured"],
   ])("refuses %s, naming the file", (_what, text, problem) => {
     let error: unknown;
     try {
@@ -99,6 +106,88 @@ describe("server files", () => {
     expect(error).toBeInstanceOf(McpConfigError);
     expect((error as Error).message).toContain("/srv/tools/mcp/bad.yaml");
     expect((error as Error).message).toContain(problem);
+  });
+});
+
+describe("mcpServers JSON files", () => {
+  const load = (json: unknown, env: Record<string, string> = {}) =>
+    serverDir({ "clients.json": JSON.stringify(json) }).then((dir) => loadMcpServers(dir, { env }));
+
+  it("takes a Claude Desktop / Cursor file as it is, inferring each transport", async () => {
+    const servers = await load(
+      {
+        mcpServers: {
+          filesystem: {
+            command: "npx",
+            args: ["-y", "@modelcontextprotocol/server-filesystem", "/data"],
+            env: { DEBUG: "1" },
+          },
+          "remote docs": { url: "https://mcp.example.com/mcp", headers: { "X-Key": "${env:K}" } },
+          legacy: { url: "https://old.example.com/sse" },
+          typed: { type: "sse", url: "https://typed.example.com/events", timeout_ms: 5000 },
+          off: { command: "nope", disabled: true },
+          cline: { command: "node", args: ["s.js"], autoApprove: [], timeout: 60 },
+        },
+      },
+      { K: "k" },
+    );
+    expect(servers.map((s) => [s.config.name, s.config.transport])).toEqual([
+      ["filesystem", "stdio"],
+      ["remote_docs", "http"],
+      ["legacy", "sse"],
+      ["typed", "sse"],
+      ["cline", "stdio"],
+    ]);
+    const typed = servers[3]?.config;
+    expect(typed?.timeout_ms).toBe(5000);
+    expect(await remoteHeaders(remote(servers[1]?.config as McpServerConfig), { K: "k" })).toEqual({
+      "X-Key": "k",
+    });
+  });
+
+  it("takes a VS Code file (servers, type)", async () => {
+    const servers = await load({
+      servers: { gh: { type: "http", url: "https://api.example.com/mcp/" } },
+      inputs: [],
+    });
+    expect(servers[0]?.config).toMatchObject({ name: "gh", transport: "http" });
+  });
+
+  it.each([
+    ["no mcpServers object", { tools: {} }, 'expected an object "mcpServers"'],
+    ["neither command nor url", { mcpServers: { x: { args: [] } } }, "mcpServers.x has neither"],
+    ["an unknown type", { mcpServers: { x: { type: "ws", url: "ws://h" } } }, 'type "ws"'],
+    [
+      "a VS Code input",
+      { servers: { x: { command: "n", args: ["${input:key}"] } } },
+      "${input:key}",
+    ],
+    ["an unknown key", { mcpServers: { x: { command: "n", colour: 1 } } }, "colour"],
+    ["an unset secret", { mcpServers: { x: { command: "n", env: { A: "${env:NOPE}" } } } }, "NOPE"],
+  ])("refuses %s, naming the file and the entry", async (_what, json, problem) => {
+    const error = await load(json).catch((err: unknown) => err);
+    expect(error).toBeInstanceOf(McpConfigError);
+    expect((error as Error).message).toContain("clients.json");
+    expect((error as Error).message).toContain(problem);
+  });
+});
+
+describe("paths", () => {
+  it("runs a stdio server in its file's folder and resolves a relative command there", async () => {
+    const dir = await serverDir({
+      "a.yaml": "name: a\ntransport: stdio\ncommand: ./bin/server\n",
+      "b.yaml": "name: b\ntransport: stdio\ncommand: node\ncwd: sub\nargs: [x.js]\n",
+    });
+    const [a, b] = (await loadMcpServers(dir, { env: {} })).map((s) => s.config);
+    expect(a).toMatchObject({ command: join(dir, "bin", "server"), cwd: dir });
+    expect(b).toMatchObject({ command: "node", cwd: join(dir, "sub"), args: ["x.js"] });
+  });
+
+  it("lets the shipped example find its server from any working directory", async () => {
+    const [everything] = await loadMcpServers(join(ROOT, "examples", "mcp"), { env: {} });
+    const config = everything?.config;
+    if (config?.transport !== "stdio") throw new Error("expected stdio");
+    expect(existsSync(resolve(config.cwd ?? "/", config.args[0] as string))).toBe(true);
   });
 });
 
@@ -186,6 +275,21 @@ describe("secrets", () => {
       FROM_ENV: "from-env",
       FROM_FILE: "from-file",
     });
+  });
+
+  it("reads stdio args from variables and files, also inside a string", async () => {
+    const dir = await serverDir({ pw: "s3cret\n" });
+    const config = parseServerFile(
+      `${STDIO.replace("args: [server.js]", "")}args:\n  - server.js\n  - { env: TOKEN }\n  - "postgresql://app:\${file:${join(dir, "pw")}}@db/app"\n  - "\${env:TOKEN}-\${HOME}"\n`,
+      "s.yaml",
+    );
+    if (config.transport !== "stdio") throw new Error("expected stdio");
+    expect(await stdioArgs(config, { TOKEN: "t" })).toEqual([
+      "server.js",
+      "t",
+      "postgresql://app:s3cret@db/app",
+      "t-${HOME}",
+    ]);
   });
 
   it("names the variable or file in errors, never a value", async () => {

@@ -1,5 +1,5 @@
 import { readFile, readdir } from "node:fs/promises";
-import { extname, join, resolve } from "node:path";
+import { extname, isAbsolute, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { RetryPolicySchema } from "@toolmesh/protocol";
@@ -7,7 +7,7 @@ import { RetryPolicySchema } from "@toolmesh/protocol";
 /** Where server files are looked for when `TOOLMESH_MCP_DIR` is not set. */
 export const DEFAULT_MCP_DIR = "tools/mcp";
 
-const SERVER_FILE_EXTENSIONS = new Set([".yaml", ".yml"]);
+const SERVER_FILE_EXTENSIONS = new Set([".yaml", ".yml", ".json"]);
 
 /** Environment variable names as shells accept them. */
 const envVarName = z
@@ -15,9 +15,10 @@ const envVarName = z
   .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "must be an environment variable name");
 
 /**
- * A value that may be a secret: a literal, the value of one of the bridge's environment
+ * A value that may be a secret: a string, the value of one of the bridge's environment
  * variables (`{ env: VAR }`), or the content of a file such as a mounted secret
- * (`{ file: /path }`, trailing newlines removed). Read at each (re)connect.
+ * (`{ file: /path }`, trailing newlines removed). A string may embed them as `${env:VAR}` and
+ * `${file:/path}` (e.g. a database URL around its password). Read at each (re)connect.
  */
 export const SecretValueSchema = z.union([
   z.string(),
@@ -29,7 +30,7 @@ export const SecretValueSchema = z.union([
 export type SecretValue = z.infer<typeof SecretValueSchema>;
 
 /**
- * The credential sent as a header on every HTTP request (seed 003 `mcp_api_key`).
+ * The credential sent as a header on every HTTP request (an MCP API key).
  * `api_key` sends the secret as it is in `header` (default `X-API-Key`); `bearer` sends
  * `Bearer <secret>` in `header` (default `Authorization`).
  */
@@ -78,15 +79,24 @@ const common = {
   retry: RetryPolicySchema.partial().optional(),
   groups: z.array(z.string().min(1)).optional(),
   reconnect: ReconnectSchema.prefault({}),
+  /** What a JSON-RPC internal error (-32603) of a call is: final (`fail`) or retried. */
+  internal_error: z.enum(["fail", "retry"]).default("fail"),
+  /** Which form of a result with `structuredContent` reaches the model; see result.ts. */
+  structured_content: z.enum(["auto", "content", "structured"]).default("auto"),
+  /** Serve only tool definitions approved by hash; a changed one waits for approval. */
+  pin_tools: z.boolean().default(false),
 };
 
 const StdioServerSchema = z.strictObject({
   ...common,
   transport: z.literal("stdio"),
+  /** A path with a `/` is resolved against the server file's folder; a bare name uses PATH. */
   command: z.string().min(1),
-  args: z.array(z.string()).default([]),
+  /** Seen by every user of the host in `ps`: secrets belong in `env` where the server allows. */
+  args: z.array(SecretValueSchema).default([]),
   /** Added to a minimal inherited environment (HOME, PATH, …), never the bridge's whole one. */
   env: z.record(envVarName, SecretValueSchema).default({}),
+  /** Relative to the server file's folder, which is also the default. */
   cwd: z.string().min(1).optional(),
   /** A lazy server with no call for this long is stopped, in ms. */
   idle_timeout_ms: z.number().int().positive().optional(),
@@ -160,9 +170,11 @@ export interface LoadServersOptions {
 }
 
 /**
- * Reads every `*.yaml`/`*.yml` file of a folder (not recursive, in file-name order), one
- * MCP server each. A file that is not a valid server, two files with the same `name`, or a
- * secret variable that is not set fails the load with a message naming the file.
+ * Reads every server file of a folder (not recursive, in file-name order): `*.yaml`/`*.yml`
+ * with one MCP server each, and `*.json` in the `mcpServers` format of Claude Desktop, Cursor
+ * and VS Code with any number of them. Relative `command` paths and `cwd` are resolved
+ * against the folder. A file that is not valid, two servers with the same `name`, or a secret
+ * variable that is not set fails the load with a message naming the file.
  */
 export async function loadMcpServers(
   dir: string,
@@ -183,24 +195,41 @@ export async function loadMcpServers(
   const byName = new Map<string, string>();
   for (const entry of entries) {
     const file = join(root, entry);
-    const config = parseServerFile(await readFile(file, "utf8"), file);
-    const previous = byName.get(config.name);
-    if (previous !== undefined) {
-      throw new McpConfigError(
-        `${file}: server name "${config.name}" is already used by ${previous}`,
-      );
-    }
-    for (const variable of secretVariables(config)) {
-      if (options.env[variable] === undefined || options.env[variable] === "") {
+    const text = await readFile(file, "utf8");
+    const configs =
+      extname(entry) === ".json"
+        ? parseClientConfigFile(text, file)
+        : [parseServerFile(text, file)];
+    for (const parsed of configs) {
+      const config = withPaths(parsed, root);
+      const previous = byName.get(config.name);
+      if (previous !== undefined) {
         throw new McpConfigError(
-          `${file}: environment variable ${variable} (a secret of server "${config.name}") is not set`,
+          `${file}: server name "${config.name}" is already used by ${previous}`,
         );
       }
+      for (const variable of secretVariables(config)) {
+        if (options.env[variable] === undefined || options.env[variable] === "") {
+          throw new McpConfigError(
+            `${file}: environment variable ${variable} (a secret of server "${config.name}") is not set`,
+          );
+        }
+      }
+      byName.set(config.name, file);
+      loaded.push({ config, file });
     }
-    byName.set(config.name, file);
-    loaded.push({ config, file });
   }
   return loaded;
+}
+
+/** A stdio server with its `command` path and `cwd` resolved against the file's folder. */
+function withPaths(config: McpServerConfig, folder: string): McpServerConfig {
+  if (config.transport !== "stdio") return config;
+  const command =
+    /[/\\]/.test(config.command) && !isAbsolute(config.command)
+      ? resolve(folder, config.command)
+      : config.command;
+  return { ...config, command, cwd: resolve(folder, config.cwd ?? ".") };
 }
 
 /** Parses the text of one server file; `file` names it in errors. */
@@ -222,11 +251,115 @@ export function parseServerFile(text: string, file: string): McpServerConfig {
   return parsed.data;
 }
 
+/** Keys other MCP clients write into a server entry that mean nothing to the bridge. */
+const FOREIGN_KEYS = [
+  "type",
+  "disabled",
+  "autoApprove",
+  "alwaysAllow",
+  "disabledTools",
+  "description",
+  "timeout",
+];
+
+/** The `type` values other clients use for remote servers, as bridge transports. */
+const REMOTE_TYPES: Record<string, "http" | "sse"> = {
+  http: "http",
+  "streamable-http": "http",
+  streamableHttp: "http",
+  streamable_http: "http",
+  sse: "sse",
+};
+
+/**
+ * Parses a `mcpServers` JSON file as Claude Desktop, Cursor and VS Code (`servers`) write it:
+ * each entry with `command` (`args`, `env`, `cwd`) is a stdio server; one with `url`
+ * (`headers`) a streamable HTTP server, or legacy SSE when its `type` is `sse` or, without a
+ * `type`, its path ends in `/sse`. The entry's key is the server name (characters outside
+ * `A-Z a-z 0-9 _ -` become `_`); entries with `disabled: true` are skipped. Other bridge
+ * options (`timeout_ms`, `lazy`, `pin_tools`, …) may be added to an entry.
+ */
+export function parseClientConfigFile(text: string, file: string): McpServerConfig[] {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw new McpConfigError(`${file} is not valid JSON: ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
+  const top = (typeof raw === "object" && raw !== null ? raw : {}) as Record<string, unknown>;
+  const key = "mcpServers" in top ? "mcpServers" : "servers" in top ? "servers" : undefined;
+  const servers = key === undefined ? undefined : top[key];
+  if (typeof servers !== "object" || servers === null || Array.isArray(servers)) {
+    throw new McpConfigError(
+      `${file} is not an MCP server file: expected an object "mcpServers" (or "servers") of servers by name`,
+    );
+  }
+  const configs: McpServerConfig[] = [];
+  for (const [name, value] of Object.entries(servers as Record<string, unknown>)) {
+    const where = `${file}: ${key}.${name}`;
+    if (typeof value !== "object" || value === null || Array.isArray(value)) {
+      throw new McpConfigError(`${where} must be an object`);
+    }
+    const entry = value as Record<string, unknown>;
+    if (entry.disabled === true) continue;
+    const type = typeof entry.type === "string" ? entry.type : undefined;
+    let transport: "stdio" | "http" | "sse";
+    if (entry.command !== undefined) transport = "stdio";
+    else if (typeof entry.url === "string") {
+      transport =
+        type === undefined
+          ? /\/sse\/?$/.test(new URL(entry.url, "http://x").pathname)
+            ? "sse"
+            : "http"
+          : (REMOTE_TYPES[type] ?? "http");
+      if (type !== undefined && REMOTE_TYPES[type] === undefined) {
+        throw new McpConfigError(`${where}: type "${type}" is not one of http, sse`);
+      }
+    } else {
+      throw new McpConfigError(`${where} has neither "command" (stdio) nor "url" (HTTP)`);
+    }
+    const candidate: Record<string, unknown> = {
+      name: name.replace(/[^A-Za-z0-9_-]+/g, "_").slice(0, 64),
+      transport,
+    };
+    for (const [field, fieldValue] of Object.entries(entry)) {
+      if (!FOREIGN_KEYS.includes(field)) candidate[field] = fieldValue;
+    }
+    const unsupported = JSON.stringify(candidate).match(/\$\{(input|workspaceFolder)[^}]*\}/);
+    if (unsupported !== null) {
+      throw new McpConfigError(
+        `${where}: ${unsupported[0]} is not supported; use \${env:VAR} or \${file:/path}`,
+      );
+    }
+    const parsed = McpServerConfigSchema.safeParse(candidate);
+    if (!parsed.success) {
+      throw new McpConfigError(
+        `${where} is not a valid MCP server: ${z.prettifyError(parsed.error)}`,
+      );
+    }
+    configs.push(parsed.data);
+  }
+  return configs;
+}
+
+/** `${env:VAR}` and `${file:/path}` inside a string. */
+const SECRET_REFERENCE = /\$\{(env|file):([^}]+)\}/g;
+
 /** The environment variables a server's secrets come from. */
 function secretVariables(config: McpServerConfig): string[] {
   const values: SecretValue[] =
-    config.transport === "stdio" ? Object.values(config.env) : Object.values(config.headers);
-  const names = values.flatMap((v) => (typeof v === "object" && "env" in v ? [v.env] : []));
+    config.transport === "stdio"
+      ? [...config.args, ...Object.values(config.env)]
+      : Object.values(config.headers);
+  const names = values.flatMap((v) =>
+    typeof v === "string"
+      ? [...v.matchAll(SECRET_REFERENCE)].flatMap((m) => (m[1] === "env" ? [m[2] ?? ""] : []))
+      : "env" in v
+        ? [v.env]
+        : [],
+  );
   if (config.transport !== "stdio" && config.auth?.env !== undefined) names.push(config.auth.env);
   return names;
 }
@@ -236,7 +369,17 @@ export async function readSecret(
   value: SecretValue,
   env: Readonly<Record<string, string | undefined>>,
 ): Promise<string> {
-  if (typeof value === "string") return value;
+  if (typeof value === "string") {
+    let out = "";
+    let last = 0;
+    for (const match of value.matchAll(SECRET_REFERENCE)) {
+      const reference = match[2] ?? "";
+      out += value.slice(last, match.index);
+      out += await readSecret(match[1] === "env" ? { env: reference } : { file: reference }, env);
+      last = match.index + match[0].length;
+    }
+    return last === 0 ? value : out + value.slice(last);
+  }
   if ("env" in value) {
     const found = env[value.env];
     if (found === undefined || found === "") {
@@ -272,6 +415,16 @@ export async function remoteHeaders(
     else headers[auth.header ?? "X-API-Key"] = secret;
   }
   return headers;
+}
+
+/** The arguments of a stdio server, secrets read. */
+export async function stdioArgs(
+  config: Extract<McpServerConfig, { transport: "stdio" }>,
+  env: Readonly<Record<string, string | undefined>>,
+): Promise<string[]> {
+  const out: string[] = [];
+  for (const value of config.args) out.push(await readSecret(value, env));
+  return out;
 }
 
 /** The extra environment of a stdio server, secrets read. */

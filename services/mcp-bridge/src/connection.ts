@@ -1,7 +1,7 @@
 import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { SSEClientTransport } from "@modelcontextprotocol/sdk/client/sse.js";
+import { SSEClientTransport, SseError } from "@modelcontextprotocol/sdk/client/sse.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
@@ -15,7 +15,7 @@ import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { ToolContext } from "@toolmesh/executor";
 import type { Logger } from "@toolmesh/telemetry";
 import type { McpServerConfig } from "./config.js";
-import { remoteHeaders, stdioEnv } from "./config.js";
+import { remoteHeaders, stdioArgs, stdioEnv } from "./config.js";
 import {
   callError,
   describeError,
@@ -58,6 +58,9 @@ const MAX_LIST_PAGES = 1_000;
 /** Longest stderr line of a stdio server copied into the log, in characters. */
 const MAX_STDERR_CHARS = 2_000;
 
+/** Stderr lines of a starting stdio server kept to explain why it failed to start. */
+const STDERR_TAIL_LINES = 40;
+
 const CLIENT_INFO = { name: "toolmesh-mcp-bridge", version: "0.1.0" };
 
 /** `_meta` key carrying the call's idempotency key to the server. */
@@ -90,6 +93,8 @@ export class ServerConnection {
   #idleTimer: NodeJS.Timeout | undefined;
   #resync: Promise<void> | undefined;
   #resyncAgain = false;
+  /** The last stderr lines of the stdio process being started, for the cause of a failure. */
+  #stderrTail: string[] = [];
   /** Progress listeners of the calls in flight, by the progress token sent with each. */
   readonly #progress = new Map<string, (progress: Progress) => void>();
   #progressTokens = 0;
@@ -161,7 +166,7 @@ export class ServerConnection {
             },
           );
           if (result.isError === true) throw resultError(result, this.#config.name, tool);
-          return resultContent(result);
+          return resultContent(result, this.#config.structured_content);
         } catch (err) {
           if (ctx.signal.aborted) throw ctx.signal.reason;
           if (err instanceof ToolmeshError) throw err;
@@ -177,7 +182,7 @@ export class ServerConnection {
           } else if (kind === "connection") {
             this.#discard(client, err, { backoff: true });
           }
-          throw callError(err, this.#config.name, tool);
+          throw callError(err, this.#config.name, tool, this.#config.internal_error);
         } finally {
           this.#progress.delete(progressToken);
         }
@@ -280,6 +285,12 @@ export class ServerConnection {
       client.onclose = () => this.#closed(client);
       client.onerror = (err) => {
         this.#log.debug({ err: describeError(err) }, "MCP transport error");
+        // A legacy SSE session lives as long as its event stream. The stream's own reconnect
+        // lands in a new session that was never initialised (a restarted server refuses its
+        // calls), so a broken stream is a lost connection: initialise again.
+        if (err instanceof SseError && this.#client === client) {
+          this.#discard(client, err, { backoff: false });
+        }
       };
       // Replaces the SDK's own progress dispatch; see call(). Notifications are handled in
       // arrival order, each before the response that follows it resumes its caller.
@@ -326,7 +337,7 @@ export class ServerConnection {
       await closeClient(client, { terminate: false });
       if (this.#stopped.signal.aborted) throw err;
       const delayMs = this.#backoff();
-      this.#lastError = describeError(err);
+      this.#lastError = withCause(describeError(err), this.#stderrTail);
       this.#state = this.#keepConnected ? "waiting" : "idle";
       this.#log.warn(
         { err: this.#lastError, retry_in_ms: delayMs, failures: this.#failures },
@@ -426,28 +437,59 @@ export class ServerConnection {
     if (config.transport === "stdio") {
       const transport = new StdioClientTransport({
         command: config.command,
-        args: config.args,
+        args: await stdioArgs(config, this.#env),
         env: await stdioEnv(config, this.#env),
         ...(config.cwd === undefined ? {} : { cwd: config.cwd }),
         stderr: "pipe",
       });
       const stderr = transport.stderr;
+      const tail: string[] = [];
+      this.#stderrTail = tail;
       if (stderr !== null) {
         // A PassThrough, returned before the process starts so no early line is lost.
         const lines = createInterface({ input: stderr as Readable, crlfDelay: Infinity });
         lines.on("line", (line) => {
           if (line.trim() === "") return;
-          this.#log.info({ stderr: line.slice(0, MAX_STDERR_CHARS) }, "MCP server stderr");
+          const kept = line.slice(0, MAX_STDERR_CHARS);
+          tail.push(kept);
+          if (tail.length > STDERR_TAIL_LINES) tail.shift();
+          this.#log.info({ stderr: kept }, "MCP server stderr");
         });
       }
       return transport;
     }
-    const headers = await remoteHeaders(config, this.#env);
-    const url = new URL(config.url);
-    return config.transport === "http"
-      ? new StreamableHTTPClientTransport(url, { requestInit: { headers } })
-      : new SSEClientTransport(url, { requestInit: { headers } });
+    return remoteTransport(config, await remoteHeaders(config, this.#env));
   }
+}
+
+/**
+ * The transport of a streamable HTTP or SSE server: the one place where the bridge makes
+ * HTTP requests to MCP servers, each of them (POSTs, event streams, session DELETEs) through
+ * the `fetch` given here, so an outbound policy applies to all of them.
+ */
+export function remoteTransport(
+  config: Extract<McpServerConfig, { transport: "http" | "sse" }>,
+  headers: Record<string, string>,
+): Transport {
+  const url = new URL(config.url);
+  const options = { requestInit: { headers }, fetch: globalThis.fetch };
+  return config.transport === "http"
+    ? new StreamableHTTPClientTransport(url, options)
+    : new SSEClientTransport(url, options);
+}
+
+/**
+ * A failure to start a stdio server with its real cause, which is usually on the process's
+ * stderr ("Error: Cannot find module …", "ModuleNotFoundError: …"), not in the closed pipe the
+ * client saw: the last line that names an error, else the last line.
+ */
+function withCause(failure: string, stderrTail: readonly string[]): string {
+  const lines = stderrTail.filter((l) => !/^\s+(at |File ")/.test(l));
+  const named = lines.findLast((l) =>
+    /^\s*(\w[\w.$]*(Error|Exception)\b|error\b|fatal\b)/i.test(l),
+  );
+  const cause = (named ?? lines.at(-1))?.trim();
+  return cause === undefined || failure.includes(cause) ? failure : `${failure}; stderr: ${cause}`;
 }
 
 /** Every tool of the server, following `nextCursor` pages. */

@@ -53,6 +53,23 @@ describe("resultContent", () => {
     expect(resultContent({ content: [] })).toBe("");
   });
 
+  it("gives the text when the structured content only wraps it", () => {
+    const text = "line one\nline two";
+    expect(
+      resultContent({ content: [{ type: "text", text }], structuredContent: { content: text } }),
+    ).toBe(text);
+  });
+
+  it("follows the server's structured_content choice", () => {
+    const result: CallToolResult = {
+      content: [{ type: "text", text: "it is sunny" }],
+      structuredContent: { temperature: 21 },
+    };
+    expect(resultContent(result, "content")).toBe("it is sunny");
+    expect(JSON.parse(resultContent(result, "structured"))).toEqual({ temperature: 21 });
+    expect(resultContent({ content: [{ type: "text", text: "x" }] }, "structured")).toBe("x");
+  });
+
   it("drops the result's _meta", () => {
     expect(resultContent({ content: [{ type: "text", text: "x" }], _meta: { trace: "abc" } })).toBe(
       "x",
@@ -113,7 +130,9 @@ describe("callError", () => {
       "unavailable",
       true,
     ]);
-    expect(mapped(new McpError(McpErrorCode.InternalError, "boom"))).toEqual(["tool_error", true]);
+    expect(mapped(new McpError(McpErrorCode.InternalError, "boom"))).toEqual(["tool_error", false]);
+    const retried = callError(new McpError(McpErrorCode.InternalError, "busy"), "s", "t", "retry");
+    expect([retried.code, retried.retryable]).toEqual(["tool_error", true]);
     expect(mapped(new McpError(-31000, "custom"))).toEqual(["tool_error", false]);
   });
 
@@ -140,6 +159,22 @@ describe("callError", () => {
     expect(mapped(new StreamableHTTPError(403, "Forbidden"))).toEqual(["permission_denied", false]);
     expect(mapped(new StreamableHTTPError(503, "Busy"))).toEqual(["unavailable", true]);
     expect(mapped(new StreamableHTTPError(400, "Bad"))).toEqual(["tool_error", false]);
+    const reasoned = callError(
+      new StreamableHTTPError(
+        422,
+        'Error POSTing to endpoint: {"jsonrpc":"2.0","error":{"code":-32600,"message":"too big"},"id":1}',
+      ),
+      "s",
+      "t",
+    );
+    expect(reasoned.message).toBe('MCP server "s" answered HTTP 422: too big');
+    expect(reasoned.details).toMatchObject({ http_status: 422, reason: "too big" });
+    const plain = callError(
+      new StreamableHTTPError(413, "Error POSTing to endpoint: request entity too large"),
+      "s",
+      "t",
+    );
+    expect(plain.message).toBe('MCP server "s" answered HTTP 413: request entity too large');
     const refused = new TypeError("fetch failed", { cause: { code: "ECONNREFUSED" } });
     const error = callError(refused, "s", "t");
     expect([error.code, error.retryable]).toEqual(["unavailable", true]);
@@ -157,6 +192,10 @@ describe("failureKind", () => {
     expect(failureKind(new StreamableHTTPError(404, "Session not found"))).toBe("session_expired");
     expect(failureKind(new StreamableHTTPError(502, "Bad gateway"))).toBe("connection");
     expect(failureKind(new StreamableHTTPError(400, "Bad request"))).toBe("answered");
+    // What servers built on the SDK's examples (server-everything) answer after a restart.
+    const unknownSession =
+      'Error POSTing to endpoint: {"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":3}';
+    expect(failureKind(new StreamableHTTPError(400, unknownSession))).toBe("session_expired");
     expect(failureKind(new McpError(McpErrorCode.ConnectionClosed, "closed"))).toBe("connection");
     expect(failureKind(new McpError(McpErrorCode.InvalidParams, "bad"))).toBe("answered");
     expect(failureKind(new TypeError("fetch failed"))).toBe("connection");

@@ -10,11 +10,22 @@ import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 const MAX_MESSAGE_CHARS = 500;
 
 /**
- * The tool message `content` of a successful `tools/call` result. Only what models read
- * and nothing is lost:
+ * Which form of a result with `structuredContent` reaches the model (the server option
+ * `structured_content`):
  *
- * - one `text` block, and either no `structuredContent` or one equal to that text parsed as
- *   JSON (the spec asks servers to send both) → the text as it is;
+ * - `auto`: the text when the structured content only repeats it (the same JSON, or an
+ *   object holding nothing but that text, as server-filesystem's `{content: text}`); both
+ *   otherwise;
+ * - `content`: the content blocks only, `structuredContent` dropped;
+ * - `structured`: the JSON of `structuredContent` alone when the server sent one.
+ */
+export type StructuredContentMode = "auto" | "content" | "structured";
+
+/**
+ * The tool message `content` of a successful `tools/call` result. Only what models read
+ * and nothing is repeated ({@link StructuredContentMode}):
+ *
+ * - one `text` block, and no `structuredContent` (or one that repeats the text) → the text;
  * - no content blocks and no `structuredContent` → `""`;
  * - anything else (several blocks, images, audio, embedded resources, resource links, or
  *   structured content the text does not repeat) → the JSON of
@@ -22,12 +33,16 @@ const MAX_MESSAGE_CHARS = 500;
  *
  * The result's `_meta` is dropped; binary data stays base64 as the server sent it.
  */
-export function resultContent(result: CallToolResult): string {
+export function resultContent(
+  result: CallToolResult,
+  mode: StructuredContentMode = "auto",
+): string {
   const blocks = result.content ?? [];
-  const structured = result.structuredContent;
+  const structured = mode === "content" ? undefined : result.structuredContent;
+  if (mode === "structured" && structured !== undefined) return JSON.stringify(structured);
   const only = blocks.length === 1 ? blocks[0] : undefined;
   if (only?.type === "text") {
-    if (structured === undefined || sameJson(only.text, structured)) return only.text;
+    if (structured === undefined || repeats(only.text, structured)) return only.text;
   }
   if (blocks.length === 0 && structured === undefined) return "";
   return JSON.stringify(
@@ -35,6 +50,13 @@ export function resultContent(result: CallToolResult): string {
       ? { content: blocks }
       : { content: blocks, structuredContent: structured },
   );
+}
+
+/** The structured content says nothing the text does not: the same JSON, or just the text. */
+function repeats(text: string, structured: Record<string, unknown>): boolean {
+  const values = Object.values(structured);
+  if (values.length === 1 && values[0] === text) return true;
+  return sameJson(text, structured);
 }
 
 function sameJson(text: string, value: unknown): boolean {
@@ -78,13 +100,18 @@ export type FailureKind =
   | "answered"
   /** The connection is gone or unusable: open a new one. */
   | "connection"
-  /** An HTTP session the server no longer knows (404): initialise again and resend. */
+  /**
+   * An HTTP session the server no longer knows (404, or a 400 that says the session is not
+   * valid, as servers built on the SDK's examples answer after a restart): initialise again
+   * and resend.
+   */
   | "session_expired";
 
 /** Classifies an error thrown by a request to an MCP server. */
 export function failureKind(err: unknown): FailureKind {
   if (err instanceof StreamableHTTPError) {
     if (err.code === 404) return "session_expired";
+    if (err.code === 400 && /\bsession\b/i.test(httpReason(err))) return "session_expired";
     return err.code === undefined || err.code < 0 || err.code >= 500 ? "connection" : "answered";
   }
   if (err instanceof McpError) {
@@ -97,12 +124,37 @@ export function failureKind(err: unknown): FailureKind {
 }
 
 /**
+ * What the server said in an HTTP error answer: the `error.message` of a JSON-RPC body, else
+ * the body text (the SDK puts it after "Error POSTing to endpoint: "), else the status text.
+ */
+export function httpReason(err: StreamableHTTPError): string {
+  const body = err.message.replace(/^(Streamable HTTP error: )?(Error POSTing to endpoint: )?/, "");
+  try {
+    const parsed = JSON.parse(body) as { error?: { message?: unknown } | string };
+    const message = typeof parsed.error === "string" ? parsed.error : parsed.error?.message;
+    if (typeof message === "string" && message !== "") return truncate(message, MAX_MESSAGE_CHARS);
+  } catch {
+    // not JSON: the text as it is
+  }
+  return truncate(body.trim(), MAX_MESSAGE_CHARS);
+}
+
+/** What the bridge does with a JSON-RPC internal error (-32603): the server option `internal_error`. */
+export type InternalErrorPolicy = "fail" | "retry";
+
+/**
  * A failed `tools/call` as a typed toolmesh error. JSON-RPC errors: method or tool not found
  * → `unknown_tool`; invalid params (-32602) → `invalid_parameters`; internal error (-32603)
- * → retryable `tool_error`; the connection closed or the server down → retryable
- * `unavailable`; HTTP 401/403 → `permission_denied`. Messages never carry request headers.
+ * → `tool_error`, retryable only under the `retry` policy; the connection closed or the
+ * server down → retryable `unavailable`; HTTP 401/403 → `permission_denied`; other HTTP 4xx →
+ * terminal `tool_error` with the server's reason. Messages never carry request headers.
  */
-export function callError(err: unknown, server: string, tool: string): ToolmeshError {
+export function callError(
+  err: unknown,
+  server: string,
+  tool: string,
+  internalError: InternalErrorPolicy = "fail",
+): ToolmeshError {
   if (err instanceof ToolmeshError) return err;
   const where = { server, tool };
   if (err instanceof McpError) {
@@ -133,7 +185,10 @@ export function callError(err: unknown, server: string, tool: string): ToolmeshE
       case McpErrorCode.RequestTimeout:
         return new ToolmeshError(ErrorCode.Timeout, message, { details });
       case McpErrorCode.InternalError:
-        return new ToolmeshError(ErrorCode.ToolError, message, { retryable: true, details });
+        return new ToolmeshError(ErrorCode.ToolError, message, {
+          retryable: internalError === "retry",
+          details,
+        });
       default:
         return new ToolmeshError(ErrorCode.ToolError, message, { retryable: false, details });
     }
@@ -146,19 +201,23 @@ export function callError(err: unknown, server: string, tool: string): ToolmeshE
     );
   }
   if (err instanceof StreamableHTTPError) {
+    // Forgotten again right after initialising: the server cannot keep a session just now.
+    if (failureKind(err) === "session_expired") return unavailable(server, err, where);
     const status = err.code ?? -1;
+    const reason = httpReason(err);
+    const said = reason === "" ? "" : `: ${reason}`;
     if (status === 401 || status === 403) {
       return new ToolmeshError(
         ErrorCode.PermissionDenied,
-        `MCP server "${server}" answered HTTP ${status}`,
-        { retryable: false, details: { ...where, http_status: status } },
+        `MCP server "${server}" answered HTTP ${status}${said}`,
+        { retryable: false, details: { ...where, http_status: status, reason } },
       );
     }
-    if (status >= 400 && status < 500 && status !== 404) {
+    if (status >= 400 && status < 500) {
       return new ToolmeshError(
         ErrorCode.ToolError,
-        `MCP server "${server}" answered HTTP ${status}`,
-        { retryable: false, details: { ...where, http_status: status } },
+        `MCP server "${server}" answered HTTP ${status}${said}`,
+        { retryable: false, details: { ...where, http_status: status, reason } },
       );
     }
   }
@@ -181,6 +240,11 @@ export function unavailable(
 /** One line about an error, with the cause of fetch() failures ("fetch failed: ECONNREFUSED"). */
 export function describeError(err: unknown): string {
   if (!(err instanceof Error)) return String(err);
+  const spawnFailure = err as NodeJS.ErrnoException;
+  if (spawnFailure.syscall?.startsWith("spawn") === true) {
+    const what = spawnFailure.code === "ENOENT" ? "command not found" : "cannot run command";
+    return `${what}: ${spawnFailure.path ?? "?"} (${err.message})`;
+  }
   if ((err instanceof StreamableHTTPError || err instanceof SseError) && (err.code ?? 0) > 0) {
     return truncate(`${err.message} (HTTP ${err.code})`, MAX_MESSAGE_CHARS);
   }
