@@ -88,7 +88,7 @@ describe("a call through separate resolver and executor processes", () => {
     });
     // call-level over agent-level over toolkit-level
     expect(body.context).toEqual({ user: "ada", units: "imperial", region: "eu" });
-    expect(body.idempotencyKey).toBe("s-end-to-end/c1");
+    expect(body.idempotencyKey).toBe("default/s-end-to-end/s-end-to-end/c1");
   });
 
   it("keeps preset values out of the registry, the call records and every log line", async () => {

@@ -7,7 +7,11 @@ import type { ToolKind } from "@toolmesh/protocol";
 export interface ToolContext {
   /** The call id (the model's tool call id). */
   readonly callId: string;
-  /** Stable across redeliveries and resubmissions: key your side effects on it. */
+  /**
+   * Stable across redeliveries and resubmissions: key your side effects on it. The call's
+   * idempotency key scoped by where it came from, `{tenant token}/{session token}/{key}`, so
+   * two tenants (or sessions) using the same key never share it.
+   */
   readonly idempotencyKey: string;
   readonly sessionId: string;
   readonly tool: string;
