@@ -80,6 +80,9 @@ export const EnvSchema = z.object({
   TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
   TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
   TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),
+  NATS_CERT: z.string().min(1).optional(),
+  NATS_KEY: z.string().min(1).optional(),
+  NATS_CA: z.string().min(1).optional(),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -91,6 +94,12 @@ export interface RuntimeConfig {
     user?: string;
     password?: string;
     token?: string;
+    /** Path of a PEM client certificate (`NATS_CERT`). */
+    tlsCert?: string;
+    /** Path of its PEM key (`NATS_KEY`). */
+    tlsKey?: string;
+    /** Path of a PEM CA bundle for the server's certificate (`NATS_CA`). */
+    tlsCa?: string;
   };
   prefix: string;
   tenant: string;
@@ -149,6 +158,11 @@ export function loadConfig(
     throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
   }
   const e = parsed.data;
+  if ((e.NATS_CERT === undefined) !== (e.NATS_KEY === undefined)) {
+    throw new ConfigError(
+      "invalid configuration: NATS_CERT and NATS_KEY (--tlscert, --tlskey) are set together: a client certificate and its key",
+    );
+  }
   return {
     nats: {
       servers: e.NATS_URL,
@@ -157,6 +171,9 @@ export function loadConfig(
       ...(e.NATS_USER === undefined ? {} : { user: e.NATS_USER }),
       ...(e.NATS_PASSWORD === undefined ? {} : { password: e.NATS_PASSWORD }),
       ...(e.NATS_TOKEN === undefined ? {} : { token: e.NATS_TOKEN }),
+      ...(e.NATS_CERT === undefined ? {} : { tlsCert: e.NATS_CERT }),
+      ...(e.NATS_KEY === undefined ? {} : { tlsKey: e.NATS_KEY }),
+      ...(e.NATS_CA === undefined ? {} : { tlsCa: e.NATS_CA }),
     },
     prefix: e.TOOLMESH_PREFIX,
     tenant: e.TOOLMESH_TENANT,
