@@ -1,3 +1,4 @@
+import { isIP } from "node:net";
 import { z } from "zod";
 import { DEFAULT_PREFIX, DEFAULT_TENANT, assertValidPrefix } from "@toolmesh/protocol";
 
@@ -32,6 +33,30 @@ const urlPrefixes = z.string().transform((text, ctx) => {
     }
   }
   return prefixes;
+});
+
+/** `true`/`false`, or comma-separated IP addresses and CIDR ranges. */
+const privateAllowance = z.string().transform((text, ctx): true | string[] => {
+  const value = text.trim().toLowerCase();
+  if (value === "true") return true;
+  if (value === "false") return [];
+  const entries = text
+    .split(",")
+    .map((e) => e.trim())
+    .filter((e) => e !== "");
+  for (const entry of entries) {
+    const [address = "", bits] = entry.split("/");
+    const family = isIP(address);
+    const max = family === 4 ? 32 : 128;
+    if (family === 0 || (bits !== undefined && !(/^\d+$/.test(bits) && Number(bits) <= max))) {
+      ctx.addIssue({
+        code: "custom",
+        message: `${entry} is not an IP address or CIDR range (use true, false or a list like 127.0.0.1,10.0.0.0/8)`,
+      });
+      return z.NEVER;
+    }
+  }
+  return entries;
 });
 
 /**
@@ -83,6 +108,7 @@ export const EnvSchema = z.object({
   NATS_CERT: z.string().min(1).optional(),
   NATS_KEY: z.string().min(1).optional(),
   NATS_CA: z.string().min(1).optional(),
+  TOOLMESH_ALLOW_PRIVATE_ADDRESSES: privateAllowance.default([]),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -134,6 +160,11 @@ export interface RuntimeConfig {
   configDir: string;
   /** How long a session's state (schemas sent, groups, agent) lives after its last change, in ms. */
   sessionStateTtlMs: number;
+  /**
+   * Private addresses (loopback, private networks, link-local, …) that native tools and HTTP
+   * MCP servers may reach: `true` any, else these addresses and CIDR ranges. Default none.
+   */
+  allowPrivateAddresses: true | readonly string[];
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -199,6 +230,7 @@ export function loadConfig(
     mcpDir: e.TOOLMESH_MCP_DIR,
     configDir: e.TOOLMESH_CONFIG_DIR,
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
+    allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
     env,
   };
 }

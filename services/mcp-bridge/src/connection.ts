@@ -12,7 +12,7 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 import type { Progress, Tool } from "@modelcontextprotocol/sdk/types.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import type { ToolContext } from "@toolmesh/executor";
+import type { FetchLike, ToolContext } from "@toolmesh/executor";
 import type { Logger } from "@toolmesh/telemetry";
 import type { McpServerConfig } from "./config.js";
 import { remoteHeaders, stdioEnv } from "./config.js";
@@ -41,6 +41,8 @@ export interface ServerConnectionOptions {
   config: McpServerConfig;
   /** The environment `{ env: VAR }` secrets come from. */
   env: Readonly<Record<string, string | undefined>>;
+  /** The fetch of HTTP/SSE transports: the outbound guard. Default the global `fetch`. */
+  fetch?: FetchLike;
   log: Logger;
   /**
    * Told the server's complete tool list after every connect and every
@@ -73,6 +75,7 @@ export const IDEMPOTENCY_META_KEY = "toolmesh/idempotency_key";
 export class ServerConnection {
   readonly #config: McpServerConfig;
   readonly #env: Readonly<Record<string, string | undefined>>;
+  readonly #fetch: FetchLike;
   readonly #log: Logger;
   readonly #onTools: (tools: Tool[]) => Promise<void>;
   readonly #stopped = new AbortController();
@@ -97,6 +100,7 @@ export class ServerConnection {
   constructor(options: ServerConnectionOptions) {
     this.#config = options.config;
     this.#env = options.env;
+    this.#fetch = options.fetch ?? globalThis.fetch;
     this.#log = options.log;
     this.#onTools = options.onTools;
     this.#keepConnected = !options.config.lazy || options.discover === true;
@@ -445,8 +449,8 @@ export class ServerConnection {
     const headers = await remoteHeaders(config, this.#env);
     const url = new URL(config.url);
     return config.transport === "http"
-      ? new StreamableHTTPClientTransport(url, { requestInit: { headers } })
-      : new SSEClientTransport(url, { requestInit: { headers } });
+      ? new StreamableHTTPClientTransport(url, { requestInit: { headers }, fetch: this.#fetch })
+      : new SSEClientTransport(url, { requestInit: { headers }, fetch: this.#fetch });
   }
 }
 
