@@ -1,9 +1,9 @@
 import { createHash } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
-import { Kvm } from "@nats-io/kv";
 import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
-import { nanos } from "@nats-io/nats-core";
+import type { EnsureOptions } from "@toolmesh/nats";
+import { meshPlan, openBucket } from "@toolmesh/nats";
 import { z } from "zod";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
@@ -54,13 +54,16 @@ export interface CallStoreOptions {
   subjects: Subjects;
   /** How long records are kept: the idempotency horizon, in ms. Default 24 h. */
   retentionMs?: number;
+  /** Replicas of the bucket when created or updated. Default 1. */
+  replicas?: number;
+  /** What to do with an existing bucket whose settings differ. Default `"update"`. */
+  existing?: EnsureOptions["existing"];
 }
 
 const WRONG_LAST_SEQUENCE = 10071;
 
 /** `args_hash` of a record made by a cancellation that came before its call. */
 export const ANY_ARGUMENTS = "*";
-const STREAM_NAME_IN_USE = 10058;
 
 /** Hash of a call's arguments as submitted (JSON text or object), for conflict checks. */
 export function argumentsHash(args: unknown): string {
@@ -84,19 +87,15 @@ export class CallStore {
 
   /** Opens (creating when needed) the calls bucket. */
   static async open(nc: NatsConnection, options: CallStoreOptions): Promise<CallStore> {
-    const kvm = new Kvm(nc);
-    const name = options.subjects.callsBucket;
-    const retentionMs = options.retentionMs ?? 86_400_000;
     // The first service to start creates the bucket; a later one with another retention
     // brings it up to date (the last one started wins).
-    const kv = await kvm
-      .create(name, { history: 1, ttl: retentionMs })
-      .catch(async (err: unknown) => {
-        if (!(err instanceof JetStreamApiError) || err.code !== STREAM_NAME_IN_USE) throw err;
-        const jsm = await jetstreamManager(nc);
-        await jsm.streams.update(`KV_${name}`, { max_age: nanos(retentionMs) });
-        return kvm.open(name);
-      });
+    const spec = meshPlan(options.subjects, {
+      replicas: options.replicas,
+      callRetentionMs: options.retentionMs ?? 86_400_000,
+    }).buckets.calls;
+    const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
+      existing: options.existing ?? "update",
+    });
     return new CallStore(kv);
   }
 

@@ -58,6 +58,9 @@ export async function openCallPlane(
   const store = await CallStore.open(nc, {
     subjects,
     ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+    ...(options.streamLimits?.replicas === undefined
+      ? {}
+      : { replicas: options.streamLimits.replicas }),
   });
   const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
     publishDurable(js, subject, message, { msgId });

@@ -1,7 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV, KvEntry } from "@nats-io/kv";
-import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { meshPlan, openBucket } from "@toolmesh/nats";
 import type { SessionAddress, Subjects } from "@toolmesh/protocol";
 import { decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionPolicy } from "./policy.js";
@@ -50,14 +50,15 @@ export interface UpdateOutcome<T> {
 export interface StateStoreOptions {
   subjects: Subjects;
   /**
-   * How long a session's state lives after its last change, in ms. Applies when this process
-   * creates the bucket; an existing bucket keeps its own. Default 24 h.
+   * How long a session's state lives after its last change, in ms; an existing bucket with
+   * another TTL is updated. Default 24 h.
    */
   sessionTtlMs?: number;
+  /** Replicas of the buckets when created or updated. Default 1. */
+  replicas?: number;
 }
 
 const WRONG_LAST_SEQUENCE = 10071;
-const STREAM_NAME_IN_USE = 10058;
 const MAX_CAS_ATTEMPTS = 64;
 
 /**
@@ -81,14 +82,15 @@ export class StateStore {
 
   /** Opens both buckets, creating them when needed (the first service to start does). */
   static async open(nc: NatsConnection, options: StateStoreOptions): Promise<StateStore> {
-    const kvm = new Kvm(nc);
     const { subjects } = options;
+    const { buckets } = meshPlan(subjects, {
+      replicas: options.replicas,
+      sessionStateTtlMs: options.sessionTtlMs ?? DEFAULT_SESSION_STATE_TTL_MS,
+    });
+    const jsm = await jetstreamManager(nc);
     const [sessions, groups] = await Promise.all([
-      createOrOpen(kvm, subjects.sessionsBucket, {
-        history: 1,
-        ttl: options.sessionTtlMs ?? DEFAULT_SESSION_STATE_TTL_MS,
-      }),
-      createOrOpen(kvm, subjects.groupsBucket, { history: 1 }),
+      openBucket(nc, jsm, buckets.sessions),
+      openBucket(nc, jsm, buckets.groups),
     ]);
     const status = await sessions.status();
     return new StateStore(subjects, sessions, groups, status.ttl);
@@ -169,20 +171,6 @@ export class StateStore {
 // The tenant slot of a subject is already a token; mapping it again keeps a raw id safe too.
 function tenantKey(tenant: string): string {
   return subjectToken(tenant);
-}
-
-async function createOrOpen(
-  kvm: Kvm,
-  name: string,
-  options: { history: number; ttl?: number },
-): Promise<KV> {
-  try {
-    return await kvm.create(name, options);
-  } catch (err) {
-    // Created before with other options (another TTL): use it as it is.
-    if (err instanceof JetStreamApiError && err.code === STREAM_NAME_IN_USE) return kvm.open(name);
-    throw err;
-  }
 }
 
 async function read<T>(

@@ -1,6 +1,6 @@
-import type { ConsumerConfig, JetStreamManager } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
-import { nanos } from "@nats-io/nats-core";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import type { ProvisionChange } from "./provision.js";
+import { durableConsumerSpec, ensureConsumer } from "./provision.js";
 
 /** A durable pull consumer as toolmesh configures them. Durations in ms. */
 export interface DurableConsumerOptions {
@@ -16,44 +16,14 @@ export interface DurableConsumerOptions {
   maxAckPending: number;
 }
 
-const CONSUMER_NOT_FOUND = 10014;
-
 /**
  * Creates a durable pull consumer (explicit acks, every message), or brings the settings that
- * may change (ack wait, max deliver, max ack pending) up to date. Safe from many replicas.
+ * may change (ack wait, max deliver, max ack pending) up to date; one that matches is left
+ * alone. Safe from many replicas.
  */
-export async function ensureDurableConsumer(
+export function ensureDurableConsumer(
   jsm: JetStreamManager,
   options: DurableConsumerOptions,
-): Promise<void> {
-  const updatable = {
-    ack_wait: nanos(options.ackWaitMs),
-    max_deliver: options.maxDeliver,
-    max_ack_pending: options.maxAckPending,
-  };
-  const exists = await jsm.consumers.info(options.stream, options.name).then(
-    () => true,
-    (err: unknown) => {
-      if (err instanceof JetStreamApiError && err.code === CONSUMER_NOT_FOUND) return false;
-      throw err;
-    },
-  );
-  if (exists) {
-    await jsm.consumers.update(options.stream, options.name, updatable);
-    return;
-  }
-  const config: Partial<ConsumerConfig> = {
-    durable_name: options.name,
-    ack_policy: AckPolicy.Explicit,
-    deliver_policy: DeliverPolicy.All,
-    ...(options.filterSubject === undefined ? {} : { filter_subject: options.filterSubject }),
-    ...updatable,
-  };
-  try {
-    await jsm.consumers.add(options.stream, config);
-  } catch (err) {
-    // Another replica created it meanwhile, with the same settings.
-    if (!(err instanceof JetStreamApiError)) throw err;
-    await jsm.consumers.update(options.stream, options.name, updatable);
-  }
+): Promise<ProvisionChange> {
+  return ensureConsumer(jsm, durableConsumerSpec(options));
 }

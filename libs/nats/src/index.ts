@@ -6,7 +6,7 @@ export {
   redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
-export { ensureStreams, streamConfigs } from "./streams.js";
+export { ensureStreams, streamSpecs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
   deadLetterHeaders,
@@ -28,3 +28,22 @@ export type { NatsServerHandle, StartNatsServerOptions } from "./local-server.js
 export { ServerClock } from "./server-clock.js";
 export { ensureDurableConsumer } from "./consumers.js";
 export type { DurableConsumerOptions } from "./consumers.js";
+export {
+  ProvisionError,
+  REPLICAS_SETTING,
+  bucketSpec,
+  bucketStream,
+  durableConsumerSpec,
+  ensureConsumer,
+  ensureStream,
+  openBucket,
+} from "./provision.js";
+export type {
+  ConsumerSpec,
+  EnsureOptions,
+  FieldChange,
+  ProvisionChange,
+  StreamSpec,
+} from "./provision.js";
+export { meshPlan, provisionMesh } from "./mesh-plan.js";
+export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

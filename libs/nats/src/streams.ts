@@ -1,14 +1,10 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
-import {
-  DiscardPolicy,
-  JetStreamApiError,
-  RetentionPolicy,
-  StorageType,
-  jetstreamManager,
-} from "@nats-io/jetstream";
+import { DiscardPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
+import type { StreamSpec } from "./provision.js";
+import { REPLICAS_SETTING, ensureStream } from "./provision.js";
 
 /** Limits of the streams toolmesh creates. Durations in ms. */
 export interface StreamLimits {
@@ -24,20 +20,27 @@ export interface StreamLimits {
   deadLetterRetentionMs?: number;
   /** Most calls waiting in the calls or work stream; more are refused as `overloaded`. Default 1 000 000. */
   maxQueuedCalls?: number;
+  /** Replicas of every stream and KV bucket (1, 3 or 5 on a cluster). Default 1. */
+  replicas?: number;
 }
 
-const STREAM_NAME_IN_USE = 10058;
-
-/** The configurations of the streams for a prefix. */
-export function streamConfigs(
-  subjects: Subjects,
-  limits: StreamLimits = {},
-): (Partial<StreamConfig> & { name: string })[] {
+/** The streams for a prefix, each with the variables that set its fields. */
+export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): StreamSpec[] {
   const maxMsgSize = limits.maxMessageBytes ?? 1024 * 1024;
   const dup = nanos(limits.duplicateWindowMs ?? 120_000);
-  const common = { storage: StorageType.File, num_replicas: 1, max_msg_size: maxMsgSize };
+  const common = {
+    storage: StorageType.File,
+    num_replicas: limits.replicas ?? 1,
+    max_msg_size: maxMsgSize,
+  };
+  const settings = {
+    num_replicas: REPLICAS_SETTING,
+    max_msg_size: "TOOLMESH_MAX_MESSAGE_BYTES",
+    duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
+    max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
+  };
   const maxMsgs = limits.maxQueuedCalls ?? 1_000_000;
-  return [
+  const configs: (Partial<StreamConfig> & { name: string })[] = [
     {
       ...common,
       name: subjects.streams.calls,
@@ -101,11 +104,12 @@ export function streamConfigs(
       discard: DiscardPolicy.Old,
     },
   ];
+  return configs.map((config) => ({ kind: "stream", name: config.name, config, settings }));
 }
 
 /**
- * Creates the streams, or brings their configuration up to date. Safe to call from many
- * services at once.
+ * Creates the streams, or brings their configuration up to date (see {@link ensureStream}).
+ * Safe to call from many services at once.
  */
 export async function ensureStreams(
   nc: NatsConnection,
@@ -113,15 +117,6 @@ export async function ensureStreams(
   limits: StreamLimits = {},
 ): Promise<JetStreamManager> {
   const jsm = await jetstreamManager(nc);
-  for (const config of streamConfigs(subjects, limits)) {
-    try {
-      await jsm.streams.add(config);
-    } catch (err) {
-      if (!(err instanceof JetStreamApiError) || err.code !== STREAM_NAME_IN_USE) throw err;
-      // The retention policy of an existing stream cannot change; only update what may.
-      const { name, ...rest } = config;
-      await jsm.streams.update(name, rest);
-    }
-  }
+  for (const spec of streamSpecs(subjects, limits)) await ensureStream(jsm, spec);
   return jsm;
 }

@@ -1,7 +1,8 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
-import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import type { EnsureOptions } from "@toolmesh/nats";
+import { meshPlan, openBucket } from "@toolmesh/nats";
 import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
 import {
   ErrorCode,
@@ -34,6 +35,10 @@ export interface RegistryOptions {
   log: RegistryLog;
   /** Keep a live, compiled copy of every entry. Default true; registrars alone may skip it. */
   watch?: boolean;
+  /** Replicas of the bucket when created or updated. Default 1. */
+  replicas?: number;
+  /** What to do with an existing bucket whose settings differ. Default `"update"`. */
+  existing?: EnsureOptions["existing"];
 }
 
 const WRONG_LAST_SEQUENCE = 10071;
@@ -58,8 +63,10 @@ export class ToolRegistry {
 
   /** Opens (creating when needed) the bucket and, unless told not to, loads and watches it. */
   static async open(nc: NatsConnection, options: RegistryOptions): Promise<ToolRegistry> {
-    const kvm = new Kvm(nc);
-    const kv = await kvm.create(options.subjects.registryBucket, { history: 1 });
+    const spec = meshPlan(options.subjects, { replicas: options.replicas }).buckets.registry;
+    const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
+      existing: options.existing ?? "update",
+    });
     const registry = new ToolRegistry(kv, options.log);
     if (options.watch !== false) await registry.#startWatch();
     return registry;

@@ -109,6 +109,7 @@ export const EnvSchema = z.object({
   NATS_KEY: z.string().min(1).optional(),
   NATS_CA: z.string().min(1).optional(),
   TOOLMESH_ALLOW_PRIVATE_ADDRESSES: privateAllowance.default([]),
+  TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -165,6 +166,8 @@ export interface RuntimeConfig {
    * MCP servers may reach: `true` any, else these addresses and CIDR ranges. Default none.
    */
   allowPrivateAddresses: true | readonly string[];
+  /** Replicas of every stream and KV bucket (1 on one server; 3 or 5 on a cluster). */
+  streamReplicas: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -231,6 +234,7 @@ export function loadConfig(
     configDir: e.TOOLMESH_CONFIG_DIR,
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
     allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
+    streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
     env,
   };
 }

@@ -1,7 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
-import type { StreamLimits } from "@toolmesh/nats";
+import type { MeshSettings, StreamLimits } from "@toolmesh/nats";
 import { assertServerSupported, connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Telemetry, Tracer } from "@toolmesh/telemetry";
@@ -26,6 +26,19 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
+/** What shapes the streams, buckets and shared consumers, as configured. */
+export function meshSettings(config: RuntimeConfig): MeshSettings {
+  return {
+    maxMessageBytes: config.maxMessageBytes,
+    duplicateWindowMs: config.duplicateWindowMs,
+    maxQueuedCalls: config.maxQueuedCalls,
+    replicas: config.streamReplicas,
+    callRetentionMs: config.callRetentionMs,
+    sessionStateTtlMs: config.sessionStateTtlMs,
+    ackWaitMs: config.ackWaitMs,
+  };
+}
+
 /** Connects, checks the server, opens the registry and starts telemetry for one process. */
 export async function openRuntime(
   config: RuntimeConfig,
@@ -39,7 +52,11 @@ export async function openRuntime(
     const version = await assertServerSupported(nc);
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
     const subjects = createSubjects({ prefix: config.prefix });
-    const registry = await ToolRegistry.open(nc, { subjects, log: logger });
+    const registry = await ToolRegistry.open(nc, {
+      subjects,
+      log: logger,
+      replicas: config.streamReplicas,
+    });
     let connected = true;
     void (async () => {
       for await (const status of nc.status()) {
@@ -61,11 +78,7 @@ export async function openRuntime(
       tracer: telemetry.tracer,
       telemetry,
       connected: () => connected && !nc.isClosed(),
-      streamLimits: {
-        maxMessageBytes: config.maxMessageBytes,
-        duplicateWindowMs: config.duplicateWindowMs,
-        maxQueuedCalls: config.maxQueuedCalls,
-      },
+      streamLimits: meshSettings(config),
       async close() {
         registry.close();
         await nc.drain().catch(() => undefined);

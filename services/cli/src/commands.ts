@@ -142,5 +142,6 @@ async function openForReading(nc: NatsConnection, config: RuntimeConfig): Promis
     subjects: createSubjects({ prefix: config.prefix }),
     log: createLogger({ service: "cli", level: "warn", destination: process.stderr }),
     watch: false,
+    existing: "keep",
   });
 }

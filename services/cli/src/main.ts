@@ -1,5 +1,6 @@
 import { ConfigError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
+import { ProvisionError } from "@toolmesh/nats";
 import { buildProgram } from "./program.js";
 
 const program = buildProgram(process.env, (command) => {
@@ -10,7 +11,10 @@ const program = buildProgram(process.env, (command) => {
         process.exitCode = c;
       },
       (err: unknown) => {
-        const known = err instanceof ConfigError || err instanceof ToolmeshError;
+        const known =
+          err instanceof ConfigError ||
+          err instanceof ToolmeshError ||
+          err instanceof ProvisionError;
         process.stderr.write(
           `toolmesh: ${known ? (err as Error).message : String((err as Error)?.stack ?? err)}\n`,
         );

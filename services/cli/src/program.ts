@@ -7,6 +7,7 @@ import { addCatalogCommands } from "./catalog-commands.js";
 import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
 import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
+import { addSetupCommand } from "./setup.js";
 
 interface GlobalOptions {
   server?: string;
@@ -183,6 +184,7 @@ export function buildProgram(
     .action((seq: number, o: { json?: boolean }) => run(() => dlqReplayCommand(config(), seq, o)));
 
   addCatalogCommands(program, () => config(), run);
+  addSetupCommand(program, config, run);
 
   return program;
 }

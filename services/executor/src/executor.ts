@@ -587,7 +587,7 @@ function ensureWorkConsumer(
   subjects: Subjects,
   definition: ToolDefinition,
   ackWaitMs: number,
-): Promise<void> {
+): Promise<unknown> {
   return ensureDurableConsumer(jsm, {
     stream: subjects.streams.work,
     name: subjects.workConsumer(definition.name),

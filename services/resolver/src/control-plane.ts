@@ -21,7 +21,8 @@ import {
   Semaphore,
   ServerClock,
   deadLetterHeaders,
-  ensureDurableConsumer,
+  ensureConsumer,
+  meshPlan,
   publishDurable,
   publishEphemeral,
   startWorkLoop,
@@ -84,15 +85,10 @@ const FIRST_TIMER_HOP_MS = 2_000;
 export async function startControlPlane(options: ControlPlaneOptions): Promise<ControlPlane> {
   const { nc, plane, subjects, log } = options;
   const { js, jsm, store, clock } = plane;
-  await ensureDeadlineConsumer();
+  const { consumers } = meshPlan(subjects);
+  await ensureConsumer(jsm, consumers.deadlines);
   // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
-  await ensureDurableConsumer(jsm, {
-    stream: subjects.streams.advisories,
-    name: subjects.deadLetterConsumer,
-    ackWaitMs: 30_000,
-    maxDeliver: -1,
-    maxAckPending: 1_000,
-  });
+  await ensureConsumer(jsm, consumers.deadLetters);
 
   const timers: WorkLoop = await startWorkLoop({
     js,
@@ -137,17 +133,6 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       if (status.type === "reconnect") setTimeout(reconcile, 1_000).unref();
     }
   })();
-
-  async function ensureDeadlineConsumer(): Promise<void> {
-    // Timers are naked until due, each nak a delivery: no delivery limit.
-    await ensureDurableConsumer(jsm, {
-      stream: subjects.streams.timers,
-      name: subjects.deadlineConsumer,
-      ackWaitMs: 30_000,
-      maxDeliver: -1,
-      maxAckPending: 100_000,
-    });
-  }
 
   async function handleTimer(msg: JsMsg): Promise<void> {
     clock.observe(ServerClock.timestampOf(msg));

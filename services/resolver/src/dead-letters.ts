@@ -273,6 +273,8 @@ export async function replayDeadLetter(
     const store = await withNatsErrors(() =>
       CallStore.open(nc, {
         subjects,
+        // An operator's tool: the bucket is used as the services set it up.
+        existing: "keep",
         ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
       }),
     );

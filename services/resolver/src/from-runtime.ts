@@ -14,6 +14,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
   const store = await StateStore.open(rt.nc, {
     subjects: rt.subjects,
     sessionTtlMs: rt.config.sessionStateTtlMs,
+    replicas: rt.config.streamReplicas,
   });
   const access = await AccessView.open(rt.nc, store, { agents: catalog.agents, log });
   const resolver = await startResolver({

@@ -24,7 +24,8 @@ import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   ServerClock,
-  ensureDurableConsumer,
+  ensureConsumer,
+  meshPlan,
   publishDurable,
   startWorkLoop,
 } from "@toolmesh/nats";
@@ -263,15 +264,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
 
   async function ensureResolverConsumer(): Promise<void> {
-    await ensureDurableConsumer(jsm, {
-      stream: subjects.streams.calls,
-      name: subjects.resolverConsumer,
-      ackWaitMs,
-      // With backoff up to 10 s between deliveries this rides out a couple of minutes of
-      // trouble downstream; a call failing its resolver this often is dead-lettered.
-      maxDeliver: 20,
-      maxAckPending: 10_000,
-    });
+    await ensureConsumer(jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
   }
 
   function answerDryRun(msg: Msg): void {

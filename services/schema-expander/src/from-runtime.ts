@@ -14,6 +14,7 @@ export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<Schem
   const store = await StateStore.open(rt.nc, {
     subjects: rt.subjects,
     sessionTtlMs: rt.config.sessionStateTtlMs,
+    replicas: rt.config.streamReplicas,
   });
   return startSchemaExpander({
     nc: rt.nc,

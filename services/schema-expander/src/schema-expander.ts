@@ -31,7 +31,8 @@ import {
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
-  ensureDurableConsumer,
+  ensureConsumer,
+  meshPlan,
   ensureStreams,
   publishDurable,
   startWorkLoop,
@@ -110,7 +111,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
   const ackWaitMs = options.ackWaitMs ?? 30_000;
-  await ensureConsumer();
+  await ensureConsumer(jsm, meshPlan(subjects, { ackWaitMs }).consumers.schemaExpander);
 
   const loop: WorkLoop = await startWorkLoop({
     js,
@@ -160,17 +161,6 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     },
     "schema-expander started",
   );
-
-  async function ensureConsumer(): Promise<void> {
-    await ensureDurableConsumer(jsm, {
-      stream: subjects.streams.events,
-      name: subjects.schemaExpanderConsumer,
-      filterSubject: subjects.allMissingArguments,
-      ackWaitMs,
-      maxDeliver: 10,
-      maxAckPending: 1_000,
-    });
-  }
 
   async function handleEvent(msg: JsMsg): Promise<void> {
     let event: MissingArgumentsEvent;

@@ -1,0 +1,123 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { Subjects } from "@toolmesh/protocol";
+import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from "./provision.js";
+import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from "./provision.js";
+import type { StreamLimits } from "./streams.js";
+import { streamSpecs } from "./streams.js";
+
+/** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
+export interface MeshSettings extends StreamLimits {
+  /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
+  callRetentionMs?: number;
+  /** How long a session's state lives after its last change, in ms. Default 24 h. */
+  sessionStateTtlMs?: number;
+  /** Ack wait of the resolver's and schema expander's consumers, in ms. Default 10 000. */
+  ackWaitMs?: number;
+}
+
+/** Every stream, KV bucket and shared durable consumer of a mesh. */
+export interface MeshPlan {
+  streams: StreamSpec[];
+  buckets: { registry: StreamSpec; calls: StreamSpec; sessions: StreamSpec; groups: StreamSpec };
+  /**
+   * Consumers shared by every replica of a service. Executors add one work consumer per tool
+   * when they register it, so those are not part of the plan.
+   */
+  consumers: {
+    resolver: ConsumerSpec;
+    deadlines: ConsumerSpec;
+    deadLetters: ConsumerSpec;
+    schemaExpander: ConsumerSpec;
+  };
+}
+
+/** The streams, buckets and shared consumers for a prefix and settings. */
+export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshPlan {
+  const { replicas } = settings;
+  const ackWaitMs = settings.ackWaitMs ?? 10_000;
+  const ackWaitSetting = { ack_wait: "TOOLMESH_ACK_WAIT_MS" };
+  return {
+    streams: streamSpecs(subjects, settings),
+    buckets: {
+      registry: bucketSpec(subjects.registryBucket, { replicas }),
+      calls: bucketSpec(subjects.callsBucket, {
+        replicas,
+        ttlMs: settings.callRetentionMs ?? 86_400_000,
+        ttlSetting: "TOOLMESH_CALL_RETENTION_MS",
+      }),
+      sessions: bucketSpec(subjects.sessionsBucket, {
+        replicas,
+        ttlMs: settings.sessionStateTtlMs ?? 86_400_000,
+        ttlSetting: "TOOLMESH_SESSION_STATE_TTL_MS",
+      }),
+      groups: bucketSpec(subjects.groupsBucket, { replicas }),
+    },
+    consumers: {
+      resolver: durableConsumerSpec({
+        stream: subjects.streams.calls,
+        name: subjects.resolverConsumer,
+        ackWaitMs,
+        // With backoff up to 10 s between deliveries this rides out a couple of minutes of
+        // trouble downstream; a call failing its resolver this often is dead-lettered.
+        maxDeliver: 20,
+        maxAckPending: 10_000,
+        settings: ackWaitSetting,
+      }),
+      // Timers are naked until due, each nak a delivery: no delivery limit.
+      deadlines: durableConsumerSpec({
+        stream: subjects.streams.timers,
+        name: subjects.deadlineConsumer,
+        ackWaitMs: 30_000,
+        maxDeliver: -1,
+        maxAckPending: 100_000,
+      }),
+      deadLetters: durableConsumerSpec({
+        stream: subjects.streams.advisories,
+        name: subjects.deadLetterConsumer,
+        ackWaitMs: 30_000,
+        maxDeliver: -1,
+        maxAckPending: 1_000,
+      }),
+      schemaExpander: durableConsumerSpec({
+        stream: subjects.streams.events,
+        name: subjects.schemaExpanderConsumer,
+        filterSubject: subjects.allMissingArguments,
+        ackWaitMs,
+        maxDeliver: 10,
+        maxAckPending: 1_000,
+        settings: ackWaitSetting,
+      }),
+    },
+  };
+}
+
+/**
+ * Creates or updates every stream, bucket and shared consumer of the plan, in that order (a
+ * consumer needs its stream), and says what it changed. What `toolmesh setup` runs.
+ */
+export async function provisionMesh(
+  nc: NatsConnection,
+  plan: MeshPlan,
+  options: EnsureOptions = {},
+): Promise<ProvisionChange[]> {
+  const jsm = await jetstreamManager(nc);
+  const changes: ProvisionChange[] = [];
+  for (const spec of [...plan.streams, ...Object.values(plan.buckets)])
+    changes.push(await ensureStream(jsm, spec, options));
+  for (const spec of Object.values(plan.consumers)) {
+    // In a dry run a stream that does not exist yet has no consumers to look at.
+    const streamCreated = changes.some(
+      (c) => c.kind === "stream" && c.name === spec.stream && c.action === "created",
+    );
+    if (options.dryRun === true && streamCreated)
+      changes.push({
+        kind: "consumer",
+        name: `${spec.stream}/${spec.name}`,
+        action: "created",
+        changes: [],
+      });
+    else changes.push(await ensureConsumer(jsm, spec, options));
+  }
+  return changes;
+}

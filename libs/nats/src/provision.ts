@@ -1,0 +1,342 @@
+/**
+ * One policy for every stream, KV bucket and durable consumer toolmesh needs: read what the
+ * server has first; leave it alone when it matches; create it when missing; update it when it
+ * differs; and when the server refuses (no permission, or a setting it cannot change in place)
+ * refuse with one line naming the setting and `toolmesh setup`. So services can run with
+ * permissions that allow no stream management once `toolmesh setup` has run.
+ */
+import type { NatsConnection } from "@nats-io/nats-core";
+import type {
+  ConsumerConfig,
+  ConsumerInfo,
+  JetStreamManager,
+  StreamConfig,
+  StreamInfo,
+} from "@nats-io/jetstream";
+import {
+  AckPolicy,
+  DeliverPolicy,
+  DiscardPolicy,
+  JetStreamApiError,
+  RetentionPolicy,
+  StorageType,
+} from "@nats-io/jetstream";
+import type { KV } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
+import { nanos } from "@nats-io/nats-core";
+
+/** The variable that sets the replica count of every stream and bucket. */
+export const REPLICAS_SETTING = "TOOLMESH_STREAM_REPLICAS";
+
+/** A stream (or the stream behind a KV bucket) as toolmesh wants it. */
+export interface StreamSpec {
+  kind: "stream" | "bucket";
+  /** Stream name; for a bucket, the bucket name (its stream is `KV_<name>`). */
+  name: string;
+  config: Partial<StreamConfig> & { name: string };
+  /** For each configured field, the variable that sets it (shown when it must change). */
+  settings: Readonly<Record<string, string>>;
+}
+
+/** A durable pull consumer as toolmesh wants it. */
+export interface ConsumerSpec {
+  stream: string;
+  name: string;
+  config: Partial<ConsumerConfig> & { durable_name: string };
+  /** For each configured field, the variable that sets it. */
+  settings: Readonly<Record<string, string>>;
+}
+
+/** One field that differs between the server and the configuration. */
+export interface FieldChange {
+  field: string;
+  /** The variable that sets it; undefined for fixed settings. */
+  setting: string | undefined;
+  from: unknown;
+  to: unknown;
+}
+
+/** What ensuring one resource did (or, in a dry run, would do). */
+export interface ProvisionChange {
+  kind: "stream" | "bucket" | "consumer";
+  /** Stream, bucket, or `<stream>/<consumer>`. */
+  name: string;
+  action: "created" | "updated" | "unchanged";
+  changes: FieldChange[];
+}
+
+/** What may be done about a resource that differs from the configuration. */
+export interface EnsureOptions {
+  /** Only report what would change. Default false. */
+  dryRun?: boolean;
+  /**
+   * `"update"` (default) brings an existing resource up to date; `"keep"` uses it as it is
+   * (for tools that read, such as CLI queries, whose environment may not carry the settings).
+   */
+  existing?: "update" | "keep";
+}
+
+/** A resource cannot be brought in line with the configuration; the service must not start. */
+export class ProvisionError extends Error {
+  override readonly name = "ProvisionError";
+  /** The stream, bucket or consumer concerned. */
+  readonly resource: string;
+
+  constructor(message: string, resource: string, options?: ErrorOptions) {
+    super(message, options);
+    this.resource = resource;
+  }
+}
+
+const STREAM_NOT_FOUND = 10059;
+const CONSUMER_NOT_FOUND = 10014;
+
+/** The stream name behind a KV bucket. */
+export function bucketStream(bucket: string): string {
+  return `KV_${bucket}`;
+}
+
+/** The configuration of a KV bucket's stream, as `@nats-io/kv` creates it. Durations in ms. */
+export function bucketSpec(
+  bucket: string,
+  options: { replicas?: number; ttlMs?: number; ttlSetting?: string },
+): StreamSpec {
+  return {
+    kind: "bucket",
+    name: bucket,
+    config: {
+      name: bucketStream(bucket),
+      subjects: [`$KV.${bucket}.>`],
+      retention: RetentionPolicy.Limits,
+      storage: StorageType.File,
+      discard: DiscardPolicy.New,
+      max_msgs_per_subject: 1,
+      max_msg_size: -1,
+      allow_rollup_hdrs: true,
+      allow_direct: true,
+      num_replicas: options.replicas ?? 1,
+      max_age: options.ttlMs === undefined ? 0 : nanos(options.ttlMs),
+    },
+    settings: {
+      num_replicas: REPLICAS_SETTING,
+      ...(options.ttlSetting === undefined ? {} : { max_age: options.ttlSetting }),
+    },
+  };
+}
+
+/** A durable pull consumer spec (explicit acks, every message). Durations in ms. */
+export function durableConsumerSpec(options: {
+  stream: string;
+  name: string;
+  filterSubject?: string;
+  ackWaitMs: number;
+  maxDeliver: number;
+  maxAckPending: number;
+  settings?: Record<string, string>;
+}): ConsumerSpec {
+  return {
+    stream: options.stream,
+    name: options.name,
+    config: {
+      durable_name: options.name,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ...(options.filterSubject === undefined ? {} : { filter_subject: options.filterSubject }),
+      ack_wait: nanos(options.ackWaitMs),
+      max_deliver: options.maxDeliver,
+      max_ack_pending: options.maxAckPending,
+    },
+    settings: options.settings ?? {},
+  };
+}
+
+function same(a: unknown, b: unknown): boolean {
+  if (Array.isArray(a) && Array.isArray(b))
+    return JSON.stringify(a.map(String).sort()) === JSON.stringify(b.map(String).sort());
+  // The server leaves out false and zero values.
+  if (
+    (a === undefined && (b === false || b === 0)) ||
+    (b === undefined && (a === false || a === 0))
+  )
+    return true;
+  return a === b;
+}
+
+function differences(
+  want: Record<string, unknown>,
+  have: Record<string, unknown>,
+  settings: Readonly<Record<string, string>>,
+): FieldChange[] {
+  const changes: FieldChange[] = [];
+  for (const [field, to] of Object.entries(want)) {
+    if (field === "name" || field === "durable_name") continue;
+    const from = have[field];
+    if (!same(from, to)) changes.push({ field, setting: settings[field], from, to });
+  }
+  return changes;
+}
+
+function reason(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+function describe(changes: FieldChange[]): string {
+  return changes
+    .map(
+      (c) =>
+        `${c.field} is ${JSON.stringify(c.from)}, ${c.setting ?? "toolmesh"} wants ${JSON.stringify(c.to)}`,
+    )
+    .join("; ");
+}
+
+async function readOrUndefined<T>(read: Promise<T>, notFound: number): Promise<T | undefined> {
+  try {
+    return await read;
+  } catch (err) {
+    if (err instanceof JetStreamApiError && err.code === notFound) return undefined;
+    throw err;
+  }
+}
+
+/** Creates, updates or leaves alone one stream (or bucket stream); see the module comment. */
+export async function ensureStream(
+  jsm: JetStreamManager,
+  spec: StreamSpec,
+  options: EnsureOptions = {},
+): Promise<ProvisionChange> {
+  const { kind, name } = spec;
+  const label = `${kind} ${name}`;
+  const info: StreamInfo | undefined = await readOrUndefined(
+    jsm.streams.info(spec.config.name),
+    STREAM_NOT_FOUND,
+  ).catch((err: unknown) => {
+    throw new ProvisionError(
+      `cannot read ${label}: ${reason(err)}; this service needs permission for $JS.API.STREAM.INFO.${spec.config.name}`,
+      name,
+      { cause: err },
+    );
+  });
+  if (info === undefined) {
+    if (options.dryRun !== true) {
+      try {
+        await jsm.streams.add(spec.config);
+      } catch (err) {
+        // Another process created it meanwhile: go through the checks again.
+        if (err instanceof JetStreamApiError && err.code === 10058)
+          return ensureStream(jsm, spec, options);
+        throw new ProvisionError(
+          `${label} does not exist and cannot be created (${reason(err)}): run \`toolmesh setup\` with credentials that may manage streams${hintFor(err)}`,
+          name,
+          { cause: err },
+        );
+      }
+    }
+    return { kind, name, action: "created", changes: [] };
+  }
+  const changes = differences(spec.config, info.config, spec.settings);
+  if (changes.length === 0 || options.existing === "keep")
+    return { kind, name, action: "unchanged", changes: [] };
+  // A lone server takes a replica count in an update and keeps one copy all the same.
+  if ((spec.config.num_replicas ?? 1) > 1 && info.cluster === undefined) {
+    throw new ProvisionError(
+      `${label} cannot have ${String(spec.config.num_replicas)} replicas: the nats-server is not part of a cluster; set ${REPLICAS_SETTING}=1 or run on a cluster`,
+      name,
+    );
+  }
+  if (options.dryRun !== true) {
+    try {
+      const { name: stream, ...wanted } = spec.config;
+      await jsm.streams.update(stream, wanted);
+    } catch (err) {
+      throw new ProvisionError(
+        `${label} differs from the configuration (${describe(changes)}) and the server refused to update it (${reason(err)}): run \`toolmesh setup\` with credentials that may manage streams${hintFor(err)}`,
+        name,
+        { cause: err },
+      );
+    }
+  }
+  return { kind, name, action: "updated", changes };
+}
+
+// What the operator must do when even `toolmesh setup` cannot make the change.
+function hintFor(err: unknown): string {
+  const text = reason(err);
+  if (/replicas > 1 not supported in non-clustered mode/i.test(text))
+    return `, or set ${REPLICAS_SETTING}=1 for a server that is not part of a cluster`;
+  if (/insufficient resources|no suitable peers/i.test(text))
+    return `, or set ${REPLICAS_SETTING} to at most the number of JetStream servers in the cluster`;
+  if (/can not change|cannot change|can not be changed/i.test(text))
+    return "; if it is the setting named here, back the stream up and delete it first (`nats stream rm`)";
+  return "";
+}
+
+/** Creates, updates or leaves alone one durable consumer; see the module comment. */
+export async function ensureConsumer(
+  jsm: JetStreamManager,
+  spec: ConsumerSpec,
+  options: EnsureOptions = {},
+): Promise<ProvisionChange> {
+  const name = `${spec.stream}/${spec.name}`;
+  const info: ConsumerInfo | undefined = await readOrUndefined(
+    jsm.consumers.info(spec.stream, spec.name),
+    CONSUMER_NOT_FOUND,
+  ).catch((err: unknown) => {
+    throw new ProvisionError(
+      `cannot read consumer ${name}: ${reason(err)}; this service needs permission for $JS.API.CONSUMER.INFO.${spec.stream}.${spec.name}`,
+      name,
+      { cause: err },
+    );
+  });
+  if (info === undefined) {
+    if (options.dryRun !== true) {
+      try {
+        await jsm.consumers.add(spec.stream, spec.config);
+      } catch (err) {
+        // Created meanwhile by another replica: check it like an existing one.
+        if (err instanceof JetStreamApiError && err.code !== CONSUMER_NOT_FOUND) {
+          const now = await readOrUndefined(
+            jsm.consumers.info(spec.stream, spec.name),
+            CONSUMER_NOT_FOUND,
+          ).catch(() => undefined);
+          if (now !== undefined) return ensureConsumer(jsm, spec, options);
+        }
+        throw new ProvisionError(
+          `consumer ${name} does not exist and cannot be created (${reason(err)}): run \`toolmesh setup\` with credentials that may manage consumers`,
+          name,
+          { cause: err },
+        );
+      }
+    }
+    return { kind: "consumer", name, action: "created", changes: [] };
+  }
+  const changes = differences(spec.config, info.config, spec.settings);
+  if (changes.length === 0 || options.existing === "keep")
+    return { kind: "consumer", name, action: "unchanged", changes: [] };
+  if (options.dryRun !== true) {
+    const updatable = Object.fromEntries(changes.map((c) => [c.field, c.to]));
+    try {
+      await jsm.consumers.update(spec.stream, spec.name, updatable);
+    } catch (err) {
+      throw new ProvisionError(
+        `consumer ${name} differs from the configuration (${describe(changes)}) and the server refused to update it (${reason(err)}): run \`toolmesh setup\` with credentials that may manage consumers`,
+        name,
+        { cause: err },
+      );
+    }
+  }
+  return { kind: "consumer", name, action: "updated", changes };
+}
+
+/**
+ * Opens a KV bucket after ensuring its stream (see {@link ensureStream}). Reads go to the
+ * stream leader (no direct gets), so a replica that lags never answers a compare-and-set read.
+ */
+export async function openBucket(
+  nc: NatsConnection,
+  jsm: JetStreamManager,
+  spec: StreamSpec,
+  options: EnsureOptions = {},
+): Promise<KV> {
+  await ensureStream(jsm, spec, options);
+  return new Kvm(nc).open(spec.name, { allow_direct: false });
+}

@@ -1,0 +1,129 @@
+import { execFile } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runCli } from "./helpers/cli.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+interface SetupReport {
+  dry_run: boolean;
+  changed: number;
+  resources: { kind: string; name: string; action: string; changes: { setting?: string }[] }[];
+}
+
+// Services may read and use streams but neither create nor change them: what `toolmesh setup`
+// is for. Executors still create their tools' work consumers.
+const PERMISSIONS = `
+authorization {
+  users = [
+    { user: admin, password: admin }
+    {
+      user: service, password: service,
+      permissions: {
+        publish: { allow: [">"], deny: ["$JS.API.STREAM.CREATE.>", "$JS.API.STREAM.UPDATE.>", "$JS.API.STREAM.DELETE.>"] }
+        subscribe: { allow: [">"] }
+      }
+    }
+  ]
+}
+`;
+
+let server: NatsServerHandle;
+let admin: Record<string, string>;
+let service: Record<string, string>;
+
+async function setup(args: string[], env: Record<string, string> = {}): Promise<SetupReport> {
+  const out = await runCli(["setup", "--json", ...args], { ...admin, ...env });
+  expect(out.stderr).toBe("");
+  expect(out.code).toBe(0);
+  return JSON.parse(out.stdout) as SetupReport;
+}
+
+beforeAll(async () => {
+  server = await startNatsServer({ config: PERMISSIONS });
+  admin = {
+    NATS_URL: server.url,
+    NATS_USER: "admin",
+    NATS_PASSWORD: "admin",
+    TOOLMESH_PREFIX: "setup",
+  };
+  service = { ...admin, NATS_USER: "service", NATS_PASSWORD: "service" };
+});
+
+afterAll(async () => {
+  await killAllServices();
+  await server?.stop();
+  await stopAll();
+});
+
+describe("toolmesh setup", () => {
+  it("on a fresh server prints what it would create, creates it, then finds nothing to change", async () => {
+    const dry = await setup(["--dry-run"]);
+    expect(dry.dry_run).toBe(true);
+    expect(dry.resources.map((r) => r.action)).toEqual(dry.resources.map(() => "created"));
+    expect(dry.resources.filter((r) => r.kind === "stream")).toHaveLength(7);
+    expect(dry.resources.filter((r) => r.kind === "bucket")).toHaveLength(4);
+    expect(dry.resources.filter((r) => r.kind === "consumer")).toHaveLength(4);
+    // A dry run changed nothing: the real run creates all of it.
+    const first = await setup([]);
+    expect(first.changed).toBe(15);
+    const again = await setup([]);
+    expect(again.changed).toBe(0);
+    const human = await runCli(["setup"], admin);
+    expect(human.stdout).toMatch(/nothing to change: 15 resources match the configuration/);
+  });
+
+  it("updates what a changed setting shapes and names the setting", async () => {
+    const dry = await setup(["--dry-run"], { TOOLMESH_CALL_RETENTION_MS: "3600000" });
+    expect(dry.changed).toBe(1);
+    const bucket = dry.resources.find((r) => r.action === "updated");
+    expect(bucket?.name).toBe("setup_calls");
+    expect(bucket?.changes[0]?.setting).toBe("TOOLMESH_CALL_RETENTION_MS");
+    expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(1);
+    expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(0);
+    // Back to the defaults for the next tests.
+    expect((await setup([])).changed).toBe(1);
+  });
+
+  it("refuses replicas a lone server cannot keep, naming the setting", async () => {
+    const out = await runCli(["setup", "--replicas", "3"], admin);
+    expect(out.code).toBe(2);
+    expect(out.stderr).toMatch(/not part of a cluster; set TOOLMESH_STREAM_REPLICAS=1/);
+    expect(out.stderr.trim().split("\n")).toHaveLength(1);
+  });
+});
+
+describe("services without stream permissions", () => {
+  it("start and serve once setup has run", async () => {
+    const env = { ...service, TOOLMESH_TOOLS_DIR: fixtureTools("tools-a") };
+    await startService("resolver", env);
+    await startService("executor", env);
+    const out = await runCli(["call", "whoami", "--json"], service);
+    expect(out.stderr).toBe("");
+    const message = JSON.parse(out.stdout) as { name: string; error?: unknown; content: string };
+    expect(message.error).toBeUndefined();
+    expect(message.name).toBe("whoami");
+    expect(message.content).toMatch(/pid/);
+  });
+
+  it("refuse to start when a stream differs, with one line naming the setting and the fix", async () => {
+    const run = promisify(execFile);
+    const outcome = await run(process.execPath, [join(ROOT, "services/resolver/dist/main.js")], {
+      env: { PATH: process.env.PATH ?? "", ...service, TOOLMESH_MAX_QUEUED_CALLS: "500" },
+      timeout: 30_000,
+    }).then(
+      () => ({ code: 0, stderr: "" }),
+      (err: { code?: number; stderr?: string }) => ({ code: err.code, stderr: err.stderr ?? "" }),
+    );
+    expect(outcome.code).toBe(1);
+    const lines = outcome.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/stream SETUP_CALLS differs from the configuration/);
+    expect(lines[0]).toMatch(/TOOLMESH_MAX_QUEUED_CALLS/);
+    expect(lines[0]).toMatch(/run `toolmesh setup`/);
+  });
+});
