@@ -316,6 +316,8 @@ beforeAll(async () => {
   env = {
     NATS_URL: server.url,
     TOOLMESH_MCP_DIR: mcpDir,
+    // The test's HTTP and SSE servers run on loopback, which is refused unless allowed.
+    TOOLMESH_ALLOW_PRIVATE_ADDRESSES: "127.0.0.1",
     H_KEY: API_KEY,
     WRONG_KEY: "not-the-key",
     CJ_LABEL: "label-from-env",

@@ -191,6 +191,8 @@ beforeAll(async () => {
     NATS_URL: nats.url,
     TOOLMESH_NATIVE_TOOLS_DIR: toolsDir,
     TOOLMESH_NATIVE_ALLOWED_URLS: `${apiUrl}/,http://127.0.0.1:${closedPort}/gone`,
+    // The test's APIs run on loopback, which tools may not reach unless allowed.
+    TOOLMESH_ALLOW_PRIVATE_ADDRESSES: "127.0.0.1",
   };
   resolver = await startService("resolver", env);
   executor = await startService("executor", { ...env, ORDERS_API_KEY: SECRET });

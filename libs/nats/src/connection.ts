@@ -23,34 +23,120 @@ export interface NatsConnectOptions {
   user?: string;
   password?: string;
   token?: string;
+  /** Path of a PEM client certificate (TLS client authentication); needs `tlsKey`. */
+  tlsCert?: string;
+  /** Path of the PEM private key of `tlsCert`. */
+  tlsKey?: string;
+  /** Path of a PEM CA bundle the server's certificate is checked against. */
+  tlsCa?: string;
   /** Inbox prefix; give each role its own so permissions can confine replies. */
   inboxPrefix?: string;
+  /** How long the first connection may take, in ms. Default 20 000. */
+  connectTimeoutMs?: number;
 }
 
 /** Lowest server version toolmesh runs on. */
 export const MIN_SERVER_VERSION = "2.9.0";
 
-/** Connects with reconnection forever and the options meant for throughput. */
+/**
+ * Connects with reconnection forever and the options meant for throughput. Files (creds,
+ * nkey seed, TLS) are read first, so a missing one is reported by its option; a failure to
+ * connect is an `unavailable` error naming the servers without their credentials and never
+ * carrying a secret.
+ */
 export async function connectNats(options: NatsConnectOptions = {}): Promise<NatsConnection> {
   const authenticator: Authenticator[] = [];
   if (options.creds !== undefined)
-    authenticator.push(credsAuthenticator(await readFile(options.creds)));
+    authenticator.push(credsAuthenticator(await readSecretFile(options.creds, "creds")));
   if (options.nkey !== undefined) {
-    const seed = (await readFile(options.nkey, "utf8")).trim();
+    const seed = new TextDecoder().decode(await readSecretFile(options.nkey, "nkey")).trim();
     authenticator.push(nkeyAuthenticator(new TextEncoder().encode(seed)));
   }
   if (options.user !== undefined)
     authenticator.push(usernamePasswordAuthenticator(options.user, options.password));
   if (options.token !== undefined) authenticator.push(tokenAuthenticator(options.token));
-  return connect({
-    servers: (options.servers ?? "nats://127.0.0.1:4222").split(",").map((s) => s.trim()),
-    ...(options.name === undefined ? {} : { name: options.name }),
-    ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
-    ...(authenticator.length === 0 ? {} : { authenticator }),
-    maxReconnectAttempts: -1,
-    reconnectTimeWait: 250,
-    noAsyncTraces: true,
-  });
+  if ((options.tlsCert === undefined) !== (options.tlsKey === undefined)) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      "a TLS client certificate needs its key and the key its certificate: set both NATS_CERT and NATS_KEY (--tlscert, --tlskey)",
+      { retryable: false },
+    );
+  }
+  const tls = {
+    ...(options.tlsCert === undefined
+      ? {}
+      : { cert: await readSecretFile(options.tlsCert, "tlscert", "utf8") }),
+    ...(options.tlsKey === undefined
+      ? {}
+      : { key: await readSecretFile(options.tlsKey, "tlskey", "utf8") }),
+    ...(options.tlsCa === undefined
+      ? {}
+      : { ca: await readSecretFile(options.tlsCa, "tlsca", "utf8") }),
+  };
+  const servers = (options.servers ?? "nats://127.0.0.1:4222").split(",").map((s) => s.trim());
+  try {
+    return await connect({
+      servers,
+      ...(options.name === undefined ? {} : { name: options.name }),
+      ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
+      ...(authenticator.length === 0 ? {} : { authenticator }),
+      ...(Object.keys(tls).length === 0 ? {} : { tls }),
+      ...(options.connectTimeoutMs === undefined ? {} : { timeout: options.connectTimeoutMs }),
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 250,
+      noAsyncTraces: true,
+    });
+  } catch (err) {
+    const reason = err instanceof Error ? err.message : String(err);
+    throw new ToolmeshError(
+      ErrorCode.Unavailable,
+      `cannot connect to NATS at ${servers.map(redactUrl).join(",")}: ${redactSecrets(reason, options)}`,
+      { retryable: true },
+    );
+  }
+}
+
+/** Server URL(s) as they may be shown: any `user:password@` replaced by `***@`. */
+export function redactUrl(urls: string): string {
+  return urls.replace(/(^|,|:\/\/)\s*[^@/,\s]*@/g, "$1***@");
+}
+
+function redactSecrets(text: string, options: NatsConnectOptions): string {
+  let out = text;
+  for (const secret of [options.password, options.token]) {
+    if (secret !== undefined && secret.length > 0) out = out.split(secret).join("***");
+  }
+  for (const server of (options.servers ?? "").split(",")) {
+    const trimmed = server.trim();
+    if (trimmed !== "") out = out.split(trimmed).join(redactUrl(trimmed));
+  }
+  return out;
+}
+
+const OPTION_VARIABLES: Record<string, string> = {
+  creds: "NATS_CREDS",
+  nkey: "NATS_NKEY",
+  tlscert: "NATS_CERT",
+  tlskey: "NATS_KEY",
+  tlsca: "NATS_CA",
+};
+
+async function readSecretFile(path: string, option: string): Promise<Uint8Array>;
+async function readSecretFile(path: string, option: string, encoding: "utf8"): Promise<string>;
+async function readSecretFile(
+  path: string,
+  option: string,
+  encoding?: "utf8",
+): Promise<Uint8Array | string> {
+  try {
+    return encoding === undefined ? await readFile(path) : await readFile(path, encoding);
+  } catch (err) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `cannot read the ${OPTION_VARIABLES[option] ?? option} file (--${option}) ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
+      { retryable: false },
+    );
+  }
 }
 
 /** Compares dotted versions numerically; negative when a < b. */

@@ -3,6 +3,7 @@ export {
   assertServerSupported,
   compareVersions,
   connectNats,
+  redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
 export { ensureStreams, streamSpecs } from "./streams.js";

@@ -1,3 +1,4 @@
+import { isIP } from "node:net";
 import { z } from "zod";
 import { DEFAULT_PREFIX, DEFAULT_TENANT, assertValidPrefix } from "@toolmesh/protocol";
 
@@ -32,6 +33,30 @@ const urlPrefixes = z.string().transform((text, ctx) => {
     }
   }
   return prefixes;
+});
+
+/** `true`/`false`, or comma-separated IP addresses and CIDR ranges. */
+const privateAllowance = z.string().transform((text, ctx): true | string[] => {
+  const value = text.trim().toLowerCase();
+  if (value === "true") return true;
+  if (value === "false") return [];
+  const entries = text
+    .split(",")
+    .map((e) => e.trim())
+    .filter((e) => e !== "");
+  for (const entry of entries) {
+    const [address = "", bits] = entry.split("/");
+    const family = isIP(address);
+    const max = family === 4 ? 32 : 128;
+    if (family === 0 || (bits !== undefined && !(/^\d+$/.test(bits) && Number(bits) <= max))) {
+      ctx.addIssue({
+        code: "custom",
+        message: `${entry} is not an IP address or CIDR range (use true, false or a list like 127.0.0.1,10.0.0.0/8)`,
+      });
+      return z.NEVER;
+    }
+  }
+  return entries;
 });
 
 /**
@@ -80,6 +105,10 @@ export const EnvSchema = z.object({
   TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
   TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
   TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),
+  NATS_CERT: z.string().min(1).optional(),
+  NATS_KEY: z.string().min(1).optional(),
+  NATS_CA: z.string().min(1).optional(),
+  TOOLMESH_ALLOW_PRIVATE_ADDRESSES: privateAllowance.default([]),
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
 });
 
@@ -92,6 +121,12 @@ export interface RuntimeConfig {
     user?: string;
     password?: string;
     token?: string;
+    /** Path of a PEM client certificate (`NATS_CERT`). */
+    tlsCert?: string;
+    /** Path of its PEM key (`NATS_KEY`). */
+    tlsKey?: string;
+    /** Path of a PEM CA bundle for the server's certificate (`NATS_CA`). */
+    tlsCa?: string;
   };
   prefix: string;
   tenant: string;
@@ -126,6 +161,11 @@ export interface RuntimeConfig {
   configDir: string;
   /** How long a session's state (schemas sent, groups, agent) lives after its last change, in ms. */
   sessionStateTtlMs: number;
+  /**
+   * Private addresses (loopback, private networks, link-local, …) that native tools and HTTP
+   * MCP servers may reach: `true` any, else these addresses and CIDR ranges. Default none.
+   */
+  allowPrivateAddresses: true | readonly string[];
   /** Replicas of every stream and KV bucket (1 on one server; 3 or 5 on a cluster). */
   streamReplicas: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
@@ -152,6 +192,11 @@ export function loadConfig(
     throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
   }
   const e = parsed.data;
+  if ((e.NATS_CERT === undefined) !== (e.NATS_KEY === undefined)) {
+    throw new ConfigError(
+      "invalid configuration: NATS_CERT and NATS_KEY (--tlscert, --tlskey) are set together: a client certificate and its key",
+    );
+  }
   return {
     nats: {
       servers: e.NATS_URL,
@@ -160,6 +205,9 @@ export function loadConfig(
       ...(e.NATS_USER === undefined ? {} : { user: e.NATS_USER }),
       ...(e.NATS_PASSWORD === undefined ? {} : { password: e.NATS_PASSWORD }),
       ...(e.NATS_TOKEN === undefined ? {} : { token: e.NATS_TOKEN }),
+      ...(e.NATS_CERT === undefined ? {} : { tlsCert: e.NATS_CERT }),
+      ...(e.NATS_KEY === undefined ? {} : { tlsKey: e.NATS_KEY }),
+      ...(e.NATS_CA === undefined ? {} : { tlsCa: e.NATS_CA }),
     },
     prefix: e.TOOLMESH_PREFIX,
     tenant: e.TOOLMESH_TENANT,
@@ -185,6 +233,7 @@ export function loadConfig(
     mcpDir: e.TOOLMESH_MCP_DIR,
     configDir: e.TOOLMESH_CONFIG_DIR,
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
+    allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
     env,
   };

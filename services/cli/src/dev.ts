@@ -1,5 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import { connectNats, startNatsServer } from "@toolmesh/nats";
+import { connectNats, redactUrl, startNatsServer } from "@toolmesh/nats";
 import type { NatsServerHandle } from "@toolmesh/nats";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { installShutdown, openRuntime } from "@toolmesh/runtime";
@@ -35,11 +35,11 @@ export async function devCommand(config: RuntimeConfig, options: DevOptions): Pr
   if (!(await reachable(config))) {
     server = await startNatsServer();
     say(
-      `no NATS answered at ${config.nats.servers}; started nats-server ${server.url} (JetStream in ${server.storeDir})`,
+      `no NATS answered at ${redactUrl(config.nats.servers)}; started nats-server ${server.url} (JetStream in ${server.storeDir})`,
     );
     config = { ...config, nats: { servers: server.url } };
   } else {
-    say(`using NATS at ${config.nats.servers}`);
+    say(`using NATS at ${redactUrl(config.nats.servers)}`);
   }
   // Logs go to stderr so the demo's output on stdout stays readable.
   const log = createLogger({ service: "dev", level: config.logLevel, destination: process.stderr });

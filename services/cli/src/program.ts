@@ -16,6 +16,9 @@ interface GlobalOptions {
   user?: string;
   password?: string;
   token?: string;
+  tlscert?: string;
+  tlskey?: string;
+  tlsca?: string;
   prefix?: string;
   tenant?: string;
   logLevel?: string;
@@ -44,6 +47,9 @@ export function buildProgram(
     .option("--user <name>", "NATS user (NATS_USER)")
     .option("--password <secret>", "NATS password (NATS_PASSWORD)")
     .option("--token <secret>", "NATS token (NATS_TOKEN)")
+    .option("--tlscert <file>", "TLS client certificate, PEM (NATS_CERT)")
+    .option("--tlskey <file>", "private key of the TLS client certificate, PEM (NATS_KEY)")
+    .option("--tlsca <file>", "CA bundle the server's certificate is checked against (NATS_CA)")
     .option("--prefix <prefix>", "subject prefix (TOOLMESH_PREFIX)")
     .option("--tenant <id>", "tenant id of this frontend (TOOLMESH_TENANT)")
     .option("--log-level <level>", "fatal|error|warn|info|debug|trace|silent (TOOLMESH_LOG_LEVEL)")
@@ -58,6 +64,9 @@ export function buildProgram(
       NATS_USER: o.user,
       NATS_PASSWORD: o.password,
       NATS_TOKEN: o.token,
+      NATS_CERT: o.tlscert,
+      NATS_KEY: o.tlskey,
+      NATS_CA: o.tlsca,
       TOOLMESH_PREFIX: o.prefix,
       TOOLMESH_TENANT: o.tenant,
       TOOLMESH_LOG_LEVEL: o.logLevel,

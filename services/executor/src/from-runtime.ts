@@ -36,6 +36,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     taken: new Map(tools.map((t) => [t.module.name, t.file])),
     maxResponseBytes: config.maxMessageBytes,
     ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
+    allowPrivateAddresses: config.allowPrivateAddresses,
   });
   return startExecutor({
     nc: rt.nc,

@@ -19,3 +19,12 @@ export {
   retryAfterMs,
 } from "./native-tools.js";
 export type { NativeMethod, NativeToolFile, NativeToolsOptions } from "./native-tools.js";
+export {
+  PrivateAddressError,
+  outboundFetch,
+  outboundPolicy,
+  privateAddressCause,
+  privateAddressDenied,
+  privateRangeOf,
+} from "./outbound.js";
+export type { FetchLike, OutboundPolicy, PrivateAddressAllowance } from "./outbound.js";

@@ -12,6 +12,8 @@ import {
 import { injectTraceHeaders } from "@toolmesh/telemetry";
 import type { LoadLog } from "./load-tools.js";
 import { ToolLoadError } from "./load-tools.js";
+import type { PrivateAddressAllowance } from "./outbound.js";
+import { outboundFetch, privateAddressCause, privateAddressDenied } from "./outbound.js";
 import type { ToolContext, ToolModule } from "./tool-module.js";
 
 /** Default folder of native tool files; `TOOLMESH_NATIVE_TOOLS_DIR`'s default must match it. */
@@ -92,7 +94,12 @@ export interface NativeToolsOptions {
   taken?: ReadonlyMap<string, string>;
   /** Largest successful response body accepted, in bytes. Default 1 MiB. */
   maxResponseBytes?: number;
-  /** The fetch implementation. Default the global `fetch`. */
+  /**
+   * Private addresses the tools may reach (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`), checked on
+   * every connection after DNS resolution and redirects. Default none.
+   */
+  allowPrivateAddresses?: PrivateAddressAllowance;
+  /** The fetch implementation. Default {@link outboundFetch} of `allowPrivateAddresses`. */
   fetch?: typeof globalThis.fetch;
 }
 
@@ -139,6 +146,7 @@ export async function loadNativeToolsDir(
     });
   }
   const allowed = options.allowedUrls?.map(allowedPrefix);
+  const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
   const seen = new Map<string, string>(options.taken);
   const modules: ToolModule[] = [];
   for (const entry of entries) {
@@ -153,7 +161,7 @@ export async function loadNativeToolsDir(
       continue;
     }
     seen.set(spec.name, file);
-    modules.push(nativeToolModule(spec, file, env, allowed, options));
+    modules.push(nativeToolModule(spec, file, env, allowed, options, fetch));
   }
   return modules;
 }
@@ -251,6 +259,7 @@ function nativeToolModule(
   env: Readonly<Record<string, string | undefined>>,
   allowed: readonly AllowedPrefix[] | undefined,
   options: NativeToolsOptions,
+  fetch: typeof globalThis.fetch,
 ): ToolModule {
   if (!isAllowed(new URL(spec.api_url.replace(PLACEHOLDER, "x")), allowed)) {
     throw new ToolLoadError(
@@ -293,7 +302,7 @@ function nativeToolModule(
     ...(auth === undefined ? {} : { auth }),
     allowed,
     maxResponseBytes: options.maxResponseBytes ?? 1024 * 1024,
-    fetch: options.fetch ?? globalThis.fetch,
+    fetch,
   };
   return {
     name: spec.name,
@@ -547,10 +556,15 @@ function redact(text: string, tool: CompiledTool): string {
   return secret === undefined || secret.length < 4 ? text : text.split(secret).join(REDACTED);
 }
 
-/** A failure to reach the API (or to read its answer): retryable `unavailable`. */
+/**
+ * A failure to reach the API (or to read its answer): retryable `unavailable`; an address
+ * the tool may not reach is `permission_denied`.
+ */
 function unreachable(tool: CompiledTool, url: URL, err: unknown, ctx: ToolContext): unknown {
   // An aborted attempt is reported by the executor from the signal's reason.
   if (ctx.signal.aborted) return err;
+  const refused = privateAddressCause(err);
+  if (refused !== undefined) return privateAddressDenied(tool.name, url.origin, refused);
   const cause = (err as { cause?: { code?: unknown; message?: unknown } }).cause;
   const reason =
     typeof cause?.code === "string"

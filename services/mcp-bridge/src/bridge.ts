@@ -4,8 +4,8 @@ import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
-import type { Executor, ToolModule } from "@toolmesh/executor";
-import { startExecutor } from "@toolmesh/executor";
+import type { Executor, PrivateAddressAllowance, ToolModule } from "@toolmesh/executor";
+import { outboundFetch, startExecutor } from "@toolmesh/executor";
 import type { McpServerConfig } from "./config.js";
 import type { ConnectionState } from "./connection.js";
 import { ServerConnection } from "./connection.js";
@@ -30,6 +30,8 @@ export interface BridgeOptions {
   callRetentionMs?: number;
   /** How long a removed tool's running calls may take to finish, in ms. Default 10 000. */
   removeGraceMs?: number;
+  /** Private addresses HTTP/SSE servers may be reached at (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`). Default none. */
+  allowPrivateAddresses?: PrivateAddressAllowance;
 }
 
 /** What the bridge knows about one server right now. */
@@ -77,6 +79,7 @@ interface ServedServer {
  * and removes them at once.
  */
 export async function startBridge(options: BridgeOptions): Promise<Bridge> {
+  const fetch = outboundFetch(options.allowPrivateAddresses);
   const { log } = options;
   const servers = await Promise.all(options.servers.map((config) => startServer(config)));
 
@@ -195,6 +198,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     const connection = new ServerConnection({
       config,
       env: options.env,
+      fetch,
       log: serverLog,
       onTools: syncTools,
       discover: config.lazy && known === undefined,

@@ -12,7 +12,7 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 import type { Progress, Tool } from "@modelcontextprotocol/sdk/types.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import type { ToolContext } from "@toolmesh/executor";
+import type { FetchLike, ToolContext } from "@toolmesh/executor";
 import type { Logger } from "@toolmesh/telemetry";
 import type { McpServerConfig } from "./config.js";
 import { remoteHeaders, stdioArgs, stdioEnv } from "./config.js";
@@ -41,6 +41,8 @@ export interface ServerConnectionOptions {
   config: McpServerConfig;
   /** The environment `{ env: VAR }` secrets come from. */
   env: Readonly<Record<string, string | undefined>>;
+  /** The fetch of HTTP/SSE transports: the outbound guard. Default the global `fetch`. */
+  fetch?: FetchLike;
   log: Logger;
   /**
    * Told the server's complete tool list after every connect and every
@@ -76,6 +78,7 @@ export const IDEMPOTENCY_META_KEY = "toolmesh/idempotency_key";
 export class ServerConnection {
   readonly #config: McpServerConfig;
   readonly #env: Readonly<Record<string, string | undefined>>;
+  readonly #fetch: FetchLike;
   readonly #log: Logger;
   readonly #onTools: (tools: Tool[]) => Promise<void>;
   readonly #stopped = new AbortController();
@@ -102,6 +105,7 @@ export class ServerConnection {
   constructor(options: ServerConnectionOptions) {
     this.#config = options.config;
     this.#env = options.env;
+    this.#fetch = options.fetch ?? globalThis.fetch;
     this.#log = options.log;
     this.#onTools = options.onTools;
     this.#keepConnected = !options.config.lazy || options.discover === true;
@@ -458,7 +462,7 @@ export class ServerConnection {
       }
       return transport;
     }
-    return remoteTransport(config, await remoteHeaders(config, this.#env));
+    return remoteTransport(config, await remoteHeaders(config, this.#env), this.#fetch);
   }
 }
 
@@ -470,9 +474,10 @@ export class ServerConnection {
 export function remoteTransport(
   config: Extract<McpServerConfig, { transport: "http" | "sse" }>,
   headers: Record<string, string>,
+  fetch: FetchLike = globalThis.fetch,
 ): Transport {
   const url = new URL(config.url);
-  const options = { requestInit: { headers }, fetch: globalThis.fetch };
+  const options = { requestInit: { headers }, fetch };
   return config.transport === "http"
     ? new StreamableHTTPClientTransport(url, options)
     : new SSEClientTransport(url, options);

@@ -24,5 +24,6 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     concurrency: config.concurrency,
     ackWaitMs: config.ackWaitMs,
     callRetentionMs: config.callRetentionMs,
+    allowPrivateAddresses: config.allowPrivateAddresses,
   });
 }

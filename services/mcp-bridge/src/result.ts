@@ -5,6 +5,7 @@ import { StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamable
 import { SseError } from "@modelcontextprotocol/sdk/client/sse.js";
 import { UnauthorizedError } from "@modelcontextprotocol/sdk/client/auth.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { privateAddressCause } from "@toolmesh/executor";
 
 /** Longest error text taken from a server's content into an error message, in characters. */
 const MAX_MESSAGE_CHARS = 500;
@@ -248,6 +249,9 @@ export function describeError(err: unknown): string {
   if ((err instanceof StreamableHTTPError || err instanceof SseError) && (err.code ?? 0) > 0) {
     return truncate(`${err.message} (HTTP ${err.code})`, MAX_MESSAGE_CHARS);
   }
+  const refused = privateAddressCause(err);
+  if (refused !== undefined)
+    return truncate(`${err.message}: ${refused.message}`, MAX_MESSAGE_CHARS);
   const cause = err.cause;
   const code =
     typeof cause === "object" && cause !== null && "code" in cause ? String(cause.code) : undefined;
