@@ -180,7 +180,7 @@ export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
 /**
  * M: toolmesh. `executors` executor processes, `tracing` exports OTLP to a local sink, `env`
  * adds variables to every service (e.g. a metrics switch), `expander` also runs the schema
- * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY.
+ * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY, `serverArgs` go to nats-server.
  */
 export async function startMesh({
   name = "M",
@@ -191,8 +191,9 @@ export async function startMesh({
   expander = false,
   concurrency = 64,
   sessionMaxInFlight,
+  serverArgs,
 } = {}) {
-  const server = await startNatsServer();
+  const server = await startNatsServer(serverArgs === undefined ? {} : { args: serverArgs });
   let sink;
   const env = {
     NATS_URL: server.url,
