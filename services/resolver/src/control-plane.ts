@@ -139,11 +139,12 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   })();
 
   async function ensureDeadlineConsumer(): Promise<void> {
-    // Timers are naked until due, each nak a delivery: no delivery limit.
+    // Timers are naked until due, each nak a delivery: no delivery limit. The ack wait is the
+    // first hop: a fresh timer is left unacknowledged and comes back after it, for free.
     await ensureDurableConsumer(jsm, {
       stream: subjects.streams.timers,
       name: subjects.deadlineConsumer,
-      ackWaitMs: 30_000,
+      ackWaitMs: FIRST_TIMER_HOP_MS,
       maxDeliver: -1,
       maxAckPending: 100_000,
     });
@@ -168,11 +169,13 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
           msg.ack();
           return;
         }
+      } else if (remaining > FIRST_TIMER_HOP_MS) {
+        // Left unacknowledged: the server delivers it again after the ack wait, the first hop,
+        // without a message from here.
+        return;
       }
       // Held by the server for the hop, then delivered again.
-      msg.nak(
-        Math.min(remaining, msg.info.deliveryCount === 1 ? FIRST_TIMER_HOP_MS : MAX_TIMER_HOP_MS),
-      );
+      msg.nak(Math.min(remaining, MAX_TIMER_HOP_MS));
       return;
     }
     const message = errorToolMessage(
