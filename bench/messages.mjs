@@ -56,10 +56,19 @@ for (let i = 0; i < lines.length; i++) {
 
 function kind(subject, payload) {
   if (subject.startsWith("$JS.ACK.")) {
-    const what = payload.startsWith("+ACK") ? "ack" : payload.startsWith("-NAK") ? "nak" : payload.startsWith("+WPI") ? "working" : payload.startsWith("+TERM") ? "term" : "ack?";
+    const what = payload.startsWith("+ACK")
+      ? "ack"
+      : payload.startsWith("-NAK")
+        ? "nak"
+        : payload.startsWith("+WPI")
+          ? "working"
+          : payload.startsWith("+TERM")
+            ? "term"
+            : "ack?";
     return `${what} ${subject.split(".")[2]}/${subject.split(".")[3]}`;
   }
-  if (subject.startsWith("$JS.API.CONSUMER.MSG.NEXT.")) return `pull ${subject.split(".").slice(5, 7).join("/")}`;
+  if (subject.startsWith("$JS.API.CONSUMER.MSG.NEXT."))
+    return `pull ${subject.split(".").slice(5, 7).join("/")}`;
   if (subject.startsWith("$JS.API.DIRECT.GET.")) return `direct get ${subject.split(".")[4]}`;
   if (subject.startsWith("$JS.API.")) return `api ${subject.split(".").slice(2, 4).join(".")}`;
   if (subject.startsWith("$KV.")) return `kv put ${subject.split(".")[1]}`;
@@ -78,5 +87,7 @@ for (const [key, n] of rows) {
   if (key.startsWith("in")) totalIn += n;
   else totalOut += n;
 }
-console.log(`\nclient → server: ${(totalIn / calls).toFixed(2)} per call; server → client: ${(totalOut / calls).toFixed(2)} per call`);
+console.log(
+  `\nclient → server: ${(totalIn / calls).toFixed(2)} per call; server → client: ${(totalOut / calls).toFixed(2)} per call`,
+);
 process.exit(0);
