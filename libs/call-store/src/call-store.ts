@@ -35,8 +35,6 @@ export const CallRecordSchema = z.object({
   deadline_at: z.number(),
   /** The final message, once `done`. */
   result: ToolMessageSchema.optional(),
-  /** Set once the final message was published. */
-  published: z.boolean().optional(),
 });
 
 /** The durable record of one accepted call. */
@@ -142,10 +140,8 @@ export class CallStore {
 
   /**
    * Moves a call to `done` with its final message. `won` says whether this caller's message
-   * became the final one; otherwise `result` is the stored one and `published` whether its
-   * publication was confirmed. `record` and `revision` are what is stored now, for
-   * {@link markPublished}. `known` (a record just read) saves a read when it is still current.
-   * Undefined when no record exists.
+   * became the final one; otherwise `result` is the stored one. `known` (a record just read)
+   * saves a read when it is still current. Undefined when no record exists.
    */
   async finish(
     call: CallRef,
@@ -159,45 +155,24 @@ export class CallStore {
       if (current === undefined) return undefined;
       const { record, revision } = current;
       if (record.state === "done" && record.result !== undefined) {
-        return {
-          won: false,
-          result: record.result,
-          published: record.published === true,
-          record,
-          revision,
-        };
+        return { won: false, result: record.result };
       }
       const done: CallRecord = { ...record, state: "done", result };
       try {
-        const next = await this.#kv.update(key, encodeJson(done), revision);
-        return { won: true, result, published: false, record: done, revision: next };
+        await this.#kv.update(key, encodeJson(done), revision);
+        return { won: true, result };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
         current = undefined; // changed meanwhile: read it again
       }
     }
   }
-
-  /** Records that the final message went out, so nobody publishes it again. Best effort. */
-  async markPublished(
-    call: CallRef,
-    stored: { record: CallRecord; revision: number },
-  ): Promise<void> {
-    await this.#kv
-      .update(
-        callKey(call.address, call.idempotency_key),
-        encodeJson({ ...stored.record, published: true }),
-        stored.revision,
-      )
-      .catch(() => undefined);
-  }
 }
 
 /** What {@link CallStore.finish} did. */
 export interface FinishOutcome {
+  /** Whether this caller's message became the final one. */
   won: boolean;
+  /** The final message: this caller's when it won, the stored one otherwise. */
   result: ToolMessage;
-  published: boolean;
-  record: CallRecord;
-  revision: number;
 }

@@ -35,11 +35,11 @@ export interface CallPlane {
   /** Publishes a final message to the sessions stream under a message id. */
   publishFinal: (subject: string, message: ToolMessage, msgId: string) => Promise<unknown>;
   /**
-   * Ends a call with `message` unless it already ended: moves its record to `done`, publishes
-   * the final message and records that it went out. When another party ended the call first,
-   * nothing is published — unless that party never confirmed its publication (it may have
-   * died in between) and the sessions stream does not hold it either; then the stored
-   * message is published. Returns whether this caller's message became the final one.
+   * Ends a call with `message` unless it already ended: moves its record to `done` and
+   * publishes the final message. When another party ended the call first, nothing is
+   * published — unless the sessions stream does not hold that party's message (it may have
+   * died between recording and publishing); then the stored message is published. Returns
+   * whether this caller's message became the final one.
    */
   finalize: (
     call: CallTarget,
@@ -82,19 +82,15 @@ export async function openCallPlane(
     async finalize(call, message, known) {
       const subject = subjects.result(call.address, call.call_id);
       const outcome = await store.finish(call, message, known);
-      if (outcome?.published === true) return false;
       // Live subscribers see every publication, whatever the stream keeps: a loser only
-      // publishes when the winner's message is nowhere to be found.
-      if (outcome?.won === false && (await alreadyStored(subject))) {
-        await store.markPublished(call, outcome);
-        return false;
-      }
+      // publishes when the winner's message is nowhere to be found. The sessions stream is
+      // the record of what went out, so the success path writes no "published" mark.
+      if (outcome?.won === false && (await alreadyStored(subject))) return false;
       await publishFinal(
         subject,
         outcome?.result ?? message,
         `result:${callKey(call.address, call.idempotency_key)}`,
       );
-      if (outcome !== undefined) await store.markPublished(call, outcome);
       return outcome === undefined || outcome.won;
     },
   };

@@ -45,5 +45,5 @@ export type {
   ProvisionChange,
   StreamSpec,
 } from "./provision.js";
-export { meshPlan, provisionMesh } from "./mesh-plan.js";
+export { DEADLINE_FIRST_HOP_MS, meshPlan, provisionMesh } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

@@ -7,6 +7,12 @@ import type { StreamLimits } from "./streams.js";
 import { streamSpecs } from "./streams.js";
 
 /** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
+/**
+ * The deadline keeper's ack wait, in ms: a fresh timer is left unacknowledged for this long
+ * before its first look, so calls that end within it cost the timer no further message.
+ */
+export const DEADLINE_FIRST_HOP_MS = 2_000;
+
 export interface MeshSettings extends StreamLimits {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number;
@@ -64,11 +70,12 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
         maxAckPending: 10_000,
         settings: ackWaitSetting,
       }),
-      // Timers are naked until due, each nak a delivery: no delivery limit.
+      // Timers are naked until due, each nak a delivery: no delivery limit. The ack wait is the
+      // first hop: a fresh timer is left unacknowledged and comes back after it, for free.
       deadlines: durableConsumerSpec({
         stream: subjects.streams.timers,
         name: subjects.deadlineConsumer,
-        ackWaitMs: 30_000,
+        ackWaitMs: DEADLINE_FIRST_HOP_MS,
         maxDeliver: -1,
         maxAckPending: 100_000,
       }),

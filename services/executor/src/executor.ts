@@ -249,7 +249,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
           const stored = await store.get(call);
           if (stored?.record.state === "done" && stored.record.result !== undefined) {
             // Ended already (result, cancellation or deadline): don't run it. Its answer is
-            // published again only if its publication was never confirmed.
+            // published again only if the sessions stream lacks it.
             await plane.finalize(call, stored.record.result);
             msg.ack();
             callLog.info("call already ended; answered from its stored result");

@@ -23,6 +23,7 @@ import {
   ServerClock,
   deadLetterHeaders,
   ensureConsumer,
+  DEADLINE_FIRST_HOP_MS,
   meshPlan,
   publishDurable,
   publishEphemeral,
@@ -76,7 +77,6 @@ export interface ControlPlane {
 const QUEUE = "toolmesh-resolver";
 // JetStream redelivery delays are bounded; long deadlines are waited for in hops.
 const MAX_TIMER_HOP_MS = 3_600_000;
-const FIRST_TIMER_HOP_MS = 2_000;
 
 /**
  * Starts the deadline keeper (a durable consumer of the timers stream that naks each timer
@@ -154,11 +154,13 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
           msg.ack();
           return;
         }
+      } else if (remaining > DEADLINE_FIRST_HOP_MS) {
+        // Left unacknowledged: the server delivers it again after the ack wait, the first hop,
+        // without a message from here.
+        return;
       }
       // Held by the server for the hop, then delivered again.
-      msg.nak(
-        Math.min(remaining, msg.info.deliveryCount === 1 ? FIRST_TIMER_HOP_MS : MAX_TIMER_HOP_MS),
-      );
+      msg.nak(Math.min(remaining, MAX_TIMER_HOP_MS));
       return;
     }
     const message = errorToolMessage(

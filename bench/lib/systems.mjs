@@ -1,0 +1,273 @@
+// The systems the suite compares, each started once and kept for every round:
+//   R  raw NATS request-reply (a responder process),
+//   J  raw JetStream: publish to a work-queue stream, pull, ack, reply (a consumer process),
+//   B  BullMQ on the local Redis (add, a no-op worker process, wait for the result),
+//   M  toolmesh: resolver and executor processes, `echo` calls through the TypeScript client,
+// and variants of M (tracing on, two executors, extra environment such as metrics switches).
+// Every NATS system gets a nats-server of its own on random ports, so its counters are its own.
+import { spawn } from "node:child_process";
+import { once } from "node:events";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { TextEncoder } from "node:util";
+import { connect, headers } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { ToolmeshClient } from "@toolmesh/client";
+import { startNatsServer } from "@toolmesh/nats";
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const BENCH = join(ROOT, "bench");
+
+/** The same payload for every system: `{ text }` as an object and as JSON bytes. */
+export function payloadOf(size) {
+  const text = "x".repeat(size);
+  return { size, text, bytes: new TextEncoder().encode(JSON.stringify({ text })) };
+}
+
+/** Spawns a Node child; resolves once it prints a line starting with `ready`. */
+async function child(script, args, env, { logPrefix } = {}) {
+  const proc = spawn(process.execPath, [script, ...args], {
+    env: { PATH: process.env.PATH, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const lines = createInterface({ input: proc.stdout });
+  const tail = [];
+  proc.stderr.on("data", (d) => {
+    tail.push(String(d));
+    if (tail.length > 20) tail.shift();
+  });
+  const ready = await new Promise((resolve, reject) => {
+    lines.on("line", (line) => {
+      if (line.startsWith("ready")) resolve(line);
+    });
+    proc.once("exit", (code) =>
+      reject(new Error(`${logPrefix ?? script} exited (${code}) before ready:\n${tail.join("")}`)),
+    );
+  });
+  return { proc, ready, lines };
+}
+
+/** A toolmesh service process (`services/<name>/dist/main.js`); ready is judged by its caller. */
+function service(name, env) {
+  const proc = spawn(process.execPath, [join(ROOT, "services", name, "dist", "main.js")], {
+    env: { PATH: process.env.PATH, TOOLMESH_LOG_LEVEL: "warn", ...env },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  return proc;
+}
+
+async function stopProc(proc) {
+  if (proc.exitCode !== null || proc.signalCode !== null) return;
+  proc.kill("SIGTERM");
+  const timer = setTimeout(() => proc.kill("SIGKILL"), 15_000);
+  await once(proc, "exit");
+  clearTimeout(timer);
+}
+
+/** R: raw NATS request-reply between two Node processes. */
+export async function startRawNats() {
+  const server = await startNatsServer({ jetstream: false });
+  const responder = await child(join(BENCH, "peers", "nats-responder.mjs"), [], {
+    NATS_URL: server.url,
+  });
+  const nc = await connect({ servers: server.url, noAsyncTraces: true });
+  return {
+    name: "R",
+    title: "raw NATS request-reply",
+    monitorUrl: server.monitorUrl,
+    pids: () => ({ driver: process.pid, responder: responder.proc.pid, "nats-server": server.pid }),
+    async call(payload) {
+      await nc.request("bench.echo", payload.bytes, { timeout: 10_000 });
+    },
+    async stop() {
+      await nc.close();
+      await stopProc(responder.proc);
+      await server.stop();
+    },
+  };
+}
+
+/** J: raw JetStream — publish to a file-backed work queue, a pull consumer acks and replies. */
+export async function startRawJetStream() {
+  const server = await startNatsServer();
+  const nc = await connect({ servers: server.url, noAsyncTraces: true });
+  const jsm = await jetstreamManager(nc);
+  await jsm.streams.add({ name: "BENCH_J", subjects: ["bench.j.work"], retention: "workqueue" });
+  await jsm.consumers.add("BENCH_J", { durable_name: "worker", ack_policy: "explicit" });
+  const js = jetstream(nc);
+  const consumer = await child(join(BENCH, "peers", "js-consumer.mjs"), [], {
+    NATS_URL: server.url,
+  });
+  const inbox = `bench.j.reply.${process.pid}`;
+  const waiting = new Map();
+  let next = 0;
+  // Each call's reply subject ends with its id.
+  nc.subscribe(`${inbox}.*`, {
+    callback: (_err, msg) => {
+      const id = msg.subject.slice(inbox.length + 1);
+      const done = waiting.get(id);
+      waiting.delete(id);
+      done?.();
+    },
+  });
+  await nc.flush();
+  return {
+    name: "J",
+    title: "raw JetStream publish, pull, ack",
+    monitorUrl: server.monitorUrl,
+    pids: () => ({ driver: process.pid, consumer: consumer.proc.pid, "nats-server": server.pid }),
+    async call(payload) {
+      const id = String(next++);
+      const answered = new Promise((resolve) => waiting.set(id, resolve));
+      const h = headers();
+      h.set("reply-to", `${inbox}.${id}`);
+      await js.publish("bench.j.work", payload.bytes, { headers: h });
+      await answered;
+    },
+    async stop() {
+      await nc.close();
+      await stopProc(consumer.proc);
+      await server.stop();
+    },
+  };
+}
+
+/** B: BullMQ on the shared local Redis; only this run's queue keys are removed at the end. */
+export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
+  const { Queue, QueueEvents } = await import("bullmq");
+  const [host, port] = redis.split(":");
+  const connection = { host, port: Number(port), maxRetriesPerRequest: null };
+  const queueName = `toolmesh-bench-${process.pid}-${Date.now()}`;
+  const queue = new Queue(queueName, { connection });
+  const events = new QueueEvents(queueName, { connection });
+  await Promise.all([queue.waitUntilReady(), events.waitUntilReady()]);
+  const worker = await child(join(BENCH, "peers", "bullmq-worker.mjs"), [], {
+    REDIS_ADDR: redis,
+    BENCH_QUEUE: queueName,
+  });
+  const { Redis } = await import("ioredis");
+  const admin = new Redis({ host, port: Number(port) });
+  const redisPid = Number(/process_id:(\d+)/.exec(await admin.info("server"))?.[1] ?? 0);
+  await admin.quit();
+  return {
+    name: "B",
+    title: "BullMQ on the local Redis",
+    monitorUrl: undefined,
+    pids: () => ({
+      driver: process.pid,
+      worker: worker.proc.pid,
+      ...(redisPid > 0 ? { "redis-server (shared)": redisPid } : {}),
+    }),
+    async call(payload) {
+      const job = await queue.add(
+        "echo",
+        { text: payload.text },
+        // Kept a little while: waitUntilFinished looks the finished job up.
+        { removeOnComplete: { age: 10 }, removeOnFail: { age: 10 } },
+      );
+      await job.waitUntilFinished(events, 10_000);
+    },
+    async stop() {
+      await stopProc(worker.proc);
+      await queue.obliterate({ force: true }).catch(() => undefined);
+      await events.close();
+      await queue.close();
+    },
+  };
+}
+
+/**
+ * M: toolmesh. `executors` executor processes, `tracing` exports OTLP to a local sink, `env`
+ * adds variables to every service (e.g. a metrics switch), `expander` also runs the schema
+ * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY, `serverArgs` go to nats-server.
+ */
+export async function startMesh({
+  name = "M",
+  title = "toolmesh",
+  executors = 1,
+  tracing = false,
+  env: extraEnv = {},
+  expander = false,
+  concurrency = 64,
+  sessionMaxInFlight,
+  serverArgs,
+} = {}) {
+  const server = await startNatsServer(serverArgs === undefined ? {} : { args: serverArgs });
+  let sink;
+  const env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: join(BENCH, "tools"),
+    TOOLMESH_CONCURRENCY: String(concurrency),
+    ...(sessionMaxInFlight === undefined
+      ? {}
+      : { TOOLMESH_SESSION_MAX_IN_FLIGHT: String(sessionMaxInFlight) }),
+    ...extraEnv,
+  };
+  if (tracing) {
+    sink = await child(join(BENCH, "peers", "otlp-sink.mjs"), [], {});
+    env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${sink.ready.split(" ")[1]}`;
+  }
+  const procs = { resolver: service("resolver", env) };
+  for (let i = 0; i < executors; i++)
+    procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service("executor", env);
+  if (expander) procs["schema-expander"] = service("schema-expander", env);
+  const nc = await connect({ servers: server.url, noAsyncTraces: true });
+  const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
+  const sessions = Array.from({ length: 16 }, (_, i) => client.session(`bench-${i}`));
+  let next = 0;
+
+  async function submit(toolName, args, options) {
+    const i = next++;
+    const m = await sessions[i % sessions.length].submit(
+      { id: `c${i}`, name: toolName, arguments: args },
+      options,
+    ).result;
+    if (m.error !== undefined) {
+      const err = new Error(`${m.error.code}: ${m.error.message}`);
+      err.code = m.error.code;
+      throw err;
+    }
+    return m;
+  }
+
+  // Ready once an echo call goes through.
+  for (;;) {
+    const ok = await submit("echo", { text: "hi" }, { timeoutMs: 2_000 }).then(
+      () => true,
+      () => false,
+    );
+    if (ok) break;
+  }
+
+  return {
+    name,
+    title,
+    monitorUrl: server.monitorUrl,
+    server,
+    client,
+    nc,
+    pids: () => {
+      const pids = { driver: process.pid, "nats-server": server.pid };
+      for (const [role, p] of Object.entries(procs)) pids[role] = p.pid;
+      return pids;
+    },
+    async call(payload) {
+      await submit("echo", { text: payload.text });
+    },
+    submit,
+    async stop() {
+      for (const s of sessions) s.close();
+      await nc.close();
+      await Promise.all(Object.values(procs).map(stopProc));
+      let exported;
+      if (sink !== undefined) {
+        const line = new Promise((resolve) => sink.lines.once("line", resolve));
+        sink.proc.kill("SIGTERM");
+        exported = JSON.parse(await line);
+      }
+      await server.stop();
+      return exported === undefined ? {} : { otlp_sink: exported };
+    },
+  };
+}
