@@ -14,6 +14,7 @@ import {
   CallRequestSchema,
   ErrorCode,
   ToolmeshError,
+  contextDepthError,
   decodeJson,
   encodeJson,
   ensureError,
@@ -115,6 +116,8 @@ export function resolveRequest(
   const toolCallId = request.tool_call.id;
   const name = request.tool_call.function.name;
   try {
+    const tooDeep = contextDepthError(request);
+    if (tooDeep !== undefined) throw tooDeep;
     if (subjectToken(request.session_id) !== address.session) {
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
