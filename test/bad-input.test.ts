@@ -543,6 +543,48 @@ describe("deep and large arguments", () => {
   });
 });
 
+describe("execution context nested too deep", () => {
+  const nested = (depth: number): string => `${'{"a":'.repeat(depth)}1${"}".repeat(depth)}`;
+  /** A call's JSON text with `field` nested `depth` deep (too deep for JSON.stringify). */
+  const deepCall = (id: string, field: string, depth: number): Uint8Array =>
+    new TextEncoder().encode(
+      `{"tool_call":{"id":"${id}","type":"function","function":{"name":"measure",` +
+        `"arguments":"{}"}},"session_id":"s-ctx","${field}":${nested(depth)}}`,
+    );
+
+  for (const field of ["context", "agent_context"]) {
+    it(`answers a call whose ${field} nests 10 000 deep, on the wire, with invalid_request naming it`, async () => {
+      const id = `ctx-${field}`;
+      const { message } = await rawCall("s-ctx", deepCall(id, field, 10_000), { callId: id });
+      expect(message.error).toMatchObject({
+        code: "invalid_request",
+        message: `${field} nests deeper than ${MAX_ARGUMENT_DEPTH} levels`,
+        retryable: false,
+        details: { field, max_depth: MAX_ARGUMENT_DEPTH },
+      });
+    });
+  }
+
+  it("runs a call whose context is nested as deep as allowed", async () => {
+    const { message } = await rawCall("s-ctx", deepCall("ctx-ok", "context", MAX_ARGUMENT_DEPTH), {
+      callId: "ctx-ok",
+    });
+    expect(message.error).toBeUndefined();
+  });
+
+  it("refuses a context nested 10 000 deep in the client, and in its dry run, in the resolver's terms", async () => {
+    const context = JSON.parse(nested(10_000)) as Record<string, unknown>;
+    const message = await call("s-ctx", { id: "ctx-client", name: "measure" }, { context });
+    const expected = {
+      code: "invalid_request",
+      details: { field: "context", max_depth: MAX_ARGUMENT_DEPTH },
+    };
+    expect(message.error).toMatchObject(expected);
+    const dry = await client.resolve("s-ctx", { id: "ctx-dry", name: "measure" }, { context });
+    expect(dry).toMatchObject({ ok: false, error: expected });
+  });
+});
+
 describe("bodies that are not a call request", () => {
   it("answers invalid UTF-8 with invalid_request on the session, as invalid-<seq>", async () => {
     const bytes = new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x3a, 0xc3, 0x28, 0x7d]);

@@ -1,39 +1,42 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
-import {
-  AckPolicy,
-  DeliverPolicy,
-  RetentionPolicy,
-  jetstream,
-  jetstreamManager,
-} from "@nats-io/jetstream";
-import { CallStore } from "@toolmesh/call-store";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import type { CallPlane, CallRecord } from "@toolmesh/call-store";
+import { openCallPlane } from "@toolmesh/call-store";
+import { ensureDurableConsumer } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
-import type { ResolvedCall } from "@toolmesh/protocol";
+import type { CallRequest, ResolvedCall } from "@toolmesh/protocol";
 import { reconcileOrphans } from "@toolmesh/resolver";
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { leaveOrphans } from "./helpers/orphans.js";
 
-// Orphans (acknowledged messages that reappear below their consumer's ack floor after a server
-// is killed) cannot be made on purpose in a work-queue stream. The same situation is built here
-// in a limits stream, whose consumers may start past existing messages: those messages then
-// sit below the consumer's ack floor, exactly where orphans sit.
+// Orphans are built on the streams as the services create them (work queues, through
+// `openCallPlane`) with durable consumers as the services configure them: the stream files are
+// put back under a later consumer state, as a killed nats-server 2.9 leaves them.
 let server: NatsServerHandle;
 let nc: NatsConnection;
-let js: JetStreamClient;
-let jsm: JetStreamManager;
 const subjects = createSubjects({ prefix: "orphans" });
+const log = createLogger({ service: "test", level: "silent" });
+const address = { tenant: "default", session: "s" };
 
-function call(id: string): ResolvedCall {
+function request(id: string): CallRequest {
+  return {
+    tool_call: { id, type: "function", function: { name: "t", arguments: "{}" } },
+    session_id: "s",
+  };
+}
+
+function work(id: string): ResolvedCall {
   return {
     call_id: id,
     tool_call_id: id,
     idempotency_key: `s/${id}`,
     session_id: "s",
-    address: { tenant: "default", session: "s" },
+    address,
     tool: "t",
     arguments: {},
     missing_required: [],
@@ -48,18 +51,105 @@ function call(id: string): ResolvedCall {
   };
 }
 
+function record(id: string, state: CallRecord["state"]): CallRecord {
+  return {
+    idempotency_key: `s/${id}`,
+    call_id: id,
+    session_id: "s",
+    address,
+    tool: "t",
+    args_hash: "h",
+    state,
+    deadline_at: Date.now() + 60_000,
+    ...(state === "done"
+      ? { result: { role: "tool", tool_call_id: id, name: "t", content: "done", session_id: "s" } }
+      : {}),
+  };
+}
+
+/** Sequence → message id of what a stream holds. */
+async function contents(jsm: JetStreamManager, stream: string): Promise<Map<number, string>> {
+  const state = (await jsm.streams.info(stream)).state;
+  const found = new Map<number, string>();
+  for (let seq = state.first_seq; seq <= state.last_seq; seq++) {
+    const m = await jsm.streams.getMessage(stream, { seq });
+    if (m !== null) found.set(seq, m.header.get("Nats-Msg-Id"));
+  }
+  return found;
+}
+
+async function consumers(jsm: JetStreamManager): Promise<void> {
+  const common = { ackWaitMs: 10_000, maxAckPending: 1_000 };
+  await ensureDurableConsumer(jsm, {
+    stream: subjects.streams.calls,
+    name: subjects.resolverConsumer,
+    maxDeliver: 20,
+    ...common,
+  });
+  await ensureDurableConsumer(jsm, {
+    stream: subjects.streams.work,
+    name: subjects.workConsumer("t"),
+    filterSubject: subjects.work("t"),
+    maxDeliver: 6,
+    ...common,
+  });
+  await ensureDurableConsumer(jsm, {
+    stream: subjects.streams.timers,
+    name: subjects.deadlineConsumer,
+    maxDeliver: -1,
+    ...common,
+  });
+}
+
+let plane: CallPlane;
+
 beforeAll(async () => {
   server = await startNatsServer();
-  nc = await connect({ servers: server.url });
-  js = jetstream(nc);
-  jsm = await jetstreamManager(nc);
-  for (const [name, subject] of [
-    [subjects.streams.calls, subjects.allCalls],
-    [subjects.streams.work, subjects.allWork],
-  ] as const) {
-    await jsm.streams.add({ name, subjects: [subject], retention: RetentionPolicy.Limits });
+  // What the services had done before the server was killed.
+  const before = await connect({ servers: server.url });
+  const setup = await openCallPlane(before, { subjects });
+  await consumers(setup.jsm);
+  const js = setup.js;
+  for (const id of ["c1", "c2", "c3"])
+    await js.publish(subjects.call(address), JSON.stringify(request(id)), { msgID: `s/${id}` });
+  for (const id of ["w1", "w2"])
+    await js.publish(subjects.work("t"), JSON.stringify(work(id)), { msgID: `s/${id}` });
+  for (const id of ["t1", "t2"]) {
+    const timer = { ...work(id), work_seq: 1 };
+    await js.publish(subjects.deadlineTimer, JSON.stringify(timer), { msgID: `deadline:s/${id}` });
   }
-});
+  // Ended: c1, w1, t1. Accepted and not ended: c2. No record: c3 (answered as invalid, or
+  // given up by its consumer), w2, t2.
+  for (const [id, state] of [
+    ["c1", "done"],
+    ["w1", "done"],
+    ["t1", "done"],
+    ["c2", "accepted"],
+  ] as const)
+    await setup.store.accept(record(id, state));
+  await before.close();
+
+  const streams = [subjects.streams.calls, subjects.streams.work, subjects.streams.timers];
+  await leaveOrphans(server, streams, async () => {
+    const acker = await connect({ servers: server.url });
+    const ajs = jetstream(acker);
+    for (const [stream, consumer] of [
+      [subjects.streams.calls, subjects.resolverConsumer],
+      [subjects.streams.work, subjects.workConsumer("t")],
+      [subjects.streams.timers, subjects.deadlineConsumer],
+    ] as const) {
+      const c = await ajs.consumers.get(stream, consumer);
+      for (;;) {
+        const m = await c.next({ expires: 1_000 });
+        if (m === null) break;
+        await m.ackAck();
+      }
+    }
+    await acker.close();
+  });
+  nc = await connect({ servers: server.url });
+  plane = await openCallPlane(nc, { subjects });
+}, 60_000);
 
 afterAll(async () => {
   await nc?.close();
@@ -67,75 +157,50 @@ afterAll(async () => {
 });
 
 describe("reconciliation of orphaned messages", () => {
-  it("puts orphans back in line once, and drops those whose call already ended", async () => {
-    const store = await CallStore.open(nc, { subjects });
-    const ids = ["o1", "o2", "o3"];
-    for (const id of ids) {
-      await js.publish(subjects.work("t"), JSON.stringify(call(id)), { msgID: `s/${id}` });
-    }
-    // o2 ended before its acknowledgement was lost.
-    await store.accept({
-      idempotency_key: "s/o2",
-      call_id: "o2",
-      session_id: "s",
-      address: { tenant: "default", session: "s" },
-      tool: "t",
-      args_hash: "h",
-      state: "done",
-      deadline_at: Date.now() + 60_000,
-      result: { role: "tool", tool_call_id: "o2", name: "t", content: "done", session_id: "s" },
-    });
-    await jsm.consumers.add(subjects.streams.work, {
-      durable_name: subjects.workConsumer("t"),
-      filter_subject: subjects.work("t"),
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.StartSequence,
-      opt_start_seq: 4,
-    });
-    // A fourth call is delivered and acknowledged, which moves the ack floor to 4; as a work
-    // queue would, the acknowledged message is removed.
-    await js.publish(subjects.work("t"), JSON.stringify(call("o4")), { msgID: "s/o4" });
-    const first = await (
-      await js.consumers.get(subjects.streams.work, subjects.workConsumer("t"))
-    ).next({ expires: 2_000 });
-    expect(first?.seq).toBe(4);
-    await first?.ackAck();
-    await jsm.streams.deleteMessage(subjects.streams.work, 4);
-    expect(
-      (await jsm.consumers.info(subjects.streams.work, subjects.workConsumer("t"))).ack_floor
-        .stream_seq,
-    ).toBe(4);
-    const log = createLogger({ service: "test", level: "silent" });
+  it("finds acknowledged messages back in the work queues, below their consumers' ack floors", async () => {
+    const jsm = await jetstreamManager(nc);
+    expect([...(await contents(jsm, subjects.streams.calls)).keys()]).toEqual([1, 2, 3]);
+    expect([...(await contents(jsm, subjects.streams.work)).keys()]).toEqual([1, 2]);
+    expect([...(await contents(jsm, subjects.streams.timers)).keys()]).toEqual([1, 2]);
+    const work = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer("t"));
+    expect(work.ack_floor.stream_seq).toBe(2);
+    expect(work.num_pending).toBe(0);
+  });
 
-    // Two resolvers reconciling at once must not put an orphan back twice.
-    const found = await Promise.all([
-      reconcileOrphans({ js, jsm, subjects, store, log }),
-      reconcileOrphans({ js, jsm, subjects, store, log }),
-    ]);
-    expect(Math.max(...found)).toBe(3);
+  it("removes those of ended calls, puts lost timers back once, and removes old calls on a second pass", async () => {
+    const { js, jsm, store } = plane;
+    const suspects = [new Set<string>(), new Set<string>()];
+    // Two resolvers reconciling at once: each message is acted on once.
+    const first = await Promise.all(
+      suspects.map((s) => reconcileOrphans({ js, jsm, subjects, store, log, suspects: s })),
+    );
+    expect(first.reduce((n, o) => n + o.deleted, 0)).toBe(3); // c1, w1, t1
+    expect(first.reduce((n, o) => n + o.republished, 0)).toBe(1); // t2
 
-    const state = (await jsm.streams.info(subjects.streams.work)).state;
-    expect(state.messages).toBe(2);
-    const again = [];
-    for (let seq = state.first_seq; seq <= state.last_seq; seq++) {
-      const m = await jsm.streams.getMessage(subjects.streams.work, { seq }).catch(() => null);
-      if (m !== null)
-        again.push({ id: m.json<ResolvedCall>().call_id, msgId: m.header.get("Nats-Msg-Id") });
-    }
-    expect(again.sort((a, b) => a.id.localeCompare(b.id))).toEqual([
-      { id: "o1", msgId: "s/o1#orphan-1" },
-      { id: "o3", msgId: "s/o3#orphan-3" },
-    ]);
-    // Put back after the ack floor: the consumer delivers them.
-    const consumer = await js.consumers.get(subjects.streams.work, subjects.workConsumer("t"));
-    const delivered = [];
-    for (let i = 0; i < 2; i++) {
-      const m = await consumer.next({ expires: 2_000 });
-      if (m !== null) {
-        delivered.push(m.json<ResolvedCall>().call_id);
-        m.ack();
-      }
-    }
-    expect(delivered.sort()).toEqual(["o1", "o3"]);
+    expect([...(await contents(jsm, subjects.streams.work)).values()]).toEqual(["s/w2"]);
+    // w2's call has not ended: it may be work its consumer gave up on, which the dead-letter
+    // keeper moves (and the deadline keeper removes at the deadline). It stays.
+    const timers = await contents(jsm, subjects.streams.timers);
+    expect([...timers.values()]).toEqual(["deadline:s/t2#orphan-2"]);
+    // Put back after the floor: the deadline keeper's consumer delivers it.
+    const keeper = await plane.js.consumers.get(subjects.streams.timers, subjects.deadlineConsumer);
+    const redelivered = await keeper.next({ expires: 2_000 });
+    expect(redelivered?.headers?.get("Nats-Msg-Id")).toBe("deadline:s/t2#orphan-2");
+    redelivered?.nak();
+
+    // c2 and c3 have not ended: the first pass only suspects them (the dead-letter keeper
+    // comes first for calls their consumer gave up on).
+    expect([...(await contents(jsm, subjects.streams.calls)).values()]).toEqual(["s/c2", "s/c3"]);
+    const second = await reconcileOrphans({
+      js,
+      jsm,
+      subjects,
+      store,
+      log,
+      suspects: suspects[0],
+    });
+    expect(second).toMatchObject({ found: 3, deleted: 2, republished: 0 });
+    expect((await contents(jsm, subjects.streams.calls)).size).toBe(0);
+    expect((await jsm.streams.info(subjects.streams.work)).state.messages).toBe(1);
   });
 });

@@ -39,6 +39,7 @@ import {
   decodeJson,
   encodeJson,
   MAX_ARGUMENT_DEPTH,
+  contextDepthError,
   ensureError,
   errorToolMessage,
   nestsDeeperThan,
@@ -169,6 +170,8 @@ export class ToolmeshClient {
     options: SubmitOptions = {},
   ): Promise<ResolveReply> {
     const request = buildRequest(sessionId, call, options);
+    const problem = localProblem(request);
+    if (problem !== undefined) return { ok: false, error: problem.toWire() };
     try {
       const reply = await this.nc.request(
         this.subjects.resolveRpc(this.tenant),
@@ -752,7 +755,7 @@ function localProblem(request: CallRequest): ToolmeshError | undefined {
     );
   }
   const checked = CallRequestSchema.safeParse(request);
-  if (checked.success) return undefined;
+  if (checked.success) return contextDepthError(request);
   const issues = checked.error.issues.map((i) => ({
     path: `/${i.path.join("/")}`,
     message: i.message,

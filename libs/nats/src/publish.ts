@@ -62,15 +62,12 @@ export function publishError(err: unknown, subject: string): ToolmeshError {
     }
   }
   if (err instanceof RangeError) {
-    // JSON.stringify ran out of stack: the value itself is the problem, not the server.
+    // JSON.stringify ran out of stack or string length. Callers bound what they send, so this
+    // is a failure of ours; the engine's own words stay in the cause, off the wire.
     return new ToolmeshError(
-      ErrorCode.InvalidArguments,
-      `message cannot be encoded: ${err.message}`,
-      {
-        retryable: false,
-        details: { subject },
-        cause: err,
-      },
+      ErrorCode.Internal,
+      "message cannot be encoded as JSON: it nests too deeply or is too large",
+      { retryable: false, details: { subject }, cause: err },
     );
   }
   if (err instanceof NoRespondersError || err instanceof TimeoutError) {

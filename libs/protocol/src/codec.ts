@@ -1,3 +1,5 @@
+import { ErrorCode, ToolmeshError } from "./errors.js";
+
 const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });
 
@@ -32,6 +34,27 @@ export function nestsDeeperThan(value: unknown, max: number): boolean {
     }
   }
   return false;
+}
+
+/**
+ * The `invalid_request` error of a call whose `context` or `agent_context` nests deeper than
+ * {@link MAX_ARGUMENT_DEPTH} levels (`details.field`, `details.max_depth`), or undefined when
+ * neither does. Checked where a call enters (client, resolver): such values would overflow the
+ * stack of every later `JSON.stringify` on their way.
+ */
+export function contextDepthError(request: {
+  context?: unknown;
+  agent_context?: unknown;
+}): ToolmeshError | undefined {
+  for (const field of ["context", "agent_context"] as const) {
+    if (!nestsDeeperThan(request[field], MAX_ARGUMENT_DEPTH)) continue;
+    return new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `${field} nests deeper than ${MAX_ARGUMENT_DEPTH} levels`,
+      { details: { field, max_depth: MAX_ARGUMENT_DEPTH } },
+    );
+  }
+  return undefined;
 }
 
 /** Decodes UTF-8 JSON bytes, or gives undefined when they are not (for foreign messages). */

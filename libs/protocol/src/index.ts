@@ -100,6 +100,7 @@ export {
 export type { SessionAddress, SubjectOptions, Subjects } from "./subjects.js";
 export {
   MAX_ARGUMENT_DEPTH,
+  contextDepthError,
   decodeJson,
   decodeJsonOrUndefined,
   encodeJson,

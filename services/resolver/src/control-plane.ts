@@ -77,6 +77,8 @@ export interface ControlPlane {
 const QUEUE = "toolmesh-resolver";
 // JetStream redelivery delays are bounded; long deadlines are waited for in hops.
 const MAX_TIMER_HOP_MS = 3_600_000;
+// Long enough for the dead-letter keeper to take a call its consumer gave up on.
+const SECOND_LOOK_MS = 5_000;
 
 /**
  * Starts the deadline keeper (a durable consumer of the timers stream that naks each timer
@@ -120,18 +122,28 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     onError: (err) => log.error({ err }, "dead-letter keeper error"),
   });
 
-  const reconcile = (): void => {
-    reconcileOrphans({ js, jsm, subjects, store, log }).catch((err: unknown) =>
-      log.warn({ err }, "reconciliation of orphaned messages failed; will try again"),
+  let stopped = false;
+  // Calls found below their ack floor are acted on by a second pass, soon after the first.
+  const suspects = new Set<string>();
+  const reconcile = (sweepTimers = false): void => {
+    reconcileOrphans({ js, jsm, subjects, store, log, suspects, sweepTimers }).then(
+      (outcome) => {
+        if (outcome.deleted + outcome.republished > 0)
+          log.info(outcome, "orphaned messages reconciled");
+        if (suspects.size > 0 && !stopped) setTimeout(() => reconcile(), SECOND_LOOK_MS).unref();
+      },
+      (err: unknown) =>
+        log.warn({ err }, "reconciliation of orphaned messages failed; will try again"),
     );
   };
-  reconcile();
-  const reconcileTimer = setInterval(reconcile, options.reconcileEveryMs ?? 30_000);
+  // Orphans and lost acknowledgements come with a server restart: look as soon as it is back
+  // (or this resolver starts, maybe after one), and now and then.
+  reconcile(true);
+  const reconcileTimer = setInterval(() => reconcile(), options.reconcileEveryMs ?? 30_000);
   reconcileTimer.unref();
-  // Orphans appear when a server is killed: look for them as soon as it is back.
   void (async () => {
     for await (const status of nc.status()) {
-      if (status.type === "reconnect") setTimeout(reconcile, 1_000).unref();
+      if (status.type === "reconnect") setTimeout(() => reconcile(true), 1_000).unref();
     }
   })();
 
@@ -146,8 +158,9 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     const timer = parsed.data;
     const remaining = timer.deadline_at - clock.now();
     if (remaining > 0) {
-      // Most calls end within moments: after a first short hop a timer whose call ended is
-      // dropped, so the timers held by the server stay few however long the deadlines.
+      // Most calls end within moments: hops start short and double, and a timer whose call
+      // ended is dropped, so the timers held by the server stay few however long the
+      // deadlines, and a timer outlives its call by at most about the call's own duration.
       if (msg.info.deliveryCount > 1) {
         const current = await store.get(timer).catch(() => undefined);
         if (current?.record.state === "done") {
@@ -160,7 +173,8 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         return;
       }
       // Held by the server for the hop, then delivered again.
-      msg.nak(Math.min(remaining, MAX_TIMER_HOP_MS));
+      const hop = DEADLINE_FIRST_HOP_MS * 2 ** Math.min(msg.info.deliveryCount - 1, 31);
+      msg.nak(Math.min(remaining, hop, MAX_TIMER_HOP_MS));
       return;
     }
     const message = errorToolMessage(
@@ -380,6 +394,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     },
     deadLetter,
     async stop(graceMs) {
+      stopped = true;
       clearInterval(reconcileTimer);
       for (const sub of subscriptions) sub.unsubscribe();
       await Promise.all([timers.stop(graceMs), deadLetters.stop(graceMs)]);

@@ -14,4 +14,4 @@ export type {
   ReplayOutcome,
 } from "./dead-letters.js";
 export { reconcileOrphans } from "./reconcile.js";
-export type { ReconcileOptions } from "./reconcile.js";
+export type { ReconcileOptions, ReconcileOutcome } from "./reconcile.js";

@@ -1,8 +1,13 @@
-import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
-import { DeliverPolicy } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import { z } from "zod";
 import type { Subjects } from "@toolmesh/protocol";
-import { Header, ResolvedCallSchema, decodeJsonOrUndefined } from "@toolmesh/protocol";
-import type { CallStore } from "@toolmesh/call-store";
+import {
+  CallRequestSchema,
+  Header,
+  SessionAddressSchema,
+  decodeJsonOrUndefined,
+} from "@toolmesh/protocol";
+import type { CallRef, CallStore } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
 
 /** Options of {@link reconcileOrphans}. */
@@ -12,69 +17,138 @@ export interface ReconcileOptions {
   subjects: Subjects;
   store: CallStore;
   log: Logger;
-  /** Most messages looked at per stream and pass. Default 10 000. */
+  /** Most messages looked at per consumer and pass. Default 10 000. */
   maxScan?: number;
+  /**
+   * Messages of calls not ended that an earlier pass found below the floor (`stream:seq`),
+   * kept by the caller from pass to pass and updated here. Default: a fresh set each pass.
+   */
+  suspects?: Set<string>;
+  /**
+   * Also removes the timers of ended calls above the floor: after a server restart the
+   * acknowledgements sent around the outage may be lost, and those timers would wait for the
+   * server to redeliver them. Default false.
+   */
+  sweepTimers?: boolean;
 }
 
+/** What one pass of {@link reconcileOrphans} did. */
+export interface ReconcileOutcome {
+  /** Messages below their consumer's acknowledgement floor. */
+  found: number;
+  /** Removed: their call had ended, or they were calls handled long ago. */
+  deleted: number;
+  /** Timers of calls not ended, published again so the deadline still fires. */
+  republished: number;
+}
+
+/** Work and timers carry their call's key and session address. */
+const KeyedSchema = z.object({ idempotency_key: z.string(), address: SessionAddressSchema });
+
 /**
- * Puts orphaned work-queue messages back in line. After a server is killed, a few messages
- * its consumers had already acknowledged can reappear in the stream below the consumer's ack
- * floor, where they are never delivered again. Each is deleted and — unless its call already
- * ended — published again under a new message id. Only the resolver whose delete succeeds
- * publishes, so replicas reconciling at once do not double it. Returns how many were found.
+ * Removes orphaned work-queue messages. After a server is killed, messages its consumers had
+ * already acknowledged can reappear in a work-queue stream below the consumer's ack floor,
+ * where they are never delivered again and count against the stream's limits. They are read
+ * with plain message gets (a work queue allows no second consumer on its subjects), so this
+ * runs on the streams exactly as they are created.
+ *
+ * An acknowledgement means the message was dealt with: a call routed or answered, work whose
+ * call ended, a timer whose call ended. The ack floor also passes messages the server gave up
+ * on after `max_deliver` (they wait there for the dead-letter keeper), so a message whose call
+ * has not ended is handled with care: work is left to the dead-letter and deadline keepers, a
+ * timer is published again (a deadline must not be lost), and a call is removed only when an
+ * earlier pass saw it too (the dead-letter keeper had its chance). Deleting decides who acts:
+ * replicas reconciling at once never both act on one message.
  */
-export async function reconcileOrphans(options: ReconcileOptions): Promise<number> {
+export async function reconcileOrphans(options: ReconcileOptions): Promise<ReconcileOutcome> {
   const { jsm, subjects } = options;
-  let found = 0;
-  for (const stream of [subjects.streams.calls, subjects.streams.work]) {
-    const floors = new Map<string | undefined, number>();
-    for (const info of await jsm.consumers.list(stream).next()) {
-      floors.set(info.config.filter_subject || undefined, info.ack_floor.stream_seq);
+  const outcome: ReconcileOutcome = { found: 0, deleted: 0, republished: 0 };
+  const seen = new Set<string>();
+  for (const stream of [subjects.streams.calls, subjects.streams.work, subjects.streams.timers]) {
+    for await (const consumer of jsm.consumers.list(stream)) {
+      const floor = consumer.ack_floor.stream_seq;
+      if (floor === 0 && !(options.sweepTimers === true && stream === subjects.streams.timers))
+        continue;
+      const filter = consumer.config.filter_subject || ">";
+      const sweep = options.sweepTimers === true && stream === subjects.streams.timers;
+      await scan(options, stream, filter, floor, sweep, outcome, seen);
     }
-    const highest = Math.max(0, ...floors.values());
-    const state = (await jsm.streams.info(stream)).state;
-    if (state.messages === 0 || state.first_seq > highest) continue;
-    found += await scan(options, stream, state.first_seq, highest, floors);
   }
-  return found;
+  if (options.suspects !== undefined) {
+    for (const id of options.suspects) if (!seen.has(id)) options.suspects.delete(id);
+  }
+  return outcome;
 }
 
 async function scan(
   options: ReconcileOptions,
   stream: string,
-  from: number,
-  to: number,
-  floors: Map<string | undefined, number>,
-): Promise<number> {
-  const { js, jsm, subjects, store, log } = options;
-  const reader = await js.consumers.get(stream, {
-    deliver_policy: DeliverPolicy.StartSequence,
-    opt_start_seq: from,
-  });
-  let found = 0;
-  try {
-    for (let scanned = 0; scanned < (options.maxScan ?? 10_000); scanned++) {
-      const msg = await reader.next({ expires: 1_000 });
-      if (msg === null || msg.seq > to) break;
-      const floor = floors.get(msg.subject) ?? floors.get(undefined) ?? 0;
-      if (msg.seq > floor) continue; // not acknowledged yet: pending work, not an orphan
-      found++;
-      let finished = false;
-      if (stream === subjects.streams.work) {
-        const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(msg.data));
-        finished = call.success && (await store.get(call.data))?.record.state === "done";
-      }
-      const deleted = await jsm.streams.deleteMessage(stream, msg.seq).catch(() => false);
-      if (!deleted || finished) continue;
-      const msgId = msg.headers?.get(Header.MsgId) ?? "";
-      await js.publish(msg.subject, msg.data, {
-        ...(msg.headers === undefined ? {} : { headers: msg.headers }),
-        msgID: `${msgId}#orphan-${msg.seq}`,
-      });
-      log.warn({ stream, seq: msg.seq, subject: msg.subject }, "orphaned message put back in line");
+  filter: string,
+  floor: number,
+  sweep: boolean,
+  outcome: ReconcileOutcome,
+  seen: Set<string>,
+): Promise<void> {
+  const { jsm, subjects, log } = options;
+  const maxScan = options.maxScan ?? 10_000;
+  let from = 1;
+  for (let scanned = 0; scanned < maxScan; scanned++) {
+    // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (the first message at or after
+    // `seq` on the subject), skipping the gaps acknowledged messages leave; nats.js types it
+    // only for direct gets, which these streams do not enable.
+    const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
+    const msg = await jsm.streams.getMessage(stream, query);
+    if (msg === null || (msg.seq > floor && !sweep)) return;
+    from = msg.seq + 1;
+    const orphan = msg.seq <= floor;
+    if (orphan) outcome.found++;
+    const id = `${stream}:${msg.seq}`;
+    const key = keyOf(subjects, stream, msg);
+    const ended = key !== undefined && (await options.store.get(key))?.record.state === "done";
+    if (ended) {
+      if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
+      continue;
     }
-  } finally {
-    await reader.delete().catch(() => undefined);
+    if (!orphan) continue;
+    seen.add(id);
+    if (stream === subjects.streams.timers) {
+      await republish(options, msg);
+      if (await remove(jsm, stream, msg.seq)) outcome.republished++;
+    } else if (stream === subjects.streams.calls) {
+      if (options.suspects?.delete(id) === true) {
+        if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
+        log.warn({ stream, seq: msg.seq }, "call left below its consumer's ack floor; removed");
+      } else {
+        options.suspects?.add(id);
+      }
+    }
   }
-  return found;
+  log.warn({ stream, filter, maxScan }, "more orphans than one pass looks at; the next goes on");
+}
+
+/** The call a message belongs to; undefined when the message does not say. */
+function keyOf(subjects: Subjects, stream: string, msg: StoredMsg): CallRef | undefined {
+  const body = decodeJsonOrUndefined(msg.data);
+  if (stream !== subjects.streams.calls) return KeyedSchema.safeParse(body).data;
+  const request = CallRequestSchema.safeParse(body).data;
+  const address = subjects.parseSessionSubject(msg.subject);
+  if (request === undefined || address === undefined) return undefined;
+  return {
+    address,
+    idempotency_key: request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`,
+  };
+}
+
+async function remove(jsm: JetStreamManager, stream: string, seq: number): Promise<boolean> {
+  return jsm.streams.deleteMessage(stream, seq).catch(() => false);
+}
+
+/** Publishes a timer again, under a message id of its own so replicas do not double it. */
+async function republish(options: ReconcileOptions, msg: StoredMsg): Promise<void> {
+  const msgId = msg.header?.get(Header.MsgId) ?? "";
+  await options.js.publish(msg.subject, msg.data, {
+    ...(msg.header === undefined ? {} : { headers: msg.header }),
+    msgID: `${msgId}#orphan-${msg.seq}`,
+  });
+  options.log.warn({ seq: msg.seq, subject: msg.subject }, "orphaned deadline timer put back");
 }

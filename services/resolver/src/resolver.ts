@@ -16,6 +16,7 @@ import {
   ErrorCode,
   ToolmeshError,
   callKey,
+  contextDepthError,
   decodeJson,
   encodeJson,
   ensureError,
@@ -119,6 +120,8 @@ export function resolveRequest(
   const toolCallId = request.tool_call.id;
   const name = request.tool_call.function.name;
   try {
+    const tooDeep = contextDepthError(request);
+    if (tooDeep !== undefined) throw tooDeep;
     if (subjectToken(request.session_id) !== address.session) {
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
