@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { Msg, MsgHdrs, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type {
@@ -43,9 +43,10 @@ import {
   decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
-import type { Span, Tracer } from "@toolmesh/telemetry";
-import { SpanKind, withSpan } from "@toolmesh/telemetry";
-import { context, trace } from "@opentelemetry/api";
+import type { SpanContext, Tracer } from "@toolmesh/telemetry";
+import { linkableContext, withSpan } from "@toolmesh/telemetry";
+import { trace } from "@opentelemetry/api";
+import { recordReceipt, sendSpanOptions } from "./call-spans.js";
 import type { z } from "zod";
 import type { GroupChanges } from "./expansion.js";
 import { SchemaInbox, requestSchemaExpander } from "./expansion.js";
@@ -250,7 +251,8 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
 interface Pending {
   resolve(message: ToolMessage): void;
   timer: NodeJS.Timeout;
-  span: Span;
+  /** The call's `send` span, once started. */
+  sent?: SpanContext | undefined;
 }
 
 /** A conversation's view of the mesh: submit calls, await their answers, watch its events. */
@@ -270,6 +272,8 @@ export class Session {
   readonly #finished = new Map<string, string>();
   readonly #onClosed: () => void;
   #closed = false;
+  // Headers of the final message being delivered, for the receipt span (settled synchronously).
+  #resultHeaders: MsgHdrs | undefined;
 
   constructor(
     client: ToolmeshClient,
@@ -308,14 +312,6 @@ export class Session {
       );
     }
     const result = new Promise<ToolMessage>((resolve) => {
-      const span = this.#options.tracer.startSpan(`call ${tool}`, {
-        kind: SpanKind.PRODUCER,
-        attributes: {
-          "toolmesh.call_id": callId,
-          "toolmesh.tool": tool,
-          "toolmesh.session_id": this.id,
-        },
-      });
       const deadline = Date.now() + timeoutMs;
       const timer = setTimeout(
         () => {
@@ -331,18 +327,30 @@ export class Session {
         },
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
-      this.#pending.set(callId, { resolve, timer, span });
+      const pending: Pending = { resolve, timer };
+      this.#pending.set(callId, pending);
       const problem = localProblem(request);
       if (problem !== undefined) {
         // Caught here: the mesh could not even tell which call to answer.
         this.#settle(callId, localError(callId, tool, this.id, problem));
         return;
       }
+      const subject = this.#client.subjects.call(this.address);
       void withSpan(
         this.#options.tracer,
-        `publish ${tool}`,
-        { kind: SpanKind.PRODUCER, parent: trace.setSpan(context.active(), span) },
-        () => this.#publish(request, deadline),
+        "send",
+        sendSpanOptions({
+          subject,
+          template: this.#client.subjects.call({ tenant: "{tenant}", session: "{session}" }),
+          messageId: messageIdOf(request, this.id),
+          tool,
+          callId,
+          sessionId: this.id,
+        }),
+        (span) => {
+          pending.sent = linkableContext(span);
+          return this.#publish(request, deadline);
+        },
       ).catch((err: unknown) => {
         this.#settle(
           callId,
@@ -390,7 +398,7 @@ export class Session {
     const callId = request.tool_call.id;
     // The arguments' hash in the message id lets a conflicting reuse of a key through to the
     // resolver (which answers idempotency_conflict) while exact repeats are dropped.
-    const msgId = `${request.idempotency_key ?? `${this.id}/${callId}`}#${callDigest(request)}`;
+    const msgId = messageIdOf(request, this.id);
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
         const ack = await publishDurable(
@@ -627,7 +635,12 @@ export class Session {
     } catch {
       return; // Not ours to understand; the session goes on.
     }
-    this.#deliver(event);
+    this.#resultHeaders = msg.headers;
+    try {
+      this.#deliver(event);
+    } finally {
+      this.#resultHeaders = undefined;
+    }
   }
 
   /**
@@ -655,9 +668,7 @@ export class Session {
     if (pending === undefined) return;
     this.#pending.delete(callId);
     clearTimeout(pending.timer);
-    if (message.error !== undefined)
-      pending.span.setAttribute("toolmesh.error_code", message.error.code);
-    pending.span.end();
+    recordReceipt(this.#options.tracer, message, pending.sent, this.#resultHeaders);
     pending.resolve(message);
   }
 }
@@ -713,6 +724,14 @@ function localProblem(request: CallRequest): ToolmeshError | undefined {
           details: { issues },
         },
       );
+}
+
+/**
+ * The call message's id: the idempotency key (or session/call id) and the arguments' hash,
+ * which lets a conflicting reuse of a key through to the resolver while exact repeats are dropped.
+ */
+function messageIdOf(request: CallRequest, sessionId: string): string {
+  return `${request.idempotency_key ?? `${sessionId}/${request.tool_call.id}`}#${callDigest(request)}`;
 }
 
 /** Digest of what makes two submissions the same call: the tool and its arguments. */

@@ -80,6 +80,8 @@ export const EnvSchema = z.object({
   TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
   TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
   TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),
+  TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
+  TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -127,6 +129,10 @@ export interface RuntimeConfig {
   sessionStateTtlMs: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
+  /** Port of the Prometheus scrape endpoint `GET /metrics`; none when unset. */
+  metricsPort?: number;
+  /** Whether spans record tool arguments and results (redacted). */
+  tracePayloads: boolean;
 }
 
 /** A configuration value that cannot be used; the message names the variable. */
@@ -183,5 +189,7 @@ export function loadConfig(
     configDir: e.TOOLMESH_CONFIG_DIR,
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
     env,
+    ...(e.TOOLMESH_METRICS_PORT === undefined ? {} : { metricsPort: e.TOOLMESH_METRICS_PORT }),
+    tracePayloads: e.TOOLMESH_TRACE_PAYLOADS === "true",
   };
 }

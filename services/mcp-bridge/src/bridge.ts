@@ -39,6 +39,8 @@ export interface ServerStatus {
   tools: string[];
   /** The last connect or connection error, one line. */
   lastError?: string;
+  /** Times the connection was opened again after its first opening. */
+  restarts: number;
 }
 
 /** A running bridge. */
@@ -222,6 +224,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
           {
             state: s.connection.state,
             tools: [...s.registered.keys()],
+            restarts: s.connection.restarts,
             ...(s.connection.lastError === undefined ? {} : { lastError: s.connection.lastError }),
           },
         ]),
