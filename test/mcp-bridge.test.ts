@@ -639,16 +639,21 @@ describe("paths and start-up", () => {
       `Cannot find module '${join(mcpDir, "no-such-server.mjs")}'`,
     );
     const ready = await fetch(`http://127.0.0.1:${healthPort}/readyz`);
-    expect(ready.status).toBe(200);
+    // A server that cannot start keeps the bridge not ready, and the body says why.
+    expect(ready.status).toBe(503);
     const body = (await ready.json()) as {
       status: string;
-      mcp_servers: Record<string, { state: string; tools: number; last_error?: string }>;
+      checks: Record<
+        string,
+        { ok: boolean; detail?: { state: string; tools: number; error?: string } }
+      >;
     };
-    expect(body.status).toBe("ok");
-    expect(body.mcp_servers.t).toEqual({ state: "ready", tools: 17 });
-    expect(body.mcp_servers.missing?.state).toBe("waiting");
-    expect(body.mcp_servers.missing?.last_error).toContain("Cannot find module");
-    expect(body.mcp_servers.nocmd?.last_error).toMatch(
+    expect(body.status).toBe("unavailable");
+    expect(body.checks["mcp:t"]).toEqual({ ok: true, detail: { state: "ready", tools: 17 } });
+    expect(body.checks["mcp:missing"]?.ok).toBe(false);
+    expect(body.checks["mcp:missing"]?.detail?.state).toBe("waiting");
+    expect(body.checks["mcp:missing"]?.detail?.error).toContain("Cannot find module");
+    expect(body.checks["mcp:nocmd"]?.detail?.error).toMatch(
       /^command not found: toolmesh-no-such-command/,
     );
   });

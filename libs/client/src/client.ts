@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { Msg, MsgHdrs, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type {
@@ -46,9 +46,10 @@ import {
   decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
-import type { Span, Tracer } from "@toolmesh/telemetry";
-import { SpanKind, withSpan } from "@toolmesh/telemetry";
-import { context, trace } from "@opentelemetry/api";
+import type { SpanContext, Tracer } from "@toolmesh/telemetry";
+import { linkableContext, withSpan } from "@toolmesh/telemetry";
+import { trace } from "@opentelemetry/api";
+import { recordReceipt, sendSpanOptions } from "./call-spans.js";
 import type { z } from "zod";
 import type { GroupChanges } from "./expansion.js";
 import { SchemaInbox, requestSchemaExpander } from "./expansion.js";
@@ -257,7 +258,8 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
 interface Pending {
   resolve(message: ToolMessage): void;
   timer: NodeJS.Timeout;
-  span: Span;
+  /** The call's `send` span, once started. */
+  sent?: SpanContext | undefined;
 }
 
 /** A conversation's view of the mesh: submit calls, await their answers, watch its events. */
@@ -282,6 +284,8 @@ export class Session {
   readonly #earlyRejections = new Map<number, Rejection>();
   readonly #onClosed: () => void;
   #closed = false;
+  // Headers of the final message being delivered, for the receipt span (settled synchronously).
+  #resultHeaders: MsgHdrs | undefined;
 
   constructor(
     client: ToolmeshClient,
@@ -320,14 +324,6 @@ export class Session {
       );
     }
     const result = new Promise<ToolMessage>((resolve) => {
-      const span = this.#options.tracer.startSpan(`call ${tool}`, {
-        kind: SpanKind.PRODUCER,
-        attributes: {
-          "toolmesh.call_id": callId,
-          "toolmesh.tool": tool,
-          "toolmesh.session_id": this.id,
-        },
-      });
       const deadline = Date.now() + timeoutMs;
       const timer = setTimeout(
         () => {
@@ -343,18 +339,35 @@ export class Session {
         },
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
-      this.#pending.set(callId, { resolve, timer, span });
+      const pending: Pending = { resolve, timer };
+      this.#pending.set(callId, pending);
       const problem = localProblem(request);
       if (problem !== undefined) {
         // Caught here: the mesh could not even tell which call to answer.
         this.#settle(callId, localError(callId, tool, this.id, problem));
         return;
       }
+      const subject = this.#client.subjects.call(this.address);
+      // One random id per submission: its own publish retries are dropped as duplicates, while
+      // any other submission — a new call id under the same key, a conflicting reuse of the key,
+      // a resubmission after a restart — reaches the resolver, which answers it from the call
+      // store. Unguessable, so no other frontend can pre-empt it or learn it was used.
+      const msgId = randomUUID();
       void withSpan(
         this.#options.tracer,
-        `publish ${tool}`,
-        { kind: SpanKind.PRODUCER, parent: trace.setSpan(context.active(), span) },
-        () => this.#publish(request, deadline),
+        "send",
+        sendSpanOptions({
+          subject,
+          template: this.#client.subjects.call({ tenant: "{tenant}", session: "{session}" }),
+          messageId: msgId,
+          tool,
+          callId,
+          sessionId: this.id,
+        }),
+        (span) => {
+          pending.sent = linkableContext(span);
+          return this.#publish(request, deadline, msgId);
+        },
       ).catch((err: unknown) => {
         this.#settle(
           callId,
@@ -398,13 +411,8 @@ export class Session {
    * (restarts, failovers) and the deadline allows. A duplicate of an earlier submission is
    * answered from the stored result when there is one.
    */
-  async #publish(request: CallRequest, deadline: number): Promise<void> {
+  async #publish(request: CallRequest, deadline: number, msgId: string): Promise<void> {
     const callId = request.tool_call.id;
-    // One random id per submission: its own publish retries are dropped as duplicates, while
-    // any other submission — a new call id under the same key, a conflicting reuse of the key,
-    // a resubmission after a restart — reaches the resolver, which answers it from the call
-    // store. Unguessable, so no other frontend can pre-empt it or learn it was used.
-    const msgId = randomUUID();
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
         const ack = await publishDurable(
@@ -665,7 +673,12 @@ export class Session {
     } catch {
       return; // Not ours to understand; the session goes on.
     }
-    this.#deliver(event);
+    this.#resultHeaders = msg.headers;
+    try {
+      this.#deliver(event);
+    } finally {
+      this.#resultHeaders = undefined;
+    }
   }
 
   /**
@@ -709,9 +722,7 @@ export class Session {
       this.#callAt.delete(seq);
     }
     clearTimeout(pending.timer);
-    if (message.error !== undefined)
-      pending.span.setAttribute("toolmesh.error_code", message.error.code);
-    pending.span.end();
+    recordReceipt(this.#options.tracer, message, pending.sent, this.#resultHeaders);
     pending.resolve(message);
   }
 }

@@ -107,5 +107,7 @@ export {
   nestsDeeperThan,
 } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";
+export { MetricPointSchema, StatsReplySchema } from "./stats.js";
+export type { StatsReply } from "./stats.js";
 export { errorToolMessage } from "./messages.js";
 export type { MessageTarget } from "./messages.js";

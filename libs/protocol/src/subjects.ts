@@ -239,6 +239,12 @@ export interface Subjects {
   workConsumer(tool: string): string;
   /** Durable consumer name of the resolver on the calls stream. */
   readonly resolverConsumer: string;
+  /** Core request answered by every toolmesh process with its metrics: `{p}.v1.control.stats`. */
+  readonly stats: string;
+  /** Wildcard over every session event of one tenant: `{p}.v1.sessions.{tenant}.*.>`. */
+  tenantEvents(tenant: string): string;
+  /** Wildcard over every call of one tenant: `{p}.v1.calls.{tenant}.*`. */
+  tenantCalls(tenant: string): string;
 }
 
 // Lower case and no `_`: stream and bucket names join the parts with `_` and upper-case
@@ -346,5 +352,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     deadLetterConsumer: "dead_letter_keeper",
     workConsumer: (tool) => `work_${t(tool)}`,
     resolverConsumer: "resolver",
+    stats: `${base}.control.stats`,
+    tenantEvents: (tenant) => `${base}.sessions.${t(tenant)}.*.>`,
+    tenantCalls: (tenant) => `${base}.calls.${t(tenant)}.*`,
   };
 }

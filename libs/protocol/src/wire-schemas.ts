@@ -21,6 +21,7 @@ import {
   ToolCallSchema,
   ToolMessageSchema,
 } from "./envelopes.js";
+import { StatsReplySchema } from "./stats.js";
 import { ToolDefinitionSchema } from "./tool-definition.js";
 
 /** Every wire envelope by the file name of its generated JSON Schema. */
@@ -46,4 +47,5 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "groups-reply": GroupsReplySchema,
   "tool-definition": ToolDefinitionSchema,
   "wire-error": WireErrorSchema,
+  "stats-reply": StatsReplySchema,
 };

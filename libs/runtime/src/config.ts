@@ -110,6 +110,8 @@ export const EnvSchema = z.object({
   NATS_CA: z.string().min(1).optional(),
   TOOLMESH_ALLOW_PRIVATE_ADDRESSES: privateAllowance.default([]),
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
+  TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
+  TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -170,6 +172,10 @@ export interface RuntimeConfig {
   streamReplicas: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
+  /** Port of the Prometheus scrape endpoint `GET /metrics`; none when unset. */
+  metricsPort?: number;
+  /** Whether spans record tool arguments and results (redacted). */
+  tracePayloads: boolean;
 }
 
 /** A configuration value that cannot be used; the message names the variable. */
@@ -236,5 +242,7 @@ export function loadConfig(
     allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
     env,
+    ...(e.TOOLMESH_METRICS_PORT === undefined ? {} : { metricsPort: e.TOOLMESH_METRICS_PORT }),
+    tracePayloads: e.TOOLMESH_TRACE_PAYLOADS === "true",
   };
 }

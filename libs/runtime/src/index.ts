@@ -2,5 +2,5 @@ export { ConfigError, EnvSchema, loadConfig } from "./config.js";
 export type { RuntimeConfig } from "./config.js";
 export { installShutdown, meshSettings, openRuntime, runService, serveActors } from "./runtime.js";
 export type { Runtime, Stoppable } from "./runtime.js";
-export { startHealthServer } from "./health.js";
-export type { HealthState } from "./health.js";
+export { Readiness, startHealthServer } from "./health.js";
+export type { CheckResult, HealthState, ReadinessReport } from "./health.js";

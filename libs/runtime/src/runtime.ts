@@ -4,11 +4,18 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { MeshSettings, StreamLimits } from "@toolmesh/nats";
 import { assertServerSupported, connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
-import type { Logger, Telemetry, Tracer } from "@toolmesh/telemetry";
-import { createLogger, initTelemetry } from "@toolmesh/telemetry";
+import type { Logger, Metrics, Telemetry, Tracer } from "@toolmesh/telemetry";
+import {
+  createLogger,
+  initMetrics,
+  initTelemetry,
+  serviceNameOf,
+  setPayloadRecording,
+} from "@toolmesh/telemetry";
 import type { RuntimeConfig } from "./config.js";
 import { loadConfig } from "./config.js";
-import { startHealthServer } from "./health.js";
+import { Readiness, startHealthServer } from "./health.js";
+import { answerStats } from "./stats.js";
 
 /** What every actor needs: one connection, one logger, one tracer, the live registry. */
 export interface Runtime {
@@ -19,6 +26,10 @@ export interface Runtime {
   readonly log: Logger;
   readonly tracer: Tracer;
   readonly telemetry: Telemetry;
+  /** The process's metrics (Prometheus `/metrics`, OTLP, the stats subject). */
+  readonly metrics: Metrics;
+  /** The checks behind `/readyz`; actors add their own (`rt.readiness.set(name, check)`). */
+  readonly readiness: Readiness;
   readonly streamLimits: StreamLimits;
   /** Whether the NATS connection is up right now (false while reconnecting). */
   connected(): boolean;
@@ -46,9 +57,17 @@ export async function openRuntime(
   log?: Logger,
 ): Promise<Runtime> {
   const logger = log ?? createLogger({ service, level: config.logLevel });
-  const telemetry = initTelemetry({ serviceName: `toolmesh-${service}`, env: config.env });
-  const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+  const serviceName = `toolmesh-${service}`;
+  const telemetry = initTelemetry({ serviceName, env: config.env });
+  setPayloadRecording(config.tracePayloads);
+  const nc = await connectNats({ ...config.nats, name: serviceName });
+  let metrics: Metrics | undefined;
   try {
+    metrics = await initMetrics({
+      serviceName,
+      env: config.env,
+      ...(config.metricsPort === undefined ? {} : { prometheusPort: config.metricsPort }),
+    });
     const version = await assertServerSupported(nc);
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
     const subjects = createSubjects({ prefix: config.prefix });
@@ -69,6 +88,19 @@ export async function openRuntime(
         }
       }
     })();
+    const stats = answerStats({
+      nc,
+      subjects,
+      metrics,
+      service: serviceNameOf({ serviceName, env: config.env }),
+      log: logger,
+    });
+    const readiness = new Readiness();
+    const isConnected = (): boolean => connected && !nc.isClosed();
+    readiness.set("nats", () =>
+      isConnected() ? { ok: true } : { ok: false, detail: "not connected; reconnecting" },
+    );
+    const processMetrics = metrics;
     return {
       config,
       nc,
@@ -77,16 +109,20 @@ export async function openRuntime(
       log: logger,
       tracer: telemetry.tracer,
       telemetry,
-      connected: () => connected && !nc.isClosed(),
+      metrics: processMetrics,
+      readiness,
+      connected: isConnected,
       streamLimits: meshSettings(config),
       async close() {
+        stats.unsubscribe();
         registry.close();
         await nc.drain().catch(() => undefined);
-        await telemetry.shutdown();
+        await Promise.all([telemetry.shutdown(), processMetrics.shutdown()]);
       },
     };
   } catch (err) {
     await nc.close();
+    await metrics?.shutdown();
     throw err;
   }
 }
@@ -120,8 +156,6 @@ export function installShutdown(log: Logger, stop: () => Promise<void>): void {
 export interface Stoppable {
   /** Stops taking work and finishes or hands back what is in flight, within `graceMs`. */
   stop(graceMs: number): Promise<void>;
-  /** Details of its parts for the body of `/readyz` (e.g. the mcp-bridge's servers). */
-  readiness?(): Record<string, unknown> | undefined;
 }
 
 /**
@@ -135,21 +169,25 @@ export async function serveActors(
   start: (rt: Runtime) => Promise<Stoppable>,
 ): Promise<Runtime> {
   const rt = await openRuntime(config, service);
-  let ready = false;
-  const running: { actor?: Stoppable } = {};
+  let started = false;
+  let draining = false;
+  rt.readiness.set("consumers", () =>
+    started ? { ok: true } : { ok: false, detail: "starting: consumers not bound yet" },
+  );
+  rt.readiness.set("draining", () =>
+    draining ? { ok: false, detail: "shutting down" } : { ok: true },
+  );
   const health =
     config.healthPort === undefined
       ? undefined
       : await startHealthServer(config.healthPort, {
           live: () => !rt.nc.isClosed(),
-          ready: () => ready && rt.connected(),
-          readiness: () => running.actor?.readiness?.(),
+          readiness: rt.readiness,
         });
   const actor = await start(rt);
-  running.actor = actor;
-  ready = true;
+  started = true;
   installShutdown(rt.log, async () => {
-    ready = false;
+    draining = true;
     await actor.stop(config.shutdownGraceMs);
     await rt.close();
     health?.close();

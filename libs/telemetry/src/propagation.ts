@@ -59,3 +59,18 @@ export function extractTraceContext(headers: TraceHeaders | undefined): Context 
     return ROOT_CONTEXT;
   }
 }
+
+/**
+ * The W3C `traceparent` (and `tracestate`) of `ctx` (default: the active context) as plain fields,
+ * for carriers that are not headers, such as an MCP request's `params._meta`. Empty when tracing
+ * is off or there is no span.
+ */
+export function traceContextFields(ctx: Context = context.active()): Record<string, string> {
+  const fields: Record<string, string> = {};
+  try {
+    propagation.inject(ctx, fields);
+  } catch {
+    // As for headers: a lost link beats a failed request.
+  }
+  return fields;
+}

@@ -6,13 +6,18 @@ import {
   trace,
   type Attributes,
   type Context,
+  type Link,
   type Span,
+  type SpanContext,
   SpanKind,
   type Tracer,
 } from "@opentelemetry/api";
 import { extractTraceContext } from "./propagation.js";
 import {
+  ATTR_ERROR_TYPE,
   ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_MESSAGE_ID,
+  ATTR_MESSAGING_OPERATION_NAME,
   ATTR_MESSAGING_OPERATION_TYPE,
   ATTR_MESSAGING_SYSTEM,
   MESSAGING_SYSTEM_VALUE_NATS,
@@ -27,6 +32,8 @@ export interface WithSpanOptions {
   parent?: Context;
   /** Attributes set at start, so samplers can see them; default none. */
   attributes?: Attributes;
+  /** Spans this one follows from without being their child (an earlier attempt); default none. */
+  links?: Link[];
 }
 
 /**
@@ -75,7 +82,11 @@ function startSpanSafely(
   parent: Context,
 ): Span {
   try {
-    return tracer.startSpan(name, { kind: options.kind, attributes: options.attributes }, parent);
+    return tracer.startSpan(
+      name,
+      { kind: options.kind, attributes: options.attributes, links: options.links },
+      parent,
+    );
   } catch {
     // A non-recording stand-in that keeps the parent's identity, so downstream hops stay linked.
     return trace.wrapSpanContext(trace.getSpanContext(parent) ?? INVALID_SPAN_CONTEXT);
@@ -104,14 +115,40 @@ export function processSpanOptions(
   msg: ConsumedMessage,
   attributes: Attributes = {},
 ): WithSpanOptions {
+  const messageId = msg.headers?.get(NATS_MSG_ID);
   return {
     kind: SpanKind.CONSUMER,
     parent: extractTraceContext(msg.headers),
     attributes: {
       [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_NATS,
       [ATTR_MESSAGING_OPERATION_TYPE]: MessagingOperationType.Process,
+      [ATTR_MESSAGING_OPERATION_NAME]: MessagingOperationType.Process,
       [ATTR_MESSAGING_DESTINATION_NAME]: msg.subject,
+      ...(messageId === undefined || messageId === ""
+        ? {}
+        : { [ATTR_MESSAGING_MESSAGE_ID]: messageId }),
       ...attributes,
     },
   };
+}
+
+// JetStream's deduplication header, the message's id where toolmesh sets one.
+const NATS_MSG_ID = "Nats-Msg-Id";
+
+/**
+ * Marks how the operation of `span` ended when it reports failure by value rather than by
+ * throwing: `error.type` and an ERROR status for a `code`, nothing for success. Never throws.
+ */
+export function markOutcome(span: Span, code: string | undefined, message?: string): void {
+  if (code === undefined) return;
+  ignoreFailure(() => {
+    span.setAttribute(ATTR_ERROR_TYPE, code);
+    span.setStatus({ code: SpanStatusCode.ERROR, message: message ?? code });
+  });
+}
+
+/** The span context of `span` when it is a real (sampled or not) span, for links. */
+export function linkableContext(span: Span): SpanContext | undefined {
+  const spanContext = span.spanContext();
+  return isSpanContextValid(spanContext) ? spanContext : undefined;
 }

@@ -1,21 +1,29 @@
 import { context, propagation, trace, type Tracer } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
-import { W3CTraceContextPropagator, parseKeyPairsIntoRecord } from "@opentelemetry/core";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
-import { defaultResource, resourceFromAttributes } from "@opentelemetry/resources";
 import {
   BasicTracerProvider,
   BatchSpanProcessor,
   type BufferConfig,
 } from "@opentelemetry/sdk-trace-base";
-import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
-
-/** Environment variables as the entrypoint passes them (normally `process.env`); only `OTEL_*` keys are read. */
-export type TelemetryEnv = Readonly<Record<string, string | undefined>>;
+import type { TelemetryEnv } from "./otel-env.js";
+import {
+  exportersOf,
+  otlpHeaders,
+  otlpTimeout,
+  otlpUrl,
+  readInteger,
+  refuseGrpc,
+  resourceFor,
+  sdkDisabled,
+} from "./otel-env.js";
 
 /** Options for {@link initTelemetry}. */
 export interface TelemetryOptions {
-  /** The `service.name` resource attribute, also used as the tracer name. */
+  /**
+   * The default `service.name` resource attribute (`OTEL_SERVICE_NAME` wins), also the tracer name.
+   */
   serviceName: string;
   /** The `service.version` resource attribute; default none. */
   serviceVersion?: string;
@@ -42,20 +50,6 @@ export interface Telemetry {
   shutdown(): Promise<void>;
 }
 
-/** An `OTEL_*` variable that {@link initTelemetry} cannot use; `variable` names it. */
-export class TelemetryConfigError extends Error {
-  override readonly name = "TelemetryConfigError";
-
-  constructor(
-    /** The offending environment variable. */
-    readonly variable: string,
-    expected: string,
-  ) {
-    // The value is left out on purpose: endpoints and headers can carry credentials.
-    super(`${variable} is invalid: expected ${expected}`);
-  }
-}
-
 // Kept on globalThis rather than in a module variable because the package can be loaded twice in
 // one process (from dist/ and, under the `@toolmesh/source` condition, from src/), while the
 // OpenTelemetry globals it registers exist once per process.
@@ -71,7 +65,8 @@ const registry = globalThis as { [HANDLE_KEY]?: Telemetry };
  * Also read from `env`: `OTEL_EXPORTER_OTLP[_TRACES]_HEADERS`,
  * `OTEL_EXPORTER_OTLP[_TRACES]_TIMEOUT` (ms), `OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL` (`grpc` is
  * refused), `OTEL_BSP_SCHEDULE_DELAY` and `OTEL_BSP_EXPORT_TIMEOUT` (ms), `OTEL_BSP_MAX_QUEUE_SIZE`,
- * `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_RESOURCE_ATTRIBUTES`. Settings not listed (sampler, span
+ * `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` (both win over
+ * `serviceName`, which is only the default). Settings not listed (sampler, span
  * limits, TLS files, compression) are read by the OpenTelemetry SDK from `process.env` directly.
  *
  * Idempotent: later calls return the first call's handle and ignore their options, so several
@@ -87,14 +82,8 @@ export function initTelemetry(options: TelemetryOptions): Telemetry {
 }
 
 function tracingEnabled(env: TelemetryEnv): boolean {
-  const endpoint =
-    nonEmpty(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) ?? nonEmpty(env.OTEL_EXPORTER_OTLP_ENDPOINT);
-  if (endpoint === undefined) return false;
-  if (env.OTEL_SDK_DISABLED?.trim().toLowerCase() === "true") return false;
-  const exporters = (env.OTEL_TRACES_EXPORTER ?? "")
-    .split(",")
-    .map((name) => name.trim().toLowerCase());
-  return !exporters.includes("none");
+  if (otlpUrl(env, "traces") === undefined || sdkDisabled(env)) return false;
+  return !exportersOf(env, "OTEL_TRACES_EXPORTER").includes("none");
 }
 
 function tracingOff(options: TelemetryOptions): Telemetry {
@@ -112,18 +101,12 @@ function tracingOff(options: TelemetryOptions): Telemetry {
 
 function startTracing(options: TelemetryOptions): Telemetry {
   const { env } = options;
-  refuseGrpc(env);
-  const headers = {
-    ...parseKeyPairsIntoRecord(env.OTEL_EXPORTER_OTLP_HEADERS),
-    ...parseKeyPairsIntoRecord(env.OTEL_EXPORTER_OTLP_TRACES_HEADERS),
-  };
+  refuseGrpc(env, "traces");
   // The exporter and the batch processor would read these from process.env, not from `env`.
   const exporter = new OTLPTraceExporter({
-    url: tracesUrl(env),
-    headers,
-    timeoutMillis:
-      readInteger(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", 1) ??
-      readInteger(env, "OTEL_EXPORTER_OTLP_TIMEOUT", 1),
+    url: otlpUrl(env, "traces"),
+    headers: otlpHeaders(env, "traces"),
+    timeoutMillis: otlpTimeout(env, "traces"),
   });
   const batching: BufferConfig = {
     scheduledDelayMillis: readInteger(env, "OTEL_BSP_SCHEDULE_DELAY", 0),
@@ -132,16 +115,7 @@ function startTracing(options: TelemetryOptions): Telemetry {
     maxExportBatchSize: readInteger(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 1),
   };
   const provider = new BasicTracerProvider({
-    resource: defaultResource()
-      .merge(resourceFromAttributes(parseKeyPairsIntoRecord(env.OTEL_RESOURCE_ATTRIBUTES)))
-      .merge(
-        resourceFromAttributes({
-          [ATTR_SERVICE_NAME]: options.serviceName,
-          ...(options.serviceVersion === undefined
-            ? {}
-            : { [ATTR_SERVICE_VERSION]: options.serviceVersion }),
-        }),
-      ),
+    resource: resourceFor(options),
     spanProcessors: [new BatchSpanProcessor(exporter, batching)],
   });
 
@@ -180,50 +154,5 @@ function startTracing(options: TelemetryOptions): Telemetry {
   return handle;
 }
 
-function tracesUrl(env: TelemetryEnv): string {
-  const specific = nonEmpty(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT);
-  if (specific !== undefined) return httpUrl("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", specific).href;
-  const base = httpUrl(
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    nonEmpty(env.OTEL_EXPORTER_OTLP_ENDPOINT) ?? "",
-  );
-  // Relative resolution appends to the base path only when the base ends in "/".
-  return new URL("v1/traces", base.href.endsWith("/") ? base : `${base.href}/`).href;
-}
-
-function httpUrl(variable: string, value: string): URL {
-  const url = URL.canParse(value) ? new URL(value) : undefined;
-  if (url === undefined || (url.protocol !== "http:" && url.protocol !== "https:")) {
-    throw new TelemetryConfigError(variable, "an http:// or https:// URL");
-  }
-  return url;
-}
-
-// Collectors accept JSON wherever they accept OTLP/HTTP protobuf, but a gRPC endpoint would
-// silently drop every batch, so that mismatch is refused at startup.
-function refuseGrpc(env: TelemetryEnv): void {
-  const variable = nonEmpty(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-    ? "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-    : "OTEL_EXPORTER_OTLP_PROTOCOL";
-  if (nonEmpty(env[variable])?.toLowerCase() === "grpc") {
-    throw new TelemetryConfigError(
-      variable,
-      '"http/json" or "http/protobuf": only OTLP over HTTP is supported',
-    );
-  }
-}
-
-function readInteger(env: TelemetryEnv, variable: string, min: number): number | undefined {
-  const raw = nonEmpty(env[variable]);
-  if (raw === undefined) return undefined;
-  const value = Number(raw);
-  if (!Number.isSafeInteger(value) || value < min) {
-    throw new TelemetryConfigError(variable, `an integer >= ${min}`);
-  }
-  return value;
-}
-
-function nonEmpty(value: string | undefined): string | undefined {
-  const trimmed = value?.trim();
-  return trimmed === "" ? undefined : trimmed;
-}
+export { TelemetryConfigError } from "./otel-env.js";
+export type { TelemetryEnv } from "./otel-env.js";

@@ -26,11 +26,5 @@ export async function startActors(rt: Runtime, roles: readonly Role[]): Promise<
     async stop(graceMs) {
       await Promise.all(started.map((actor) => actor.stop(graceMs)));
     },
-    readiness() {
-      const parts = started.flatMap((actor) => actor.readiness?.() ?? []);
-      return parts.length === 0
-        ? undefined
-        : (Object.assign({}, ...parts) as Record<string, unknown>);
-    },
   };
 }

@@ -40,10 +40,13 @@ import {
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
+  linkableContext,
   processSpanOptions,
+  toolmeshMetrics,
   withSpan,
 } from "@toolmesh/telemetry";
 import type { ToolContext, ToolModule } from "./tool-module.js";
+import { AttemptTelemetry } from "./attempt-telemetry.js";
 
 /** Options of {@link startExecutor}. Durations in ms. */
 export interface ExecutorOptions {
@@ -154,6 +157,16 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   // The call record stores the final message too: leave room for it within one message.
   const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
   const served = new Map<string, ServedTool>();
+  const metrics = toolmeshMetrics();
+  const telemetry = new AttemptTelemetry(tracer, metrics);
+  const stopObservingQueues = metrics.observeQueues(() =>
+    Promise.all(
+      [...served.keys()].map(async (tool) => {
+        const info = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer(tool));
+        return { tool, pending: info.num_pending, ackPending: info.num_ack_pending };
+      }),
+    ),
+  );
 
   // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
   const aborts: Subscription = nc.subscribe(subjects.abort, {
@@ -191,6 +204,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       return true;
     }
     await ensureWorkConsumer(jsm, subjects, definition, ackWaitMs);
+    if (previous === undefined) metrics.toolServed(definition.name, 1);
     loops.set(
       definition.name,
       await startWorkLoop({
@@ -238,13 +252,17 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     await withSpan(
       tracer,
       `process ${call.tool}`,
-      processSpanOptions(msg, {
-        [ATTR_TOOLMESH_CALL_ID]: call.call_id,
-        [ATTR_TOOLMESH_SESSION_ID]: call.session_id,
-        [ATTR_TOOLMESH_TOOL]: call.tool,
-        [ATTR_TOOLMESH_ATTEMPT]: attempt,
-      }),
-      async () => {
+      {
+        ...processSpanOptions(msg, {
+          [ATTR_TOOLMESH_CALL_ID]: call.call_id,
+          [ATTR_TOOLMESH_SESSION_ID]: call.session_id,
+          [ATTR_TOOLMESH_TOOL]: call.tool,
+          [ATTR_TOOLMESH_ATTEMPT]: attempt,
+        }),
+        links: telemetry.linksFor(call, attempt),
+      },
+      async (span) => {
+        telemetry.remember(call, linkableContext(span));
         try {
           const stored = await store.get(call);
           if (stored?.record.state === "done" && stored.record.result !== undefined) {
@@ -256,9 +274,17 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
             return;
           }
           const started = performance.now();
-          const outcome = await runAttempt(tool, call, attempt, callLog);
+          const outcome = await telemetry.execute(
+            tool.definition,
+            call,
+            attempt,
+            attempt === 1 ? (clock.now() - call.resolved_at) / 1000 : undefined,
+            () => runAttempt(tool, call, attempt, callLog),
+          );
           const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
+          const code = outcome.ok ? undefined : outcome.error.code;
           if (!outcome.ok && outcome.error.details?.[ShutdownCode] === true) {
+            telemetry.attemptEnded(call, code, true);
             msg.nak(); // handed back: another executor takes it
             callLog.info("executor shutting down; call handed back");
             return;
@@ -272,6 +298,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
               clock.now(),
             );
             if (delay !== undefined) {
+              telemetry.attemptEnded(call, code, true);
               callLog.warn(
                 {
                   code: outcome.error.code,
@@ -309,8 +336,11 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
               extra,
             );
           }
+          telemetry.attemptEnded(call, code, false);
           const won = await plane.finalize(call, message, stored);
           msg.ack();
+          if (won)
+            telemetry.callEnded(call, message.error?.code, (clock.now() - call.resolved_at) / 1000);
           if (!won)
             callLog.info("call had already ended (cancelled or past its deadline); result dropped");
           else if (outcome.ok)
@@ -448,7 +478,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     async removeTool(name, graceMs = 10_000) {
       const loop = loops.get(name);
       loops.delete(name);
-      served.delete(name);
+      if (served.delete(name)) metrics.toolServed(name, -1);
       await loop?.stop(graceMs);
       await registry.unregister(name, owner).catch((err: unknown) => {
         log.warn({ err, tool: name }, "cannot remove the tool from the registry");
@@ -466,6 +496,8 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       };
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
       aborts.unsubscribe();
+      stopObservingQueues();
+      for (const name of served.keys()) metrics.toolServed(name, -1);
     },
   };
 }

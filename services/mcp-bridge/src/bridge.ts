@@ -41,14 +41,14 @@ export interface ServerStatus {
   tools: string[];
   /** The last connect or connection error, one line. */
   lastError?: string;
+  /** Times the connection was opened again after its first opening. */
+  restarts: number;
 }
 
 /** A running bridge. */
 export interface Bridge {
   /** Each server's state and tools, by server name. */
   status(): Record<string, ServerStatus>;
-  /** The body of `/readyz`: `{ mcp_servers: { <name>: { state, tools, last_error? } } }`. */
-  readiness(): Record<string, unknown>;
   /** Stops taking calls, lets running ones finish (at most `graceMs`), closes every server. */
   stop(graceMs?: number): Promise<void>;
 }
@@ -229,6 +229,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         {
           state: s.connection.state,
           tools: [...s.registered.keys()],
+          restarts: s.connection.restarts,
           ...(s.connection.lastError === undefined ? {} : { lastError: s.connection.lastError }),
         },
       ]),
@@ -236,20 +237,6 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
 
   return {
     status,
-    readiness() {
-      return {
-        mcp_servers: Object.fromEntries(
-          Object.entries(status()).map(([name, s]) => [
-            name,
-            {
-              state: s.state,
-              tools: s.tools.length,
-              ...(s.lastError === undefined ? {} : { last_error: s.lastError }),
-            },
-          ]),
-        ),
-      };
-    },
     async stop(graceMs = 10_000) {
       // Calls in flight still need their server: stop the executors first.
       await Promise.all(servers.map((s) => s.executor.stop(graceMs)));

@@ -15,6 +15,7 @@ import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { FetchLike, ToolContext } from "@toolmesh/executor";
 import type { Logger } from "@toolmesh/telemetry";
 import type { McpServerConfig } from "./config.js";
+import { traceToolCall } from "./request-telemetry.js";
 import { remoteHeaders, stdioArgs, stdioEnv } from "./config.js";
 import {
   callError,
@@ -92,6 +93,7 @@ export class ServerConnection {
   #notBefore = 0;
   #openedAt = 0;
   #lastError: string | undefined;
+  #opens = 0;
   #inFlight = 0;
   #idleTimer: NodeJS.Timeout | undefined;
   #resync: Promise<void> | undefined;
@@ -114,6 +116,11 @@ export class ServerConnection {
   /** Where the connection is in its life. */
   get state(): ConnectionState {
     return this.#state;
+  }
+
+  /** Times the connection was opened again after its first opening. */
+  get restarts(): number {
+    return Math.max(0, this.#opens - 1);
   }
 
   /** The last connect or connection error, one line; undefined once connected. */
@@ -152,22 +159,28 @@ export class ServerConnection {
         const progressToken = `toolmesh-${++this.#progressTokens}`;
         this.#progress.set(progressToken, (progress) => ctx.emit(progress));
         try {
-          const result = await client.request(
-            {
-              method: "tools/call",
-              params: {
-                name: tool,
-                arguments: args,
-                _meta: { progressToken, [IDEMPOTENCY_META_KEY]: ctx.idempotencyKey },
+          const result = await traceToolCall(this.#config.name, tool, (traceMeta) =>
+            client.request(
+              {
+                method: "tools/call",
+                params: {
+                  name: tool,
+                  arguments: args,
+                  _meta: {
+                    ...traceMeta,
+                    progressToken,
+                    [IDEMPOTENCY_META_KEY]: ctx.idempotencyKey,
+                  },
+                },
               },
-            },
-            CallToolResultSchema,
-            {
-              signal: ctx.signal,
-              // The executor ends the attempt (and aborts the signal) first; this only
-              // keeps the SDK's own 60 s default from cutting long calls short.
-              timeout: Math.max(1_000, ctx.deadlineAt - Date.now() + 5_000),
-            },
+              CallToolResultSchema,
+              {
+                signal: ctx.signal,
+                // The executor ends the attempt (and aborts the signal) first; this only
+                // keeps the SDK's own 60 s default from cutting long calls short.
+                timeout: Math.max(1_000, ctx.deadlineAt - Date.now() + 5_000),
+              },
+            ),
           );
           if (result.isError === true) throw resultError(result, this.#config.name, tool);
           return resultContent(result, this.#config.structured_content);
@@ -317,6 +330,7 @@ export class ServerConnection {
       this.#opening = undefined;
       this.#client = client;
       this.#state = "ready";
+      this.#opens++;
       this.#openedAt = Date.now();
       this.#lastError = undefined;
       this.#log.info(

@@ -2,6 +2,7 @@ import type { Runtime } from "@toolmesh/runtime";
 import type { Bridge } from "./bridge.js";
 import { startBridge } from "./bridge.js";
 import { loadMcpServers } from "./config.js";
+import { observeBridge } from "./observe.js";
 
 /**
  * Starts an mcp-bridge configured by the runtime: the server files of `TOOLMESH_MCP_DIR`
@@ -12,7 +13,7 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
   const { config } = rt;
   const log = rt.log.child({ actor: "mcp-bridge" });
   const servers = await loadMcpServers(config.mcpDir, { env: config.env });
-  return startBridge({
+  const bridge = await startBridge({
     nc: rt.nc,
     subjects: rt.subjects,
     registry: rt.registry,
@@ -26,4 +27,6 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     callRetentionMs: config.callRetentionMs,
     allowPrivateAddresses: config.allowPrivateAddresses,
   });
+  observeBridge(rt, bridge);
+  return bridge;
 }

@@ -32,6 +32,7 @@ import {
 import type { CallPlane } from "@toolmesh/call-store";
 import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
+import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { reconcileOrphans } from "./reconcile.js";
 
 /** A deadline armed for an accepted call, kept on the timers stream. */
@@ -335,6 +336,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       headers: h,
       msgID: `dlq:${stream}:${seq}`,
     });
+    toolmeshMetrics().deadLettered(stream);
 
     const error = new ToolmeshError(
       ErrorCode.ToolError,

@@ -40,7 +40,9 @@ import {
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
+  markOutcome,
   processSpanOptions,
+  toolmeshMetrics,
   withSpan,
 } from "@toolmesh/telemetry";
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
@@ -226,6 +228,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   });
   const { jsm, js, store, clock, publishFinal } = plane;
   const limits = new SessionLimits(options.sessionMaxInFlight ?? 256);
+  const metrics = toolmeshMetrics();
   await ensureResolverConsumer();
 
   const control: ControlPlane = await startControlPlane({ nc, plane, subjects, log });
@@ -345,6 +348,12 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         const tool = resolution.ok ? resolution.resolved.tool : resolution.tool;
         if (callId !== undefined) span.setAttribute(ATTR_TOOLMESH_CALL_ID, callId);
         if (tool !== undefined) span.setAttribute(ATTR_TOOLMESH_TOOL, tool);
+        // Only a registered tool's name becomes a label: the model can make names up.
+        metrics.resolved(
+          resolution.ok ? undefined : resolution.error.code,
+          tool !== undefined && registry.get(tool) !== undefined ? tool : undefined,
+        );
+        if (!resolution.ok) markOutcome(span, resolution.error.code, resolution.error.message);
         const callLog = log.child({ callId, sessionId: address.session, tool });
         try {
           if (resolution.ok) await routeCall(resolution, msg, callLog);

@@ -57,6 +57,7 @@ import {
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
   processSpanOptions,
+  toolmeshMetrics,
   withSpan,
 } from "@toolmesh/telemetry";
 
@@ -215,8 +216,10 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     const { address } = event;
     const revision = tool.revision;
     let claimed = false;
+    let firstForSession = false;
     await store.updateSchemas(address, event.session_id, (current) => {
       claimed = false;
+      firstForSession = current.expanded_tools.size === 0;
       const requested = withRequested(current, [event.tool]);
       if (current.expanded_tools.get(event.tool) === revision) {
         return requested === current ? undefined : requested;
@@ -248,6 +251,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
         .catch((undo: unknown) => eventLog.warn({ err: undo }, "cannot release the claim"));
       throw err;
     }
+    toolmeshMetrics().schemaExpanded(event.tool, firstForSession);
     eventLog.info({ revision, missing: event.missing_required }, "schema sent to the session");
     msg.ack();
   }
