@@ -66,7 +66,7 @@ describe("CallStore.accept", () => {
     const conflict = await store.accept(record("a1", { args_hash: argumentsHash("{}") }));
     expect(conflict.status).toBe("conflict");
     expect((await store.accept(record("a1", { tool: "other" }))).status).toBe("conflict");
-    await store.finish("a1", message("a1", "done"));
+    await store.finish(target("a1"), message("a1", "done"));
     const done = await store.accept(record("a1"));
     expect(done.status).toBe("done");
     expect(done.status === "done" && done.record.result.content).toBe("done");
@@ -75,7 +75,7 @@ describe("CallStore.accept", () => {
   it("lets any call through a record made by an early cancellation", async () => {
     const { store } = plane;
     await store.accept(record("a2", { args_hash: ANY_ARGUMENTS }));
-    await store.finish("a2", message("a2", "cancelled"));
+    await store.finish(target("a2"), message("a2", "cancelled"));
     const outcome = await store.accept(record("a2", { args_hash: argumentsHash('{"x":1}') }));
     expect(outcome.status).toBe("done");
   });
@@ -85,21 +85,21 @@ describe("CallStore.finish", () => {
   it("moves a call to done once; later parties get the stored message", async () => {
     const { store } = plane;
     await store.accept(record("f1"));
-    expect(await store.finish("f1", message("f1", "first"))).toEqual({
+    expect(await store.finish(target("f1"), message("f1", "first"))).toEqual({
       won: true,
       result: message("f1", "first"),
     });
-    const second = await store.finish("f1", message("f1", "second"));
+    const second = await store.finish(target("f1"), message("f1", "second"));
     expect(second).toEqual({ won: false, result: message("f1", "first") });
-    expect((await store.get("f1"))?.record.result?.content).toBe("first");
+    expect((await store.get(target("f1")))?.record.result?.content).toBe("first");
   });
 
   it("has exactly one winner when many parties finish at once", async () => {
     const { store } = plane;
     await store.accept(record("f2"));
-    const known = await store.get("f2");
+    const known = await store.get(target("f2"));
     const outcomes = await Promise.all(
-      Array.from({ length: 8 }, (_, i) => store.finish("f2", message("f2", `party ${i}`), known)),
+      Array.from({ length: 8 }, (_, i) => store.finish(target("f2"), message("f2", `party ${i}`), known)),
     );
     const winners = outcomes.filter((o) => o?.won === true);
     expect(winners).toHaveLength(1);
@@ -109,14 +109,14 @@ describe("CallStore.finish", () => {
   it("finds a stale known record out and reads the current one", async () => {
     const { store } = plane;
     await store.accept(record("f3"));
-    const stale = await store.get("f3");
-    await store.finish("f3", message("f3", "deadline"));
-    const outcome = await store.finish("f3", message("f3", "late result"), stale);
+    const stale = await store.get(target("f3"));
+    await store.finish(target("f3"), message("f3", "deadline"));
+    const outcome = await store.finish(target("f3"), message("f3", "late result"), stale);
     expect(outcome).toEqual({ won: false, result: message("f3", "deadline") });
   });
 
   it("is undefined for a key without a record", async () => {
-    expect(await plane.store.finish("never", message("never", "x"))).toBeUndefined();
+    expect(await plane.store.finish(target("never"), message("never", "x"))).toBeUndefined();
   });
 });
 
@@ -134,7 +134,7 @@ describe("CallPlane.finalize", () => {
     await plane.store.accept(record("p2"));
     const wire = watch("p2");
     // The winner records its result and dies before publishing it.
-    await plane.store.finish("p2", message("p2", "recorded, never published"));
+    await plane.store.finish(target("p2"), message("p2", "recorded, never published"));
     expect(await plane.finalize(target("p2"), message("p2", "deadline"))).toBe(false);
     await wire.flushed();
     expect(wire.received.map((m) => m.content)).toEqual(["recorded, never published"]);
