@@ -1,5 +1,5 @@
 import { defaultServerConditions } from "vite";
-import { defineConfig } from "vitest/config";
+import { configDefaults, defineConfig } from "vitest/config";
 
 /**
  * Workspace packages export `"@toolmesh/source": "./src/index.ts"` ahead of `types`/`default`,
@@ -30,12 +30,26 @@ export default defineConfig({
         test: {
           name: "integration",
           include: ["test/**/*.test.ts"],
+          exclude: [...configDefaults.exclude, "test/docker/**"],
           testTimeout: 60_000,
           hookTimeout: 60_000,
           // Each file starts its own nats-server; two cores on the CI machine.
           maxWorkers: 2,
           // Runs after the unit project; projects with different maxWorkers need distinct groups.
           sequence: { groupOrder: 1 },
+        },
+      },
+      {
+        extends: true,
+        test: {
+          // The image and the compose stack, with a real Docker engine; skipped (loudly) without
+          // one. Image builds take minutes on two shared cores.
+          name: "docker",
+          include: ["test/docker/**/*.test.ts"],
+          testTimeout: 10 * 60_000,
+          hookTimeout: 45 * 60_000,
+          maxWorkers: 1,
+          sequence: { groupOrder: 2 },
         },
       },
     ],

@@ -2,13 +2,14 @@ import { existsSync } from "node:fs";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { afterAll, describe, expect, it } from "vitest";
-import { NatsServerStartError, startNatsServer, stopAll } from "./nats-server.js";
+import { NatsServerStartError, natsMode, startNatsServer, stopAll } from "./nats-server.js";
 
 afterAll(async () => {
   await stopAll();
 });
 
-describe("startNatsServer", () => {
+// The process launcher itself; the container launcher has its own test (test/docker/).
+describe.skipIf(natsMode === "container")("startNatsServer", () => {
   it("starts on a random local port with JetStream enabled", async () => {
     const server = await startNatsServer();
     try {

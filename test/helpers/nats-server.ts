@@ -1,8 +1,26 @@
-// Integration tests start their own servers (random ports, temp storage) with the product's
-// launcher, the one `toolmesh dev` uses; they never touch the shared NATS at 4222.
-export {
-  NatsServerStartError,
-  startNatsServer,
-  stopAllNatsServers as stopAll,
-} from "@toolmesh/nats";
+// Integration tests start their own servers (random ports, temp storage); they never touch the
+// shared NATS at 4222. TOOLMESH_TEST_NATS picks how: `process` (default) runs nats-server with
+// the product's launcher, the one `toolmesh dev` uses; `container` runs it in a container
+// through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.10).
+import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats";
+import { startNatsServer as startProcess, stopAllNatsServers } from "@toolmesh/nats";
+import { startContainerNatsServer, stopAllContainerNatsServers } from "./nats-container.js";
+
+export { NatsServerStartError } from "@toolmesh/nats";
 export type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats";
+
+const mode = process.env.TOOLMESH_TEST_NATS || "process";
+if (mode !== "process" && mode !== "container") {
+  throw new Error(`TOOLMESH_TEST_NATS must be "process" or "container", not "${mode}"`);
+}
+
+/** How this run starts its servers. */
+export const natsMode: "process" | "container" = mode;
+
+/** Starts a JetStream-enabled server on random ports and resolves once it is healthy. */
+export const startNatsServer: (opts?: StartNatsServerOptions) => Promise<NatsServerHandle> =
+  natsMode === "container" ? startContainerNatsServer : startProcess;
+
+/** Kills every server (or removes every container) a test left running. */
+export const stopAll: () => Promise<void> =
+  natsMode === "container" ? stopAllContainerNatsServers : stopAllNatsServers;

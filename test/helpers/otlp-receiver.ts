@@ -77,8 +77,11 @@ interface Waiter {
   timer: NodeJS.Timeout;
 }
 
-/** Starts a receiver; `close()` it in `afterAll`. */
-export async function startOtlpReceiver(): Promise<OtlpReceiver> {
+/**
+ * Starts a receiver; `close()` it in `afterAll`. `host` is the listen address, default
+ * `127.0.0.1`; `0.0.0.0` lets containers reach it (the URL then still names 127.0.0.1).
+ */
+export async function startOtlpReceiver(host = "127.0.0.1"): Promise<OtlpReceiver> {
   const collected: CollectedSpan[] = [];
   const waiters = new Set<Waiter>();
 
@@ -126,7 +129,7 @@ export async function startOtlpReceiver(): Promise<OtlpReceiver> {
     notify();
   }
 
-  server.listen(0, "127.0.0.1");
+  server.listen(0, host);
   await new Promise<void>((resolve, reject) => {
     server.once("listening", resolve);
     server.once("error", reject);
