@@ -49,6 +49,8 @@ export interface ServerConnectionOptions {
   onTools: (tools: Tool[]) => Promise<void>;
   /** Keep the server connected even if it is lazy, until its tools were listed once. */
   discover?: boolean;
+  /** Checked once the server's tools are known, before each call: an error refuses it. */
+  refuse?: (tool: string) => ToolmeshError | undefined;
 }
 
 /** A connection that is up at least this long resets the restart backoff, in ms. */
@@ -78,6 +80,7 @@ export class ServerConnection {
   readonly #env: Readonly<Record<string, string | undefined>>;
   readonly #log: Logger;
   readonly #onTools: (tools: Tool[]) => Promise<void>;
+  readonly #refuse: (tool: string) => ToolmeshError | undefined;
   readonly #stopped = new AbortController();
   #keepConnected: boolean;
   #state: ConnectionState = "idle";
@@ -104,6 +107,7 @@ export class ServerConnection {
     this.#env = options.env;
     this.#log = options.log;
     this.#onTools = options.onTools;
+    this.#refuse = options.refuse ?? (() => undefined);
     this.#keepConnected = !options.config.lazy || options.discover === true;
   }
 
@@ -142,6 +146,8 @@ export class ServerConnection {
     try {
       for (let resend = 0; ; resend++) {
         const client = await this.#acquire(ctx.signal);
+        const refused = this.#refuse(tool);
+        if (refused !== undefined) throw refused;
         // Progress is routed by a token of ours rather than the SDK's `onprogress`, which
         // drops a notification that arrives in the same read as the response
         // (typescript-sdk#2580): the last "100 %" event of a tool is the usual casualty.
