@@ -273,13 +273,12 @@ export class ToolPins {
     }
   }
 
-  /** Calls `onChange` after every change of a server's approvals; returns the stop function. */
+  /** Calls `onChange` after every change (or deletion) of a server's approvals; returns the stop function. */
   async watch(server: string, onChange: () => void): Promise<() => void> {
     const watcher = await this.#kv.watch({ key: server, include: KvWatchInclude.UpdatesOnly });
     void (async () => {
-      for await (const entry of watcher) {
-        if (entry.operation === "PUT") onChange();
-      }
+      // A deleted key pins again from scratch: the next check approves the list as it is.
+      for await (const _entry of watcher) onChange();
     })();
     return () => watcher.stop();
   }
