@@ -6,13 +6,13 @@ import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from ".
 import type { StreamLimits } from "./streams.js";
 import { streamSpecs } from "./streams.js";
 
-/** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
 /**
  * The deadline keeper's ack wait, in ms: a fresh timer is left unacknowledged for this long
  * before its first look, so calls that end within it cost the timer no further message.
  */
 export const DEADLINE_FIRST_HOP_MS = 2_000;
 
+/** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
 export interface MeshSettings extends StreamLimits {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number;
@@ -25,7 +25,14 @@ export interface MeshSettings extends StreamLimits {
 /** Every stream, KV bucket and shared durable consumer of a mesh. */
 export interface MeshPlan {
   streams: StreamSpec[];
-  buckets: { registry: StreamSpec; calls: StreamSpec; sessions: StreamSpec; groups: StreamSpec };
+  buckets: {
+    registry: StreamSpec;
+    calls: StreamSpec;
+    sessions: StreamSpec;
+    groups: StreamSpec;
+    /** Approved MCP tool definitions, with some history for operators. */
+    toolApprovals: StreamSpec;
+  };
   /**
    * Consumers shared by every replica of a service. Executors add one work consumer per tool
    * when they register it, so those are not part of the plan.
@@ -58,6 +65,7 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
         ttlSetting: "TOOLMESH_SESSION_STATE_TTL_MS",
       }),
       groups: bucketSpec(subjects.groupsBucket, { replicas }),
+      toolApprovals: bucketSpec(subjects.toolApprovalsBucket, { replicas, history: 10 }),
     },
     consumers: {
       resolver: durableConsumerSpec({

@@ -99,7 +99,7 @@ export function bucketStream(bucket: string): string {
 /** The configuration of a KV bucket's stream, as `@nats-io/kv` creates it. Durations in ms. */
 export function bucketSpec(
   bucket: string,
-  options: { replicas?: number; ttlMs?: number; ttlSetting?: string },
+  options: { replicas?: number; ttlMs?: number; ttlSetting?: string; history?: number },
 ): StreamSpec {
   return {
     kind: "bucket",
@@ -110,7 +110,7 @@ export function bucketSpec(
       retention: RetentionPolicy.Limits,
       storage: StorageType.File,
       discard: DiscardPolicy.New,
-      max_msgs_per_subject: 1,
+      max_msgs_per_subject: options.history ?? 1,
       max_msg_size: -1,
       allow_rollup_hdrs: true,
       allow_direct: true,

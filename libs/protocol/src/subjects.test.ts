@@ -465,6 +465,7 @@ describe("schema expansion names", () => {
     expect(s.allMissingArguments).toBe("acme.prod-1.v1.events.missing.>");
     expect(s.sessionsBucket).toBe("acme_prod-1_sessions");
     expect(s.groupsBucket).toBe("acme_prod-1_groups");
+    expect(s.toolApprovalsBucket).toBe("acme_prod-1_tool_approvals");
     expect(s.sessionStateKey(s.address("t.1", "s 2"), "policy")).toBe("t=2e1.s=202.policy");
     expect(s.allSessionPolicies).toBe("*.*.policy");
     expect(s.schemaExpanderConsumer).toMatch(/^[^.*> \t\r\n]+$/);

@@ -222,6 +222,8 @@ export interface Subjects {
   readonly sessionsBucket: string;
   /** KV bucket holding each tenant's tool-group switches; key = tenant token. */
   readonly groupsBucket: string;
+  /** KV bucket holding the approved (pinned) tool definitions of MCP servers; key = server name. */
+  readonly toolApprovalsBucket: string;
   /**
    * Key of one part of a session's state in {@link Subjects.sessionsBucket}:
    * `{tenant}.{session}.{part}`, part `schemas` (expansion) or `policy` (groups, agent).
@@ -345,6 +347,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     callsBucket: `${bucketStem}_calls`,
     sessionsBucket: `${bucketStem}_sessions`,
     groupsBucket: `${bucketStem}_groups`,
+    toolApprovalsBucket: `${bucketStem}_tool_approvals`,
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",

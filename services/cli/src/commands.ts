@@ -15,7 +15,8 @@ export interface CallCommandOptions {
   json?: boolean;
 }
 
-async function withConnection<T>(
+/** Runs `fn` with a connection made from this configuration, then disconnects. */
+export async function withConnection<T>(
   config: RuntimeConfig,
   fn: (nc: NatsConnection) => Promise<T>,
 ): Promise<T> {

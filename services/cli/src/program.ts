@@ -3,6 +3,7 @@ import type { RuntimeConfig } from "@toolmesh/runtime";
 import { loadConfig, serveActors } from "@toolmesh/runtime";
 import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
+import { addToolApprovalCommand } from "./approve-command.js";
 import { addCatalogCommands } from "./catalog-commands.js";
 import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
 import { devCommand } from "./dev.js";
@@ -149,6 +150,7 @@ export function buildProgram(
     .action((name: string, o: { json?: boolean }) =>
       run(() => toolsShowCommand(config(), name, o)),
     );
+  addToolApprovalCommand(tools, () => config(), run);
 
   const dlq = program
     .command("dlq")

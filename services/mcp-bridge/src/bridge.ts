@@ -6,7 +6,9 @@ import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import type { Executor, PrivateAddressAllowance, ToolModule } from "@toolmesh/executor";
 import { outboundFetch, startExecutor } from "@toolmesh/executor";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
+import { ToolPins } from "./pins.js";
 import type { ConnectionState } from "./connection.js";
 import { ServerConnection } from "./connection.js";
 
@@ -69,6 +71,8 @@ interface ServedServer {
   connection: ServerConnection;
   registered: Map<string, string>;
   removals: Set<Promise<void>>;
+  /** Stops following the server's approvals (pinned servers). */
+  unwatch: () => void;
 }
 
 /**
@@ -81,6 +85,9 @@ interface ServedServer {
 export async function startBridge(options: BridgeOptions): Promise<Bridge> {
   const fetch = outboundFetch(options.allowPrivateAddresses);
   const { log } = options;
+  const pins = options.servers.some((s) => s.pin_tools)
+    ? await ToolPins.open(options.nc, options.subjects, options.streamLimits)
+    : undefined;
   const servers = await Promise.all(options.servers.map((config) => startServer(config)));
 
   async function startServer(config: McpServerConfig): Promise<ServedServer> {
@@ -104,6 +111,11 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     const registered = new Map<string, string>();
     const removals = new Set<Promise<void>>();
     let syncing: Promise<void> = Promise.resolve();
+    const pinned = config.pin_tools ? pins : undefined;
+    /** MCP names of listed tools whose definition is not approved (pinned servers). */
+    let unapproved = new Set<string>();
+    /** The server's last tool list, checked again when its approvals change. */
+    let lastListed: Tool[] | undefined;
 
     const moduleOf = (tool: Tool): ToolModule => {
       const annotations: Record<string, unknown> = { ...tool.annotations };
@@ -126,16 +138,70 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     };
 
     /** Makes the served tools match the server's list; one sync at a time, in order. */
-    const syncTools = (tools: Tool[]): Promise<void> => {
+    const syncTools = (tools: Tool[], fromServer = true): Promise<void> => {
       syncing = syncing.then(() =>
-        applyTools(tools).catch((err: unknown) => {
-          serverLog.error({ err }, "cannot sync MCP tools");
-        }),
+        applyTools(fromServer ? approvedOnly(tools) : Promise.resolve(tools)).catch(
+          (err: unknown) => {
+            serverLog.error({ err }, "cannot sync MCP tools");
+          },
+        ),
       );
       return syncing;
     };
 
-    const applyTools = async (tools: Tool[]): Promise<void> => {
+    /**
+     * The tools of a pinned server whose definitions are approved. Newly unapproved ones are
+     * logged, and unregistered even when an earlier run registered them.
+     */
+    const approvedOnly = async (tools: Tool[]): Promise<Tool[]> => {
+      if (pinned === undefined) return tools;
+      lastListed = tools;
+      const verdict = await pinned.check(config.name, tools);
+      if (verdict.pinnedOnFirstUse) {
+        serverLog.info({ tools: tools.length }, "MCP tool definitions pinned on first use");
+      }
+      const before = unapproved;
+      unapproved = new Set(verdict.unapproved.map((u) => u.tool));
+      for (const u of verdict.unapproved) {
+        if (before.has(u.tool)) continue;
+        serverLog.warn(
+          {
+            tool: u.tool,
+            change: u.change,
+            fields: u.fields,
+            sha256: u.sha256,
+            ...(u.approved_sha256 === undefined ? {} : { approved_sha256: u.approved_sha256 }),
+            approve: `toolmesh tools approve ${config.name} ${u.tool}`,
+          },
+          "MCP tool definition not approved; tool disabled until approved",
+        );
+        const name = meshToolName(config.name, u.tool);
+        if (!registered.has(name) && options.registry.get(name)?.definition.owner === owner) {
+          await executor.removeTool(name, 0);
+        }
+      }
+      return tools.filter((t) => verdict.approved.has(t.name));
+    };
+
+    /** A call of a tool whose definition changed since its approval is refused. */
+    const refuse = (tool: string): ToolmeshError | undefined =>
+      unapproved.has(tool)
+        ? new ToolmeshError(
+            ErrorCode.ToolDisabled,
+            `tool "${meshToolName(config.name, tool)}" is disabled: MCP server "${config.name}" changed its definition, which awaits approval (toolmesh tools approve ${config.name} ${tool})`,
+            {
+              retryable: false,
+              details: {
+                tool: meshToolName(config.name, tool),
+                server: config.name,
+                reason: "definition_not_approved",
+              },
+            },
+          )
+        : undefined;
+
+    const applyTools = async (listed: Promise<Tool[]>): Promise<void> => {
+      const tools = await listed;
       const next = new Map<string, ToolModule>();
       for (const tool of tools) {
         if (tool.execution?.taskSupport === "required") {
@@ -201,13 +267,21 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       fetch,
       log: serverLog,
       onTools: syncTools,
+      refuse,
       discover: config.lazy && known === undefined,
     });
-    if (known !== undefined) await syncTools(known);
+    if (known !== undefined) await syncTools(known, false);
     // Not awaited: the bridge is up once every server's executor is; each server connects
     // (or keeps trying) on its own.
     void connection.start();
-    return { config, executor, connection, registered, removals };
+    // An approval (or a replica's finding) changes the key: check the last list again.
+    const unwatch =
+      pinned === undefined
+        ? () => undefined
+        : await pinned.watch(config.name, () => {
+            if (lastListed !== undefined) void syncTools(lastListed);
+          });
+    return { config, executor, connection, registered, removals, unwatch };
   }
 
   log.info(
@@ -242,6 +316,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       await Promise.all(servers.map((s) => s.executor.stop(graceMs)));
       await Promise.all(
         servers.map(async (s) => {
+          s.unwatch();
           await Promise.all(s.removals);
           await s.connection.stop();
         }),

@@ -52,6 +52,8 @@ export interface ServerConnectionOptions {
   onTools: (tools: Tool[]) => Promise<void>;
   /** Keep the server connected even if it is lazy, until its tools were listed once. */
   discover?: boolean;
+  /** Checked once the server's tools are known, before each call: an error refuses it. */
+  refuse?: (tool: string) => ToolmeshError | undefined;
 }
 
 /** A connection that is up at least this long resets the restart backoff, in ms. */
@@ -82,6 +84,7 @@ export class ServerConnection {
   readonly #fetch: FetchLike;
   readonly #log: Logger;
   readonly #onTools: (tools: Tool[]) => Promise<void>;
+  readonly #refuse: (tool: string) => ToolmeshError | undefined;
   readonly #stopped = new AbortController();
   #keepConnected: boolean;
   #state: ConnectionState = "idle";
@@ -110,6 +113,7 @@ export class ServerConnection {
     this.#fetch = options.fetch ?? globalThis.fetch;
     this.#log = options.log;
     this.#onTools = options.onTools;
+    this.#refuse = options.refuse ?? (() => undefined);
     this.#keepConnected = !options.config.lazy || options.discover === true;
   }
 
@@ -153,6 +157,8 @@ export class ServerConnection {
     try {
       for (let resend = 0; ; resend++) {
         const client = await this.#acquire(ctx.signal);
+        const refused = this.#refuse(tool);
+        if (refused !== undefined) throw refused;
         // Progress is routed by a token of ours rather than the SDK's `onprogress`, which
         // drops a notification that arrives in the same read as the response
         // (typescript-sdk#2580): the last "100 %" event of a tool is the usual casualty.

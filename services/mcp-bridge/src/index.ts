@@ -16,3 +16,5 @@ export { IDEMPOTENCY_META_KEY, ServerConnection } from "./connection.js";
 export type { ConnectionState, ServerConnectionOptions } from "./connection.js";
 export { callError, resultContent, resultError } from "./result.js";
 export { startBridgeFromRuntime } from "./from-runtime.js";
+export { ServerApprovalsSchema, ToolPins, toolHash } from "./pins.js";
+export type { ApprovedTool, PinCheck, ServerApprovals, UnapprovedTool } from "./pins.js";
