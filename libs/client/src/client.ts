@@ -442,10 +442,9 @@ export class Session {
     const jsm = await jetstreamManager(this.#client.nc);
     const { subjects } = this.#client;
     const seq = this.#seqOf.get(callId);
+    // Direct get names the subject in the request subject, which permissions can confine.
     const lastOn = (subject: string) =>
-      jsm.streams
-        .getMessage(subjects.streams.sessions, { last_by_subj: subject })
-        .catch(() => null);
+      jsm.direct.getMessage(subjects.streams.sessions, { last_by_subj: subject }).catch(() => null);
     const [stored, rejected] = await Promise.all([
       lastOn(subjects.result(this.address, callId)),
       seq === undefined ? null : lastOn(subjects.rejected(this.address, seq)),

@@ -47,6 +47,13 @@ export const ToolDefinitionSchema = z
       .default([])
       .describe("Names injected by the executor; values never leave it."),
     kind: ToolKindSchema,
+    progress: z
+      .boolean()
+      .default(false)
+      .describe(
+        "Whether the tool emits progress events on `progress.{call}` while it runs; a tool " +
+          "registered with `false` never does.",
+      ),
     owner: z
       .string()
       .min(1)

@@ -107,6 +107,7 @@ export function toolDefinitionOf(module: ToolModule, owner: string): ToolDefinit
     ...(module.systemParams === undefined ? {} : { system_params: module.systemParams }),
     preset_params: presetNames,
     kind: module.kind ?? "builtin",
+    progress: module.progress === true,
     ...(module.annotations === undefined ? {} : { annotations: module.annotations }),
     ...(module.origin === undefined ? {} : { origin: module.origin }),
     owner,
@@ -430,6 +431,10 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       deadlineAt: call.deadline_at + clock.offsetMs,
       log: callLog,
       emit(data) {
+        if (!tool.definition.progress) {
+          if (seq++ === 0) callLog.warn("tool emitted progress without declaring it; dropped");
+          return;
+        }
         if (controller.signal.aborted) return;
         const event: ProgressEvent = {
           tool_call_id: call.tool_call_id,
