@@ -251,7 +251,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         // A restart of the server can lose this process's heartbeats, and the server then
         // delivers a call again while it still runs or its outcome is being recorded here:
         // wait for that, then read the record, instead of running the call twice.
-        for (let earlier = inHand.get(call.idempotency_key); earlier !== undefined; ) {
+        for (let earlier = inHand.get(call.idempotency_key); earlier !== undefined;) {
           await earlier;
           earlier = inHand.get(call.idempotency_key);
         }
