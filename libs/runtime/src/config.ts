@@ -80,6 +80,7 @@ export const EnvSchema = z.object({
   TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
   TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
   TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),
+  TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(120_000),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -125,6 +126,8 @@ export interface RuntimeConfig {
   configDir: string;
   /** How long a session's state (schemas sent, groups, agent) lives after its last change, in ms. */
   sessionStateTtlMs: number;
+  /** How long a service keeps trying to reach NATS at start-up before it exits, in ms. */
+  startupTimeoutMs: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -182,6 +185,7 @@ export function loadConfig(
     mcpDir: e.TOOLMESH_MCP_DIR,
     configDir: e.TOOLMESH_CONFIG_DIR,
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
+    startupTimeoutMs: e.TOOLMESH_STARTUP_TIMEOUT_MS,
     env,
   };
 }

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
-import { createSubjects } from "@toolmesh/protocol";
+import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import { assertServerSupported, connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
@@ -26,17 +27,34 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
-/** Connects, checks the server, opens the registry and starts telemetry for one process. */
+/** Options of {@link openRuntime}. Durations in ms. */
+export interface OpenRuntimeOptions {
+  /**
+   * Keep trying to reach NATS for this long, with backoff, logging each failed attempt, before
+   * giving up with a {@link StartupTimeoutError}. Default 0: one attempt.
+   */
+  retryForMs?: number;
+}
+
+/** NATS could not be reached within the start-up budget; the message says what to do. */
+export class StartupTimeoutError extends Error {
+  override readonly name = "StartupTimeoutError";
+}
+
+/**
+ * Connects (trying again for `retryForMs`), checks the server, opens the registry and starts
+ * telemetry for one process.
+ */
 export async function openRuntime(
   config: RuntimeConfig,
   service: string,
   log?: Logger,
+  options: OpenRuntimeOptions = {},
 ): Promise<Runtime> {
   const logger = log ?? createLogger({ service, level: config.logLevel });
   const telemetry = initTelemetry({ serviceName: `toolmesh-${service}`, env: config.env });
-  const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+  const { nc, version } = await reachNats(config, service, logger, options.retryForMs ?? 0);
   try {
-    const version = await assertServerSupported(nc);
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
     const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, { subjects, log: logger });
@@ -76,6 +94,58 @@ export async function openRuntime(
     await nc.close();
     throw err;
   }
+}
+
+/**
+ * Connects and checks the server. A server that does not answer (not started yet, restarting,
+ * unreachable) is tried again with backoff — 250 ms doubling to 5 s — for `retryForMs`; a
+ * server that answers and is refused (too old, no JetStream) is not.
+ */
+async function reachNats(
+  config: RuntimeConfig,
+  service: string,
+  log: Logger,
+  retryForMs: number,
+): Promise<{ nc: NatsConnection; version: string }> {
+  const servers = config.nats.servers;
+  const attempt = async (): Promise<{ nc: NatsConnection; version: string }> => {
+    const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+    try {
+      return { nc, version: await assertServerSupported(nc) };
+    } catch (err) {
+      await nc.close();
+      throw err;
+    }
+  };
+  try {
+    return await pRetry(attempt, {
+      retries: Number.POSITIVE_INFINITY,
+      minTimeout: 250,
+      maxTimeout: 5_000,
+      maxRetryTime: retryForMs,
+      shouldRetry: ({ error }) =>
+        retryForMs > 0 && !(error instanceof ToolmeshError) && !isFileError(error),
+      onFailedAttempt: ({ error, attemptNumber }) => {
+        if (retryForMs > 0 && !(error instanceof ToolmeshError))
+          log.warn(
+            { attempt: attemptNumber, servers, err: error },
+            `cannot reach NATS (${error.message}); trying again`,
+          );
+      },
+    });
+  } catch (err) {
+    if (retryForMs === 0 || err instanceof ToolmeshError || isFileError(err)) throw err;
+    throw new StartupTimeoutError(
+      `cannot reach NATS at ${servers} within ${retryForMs} ms (${err instanceof Error ? err.message : String(err)}): ` +
+        "check NATS_URL and that nats-server runs, or raise TOOLMESH_STARTUP_TIMEOUT_MS",
+      { cause: err },
+    );
+  }
+}
+
+/** A credentials or key file that cannot be read: a configuration problem, not worth waiting. */
+function isFileError(err: unknown): boolean {
+  return err instanceof Error && typeof (err as NodeJS.ErrnoException).syscall === "string";
 }
 
 /**
@@ -119,24 +189,33 @@ export async function serveActors(
   service: string,
   start: (rt: Runtime) => Promise<Stoppable>,
 ): Promise<Runtime> {
-  const rt = await openRuntime(config, service);
+  let rt: Runtime | undefined;
   let ready = false;
+  // Served from the start: while the process waits for NATS (within its start-up budget, after
+  // which it exits) it is alive but not ready, so Kubernetes neither kills nor routes to it.
   const health =
     config.healthPort === undefined
       ? undefined
       : await startHealthServer(config.healthPort, {
-          live: () => !rt.nc.isClosed(),
-          ready: () => ready && rt.connected(),
+          live: () => rt === undefined || !rt.nc.isClosed(),
+          ready: () => ready && rt !== undefined && rt.connected(),
         });
-  const actor = await start(rt);
+  try {
+    rt = await openRuntime(config, service, undefined, { retryForMs: config.startupTimeoutMs });
+  } catch (err) {
+    health?.close();
+    throw err;
+  }
+  const opened = rt;
+  const actor = await start(opened);
   ready = true;
-  installShutdown(rt.log, async () => {
+  installShutdown(opened.log, async () => {
     ready = false;
     await actor.stop(config.shutdownGraceMs);
-    await rt.close();
+    await opened.close();
     health?.close();
   });
-  return rt;
+  return opened;
 }
 
 /**

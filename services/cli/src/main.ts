@@ -1,4 +1,4 @@
-import { ConfigError } from "@toolmesh/runtime";
+import { ConfigError, StartupTimeoutError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { buildProgram } from "./program.js";
 
@@ -10,7 +10,10 @@ const program = buildProgram(process.env, (command) => {
         process.exitCode = c;
       },
       (err: unknown) => {
-        const known = err instanceof ConfigError || err instanceof ToolmeshError;
+        const known =
+          err instanceof ConfigError ||
+          err instanceof ToolmeshError ||
+          err instanceof StartupTimeoutError;
         process.stderr.write(
           `toolmesh: ${known ? (err as Error).message : String((err as Error)?.stack ?? err)}\n`,
         );
