@@ -388,8 +388,9 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       },
       {
         retries: Number.POSITIVE_INFINITY,
+        // Short waits: the outcome should go out as soon as the server is back.
         minTimeout: 100,
-        maxTimeout: 2_000,
+        maxTimeout: 1_000,
         maxRetryTime: Math.max(0, call.deadline_at - clock.now()) + ackWaitMs,
         signal: shutdown.signal,
         shouldRetry: ({ error }) => ensureError(error).retryable,

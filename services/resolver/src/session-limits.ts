@@ -39,6 +39,14 @@ export class SessionLimits {
     this.#settle(sessionToken, callToken);
   }
 
+  /**
+   * Forgets every count: after a reconnect, final messages published while this process was
+   * disconnected were never seen, and would hold their sessions' slots until the deadlines.
+   */
+  clear(): void {
+    this.#inFlight.clear();
+  }
+
   #settle(session: string, call: string): void {
     const calls = this.#inFlight.get(session);
     if (calls === undefined) return;
