@@ -112,6 +112,7 @@ export const EnvSchema = z.object({
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
   TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
+  TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(120_000),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -170,6 +171,8 @@ export interface RuntimeConfig {
   allowPrivateAddresses: true | readonly string[];
   /** Replicas of every stream and KV bucket (1 on one server; 3 or 5 on a cluster). */
   streamReplicas: number;
+  /** How long a service keeps trying to reach NATS at start-up before it exits, in ms. */
+  startupTimeoutMs: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
   /** Port of the Prometheus scrape endpoint `GET /metrics`; none when unset. */
@@ -241,6 +244,7 @@ export function loadConfig(
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
     allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
+    startupTimeoutMs: e.TOOLMESH_STARTUP_TIMEOUT_MS,
     env,
     ...(e.TOOLMESH_METRICS_PORT === undefined ? {} : { metricsPort: e.TOOLMESH_METRICS_PORT }),
     tracePayloads: e.TOOLMESH_TRACE_PAYLOADS === "true",

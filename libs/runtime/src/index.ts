@@ -1,6 +1,13 @@
 export { ConfigError, EnvSchema, loadConfig } from "./config.js";
 export type { RuntimeConfig } from "./config.js";
-export { installShutdown, meshSettings, openRuntime, runService, serveActors } from "./runtime.js";
-export type { Runtime, Stoppable } from "./runtime.js";
+export {
+  StartupTimeoutError,
+  installShutdown,
+  meshSettings,
+  openRuntime,
+  runService,
+  serveActors,
+} from "./runtime.js";
+export type { OpenRuntimeOptions, Runtime, Stoppable } from "./runtime.js";
 export { Readiness, startHealthServer } from "./health.js";
 export type { CheckResult, HealthState, ReadinessReport } from "./health.js";

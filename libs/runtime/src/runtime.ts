@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
-import { createSubjects } from "@toolmesh/protocol";
+import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
 import type { MeshSettings, StreamLimits } from "@toolmesh/nats";
 import { assertServerSupported, connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
@@ -50,17 +51,37 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
   };
 }
 
-/** Connects, checks the server, opens the registry and starts telemetry for one process. */
+/** Options of {@link openRuntime}. Durations in ms. */
+export interface OpenRuntimeOptions {
+  /**
+   * Keep trying to reach NATS for this long, with backoff, logging each failed attempt, before
+   * giving up with a {@link StartupTimeoutError}. Default 0: one attempt.
+   */
+  retryForMs?: number;
+  /** The readiness checks to add to (served before the runtime exists); default new ones. */
+  readiness?: Readiness;
+}
+
+/** NATS could not be reached within the start-up budget; the message says what to do. */
+export class StartupTimeoutError extends Error {
+  override readonly name = "StartupTimeoutError";
+}
+
+/**
+ * Connects (trying again for `retryForMs`), checks the server, opens the registry and starts
+ * telemetry for one process.
+ */
 export async function openRuntime(
   config: RuntimeConfig,
   service: string,
   log?: Logger,
+  options: OpenRuntimeOptions = {},
 ): Promise<Runtime> {
   const logger = log ?? createLogger({ service, level: config.logLevel });
   const serviceName = `toolmesh-${service}`;
   const telemetry = initTelemetry({ serviceName, env: config.env });
   setPayloadRecording(config.tracePayloads);
-  const nc = await connectNats({ ...config.nats, name: serviceName });
+  const { nc, version } = await reachNats(config, service, logger, options.retryForMs ?? 0);
   let metrics: Metrics | undefined;
   try {
     metrics = await initMetrics({
@@ -68,7 +89,6 @@ export async function openRuntime(
       env: config.env,
       ...(config.metricsPort === undefined ? {} : { prometheusPort: config.metricsPort }),
     });
-    const version = await assertServerSupported(nc);
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
     const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, {
@@ -95,7 +115,7 @@ export async function openRuntime(
       service: serviceNameOf({ serviceName, env: config.env }),
       log: logger,
     });
-    const readiness = new Readiness();
+    const readiness = options.readiness ?? new Readiness();
     const isConnected = (): boolean => connected && !nc.isClosed();
     readiness.set("nats", () =>
       isConnected() ? { ok: true } : { ok: false, detail: "not connected; reconnecting" },
@@ -125,6 +145,58 @@ export async function openRuntime(
     await metrics?.shutdown();
     throw err;
   }
+}
+
+/**
+ * Connects and checks the server. A server that does not answer (not started yet, restarting,
+ * unreachable) is tried again with backoff — 250 ms doubling to 5 s — for `retryForMs`; a
+ * server that answers and is refused (too old, no JetStream) is not.
+ */
+async function reachNats(
+  config: RuntimeConfig,
+  service: string,
+  log: Logger,
+  retryForMs: number,
+): Promise<{ nc: NatsConnection; version: string }> {
+  const servers = config.nats.servers;
+  const attempt = async (): Promise<{ nc: NatsConnection; version: string }> => {
+    const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+    try {
+      return { nc, version: await assertServerSupported(nc) };
+    } catch (err) {
+      await nc.close();
+      throw err;
+    }
+  };
+  try {
+    return await pRetry(attempt, {
+      retries: Number.POSITIVE_INFINITY,
+      minTimeout: 250,
+      maxTimeout: 5_000,
+      maxRetryTime: retryForMs,
+      shouldRetry: ({ error }) =>
+        retryForMs > 0 && !(error instanceof ToolmeshError) && !isFileError(error),
+      onFailedAttempt: ({ error, attemptNumber }) => {
+        if (retryForMs > 0 && !(error instanceof ToolmeshError))
+          log.warn(
+            { attempt: attemptNumber, servers, err: error },
+            `cannot reach NATS (${error.message}); trying again`,
+          );
+      },
+    });
+  } catch (err) {
+    if (retryForMs === 0 || err instanceof ToolmeshError || isFileError(err)) throw err;
+    throw new StartupTimeoutError(
+      `cannot reach NATS at ${servers} within ${retryForMs} ms (${err instanceof Error ? err.message : String(err)}): ` +
+        "check NATS_URL and that nats-server runs, or raise TOOLMESH_STARTUP_TIMEOUT_MS",
+      { cause: err },
+    );
+  }
+}
+
+/** A credentials or key file that cannot be read: a configuration problem, not worth waiting. */
+function isFileError(err: unknown): boolean {
+  return err instanceof Error && typeof (err as NodeJS.ErrnoException).syscall === "string";
 }
 
 /**
@@ -168,31 +240,45 @@ export async function serveActors(
   service: string,
   start: (rt: Runtime) => Promise<Stoppable>,
 ): Promise<Runtime> {
-  const rt = await openRuntime(config, service);
+  // Served from the start: while the process waits for NATS (within its start-up budget, after
+  // which it exits) it is alive but not ready, so Kubernetes neither kills nor routes to it.
+  let rt: Runtime | undefined;
   let started = false;
   let draining = false;
-  rt.readiness.set("consumers", () =>
+  const readiness = new Readiness();
+  readiness.set("nats", () => ({ ok: false, detail: "connecting to NATS" }));
+  readiness.set("consumers", () =>
     started ? { ok: true } : { ok: false, detail: "starting: consumers not bound yet" },
   );
-  rt.readiness.set("draining", () =>
+  readiness.set("draining", () =>
     draining ? { ok: false, detail: "shutting down" } : { ok: true },
   );
   const health =
     config.healthPort === undefined
       ? undefined
       : await startHealthServer(config.healthPort, {
-          live: () => !rt.nc.isClosed(),
-          readiness: rt.readiness,
+          live: () => rt === undefined || !rt.nc.isClosed(),
+          readiness,
         });
-  const actor = await start(rt);
+  try {
+    rt = await openRuntime(config, service, undefined, {
+      retryForMs: config.startupTimeoutMs,
+      readiness,
+    });
+  } catch (err) {
+    health?.close();
+    throw err;
+  }
+  const opened = rt;
+  const actor = await start(opened);
   started = true;
-  installShutdown(rt.log, async () => {
+  installShutdown(opened.log, async () => {
     draining = true;
     await actor.stop(config.shutdownGraceMs);
-    await rt.close();
+    await opened.close();
     health?.close();
   });
-  return rt;
+  return opened;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { ConfigError } from "@toolmesh/runtime";
+import { ConfigError, StartupTimeoutError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { ProvisionError } from "@toolmesh/nats";
 import { buildProgram } from "./program.js";
@@ -14,7 +14,8 @@ const program = buildProgram(process.env, (command) => {
         const known =
           err instanceof ConfigError ||
           err instanceof ToolmeshError ||
-          err instanceof ProvisionError;
+          err instanceof ProvisionError ||
+          err instanceof StartupTimeoutError;
         process.stderr.write(
           `toolmesh: ${known ? (err as Error).message : String((err as Error)?.stack ?? err)}\n`,
         );

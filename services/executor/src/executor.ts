@@ -23,6 +23,7 @@ import {
   summarize,
   decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
+import pRetry from "p-retry";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
@@ -155,6 +156,10 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const slots = new Semaphore(options.concurrency ?? 16);
   const toolkitContext = options.toolkitContext ?? {};
   const running = new Map<string, AbortController>();
+  // Calls this process is handling, by key: a redelivery of one waits for it (see handleWork).
+  const inHand = new Map<string, Promise<void>>();
+  // Ends the retries of recording outcomes when the executor stops for good.
+  const shutdown = new AbortController();
   // The call record stores the final message too: leave room for it within one message.
   const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
   const served = new Map<string, ServedTool>();
@@ -264,6 +269,21 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       },
       async (span) => {
         telemetry.remember(call, linkableContext(span));
+        const inHandKey = callKey(call.address, call.idempotency_key);
+        // A restart of the server can lose this process's heartbeats, and the server then
+        // delivers a call again while it still runs or its outcome is being recorded here:
+        // wait for that, then read the record, instead of running the call twice.
+        for (let earlier = inHand.get(inHandKey); earlier !== undefined;) {
+          await earlier;
+          earlier = inHand.get(inHandKey);
+        }
+        let handled = (): void => undefined;
+        inHand.set(
+          inHandKey,
+          new Promise<void>((resolve) => {
+            handled = resolve;
+          }),
+        );
         try {
           const stored = await store.get(call);
           if (stored?.record.state === "done" && stored.record.result !== undefined) {
@@ -338,11 +358,12 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
             );
           }
           telemetry.attemptEnded(call, code, false);
-          const won = await plane.finalize(call, message, stored);
+          const { won, retried } = await recordOutcome(call, message, stored, callLog);
           msg.ack();
           if (won)
             telemetry.callEnded(call, message.error?.code, (clock.now() - call.resolved_at) / 1000);
-          if (!won)
+          if (!won && retried) callLog.info("call ended; its outcome was recorded after retrying");
+          else if (!won)
             callLog.info("call had already ended (cancelled or past its deadline); result dropped");
           else if (outcome.ok)
             callLog.info(
@@ -369,9 +390,52 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
             "cannot record or publish the outcome; the call will be redelivered",
           );
           msg.nak(1_000);
+        } finally {
+          inHand.delete(inHandKey);
+          handled();
         }
       },
     );
+  }
+
+  /**
+   * Ends the call with the outcome of a finished attempt. While the server is unreachable (a
+   * restart) it tries again, with backoff, until the call's deadline and one ack wait have
+   * passed: giving up would throw the finished work away and run the call again.
+   */
+  async function recordOutcome(
+    call: ResolvedCall,
+    message: ToolMessage,
+    stored: Awaited<ReturnType<typeof store.get>>,
+    callLog: Logger,
+  ): Promise<{ won: boolean; retried: boolean }> {
+    let known = stored;
+    let retried = false;
+    const won = await pRetry(
+      async () => {
+        try {
+          return await plane.finalize(call, message, known);
+        } catch (err) {
+          known = undefined; // the record may have changed: read it again
+          throw err;
+        }
+      },
+      {
+        retries: Number.POSITIVE_INFINITY,
+        // Short waits: the outcome should go out as soon as the server is back.
+        minTimeout: 100,
+        maxTimeout: 1_000,
+        maxRetryTime: Math.max(0, call.deadline_at - clock.now()) + ackWaitMs,
+        signal: shutdown.signal,
+        shouldRetry: ({ error }) => ensureError(error).retryable,
+        onFailedAttempt: ({ error, attemptNumber }) => {
+          retried = true;
+          if (attemptNumber === 1)
+            callLog.warn({ err: error }, "cannot record the outcome yet; retrying");
+        },
+      },
+    );
+    return { won, retried };
   }
 
   async function publishDeadLetter(tool: ServedTool, msg: JsMsg, reason: string): Promise<void> {
@@ -491,6 +555,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     },
     async stop(graceMs = 10_000) {
       const handBack = (): void => {
+        shutdown.abort(new ToolmeshError(ErrorCode.Unavailable, "executor shutting down"));
         for (const controller of running.values()) {
           controller.abort(
             new ToolmeshError(ErrorCode.Unavailable, "executor shutting down", {

@@ -233,6 +233,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   const control: ControlPlane = await startControlPlane({ nc, plane, subjects, log });
 
+  void (async () => {
+    for await (const status of nc.status()) if (status.type === "reconnect") limits.clear();
+  })();
   const results: Subscription = nc.subscribe(subjects.allResults, {
     callback: (err, msg) => {
       const settled = err === null ? subjects.parseResultSubject(msg.subject) : undefined;

@@ -34,6 +34,14 @@ export class SessionLimits {
     this.settled(call.address, subjectToken(call.call_id));
   }
 
+  /**
+   * Forgets every count: after a reconnect, final messages published while this process was
+   * disconnected were never seen, and would hold their sessions' slots until the deadlines.
+   */
+  clear(): void {
+    this.#inFlight.clear();
+  }
+
   /** Counts out the call a final message was published for (its session and call token). */
   settled(at: SessionAddress, callToken: string): void {
     const session = `${at.tenant}.${at.session}`;
