@@ -8,7 +8,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
-import { startNatsServer } from "@toolmesh/nats";
+import { startNatsServer } from "@toolmesh/nats-launcher";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const SEQUENTIAL = Number(process.env.BENCH_SEQUENTIAL ?? 1_000);

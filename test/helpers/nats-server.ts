@@ -1,8 +1,4 @@
 // Integration tests start their own servers (random ports, temp storage) with the product's
 // launcher, the one `toolmesh dev` uses; they never touch the shared NATS at 4222.
-export {
-  NatsServerStartError,
-  startNatsServer,
-  stopAllNatsServers as stopAll,
-} from "@toolmesh/nats";
-export type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats";
+export { NatsServerStartError, startNatsServer, stopAll } from "@toolmesh/nats-launcher";
+export type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
