@@ -186,6 +186,13 @@ export async function stepDownStreamLeader(
   return { from, to: to as string };
 }
 
+/**
+ * Lets JetStream API requests and KV writes (`$JS.API.>`, `$KV.>`) of the default account cross
+ * leaf connections, to the hub's JetStream, without a JetStream domain: nats-server 2.9 denies
+ * them otherwise. Both sides need it.
+ */
+const EXTEND_JETSTREAM = 'default_js_domain: { "$G": "" }';
+
 /** A server that accepts leaf-node connections. */
 export type LeafHubHandle = NatsServerHandle & {
   /** Where leaf nodes connect: `nats-leaf://127.0.0.1:<port>`. */
@@ -197,7 +204,7 @@ export async function startLeafHub(options: StartNatsServerOptions = {}): Promis
   const port = await freePort();
   const server = await startNatsServer({
     ...options,
-    config: `${options.config ?? ""}\nleafnodes { listen: "${HOST}:${String(port)}" }\n`,
+    config: `${options.config ?? ""}\n${EXTEND_JETSTREAM}\nleafnodes { listen: "${HOST}:${String(port)}" }\n`,
   });
   return Object.assign(server, { leafnodeUrl: `nats-leaf://${HOST}:${String(port)}` });
 }
@@ -214,7 +221,7 @@ export async function startLeafNode(
   const server = await startNatsServer({
     ...options,
     jetstream: false,
-    config: `${options.config ?? ""}\nleafnodes { reconnect: 1, remotes: [ { url: "${remoteUrl}" } ] }\n`,
+    config: `${options.config ?? ""}\n${EXTEND_JETSTREAM}\nleafnodes { reconnect: 1, remotes: [ { url: "${remoteUrl}" } ] }\n`,
   });
   await waitForLeafConnections(server, 1);
   return server;
