@@ -30,7 +30,7 @@ import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 
 /**
  * Seconds of load and calls per second. CI runs 24 s at 50/s on two shared cores; the figures in
- * docs/architecture.md come from `CLUSTER_LOAD_SECONDS=60 CLUSTER_LOAD_RATE=200`.
+ * docs/architecture.md come from `CLUSTER_LOAD_SECONDS=60 CLUSTER_LOAD_RATE=100`.
  */
 const LOAD_SECONDS = Number(process.env.CLUSTER_LOAD_SECONDS ?? 24);
 const RATE_PER_S = Number(process.env.CLUSTER_LOAD_RATE ?? 50);
@@ -179,6 +179,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       newCallMs?: number;
     }[] = [];
     const loadMs = LOAD_SECONDS * 1_000;
+    let stepDown: { at: number; ms: number } | undefined;
 
     const killLeader = async (what: string, node: string): Promise<void> => {
       const down = now();
@@ -207,7 +208,9 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       await cluster.waitHealthy(120_000);
       stamp(`cluster healthy (every stream and consumer current on every node)`);
       await at(loadMs * 0.55);
+      const asked = now();
       const moved = await stepDownStreamLeader(nc, subjects.streams.calls);
+      stepDown = { at: asked, ms: now() - asked };
       stamp(`step-down of ${subjects.streams.calls}: ${moved.from} -> ${moved.to}`);
       await at(loadMs * 0.7);
       const other = (await streamLeader(nc, subjects.streams.work)) ?? "n2";
@@ -302,7 +305,13 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       if (fresh !== undefined) r.newCallMs = fresh - r.at;
     }
     // Latency by phase of the run, to tell a stall after a fault from a slow machine.
-    const marks = [started, ...recovery.map((x) => x.at), Infinity];
+    const marks = [
+      started,
+      ...[...recovery.map((x) => x.at), ...(stepDown === undefined ? [] : [stepDown.at])].sort(
+        (a, b) => a - b,
+      ),
+      Infinity,
+    ];
     const phases = marks.slice(0, -1).map((from, i) => {
       const to = marks[i + 1] ?? Infinity;
       const lat = all
@@ -338,6 +347,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
         `${percentile(latencies, 50).toFixed(0)} / ${percentile(latencies, 99).toFixed(0)} / ${(latencies.at(-1) ?? NaN).toFixed(0)}`,
       ],
       ["latency p50/p99 (ms) of calls submitted from", phases.join(", ")],
+      ["step-down: new leader after (ms)", stepDown?.ms.toFixed(0) ?? "none"],
       ...recovery.map((r): [string, string] => [
         `after ${r.what}: new leaders / results flow / a new call answered (ms)`,
         [r.leadersMs, r.stallMs, r.newCallMs].map((v) => v?.toFixed(0) ?? "none").join(" / "),
