@@ -14,7 +14,7 @@ import { TextEncoder } from "node:util";
 import { connect, headers } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
-import { startNatsServer } from "@toolmesh/nats";
+import { startNatsServer } from "@toolmesh/nats-launcher";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const BENCH = join(ROOT, "bench");

@@ -8,8 +8,8 @@
 import { createServer } from "node:net";
 import { setTimeout as delay } from "node:timers/promises";
 import { NatsContainer } from "@testcontainers/nats";
-import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats";
-import { NatsServerStartError } from "@toolmesh/nats";
+import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
+import { NatsServerStartError } from "@toolmesh/nats-launcher";
 import { getContainerRuntimeClient, type StartedTestContainer } from "testcontainers";
 
 const IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE || "nats:2.10";

@@ -2,12 +2,12 @@
 // shared NATS at 4222. TOOLMESH_TEST_NATS picks how: `process` (default) runs nats-server with
 // the product's launcher, the one `toolmesh dev` uses; `container` runs it in a container
 // through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.10).
-import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats";
-import { startNatsServer as startProcess, stopAllNatsServers } from "@toolmesh/nats";
+import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
+import { startNatsServer as startProcess, stopAll as stopAllProcesses } from "@toolmesh/nats-launcher";
 import { startContainerNatsServer, stopAllContainerNatsServers } from "./nats-container.js";
 
-export { NatsServerStartError } from "@toolmesh/nats";
-export type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats";
+export { NatsServerStartError } from "@toolmesh/nats-launcher";
+export type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
 
 const mode = process.env.TOOLMESH_TEST_NATS || "process";
 if (mode !== "process" && mode !== "container") {
@@ -23,4 +23,4 @@ export const startNatsServer: (opts?: StartNatsServerOptions) => Promise<NatsSer
 
 /** Kills every server (or removes every container) a test left running. */
 export const stopAll: () => Promise<void> =
-  natsMode === "container" ? stopAllContainerNatsServers : stopAllNatsServers;
+  natsMode === "container" ? stopAllContainerNatsServers : stopAllProcesses;

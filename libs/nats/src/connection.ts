@@ -163,18 +163,13 @@ export async function assertServerSupported(nc: NatsConnection): Promise<string>
       { retryable: false },
     );
   }
-  if (nc.info?.jetstream !== true) {
+  // A leaf node without JetStream of its own passes the API on to its hub's: ask the API.
+  await (async () => (await jetstreamManager(nc)).getAccountInfo())().catch((err: unknown) => {
     throw new ToolmeshError(
       ErrorCode.Unavailable,
-      `nats-server ${version} at ${nc.getServer()} has JetStream disabled: start it with -js`,
-      { retryable: false },
-    );
-  }
-  const jsm = await jetstreamManager(nc);
-  await jsm.getAccountInfo().catch((err: unknown) => {
-    throw new ToolmeshError(
-      ErrorCode.Unavailable,
-      `JetStream is not available to this account: ${err instanceof Error ? err.message : String(err)}`,
+      nc.info?.jetstream === true
+        ? `JetStream is not available to this account: ${err instanceof Error ? err.message : String(err)}`
+        : `nats-server ${version} at ${nc.getServer()} has JetStream disabled: start it with -js, or connect it as a leaf node to a hub that runs JetStream`,
       { retryable: false, cause: err },
     );
   });

@@ -19,12 +19,6 @@ export type { DeadLetterOrigin, PublishOptions } from "./publish.js";
 export { Semaphore } from "./semaphore.js";
 export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
-export {
-  NatsServerStartError,
-  startNatsServer,
-  stopAll as stopAllNatsServers,
-} from "./local-server.js";
-export type { NatsServerHandle, StartNatsServerOptions } from "./local-server.js";
 export { ServerClock } from "./server-clock.js";
 export { ensureDurableConsumer } from "./consumers.js";
 export type { DurableConsumerOptions } from "./consumers.js";

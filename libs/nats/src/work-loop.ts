@@ -12,6 +12,13 @@ export interface WorkLoopOptions {
   /** Messages buffered per pull. Default 8. */
   maxMessages?: number;
   /**
+   * How long one pull request lives, in ms; the server's idle heartbeats come every half of
+   * it. A pull lost with its server (a killed cluster node, a dropped leaf connection) is noticed
+   * after two missed heartbeats and made again, so this bounds how long a consumer stays deaf.
+   * Default 5 000.
+   */
+  pullExpiresMs?: number;
+  /**
    * While a message waits for a slot or is being handled, tell the server every this many ms
    * that it is still owned (`working()`), so it is not redelivered elsewhere. Set it below
    * the consumer's ack wait; default off.
@@ -41,7 +48,10 @@ export interface WorkLoop {
  */
 export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop> {
   const consumer = await options.js.consumers.get(options.stream, options.consumer);
-  const messages = await consumer.consume({ max_messages: options.maxMessages ?? 8 });
+  const messages = await consumer.consume({
+    max_messages: options.maxMessages ?? 8,
+    expires: options.pullExpiresMs ?? 5_000,
+  });
   const running = new Set<Promise<void>>();
   let stopping = false;
 

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import { connectNats, redactUrl, startNatsServer } from "@toolmesh/nats";
-import type { NatsServerHandle } from "@toolmesh/nats";
+import { connectNats, redactUrl } from "@toolmesh/nats";
+import { startNatsServer } from "@toolmesh/nats-launcher";
+import type { NatsServerHandle } from "@toolmesh/nats-launcher";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { installShutdown, openRuntime } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";

@@ -1,0 +1,77 @@
+/**
+ * An executor at a remote site: it connects only to a leaf node, which connects out to the hub
+ * (no inbound port at the site); the resolver and the frontend connect only to the hub. The
+ * leaf connection is cut and restored while calls are queued.
+ */
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { LeafHubHandle, NatsServerHandle } from "@toolmesh/nats-launcher";
+import {
+  startLeafHub,
+  startLeafNode,
+  stopAll,
+  waitForLeafConnections,
+} from "@toolmesh/nats-launcher";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import type { TcpProxy } from "./helpers/tcp-proxy.js";
+import { startTcpProxy } from "./helpers/tcp-proxy.js";
+
+let hub: LeafHubHandle;
+let leaf: NatsServerHandle;
+let link: TcpProxy;
+let nc: NatsConnection;
+let executor: ServiceProcess;
+
+beforeAll(async () => {
+  hub = await startLeafHub();
+  // The leaf reaches the hub through a link the test can cut, as a site's network would.
+  link = await startTcpProxy(Number(new URL(hub.leafnodeUrl.replace("nats-leaf", "http")).port));
+  leaf = await startLeafNode(`nats-leaf://127.0.0.1:${link.port}`);
+  const common = { TOOLMESH_TOOLS_DIR: fixtureTools("tools-a"), TOOLMESH_ACK_WAIT_MS: "2000" };
+  await startService("resolver", { ...common, NATS_URL: hub.url });
+  executor = await startService("executor", { ...common, NATS_URL: leaf.url });
+  nc = await connect({ servers: hub.url, maxReconnectAttempts: -1 });
+}, 60_000);
+
+afterAll(async () => {
+  await nc?.close();
+  await killAllServices();
+  await link?.close();
+  await leaf?.stop();
+  await hub?.stop();
+  await stopAll();
+});
+
+interface Whoami {
+  pid: number;
+}
+
+describe("an executor behind a leaf node", () => {
+  it("serves calls published at the hub, and again once a dropped leaf connection returns", async () => {
+    const session = new ToolmeshClient(nc).session("leaf-s1");
+    const first = await session.submit({ name: "whoami", arguments: {} }).result;
+    expect(first.error).toBeUndefined();
+    expect((JSON.parse(first.content) as Whoami).pid).toBe(executor.pid);
+
+    await link.cut();
+    await waitForLeafConnections(hub, 0);
+    // Accepted at the hub while the site is unreachable: the work waits in the hub's stream.
+    const queued = [0, 1, 2].map(
+      (i) =>
+        session.submit({ name: "whoami", arguments: { delay_ms: i } }, { timeoutMs: 90_000 })
+          .result,
+    );
+    await link.restore();
+    await waitForLeafConnections(hub, 1);
+    for (const message of await Promise.all(queued)) {
+      expect(message.error).toBeUndefined();
+      expect((JSON.parse(message.content) as Whoami).pid).toBe(executor.pid);
+    }
+    const after = await session.submit({ name: "whoami", arguments: {} }).result;
+    expect(after.error).toBeUndefined();
+    session.close();
+  }, 120_000);
+});
