@@ -1,3 +1,4 @@
+import type { AddressInfo } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
@@ -78,6 +79,8 @@ export async function openRuntime(
       service: serviceNameOf({ serviceName, env: config.env }),
       log: logger,
     });
+    if (metrics.prometheusPort !== undefined)
+      logger.info({ port: metrics.prometheusPort }, "metrics served at /metrics");
     const readiness = new Readiness();
     const isConnected = (): boolean => connected && !nc.isClosed();
     readiness.set("nats", () =>
@@ -171,6 +174,10 @@ export async function serveActors(
           live: () => !rt.nc.isClosed(),
           readiness: rt.readiness,
         });
+  if (health !== undefined) {
+    const { port } = health.address() as AddressInfo;
+    rt.log.info({ port }, "health served at /healthz and /readyz");
+  }
   const actor = await start(rt);
   started = true;
   installShutdown(rt.log, async () => {
