@@ -561,3 +561,85 @@ describe("in a real terminal", () => {
     expect(screen).toMatch(/counted to 4\r?\n/);
   });
 });
+
+describe("watch, cancel and every command's manners", () => {
+  it("toolmesh watch --session --json prints the session's call, progress and result as they happen", async () => {
+    const child = spawn(
+      process.execPath,
+      [BIN, "watch", "--session", "obs-watch", "--json", "--limit", "3"],
+      { env: { PATH: process.env.PATH ?? "", NATS_URL: server.url }, stdio: "pipe" },
+    );
+    let stdout = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    await new Promise<void>((resolve) =>
+      child.stderr.on("data", (chunk: Buffer) => {
+        if (chunk.toString().includes("watching session obs-watch")) resolve();
+      }),
+    );
+    const exited = once(child, "exit") as Promise<[number]>;
+    const session = client.session("obs-watch");
+    const message = await session.submit({
+      id: "w1",
+      name: "t.count",
+      arguments: { steps: 1, delay_ms: 1 },
+    }).result;
+    session.close();
+    expect(message.error).toBeUndefined();
+    const [code] = await exited;
+    expect(code).toBe(0);
+    const events = stdout
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { type: string; session: string; call_id: string });
+    expect(events.map((e) => [e.type, e.session, e.call_id])).toEqual([
+      ["call", "obs-watch", "w1"],
+      ["progress", "obs-watch", "w1"],
+      ["result", "obs-watch", "w1"],
+    ]);
+  });
+
+  it("toolmesh cancel says when the call had already ended", async () => {
+    const session = client.session("obs-cancel");
+    await session.submit({ id: "done-1", name: "whoami", arguments: {} }).result;
+    session.close();
+    const outcome = await runCli(["cancel", "done-1", "--session", "obs-cancel"], {
+      NATS_URL: server.url,
+    });
+    expect(outcome).toMatchObject({
+      code: 1,
+      stdout: "call done-1 had already ended; nothing to cancel\n",
+    });
+  });
+
+  it("answers --version on every command and fails in one line, with the stack only at debug", async () => {
+    for (const args of [["--version"], ["stats", "--version"], ["tools", "list", "--version"]]) {
+      expect(await runCli(args, {})).toMatchObject({ code: 0, stdout: "0.1.0\n" });
+    }
+    const refused = await runCli(["tools", "list", "--server", "nats://127.0.0.1:1"], {});
+    expect(refused).toMatchObject({
+      code: 2,
+      stderr: "toolmesh: cannot connect to NATS at nats://127.0.0.1:1: connection refused\n",
+    });
+    const debug = await runCli(
+      ["tools", "list", "--server", "nats://127.0.0.1:1", "--log-level", "debug"],
+      {},
+    );
+    expect(debug.stderr.split("\n")[0]).toBe(
+      "toolmesh: cannot connect to NATS at nats://127.0.0.1:1: connection refused",
+    );
+    expect(debug.stderr).toMatch(/\n\s+at /);
+  });
+
+  it("exits quietly when its output pipe is closed", async () => {
+    const child = spawn(process.execPath, [BIN, "tools", "list"], {
+      env: { PATH: process.env.PATH ?? "", NATS_URL: server.url },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    child.stdout.destroy(); // like `| head -1` that has already exited
+    let stderr = "";
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    const [code] = (await once(child, "exit")) as [number];
+    expect(stderr).toBe("");
+    expect(code).toBe(0);
+  });
+});

@@ -49,11 +49,10 @@ export async function watchCommand(
     nc.subscribe(subject, { callback: (err, msg) => (err === null ? show(msg) : undefined) }),
   );
   await nc.flush();
-  if (options.json !== true) {
-    process.stderr.write(
-      `watching ${options.session === undefined ? `every session of tenant ${config.tenant}` : `session ${options.session}`} (Ctrl-C to stop)\n`,
-    );
-  }
+  // On stderr even with --json: stdout stays pure JSON lines, and scripts can wait for this.
+  process.stderr.write(
+    `watching ${options.session === undefined ? `every session of tenant ${config.tenant}` : `session ${options.session}`} (Ctrl-C to stop)\n`,
+  );
   const onSigint = (): void => finish?.();
   process.on("SIGINT", onSigint);
   try {
