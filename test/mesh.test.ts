@@ -298,13 +298,13 @@ describe("tracing", () => {
     // Spans arrive from three processes in any order: wait for the whole chain.
     const chainOf = (spans: CollectedSpan[]): string[] => {
       const call = spans.find(
-        (s) => s.name === "call whoami" && s.attributes["toolmesh.call_id"] === "tr1",
+        (s) => s.name === "send" && s.attributes["gen_ai.tool.call.id"] === "tr1",
       );
       const byId = new Map(
         spans.filter((s) => s.traceId === call?.traceId).map((s) => [s.spanId, s]),
       );
       const chain: string[] = [];
-      let s = [...byId.values()].find((x) => x.name === "process whoami");
+      let s = [...byId.values()].find((x) => x.name === "execute_tool whoami");
       while (s !== undefined) {
         chain.push(`${s.service}:${s.name}`);
         s = s.parentSpanId === undefined ? undefined : byId.get(s.parentSpanId);
@@ -313,10 +313,10 @@ describe("tracing", () => {
     };
     const chain = chainOf(await receiver.waitFor((spans) => chainOf(spans).length >= 4));
     expect(chain).toEqual([
+      "toolmesh-executor:execute_tool whoami",
       "toolmesh-executor:process whoami",
       "toolmesh-resolver:resolve",
-      "test-frontend:publish whoami",
-      "test-frontend:call whoami",
+      "test-frontend:send",
     ]);
   });
 });

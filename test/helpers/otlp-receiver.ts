@@ -19,6 +19,10 @@ export interface CollectedSpan {
   /** The `service.name` resource attribute, if sent. */
   service: string | undefined;
   attributes: Record<string, unknown>;
+  /** Spans this one links to (a retry's earlier attempt). */
+  links: { traceId: string; spanId: string }[];
+  /** OTLP status code: 0 unset, 1 ok, 2 error. */
+  statusCode: number;
 }
 
 /** A running receiver. */
@@ -65,6 +69,8 @@ interface OtlpTraceRequest {
         name: string;
         kind?: number;
         attributes?: OtlpKeyValue[];
+        links?: { traceId: string; spanId: string }[];
+        status?: { code?: number };
       }[];
     }[];
   }[];
@@ -189,6 +195,8 @@ function flatten(request: OtlpTraceRequest): CollectedSpan[] {
         kind: span.kind ?? 0,
         service,
         attributes: toRecord(span.attributes),
+        links: (span.links ?? []).map((link) => ({ traceId: link.traceId, spanId: link.spanId })),
+        statusCode: span.status?.code ?? 0,
       })),
     );
   });

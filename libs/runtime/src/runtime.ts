@@ -1,3 +1,4 @@
+import type { AddressInfo } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
@@ -115,6 +116,8 @@ export async function openRuntime(
       service: serviceNameOf({ serviceName, env: config.env }),
       log: logger,
     });
+    if (metrics.prometheusPort !== undefined)
+      logger.info({ port: metrics.prometheusPort }, "metrics served at /metrics");
     const readiness = options.readiness ?? new Readiness();
     const isConnected = (): boolean => connected && !nc.isClosed();
     readiness.set("nats", () =>
@@ -270,6 +273,10 @@ export async function serveActors(
     throw err;
   }
   const opened = rt;
+  if (health !== undefined) {
+    const { port } = health.address() as AddressInfo;
+    opened.log.info({ port }, "health served at /healthz and /readyz");
+  }
   const actor = await start(opened);
   started = true;
   installShutdown(opened.log, async () => {

@@ -5,15 +5,9 @@ import { connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
-import { describeMessage, say } from "./print.js";
-
-/** Options shared by `call` and `resolve`. */
-export interface CallCommandOptions {
-  args?: string;
-  session?: string;
-  timeoutMs?: number;
-  json?: boolean;
-}
+import type { CallOptions } from "./call-command.js";
+import { newSessionId, submitOptionsOf } from "./call-command.js";
+import { say } from "./print.js";
 
 /** Runs `fn` with a connection made from this configuration, then disconnects. */
 export async function withConnection<T>(
@@ -44,43 +38,18 @@ export function withClient<T>(
   );
 }
 
-function newSessionId(): string {
-  return `cli-${Date.now().toString(36)}-${process.pid}`;
-}
-
-/** `toolmesh call`: publishes one call and prints its final message; exit code 1 on error. */
-export async function callCommand(
-  config: RuntimeConfig,
-  tool: string,
-  options: CallCommandOptions,
-): Promise<number> {
-  return withClient(config, async (client) => {
-    const session = client.session(options.session ?? newSessionId());
-    try {
-      const handle = session.submit(
-        { name: tool, arguments: options.args ?? "{}" },
-        options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs },
-      );
-      const message = await handle.result;
-      say(options.json === true ? JSON.stringify(message) : describeMessage(message));
-      return message.error === undefined ? 0 : 1;
-    } finally {
-      session.close();
-    }
-  });
-}
-
 /** `toolmesh resolve`: prints the resolved-call record without executing the call. */
 export async function resolveCommand(
   config: RuntimeConfig,
   tool: string,
-  options: CallCommandOptions,
+  options: CallOptions,
 ): Promise<number> {
+  const submitOptions = submitOptionsOf(options);
   return withClient(config, async (client) => {
     const reply = await client.resolve(
       options.session ?? newSessionId(),
       { name: tool, arguments: options.args ?? "{}" },
-      options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs },
+      submitOptions,
     );
     if (options.json === true)
       say(JSON.stringify(reply.ok ? reply.resolved : { error: reply.error }));

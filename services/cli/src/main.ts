@@ -1,23 +1,22 @@
-import { ConfigError, StartupTimeoutError } from "@toolmesh/runtime";
-import { ToolmeshError } from "@toolmesh/protocol";
-import { ProvisionError } from "@toolmesh/nats";
 import { buildProgram } from "./program.js";
+import { describeFailure, exitQuietlyOnClosedPipe } from "./failure.js";
 
+exitQuietlyOnClosedPipe();
 const program = buildProgram(process.env, (command) => {
   Promise.resolve()
     .then(command)
     .then(
       (c) => {
         process.exitCode = c;
+        // Done: a telemetry exporter still waiting on a dead collector must not keep us here.
+        setTimeout(() => process.exit(c), 250).unref();
       },
       (err: unknown) => {
-        const known =
-          err instanceof ConfigError ||
-          err instanceof ToolmeshError ||
-          err instanceof ProvisionError ||
-          err instanceof StartupTimeoutError;
+        const o = program.opts<{ server?: string; logLevel?: string }>();
+        const level = o.logLevel ?? process.env.TOOLMESH_LOG_LEVEL ?? "info";
+        const natsUrl = o.server ?? process.env.NATS_URL ?? "nats://127.0.0.1:4222";
         process.stderr.write(
-          `toolmesh: ${known ? (err as Error).message : String((err as Error)?.stack ?? err)}\n`,
+          `toolmesh: ${describeFailure(err, natsUrl, level === "debug" || level === "trace")}\n`,
         );
         process.exit(2);
       },

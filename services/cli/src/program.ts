@@ -5,7 +5,14 @@ import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
 import { addToolApprovalCommand } from "./approve-command.js";
 import { addCatalogCommands } from "./catalog-commands.js";
-import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
+import { resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
+import type { CallOptions } from "./call-command.js";
+import { callCommand } from "./call-command.js";
+import { addCancelCommand } from "./cancel-command.js";
+import { addStatsCommand } from "./stats-command.js";
+import { addTopCommand } from "./top-command.js";
+import { addWatchCommand } from "./watch-command.js";
+import { addVersionEverywhere, cliVersion } from "./version.js";
 import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
@@ -42,6 +49,7 @@ export function buildProgram(
 ): Command {
   const program = new Command("toolmesh")
     .description("Executes LLM tool calls over NATS")
+    .version(cliVersion(), "-V, --version", "print the version and exit")
     .option("-s, --server <url>", "NATS server URL(s) (NATS_URL)")
     .option("--creds <file>", "NATS credentials file (NATS_CREDS)")
     .option("--nkey <file>", "NATS nkey seed file (NATS_NKEY)")
@@ -114,29 +122,31 @@ export function buildProgram(
       .option("--args <json>", "function.arguments as JSON text", "{}")
       .option("--session <id>", "session id (default: a new one)")
       .addOption(new Option("--timeout-ms <n>", "the call's budget in ms").argParser(positiveInt))
+      .option("--idempotency-key <key>", "runs once per key within the call retention")
+      .option("--agent <name>", "the agent the call is made for (its tools and context)")
+      .option("--context <json>", "call-level execution context, a JSON object")
       .option("--json", "print one JSON object");
 
   callOptions(
     program
       .command("call")
-      .description("publish one call and print its final message")
-      .argument("<tool>"),
-  ).action(
-    (tool: string, o: { args: string; session?: string; timeoutMs?: number; json?: boolean }) => {
-      run(() => callCommand(config(), tool, o));
-    },
-  );
+      .description(
+        "publish one call, show its progress on stderr, print its final message (Ctrl-C cancels it)",
+      )
+      .argument("<tool>")
+      .option("-q, --quiet", "no progress or notices on stderr"),
+  ).action((tool: string, o: CallOptions) => {
+    run(() => callCommand(config(), tool, o));
+  });
 
   callOptions(
     program
       .command("resolve")
       .description("print the resolved-call record without executing")
       .argument("<tool>"),
-  ).action(
-    (tool: string, o: { args: string; session?: string; timeoutMs?: number; json?: boolean }) => {
-      run(() => resolveCommand(config(), tool, o));
-    },
-  );
+  ).action((tool: string, o: CallOptions) => {
+    run(() => resolveCommand(config(), tool, o));
+  });
 
   const tools = program.command("tools").description("look at the tool registry");
   tools
@@ -187,6 +197,12 @@ export function buildProgram(
 
   addCatalogCommands(program, () => config(), run);
   addSetupCommand(program, config, run);
+  addStatsCommand(program, () => config(), run);
+  addTopCommand(program, () => config(), run);
+  addWatchCommand(program, () => config(), run);
+  addCancelCommand(program, () => config(), run);
+
+  addVersionEverywhere(program);
 
   return program;
 }

@@ -1,0 +1,258 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { ConsumerInfo } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { StatsReply, Subjects } from "@toolmesh/protocol";
+import { StatsReplySchema, decodeJsonOrUndefined } from "@toolmesh/protocol";
+import { MetricName } from "@toolmesh/telemetry";
+
+/** Everything `toolmesh stats` knows about one tool, summed over every process. */
+export interface ToolStats {
+  tool: string;
+  /** Calls ended by executors, by outcome (`ok` or the error code). */
+  calls: Record<string, number>;
+  /** Calls the resolvers answered with an error before any executor, by error code. */
+  rejected: Record<string, number>;
+  /** Failed calls (ended or rejected) over all calls; 0 without calls. */
+  error_rate: number;
+  attempts: number;
+  retries: number;
+  timeouts: number;
+  /** Median and 99th percentile of acceptance → final message, in ms (bucket estimates). */
+  p50_ms: number | undefined;
+  p99_ms: number | undefined;
+  in_flight: number;
+  /** From the tool's JetStream consumer: waiting (lag), delivered and unacknowledged. */
+  queue: { pending: number; ack_pending: number } | undefined;
+  /** Executor processes serving the tool now. */
+  executors: number;
+}
+
+/** One process that answered. */
+export interface ServiceStats {
+  service: string;
+  instance: string;
+  started_at: number;
+}
+
+/** What `toolmesh stats --json` prints. */
+export interface MeshStats {
+  at: number;
+  services: ServiceStats[];
+  tools: ToolStats[];
+  resolver: { resolved: number; rejected: Record<string, number> };
+  dead_letters: number;
+  schema: { expansions: number; sessions: number };
+  mcp_servers: {
+    server: string;
+    /** The state each replica reports, e.g. `{ "ready": 2 }`. */
+    states: Record<string, number>;
+    restarts: number;
+    requests: number;
+    p50_ms: number | undefined;
+    p99_ms: number | undefined;
+  }[];
+}
+
+type Metric = StatsReply["metrics"][number];
+type Point = Metric["points"][number];
+
+const TOOL = "gen_ai.tool.name";
+const ERROR = "error.type";
+const SERVER = "toolmesh.mcp.server";
+
+/**
+ * Asks every toolmesh process for its metrics on the stats subject (each answers; the request
+ * ends once answers stop coming for `stallMs`) and reads each tool's work consumer from
+ * JetStream. Tools appear when any process or the registry knows them.
+ */
+export async function gatherStats(
+  nc: NatsConnection,
+  subjects: Subjects,
+  tools: readonly string[],
+  options: { maxWaitMs?: number; stallMs?: number } = {},
+): Promise<MeshStats> {
+  const replies: StatsReply[] = [];
+  try {
+    const answers = await nc.requestMany(subjects.stats, undefined, {
+      strategy: "stall",
+      stall: options.stallMs ?? 300,
+      maxWait: options.maxWaitMs ?? 2_000,
+    });
+    for await (const msg of answers) {
+      const parsed = StatsReplySchema.safeParse(decodeJsonOrUndefined(msg.data));
+      if (parsed.success) replies.push(parsed.data);
+    }
+  } catch {
+    // No process answered (no responders): the stats say so by listing none.
+  }
+  const consumers = await readConsumers(nc, subjects);
+  return summarize(replies, tools, (tool) => consumers.get(subjects.workConsumer(tool)));
+}
+
+async function readConsumers(
+  nc: NatsConnection,
+  subjects: Subjects,
+): Promise<Map<string, ConsumerInfo>> {
+  const byName = new Map<string, ConsumerInfo>();
+  try {
+    const jsm = await jetstreamManager(nc);
+    for await (const info of jsm.consumers.list(subjects.streams.work)) byName.set(info.name, info);
+  } catch {
+    // No work stream yet: no queues.
+  }
+  return byName;
+}
+
+/** Sums the processes' metrics per tool, MCP server and service. */
+export function summarize(
+  replies: readonly StatsReply[],
+  registered: readonly string[],
+  consumerOf: (tool: string) => ConsumerInfo | undefined,
+): MeshStats {
+  const all = (name: string): Point[] =>
+    replies.flatMap((r) => r.metrics.filter((m) => m.name === name).flatMap((m) => m.points));
+  const calls = all(MetricName.ToolCalls);
+  const rejections = all(MetricName.ResolverCalls);
+  const durations = all(MetricName.ToolCallDuration);
+  const toolNames = new Set<string>(registered);
+  for (const point of [...calls, ...all(MetricName.ToolExecutors), ...all(MetricName.ToolAttempts)])
+    if (typeof point.attributes[TOOL] === "string") toolNames.add(point.attributes[TOOL]);
+
+  const tools = [...toolNames].sort().map((tool): ToolStats => {
+    const mine = (points: Point[]) => points.filter((p) => p.attributes[TOOL] === tool);
+    const byOutcome = countBy(mine(calls), (p) => String(p.attributes[ERROR] ?? "ok"));
+    const rejected = countBy(
+      mine(rejections).filter((p) => p.attributes["toolmesh.resolution"] === "rejected"),
+      (p) => String(p.attributes[ERROR]),
+    );
+    const ended = sum(Object.values(byOutcome));
+    const refused = sum(Object.values(rejected));
+    const failed = ended - (byOutcome.ok ?? 0) + refused;
+    const histogram = mergeHistograms(mine(durations));
+    const consumer = consumerOf(tool);
+    return {
+      tool,
+      calls: byOutcome,
+      rejected,
+      error_rate: ended + refused === 0 ? 0 : failed / (ended + refused),
+      attempts: total(mine(all(MetricName.ToolAttempts))),
+      retries: total(mine(all(MetricName.ToolRetries))),
+      timeouts: total(mine(all(MetricName.ToolTimeouts))),
+      p50_ms: quantileMs(histogram, 0.5),
+      p99_ms: quantileMs(histogram, 0.99),
+      in_flight: total(mine(all(MetricName.ToolInFlight))),
+      queue:
+        consumer === undefined
+          ? undefined
+          : { pending: consumer.num_pending, ack_pending: consumer.num_ack_pending },
+      executors: total(mine(all(MetricName.ToolExecutors))),
+    };
+  });
+
+  const resolverPoints = all(MetricName.ResolverCalls);
+  const servers = new Set<string>();
+  for (const point of all(MetricName.McpServerState))
+    if (typeof point.attributes[SERVER] === "string") servers.add(point.attributes[SERVER]);
+  const mcpServers = [...servers].sort().map((server) => {
+    const mine = (points: Point[]) => points.filter((p) => p.attributes[SERVER] === server);
+    const states = countBy(
+      mine(all(MetricName.McpServerState)).filter((p) => p.value === 1),
+      (p) => String(p.attributes["toolmesh.mcp.state"]),
+    );
+    const histogram = mergeHistograms(mine(all(MetricName.McpRequestDuration)));
+    return {
+      server,
+      states,
+      restarts: total(mine(all(MetricName.McpServerRestarts))),
+      requests: histogram?.count ?? 0,
+      p50_ms: quantileMs(histogram, 0.5),
+      p99_ms: quantileMs(histogram, 0.99),
+    };
+  });
+
+  return {
+    at: Date.now(),
+    services: replies
+      .map((r) => ({ service: r.service, instance: r.instance, started_at: r.started_at }))
+      .sort((a, b) => a.service.localeCompare(b.service) || a.instance.localeCompare(b.instance)),
+    tools,
+    resolver: {
+      resolved: total(
+        resolverPoints.filter((p) => p.attributes["toolmesh.resolution"] === "resolved"),
+      ),
+      rejected: countBy(
+        resolverPoints.filter((p) => p.attributes["toolmesh.resolution"] === "rejected"),
+        (p) => String(p.attributes[ERROR]),
+      ),
+    },
+    dead_letters: total(all(MetricName.DeadLetters)),
+    schema: {
+      expansions: total(all(MetricName.SchemaExpansions)),
+      sessions: total(all(MetricName.SchemaSessions)),
+    },
+    mcp_servers: mcpServers,
+  };
+}
+
+function countBy(points: Point[], key: (p: Point) => string): Record<string, number> {
+  const counts: Record<string, number> = {};
+  for (const point of points) {
+    const k = key(point);
+    counts[k] = (counts[k] ?? 0) + (point.value ?? 0);
+  }
+  return counts;
+}
+
+function total(points: Point[]): number {
+  return sum(points.map((p) => p.value ?? 0));
+}
+
+function sum(values: number[]): number {
+  return values.reduce((a, b) => a + b, 0);
+}
+
+interface Histogram {
+  boundaries: number[];
+  counts: number[];
+  count: number;
+}
+
+/** Adds histograms with the same boundaries (toolmesh uses one set); others are skipped. */
+function mergeHistograms(points: Point[]): Histogram | undefined {
+  let merged: Histogram | undefined;
+  for (const { histogram } of points) {
+    if (histogram === undefined) continue;
+    if (merged === undefined) {
+      merged = {
+        boundaries: histogram.boundaries,
+        counts: [...histogram.counts],
+        count: histogram.count,
+      };
+    } else if (merged.boundaries.join() === histogram.boundaries.join()) {
+      histogram.counts.forEach((c, i) => (merged!.counts[i] = (merged!.counts[i] ?? 0) + c));
+      merged.count += histogram.count;
+    }
+  }
+  return merged;
+}
+
+/**
+ * The `q` quantile of a histogram in ms, interpolated linearly inside its bucket (as
+ * Prometheus' `histogram_quantile` does); the last, open bucket answers its lower bound.
+ */
+export function quantileMs(histogram: Histogram | undefined, q: number): number | undefined {
+  if (histogram === undefined || histogram.count === 0) return undefined;
+  const rank = q * histogram.count;
+  let seen = 0;
+  for (let i = 0; i < histogram.counts.length; i++) {
+    const inBucket = histogram.counts[i] ?? 0;
+    if (seen + inBucket >= rank && inBucket > 0) {
+      const lower = i === 0 ? 0 : (histogram.boundaries[i - 1] ?? 0);
+      const upper = histogram.boundaries[i];
+      if (upper === undefined) return lower * 1000;
+      return (lower + ((upper - lower) * (rank - seen)) / inBucket) * 1000;
+    }
+    seen += inBucket;
+  }
+  return undefined;
+}

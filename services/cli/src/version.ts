@@ -1,0 +1,22 @@
+import { readFileSync } from "node:fs";
+import type { Command } from "commander";
+
+/** The CLI's version, from its package.json (beside `src/` and `dist/`). */
+export function cliVersion(): string {
+  try {
+    const manifest = JSON.parse(
+      readFileSync(new URL("../package.json", import.meta.url), "utf8"),
+    ) as { version?: unknown };
+    return typeof manifest.version === "string" ? manifest.version : "unknown";
+  } catch {
+    return "unknown";
+  }
+}
+
+/** Gives `command` and every command under it a `--version` option (`-V` on the root only). */
+export function addVersionEverywhere(command: Command, version = cliVersion()): void {
+  for (const sub of command.commands) {
+    sub.version(version, "--version", "print the version and exit");
+    addVersionEverywhere(sub, version);
+  }
+}
