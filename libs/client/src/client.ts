@@ -416,8 +416,10 @@ export class Session {
   }
 
   async #answerFromStore(callId: string): Promise<void> {
-    const jsm = await jetstreamManager(this.#client.nc);
-    const stored = await jsm.streams
+    // A direct get carries the subject in the API subject, so NATS permissions can confine a
+    // frontend to its own sessions' results (`$JS.API.DIRECT.GET.{stream}.{subject}`).
+    const jsm = await jetstreamManager(this.#client.nc, { checkAPI: false });
+    const stored = await jsm.direct
       .getMessage(this.#client.subjects.streams.sessions, {
         last_by_subj: this.#client.subjects.result(this.address, callId),
       })

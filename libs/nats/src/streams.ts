@@ -63,6 +63,8 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       ...common,
       name: subjects.streams.sessions,
       subjects: [...subjects.storedSessionEvents],
+      // Frontends read their results with direct gets, which permissions can confine by subject.
+      allow_direct: true,
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
       max_age: nanos(limits.sessionRetentionMs ?? 3_600_000),

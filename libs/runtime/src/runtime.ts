@@ -47,11 +47,17 @@ export async function openRuntime(
 ): Promise<Runtime> {
   const logger = log ?? createLogger({ service, level: config.logLevel });
   const telemetry = initTelemetry({ serviceName: `toolmesh-${service}`, env: config.env });
-  const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+  const subjects = createSubjects({ prefix: config.prefix });
+  const nc = await connectNats({
+    ...config.nats,
+    name: `toolmesh-${service}`,
+    // Replies to this process arrive below its role's own prefix, which NATS permissions
+    // give to this role alone (docs/security.md).
+    inboxPrefix: subjects.inboxPrefix(service),
+  });
   try {
     const version = await assertServerSupported(nc);
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
-    const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, {
       subjects,
       log: logger,

@@ -15,11 +15,22 @@ export interface CallCommandOptions {
   json?: boolean;
 }
 
-async function withConnection<T>(
+/**
+ * Runs `fn` connected as the CLI, then disconnects. Replies arrive below the inbox prefix of
+ * the role the command acts as: the tenant's frontend, or the operator (docs/security.md).
+ */
+export async function withConnection<T>(
   config: RuntimeConfig,
   fn: (nc: NatsConnection) => Promise<T>,
+  as: "frontend" | "operator" = "operator",
 ): Promise<T> {
-  const nc = await connectNats({ ...config.nats, name: "toolmesh-cli" });
+  const subjects = createSubjects({ prefix: config.prefix });
+  const nc = await connectNats({
+    ...config.nats,
+    name: "toolmesh-cli",
+    inboxPrefix:
+      as === "frontend" ? subjects.frontendInboxPrefix(config.tenant) : subjects.inboxPrefix(as),
+  });
   try {
     return await fn(nc);
   } finally {
@@ -32,14 +43,17 @@ export function withClient<T>(
   config: RuntimeConfig,
   fn: (client: ToolmeshClient) => Promise<T>,
 ): Promise<T> {
-  return withConnection(config, (nc) =>
-    fn(
-      new ToolmeshClient(nc, {
-        prefix: config.prefix,
-        tenant: config.tenant,
-        defaultTimeoutMs: config.defaultTimeoutMs,
-      }),
-    ),
+  return withConnection(
+    config,
+    (nc) =>
+      fn(
+        new ToolmeshClient(nc, {
+          prefix: config.prefix,
+          tenant: config.tenant,
+          defaultTimeoutMs: config.defaultTimeoutMs,
+        }),
+      ),
+    "frontend",
   );
 }
 

@@ -8,6 +8,7 @@ import { callCommand, resolveCommand, toolsListCommand, toolsShowCommand } from 
 import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
+import { addAuthCommands } from "./auth-commands.js";
 
 interface GlobalOptions {
   server?: string;
@@ -185,6 +186,7 @@ export function buildProgram(
 
   addCatalogCommands(program, () => config(), run);
   addSetupCommand(program, config, run);
+  addAuthCommands(program, () => config(), run);
 
   return program;
 }
