@@ -2,6 +2,7 @@
 // gets a typed error naming what was wrong. Every case runs against a real nats-server and
 // the resolver and executor as separate processes; after each case the processes must still
 // be alive and a valid call must still work.
+import { randomUUID } from "node:crypto";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,7 +14,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { CallInput, SubmitOptions } from "@toolmesh/client";
 import { MAX_ARGUMENT_DEPTH, createSubjects, encodeJson, subjectToken } from "@toolmesh/protocol";
-import type { SessionAddress, ToolMessage } from "@toolmesh/protocol";
+import type { Rejection, SessionAddress, ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
@@ -80,6 +81,7 @@ beforeAll(async () => {
     "evil_pattern",
     "bad.input.dotted",
     "ledger",
+    "slow",
   );
   nc = await connect({ servers: server.url });
   js = jetstream(nc);
@@ -140,30 +142,51 @@ async function call(
   }
 }
 
-/** Final messages arriving on one session, as they come. */
+/** Final messages (and rejections) arriving on one session, as they come. */
 class SessionWatch {
   readonly messages: { subject: string; message: ToolMessage }[] = [];
+  readonly rejections: Rejection[] = [];
   readonly #sub: Subscription;
   readonly #waiters = new Set<() => void>();
 
   constructor(address: SessionAddress, subjectsOf = subjects) {
     this.#sub = nc.subscribe(subjectsOf.sessionEvents(address), {
       callback: (err, msg) => {
-        if (err !== null || subjectsOf.sessionEventKind(msg.subject) !== "result") return;
-        this.messages.push({ subject: msg.subject, message: msg.json() });
+        if (err !== null) return;
+        const kind = subjectsOf.sessionEventKind(msg.subject);
+        if (kind === "result") this.messages.push({ subject: msg.subject, message: msg.json() });
+        else if (kind === "rejected") this.rejections.push(msg.json());
+        else return;
         for (const wake of this.#waiters) wake();
       },
     });
   }
 
   /** The first result whose `tool_call_id` is `callId`; rejects after `timeoutMs`. */
-  async result(callId: string, timeoutMs = 10_000): Promise<ToolMessage> {
+  result(callId: string, timeoutMs = 10_000): Promise<ToolMessage> {
+    return this.#first(
+      () => this.messages.find((m) => m.message.tool_call_id === callId)?.message,
+      `result for ${callId}`,
+      timeoutMs,
+    );
+  }
+
+  /** The rejection of the submission stored at `seq`; rejects after `timeoutMs`. */
+  rejection(seq: number, timeoutMs = 10_000): Promise<Rejection> {
+    return this.#first(
+      () => this.rejections.find((r) => r.seq === seq),
+      `rejection of ${seq}`,
+      timeoutMs,
+    );
+  }
+
+  async #first<T>(find: () => T | undefined, what: string, timeoutMs: number): Promise<T> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
-      const found = this.messages.find((m) => m.message.tool_call_id === callId);
-      if (found !== undefined) return found.message;
+      const found = find();
+      if (found !== undefined) return found;
       const left = deadline - Date.now();
-      if (left <= 0) throw new Error(`no result for ${callId} within ${timeoutMs} ms`);
+      if (left <= 0) throw new Error(`no ${what} within ${timeoutMs} ms`);
       await new Promise<void>((resolve) => {
         const wake = (): void => {
           clearTimeout(timer);
@@ -189,14 +212,14 @@ class SessionWatch {
 async function rawCall(
   sessionId: string,
   body: unknown,
-  options: { callId?: string; msgId?: string } = {},
+  options: { callId?: string; msgId?: string; tenant?: string } = {},
 ): Promise<{ ack: PubAck; message: ToolMessage }> {
-  const address = subjects.address(TENANT, sessionId);
+  const address = subjects.address(options.tenant ?? TENANT, sessionId);
   const watch = new SessionWatch(address);
   try {
     const bytes = body instanceof Uint8Array ? body : encodeJson(body);
     const ack = await js.publish(subjects.call(address), bytes, {
-      msgID: options.msgId ?? `raw-${Date.now()}-${Math.random()}`,
+      msgID: options.msgId ?? randomUUID(),
     });
     const message = await watch.result(options.callId ?? `invalid-${ack.seq}`);
     return { ack, message };
@@ -801,18 +824,19 @@ describe("timeout_ms", () => {
   });
 });
 
-describe("duplicate call ids", () => {
-  async function executions(key: string): Promise<number> {
-    const text = await readFile(join(ledgerDir, "executions.log"), "utf8").catch(() => "");
-    return text.split("\n").filter((line) => line === JSON.stringify(key)).length;
-  }
+/** How many times the ledger tool ran for a handler's idempotency key. */
+async function executions(key: string): Promise<number> {
+  const text = await readFile(join(ledgerDir, "executions.log"), "utf8").catch(() => "");
+  return text.split("\n").filter((line) => line === JSON.stringify(key)).length;
+}
 
+describe("duplicate call ids", () => {
   it("runs a call resubmitted with the same id and arguments once", async () => {
     const first = await call("s-dup", { id: "dup-1", name: "ledger", arguments: { value: "v" } });
     const second = await call("s-dup", { id: "dup-1", name: "ledger", arguments: { value: "v" } });
-    expect(json(first)).toEqual({ key: "s-dup/dup-1", count: 1, value: "v" });
-    expect(json(second)).toEqual({ key: "s-dup/dup-1", count: 1, value: "v" });
-    expect(await executions("s-dup/dup-1")).toBe(1);
+    expect(json(first)).toEqual({ key: "default/s-dup/s-dup/dup-1", count: 1, value: "v" });
+    expect(json(second)).toEqual({ key: "default/s-dup/s-dup/dup-1", count: 1, value: "v" });
+    expect(await executions("default/s-dup/s-dup/dup-1")).toBe(1);
   });
 
   it("runs a call submitted twice at once with the same id once", async () => {
@@ -822,9 +846,9 @@ describe("duplicate call ids", () => {
     const [first, second] = await Promise.all([a.submit(input).result, b.submit(input).result]);
     a.close();
     b.close();
-    expect(json(first)).toEqual({ key: "s-dup/dup-2", count: 1, value: "w" });
+    expect(json(first)).toEqual({ key: "default/s-dup/s-dup/dup-2", count: 1, value: "w" });
     expect(json(second)).toEqual(json(first));
-    expect(await executions("s-dup/dup-2")).toBe(1);
+    expect(await executions("default/s-dup/s-dup/dup-2")).toBe(1);
   });
 
   it("refuses the same id with different arguments with idempotency_conflict", async () => {
@@ -835,22 +859,302 @@ describe("duplicate call ids", () => {
       code: "idempotency_conflict",
       details: { idempotency_key: "s-dup/dup-3" },
     });
-    expect(await executions("s-dup/dup-3")).toBe(1);
+    expect(await executions("default/s-dup/s-dup/dup-3")).toBe(1);
   });
 
-  it("answers raw resubmissions under new message ids from the record, or as a conflict", async () => {
-    const same = await rawCall("s-dup", envelope("s-dup", "dup-1", "ledger", { value: "v" }), {
-      callId: "dup-1",
-      msgId: "another-message-id",
+  it("answers raw resubmissions from the record, and a conflict only on the submission's own subject", async () => {
+    const address = subjects.address(TENANT, "s-dup");
+    const watch = new SessionWatch(address);
+    try {
+      const same = await rawCall("s-dup", envelope("s-dup", "dup-1", "ledger", { value: "v" }), {
+        callId: "dup-1",
+      });
+      expect(json(same.message)).toEqual({
+        key: "default/s-dup/s-dup/dup-1",
+        count: 1,
+        value: "v",
+      });
+      const ack = await js.publish(
+        subjects.call(address),
+        encodeJson(envelope("s-dup", "dup-1", "ledger", { value: "changed" })),
+        { msgID: randomUUID() },
+      );
+      const rejection = await watch.rejection(ack.seq);
+      expect(rejection).toMatchObject({
+        tool_call_id: "dup-1",
+        seq: ack.seq,
+        attempts: 0,
+        error: { code: "idempotency_conflict", details: { idempotency_key: "s-dup/dup-1" } },
+      });
+      // The call's own subject holds only its real result, live and in the stream.
+      expect(watch.messages.map((m) => m.message.error?.code)).not.toContain(
+        "idempotency_conflict",
+      );
+      const jsm = await jetstreamManager(nc);
+      const stored = await jsm.streams.getMessage(subjects.streams.sessions, {
+        last_by_subj: subjects.result(address, "dup-1"),
+      });
+      expect(json(stored.json<ToolMessage>())).toMatchObject({ count: 1, value: "v" });
+      expect(await executions("default/s-dup/s-dup/dup-1")).toBe(1);
+    } finally {
+      watch.close();
+    }
+  });
+});
+
+describe("call identity: keys, conflicts, cancellation, tenants", () => {
+  /** Publishes a call as a foreign frontend would (a fresh random message id). */
+  async function publishRaw(
+    tenant: string,
+    sessionId: string,
+    body: Record<string, unknown>,
+  ): Promise<PubAck> {
+    return js.publish(subjects.call(subjects.address(tenant, sessionId)), encodeJson(body), {
+      msgID: randomUUID(),
     });
-    expect(json(same.message)).toEqual({ key: "s-dup/dup-1", count: 1, value: "v" });
-    const different = await rawCall(
-      "s-dup",
-      envelope("s-dup", "dup-1", "ledger", { value: "changed" }),
-      { callId: "dup-1", msgId: "yet-another-message-id" },
+  }
+
+  /** Resolves once the call has started (its first progress event). */
+  function started(address: SessionAddress, callId: string): Promise<void> {
+    return new Promise((resolve) => {
+      const sub = nc.subscribe(subjects.progress(address, callId), {
+        callback: () => {
+          sub.unsubscribe();
+          resolve();
+        },
+      });
+    });
+  }
+
+  async function cancelRaw(
+    tenant: string,
+    sessionId: string,
+    body: Record<string, unknown>,
+  ): Promise<Record<string, unknown>> {
+    const reply = await nc.request(
+      subjects.cancel(subjects.address(tenant, sessionId)),
+      encodeJson(body),
+      { timeout: 5_000 },
     );
-    expect(different.message.error?.code).toBe("idempotency_conflict");
-    expect(await executions("s-dup/dup-1")).toBe(1);
+    return reply.json();
+  }
+
+  it("answers the same idempotency key under a new call id with the ended call's result", async () => {
+    const session = client.session("s-newid");
+    const key = "order-17";
+    const first = await session.submit(
+      { id: "n1", name: "ledger", arguments: { value: "x" } },
+      { idempotencyKey: key },
+    ).result;
+    const second = await session.submit(
+      { id: "n2", name: "ledger", arguments: { value: "x" } },
+      { idempotencyKey: key },
+    ).result;
+    session.close();
+    expect(second).toEqual({ ...first, tool_call_id: "n2" });
+    // The same through the wire, as another frontend would send it.
+    const { message } = await rawCall(
+      "s-newid",
+      envelope("s-newid", "n3", "ledger", { value: "x" }, { idempotency_key: key }),
+      { callId: "n3" },
+    );
+    expect(message).toEqual({ ...first, tool_call_id: "n3" });
+    expect(await executions("default/s-newid/order-17")).toBe(1);
+  });
+
+  it("keeps the first call's result when the same id comes back with other arguments while it runs", async () => {
+    const address = subjects.address(TENANT, "s-clash");
+    const watch = new SessionWatch(address);
+    try {
+      const running = started(address, "k1");
+      const args = (value: string) => ({ ms: 300, value, storage: {} });
+      await publishRaw(TENANT, "s-clash", envelope("s-clash", "k1", "slow", args("one")));
+      await running;
+      const clash = await publishRaw(
+        TENANT,
+        "s-clash",
+        envelope("s-clash", "k1", "slow", args("two")),
+      );
+      expect((await watch.rejection(clash.seq)).error.code).toBe("idempotency_conflict");
+      const result = await watch.result("k1");
+      expect(json(result)).toMatchObject({ value: "one" });
+      expect(watch.messages).toHaveLength(1);
+      // A third submission with the first arguments is answered with the real result, from
+      // the stream after a duplicate PubAck too (the client's path).
+      const session = client.session("s-clash");
+      const again = await session.submit({ id: "k1", name: "slow", arguments: args("one") }).result;
+      session.close();
+      expect(again).toEqual(result);
+    } finally {
+      watch.close();
+    }
+  });
+
+  it("does not answer cancelled for a call it does not know, nor for one named without its key", async () => {
+    const unknown = await cancelRaw(TENANT, "s-cancel", {
+      tool_call_id: "never-sent",
+      session_id: "s-cancel",
+    });
+    expect(unknown).toEqual({
+      cancelled: false,
+      state: "pending",
+      idempotency_key: "s-cancel/never-sent",
+    });
+    const address = subjects.address(TENANT, "s-cancel");
+    const watch = new SessionWatch(address);
+    try {
+      const running = started(address, "own-1");
+      await publishRaw(
+        TENANT,
+        "s-cancel",
+        envelope(
+          "s-cancel",
+          "own-1",
+          "slow",
+          { ms: 300, storage: {} },
+          { idempotency_key: "mine" },
+        ),
+      );
+      await running;
+      // The call set its own key; a cancel that does not name it names another call.
+      const reply = await cancelRaw(TENANT, "s-cancel", {
+        tool_call_id: "own-1",
+        session_id: "s-cancel",
+      });
+      expect(reply).toMatchObject({ cancelled: false, state: "pending" });
+      expect(json(await watch.result("own-1"))).toMatchObject({ key: "default/s-cancel/mine" });
+      const named = await cancelRaw(TENANT, "s-cancel", {
+        tool_call_id: "own-1",
+        session_id: "s-cancel",
+        idempotency_key: "mine",
+      });
+      expect(named).toEqual({ cancelled: false, state: "done", idempotency_key: "mine" });
+    } finally {
+      watch.close();
+    }
+  });
+
+  it("scopes keys by session: a cancel naming another session's key leaves that call alone", async () => {
+    const victim = subjects.address(TENANT, "s-victim");
+    const watch = new SessionWatch(victim);
+    try {
+      const running = started(victim, "v1");
+      await publishRaw(
+        TENANT,
+        "s-victim",
+        envelope("s-victim", "v1", "slow", { ms: 300, storage: {} }),
+      );
+      await running;
+      const reply = await cancelRaw(TENANT, "s-attacker", {
+        tool_call_id: "v1",
+        session_id: "s-attacker",
+        idempotency_key: "s-victim/v1",
+      });
+      expect(reply).toMatchObject({ cancelled: false, state: "pending" });
+      const result = await watch.result("v1");
+      expect(result).toMatchObject({ tool_call_id: "v1", session_id: "s-victim" });
+      expect(result.error).toBeUndefined();
+      expect(watch.messages).toHaveLength(1);
+    } finally {
+      watch.close();
+    }
+  });
+
+  it("scopes keys by tenant: another tenant's ids run as its own call, never read or conflict", async () => {
+    const owner = await rawCall("s-shared", envelope("s-shared", "t1", "ledger", { value: "a" }), {
+      callId: "t1",
+    });
+    expect(json(owner.message)).toEqual({
+      key: "default/s-shared/s-shared/t1",
+      count: 1,
+      value: "a",
+    });
+    const sameArgs = await rawCall(
+      "s-shared",
+      envelope("s-shared", "t1", "ledger", { value: "a" }),
+      { callId: "t1", tenant: "other" },
+    );
+    expect(json(sameArgs.message)).toEqual({
+      key: "other/s-shared/s-shared/t1",
+      count: 1,
+      value: "a",
+    });
+    const otherArgs = await rawCall(
+      "s-shared",
+      envelope("s-shared", "t2", "ledger", { value: "b" }, { idempotency_key: "s-shared/t1" }),
+      { callId: "t2", tenant: "third" },
+    );
+    expect(json(otherArgs.message)).toMatchObject({ count: 1, value: "b" });
+    const cancel = await cancelRaw("other", "s-shared", {
+      tool_call_id: "t9",
+      session_id: "s-shared",
+      idempotency_key: "s-shared/t1",
+    });
+    // Its own call, ended: nothing of the owner's.
+    expect(cancel).toEqual({ cancelled: false, state: "done", idempotency_key: "s-shared/t1" });
+    expect(await executions("default/s-shared/s-shared/t1")).toBe(1);
+  });
+
+  it("hides system params from the model and drops values a model gave for them", async () => {
+    const missing = await client.resolve("s-system", { name: "slow", arguments: { value: "v" } });
+    expect(missing.ok).toBe(false);
+    const details = !missing.ok ? missing.error.details : undefined;
+    expect(details).toMatchObject({ missing_required: ["ms"] });
+    const parameters = details?.parameters as { properties: object; required: string[] };
+    expect(Object.keys(parameters.properties)).toEqual(["ms", "value"]);
+    expect(parameters.required).toEqual(["ms"]);
+    const { message } = await rawCall(
+      "s-system",
+      envelope("s-system", "sys-1", "slow", { ms: 1, executor: { host: "evil" }, storage: {} }),
+      { callId: "sys-1" },
+    );
+    expect(json(message)).toMatchObject({ arg_names: ["ms"] });
+  });
+
+  it("refuses tokens taken from a subject that no id maps to, without answering on a wildcard", async () => {
+    const jsm = await jetstreamManager(nc);
+    const wildcard = `${subjects.prefix}.v1.calls.${TENANT}.*`;
+    const stray = nc.subscribe(`${subjects.prefix}.v1.sessions.${TENANT}.*.>`);
+    const seen: string[] = [];
+    void (async () => {
+      for await (const m of stray) if (m.subject.includes("*")) seen.push(m.subject);
+    })();
+    const ack = await js.publish(
+      wildcard,
+      encodeJson(envelope("*", "w1", "ledger", { value: "w" })),
+      { msgID: randomUUID() },
+    );
+    // Dead-lettered, not answered: its session subject would be a wildcard.
+    for (;;) {
+      const letter = await jsm.streams
+        .getMessage(subjects.streams.dlq, { last_by_subj: subjects.dlq("ledger") })
+        .catch(() => null);
+      if (letter?.header.get("Toolmesh-Dlq-Sequence") === String(ack.seq)) {
+        expect(letter.header.get("Toolmesh-Dlq-Subject")).toBe(wildcard);
+        expect(letter.header.get("Toolmesh-Dlq-Reason")).toBe("not a call subject");
+        break;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const cancel = await nc.request(
+      `${subjects.prefix}.v1.cancel.${TENANT}.*`,
+      encodeJson({ tool_call_id: "w1", session_id: "*" }),
+      { timeout: 5_000 },
+    );
+    expect(cancel.json()).toMatchObject({
+      cancelled: false,
+      state: "unknown",
+      error: { code: "invalid_request" },
+    });
+    const dryRun = await nc.request(
+      `${subjects.prefix}.v1.rpc.>.resolve`.replace(">", "*"),
+      encodeJson(envelope("s", "w2", "ledger", {})),
+      { timeout: 5_000 },
+    );
+    expect(dryRun.json()).toMatchObject({ ok: false, error: { code: "invalid_request" } });
+    await nc.flush();
+    stray.unsubscribe();
+    expect(seen).toEqual([]);
   });
 });
 
@@ -929,8 +1233,11 @@ describe("afterwards", () => {
     const results = published.filter((p) => p.message.error === undefined);
     expect(results.length).toBeGreaterThan(40);
     for (const { subject, message } of results) {
+      // The call-identity cases also call as the tenants `other` and `third`.
+      const tenant = subjects.parseResultSubject(subject)?.address.tenant ?? "";
+      expect([TENANT, "other", "third"]).toContain(tenant);
       expect(subject).toBe(
-        subjects.result(subjects.address(TENANT, message.session_id), message.tool_call_id),
+        subjects.result(subjects.address(tenant, message.session_id), message.tool_call_id),
       );
     }
   });

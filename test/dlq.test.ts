@@ -13,7 +13,7 @@ import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { Session, SessionEvent } from "@toolmesh/client";
-import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
+import { Header, callKey, createSubjects, encodeJson } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { listDeadLetters } from "@toolmesh/resolver";
 import type { DeadLetter, DeadLetterDetail, ReplayOutcome } from "@toolmesh/resolver";
@@ -295,7 +295,7 @@ describe("dead letters", () => {
       status: "replayed",
       stream: subjects.streams.work,
       subject: subjects.work("crasher"),
-      msg_id: key,
+      msg_id: callKey(subjects.address("default", "s-poison"), key),
       idempotency_key: key,
       original_idempotency_key: "s-poison/p1",
       call_id: "p1",
@@ -307,7 +307,7 @@ describe("dead letters", () => {
     const healed = await nextResult((m) => m.tool_call_id === "p1" && m.error === undefined);
     expect(JSON.parse(healed.content)).toEqual({
       healed: true,
-      key,
+      key: `default/s-poison/${key}`,
       attempt: 1,
       args: { note: "poison" },
     });

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
@@ -88,7 +89,7 @@ describe("a call through separate resolver and executor processes", () => {
     });
     // call-level over agent-level over toolkit-level
     expect(body.context).toEqual({ user: "ada", units: "imperial", region: "eu" });
-    expect(body.idempotencyKey).toBe("s-end-to-end/c1");
+    expect(body.idempotencyKey).toBe("default/s-end-to-end/s-end-to-end/c1");
   });
 
   it("keeps preset values out of the registry, the call records and every log line", async () => {
@@ -109,6 +110,14 @@ describe("a call through separate resolver and executor processes", () => {
     const jsm = await jetstreamManager(nc);
     const work = await jsm.streams.info(createSubjects().streams.work);
     expect(work.state.messages).toBe(0); // consumed work leaves the work queue
+  });
+
+  it("says in each registry entry whether the tool emits progress", async () => {
+    const kv = await new Kvm(nc).open(createSubjects().registryBucket);
+    const progressOf = async (name: string): Promise<unknown> =>
+      ((await kv.get(name))?.json<{ progress?: boolean }>() ?? {}).progress;
+    expect(await progressOf("inspect")).toBe(true);
+    expect(await progressOf("whoami")).toBe(false);
   });
 
   it("splits one tool's work between two executor processes", async () => {

@@ -150,7 +150,7 @@ describe("crashes", () => {
     session.close();
     expect(message.error).toBeUndefined();
     expect((JSON.parse(message.content) as { pid: number }).pid).not.toBe(pid);
-    expect(executions("rel-crash/k1")).toBe(2);
+    expect(executions("default/rel-crash/rel-crash/k1")).toBe(2);
   });
 });
 
@@ -164,7 +164,7 @@ describe("idempotency", () => {
     const repeated = await again.submit({ id: "d1", name: "sleepy", arguments: { ms: 10 } }).result;
     again.close();
     expect(repeated).toEqual(original);
-    expect(executions("rel-dup/d1")).toBe(1);
+    expect(executions("default/rel-dup/rel-dup/d1")).toBe(1);
   });
 
   it("refuses the same idempotency key with other arguments", async () => {
@@ -180,7 +180,7 @@ describe("idempotency", () => {
       code: "idempotency_conflict",
       details: { idempotency_key: "rel-conflict/c1" },
     });
-    expect(executions("rel-conflict/c1")).toBe(1);
+    expect(executions("default/rel-conflict/rel-conflict/c1")).toBe(1);
   });
 });
 
@@ -193,14 +193,18 @@ describe("cancellation", () => {
     const reply = await handle.cancel();
     const message = await handle.result;
     session.close();
-    expect(reply).toEqual({ cancelled: true, state: "cancelled" });
+    expect(reply).toEqual({
+      cancelled: true,
+      state: "cancelled",
+      idempotency_key: "rel-cancel-running/x1",
+    });
     expect(message.error).toMatchObject({ code: "cancelled" });
     await e.waitForLog(
       (l) =>
         l.callId === "x1" &&
         l.msg === "call had already ended (cancelled or past its deadline); result dropped",
     );
-    expect(executions("rel-cancel-running/x1")).toBe(1);
+    expect(executions("default/rel-cancel-running/rel-cancel-running/x1")).toBe(1);
   });
 
   it("never starts a cancelled call that was still queued", async () => {
@@ -209,17 +213,26 @@ describe("cancellation", () => {
     const busy = session.submit({ id: "q0", name: "sleepy", arguments: { ms: 600 } });
     await startedOn(session, "q0");
     const queued = session.submit({ id: "q1", name: "sleepy", arguments: { ms: 10 } });
-    // "unknown" until the resolver has accepted it; the only slot stays busy meanwhile.
-    let reply = await queued.cancel();
-    for (let i = 0; reply.state === "unknown" && i < 500; i++) reply = await queued.cancel();
-    expect(reply.cancelled).toBe(true);
+    // Cancelled once it waits in the work stream (accepted); the only slot stays busy meanwhile.
+    const jsm = await jetstreamManager(nc);
+    const queuedInWork = async (): Promise<boolean> => {
+      const last = await jsm.streams
+        .getMessage(createSubjects().streams.work, {
+          last_by_subj: createSubjects().work("sleepy"),
+        })
+        .catch(() => null);
+      return last !== null && last.json<{ call_id: string }>().call_id === "q1";
+    };
+    while (!(await queuedInWork())) await new Promise((resolve) => setTimeout(resolve, 20));
+    const reply = await queued.cancel();
+    expect(reply).toMatchObject({ cancelled: true, state: "cancelled" });
     expect((await queued.result).error).toMatchObject({ code: "cancelled" });
     expect((await busy.result).error).toBeUndefined();
     await e.waitForLog(
       (l) => l.callId === "q1" && l.msg === "call already ended; answered from its stored result",
     );
     session.close();
-    expect(executions("rel-cancel-queued/q1")).toBe(0);
+    expect(executions("default/rel-cancel-queued/rel-cancel-queued/q1")).toBe(0);
   });
 
   it("keeps a cancellation that comes before its call: the call is answered cancelled and never runs", async () => {
@@ -230,10 +243,15 @@ describe("cancellation", () => {
     const message = await session.submit({ id: "e1", name: "sleepy", arguments: { ms: 10 } })
       .result;
     session.close();
-    expect(reply).toEqual({ cancelled: true, state: "cancelled" });
+    // No call had the key yet: nothing was ended, the cancellation waits for the call.
+    expect(reply).toEqual({
+      cancelled: false,
+      state: "pending",
+      idempotency_key: "rel-cancel-early/e1",
+    });
     expect(message.error).toMatchObject({ code: "cancelled" });
     expect(message.name).toBe("sleepy");
-    expect(executions("rel-cancel-early/e1")).toBe(0);
+    expect(executions("default/rel-cancel-early/rel-cancel-early/e1")).toBe(0);
   });
 
   it("says so when the call had already ended", async () => {
@@ -243,7 +261,11 @@ describe("cancellation", () => {
     await handle.result;
     const reply = await handle.cancel();
     session.close();
-    expect(reply).toEqual({ cancelled: false, state: "done" });
+    expect(reply).toEqual({
+      cancelled: false,
+      state: "done",
+      idempotency_key: "rel-cancel-late/l1",
+    });
   });
 });
 

@@ -5,8 +5,8 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import type { JetStreamManager } from "@nats-io/jetstream";
-import { jetstreamManager } from "@nats-io/jetstream";
+import type { JetStreamApiError, JetStreamManager } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { StateStore } from "@toolmesh/catalog";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { Session } from "@toolmesh/client";
@@ -160,6 +160,8 @@ describe("schema expansion", () => {
       },
       required: ["city"],
     });
+    // The missing_arguments error carries the same model-facing schema: no system params.
+    expect(message.error?.details?.parameters).toEqual(event?.parameters);
     const state = await store.getSchemas(session.address);
     expect(state?.value.requested_tools).toEqual(["geo.lookup"]);
     expect(state?.value.expanded_tools.get("geo.lookup")).toBe(event?.revision);
@@ -182,6 +184,29 @@ describe("schema expansion", () => {
     await expandersDone();
     expect(events).toHaveLength(1);
     expect(await storedSchemas(session, "geo.lookup")).toBe(1);
+    session.close();
+  });
+
+  it("lets a frontend that was away catch up on its schema events, one kind at a time", async () => {
+    const session = client.session("s-away");
+    expect((await call(session, "geo.lookup", {})).error?.code).toBe("missing_arguments");
+    expect(await session.waitForSchema("geo.lookup", 10_000)).toBe(true);
+    // A consumer on the whole session is refused: progress is not stored (10093).
+    const whole = await jsm.consumers
+      .add(subjects.streams.sessions, {
+        filter_subject: subjects.sessionEvents(session.address),
+        ack_policy: AckPolicy.None,
+        deliver_policy: DeliverPolicy.LastPerSubject,
+      })
+      .catch((err: unknown) => err);
+    expect((whole as JetStreamApiError).code).toBe(10093);
+    // The documented way: an ordered consumer on the session's schema subjects.
+    const consumer = await jetstream(nc).consumers.get(subjects.streams.sessions, {
+      filter_subjects: subjects.sessionEvents(session.address).replace(/>$/, "schema.*"),
+      deliver_policy: DeliverPolicy.LastPerSubject,
+    });
+    const first = await consumer.next({ expires: 5_000 });
+    expect(first?.json<SchemaEvent>()).toMatchObject({ tool: "geo.lookup", session_id: "s-away" });
     session.close();
   });
 

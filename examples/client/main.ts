@@ -25,11 +25,12 @@ console.log(message.error ? `${message.error.code}: ${message.error.message}` : 
 
 // Cancel a call: a queued call never starts, a running one is aborted, and its `result` settles
 // with a `cancelled` message — unless it had ended already (`{ cancelled: false, state: "done" }`).
+// `pending`: the mesh had not accepted it yet; it is answered `cancelled` when it arrives.
 const next = session.submit({
   name: "optimize_structure",
   arguments: { input_structure: "Fe.cif", model_path: "dpa.pt" },
 });
-const { cancelled, state } = await next.cancel(); // state: "cancelled", "done" or "unknown"
+const { cancelled, state } = await next.cancel(); // "cancelled", "pending", "done", "unknown"
 console.log(cancelled, state, (await next.result).error?.code ?? "finished first");
 
 // A model's whole tool_calls array, run in parallel. Call ids must be new to the session.

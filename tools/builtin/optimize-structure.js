@@ -2,6 +2,7 @@
 // gives three arguments and whose schema fills the rest from defaults.
 export default {
   name: "optimize_structure",
+  progress: true,
   description:
     "Perform geometry optimization of a crystal structure with a DPA model. Returns the relaxed energy and the number of steps.",
   groups: ["materials"],

@@ -5,13 +5,13 @@ import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import { z } from "zod";
-import type { Subjects, ToolMessage } from "@toolmesh/protocol";
+import type { SessionAddress, Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
   SessionAddressSchema,
   ToolMessageSchema,
+  callKey,
   decodeJson,
   encodeJson,
-  subjectToken,
 } from "@toolmesh/protocol";
 
 /** Where a call is in its life. */
@@ -41,6 +41,16 @@ export const CallRecordSchema = z.object({
 
 /** The durable record of one accepted call. */
 export type CallRecord = z.infer<typeof CallRecordSchema>;
+
+/**
+ * Names one call: its idempotency key within its session. Records are keyed by
+ * `callKey(address, idempotency_key)`, so a key names a call of one session only: another
+ * session or tenant using the same key names another call.
+ */
+export interface CallRef {
+  readonly idempotency_key: string;
+  readonly address: SessionAddress;
+}
 
 /** What {@link CallStore.accept} found. */
 export type AcceptOutcome =
@@ -101,7 +111,7 @@ export class CallStore {
 
   /** Records a new call, or reports what an earlier call with the same key became. */
   async accept(record: CallRecord): Promise<AcceptOutcome> {
-    const key = subjectToken(record.idempotency_key);
+    const key = callKey(record.address, record.idempotency_key);
     for (;;) {
       try {
         await this.#kv.create(key, encodeJson(record));
@@ -109,7 +119,7 @@ export class CallStore {
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
       }
-      const existing = await this.get(record.idempotency_key);
+      const existing = await this.get(record);
       if (existing === undefined) continue; // expired or deleted meanwhile: try again
       const found = existing.record;
       // A record cancelled before its call arrived (ANY_ARGUMENTS) matches whatever comes.
@@ -123,9 +133,9 @@ export class CallStore {
     }
   }
 
-  /** The record of a key, with its revision. */
-  async get(idempotencyKey: string): Promise<{ record: CallRecord; revision: number } | undefined> {
-    const entry = await this.#kv.get(subjectToken(idempotencyKey));
+  /** The record of a call, with its revision. */
+  async get(call: CallRef): Promise<{ record: CallRecord; revision: number } | undefined> {
+    const entry = await this.#kv.get(callKey(call.address, call.idempotency_key));
     if (entry === null || entry.operation !== "PUT") return undefined;
     return { record: CallRecordSchema.parse(decodeJson(entry.value)), revision: entry.revision };
   }
@@ -138,14 +148,14 @@ export class CallStore {
    * Undefined when no record exists.
    */
   async finish(
-    idempotencyKey: string,
+    call: CallRef,
     result: ToolMessage,
     known?: { record: CallRecord; revision: number },
   ): Promise<FinishOutcome | undefined> {
-    const key = subjectToken(idempotencyKey);
+    const key = callKey(call.address, call.idempotency_key);
     let current = known;
     for (;;) {
-      current ??= await this.get(idempotencyKey);
+      current ??= await this.get(call);
       if (current === undefined) return undefined;
       const { record, revision } = current;
       if (record.state === "done" && record.result !== undefined) {
@@ -170,12 +180,12 @@ export class CallStore {
 
   /** Records that the final message went out, so nobody publishes it again. Best effort. */
   async markPublished(
-    idempotencyKey: string,
+    call: CallRef,
     stored: { record: CallRecord; revision: number },
   ): Promise<void> {
     await this.#kv
       .update(
-        subjectToken(idempotencyKey),
+        callKey(call.address, call.idempotency_key),
         encodeJson({ ...stored.record, published: true }),
         stored.revision,
       )

@@ -5,6 +5,6 @@ export {
   CallStore,
   argumentsHash,
 } from "./call-store.js";
-export type { AcceptOutcome, CallRecord, CallStoreOptions } from "./call-store.js";
+export type { AcceptOutcome, CallRecord, CallRef, CallStoreOptions } from "./call-store.js";
 export { openCallPlane } from "./plane.js";
 export type { CallPlane, CallPlaneOptions, CallTarget } from "./plane.js";

@@ -2,6 +2,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
+import { callKey } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import { ServerClock, ensureStreams, publishDurable } from "@toolmesh/nats";
 import { CallStore } from "./call-store.js";
@@ -80,16 +81,20 @@ export async function openCallPlane(
     publishFinal,
     async finalize(call, message, known) {
       const subject = subjects.result(call.address, call.call_id);
-      const outcome = await store.finish(call.idempotency_key, message, known);
+      const outcome = await store.finish(call, message, known);
       if (outcome?.published === true) return false;
       // Live subscribers see every publication, whatever the stream keeps: a loser only
       // publishes when the winner's message is nowhere to be found.
       if (outcome?.won === false && (await alreadyStored(subject))) {
-        await store.markPublished(call.idempotency_key, outcome);
+        await store.markPublished(call, outcome);
         return false;
       }
-      await publishFinal(subject, outcome?.result ?? message, `result:${call.idempotency_key}`);
-      if (outcome !== undefined) await store.markPublished(call.idempotency_key, outcome);
+      await publishFinal(
+        subject,
+        outcome?.result ?? message,
+        `result:${callKey(call.address, call.idempotency_key)}`,
+      );
+      if (outcome !== undefined) await store.markPublished(call, outcome);
       return outcome === undefined || outcome.won;
     },
   };

@@ -1,5 +1,5 @@
 import type { CatalogEntry, ToolDefinition, ToolSchema } from "@toolmesh/protocol";
-import { summarize } from "@toolmesh/protocol";
+import { modelParameters, summarize } from "@toolmesh/protocol";
 
 /** Longest one-line summary in a compact catalog, in characters. */
 export const MAX_SUMMARY_LENGTH = 120;
@@ -30,20 +30,10 @@ export function compactLine(def: ToolDefinition, maxLength = MAX_SUMMARY_LENGTH)
  */
 export function modelSchema(tool: RevisedTool): ToolSchema {
   const def = tool.definition;
-  const hidden = new Set([...def.system_params, ...def.preset_params]);
-  const parameters: Record<string, unknown> = { ...def.parameters };
-  const properties = parameters.properties;
-  if (isRecord(properties) && Object.keys(properties).some((name) => hidden.has(name))) {
-    parameters.properties = Object.fromEntries(
-      Object.entries(properties).filter(([name]) => !hidden.has(name)),
-    );
-  }
+  const parameters = modelParameters(def);
   const required = Array.isArray(parameters.required)
-    ? parameters.required.filter(
-        (name): name is string => typeof name === "string" && !hidden.has(name),
-      )
+    ? parameters.required.filter((name): name is string => typeof name === "string")
     : [];
-  if (Array.isArray(parameters.required)) parameters.required = required;
   return {
     tool: def.name,
     revision: tool.revision,
@@ -73,8 +63,4 @@ export function expandedCatalogEntry(tool: RevisedTool): CatalogEntry {
   if (schema.description.trim() !== "") entry.description = schema.description;
   entry.parameters = schema.parameters;
   return entry;
-}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
 }

@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -10,6 +10,7 @@ import type {
   CatalogRequest,
   GroupState,
   ProgressEvent,
+  Rejection,
   ResolveReply,
   SchemaEvent,
   SessionAddress,
@@ -30,6 +31,7 @@ import {
   DEFAULT_TENANT,
   ErrorCode,
   ProgressEventSchema,
+  RejectionSchema,
   ResolveReplySchema,
   ToolMessageSchema,
   ToolmeshError,
@@ -92,6 +94,8 @@ export interface SubmitOptions {
 export type SessionEvent =
   | { type: "result"; message: ToolMessage }
   | { type: "progress"; event: ProgressEvent }
+  /** A submission refused without touching the call its key names (`idempotency_conflict`). */
+  | { type: "rejected"; rejection: Rejection }
   | {
       type: "schema";
       tool: string;
@@ -268,6 +272,11 @@ export class Session {
   readonly #schemas = new SchemaInbox();
   // The final message delivered per call id, oldest first, to drop repeats.
   readonly #finished = new Map<string, string>();
+  // The calls-stream sequence of each waiting call's submission, and back: a rejection names it.
+  readonly #seqOf = new Map<string, number>();
+  readonly #callAt = new Map<number, string>();
+  // Rejections that came before their submission's PubAck, by sequence, oldest first.
+  readonly #earlyRejections = new Map<number, Rejection>();
   readonly #onClosed: () => void;
   #closed = false;
 
@@ -388,9 +397,11 @@ export class Session {
    */
   async #publish(request: CallRequest, deadline: number): Promise<void> {
     const callId = request.tool_call.id;
-    // The arguments' hash in the message id lets a conflicting reuse of a key through to the
-    // resolver (which answers idempotency_conflict) while exact repeats are dropped.
-    const msgId = `${request.idempotency_key ?? `${this.id}/${callId}`}#${callDigest(request)}`;
+    // One random id per submission: its own publish retries are dropped as duplicates, while
+    // any other submission — a new call id under the same key, a conflicting reuse of the key,
+    // a resubmission after a restart — reaches the resolver, which answers it from the call
+    // store. Unguessable, so no other frontend can pre-empt it or learn it was used.
+    const msgId = randomUUID();
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
         const ack = await publishDurable(
@@ -404,6 +415,7 @@ export class Session {
             timeoutMs: Math.max(250, Math.min(2_000, deadline - Date.now())),
           },
         );
+        this.#submitted(callId, ack.seq);
         if (ack.duplicate) await this.#answerFromStore(callId);
         return;
       } catch (err) {
@@ -416,17 +428,35 @@ export class Session {
   }
 
   async #answerFromStore(callId: string): Promise<void> {
-    // A direct get carries the subject in the API subject, so NATS permissions can confine a
-    // frontend to its own sessions' results (`$JS.API.DIRECT.GET.{stream}.{subject}`).
     const jsm = await jetstreamManager(this.#client.nc, { checkAPI: false });
-    const stored = await jsm.direct
-      .getMessage(this.#client.subjects.streams.sessions, {
-        last_by_subj: this.#client.subjects.result(this.address, callId),
-      })
-      .catch(() => null);
+    const { subjects } = this.#client;
+    const seq = this.#seqOf.get(callId);
+    // Direct get names the subject in the request subject, which permissions can confine.
+    const lastOn = (subject: string) =>
+      jsm.direct.getMessage(subjects.streams.sessions, { last_by_subj: subject }).catch(() => null);
+    const [stored, rejected] = await Promise.all([
+      lastOn(subjects.result(this.address, callId)),
+      seq === undefined ? null : lastOn(subjects.rejected(this.address, seq)),
+    ]);
+    if (rejected !== null) {
+      const refusal = RejectionSchema.safeParse(decodeJsonOrUndefined(rejected.data));
+      if (refusal.success) this.#deliver({ type: "rejected", rejection: refusal.data });
+    }
     if (stored === null) return; // still running: the answer will arrive live
     const parsed = ToolMessageSchema.safeParse(decodeJsonOrUndefined(stored.data));
     if (parsed.success) this.#deliver({ type: "result", message: parsed.data });
+  }
+
+  /** Remembers which submission a waiting call is, and settles it if already rejected. */
+  #submitted(callId: string, seq: number): void {
+    if (!this.#pending.has(callId)) return;
+    this.#seqOf.set(callId, seq);
+    this.#callAt.set(seq, callId);
+    const early = this.#earlyRejections.get(seq);
+    if (early !== undefined) {
+      this.#earlyRejections.delete(seq);
+      this.#settle(callId, withoutSeq(early));
+    }
   }
 
   /**
@@ -618,6 +648,8 @@ export class Session {
       if (kind === "result") event = { type: "result", message: ToolMessageSchema.parse(body) };
       else if (kind === "progress")
         event = { type: "progress", event: ProgressEventSchema.parse(body) };
+      else if (kind === "rejected")
+        event = { type: "rejected", rejection: RejectionSchema.parse(body) };
       else if (kind === "schema") {
         const schema = SchemaEventSchema.safeParse(body);
         event = { type: "schema", tool: (body as { tool?: string }).tool ?? "", body };
@@ -648,6 +680,17 @@ export class Session {
         this.#finished.delete(this.#finished.keys().next().value as string);
       }
       this.#settle(callId, event.message);
+    } else if (event.type === "rejected") {
+      // Settles only the submission it names: the call its key names keeps its own answer.
+      const { seq } = event.rejection;
+      const callId = this.#callAt.get(seq);
+      if (callId !== undefined) this.#settle(callId, withoutSeq(event.rejection));
+      else {
+        this.#earlyRejections.set(seq, event.rejection);
+        if (this.#earlyRejections.size > EARLY_REJECTIONS_REMEMBERED) {
+          this.#earlyRejections.delete(this.#earlyRejections.keys().next().value as number);
+        }
+      }
     }
     for (const listener of this.#listeners) listener(event);
   }
@@ -656,6 +699,11 @@ export class Session {
     const pending = this.#pending.get(callId);
     if (pending === undefined) return;
     this.#pending.delete(callId);
+    const seq = this.#seqOf.get(callId);
+    if (seq !== undefined) {
+      this.#seqOf.delete(callId);
+      this.#callAt.delete(seq);
+    }
     clearTimeout(pending.timer);
     if (message.error !== undefined)
       pending.span.setAttribute("toolmesh.error_code", message.error.code);
@@ -674,6 +722,15 @@ function localError(
     attempts: 0,
   });
 }
+
+/** A rejection as the final message of the submission it names. */
+function withoutSeq(rejection: Rejection): ToolMessage {
+  const { seq: _seq, ...message } = rejection;
+  return message;
+}
+
+// Rejections kept while their submission's PubAck is on its way.
+const EARLY_REJECTIONS_REMEMBERED = 256;
 
 // How many finished call ids a session remembers to drop repeated final messages.
 const FINISHED_REMEMBERED = 4_096;
@@ -715,15 +772,4 @@ function localProblem(request: CallRequest): ToolmeshError | undefined {
           details: { issues },
         },
       );
-}
-
-/** Digest of what makes two submissions the same call: the tool and its arguments. */
-function callDigest(request: CallRequest): string {
-  const args = request.tool_call.function.arguments;
-  return createHash("sha256")
-    .update(request.tool_call.function.name)
-    .update("\0")
-    .update(typeof args === "string" ? args : JSON.stringify(args))
-    .digest("hex")
-    .slice(0, 16);
 }

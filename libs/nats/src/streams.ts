@@ -63,7 +63,8 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       ...common,
       name: subjects.streams.sessions,
       subjects: [...subjects.storedSessionEvents],
-      // Frontends read their results with direct gets, which permissions can confine by subject.
+      // Frontends read stored answers by direct get: the subject is in the API subject
+      // (`$JS.API.DIRECT.GET.{stream}.{subject}`), so permissions can confine it per session.
       allow_direct: true,
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,

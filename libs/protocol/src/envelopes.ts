@@ -151,6 +151,26 @@ export const ToolMessageSchema = z
 /** The final message of a call. */
 export type ToolMessage = z.infer<typeof ToolMessageSchema>;
 
+/**
+ * The answer to a submission refused without touching the call its key names, on
+ * `{p}.v1.sessions.{tenant}.{session}.rejected.{seq}`: never a final message, so the call
+ * that owns the key keeps its own.
+ */
+export const RejectionSchema = ToolMessageSchema.extend({
+  error: WireErrorSchema.describe("Why the submission was refused (`idempotency_conflict`)."),
+  seq: z
+    .number()
+    .int()
+    .positive()
+    .describe("The refused submission's sequence in the calls stream: its PubAck's `seq`."),
+}).meta({
+  id: "Rejection",
+  description: "A refused submission: its call id and error; the call its key names is unaffected.",
+});
+
+/** The answer to a refused submission. */
+export type Rejection = z.infer<typeof RejectionSchema>;
+
 /** Progress of a running call, on `{p}.v1.sessions.{tenant}.{session}.progress.{call}`. */
 export const ProgressEventSchema = z
   .object({
@@ -213,10 +233,19 @@ export type CancelRequest = z.infer<typeof CancelRequestSchema>;
 /** Reply to a cancel request. */
 export const CancelReplySchema = z
   .object({
-    cancelled: z.boolean().describe("True when this request ended the call."),
+    cancelled: z
+      .boolean()
+      .describe("True exactly when this request ended an accepted call (state `cancelled`)."),
     state: z
-      .enum(["cancelled", "done", "unknown"])
-      .describe("`done`: it had already ended; `unknown`: the request failed (see `error`)."),
+      .enum(["cancelled", "done", "pending", "unknown"])
+      .describe(
+        "`cancelled`: this request ended the call; `done`: it had already ended; `pending`: no " +
+          "call of this session has the key yet, a call that arrives with it is answered " +
+          "`cancelled` without running; `unknown`: the request failed (see `error`).",
+      ),
+    idempotency_key: Id.optional().describe(
+      "The key the request acted on (the one sent, else `{session_id}/{tool_call_id}`).",
+    ),
     error: WireErrorSchema.optional(),
   })
   .meta({ id: "CancelReply", description: "What became of a cancel request." });
@@ -230,7 +259,7 @@ const ToolName = z.string().min(1).max(MAX_TOOL_NAME_LENGTH);
 const GroupName = z.string().min(1).max(MAX_TOOL_NAME_LENGTH);
 
 /** Why a tool's full schema was sent to a session. */
-export const SchemaReasonSchema = z.enum(["missing_arguments", "describe", "expand"]);
+export const SchemaReasonSchema = z.enum(["missing_arguments", "expand"]);
 
 /** Why a tool's full schema was sent to a session. */
 export type SchemaReason = z.infer<typeof SchemaReasonSchema>;

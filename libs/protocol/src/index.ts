@@ -30,6 +30,7 @@ export {
   ParamSourceSchema,
   ParamTypeSchema,
   ProgressEventSchema,
+  RejectionSchema,
   ResolveReplySchema,
   ResolvedCallSchema,
   SchemaEventSchema,
@@ -59,6 +60,7 @@ export type {
   ParamSource,
   ParamType,
   ProgressEvent,
+  Rejection,
   ResolveReply,
   ResolvedCall,
   SchemaEvent,
@@ -73,6 +75,7 @@ export {
   RetryPolicySchema,
   ToolDefinitionSchema,
   ToolKindSchema,
+  modelParameters,
   summarize,
 } from "./tool-definition.js";
 export type {
@@ -88,7 +91,10 @@ export {
   MAX_TOKEN_LENGTH,
   PROTOCOL_VERSION,
   assertValidPrefix,
+  callKey,
   createSubjects,
+  isSubjectToken,
+  scopedIdempotencyKey,
   subjectToken,
 } from "./subjects.js";
 export type { SessionAddress, SubjectOptions, Subjects } from "./subjects.js";

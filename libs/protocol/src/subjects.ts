@@ -57,6 +57,37 @@ export function subjectToken(name: string): string {
   return `${out.slice(0, KEEP_CHARS)}==${digest}`;
 }
 
+// What `subjectToken` can produce: safe characters and `=` escapes, at most 64 of them.
+const TOKEN_SHAPE = /^[A-Za-z0-9_=-]{1,64}$/;
+
+/**
+ * Whether `token` could have come from {@link subjectToken}: 1–64 characters out of
+ * `A-Z a-z 0-9 _ - =`. Tokens read back from a received subject are checked with it, so a
+ * raw publish holding a literal `*` or `>` (or any other character) is refused, not answered.
+ */
+export function isSubjectToken(token: string | undefined): token is string {
+  return token !== undefined && TOKEN_SHAPE.test(token);
+}
+
+/**
+ * The key that names one call across the whole mesh: `{tenant}.{session}.{token of the
+ * idempotency key}`. Idempotency keys are scoped by it: the same key sent from two sessions
+ * (or two tenants) names two calls. It keys the call record and bases every message id the
+ * mesh sets for the call.
+ */
+export function callKey(at: SessionAddress, idempotencyKey: string): string {
+  return `${at.tenant}.${at.session}.${subjectToken(idempotencyKey)}`;
+}
+
+/**
+ * The idempotency key a tool handler receives (`ctx.idempotencyKey`, MCP `_meta`, the native
+ * `idempotency-key` header): `{tenant token}/{session token}/{idempotency key}`. Tokens never
+ * hold `/`, so it names one call across every tenant and session of the mesh.
+ */
+export function scopedIdempotencyKey(at: SessionAddress, idempotencyKey: string): string {
+  return `${at.tenant}/${at.session}/${idempotencyKey}`;
+}
+
 function isSafeByte(unit: number): boolean {
   return (
     (unit >= 0x30 && unit <= 0x39) ||
@@ -122,6 +153,12 @@ export interface Subjects {
   readonly allResults: string;
   /** Reads the session address and call token back from a final message's subject. */
   parseResultSubject(subject: string): { address: SessionAddress; call: string } | undefined;
+  /**
+   * The answer to one submission that was refused without touching any call (an
+   * `idempotency_conflict`): `{p}.v1.sessions.{tenant}.{session}.rejected.{seq}`, `seq` being
+   * the submission's sequence in the calls stream (its PubAck's `seq`).
+   */
+  rejected(at: SessionAddress, seq: number): string;
   /** Progress of one call: `{p}.v1.sessions.{tenant}.{session}.progress.{call}`. */
   progress(at: SessionAddress, callId: string): string;
   /** A tool schema sent to a session: `{p}.v1.sessions.{tenant}.{session}.schema.{tool}`. */
@@ -154,11 +191,14 @@ export interface Subjects {
   groupsRpc(tenant: string): string;
   /** Wildcard over every tenant's groups requests. */
   readonly allGroupsRpc: string;
-  /** Reads the tenant token back from a request-reply subject. */
+  /** Reads the tenant token back from a request-reply subject; undefined unless a token. */
   parseRpcTenant(subject: string): string | undefined;
   /** Reads the kind (`result`, `progress`, `schema`) back from a session event subject. */
   sessionEventKind(subject: string): string | undefined;
-  /** Reads the session address back from a call or cancel subject. */
+  /**
+   * Reads the session address back from a call or cancel subject; undefined when the subject
+   * has another shape or a token that {@link subjectToken} cannot produce (a literal `*`).
+   */
   parseSessionSubject(subject: string): SessionAddress | undefined;
   /** JetStream stream names. */
   readonly streams: {
@@ -261,9 +301,14 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     allWork: `${base}.work.*`,
     sessionEvents: (at) => `${base}.sessions.${at.tenant}.${at.session}.>`,
     result: (at, callId) => `${base}.sessions.${at.tenant}.${at.session}.result.${t(callId)}`,
+    rejected: (at, seq) => `${base}.sessions.${at.tenant}.${at.session}.rejected.${seq}`,
     progress: (at, callId) => `${base}.sessions.${at.tenant}.${at.session}.progress.${t(callId)}`,
     schema: (at, tool) => `${base}.sessions.${at.tenant}.${at.session}.schema.${t(tool)}`,
-    storedSessionEvents: [`${base}.sessions.*.*.result.*`, `${base}.sessions.*.*.schema.*`],
+    storedSessionEvents: [
+      `${base}.sessions.*.*.result.*`,
+      `${base}.sessions.*.*.schema.*`,
+      `${base}.sessions.*.*.rejected.*`,
+    ],
     missingArguments: (at, tool) => `${base}.events.missing.${at.tenant}.${t(tool)}`,
     allEvents: `${base}.events.>`,
     allMissingArguments: `${base}.events.missing.>`,
@@ -277,7 +322,10 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     allExpandRpc: `${base}.rpc.*.expand`,
     groupsRpc: (tenant) => `${base}.rpc.${t(tenant)}.groups`,
     allGroupsRpc: `${base}.rpc.*.groups`,
-    parseRpcTenant: (subject) => subject.split(".")[baseParts + 1],
+    parseRpcTenant(subject) {
+      const tenant = subject.split(".")[baseParts + 1];
+      return isSubjectToken(tenant) ? tenant : undefined;
+    },
     sessionEventKind: (subject) => subject.split(".")[baseParts + 3],
     allResults: `${base}.sessions.*.*.result.*`,
     parseResultSubject(subject) {
@@ -292,7 +340,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
       if (parts.length !== baseParts + 3) return undefined;
       const tenant = parts[baseParts + 1];
       const session = parts[baseParts + 2];
-      if (tenant === undefined || session === undefined) return undefined;
+      if (!isSubjectToken(tenant) || !isSubjectToken(session)) return undefined;
       return { tenant, session };
     },
     streams: {

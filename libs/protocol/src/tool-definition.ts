@@ -47,6 +47,13 @@ export const ToolDefinitionSchema = z
       .default([])
       .describe("Names injected by the executor; values never leave it."),
     kind: ToolKindSchema,
+    progress: z
+      .boolean()
+      .default(false)
+      .describe(
+        "Whether the tool emits progress events on `progress.{call}` while it runs; a tool " +
+          "registered with `false` never does.",
+      ),
     owner: z
       .string()
       .min(1)
@@ -68,6 +75,35 @@ export type ToolDefinition = z.infer<typeof ToolDefinitionSchema>;
 
 /** A registry entry as a registering service writes it (defaults not yet applied). */
 export type ToolDefinitionInput = z.input<typeof ToolDefinitionSchema>;
+
+/**
+ * The parameter schema a model may see: `def.parameters` with the system parameters — and,
+ * defensively, any preset name — removed from `properties` and `required`. Used wherever a
+ * schema leaves the mesh for a model (catalogs, schema events, `missing_arguments`). The
+ * definition is not changed; it is returned as it is when nothing needs hiding.
+ */
+export function modelParameters(def: ToolDefinition): Record<string, unknown> {
+  const hidden = new Set([...def.system_params, ...def.preset_params]);
+  const { properties, required } = def.parameters;
+  const shownProperties =
+    isRecord(properties) && Object.keys(properties).some((name) => hidden.has(name))
+      ? Object.fromEntries(Object.entries(properties).filter(([name]) => !hidden.has(name)))
+      : properties;
+  const requiredList = Array.isArray(required) ? (required as unknown[]) : undefined;
+  const shownRequired = requiredList?.filter(
+    (name) => typeof name !== "string" || !hidden.has(name),
+  );
+  if (shownProperties === properties && shownRequired?.length === requiredList?.length)
+    return def.parameters;
+  const parameters: Record<string, unknown> = { ...def.parameters };
+  if (shownProperties !== undefined) parameters.properties = shownProperties;
+  if (shownRequired !== undefined) parameters.required = shownRequired;
+  return parameters;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
 
 /** First sentence of a description, bounded to `maxLength` characters (default 120). */
 export function summarize(description: string, maxLength = 120): string {

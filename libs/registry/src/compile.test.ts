@@ -72,11 +72,13 @@ describe("compileTool", () => {
     expect(tool.properties[0]?.schema).toBe(OPTIMIZE_STRUCTURE.properties.input_structure);
   });
 
-  it("removes system params from `required` in the model-facing schema without touching the definition", () => {
+  it("removes system params from `properties` and `required` in the model-facing schema without touching the definition", () => {
     const def = definition(OPTIMIZE_STRUCTURE);
     const tool = compileTool(def, 1);
     expect(tool.schema["required"]).toEqual(["input_structure", "model_path"]);
-    expect(tool.schema["properties"]).toBe(def.parameters["properties"]);
+    expect(Object.keys(tool.schema["properties"] as object)).not.toContain("executor");
+    expect(Object.keys(tool.schema["properties"] as object)).not.toContain("storage");
+    expect(Object.keys(def.parameters["properties"] as object)).toContain("executor");
     expect(def.parameters["required"]).toEqual(["input_structure", "model_path", "executor"]);
   });
 

@@ -2,7 +2,7 @@ import { Ajv2020 } from "ajv/dist/2020.js";
 import type { ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
 import formatsPlugin from "ajv-formats";
 import { RE2JS, RE2JSException } from "re2js";
-import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError, modelParameters } from "@toolmesh/protocol";
 import type { ParamType, ToolDefinition } from "@toolmesh/protocol";
 
 export type { ErrorObject, ValidateFunction };
@@ -37,8 +37,9 @@ export interface CompiledTool {
   /** Registry revision the definition was read at. */
   readonly revision: number;
   /**
-   * The model-facing schema: `definition.parameters` with the system params removed from
-   * `required`. This is the schema a model is shown (for example with `missing_arguments`).
+   * The model-facing schema: `definition.parameters` with the system params (and any preset
+   * name) removed from `properties` and `required` (`modelParameters`). This is the schema a
+   * model is shown (for example with `missing_arguments`).
    */
   readonly schema: Readonly<Record<string, unknown>>;
   /**
@@ -111,7 +112,7 @@ export function compileTool(def: ToolDefinition, revision: number): CompiledTool
   const modelRequired = declaredRequired.filter(
     (name) => typeof name !== "string" || !systemParams.has(name),
   );
-  const schema: Readonly<Record<string, unknown>> =
+  const checked: Readonly<Record<string, unknown>> =
     modelRequired.length === declaredRequired.length
       ? parameters
       : { ...parameters, required: modelRequired };
@@ -146,14 +147,14 @@ export function compileTool(def: ToolDefinition, revision: number): CompiledTool
 
   // `$schema` is dropped because MCP servers often send draft-07 URIs this Ajv does not know;
   // every tool schema is validated as 2020-12.
-  const { $schema: _ignored, ...rest } = schema;
+  const { $schema: _ignored, ...rest } = checked;
   const validationSchema: Record<string, unknown> = rest;
   if (validationProperties !== undefined) validationSchema["properties"] = validationProperties;
 
   return Object.freeze({
     definition: def,
     revision,
-    schema,
+    schema: modelParameters(def),
     validate: compileDetached(def.name, validationSchema),
     properties: Object.freeze(properties),
     systemParams,

@@ -218,6 +218,7 @@ export function rolePermissions(
           ...n.replies,
           s.allWork,
           `${n.base}.sessions.*.*.result.*`,
+          `${n.base}.sessions.*.*.rejected.*`,
           s.allMissingArguments.replace(/>$/, "*.*"),
           s.abort,
           s.deadlineTimer,

@@ -13,6 +13,8 @@ import {
   RetryableError,
   ToolDefinitionSchema,
   ToolmeshError,
+  callKey,
+  scopedIdempotencyKey,
   decodeJson,
   encodeJson,
   ensureError,
@@ -102,6 +104,7 @@ export function toolDefinitionOf(module: ToolModule, owner: string): ToolDefinit
     ...(module.systemParams === undefined ? {} : { system_params: module.systemParams }),
     preset_params: presetNames,
     kind: module.kind ?? "builtin",
+    progress: module.progress === true,
     ...(module.annotations === undefined ? {} : { annotations: module.annotations }),
     ...(module.origin === undefined ? {} : { origin: module.origin }),
     owner,
@@ -158,9 +161,9 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     callback: (err, msg) => {
       if (err !== null) return;
       const body = decodeJsonOrUndefined(msg.data) as
-        { idempotency_key?: unknown; reason?: unknown } | undefined;
+        { call_key?: unknown; reason?: unknown } | undefined;
       const controller =
-        typeof body?.idempotency_key === "string" ? running.get(body.idempotency_key) : undefined;
+        typeof body?.call_key === "string" ? running.get(body.call_key) : undefined;
       controller?.abort(
         body?.reason === "deadline_exceeded"
           ? new ToolmeshError(ErrorCode.DeadlineExceeded, "the call passed its deadline")
@@ -244,7 +247,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       }),
       async () => {
         try {
-          const stored = await store.get(call.idempotency_key);
+          const stored = await store.get(call);
           if (stored?.record.state === "done" && stored.record.result !== undefined) {
             // Ended already (result, cancellation or deadline): don't run it. Its answer is
             // published again only if its publication was never confirmed.
@@ -373,7 +376,8 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     );
     const timeoutMs = Math.min(attemptTimeoutMs, remaining);
     const controller = new AbortController();
-    running.set(call.idempotency_key, controller);
+    const key = callKey(call.address, call.idempotency_key);
+    running.set(key, controller);
     const timer = setTimeout(() => {
       controller.abort(
         timeoutMs < attemptTimeoutMs
@@ -388,7 +392,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     let seq = 0;
     const ctx: ToolContext = {
       callId: call.call_id,
-      idempotencyKey: call.idempotency_key,
+      idempotencyKey: scopedIdempotencyKey(call.address, call.idempotency_key),
       sessionId: call.session_id,
       tool: call.tool,
       attempt,
@@ -397,6 +401,10 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       deadlineAt: call.deadline_at + clock.offsetMs,
       log: callLog,
       emit(data) {
+        if (!tool.definition.progress) {
+          if (seq++ === 0) callLog.warn("tool emitted progress without declaring it; dropped");
+          return;
+        }
         if (controller.signal.aborted) return;
         const event: ProgressEvent = {
           tool_call_id: call.tool_call_id,
@@ -428,7 +436,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       return { ok: false, error };
     } finally {
       clearTimeout(timer);
-      running.delete(call.idempotency_key);
+      running.delete(key);
       if (!controller.signal.aborted) {
         controller.abort(new ToolmeshError(ErrorCode.Cancelled, "attempt finished"));
       }

@@ -7,7 +7,11 @@ import type { ToolKind } from "@toolmesh/protocol";
 export interface ToolContext {
   /** The call id (the model's tool call id). */
   readonly callId: string;
-  /** Stable across redeliveries and resubmissions: key your side effects on it. */
+  /**
+   * Stable across redeliveries and resubmissions: key your side effects on it. The call's
+   * idempotency key scoped by where it came from, `{tenant token}/{session token}/{key}`, so
+   * two tenants (or sessions) using the same key never share it.
+   */
   readonly idempotencyKey: string;
   readonly sessionId: string;
   readonly tool: string;
@@ -55,6 +59,11 @@ export interface ToolModule<A = Record<string, unknown>> {
   handler: ToolHandler<A>;
   /** Who serves it: `builtin` (default), `native` (HTTP API) or `mcp`. */
   kind?: ToolKind;
+  /**
+   * Whether the handler emits progress (`ctx.emit`); registered as `progress` so frontends
+   * know what to expect. Default `false`: emits of a tool that did not declare it are dropped.
+   */
+  progress?: boolean;
   /** Hints for people and models (MCP tool annotations). */
   annotations?: Record<string, unknown>;
   /** Where the tool comes from (server, file, URL). Never secrets. */
@@ -74,6 +83,7 @@ export const ToolModuleSchema = z.object({
   retry: RetryPolicySchema.partial().optional(),
   handler: z.custom<ToolHandler>((v) => typeof v === "function", "handler must be a function"),
   kind: ToolKindSchema.optional(),
+  progress: z.boolean().optional(),
   annotations: z.record(z.string(), z.unknown()).optional(),
   origin: z.record(z.string(), z.unknown()).optional(),
 });

@@ -112,6 +112,8 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         description: tool.description ?? "",
         parameters: tool.inputSchema,
         kind: "mcp",
+        // The bridge forwards the server's progress notifications as progress events.
+        progress: true,
         // Every param of an MCP tool is the server's; none is a toolmesh system param.
         systemParams: [],
         ...(Object.keys(annotations).length === 0 ? {} : { annotations }),

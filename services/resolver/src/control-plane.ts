@@ -9,6 +9,7 @@ import {
   ResolvedCallSchema,
   SessionAddressSchema,
   ToolmeshError,
+  callKey,
   decodeJson,
   encodeJson,
   ensureError,
@@ -148,7 +149,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       // Most calls end within moments: after a first short hop a timer whose call ended is
       // dropped, so the timers held by the server stay few however long the deadlines.
       if (msg.info.deliveryCount > 1) {
-        const current = await store.get(timer.idempotency_key).catch(() => undefined);
+        const current = await store.get(timer).catch(() => undefined);
         if (current?.record.state === "done") {
           msg.ack();
           return;
@@ -178,7 +179,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
       const won = await plane.finalize(timer, message);
       if (won) {
         publishEphemeral(nc, subjects.abort, {
-          idempotency_key: timer.idempotency_key,
+          call_key: callKey(timer.address, timer.idempotency_key),
           reason: "deadline_exceeded",
         });
         log.info(
@@ -194,9 +195,10 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   }
 
   /**
-   * Ends an accepted call with `cancelled`. A call not accepted yet (still in the calls
-   * stream) gets a cancelled record first: when it arrives it is answered from that record and
-   * never runs.
+   * Ends an accepted call of the session with `cancelled`; the key names a call of this
+   * session only (records are keyed by session). When no call has the key yet, a cancelled
+   * record is left for it: a call that arrives with the key later is answered from it and never
+   * runs (`pending`).
    */
   async function cancelCall(
     callId: string,
@@ -204,18 +206,28 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     key: string,
     address: { tenant: string; session: string },
   ): Promise<CancelReply> {
-    const cancelled = (tool: string): ToolMessage =>
+    const call = { idempotency_key: key, address };
+    const cancelled = (id: string, session: string, tool: string): ToolMessage =>
       errorToolMessage(
-        { tool_call_id: callId, name: tool, session_id: sessionId },
-        new ToolmeshError(ErrorCode.Cancelled, `call ${callId} was cancelled by its caller`),
+        { tool_call_id: id, name: tool, session_id: session },
+        new ToolmeshError(ErrorCode.Cancelled, `call ${id} was cancelled by its caller`),
       );
     for (;;) {
-      const current = await store.get(key);
+      const current = await store.get(call);
       if (current !== undefined) {
-        const won = await plane.finalize(current.record, cancelled(current.record.tool));
+        // The final message answers the call that owns the key, whatever id the cancel named.
+        const { record } = current;
+        const won = await plane.finalize(
+          record,
+          cancelled(record.call_id, record.session_id, record.tool),
+          current,
+        );
         if (won)
-          publishEphemeral(nc, subjects.abort, { idempotency_key: key, reason: "cancelled" });
-        return { cancelled: won, state: won ? "cancelled" : "done" };
+          publishEphemeral(nc, subjects.abort, {
+            call_key: callKey(address, key),
+            reason: "cancelled",
+          });
+        return { cancelled: won, state: won ? "cancelled" : "done", idempotency_key: key };
       }
       const early = await store.accept({
         idempotency_key: key,
@@ -226,9 +238,10 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         args_hash: ANY_ARGUMENTS,
         state: "done",
         deadline_at: clock.now(),
-        result: cancelled(""),
+        result: cancelled(callId, sessionId, ""),
       });
-      if (early.status === "new") return { cancelled: true, state: "cancelled" };
+      if (early.status === "new")
+        return { cancelled: false, state: "pending", idempotency_key: key };
       // The resolver accepted the call meanwhile: cancel it as an accepted call.
     }
   }
@@ -236,12 +249,20 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   async function answerCancel(msg: Msg): Promise<void> {
     let reply: CancelReply;
     try {
-      const request = CancelRequestSchema.parse(decodeJson(msg.data));
       const address = subjects.parseSessionSubject(msg.subject);
-      if (address === undefined || subjectToken(request.session_id) !== address.session) {
+      if (address === undefined) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `cancel subject "${msg.subject}" holds a token no session id maps to`,
+          { details: { subject: msg.subject } },
+        );
+      }
+      const request = CancelRequestSchema.parse(decodeJson(msg.data));
+      if (subjectToken(request.session_id) !== address.session) {
         throw new ToolmeshError(
           ErrorCode.InvalidRequest,
           "session_id does not match the session of the subject",
+          { details: { session_id: request.session_id } },
         );
       }
       const key = request.idempotency_key ?? `${request.session_id}/${request.tool_call_id}`;
@@ -329,7 +350,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
           },
         );
         await publishDurable(js, subjects.result(address, callId), message, {
-          msgId: `result:${request?.data?.idempotency_key ?? `${sessionId}/${callId}`}`,
+          msgId: `result:${callKey(address, request?.data?.idempotency_key ?? `${sessionId}/${callId}`)}`,
         });
       }
     }
@@ -352,7 +373,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
           timeout_ms: call.timeout_ms,
           work_seq: workSeq,
         } satisfies z.infer<typeof DeadlineTimerSchema>,
-        { msgId: `deadline:${call.idempotency_key}` },
+        { msgId: `deadline:${callKey(call.address, call.idempotency_key)}` },
       );
     },
     deadLetter,

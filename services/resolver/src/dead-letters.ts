@@ -10,6 +10,7 @@ import {
   MAX_ID_LENGTH,
   ResolvedCallSchema,
   ToolmeshError,
+  callKey,
   ensureError,
   decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
@@ -258,12 +259,13 @@ export async function replayDeadLetter(
     body: Record<string, unknown>,
   ): Promise<Omit<ReplayOutcome, "deleted">> {
     const key = replayKey(call.idempotency_key, seq);
+    const msgId = callKey(call.address, key);
     const deadlineAt = (options.now ?? Date.now()) + call.timeout_ms;
     const common = {
       seq,
       stream: subjects.streams.work,
       subject: letter.subject,
-      msg_id: key,
+      msg_id: msgId,
       idempotency_key: key,
       original_idempotency_key: call.idempotency_key,
       call_id: call.call_id,
@@ -303,7 +305,7 @@ export async function replayDeadLetter(
     const recordedDeadline =
       accepted.status === "in_flight" ? accepted.record.deadline_at : deadlineAt;
     const replayed = { ...body, idempotency_key: key, deadline_at: recordedDeadline };
-    const ack = await publishDurable(js, letter.subject, replayed, { msgId: key });
+    const ack = await publishDurable(js, letter.subject, replayed, { msgId });
     await armDeadline(call, key, recordedDeadline, ack.seq);
     return { ...common, status: "replayed", stream_seq: ack.seq, deadline_at: recordedDeadline };
   }
@@ -314,18 +316,19 @@ export async function replayDeadLetter(
   ): Promise<Omit<ReplayOutcome, "deleted">> {
     const original = request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`;
     const key = replayKey(original, seq);
+    const msgId = `replay:${subjects.streams.dlq}:${seq}`;
     const ack = await publishDurable(
       js,
       letter.subject,
       { ...body, idempotency_key: key },
-      { msgId: key },
+      { msgId },
     );
     return {
       seq,
       status: "replayed",
       stream: subjects.streams.calls,
       subject: letter.subject,
-      msg_id: key,
+      msg_id: msgId,
       idempotency_key: key,
       original_idempotency_key: original,
       call_id: request.tool_call.id,
@@ -353,7 +356,9 @@ export async function replayDeadLetter(
       timeout_ms: call.timeout_ms,
       work_seq: workSeq,
     };
-    await publishDurable(js, subjects.deadlineTimer, timer, { msgId: `deadline:${key}` });
+    await publishDurable(js, subjects.deadlineTimer, timer, {
+      msgId: `deadline:${callKey(call.address, key)}`,
+    });
   }
 }
 

@@ -62,8 +62,7 @@ async function scan(
       let finished = false;
       if (stream === subjects.streams.work) {
         const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(msg.data));
-        finished =
-          call.success && (await store.get(call.data.idempotency_key))?.record.state === "done";
+        finished = call.success && (await store.get(call.data))?.record.state === "done";
       }
       const deleted = await jsm.streams.deleteMessage(stream, msg.seq).catch(() => false);
       if (!deleted || finished) continue;

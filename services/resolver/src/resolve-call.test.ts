@@ -323,10 +323,26 @@ describe("resolveCall: system params", () => {
     expect(resolved.input_parameters.map((p) => p.name)).toEqual(["a"]);
   });
 
-  it("leaves a value the model gave for them alone and drops errors about them", () => {
+  it("drops a value the model gave for them before validation: the handler never sees it", () => {
     const args: Record<string, unknown> = { a: "x", executor: {}, storage: { bucket: 5 } };
     const resolved = resolve(tool(WITH_SYSTEM), args);
-    expect(resolved.arguments).toStrictEqual({ a: "x", executor: {}, storage: { bucket: 5 } });
+    expect(resolved.arguments).toStrictEqual({ a: "x" });
+    expect(resolved.input_parameters.map((p) => p.name)).toEqual(["a"]);
+  });
+
+  it("shows the model a schema without them when arguments are missing", () => {
+    const error = (() => {
+      try {
+        resolve(tool(WITH_SYSTEM), { executor: { kind: "remote" } });
+      } catch (err) {
+        return err as ToolmeshError;
+      }
+      throw new Error("expected missing_arguments");
+    })();
+    expect(error.code).toBe("missing_arguments");
+    const parameters = error.details?.parameters as Record<string, unknown>;
+    expect(Object.keys(parameters.properties as object)).toEqual(["a"]);
+    expect(parameters.required).toEqual(["a"]);
   });
 
   it("drops additionalProperties errors for system params the schema does not declare", () => {
@@ -337,8 +353,6 @@ describe("resolveCall: system params", () => {
     });
     expect(resolve(compiled, { a: "x", executor: 1, storage: "s" }).arguments).toStrictEqual({
       a: "x",
-      executor: 1,
-      storage: "s",
     });
     const errors = parameterErrors(() => resolve(compiled, { a: "x", executor: 1, other: 2 }));
     expect(errors.map((e) => e["path"])).toEqual(["/other"]);

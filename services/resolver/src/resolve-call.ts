@@ -342,8 +342,10 @@ const NO_EDGES: ReadonlySet<string> = new Set();
 /**
  * Resolves a call against a compiled tool (seed 000): fills schema defaults into `args` in
  * place (nested ones too; values the model gave are never replaced), lists missing params,
- * validates, and builds the `input_parameters` of a workflow node. System params are skipped
- * everywhere; edge-connected params (`request.edge_params`) count as present.
+ * validates, and builds the `input_parameters` of a workflow node. System params are the
+ * system's to fill: values the model gave for them are dropped from `args` before anything
+ * else, and they are skipped everywhere; edge-connected params (`request.edge_params`) count
+ * as present.
  *
  * @throws ToolmeshError `missing_arguments` when required params are absent (details `tool`,
  *   `missing_required`, `missing_optional`, `parameters`: the model-facing schema), else
@@ -362,6 +364,7 @@ export function resolveCall(
       ? new Set(request.edge_params)
       : NO_EDGES;
 
+  for (const name of systemParams) if (Object.hasOwn(args, name)) delete args[name];
   const given = properties.map((param) => isPresent(args, param.name));
   for (const param of properties) {
     // Ajv tests `args[name] === undefined`, which sees Object.prototype: it would never fill a

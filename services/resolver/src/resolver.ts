@@ -4,6 +4,7 @@ import type { z } from "zod";
 import type {
   CallRequest,
   MissingArgumentsEvent,
+  Rejection,
   ResolveReply,
   ResolvedCall,
   SessionAddress,
@@ -14,6 +15,7 @@ import {
   CallRequestSchema,
   ErrorCode,
   ToolmeshError,
+  callKey,
   decodeJson,
   encodeJson,
   ensureError,
@@ -29,7 +31,8 @@ import {
   publishDurable,
   startWorkLoop,
 } from "@toolmesh/nats";
-import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
+import { ANY_ARGUMENTS, argumentsHash, openCallPlane } from "@toolmesh/call-store";
+import type { AcceptOutcome } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
@@ -227,7 +230,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   const results: Subscription = nc.subscribe(subjects.allResults, {
     callback: (err, msg) => {
       const settled = err === null ? subjects.parseResultSubject(msg.subject) : undefined;
-      if (settled !== undefined) limits.settled(settled.address.session, settled.call);
+      if (settled !== undefined) limits.settled(settled.address, settled.call);
     },
   });
 
@@ -269,7 +272,16 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   function answerDryRun(msg: Msg): void {
     let reply: ResolveReply;
-    const tenant = subjects.parseRpcTenant(msg.subject) ?? "";
+    const tenant = subjects.parseRpcTenant(msg.subject);
+    if (tenant === undefined) {
+      const error = new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+        { details: { subject: msg.subject } },
+      );
+      msg.respond(encodeJson({ ok: false, error: error.toWire() } satisfies ResolveReply));
+      return;
+    }
     try {
       const body = decodeJson(msg.data) as { session_id?: unknown } | null;
       const sessionId = body?.session_id;
@@ -293,9 +305,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   async function handleCall(msg: JsMsg): Promise<void> {
     const address = subjects.parseSessionSubject(msg.subject);
     if (address === undefined) {
+      // No answer can be addressed: a token such as a literal `*` would make the session
+      // subject a wildcard. The letter keeps the message for operators.
       log.error(
         { subject: msg.subject },
-        "call on a subject outside the call layout; dead-lettered",
+        "call on a subject outside the call layout (or with a token no id maps to); dead-lettered",
       );
       await control.deadLetter(subjects.streams.calls, msg.seq, "not a call subject");
       msg.ack();
@@ -331,7 +345,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         const callLog = log.child({ callId, sessionId: address.session, tool });
         try {
           if (resolution.ok) await routeCall(resolution, msg, callLog);
-          else {
+          else if (await answerKnownKey(resolution, address, msg.seq, callLog)) {
+            callLog.info({ code: resolution.error.code }, "refused resubmission of a known call");
+          } else {
             await answerInvalid(resolution, address, msg.seq);
             callLog.info({ code: resolution.error.code, err: resolution.error }, "call rejected");
           }
@@ -353,6 +369,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     callLog: Logger,
   ): Promise<void> {
     const { resolved, request } = resolution;
+    const key = callKey(resolved.address, resolved.idempotency_key);
     const target = {
       tool_call_id: resolved.call_id,
       name: resolved.tool,
@@ -373,7 +390,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           `timeout_ms ${resolved.timeout_ms} is longer than calls are remembered (${callRetentionMs} ms)`,
           { details: { timeout_ms: resolved.timeout_ms, max_timeout_ms: callRetentionMs } },
         ),
-        `result:${resolved.idempotency_key}`,
+        `result:${key}`,
       );
       return;
     }
@@ -387,7 +404,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
             details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms },
           },
         ),
-        `result:${resolved.idempotency_key}`,
+        `result:${key}`,
       );
       return;
     }
@@ -400,7 +417,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
             details: { max_in_flight: limits.max, retry_after_ms: 1_000 },
           },
         ),
-        `overloaded:${resolved.idempotency_key}:${msg.seq}`,
+        `overloaded:${key}:${msg.seq}`,
       );
       return;
     }
@@ -414,53 +431,21 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       state: "accepted",
       deadline_at: resolved.deadline_at,
     });
-    switch (accepted.status) {
-      case "conflict":
-        limits.release(resolved);
-        await publishAnswer(
-          new ToolmeshError(
-            ErrorCode.IdempotencyConflict,
-            `idempotency key "${resolved.idempotency_key}" was used before with different arguments`,
-            { details: { idempotency_key: resolved.idempotency_key, tool: accepted.record.tool } },
-          ),
-          `conflict:${resolved.idempotency_key}:${argumentsHash(request.tool_call.function.arguments)}`,
-        );
-        return;
-      case "done":
-        // A resubmission of a finished call: answered from the stored result, not run again.
-        limits.release(resolved);
-        await publishFinal(
-          subjects.result(resolved.address, resolved.call_id),
-          // The same key may come back under another call id: answer that id. A call
-          // cancelled before it arrived gets its tool's name here.
-          {
-            ...accepted.record.result,
-            tool_call_id: resolved.call_id,
-            session_id: resolved.session_id,
-            name: resolved.tool,
-          },
-          accepted.record.call_id === resolved.call_id
-            ? `result:${resolved.idempotency_key}`
-            : `result:${resolved.idempotency_key}:${resolved.call_id}`,
-        );
-        callLog.info("resubmitted call answered from its stored result");
-        return;
-      case "in_flight":
-        // Accepted before but maybe never routed: a crash between accepting and routing, or a
-        // killed server that forgot the first delivery (it comes back as delivery 1). Route
-        // again: the work and timer message ids make a repeat harmless within the window.
-        callLog.info("call accepted before; routing it again");
-        break;
-      case "new":
-        break;
+    if (accepted.status === "conflict" || accepted.status === "done") {
+      limits.release(resolved);
+      await answerResubmission(accepted, resolved, request, msg.seq, callLog);
+      return;
+    }
+    if (accepted.status === "in_flight") {
+      // Accepted before but maybe never routed: a crash between accepting and routing, or a
+      // killed server that forgot the first delivery (it comes back as delivery 1). Route
+      // again: the work and timer message ids make a repeat harmless within the window.
+      callLog.info("call accepted before; routing it again");
     }
     let workSeq: number;
     try {
-      workSeq = (
-        await publishDurable(js, subjects.work(resolved.tool), resolved, {
-          msgId: resolved.idempotency_key,
-        })
-      ).seq;
+      workSeq = (await publishDurable(js, subjects.work(resolved.tool), resolved, { msgId: key }))
+        .seq;
     } catch (err) {
       const error = ensureError(err);
       if (error.retryable) throw err;
@@ -494,7 +479,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         at: Date.now(),
       };
       await publishDurable(js, subjects.missingArguments(address, event.tool), event, {
-        msgId: `missing:${request.idempotency_key ?? `${request.session_id}/${callId}`}`,
+        msgId: `missing:${callKey(address, request.idempotency_key ?? `${request.session_id}/${callId}`)}`,
       });
     }
     const message = errorToolMessage(
@@ -509,8 +494,121 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     await publishFinal(
       subjects.result(address, callId),
       message,
-      `result:${request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`}`,
+      `result:${callKey(address, request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`)}`,
     );
+  }
+
+  /**
+   * A refused submission whose key names a call the store knows is a resubmission of that
+   * call: answered as one ({@link answerResubmission}) instead of on the call's result subject,
+   * where its error would take the place of the call's own final message. False when the key
+   * names no call (or the envelope gave no key): answer it as an invalid call.
+   */
+  async function answerKnownKey(
+    resolution: Extract<Resolution, { ok: false }>,
+    address: SessionAddress,
+    seq: number,
+    callLog: Logger,
+  ): Promise<boolean> {
+    const { request } = resolution;
+    if (request === undefined || subjectToken(request.session_id) !== address.session) return false;
+    const key = request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`;
+    const stored = await store.get({ idempotency_key: key, address });
+    if (stored === undefined) return false;
+    const { record } = stored;
+    const submission = {
+      call_id: request.tool_call.id,
+      session_id: request.session_id,
+      tool: request.tool_call.function.name,
+      address,
+      idempotency_key: key,
+    };
+    const argsHash = argumentsHash(request.tool_call.function.arguments);
+    const conflicting =
+      record.args_hash !== ANY_ARGUMENTS &&
+      (record.args_hash !== argsHash || record.tool !== submission.tool);
+    if (conflicting) {
+      await answerResubmission({ status: "conflict", record }, submission, request, seq, callLog);
+    } else if (record.state === "done" && record.result !== undefined) {
+      const result = record.result;
+      await answerResubmission(
+        { status: "done", record: { ...record, result } },
+        submission,
+        request,
+        seq,
+        callLog,
+      );
+    }
+    // In flight: the call's own final message answers it.
+    return true;
+  }
+
+  /**
+   * Answers a submission whose key names a call accepted before, without touching that call:
+   * a conflicting reuse of the key (other arguments or tool) gets `idempotency_conflict` on its
+   * own `rejected.{seq}` subject, never on the call's result subject; a call that ended has its
+   * stored final message published again for this submission's call id.
+   */
+  async function answerResubmission(
+    outcome: Extract<AcceptOutcome, { status: "conflict" | "done" }>,
+    submission: {
+      call_id: string;
+      session_id: string;
+      tool: string;
+      address: SessionAddress;
+      idempotency_key: string;
+    },
+    request: CallRequest,
+    seq: number,
+    callLog: Logger,
+  ): Promise<void> {
+    const key = callKey(submission.address, submission.idempotency_key);
+    if (outcome.status === "conflict") {
+      const error = new ToolmeshError(
+        ErrorCode.IdempotencyConflict,
+        `idempotency key "${submission.idempotency_key}" was used before with different arguments`,
+        {
+          details: {
+            idempotency_key: submission.idempotency_key,
+            tool: outcome.record.tool,
+            call_id: outcome.record.call_id,
+          },
+        },
+      );
+      const rejection: Rejection = {
+        ...errorToolMessage(
+          {
+            tool_call_id: submission.call_id,
+            name: request.tool_call.function.name,
+            session_id: submission.session_id,
+          },
+          error,
+          { attempts: 0 },
+        ),
+        error: error.toWire(),
+        seq,
+      };
+      await publishDurable(js, subjects.rejected(submission.address, seq), rejection, {
+        msgId: `rejected:${key}:${seq}`,
+      });
+      callLog.info({ seq }, "conflicting reuse of an idempotency key refused");
+      return;
+    }
+    // The same key may come back under another call id: answer that id. A call cancelled
+    // before it arrived gets its tool's name here.
+    await publishFinal(
+      subjects.result(submission.address, submission.call_id),
+      {
+        ...outcome.record.result,
+        tool_call_id: submission.call_id,
+        session_id: submission.session_id,
+        name: submission.tool,
+      },
+      outcome.record.call_id === submission.call_id
+        ? `result:${key}`
+        : `result:${key}:${subjectToken(submission.call_id)}`,
+    );
+    callLog.info("resubmitted call answered from its stored result");
   }
 
   return {

@@ -1,4 +1,4 @@
-import type { ResolvedCall } from "@toolmesh/protocol";
+import type { ResolvedCall, SessionAddress } from "@toolmesh/protocol";
 import { subjectToken } from "@toolmesh/protocol";
 
 /**
@@ -8,7 +8,7 @@ import { subjectToken } from "@toolmesh/protocol";
  */
 export class SessionLimits {
   readonly max: number;
-  // session token → (call token → deadline_at)
+  // `{tenant}.{session}` tokens → (call token → deadline_at)
   readonly #inFlight = new Map<string, Map<string, number>>();
 
   /** @param max calls in flight per session (at least 1) */
@@ -18,7 +18,7 @@ export class SessionLimits {
 
   /** Counts the call in, unless its session is full. A call already counted passes. */
   tryAcquire(call: ResolvedCall, now: number = Date.now()): boolean {
-    const calls = this.#calls(call.address.session);
+    const calls = this.#calls(call.address);
     const key = subjectToken(call.call_id);
     if (calls.has(key)) return true;
     if (calls.size >= this.max) {
@@ -31,22 +31,20 @@ export class SessionLimits {
 
   /** Counts the call out. */
   release(call: ResolvedCall): void {
-    this.#settle(call.address.session, subjectToken(call.call_id));
+    this.settled(call.address, subjectToken(call.call_id));
   }
 
-  /** Counts out the call a final message was published for (session and call tokens). */
-  settled(sessionToken: string, callToken: string): void {
-    this.#settle(sessionToken, callToken);
-  }
-
-  #settle(session: string, call: string): void {
+  /** Counts out the call a final message was published for (its session and call token). */
+  settled(at: SessionAddress, callToken: string): void {
+    const session = `${at.tenant}.${at.session}`;
     const calls = this.#inFlight.get(session);
     if (calls === undefined) return;
-    calls.delete(call);
+    calls.delete(callToken);
     if (calls.size === 0) this.#inFlight.delete(session);
   }
 
-  #calls(session: string): Map<string, number> {
+  #calls(at: SessionAddress): Map<string, number> {
+    const session = `${at.tenant}.${at.session}`;
     let calls = this.#inFlight.get(session);
     if (calls === undefined) {
       calls = new Map();

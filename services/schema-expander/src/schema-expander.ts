@@ -281,7 +281,13 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     let reply: unknown;
     try {
       const tenant = subjects.parseRpcTenant(msg.subject);
-      if (tenant === undefined) throw new ToolmeshError(ErrorCode.InvalidRequest, "no tenant");
+      if (tenant === undefined) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+          { details: { subject: msg.subject } },
+        );
+      }
       let body: unknown;
       try {
         body = decodeJson(msg.data);

@@ -56,6 +56,19 @@ describe("catalog entries", () => {
     expect(expandedEntry(definition({ description: "" }))).not.toHaveProperty("description");
   });
 
+  it("shows a model no system parameter in an expanded entry", () => {
+    const entry = expandedEntry(
+      definition({
+        parameters: {
+          type: "object",
+          properties: { path: { type: "string" }, storage: { type: "object" }, executor: {} },
+          required: ["path", "storage"],
+        },
+      }),
+    );
+    expect(entry.parameters).toEqual(PARAMETERS);
+  });
+
   it("declares a compact entry as a valid function that announces its schema", () => {
     const entry = compactEntry(definition());
     expect(declaredParameters(entry)).toEqual({

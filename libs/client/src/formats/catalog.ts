@@ -1,5 +1,5 @@
 import type { ToolDefinition } from "@toolmesh/protocol";
-import { summarize } from "@toolmesh/protocol";
+import { modelParameters, summarize } from "@toolmesh/protocol";
 
 /**
  * One tool as a frontend shows it to a model. A compact entry (seed 004) has a name and a
@@ -39,10 +39,14 @@ export function compactEntry(def: ToolDefinition): CatalogEntry {
 
 /**
  * The expanded form of a registry entry: name, summary, description (when non-empty) and the
- * full parameter schema. The schema object is shared with `def`, not copied.
+ * parameter schema a model may see (system and preset parameters hidden, `modelParameters`).
  */
 export function expandedEntry(def: ToolDefinition): CatalogEntry {
-  const entry: CatalogEntry = { name: def.name, summary: oneLine(def), parameters: def.parameters };
+  const entry: CatalogEntry = {
+    name: def.name,
+    summary: oneLine(def),
+    parameters: modelParameters(def),
+  };
   if (def.description.trim() !== "") entry.description = def.description;
   return entry;
 }
