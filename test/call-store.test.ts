@@ -99,7 +99,9 @@ describe("CallStore.finish", () => {
     await store.accept(record("f2"));
     const known = await store.get(target("f2"));
     const outcomes = await Promise.all(
-      Array.from({ length: 8 }, (_, i) => store.finish(target("f2"), message("f2", `party ${i}`), known)),
+      Array.from({ length: 8 }, (_, i) =>
+        store.finish(target("f2"), message("f2", `party ${i}`), known),
+      ),
     );
     const winners = outcomes.filter((o) => o?.won === true);
     expect(winners).toHaveLength(1);

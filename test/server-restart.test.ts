@@ -87,8 +87,8 @@ describe("a NATS server killed and restarted", () => {
     // A killed server may lose its last acknowledgements: a call can run again (side effects
     // are at-least-once across crashes; handlers get the idempotency key), never lose its end.
     for (const id of ["r1", "r2", "r3", "r4", "r5", "r9"]) {
-      expect(executions(`restart-1/${id}`)).toBeGreaterThanOrEqual(1);
-      expect(executions(`restart-1/${id}`)).toBeLessThanOrEqual(2);
+      expect(executions(`default/restart-1/restart-1/${id}`)).toBeGreaterThanOrEqual(1);
+      expect(executions(`default/restart-1/restart-1/${id}`)).toBeLessThanOrEqual(2);
     }
     expect(resolver.child.exitCode).toBeNull();
     expect(executor.child.exitCode).toBeNull();
@@ -109,7 +109,7 @@ describe("a NATS server killed and restarted", () => {
     const repeated = await again.submit({ id: "s1", name: "sleepy", arguments: { ms: 5 } }).result;
     again.close();
     expect(repeated.content).toBe(original.content);
-    expect(executions("restart-2/s1")).toBe(1);
+    expect(executions("default/restart-2/restart-2/s1")).toBe(1);
   });
 });
 

@@ -1,7 +1,12 @@
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
+import { createSubjects } from "@toolmesh/protocol";
 
-const nc = await connectNats({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" });
+// Answers arrive below the tenant's own inbox prefix, the one its NATS user may read.
+const nc = await connectNats({
+  servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222",
+  inboxPrefix: createSubjects().frontendInboxPrefix("acme"),
+});
 const client = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 30_000 });
 const session = client.session("conversation-42");
 

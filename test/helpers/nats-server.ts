@@ -3,7 +3,10 @@
 // the product's launcher, the one `toolmesh dev` uses; `container` runs it in a container
 // through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.10).
 import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
-import { startNatsServer as startProcess, stopAll as stopAllProcesses } from "@toolmesh/nats-launcher";
+import {
+  startNatsServer as startProcess,
+  stopAll as stopAllProcesses,
+} from "@toolmesh/nats-launcher";
 import { startContainerNatsServer, stopAllContainerNatsServers } from "./nats-container.js";
 
 export { NatsServerStartError } from "@toolmesh/nats-launcher";

@@ -475,3 +475,28 @@ describe("schema expansion names", () => {
     }
   });
 });
+
+describe("registry keys and inbox prefixes", () => {
+  const s = createSubjects({ prefix: "acme.prod" });
+
+  it("puts a tool's namespace in its own token, and keeps names without one as their token", () => {
+    expect(s.registryKey("echo")).toBe("echo");
+    expect(s.registryKey("github.create_issue")).toBe("github.create_issue");
+    expect(s.registryKey("a.b.c")).toBe("a.b=2ec");
+    expect(s.registryKey(".hidden")).toBe(subjectToken(".hidden"));
+    expect(s.registryKey("trailing.")).toBe(subjectToken("trailing."));
+    expect(s.registryKey("my tool.x*")).toBe("my=20tool.x=2a");
+  });
+
+  it("gives distinct names distinct keys", () => {
+    const names = ["a.b", "a=2eb", "a.b.c", "a.b=2ec", "a", "a.", ".a", "a..b"];
+    const keys = names.map((n) => s.registryKey(n));
+    expect(new Set(keys).size).toBe(names.length);
+  });
+
+  it("builds an inbox prefix per role and per frontend identity", () => {
+    expect(s.inboxPrefix("resolver")).toBe("_INBOX.acme.prod.resolver");
+    expect(s.frontendInboxPrefix("tenant a")).toBe("_INBOX.acme.prod.frontend.tenant=20a");
+    expect(s.frontendInboxPrefix("t", "s.1")).toBe("_INBOX.acme.prod.frontend.t.s=2e1");
+  });
+});

@@ -247,6 +247,23 @@ export interface Subjects {
   tenantEvents(tenant: string): string;
   /** Wildcard over every call of one tenant: `{p}.v1.calls.{tenant}.*`. */
   tenantCalls(tenant: string): string;
+  /**
+   * Key of a tool in {@link Subjects.registryBucket}: the token of its name, or for a name
+   * `ns.rest` (an MCP tool `server.tool`) the token of `ns`, a dot and the token of `rest`, so
+   * NATS permissions can give one owner a whole namespace (`$KV.{bucket}.{ns}.*`).
+   */
+  registryKey(name: string): string;
+  /**
+   * Inbox prefix of a service role (`_INBOX.{p}.{role}`): replies to its requests (JetStream
+   * API, pull deliveries) arrive below it, so permissions can keep other roles from them.
+   */
+  inboxPrefix(role: string): string;
+  /**
+   * Inbox prefix of a frontend of `tenant` (`_INBOX.{p}.frontend.{tenant}`), or of a frontend
+   * confined to one session (`….{session}`). Services answer requests only below
+   * `_INBOX.{p}.frontend.>` and `_INBOX.{p}.operator.>`.
+   */
+  frontendInboxPrefix(tenant: string, session?: string): string;
 }
 
 // Lower case and no `_`: stream and bucket names join the parts with `_` and upper-case
@@ -358,5 +375,13 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     stats: `${base}.control.stats`,
     tenantEvents: (tenant) => `${base}.sessions.${t(tenant)}.*.>`,
     tenantCalls: (tenant) => `${base}.calls.${t(tenant)}.*`,
+    registryKey(name) {
+      const dot = name.indexOf(".");
+      if (dot <= 0 || dot === name.length - 1) return t(name);
+      return `${t(name.slice(0, dot))}.${t(name.slice(dot + 1))}`;
+    },
+    inboxPrefix: (role) => `_INBOX.${prefix}.${t(role)}`,
+    frontendInboxPrefix: (tenant, session) =>
+      `_INBOX.${prefix}.frontend.${t(tenant)}${session === undefined ? "" : `.${t(session)}`}`,
   };
 }

@@ -10,7 +10,6 @@ import {
   ToolmeshError,
   decodeJson,
   encodeJson,
-  subjectToken,
   decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import type { CompiledTool } from "./compile.js";
@@ -44,21 +43,23 @@ export interface RegistryOptions {
 const WRONG_LAST_SEQUENCE = 10071;
 
 /**
- * The tool registry: one KV entry per tool, keyed by the tool's subject token. Every service
+ * The tool registry: one KV entry per tool, keyed by {@link Subjects.registryKey}. Every service
  * watches it and keeps each tool compiled, so a tool registered while the mesh runs is
  * usable at once and no schema is compiled per call.
  */
 export class ToolRegistry {
   readonly #kv: KV;
   readonly #log: RegistryLog;
+  readonly #subjects: Subjects;
   readonly #tools = new Map<string, CompiledTool>();
   readonly #nameByKey = new Map<string, string>();
   readonly #listeners = new Set<RegistryListener>();
   #watcher: QueuedIterator<KvWatchEntry> | undefined;
 
-  private constructor(kv: KV, log: RegistryLog) {
+  private constructor(kv: KV, log: RegistryLog, subjects: Subjects) {
     this.#kv = kv;
     this.#log = log;
+    this.#subjects = subjects;
   }
 
   /** Opens (creating when needed) the bucket and, unless told not to, loads and watches it. */
@@ -67,7 +68,7 @@ export class ToolRegistry {
     const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
       existing: options.existing ?? "update",
     });
-    const registry = new ToolRegistry(kv, options.log);
+    const registry = new ToolRegistry(kv, options.log, options.subjects);
     if (options.watch !== false) await registry.#startWatch();
     return registry;
   }
@@ -80,7 +81,7 @@ export class ToolRegistry {
   async register(input: ToolDefinitionInput): Promise<RegisterOutcome> {
     const definition = ToolDefinitionSchema.parse(input);
     compileTool(definition, 0); // a schema that cannot compile is refused before it is stored
-    const key = subjectToken(definition.name);
+    const key = this.#subjects.registryKey(definition.name);
     const data = encodeJson(definition);
     for (;;) {
       try {
@@ -120,7 +121,7 @@ export class ToolRegistry {
 
   /** Removes a tool; only its owner may. */
   async unregister(name: string, owner: string): Promise<boolean> {
-    const key = subjectToken(name);
+    const key = this.#subjects.registryKey(name);
     const entry = await this.#kv.get(key);
     if (entry === null || entry.operation !== "PUT") return false;
     const current = ToolDefinitionSchema.parse(entry.json());
@@ -151,7 +152,7 @@ export class ToolRegistry {
 
   /** Reads one definition straight from the bucket (no watcher needed). */
   async fetch(name: string): Promise<ToolDefinition | undefined> {
-    const entry = await this.#kv.get(subjectToken(name));
+    const entry = await this.#kv.get(this.#subjects.registryKey(name));
     if (entry === null || entry.operation !== "PUT") return undefined;
     return ToolDefinitionSchema.parse(entry.json());
   }

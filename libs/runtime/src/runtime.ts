@@ -82,6 +82,7 @@ export async function openRuntime(
   const serviceName = `toolmesh-${service}`;
   const telemetry = initTelemetry({ serviceName, env: config.env });
   setPayloadRecording(config.tracePayloads);
+  const subjects = createSubjects({ prefix: config.prefix });
   const { nc, version } = await reachNats(config, service, logger, options.retryForMs ?? 0);
   let metrics: Metrics | undefined;
   try {
@@ -91,7 +92,6 @@ export async function openRuntime(
       ...(config.metricsPort === undefined ? {} : { prometheusPort: config.metricsPort }),
     });
     logger.info({ server: nc.getServer(), version }, "connected to NATS");
-    const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, {
       subjects,
       log: logger,
@@ -163,7 +163,13 @@ async function reachNats(
 ): Promise<{ nc: NatsConnection; version: string }> {
   const servers = config.nats.servers;
   const attempt = async (): Promise<{ nc: NatsConnection; version: string }> => {
-    const nc = await connectNats({ ...config.nats, name: `toolmesh-${service}` });
+    const nc = await connectNats({
+      ...config.nats,
+      name: `toolmesh-${service}`,
+      // Replies to this process arrive below its role's own prefix, which NATS permissions
+      // give to this role alone (docs/security.md).
+      inboxPrefix: createSubjects({ prefix: config.prefix }).inboxPrefix(service),
+    });
     try {
       return { nc, version: await assertServerSupported(nc) };
     } catch (err) {

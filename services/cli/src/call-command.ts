@@ -4,11 +4,11 @@ import { ToolmeshClient } from "@toolmesh/client";
 import type { SubmitOptions } from "@toolmesh/client";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import { connectNats } from "@toolmesh/nats";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { initTelemetry } from "@toolmesh/telemetry";
 import { describeMessage, say } from "./print.js";
 import { progressView } from "./progress-view.js";
+import { connectCli } from "./commands.js";
 
 /** Options of `toolmesh call` (and of `resolve`, which ignores `quiet`). */
 export interface CallOptions {
@@ -72,7 +72,7 @@ export async function callCommand(
   const submitOptions = submitOptionsOf(options);
   const telemetry = initTelemetry({ serviceName: "toolmesh-cli", env: config.env });
   try {
-    const nc = await connectNats({ ...config.nats, name: "toolmesh-cli" });
+    const nc = await connectCli(config, "frontend");
     try {
       return await runCall(nc, config, tool, options, submitOptions);
     } finally {

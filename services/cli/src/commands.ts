@@ -9,12 +9,33 @@ import type { CallOptions } from "./call-command.js";
 import { newSessionId, submitOptionsOf } from "./call-command.js";
 import { say } from "./print.js";
 
-/** Runs `fn` with a connection made from this configuration, then disconnects. */
+/** The role a command connects as. */
+export type CliRole = "frontend" | "operator";
+
+/**
+ * Connects as the CLI. Replies arrive below the inbox prefix of the role the command acts as:
+ * the tenant's frontend, or the operator (docs/security.md).
+ */
+export function connectCli(config: RuntimeConfig, as: CliRole): Promise<NatsConnection> {
+  const subjects = createSubjects({ prefix: config.prefix });
+  return connectNats({
+    ...config.nats,
+    name: "toolmesh-cli",
+    inboxPrefix:
+      as === "frontend" ? subjects.frontendInboxPrefix(config.tenant) : subjects.inboxPrefix(as),
+  });
+}
+
+/**
+ * Runs `fn` connected as the CLI, then disconnects. Replies arrive below the inbox prefix of
+ * the role the command acts as: the tenant's frontend, or the operator (docs/security.md).
+ */
 export async function withConnection<T>(
   config: RuntimeConfig,
   fn: (nc: NatsConnection) => Promise<T>,
+  as: CliRole = "operator",
 ): Promise<T> {
-  const nc = await connectNats({ ...config.nats, name: "toolmesh-cli" });
+  const nc = await connectCli(config, as);
   try {
     return await fn(nc);
   } finally {
@@ -27,14 +48,17 @@ export function withClient<T>(
   config: RuntimeConfig,
   fn: (client: ToolmeshClient) => Promise<T>,
 ): Promise<T> {
-  return withConnection(config, (nc) =>
-    fn(
-      new ToolmeshClient(nc, {
-        prefix: config.prefix,
-        tenant: config.tenant,
-        defaultTimeoutMs: config.defaultTimeoutMs,
-      }),
-    ),
+  return withConnection(
+    config,
+    (nc) =>
+      fn(
+        new ToolmeshClient(nc, {
+          prefix: config.prefix,
+          tenant: config.tenant,
+          defaultTimeoutMs: config.defaultTimeoutMs,
+        }),
+      ),
+    "frontend",
   );
 }
 

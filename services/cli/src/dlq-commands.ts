@@ -25,9 +25,14 @@ async function withDlq(
   json: boolean | undefined,
   fn: (nc: NatsConnection, subjects: Subjects) => Promise<number>,
 ): Promise<number> {
-  const nc = await connectNats({ ...config.nats, name: "toolmesh-cli" });
+  const subjects = createSubjects({ prefix: config.prefix });
+  const nc = await connectNats({
+    ...config.nats,
+    name: "toolmesh-cli",
+    inboxPrefix: subjects.inboxPrefix("operator"),
+  });
   try {
-    return await fn(nc, createSubjects({ prefix: config.prefix }));
+    return await fn(nc, subjects);
   } catch (err) {
     if (!(err instanceof ToolmeshError)) throw err;
     say(json === true ? JSON.stringify({ error: err.toWire() }) : `${err.code}: ${err.message}`);

@@ -16,6 +16,7 @@ import { addVersionEverywhere, cliVersion } from "./version.js";
 import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
+import { addAuthCommands } from "./auth-commands.js";
 
 interface GlobalOptions {
   server?: string;
@@ -201,6 +202,7 @@ export function buildProgram(
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);
   addCancelCommand(program, () => config(), run);
+  addAuthCommands(program, () => config(), run);
 
   addVersionEverywhere(program);
 

@@ -32,7 +32,11 @@ function line(change: ProvisionChange, dryRun: boolean): string {
  */
 export async function setupCommand(config: RuntimeConfig, options: SetupOptions): Promise<number> {
   const dryRun = options.dryRun === true;
-  const nc = await connectNats({ ...config.nats, name: "toolmesh-setup" });
+  const nc = await connectNats({
+    ...config.nats,
+    name: "toolmesh-setup",
+    inboxPrefix: createSubjects({ prefix: config.prefix }).inboxPrefix("setup"),
+  });
   try {
     await assertServerSupported(nc);
     const plan = meshPlan(createSubjects({ prefix: config.prefix }), meshSettings(config));

@@ -1,6 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Command } from "commander";
-import { connectNats } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
@@ -8,13 +7,14 @@ import { createLogger } from "@toolmesh/telemetry";
 import { say } from "./print.js";
 import type { MeshStats, ToolStats } from "./stats.js";
 import { gatherStats } from "./stats.js";
+import { connectCli } from "./commands.js";
 
 /** Connects and gathers the mesh's stats once per call of `gather` until `fn` resolves. */
 export async function withStats<T>(
   config: RuntimeConfig,
   fn: (gather: () => Promise<MeshStats>) => Promise<T>,
 ): Promise<T> {
-  const nc: NatsConnection = await connectNats({ ...config.nats, name: "toolmesh-cli-stats" });
+  const nc: NatsConnection = await connectCli(config, "operator");
   try {
     const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, {

@@ -1,10 +1,10 @@
 import type { Msg } from "@nats-io/nats-core";
 import type { Command } from "commander";
 import { InvalidArgumentError } from "commander";
-import { connectNats } from "@toolmesh/nats";
 import { createSubjects, decodeJsonOrUndefined } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
+import { connectCli } from "./commands.js";
 
 /** One thing seen on a session, as `watch --json` prints it. */
 export interface WatchEvent {
@@ -29,7 +29,7 @@ export async function watchCommand(
   options: { session?: string; json?: boolean; limit?: number },
 ): Promise<number> {
   const subjects = createSubjects({ prefix: config.prefix });
-  const nc = await connectNats({ ...config.nats, name: "toolmesh-cli-watch" });
+  const nc = await connectCli(config, "operator");
   const address =
     options.session === undefined ? undefined : subjects.address(config.tenant, options.session);
   const watched = [
