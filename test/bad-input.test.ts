@@ -1032,6 +1032,37 @@ describe("call identity: keys, conflicts, cancellation, tenants", () => {
     }
   });
 
+  it("answers a refused resubmission of an ended call from its record, not with the refusal", async () => {
+    const first = await rawCall(
+      "s-refused",
+      envelope("s-refused", "f1", "ledger", { value: "r" }),
+      {
+        callId: "f1",
+      },
+    );
+    // The same call again, now with a budget longer than records are kept, and with arguments
+    // the tool would refuse: neither refusal takes the place of the call's result.
+    const tooLong = await rawCall(
+      "s-refused",
+      envelope("s-refused", "f1", "ledger", { value: "r" }, { timeout_ms: 2 ** 33 }),
+      { callId: "f1" },
+    );
+    expect(tooLong.message).toEqual(first.message);
+    const address = subjects.address(TENANT, "s-refused");
+    const watch = new SessionWatch(address);
+    try {
+      const ack = await publishRaw(
+        TENANT,
+        "s-refused",
+        envelope("s-refused", "f1", "ledger", { value: 5 }),
+      );
+      expect((await watch.rejection(ack.seq)).error.code).toBe("idempotency_conflict");
+      expect(watch.messages).toEqual([]);
+    } finally {
+      watch.close();
+    }
+  });
+
   it("does not answer cancelled for a call it does not know, nor for one named without its key", async () => {
     const unknown = await cancelRaw(TENANT, "s-cancel", {
       tool_call_id: "never-sent",

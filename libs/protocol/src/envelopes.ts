@@ -243,9 +243,10 @@ export const CancelReplySchema = z
           "call of this session has the key yet, a call that arrives with it is answered " +
           "`cancelled` without running; `unknown`: the request failed (see `error`).",
       ),
-    idempotency_key: Id.optional().describe(
-      "The key the request acted on (the one sent, else `{session_id}/{tool_call_id}`).",
-    ),
+    idempotency_key: z
+      .string()
+      .optional()
+      .describe("The key the request acted on (the one sent, else `{session_id}/{tool_call_id}`)."),
     error: WireErrorSchema.optional(),
   })
   .meta({ id: "CancelReply", description: "What became of a cancel request." });

@@ -396,22 +396,33 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         errorToolMessage(target, error, { attempts: 0 }),
         msgId,
       );
+    // A refusal before acceptance must not take the place of a known call's result either.
+    const refuse = async (error: ToolmeshError): Promise<void> => {
+      const refused = {
+        ok: false as const,
+        error,
+        toolCallId: resolved.call_id,
+        tool: resolved.tool,
+        request,
+      };
+      if (!(await answerKnownKey(refused, resolved.address, msg.seq, callLog)))
+        await publishAnswer(error, `result:${key}`);
+    };
 
     if (resolved.timeout_ms > callRetentionMs) {
       // Its record would expire while it runs, and with it the guarantee of one final message.
-      await publishAnswer(
+      await refuse(
         new ToolmeshError(
           ErrorCode.InvalidRequest,
           `timeout_ms ${resolved.timeout_ms} is longer than calls are remembered (${callRetentionMs} ms)`,
           { details: { timeout_ms: resolved.timeout_ms, max_timeout_ms: callRetentionMs } },
         ),
-        `result:${key}`,
       );
       return;
     }
     if (clock.now() >= resolved.deadline_at) {
       // It waited in the calls stream past its deadline (no resolver was running).
-      await publishAnswer(
+      await refuse(
         new ToolmeshError(
           ErrorCode.DeadlineExceeded,
           `call ${resolved.call_id} passed its deadline before it was resolved`,
@@ -419,7 +430,6 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
             details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms },
           },
         ),
-        `result:${key}`,
       );
       return;
     }
