@@ -89,11 +89,11 @@ describe("toolmesh setup on a cluster", () => {
   it("provisions a fresh cluster, finds nothing to change again, and changes the replica count", async () => {
     const resize = { TOOLMESH_PREFIX: "resize" };
     const first = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" });
-    expect(first.changed).toBe(15);
+    expect(first.changed).toBe(16);
     expect((await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" })).changed).toBe(0);
     const grown = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "3" });
     // Seven streams and four buckets change; consumers follow their stream.
-    expect(grown.changed).toBe(11);
+    expect(grown.changed).toBe(12);
     expect(grown.resources.filter((r) => r.action === "updated").map((r) => r.kind)).not.toContain(
       "consumer",
     );
@@ -123,7 +123,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       TOOLMESH_ACK_WAIT_MS: String(ACK_WAIT_MS),
       TOOLMESH_CONCURRENCY: "64",
     };
-    expect((await setup(env)).changed).toBe(15);
+    expect((await setup(env)).changed).toBe(16);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
     await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(

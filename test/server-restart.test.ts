@@ -142,7 +142,10 @@ describe("a NATS server restarted cleanly (SIGTERM) under load", () => {
     const messages = await Promise.all(handles.map((h) => h.result));
     session.close();
     expect(messages.filter((m) => m.error !== undefined).map((m) => m.error?.code)).toEqual([]);
-    const reruns = Array.from({ length: CALLS }, (_, i) => executions(`restart-3/t${i}`) - 1);
+    const reruns = Array.from(
+      { length: CALLS },
+      (_, i) => executions(`default/restart-3/restart-3/t${i}`) - 1,
+    );
     const total = reruns.reduce((a, b) => a + b, 0);
     console.log(
       `${RESTARTS} clean restarts at ${RATE_PER_S} calls/s: ${total} handler re-runs ` +

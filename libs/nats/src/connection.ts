@@ -91,7 +91,9 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
     throw new ToolmeshError(
       ErrorCode.Unavailable,
       `cannot connect to NATS at ${servers.map(redactUrl).join(",")}: ${redactSecrets(reason, options)}`,
-      { retryable: true },
+      // A refused credential stays refused; anything else (not started yet, restarting,
+      // unreachable) may pass on a later attempt.
+      { retryable: !/authori[sz]ation|authentication/i.test(reason) },
     );
   }
 }

@@ -183,10 +183,9 @@ async function reachNats(
       minTimeout: 250,
       maxTimeout: 5_000,
       maxRetryTime: retryForMs,
-      shouldRetry: ({ error }) =>
-        retryForMs > 0 && !(error instanceof ToolmeshError) && !isFileError(error),
+      shouldRetry: ({ error }) => retryForMs > 0 && isTransient(error),
       onFailedAttempt: ({ error, attemptNumber }) => {
-        if (retryForMs > 0 && !(error instanceof ToolmeshError))
+        if (retryForMs > 0 && isTransient(error))
           log.warn(
             { attempt: attemptNumber, servers, err: error },
             `cannot reach NATS (${error.message}); trying again`,
@@ -194,7 +193,7 @@ async function reachNats(
       },
     });
   } catch (err) {
-    if (retryForMs === 0 || err instanceof ToolmeshError || isFileError(err)) throw err;
+    if (retryForMs === 0 || !isTransient(err)) throw err;
     throw new StartupTimeoutError(
       `cannot reach NATS at ${servers} within ${retryForMs} ms (${err instanceof Error ? err.message : String(err)}): ` +
         "check NATS_URL and that nats-server runs, or raise TOOLMESH_STARTUP_TIMEOUT_MS",
@@ -203,9 +202,13 @@ async function reachNats(
   }
 }
 
-/** A credentials or key file that cannot be read: a configuration problem, not worth waiting. */
-function isFileError(err: unknown): boolean {
-  return err instanceof Error && typeof (err as NodeJS.ErrnoException).syscall === "string";
+/**
+ * Whether another attempt may succeed: not a server that answered and refused (too old, no
+ * JetStream, credentials), nor a credentials or key file that cannot be read.
+ */
+function isTransient(err: unknown): boolean {
+  if (err instanceof ToolmeshError) return err.retryable;
+  return !(err instanceof Error && typeof (err as NodeJS.ErrnoException).syscall === "string");
 }
 
 /**
