@@ -214,9 +214,18 @@ try {
     };
   }
   if (!smoke) {
-    result.extras.first_call = await firstCallToNewTool(mesh);
-    result.extras.schema_expansion = await schemaExpansion();
-    result.extras.memory = await memoryPerInFlightCall(MEMORY_IN_FLIGHT);
+    // A failing extra is reported, not fatal: the rounds' results are worth keeping.
+    const extra = async (key, fn) => {
+      try {
+        result.extras[key] = await fn();
+      } catch (err) {
+        log(`${key} failed: ${err.message}`);
+        result.extras[key] = { error: err.message };
+      }
+    };
+    await extra("first_call", () => firstCallToNewTool(mesh));
+    await extra("schema_expansion", schemaExpansion);
+    await extra("memory", () => memoryPerInFlightCall(MEMORY_IN_FLIGHT));
   }
 } finally {
   for (const s of systems.reverse()) {
@@ -376,18 +385,23 @@ async function memoryPerInFlightCall(n) {
     const until = Date.now() + 600_000;
     for (let i = 0; i < n; i++)
       void m.submit("hold", { until }, { timeoutMs: 900_000 }).catch(() => undefined);
-    // In flight once the executors hold every call (acknowledgement pending on the work consumer).
+    // In flight once every call is accepted and routed: held by an executor (acknowledgement
+    // pending) or waiting in the work stream for one (the work consumer bounds what is handed out).
     const started = performance.now();
     for (;;) {
-      const jsz = await m.server.jsz();
-      let pending = 0;
+      // Slow under this load: a longer timeout than the launcher's.
+      const res = await globalThis.fetch(`${m.server.monitorUrl}/jsz?consumers=true`, {
+        signal: globalThis.AbortSignal.timeout(30_000),
+      });
+      const jsz = await res.json();
+      let inFlight = 0;
       for (const acct of jsz.account_details ?? [])
         for (const st of acct.stream_detail ?? [])
           for (const c of st.consumer_detail ?? [])
-            if (c.name.includes("hold")) pending += c.num_ack_pending;
-      if (pending >= n) break;
+            if (c.name.includes("hold")) inFlight += c.num_ack_pending + c.num_pending;
+      if (inFlight >= n) break;
       if (performance.now() - started > 180_000)
-        throw new Error(`only ${pending} of ${n} calls in flight after 3 minutes`);
+        throw new Error(`only ${inFlight} of ${n} calls in flight after 3 minutes`);
       await delay(500);
     }
     await delay(2_000);

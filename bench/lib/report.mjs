@@ -167,6 +167,7 @@ export function writeReport(result, dir, stamp) {
       lines.push(
         `- ${n}: the OTLP sink received ${result.systems[n].otlp_sink.requests} exports (${result.systems[n].otlp_sink.bytes} bytes).`,
       );
+  for (const [k, v] of Object.entries(x)) if (v?.error) lines.push(`- ${k} failed: ${v.error}`);
   if (x.bullmq_skipped) lines.push(`- BullMQ skipped: ${x.bullmq_skipped}`);
   const path = join(dir, `bench-${result.mode}-${stamp}.md`);
   writeFileSync(path, `${lines.join("\n")}\n`);
