@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
@@ -54,8 +54,6 @@ export interface CallStoreOptions {
   retentionMs?: number;
 }
 
-const WRONG_LAST_SEQUENCE = 10071;
-
 /** `args_hash` of a record made by a cancellation that came before its call. */
 export const ANY_ARGUMENTS = "*";
 const STREAM_NAME_IN_USE = 10058;
@@ -69,7 +67,7 @@ export function argumentsHash(args: unknown): string {
 }
 
 function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }
 
 /** Call records in a KV bucket, changed only by compare-and-set. */

@@ -1,7 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV, KvEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import type { SessionAddress, Subjects } from "@toolmesh/protocol";
 import { decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionPolicy } from "./policy.js";
@@ -56,7 +56,6 @@ export interface StateStoreOptions {
   sessionTtlMs?: number;
 }
 
-const WRONG_LAST_SEQUENCE = 10071;
 const STREAM_NAME_IN_USE = 10058;
 const MAX_CAS_ATTEMPTS = 64;
 
@@ -218,7 +217,10 @@ async function update<T extends { updated_at: number }>(
       else await kv.create(key, data);
       return { value: written, changed: true };
     } catch (err) {
-      if (!(err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE)) throw err;
+      if (!(
+        err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence
+      ))
+        throw err;
       // Someone else wrote first: read again and re-apply.
     }
   }

@@ -1,5 +1,5 @@
 import type { ConsumerConfig, JetStreamManager } from "@nats-io/jetstream";
-import { AckPolicy, DeliverPolicy, JetStreamApiError } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/nats-core";
 
 /** A durable pull consumer as toolmesh configures them. Durations in ms. */
@@ -15,8 +15,6 @@ export interface DurableConsumerOptions {
   /** Messages delivered and not yet acknowledged, over all its clients. */
   maxAckPending: number;
 }
-
-const CONSUMER_NOT_FOUND = 10014;
 
 /**
  * Creates a durable pull consumer (explicit acks, every message), or brings the settings that
@@ -34,7 +32,8 @@ export async function ensureDurableConsumer(
   const exists = await jsm.consumers.info(options.stream, options.name).then(
     () => true,
     (err: unknown) => {
-      if (err instanceof JetStreamApiError && err.code === CONSUMER_NOT_FOUND) return false;
+      if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.ConsumerNotFound)
+        return false;
       throw err;
     },
   );

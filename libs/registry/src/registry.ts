@@ -1,7 +1,7 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
-import { JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
 import {
   ErrorCode,
@@ -35,8 +35,6 @@ export interface RegistryOptions {
   /** Keep a live, compiled copy of every entry. Default true; registrars alone may skip it. */
   watch?: boolean;
 }
-
-const WRONG_LAST_SEQUENCE = 10071;
 
 /**
  * The tool registry: one KV entry per tool, keyed by the tool's subject token. Every service
@@ -232,5 +230,5 @@ export class ToolRegistry {
 }
 
 function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }
