@@ -42,6 +42,8 @@ const { values: flags } = parseArgs({
     "no-redis": { type: "boolean", default: false },
     // Extra environment for a "metrics on" variant of the mesh, e.g. TOOLMESH_METRICS_PORT=0.
     "metrics-env": { type: "string", multiple: true, default: [] },
+    // Another built checkout (e.g. a git worktree of main) whose services run as "M-before".
+    "compare-root": { type: "string" },
   },
 });
 
@@ -95,6 +97,15 @@ try {
     );
     await start("M+2x", () =>
       startMesh({ name: "M+2x", title: "toolmesh, two executors", executors: 2 }),
+    );
+  }
+  if (flags["compare-root"] !== undefined) {
+    await start("M-before", () =>
+      startMesh({
+        name: "M-before",
+        title: `toolmesh built in ${flags["compare-root"]}`,
+        root: flags["compare-root"],
+      }),
     );
   }
   if (flags["metrics-env"].length > 0) {
@@ -187,12 +198,14 @@ try {
         rate: plan.rate,
         timeouts: a.rounds.reduce((n, x) => n + x.open.timeouts + x.open.errors, 0),
       },
+      // Per completed call, at full load (the closed loop): an open loop the system cannot keep
+      // up with leaves calls unfinished in its window.
       cost: {
-        closed_cpu_us_per_call: median((x) => x.closed.cpu_us_per_call),
+        cpu_us_per_call: median((x) => x.closed.cpu_us_per_call),
         open_cpu_us_per_call: median((x) => x.open.cpu_us_per_call),
-        cpu_us_by_process_open: a.rounds.at(-1).open.cpu_us_by_process,
-        server_in_msgs_per_call: median((x) => x.open.server_in_msgs_per_call),
-        server_out_msgs_per_call: median((x) => x.open.server_out_msgs_per_call),
+        cpu_us_by_process: a.rounds.at(-1).closed.cpu_us_by_process,
+        server_in_msgs_per_call: median((x) => x.closed.server_in_msgs_per_call),
+        server_out_msgs_per_call: median((x) => x.closed.server_out_msgs_per_call),
       },
       ...(SIZES.length > 0 ? { payload_sizes: sizes } : {}),
       rounds: a.rounds,
@@ -269,14 +282,18 @@ function ratios(s) {
       sequential_p50: round(m.sequential.p50_ms / b.sequential.p50_ms, 2),
       throughput: round(m.closed.calls_per_s / b.closed.calls_per_s, 2),
       open_p99: round(m.open.p99_ms / b.open.p99_ms, 2),
-      cpu_per_call: round(m.cost.open_cpu_us_per_call / b.cost.open_cpu_us_per_call, 2),
+      cpu_per_call: round(m.cost.cpu_us_per_call / b.cost.cpu_us_per_call, 2),
     };
   }
-  for (const v of Object.keys(s).filter((k) => k.startsWith("M+"))) {
+  for (const v of Object.keys(s).filter((k) => k.startsWith("M+") || k === "M-before")) {
     out[`${v}_vs_M`] = {
       sequential_p50: round(s[v].sequential.p50_ms / m.sequential.p50_ms, 2),
       throughput: round(s[v].closed.calls_per_s / m.closed.calls_per_s, 2),
-      cpu_per_call: round(s[v].cost.open_cpu_us_per_call / m.cost.open_cpu_us_per_call, 2),
+      cpu_per_call: round(s[v].cost.cpu_us_per_call / m.cost.cpu_us_per_call, 2),
+      server_in_msgs_per_call: round(
+        s[v].cost.server_in_msgs_per_call - m.cost.server_in_msgs_per_call,
+        2,
+      ),
     };
   }
   return out;

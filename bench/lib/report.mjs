@@ -85,7 +85,7 @@ export function writeReport(result, dir, stamp) {
   for (const n of names) {
     const s = result.systems[n];
     lines.push(
-      `| ${n} | ${s.title} | ${f(s.sequential.p50_ms, 3)} | ${f(s.sequential.p90_ms, 3)} | ${f(s.sequential.p99_ms, 3)} | ${f(s.sequential.p999_ms, 3)} | ${s.closed.calls_per_s} | ${f(s.open.p50_ms, 3)} | ${f(s.open.p99_ms, 3)} | ${f(s.open.p999_ms, 3)} | ${s.open.timeouts} | ${f(s.cost.open_cpu_us_per_call, 0)} | ${f(s.cost.server_in_msgs_per_call)} | ${f(s.cost.server_out_msgs_per_call)} |`,
+      `| ${n} | ${s.title} | ${f(s.sequential.p50_ms, 3)} | ${f(s.sequential.p90_ms, 3)} | ${f(s.sequential.p99_ms, 3)} | ${f(s.sequential.p999_ms, 3)} | ${s.closed.calls_per_s} | ${f(s.open.p50_ms, 3)} | ${f(s.open.p99_ms, 3)} | ${f(s.open.p999_ms, 3)} | ${s.open.timeouts} | ${f(s.cost.cpu_us_per_call, 0)} | ${f(s.cost.server_in_msgs_per_call)} | ${f(s.cost.server_out_msgs_per_call)} |`,
     );
   }
   lines.push(
@@ -116,9 +116,9 @@ export function writeReport(result, dir, stamp) {
     );
     lines.push(`![${title}](${file})`, "");
   }
-  lines.push("## CPU per call by process (µs, open loop)", "");
+  lines.push("## CPU per call by process (µs, closed loop)", "");
   for (const n of names) {
-    const by = result.systems[n].cost.cpu_us_by_process_open ?? {};
+    const by = result.systems[n].cost.cpu_us_by_process ?? {};
     lines.push(
       `- ${n}: ${Object.entries(by)
         .map(([k, v]) => `${k} ${f(v, 0)}`)

@@ -186,7 +186,7 @@ export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
  * M: toolmesh. `executors` executor processes, `tracing` exports OTLP to a local sink, `env`
  * adds variables to every service (e.g. a metrics switch), `expander` also runs the schema
  * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY, `serverArgs` go to nats-server
- * and `nodeArgs` to the services' node.
+ * and `nodeArgs` to the services' node; `root` is the checkout whose built services run.
  */
 export async function startMesh({
   name = "M",
@@ -199,6 +199,7 @@ export async function startMesh({
   sessionMaxInFlight,
   serverArgs,
   nodeArgs = [],
+  root = ROOT,
 } = {}) {
   const server = await startNatsServer(serverArgs === undefined ? {} : { args: serverArgs });
   let sink;
@@ -215,10 +216,15 @@ export async function startMesh({
     sink = await child(join(BENCH, "peers", "otlp-sink.mjs"), [], {});
     env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${sink.ready.split(" ")[1]}`;
   }
-  const procs = { resolver: service("resolver", env, nodeArgs) };
+  const procs = { resolver: service("resolver", env, nodeArgs, root) };
   for (let i = 0; i < executors; i++)
-    procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service("executor", env, nodeArgs);
-  if (expander) procs["schema-expander"] = service("schema-expander", env, nodeArgs);
+    procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service(
+      "executor",
+      env,
+      nodeArgs,
+      root,
+    );
+  if (expander) procs["schema-expander"] = service("schema-expander", env, nodeArgs, root);
   const nc = await connect({ servers: server.url, noAsyncTraces: true });
   const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
   const sessions = Array.from({ length: 16 }, (_, i) => client.session(`bench-${i}`));
