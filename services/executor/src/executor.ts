@@ -129,6 +129,11 @@ function withoutParams(
 
 /** Why a running attempt was stopped from outside. */
 const ShutdownCode = "executor_shutdown";
+/**
+ * Why an attempt's signal fires once the attempt is over (it frees what the handler hung on
+ * it). One instance: building an error, with its stack, per call is a measurable cost.
+ */
+const ATTEMPT_FINISHED = new ToolmeshError(ErrorCode.Cancelled, "attempt finished");
 
 /**
  * Registers the tools and consumes their work. Each tool has one durable pull consumer on
@@ -430,7 +435,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       clearTimeout(timer);
       running.delete(call.idempotency_key);
       if (!controller.signal.aborted) {
-        controller.abort(new ToolmeshError(ErrorCode.Cancelled, "attempt finished"));
+        controller.abort(ATTEMPT_FINISHED);
       }
     }
   }
