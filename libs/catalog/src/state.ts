@@ -9,7 +9,7 @@ import type { SessionPolicy } from "./policy.js";
 /** Default time a session's state is kept after its last change, in ms: 24 h. */
 export const DEFAULT_SESSION_STATE_TTL_MS = 86_400_000;
 
-/** What the schema expander remembers about one session (seed 004). */
+/** What the schema expander remembers about one session (docs/protocol.md#schema-expansion-catalog-and-tool-groups). */
 export interface SessionSchemasState {
   readonly session_id: string;
   /** Tools the session called with required arguments missing, or asked about; first first. */

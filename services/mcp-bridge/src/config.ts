@@ -29,7 +29,7 @@ export const SecretValueSchema = z.union([
 export type SecretValue = z.infer<typeof SecretValueSchema>;
 
 /**
- * The credential sent as a header on every HTTP request (seed 003 `mcp_api_key`).
+ * The credential sent as a header on every HTTP request (README.md#adding-an-mcp-server).
  * `api_key` sends the secret as it is in `header` (default `X-API-Key`); `bearer` sends
  * `Bearer <secret>` in `header` (default `Authorization`).
  */
