@@ -55,6 +55,7 @@ if (flags.rounds !== undefined) plan.rounds = Number(flags.rounds);
 const PAYLOAD = payloadOf(1024);
 const SIZES = smoke ? [] : [100, 10 * 1024, 100 * 1024];
 const MEMORY_IN_FLIGHT = smoke ? 0 : 10_000;
+const SETTLE_MS = 2_500;
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
 
 const startedAt = new Date();
@@ -140,12 +141,15 @@ try {
       const a = acc.get(s.name);
       const seq = await sequential(s.call, plan.seq, PAYLOAD);
       a.seq.add(seq.hist);
+      // Counted between quiet moments: the mesh's deadline timers come back 2 s after their calls.
+      await delay(SETTLE_MS);
       let before = await snapshot(s);
       const closed = await closedLoop(s.call, {
         inFlight: plan.inFlight,
         durationMs: plan.closedMs,
         payload: PAYLOAD,
       });
+      await delay(SETTLE_MS);
       let after = await snapshot(s);
       const closedCost = costPerCall(before, after, closed.calls);
       a.closed.add(closed.hist);
