@@ -49,10 +49,10 @@ async function child(script, args, env, { logPrefix } = {}) {
 }
 
 /** A toolmesh service process (`services/<name>/dist/main.js`); ready is judged by its caller. */
-function service(name, env, nodeArgs = []) {
+function service(name, env, nodeArgs = [], root = ROOT) {
   const proc = spawn(
     process.execPath,
-    [...nodeArgs, join(ROOT, "services", name, "dist", "main.js")],
+    [...nodeArgs, join(root, "services", name, "dist", "main.js")],
     {
       env: { PATH: process.env.PATH, TOOLMESH_LOG_LEVEL: "warn", ...env },
       stdio: ["ignore", "ignore", "inherit"],
