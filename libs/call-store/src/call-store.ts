@@ -7,6 +7,7 @@ import { nanos } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
+  Defaults,
   SessionAddressSchema,
   ToolMessageSchema,
   decodeJson,
@@ -82,7 +83,7 @@ export class CallStore {
   static async open(nc: NatsConnection, options: CallStoreOptions): Promise<CallStore> {
     const kvm = new Kvm(nc);
     const name = options.subjects.callsBucket;
-    const retentionMs = options.retentionMs ?? 86_400_000;
+    const retentionMs = options.retentionMs ?? Defaults.callRetentionMs;
     // The first service to start creates the bucket; a later one with another retention
     // brings it up to date (the last one started wins).
     const kv = await kvm

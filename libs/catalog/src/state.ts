@@ -3,11 +3,11 @@ import type { KV, KvEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import type { SessionAddress, Subjects } from "@toolmesh/protocol";
-import { decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
+import { Defaults, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionPolicy } from "./policy.js";
 
 /** Default time a session's state is kept after its last change, in ms: 24 h. */
-export const DEFAULT_SESSION_STATE_TTL_MS = 86_400_000;
+export const DEFAULT_SESSION_STATE_TTL_MS = Defaults.sessionStateTtlMs;
 
 /** What the schema expander remembers about one session (docs/protocol.md#schema-expansion-catalog-and-tool-groups). */
 export interface SessionSchemasState {

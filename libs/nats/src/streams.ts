@@ -1,3 +1,4 @@
+import { Defaults } from "@toolmesh/protocol";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
 import {
@@ -33,7 +34,7 @@ export function streamConfigs(
   subjects: Subjects,
   limits: StreamLimits = {},
 ): (Partial<StreamConfig> & { name: string })[] {
-  const maxMsgSize = limits.maxMessageBytes ?? 1024 * 1024;
+  const maxMsgSize = limits.maxMessageBytes ?? Defaults.maxMessageBytes;
   const dup = nanos(limits.duplicateWindowMs ?? 120_000);
   const common = { storage: StorageType.File, num_replicas: 1, max_msg_size: maxMsgSize };
   const maxMsgs = limits.maxQueuedCalls ?? 1_000_000;
@@ -71,7 +72,7 @@ export function streamConfigs(
       subjects: [subjects.allEvents],
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
-      max_age: nanos(limits.eventRetentionMs ?? 86_400_000),
+      max_age: nanos(limits.eventRetentionMs ?? Defaults.eventRetentionMs),
       duplicate_window: dup,
     },
     {
@@ -88,7 +89,7 @@ export function streamConfigs(
       subjects: [subjects.allDlq],
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
-      max_age: nanos(limits.deadLetterRetentionMs ?? 7 * 86_400_000),
+      max_age: nanos(limits.deadLetterRetentionMs ?? Defaults.deadLetterRetentionMs),
       duplicate_window: dup,
     },
     {

@@ -8,18 +8,19 @@ import type {
   ToolMessage,
 } from "@toolmesh/protocol";
 import {
+  Defaults,
   ErrorCode,
   ResolvedCallSchema,
   RetryableError,
   ToolDefinitionSchema,
   ToolmeshError,
   decodeJson,
+  decodeJsonOrUndefined,
   encodeJson,
   ensureError,
   errorToolMessage,
   isRetryableByDefault,
   summarize,
-  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
@@ -144,7 +145,7 @@ const ATTEMPT_FINISHED = new ToolmeshError(ErrorCode.Cancelled, "attempt finishe
 export async function startExecutor(options: ExecutorOptions): Promise<Executor> {
   const { nc, subjects, registry, log, tracer } = options;
   const owner = options.owner ?? "executor";
-  const ackWaitMs = options.ackWaitMs ?? 10_000;
+  const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
   const plane = await openCallPlane(nc, {
     subjects,
     streamLimits: options.streamLimits,
@@ -155,7 +156,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const toolkitContext = options.toolkitContext ?? {};
   const running = new Map<string, AbortController>();
   // The call record stores the final message too: leave room for it within one message.
-  const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
+  const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes) - 4096;
   const served = new Map<string, ServedTool>();
 
   // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
@@ -447,7 +448,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     async addTool(module) {
       return serve(module);
     },
-    async removeTool(name, graceMs = 10_000) {
+    async removeTool(name, graceMs: number = Defaults.shutdownGraceMs) {
       const loop = loops.get(name);
       loops.delete(name);
       served.delete(name);
@@ -456,7 +457,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         log.warn({ err, tool: name }, "cannot remove the tool from the registry");
       });
     },
-    async stop(graceMs = 10_000) {
+    async stop(graceMs: number = Defaults.shutdownGraceMs) {
       const handBack = (): void => {
         for (const controller of running.values()) {
           controller.abort(
