@@ -2,6 +2,7 @@
 import js from "@eslint/js";
 import { defineConfig, globalIgnores } from "eslint/config";
 import tseslint from "typescript-eslint";
+import toolmesh from "./eslint-rules/declared-dependencies.js";
 
 const TS_FILES = ["**/*.ts", "**/*.mts", "**/*.cts"];
 const JS_FILES = ["**/*.js", "**/*.mjs", "**/*.cjs"];
@@ -151,5 +152,13 @@ export default defineConfig(
       "@typescript-eslint/unbound-method": "off",
       "@typescript-eslint/require-await": "off",
     },
+  },
+
+  // Each workspace declares what its sources import (tests may use the root's dev dependencies).
+  {
+    files: PACKAGE_SOURCES,
+    ignores: TEST_FILES,
+    plugins: { toolmesh },
+    rules: { "toolmesh/declared-dependencies": "error" },
   },
 );

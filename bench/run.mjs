@@ -42,6 +42,8 @@ const { values: flags } = parseArgs({
     "no-redis": { type: "boolean", default: false },
     // Extra environment for a "metrics on" variant of the mesh, e.g. TOOLMESH_METRICS_PORT=0.
     "metrics-env": { type: "string", multiple: true, default: [] },
+    // Another built checkout (e.g. a git worktree of main) whose services run as "M-before".
+    "compare-root": { type: "string" },
   },
 });
 
@@ -53,6 +55,7 @@ if (flags.rounds !== undefined) plan.rounds = Number(flags.rounds);
 const PAYLOAD = payloadOf(1024);
 const SIZES = smoke ? [] : [100, 10 * 1024, 100 * 1024];
 const MEMORY_IN_FLIGHT = smoke ? 0 : 10_000;
+const SETTLE_MS = 2_500;
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
 
 const startedAt = new Date();
@@ -97,6 +100,15 @@ try {
       startMesh({ name: "M+2x", title: "toolmesh, two executors", executors: 2 }),
     );
   }
+  if (flags["compare-root"] !== undefined) {
+    await start("M-before", () =>
+      startMesh({
+        name: "M-before",
+        title: `toolmesh built in ${flags["compare-root"]}`,
+        root: flags["compare-root"],
+      }),
+    );
+  }
   if (flags["metrics-env"].length > 0) {
     const env = Object.fromEntries(
       flags["metrics-env"].map((kv) => kv.split(/=(.*)/s).slice(0, 2)),
@@ -129,12 +141,15 @@ try {
       const a = acc.get(s.name);
       const seq = await sequential(s.call, plan.seq, PAYLOAD);
       a.seq.add(seq.hist);
+      // Counted between quiet moments: the mesh's deadline timers come back 2 s after their calls.
+      await delay(SETTLE_MS);
       let before = await snapshot(s);
       const closed = await closedLoop(s.call, {
         inFlight: plan.inFlight,
         durationMs: plan.closedMs,
         payload: PAYLOAD,
       });
+      await delay(SETTLE_MS);
       let after = await snapshot(s);
       const closedCost = costPerCall(before, after, closed.calls);
       a.closed.add(closed.hist);
@@ -187,12 +202,14 @@ try {
         rate: plan.rate,
         timeouts: a.rounds.reduce((n, x) => n + x.open.timeouts + x.open.errors, 0),
       },
+      // Per completed call, at full load (the closed loop): an open loop the system cannot keep
+      // up with leaves calls unfinished in its window.
       cost: {
-        closed_cpu_us_per_call: median((x) => x.closed.cpu_us_per_call),
+        cpu_us_per_call: median((x) => x.closed.cpu_us_per_call),
         open_cpu_us_per_call: median((x) => x.open.cpu_us_per_call),
-        cpu_us_by_process_open: a.rounds.at(-1).open.cpu_us_by_process,
-        server_in_msgs_per_call: median((x) => x.open.server_in_msgs_per_call),
-        server_out_msgs_per_call: median((x) => x.open.server_out_msgs_per_call),
+        cpu_us_by_process: a.rounds.at(-1).closed.cpu_us_by_process,
+        server_in_msgs_per_call: median((x) => x.closed.server_in_msgs_per_call),
+        server_out_msgs_per_call: median((x) => x.closed.server_out_msgs_per_call),
       },
       ...(SIZES.length > 0 ? { payload_sizes: sizes } : {}),
       rounds: a.rounds,
@@ -214,9 +231,18 @@ try {
     };
   }
   if (!smoke) {
-    result.extras.first_call = await firstCallToNewTool(mesh);
-    result.extras.schema_expansion = await schemaExpansion();
-    result.extras.memory = await memoryPerInFlightCall(MEMORY_IN_FLIGHT);
+    // A failing extra is reported, not fatal: the rounds' results are worth keeping.
+    const extra = async (key, fn) => {
+      try {
+        result.extras[key] = await fn();
+      } catch (err) {
+        log(`${key} failed: ${err.message}`);
+        result.extras[key] = { error: err.message };
+      }
+    };
+    await extra("first_call", () => firstCallToNewTool(mesh));
+    await extra("schema_expansion", schemaExpansion);
+    await extra("memory", () => memoryPerInFlightCall(MEMORY_IN_FLIGHT));
   }
 } finally {
   for (const s of systems.reverse()) {
@@ -260,14 +286,18 @@ function ratios(s) {
       sequential_p50: round(m.sequential.p50_ms / b.sequential.p50_ms, 2),
       throughput: round(m.closed.calls_per_s / b.closed.calls_per_s, 2),
       open_p99: round(m.open.p99_ms / b.open.p99_ms, 2),
-      cpu_per_call: round(m.cost.open_cpu_us_per_call / b.cost.open_cpu_us_per_call, 2),
+      cpu_per_call: round(m.cost.cpu_us_per_call / b.cost.cpu_us_per_call, 2),
     };
   }
-  for (const v of Object.keys(s).filter((k) => k.startsWith("M+"))) {
+  for (const v of Object.keys(s).filter((k) => k.startsWith("M+") || k === "M-before")) {
     out[`${v}_vs_M`] = {
       sequential_p50: round(s[v].sequential.p50_ms / m.sequential.p50_ms, 2),
       throughput: round(s[v].closed.calls_per_s / m.closed.calls_per_s, 2),
-      cpu_per_call: round(s[v].cost.open_cpu_us_per_call / m.cost.open_cpu_us_per_call, 2),
+      cpu_per_call: round(s[v].cost.cpu_us_per_call / m.cost.cpu_us_per_call, 2),
+      server_in_msgs_per_call: round(
+        s[v].cost.server_in_msgs_per_call - m.cost.server_in_msgs_per_call,
+        2,
+      ),
     };
   }
   return out;
@@ -376,18 +406,23 @@ async function memoryPerInFlightCall(n) {
     const until = Date.now() + 600_000;
     for (let i = 0; i < n; i++)
       void m.submit("hold", { until }, { timeoutMs: 900_000 }).catch(() => undefined);
-    // In flight once the executors hold every call (acknowledgement pending on the work consumer).
+    // In flight once every call is accepted and routed: held by an executor (acknowledgement
+    // pending) or waiting in the work stream for one (the work consumer bounds what is handed out).
     const started = performance.now();
     for (;;) {
-      const jsz = await m.server.jsz();
-      let pending = 0;
+      // Slow under this load: a longer timeout than the launcher's.
+      const res = await globalThis.fetch(`${m.server.monitorUrl}/jsz?consumers=true`, {
+        signal: globalThis.AbortSignal.timeout(30_000),
+      });
+      const jsz = await res.json();
+      let inFlight = 0;
       for (const acct of jsz.account_details ?? [])
         for (const st of acct.stream_detail ?? [])
           for (const c of st.consumer_detail ?? [])
-            if (c.name.includes("hold")) pending += c.num_ack_pending;
-      if (pending >= n) break;
+            if (c.name.includes("hold")) inFlight += c.num_ack_pending + c.num_pending;
+      if (inFlight >= n) break;
       if (performance.now() - started > 180_000)
-        throw new Error(`only ${pending} of ${n} calls in flight after 3 minutes`);
+        throw new Error(`only ${inFlight} of ${n} calls in flight after 3 minutes`);
       await delay(500);
     }
     await delay(2_000);

@@ -85,23 +85,23 @@ export function writeReport(result, dir, stamp) {
   for (const n of names) {
     const s = result.systems[n];
     lines.push(
-      `| ${n} | ${s.title} | ${f(s.sequential.p50_ms, 3)} | ${f(s.sequential.p90_ms, 3)} | ${f(s.sequential.p99_ms, 3)} | ${f(s.sequential.p999_ms, 3)} | ${s.closed.calls_per_s} | ${f(s.open.p50_ms, 3)} | ${f(s.open.p99_ms, 3)} | ${f(s.open.p999_ms, 3)} | ${s.open.timeouts} | ${f(s.cost.open_cpu_us_per_call, 0)} | ${f(s.cost.server_in_msgs_per_call)} | ${f(s.cost.server_out_msgs_per_call)} |`,
+      `| ${n} | ${s.title} | ${f(s.sequential.p50_ms, 3)} | ${f(s.sequential.p90_ms, 3)} | ${f(s.sequential.p99_ms, 3)} | ${f(s.sequential.p999_ms, 3)} | ${s.closed.calls_per_s} | ${f(s.open.p50_ms, 3)} | ${f(s.open.p99_ms, 3)} | ${f(s.open.p999_ms, 3)} | ${s.open.timeouts} | ${f(s.cost.cpu_us_per_call, 0)} | ${f(s.cost.server_in_msgs_per_call)} | ${f(s.cost.server_out_msgs_per_call)} |`,
     );
   }
   lines.push(
     "",
-    "Latencies in ms. CPU per call: all processes of the system, the driver (client) and its server, at the open-loop rate.",
+    "Latencies in ms. CPU and server messages per completed call of the closed loop (counted from a moment when nothing is in flight to the moment nothing is: the mesh's deadline timers settle 2 s after their calls), over every process of the system: the driver (client), its workers and its server. Timeouts: open-loop calls not answered within 10 s.",
     "",
   );
   lines.push(
     "## Ratios (same run)",
     "",
-    "| | sequential p50 | throughput | open-loop p99 | CPU per call |",
-    "| --- | --- | --- | --- | --- |",
+    "| | sequential p50 | throughput | open-loop p99 | CPU per call | server msgs per call (difference) |",
+    "| --- | --- | --- | --- | --- | --- |",
   );
   for (const [k, r] of Object.entries(result.ratios)) {
     lines.push(
-      `| ${k.replace(/_/g, " ")} | ${f(r.sequential_p50)} | ${f(r.throughput)} | ${f(r.open_p99)} | ${f(r.cpu_per_call)} |`,
+      `| ${k.replace(/_/g, " ")} | ${f(r.sequential_p50)} | ${f(r.throughput)} | ${f(r.open_p99)} | ${f(r.cpu_per_call)} | ${f(r.server_in_msgs_per_call)} |`,
     );
   }
   lines.push("");
@@ -116,9 +116,9 @@ export function writeReport(result, dir, stamp) {
     );
     lines.push(`![${title}](${file})`, "");
   }
-  lines.push("## CPU per call by process (µs, open loop)", "");
+  lines.push("## CPU per call by process (µs, closed loop)", "");
   for (const n of names) {
-    const by = result.systems[n].cost.cpu_us_by_process_open ?? {};
+    const by = result.systems[n].cost.cpu_us_by_process ?? {};
     lines.push(
       `- ${n}: ${Object.entries(by)
         .map(([k, v]) => `${k} ${f(v, 0)}`)
@@ -167,6 +167,7 @@ export function writeReport(result, dir, stamp) {
       lines.push(
         `- ${n}: the OTLP sink received ${result.systems[n].otlp_sink.requests} exports (${result.systems[n].otlp_sink.bytes} bytes).`,
       );
+  for (const [k, v] of Object.entries(x)) if (v?.error) lines.push(`- ${k} failed: ${v.error}`);
   if (x.bullmq_skipped) lines.push(`- BullMQ skipped: ${x.bullmq_skipped}`);
   const path = join(dir, `bench-${result.mode}-${stamp}.md`);
   writeFileSync(path, `${lines.join("\n")}\n`);

@@ -49,11 +49,15 @@ async function child(script, args, env, { logPrefix } = {}) {
 }
 
 /** A toolmesh service process (`services/<name>/dist/main.js`); ready is judged by its caller. */
-function service(name, env) {
-  const proc = spawn(process.execPath, [join(ROOT, "services", name, "dist", "main.js")], {
-    env: { PATH: process.env.PATH, TOOLMESH_LOG_LEVEL: "warn", ...env },
-    stdio: ["ignore", "ignore", "inherit"],
-  });
+function service(name, env, nodeArgs = [], root = ROOT) {
+  const proc = spawn(
+    process.execPath,
+    [...nodeArgs, join(root, "services", name, "dist", "main.js")],
+    {
+      env: { PATH: process.env.PATH, TOOLMESH_LOG_LEVEL: "warn", ...env },
+      stdio: ["ignore", "ignore", "inherit"],
+    },
+  );
   return proc;
 }
 
@@ -141,6 +145,7 @@ export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
   const queueName = `toolmesh-bench-${process.pid}-${Date.now()}`;
   const queue = new Queue(queueName, { connection });
   const events = new QueueEvents(queueName, { connection });
+  queue.setMaxListeners(0); // one listener per job waited for
   await Promise.all([queue.waitUntilReady(), events.waitUntilReady()]);
   const worker = await child(join(BENCH, "peers", "bullmq-worker.mjs"), [], {
     REDIS_ADDR: redis,
@@ -180,7 +185,8 @@ export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
 /**
  * M: toolmesh. `executors` executor processes, `tracing` exports OTLP to a local sink, `env`
  * adds variables to every service (e.g. a metrics switch), `expander` also runs the schema
- * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY, `serverArgs` go to nats-server.
+ * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY, `serverArgs` go to nats-server
+ * and `nodeArgs` to the services' node; `root` is the checkout whose built services run.
  */
 export async function startMesh({
   name = "M",
@@ -192,6 +198,8 @@ export async function startMesh({
   concurrency = 64,
   sessionMaxInFlight,
   serverArgs,
+  nodeArgs = [],
+  root = ROOT,
 } = {}) {
   const server = await startNatsServer(serverArgs === undefined ? {} : { args: serverArgs });
   let sink;
@@ -208,10 +216,15 @@ export async function startMesh({
     sink = await child(join(BENCH, "peers", "otlp-sink.mjs"), [], {});
     env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${sink.ready.split(" ")[1]}`;
   }
-  const procs = { resolver: service("resolver", env) };
+  const procs = { resolver: service("resolver", env, nodeArgs, root) };
   for (let i = 0; i < executors; i++)
-    procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service("executor", env);
-  if (expander) procs["schema-expander"] = service("schema-expander", env);
+    procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service(
+      "executor",
+      env,
+      nodeArgs,
+      root,
+    );
+  if (expander) procs["schema-expander"] = service("schema-expander", env, nodeArgs, root);
   const nc = await connect({ servers: server.url, noAsyncTraces: true });
   const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
   const sessions = Array.from({ length: 16 }, (_, i) => client.session(`bench-${i}`));

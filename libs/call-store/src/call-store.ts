@@ -1,12 +1,13 @@
 import { createHash } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
-import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import { z } from "zod";
 import type { SessionAddress, Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
+  Defaults,
   SessionAddressSchema,
   ToolMessageSchema,
   callKey,
@@ -68,8 +69,6 @@ export interface CallStoreOptions {
   existing?: EnsureOptions["existing"];
 }
 
-const WRONG_LAST_SEQUENCE = 10071;
-
 /** `args_hash` of a record made by a cancellation that came before its call. */
 export const ANY_ARGUMENTS = "*";
 
@@ -82,7 +81,7 @@ export function argumentsHash(args: unknown): string {
 }
 
 function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }
 
 /** Call records in a KV bucket, changed only by compare-and-set. */
@@ -99,7 +98,7 @@ export class CallStore {
     // brings it up to date (the last one started wins).
     const spec = meshPlan(options.subjects, {
       replicas: options.replicas,
-      callRetentionMs: options.retentionMs ?? 86_400_000,
+      callRetentionMs: options.retentionMs ?? Defaults.callRetentionMs,
     }).buckets.calls;
     const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
       existing: options.existing ?? "update",

@@ -27,7 +27,7 @@ export interface BuiltCatalog {
 }
 
 /**
- * The compact catalog (seed 004): each tool the session may call — its agent lists it and one
+ * The compact catalog (docs/protocol.md#schema-expansion-catalog-and-tool-groups): each tool the session may call — its agent lists it and one
  * of its groups is active — as name and one line; tools whose schema the session has received
  * come with it. With an agent, in the agent's order (its tool sets, then its tools); otherwise
  * by name.

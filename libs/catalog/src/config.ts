@@ -8,7 +8,7 @@ import { CatalogConfigError, CatalogConfigProblem } from "./errors.js";
 
 const Name = z.string().trim().min(1).max(MAX_TOOL_NAME_LENGTH);
 
-/** A tool set file, `configs/tool_sets/<any>.yaml` (seed 003, 4.2). Unknown keys are refused. */
+/** A tool set file, `configs/tool_sets/<any>.yaml` (README.md#tool-groups-tool-sets-agents-and-schema-expansion). Unknown keys are refused. */
 export const ToolSetConfigSchema = z.strictObject({
   name: Name,
   description: z.string().default(""),

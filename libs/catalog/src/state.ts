@@ -1,15 +1,15 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV, KvEntry } from "@nats-io/kv";
-import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import type { SessionAddress, Subjects } from "@toolmesh/protocol";
-import { decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
+import { Defaults, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionPolicy } from "./policy.js";
 
 /** Default time a session's state is kept after its last change, in ms: 24 h. */
-export const DEFAULT_SESSION_STATE_TTL_MS = 86_400_000;
+export const DEFAULT_SESSION_STATE_TTL_MS = Defaults.sessionStateTtlMs;
 
-/** What the schema expander remembers about one session (seed 004). */
+/** What the schema expander remembers about one session (docs/protocol.md#schema-expansion-catalog-and-tool-groups). */
 export interface SessionSchemasState {
   readonly session_id: string;
   /** Tools the session called with required arguments missing, or asked about; first first. */
@@ -58,7 +58,6 @@ export interface StateStoreOptions {
   replicas?: number;
 }
 
-const WRONG_LAST_SEQUENCE = 10071;
 const MAX_CAS_ATTEMPTS = 64;
 
 /**
@@ -206,7 +205,10 @@ async function update<T extends { updated_at: number }>(
       else await kv.create(key, data);
       return { value: written, changed: true };
     } catch (err) {
-      if (!(err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE)) throw err;
+      if (!(
+        err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence
+      ))
+        throw err;
       // Someone else wrote first: read again and re-apply.
     }
   }

@@ -24,26 +24,27 @@ import {
   CallRequestSchema,
   CancelReplySchema,
   CatalogReplySchema,
+  DEFAULT_TENANT,
+  Defaults,
   DescribeReplySchema,
+  ErrorCode,
   ExpandReplySchema,
   GroupsReplySchema,
-  SchemaEventSchema,
-  DEFAULT_TENANT,
-  ErrorCode,
+  MAX_ARGUMENT_DEPTH,
   ProgressEventSchema,
   RejectionSchema,
   ResolveReplySchema,
+  SchemaEventSchema,
   ToolMessageSchema,
   ToolmeshError,
   createSubjects,
   decodeJson,
+  decodeJsonOrUndefined,
   encodeJson,
-  MAX_ARGUMENT_DEPTH,
   contextDepthError,
   ensureError,
   errorToolMessage,
   nestsDeeperThan,
-  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { SpanContext, Tracer } from "@toolmesh/telemetry";
@@ -139,7 +140,7 @@ export class ToolmeshClient {
     this.tenant = options.tenant ?? DEFAULT_TENANT;
     this.js = jetstream(nc);
     this.#options = {
-      defaultTimeoutMs: options.defaultTimeoutMs ?? 60_000,
+      defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
       deadlineGraceMs: options.deadlineGraceMs ?? 2_000,
       requestTimeoutMs: options.requestTimeoutMs ?? 5_000,
       tracer: options.tracer ?? trace.getTracer("toolmesh-client"),

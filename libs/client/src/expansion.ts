@@ -59,7 +59,7 @@ interface Waiter {
 
 /**
  * The schemas one session received (schema events and `describe` replies): the latest per tool,
- * and those not yet handed to the model (seed 004's pending schemas for the next turn).
+ * and those not yet handed to the model (the pending schemas for the next turn, docs/protocol.md#schema-expansion-catalog-and-tool-groups).
  */
 export class SchemaInbox {
   readonly #latest = new Map<string, ToolSchema>();

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
+import { Defaults } from "@toolmesh/protocol";
 import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from "./provision.js";
 import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from "./provision.js";
 import type { StreamLimits } from "./streams.js";
@@ -48,7 +49,7 @@ export interface MeshPlan {
 /** The streams, buckets and shared consumers for a prefix and settings. */
 export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshPlan {
   const { replicas } = settings;
-  const ackWaitMs = settings.ackWaitMs ?? 10_000;
+  const ackWaitMs = settings.ackWaitMs ?? Defaults.ackWaitMs;
   const ackWaitSetting = { ack_wait: "TOOLMESH_ACK_WAIT_MS" };
   return {
     streams: streamSpecs(subjects, settings),
@@ -56,12 +57,12 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
       registry: bucketSpec(subjects.registryBucket, { replicas }),
       calls: bucketSpec(subjects.callsBucket, {
         replicas,
-        ttlMs: settings.callRetentionMs ?? 86_400_000,
+        ttlMs: settings.callRetentionMs ?? Defaults.callRetentionMs,
         ttlSetting: "TOOLMESH_CALL_RETENTION_MS",
       }),
       sessions: bucketSpec(subjects.sessionsBucket, {
         replicas,
-        ttlMs: settings.sessionStateTtlMs ?? 86_400_000,
+        ttlMs: settings.sessionStateTtlMs ?? Defaults.sessionStateTtlMs,
         ttlSetting: "TOOLMESH_SESSION_STATE_TTL_MS",
       }),
       groups: bucketSpec(subjects.groupsBucket, { replicas }),

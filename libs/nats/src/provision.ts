@@ -17,6 +17,7 @@ import {
   AckPolicy,
   DeliverPolicy,
   DiscardPolicy,
+  JetStreamApiCodes,
   JetStreamApiError,
   RetentionPolicy,
   StorageType,
@@ -89,7 +90,6 @@ export class ProvisionError extends Error {
 }
 
 const STREAM_NOT_FOUND = 10059;
-const CONSUMER_NOT_FOUND = 10014;
 
 /** The stream name behind a KV bucket. */
 export function bucketStream(bucket: string): string {
@@ -279,7 +279,7 @@ export async function ensureConsumer(
   const name = `${spec.stream}/${spec.name}`;
   const info: ConsumerInfo | undefined = await readOrUndefined(
     jsm.consumers.info(spec.stream, spec.name),
-    CONSUMER_NOT_FOUND,
+    JetStreamApiCodes.ConsumerNotFound,
   ).catch((err: unknown) => {
     throw new ProvisionError(
       `cannot read consumer ${name}: ${reason(err)}; this service needs permission for $JS.API.CONSUMER.INFO.${spec.stream}.${spec.name}`,
@@ -293,10 +293,10 @@ export async function ensureConsumer(
         await jsm.consumers.add(spec.stream, spec.config);
       } catch (err) {
         // Created meanwhile by another replica: check it like an existing one.
-        if (err instanceof JetStreamApiError && err.code !== CONSUMER_NOT_FOUND) {
+        if (err instanceof JetStreamApiError && err.code !== JetStreamApiCodes.ConsumerNotFound) {
           const now = await readOrUndefined(
             jsm.consumers.info(spec.stream, spec.name),
-            CONSUMER_NOT_FOUND,
+            JetStreamApiCodes.ConsumerNotFound,
           ).catch(() => undefined);
           if (now !== undefined) return ensureConsumer(jsm, spec, options);
         }

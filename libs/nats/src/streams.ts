@@ -1,3 +1,4 @@
+import { Defaults } from "@toolmesh/protocol";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
 import { DiscardPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@nats-io/jetstream";
@@ -26,7 +27,7 @@ export interface StreamLimits {
 
 /** The streams for a prefix, each with the variables that set its fields. */
 export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): StreamSpec[] {
-  const maxMsgSize = limits.maxMessageBytes ?? 1024 * 1024;
+  const maxMsgSize = limits.maxMessageBytes ?? Defaults.maxMessageBytes;
   const dup = nanos(limits.duplicateWindowMs ?? 120_000);
   const common = {
     storage: StorageType.File,
@@ -77,7 +78,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       subjects: [subjects.allEvents],
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
-      max_age: nanos(limits.eventRetentionMs ?? 86_400_000),
+      max_age: nanos(limits.eventRetentionMs ?? Defaults.eventRetentionMs),
       duplicate_window: dup,
     },
     {
@@ -94,7 +95,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       subjects: [subjects.allDlq],
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
-      max_age: nanos(limits.deadLetterRetentionMs ?? 7 * 86_400_000),
+      max_age: nanos(limits.deadLetterRetentionMs ?? Defaults.deadLetterRetentionMs),
       duplicate_window: dup,
     },
     {

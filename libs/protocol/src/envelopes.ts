@@ -66,7 +66,7 @@ export const CallRequestSchema = z
 /** A call a frontend submits. */
 export type CallRequest = z.infer<typeof CallRequestSchema>;
 
-/** Value types of `input_parameters`, in seed 000's vocabulary. */
+/** Value types of `input_parameters`, in the vocabulary of `input_parameters` (docs/protocol.md#resolvedcall). */
 export const ParamTypeSchema = z.enum(["str", "int", "float", "bool", "list", "dict"]);
 
 /** Value types of `input_parameters`. */
@@ -308,7 +308,7 @@ export const SchemaEventSchema = ToolSchemaSchema.extend({
 /** A tool's full schema sent to a session. */
 export type SchemaEvent = z.infer<typeof SchemaEventSchema>;
 
-/** An agent's output strategy (seed 003), as configured. */
+/** An agent's output strategy (README.md#tool-groups-tool-sets-agents-and-schema-expansion), as configured. */
 export const OutputStrategyConfigSchema = z.object({
   function_calling: z.boolean().default(true).describe("Prefer native function calling."),
   fallback_to_structured_output: z

@@ -1,3 +1,4 @@
+export { Defaults } from "./defaults.js";
 export {
   ErrorCode,
   RetryableError,

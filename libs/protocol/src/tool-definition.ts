@@ -2,7 +2,7 @@ import { z } from "zod";
 import { ErrorCode } from "./errors.js";
 import { MAX_TOOL_NAME_LENGTH } from "./envelopes.js";
 
-/** Params the resolver skips unless a tool says otherwise (seed 000). */
+/** Params the resolver skips unless a tool says otherwise (docs/protocol.md#what-the-resolver-checks-in-order). */
 export const DEFAULT_SYSTEM_PARAMS: readonly string[] = ["executor", "storage"];
 
 /** Default per-attempt timeout of a tool, in ms. */

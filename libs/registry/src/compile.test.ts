@@ -17,7 +17,7 @@ function definition(
   });
 }
 
-/** The seed 000 example, `optimize_structure`, with `executor` made required to prove it is dropped. */
+/** The example tool `optimize_structure`, with `executor` made required to prove it is dropped. */
 const OPTIMIZE_STRUCTURE = {
   type: "object",
   required: ["input_structure", "model_path", "executor"],

@@ -22,9 +22,9 @@ export interface CompiledParam {
   readonly hasDefault: boolean;
   /** The schema's `default`, `undefined` when it has none. Never mutate it. */
   readonly default: unknown;
-  /** The value type in seed 000's vocabulary. */
+  /** The value type in the vocabulary of `input_parameters` (docs/protocol.md#resolvedcall). */
   readonly type: ParamType;
-  /** Whether this is a system param (seed 000: `executor`, `storage`), never the model's job. */
+  /** Whether this is a system param (`executor`, `storage`; docs/protocol.md#what-the-resolver-checks-in-order), never the model's job. */
   readonly system: boolean;
 }
 
@@ -508,7 +508,7 @@ const TYPE_NAMES: Readonly<Record<string, ParamType>> = {
 };
 
 /**
- * Maps a property schema to seed 000's value type: the first non-`"null"` of `type` (or of
+ * Maps a property schema to the value type of `input_parameters` (docs/protocol.md#resolvedcall): the first non-`"null"` of `type` (or of
  * `anyOf`/`oneOf` branches); a `$ref`, or `properties` without `type`, is `dict`; an
  * `enum`/`const` whose values share one JSON type takes that type; anything else is `str`.
  */

@@ -1,6 +1,6 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
-import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
@@ -39,8 +39,6 @@ export interface RegistryOptions {
   /** What to do with an existing bucket whose settings differ. Default `"update"`. */
   existing?: EnsureOptions["existing"];
 }
-
-const WRONG_LAST_SEQUENCE = 10071;
 
 /**
  * The tool registry: one KV entry per tool, keyed by {@link Subjects.registryKey}. Every service
@@ -240,5 +238,5 @@ export class ToolRegistry {
 }
 
 function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === WRONG_LAST_SEQUENCE;
+  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }

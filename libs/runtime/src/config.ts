@@ -1,6 +1,6 @@
 import { isIP } from "node:net";
 import { z } from "zod";
-import { DEFAULT_PREFIX, DEFAULT_TENANT, assertValidPrefix } from "@toolmesh/protocol";
+import { DEFAULT_PREFIX, DEFAULT_TENANT, Defaults, assertValidPrefix } from "@toolmesh/protocol";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
@@ -91,17 +91,17 @@ export const EnvSchema = z.object({
   TOOLMESH_TOOLKIT_CONTEXT: jsonObject.optional(),
   TOOLMESH_EXECUTOR_OWNER: z.string().min(1).default("executor"),
   TOOLMESH_CONCURRENCY: positiveInt.default(16),
-  TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(60_000),
-  TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(1024 * 1024),
-  TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(10_000),
-  TOOLMESH_ACK_WAIT_MS: positiveInt.default(10_000),
+  TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(Defaults.callTimeoutMs),
+  TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(Defaults.maxMessageBytes),
+  TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(Defaults.shutdownGraceMs),
+  TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
   TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(256),
-  TOOLMESH_CALL_RETENTION_MS: positiveInt.default(86_400_000),
+  TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(120_000),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(1_000_000),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
-  TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(86_400_000),
+  TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(Defaults.sessionStateTtlMs),
   TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
   TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
   TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),

@@ -22,7 +22,7 @@ const STEPS: DemoStep[] = [
     expect: "ok",
   },
   {
-    title: "a call with defaults filled (seed 000's optimize_structure)",
+    title: "a call with defaults filled (the example tool optimize_structure)",
     call: {
       id: "demo-optimize",
       name: "optimize_structure",

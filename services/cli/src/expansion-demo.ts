@@ -43,7 +43,7 @@ const TRANSCRIPT: { thinks: string; toolCalls: OpenAIToolCallInput[] }[] = [
 ];
 
 /**
- * The schema-expansion part of the demo (seed 004), with a scripted model: the compact catalog,
+ * The schema-expansion part of the demo (docs/protocol.md#schema-expansion-catalog-and-tool-groups), with a scripted model: the compact catalog,
  * a call with a required argument missing, the full schema arriving on the session, the
  * corrected call and its result; then tool groups and the session's agent binding. Returns the
  * number of steps that did not end as expected.

@@ -8,6 +8,7 @@ import type {
   ToolMessage,
 } from "@toolmesh/protocol";
 import {
+  Defaults,
   ErrorCode,
   ResolvedCallSchema,
   RetryableError,
@@ -16,12 +17,12 @@ import {
   callKey,
   scopedIdempotencyKey,
   decodeJson,
+  decodeJsonOrUndefined,
   encodeJson,
   ensureError,
   errorToolMessage,
   isRetryableByDefault,
   summarize,
-  decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
 import pRetry from "p-retry";
 import { openCallPlane } from "@toolmesh/call-store";
@@ -136,6 +137,11 @@ function withoutParams(
 
 /** Why a running attempt was stopped from outside. */
 const ShutdownCode = "executor_shutdown";
+/**
+ * Why an attempt's signal fires once the attempt is over (it frees what the handler hung on
+ * it). One instance: building an error, with its stack, per call is a measurable cost.
+ */
+const ATTEMPT_FINISHED = new ToolmeshError(ErrorCode.Cancelled, "attempt finished");
 
 /**
  * Registers the tools and consumes their work. Each tool has one durable pull consumer on
@@ -146,7 +152,7 @@ const ShutdownCode = "executor_shutdown";
 export async function startExecutor(options: ExecutorOptions): Promise<Executor> {
   const { nc, subjects, registry, log, tracer } = options;
   const owner = options.owner ?? "executor";
-  const ackWaitMs = options.ackWaitMs ?? 10_000;
+  const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
   const plane = await openCallPlane(nc, {
     subjects,
     streamLimits: options.streamLimits,
@@ -161,7 +167,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   // Ends the retries of recording outcomes when the executor stops for good.
   const shutdown = new AbortController();
   // The call record stores the final message too: leave room for it within one message.
-  const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? 1024 * 1024) - 4096;
+  const maxResultBytes = (options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes) - 4096;
   const served = new Map<string, ServedTool>();
   const metrics = toolmeshMetrics();
   const telemetry = new AttemptTelemetry(tracer, metrics);
@@ -532,7 +538,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       clearTimeout(timer);
       running.delete(key);
       if (!controller.signal.aborted) {
-        controller.abort(new ToolmeshError(ErrorCode.Cancelled, "attempt finished"));
+        controller.abort(ATTEMPT_FINISHED);
       }
     }
   }
@@ -544,7 +550,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     async addTool(module) {
       return serve(module);
     },
-    async removeTool(name, graceMs = 10_000) {
+    async removeTool(name, graceMs: number = Defaults.shutdownGraceMs) {
       const loop = loops.get(name);
       loops.delete(name);
       if (served.delete(name)) metrics.toolServed(name, -1);
@@ -553,7 +559,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         log.warn({ err, tool: name }, "cannot remove the tool from the registry");
       });
     },
-    async stop(graceMs = 10_000) {
+    async stop(graceMs: number = Defaults.shutdownGraceMs) {
       const handBack = (): void => {
         shutdown.abort(new ToolmeshError(ErrorCode.Unavailable, "executor shutting down"));
         for (const controller of running.values()) {

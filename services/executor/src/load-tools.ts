@@ -26,7 +26,7 @@ export class ToolLoadError extends Error {
 /**
  * Loads every `.js`/`.mjs` module of a folder (not recursive), in file-name order. Each
  * must default-export a tool (or an array of tools). A repeated name keeps the first and
- * warns (seed 003). A module that is not a valid tool fails the load, naming the file.
+ * warns (README.md#writing-a-tool). A module that is not a valid tool fails the load, naming the file.
  */
 export async function loadToolsDir(dir: string, log: LoadLog): Promise<LoadedTool[]> {
   const root = resolve(dir);

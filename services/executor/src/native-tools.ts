@@ -126,7 +126,7 @@ interface AllowedPrefix {
  * Loads every `.yaml`/`.yml` file of a folder (not recursive, in file-name order), one native
  * HTTP tool each, as executor tool modules of kind `native`. A file that is not a valid tool,
  * an auth variable missing from `env`, or an `api_url` outside `allowedUrls` fails the load,
- * naming the file. A repeated name keeps the first and warns (seed 003). Secrets are read
+ * naming the file. A repeated name keeps the first and warns (README.md#writing-a-tool). Secrets are read
  * from `env` here and kept inside the handler: never in the module's fields or in errors.
  */
 export async function loadNativeToolsDir(

@@ -1,7 +1,13 @@
 import { createHash } from "node:crypto";
 import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StoredMsg } from "@nats-io/jetstream";
-import { DeliverPolicy, JetStreamApiError, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import {
+  DeliverPolicy,
+  JetStreamApiCodes,
+  JetStreamApiError,
+  jetstream,
+  jetstreamManager,
+} from "@nats-io/jetstream";
 import type { CallRequest, ResolvedCall, SessionAddress, Subjects } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
@@ -98,7 +104,6 @@ export interface ReplayOutcome {
 }
 
 const DEFAULT_LIST_LIMIT = 100;
-const STREAM_NOT_FOUND = 10059;
 const FETCH_EXPIRES_MS = 5_000;
 
 /**
@@ -461,7 +466,7 @@ function notReplayable(letter: DeadLetter, why: string): ToolmeshError {
 }
 
 function streamError(err: unknown, stream: string): ToolmeshError {
-  if (err instanceof JetStreamApiError && err.code === STREAM_NOT_FOUND) {
+  if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) {
     return new ToolmeshError(
       ErrorCode.Unavailable,
       `stream ${stream} does not exist: no toolmesh service has run with this prefix`,

@@ -1,4 +1,4 @@
-// --- resolve-call.ts: pure call resolution (seed 000), no NATS ---
+// --- resolve-call.ts: pure call resolution (docs/protocol.md#what-the-resolver-checks-in-order), no NATS ---
 export { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
 export type { ParameterError, ResolveCallOptions } from "./resolve-call.js";
 // --- end resolve-call.ts ---

@@ -103,7 +103,7 @@ const OPTIMIZE_STRUCTURE = {
 const CIF = "https://bohrium.oss-cn-zhangjiakou.aliyuncs.com/.../Cu_bulk.cif";
 const MODEL = "https://bohrium.oss-cn-zhangjiakou.aliyuncs.com/.../dpa-2.4-7M.pt";
 
-describe("resolveCall: seed 000", () => {
+describe("resolveCall: defaults, missing parameters, input_parameters", () => {
   it("resolves the optimize_structure example exactly", () => {
     const compiled = tool(OPTIMIZE_STRUCTURE, { name: "optimize_structure" });
     const args = parseArguments(
@@ -286,7 +286,7 @@ describe("resolveCall: defaults", () => {
     expect(resolved.input_parameters[0]?.source).toBe("default");
   });
 
-  it("fills a null default but reports it as a zero value (seed 000: `default_value is not None`)", () => {
+  it("fills a null default but reports it as a zero value (a null default is no default)", () => {
     const resolved = resolve(
       tool({ type: "object", properties: { n: { type: ["integer", "null"], default: null } } }),
       {},

@@ -340,7 +340,7 @@ export interface ParameterError {
 const NO_EDGES: ReadonlySet<string> = new Set();
 
 /**
- * Resolves a call against a compiled tool (seed 000): fills schema defaults into `args` in
+ * Resolves a call against a compiled tool (docs/protocol.md#what-the-resolver-checks-in-order): fills schema defaults into `args` in
  * place (nested ones too; values the model gave are never replaced), lists missing params,
  * validates, and builds the `input_parameters` of a workflow node. System params are the
  * system's to fill: values the model gave for them are dropped from `args` before anything
@@ -459,7 +459,7 @@ function isPresent(args: Record<string, unknown>, name: string): boolean {
   return Object.hasOwn(args, name) && args[name] !== undefined;
 }
 
-/** The zero value of a type (seed 000): a fresh object or array each time. */
+/** The zero value of a type (docs/protocol.md#what-the-resolver-checks-in-order): a fresh object or array each time. */
 function zeroValue(type: ParamType): unknown {
   switch (type) {
     case "str":

@@ -13,6 +13,7 @@ import type {
 } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
+  Defaults,
   ErrorCode,
   ToolmeshError,
   callKey,
@@ -218,9 +219,9 @@ function bodyError(err: unknown): ToolmeshError {
  */
 export async function startResolver(options: ResolverOptions): Promise<Resolver> {
   const { nc, subjects, registry, log, tracer } = options;
-  const defaultTimeoutMs = options.defaultTimeoutMs ?? 60_000;
-  const ackWaitMs = options.ackWaitMs ?? 10_000;
-  const callRetentionMs = options.callRetentionMs ?? 86_400_000;
+  const defaultTimeoutMs = options.defaultTimeoutMs ?? Defaults.callTimeoutMs;
+  const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
+  const callRetentionMs = options.callRetentionMs ?? Defaults.callRetentionMs;
   const plane = await openCallPlane(nc, {
     subjects,
     streamLimits: options.streamLimits,
@@ -637,7 +638,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   }
 
   return {
-    async stop(graceMs = 10_000) {
+    async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       rpc.unsubscribe();
       await loop.stop(graceMs);

@@ -17,6 +17,7 @@ import type {
 } from "@toolmesh/protocol";
 import {
   CatalogRequestSchema,
+  Defaults,
   DescribeRequestSchema,
   ErrorCode,
   ExpandRequestSchema,
@@ -75,7 +76,7 @@ export interface SchemaExpanderOptions {
   streamLimits?: StreamLimits;
   /** Events handled at once by this process. Default 16. */
   concurrency?: number;
-  /** How long a delivered event stays owned without a heartbeat, in ms. Default 30 000. */
+  /** How long a delivered event stays owned without a heartbeat, in ms. Default 10 000. */
   ackWaitMs?: number;
 }
 
@@ -111,7 +112,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   const { nc, subjects, registry, store, catalog, log, tracer } = options;
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
-  const ackWaitMs = options.ackWaitMs ?? 30_000;
+  const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
   await ensureConsumer(jsm, meshPlan(subjects, { ackWaitMs }).consumers.schemaExpander);
 
   const loop: WorkLoop = await startWorkLoop({
@@ -502,7 +503,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   }
 
   return {
-    async stop(graceMs = 10_000) {
+    async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       for (const sub of subscriptions) sub.unsubscribe();
       await loop.stop(graceMs);

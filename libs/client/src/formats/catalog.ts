@@ -2,7 +2,7 @@ import type { ToolDefinition } from "@toolmesh/protocol";
 import { modelParameters, summarize } from "@toolmesh/protocol";
 
 /**
- * One tool as a frontend shows it to a model. A compact entry (seed 004) has a name and a
+ * One tool as a frontend shows it to a model. A compact entry (docs/protocol.md#schema-expansion-catalog-and-tool-groups) has a name and a
  * one-line summary and no `parameters`; an expanded entry carries the tool's full JSON Schema.
  */
 export interface CatalogEntry {

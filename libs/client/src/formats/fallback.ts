@@ -39,10 +39,10 @@ export interface ParsedToolCalls {
 }
 
 /**
- * Renders the structured-output fallback prompt section (seed 003, 4.3.2): how to answer with
+ * Renders the structured-output fallback prompt section (README.md#tool-groups-tool-sets-agents-and-schema-expansion): how to answer with
  * a call (`{"name": …, "parameters": {…}}` in a ```json fence, or an array of those for several
  * calls), then each tool with its name, one line, and — for expanded entries — its parameter
- * schema. Compact entries are marked as getting their schema after a first call (seed 004).
+ * schema. Compact entries are marked as getting their schema after a first call (docs/protocol.md#schema-expansion-catalog-and-tool-groups).
  * Whitespace in summaries is collapsed to keep each on one line; backticks inside schemas are
  * written as `\u0060` so no schema can close its fence. No entries → `""`.
  */

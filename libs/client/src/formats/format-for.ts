@@ -12,7 +12,7 @@ import { renderSupplementedSchemas } from "./supplemented.js";
 export interface ModelConfig {
   /** Whose native function-calling shape to use. */
   provider: ProviderName;
-  /** Whether the model accepts native tool declarations (seed 003's `supports_function_calling`). */
+  /** Whether the model accepts native tool declarations (`supports_function_calling`, README.md#tool-groups-tool-sets-agents-and-schema-expansion). */
   supportsFunctionCalling: boolean;
   /** The agent's `output_strategy`; default native, falling back to structured output. */
   outputStrategy?: StrategyConfig | undefined;

@@ -48,7 +48,7 @@ describe("chooseOutputStrategy", () => {
     },
   );
 
-  it("defaults to seed 003's configuration", () => {
+  it("defaults to native function calling with the structured-output fallback", () => {
     expect(DEFAULT_STRATEGY_CONFIG).toEqual({
       function_calling: true,
       fallback_to_structured_output: true,

@@ -7,7 +7,7 @@ export interface ModelCapabilities {
 }
 
 /**
- * An agent's `output_strategy` (seed 003), field names as in its YAML configuration.
+ * An agent's `output_strategy` (README.md#tool-groups-tool-sets-agents-and-schema-expansion), field names as in its YAML configuration.
  */
 export interface StrategyConfig {
   /** Prefer the model's native function calling. */
@@ -30,7 +30,7 @@ export const DEFAULT_STRATEGY_CONFIG: Readonly<StrategyConfig> = Object.freeze({
 export type OutputStrategy = "native" | "structured";
 
 /**
- * Chooses the output strategy (seed 003, 4.3.1). `function_calling: false` → `structured`,
+ * Chooses the output strategy (README.md#tool-groups-tool-sets-agents-and-schema-expansion). `function_calling: false` → `structured`,
  * whatever the model supports. Wanted and supported → `native`. Wanted, unsupported and
  * `fallback_to_structured_output` → `structured`; without the fallback it throws
  * `invalid_request` (not retryable: the configuration has to change).

@@ -1,6 +1,6 @@
 import { jsonForFence, markdownCode } from "./fallback.js";
 
-/** One tool whose full schema the model needs on the next turn (seed 004). */
+/** One tool whose full schema the model needs on the next turn (docs/protocol.md#schema-expansion-catalog-and-tool-groups). */
 export interface SupplementedSchema {
   /** The tool's name as the model calls it. */
   tool: string;
@@ -16,7 +16,7 @@ export interface SupplementedSchema {
 export const SUPPLEMENTED_SCHEMAS_HEADING = "## Supplemented tool schemas";
 
 /**
- * Renders seed 004's "supplemented schemas" section for the next turn's system prompt: for
+ * Renders the "supplemented schemas" section for the next turn's system prompt: for
  * each tool its description, the parameters that were missing, a list of its top-level
  * parameters marked required/missing, and the full schema as JSON; then asks the model to
  * call again with every required parameter. Entries naming the same tool are merged (first

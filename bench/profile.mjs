@@ -1,0 +1,59 @@
+// Profiles the mesh: resolver and executor processes run with `--cpu-prof` while a closed loop
+// of `echo` calls goes through them; prints the functions with the most self time per process.
+// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR]   (`npm run build` first)
+import { mkdirSync, readdirSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { closedLoop } from "./lib/measure.mjs";
+import { payloadOf, startMesh } from "./lib/systems.mjs";
+
+const { values: flags } = parseArgs({
+  options: {
+    seconds: { type: "string", default: "10" },
+    dir: { type: "string", default: join(tmpdir(), `toolmesh-profile-${process.pid}`) },
+    top: { type: "string", default: "25" },
+  },
+});
+mkdirSync(flags.dir, { recursive: true });
+const mesh = await startMesh({
+  nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${flags.dir}`],
+});
+let calls;
+try {
+  const payload = payloadOf(1024);
+  await closedLoop(mesh.call, { inFlight: 64, durationMs: 2_000, payload });
+  ({ calls } = await closedLoop(mesh.call, {
+    inFlight: 64,
+    durationMs: Number(flags.seconds) * 1_000,
+    payload,
+  }));
+} finally {
+  await mesh.stop();
+}
+console.log(`${calls} calls; profiles in ${flags.dir}\n`);
+for (const file of readdirSync(flags.dir).filter((f) => f.endsWith(".cpuprofile"))) {
+  const profile = JSON.parse(readFileSync(join(flags.dir, file), "utf8"));
+  const self = new Map();
+  const dt = new Map();
+  profile.samples.forEach((id, i) => dt.set(id, (dt.get(id) ?? 0) + (profile.timeDeltas[i] ?? 0)));
+  let total = 0;
+  for (const node of profile.nodes) {
+    const t = dt.get(node.id) ?? 0;
+    total += t;
+    const { functionName, url, lineNumber } = node.callFrame;
+    const where = url
+      .replace(/^.*\/node_modules\//, "")
+      .replace(/^file:\/\/.*?\/(libs|services)\//, "$1/");
+    const key = `${functionName || "(anonymous)"} ${where}:${lineNumber + 1}`;
+    self.set(key, (self.get(key) ?? 0) + t);
+  }
+  const idle = [...self.entries()]
+    .filter(([k]) => k.startsWith("(idle)"))
+    .reduce((a, [, v]) => a + v, 0);
+  console.log(`== ${file}: ${((total - idle) / calls).toFixed(1)} µs of CPU per call (sampled)`);
+  for (const [k, v] of [...self.entries()].sort((a, b) => b[1] - a[1]).slice(0, Number(flags.top)))
+    console.log(`${((v / (total - idle)) * 100).toFixed(1).padStart(5)}%  ${k}`);
+  console.log("");
+}
+process.exit(0);
