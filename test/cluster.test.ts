@@ -357,6 +357,15 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     console.log(
       [
         "cluster test figures",
+        ...several.slice(0, 5).map(
+          (c) =>
+            `  several ${c.id}: ${finals(c)
+              .map(
+                (f) =>
+                  `${Math.round(f.at - c.submittedAt)}ms ${f.message.error?.code ?? "ok"} attempts=${String(f.message.attempts)} ${f.message.content.slice(0, 80)}`,
+              )
+              .join(" | ")}`,
+        ),
         ...failed
           .slice(0, 5)
           .map(
