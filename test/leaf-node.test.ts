@@ -31,8 +31,14 @@ beforeAll(async () => {
   link = await startTcpProxy(Number(new URL(hub.leafnodeUrl.replace("nats-leaf", "http")).port));
   leaf = await startLeafNode(`nats-leaf://127.0.0.1:${link.port}`);
   const common = { TOOLMESH_TOOLS_DIR: fixtureTools("tools-a"), TOOLMESH_ACK_WAIT_MS: "2000" };
-  await startService("resolver", { ...common, NATS_URL: hub.url });
+  const resolver = await startService("resolver", { ...common, NATS_URL: hub.url });
   executor = await startService("executor", { ...common, NATS_URL: leaf.url });
+  // The executor registered its tools through the leaf; the resolver at the hub sees them.
+  await resolver.waitForLog(
+    (l) =>
+      (l.msg === "tool available" && l.tool === "whoami") ||
+      (l.msg === "resolver started" && (l.tools as string[]).includes("whoami")),
+  );
   nc = await connect({ servers: hub.url, maxReconnectAttempts: -1 });
 }, 60_000);
 

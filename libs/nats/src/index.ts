@@ -21,7 +21,7 @@ export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { ServerClock } from "./server-clock.js";
 export { ensureDurableConsumer } from "./consumers.js";
-export type { DurableConsumerOptions } from "./consumers.js";
+export type { DurableConsumerOptions } from "./provision.js";
 export {
   ProvisionError,
   REPLICAS_SETTING,

@@ -124,16 +124,24 @@ export function bucketSpec(
   };
 }
 
-/** A durable pull consumer spec (explicit acks, every message). Durations in ms. */
-export function durableConsumerSpec(options: {
+/** A durable pull consumer as toolmesh configures them. Durations in ms. */
+export interface DurableConsumerOptions {
   stream: string;
   name: string;
+  /** Only messages on this subject; default every message of the stream. */
   filterSubject?: string;
+  /** How long a delivered message stays owned without an ack or a heartbeat, in ms. */
   ackWaitMs: number;
+  /** Deliveries before the server gives up (and sends its advisory); -1 for no limit. */
   maxDeliver: number;
+  /** Messages delivered and not yet acknowledged, over all its clients. */
   maxAckPending: number;
-  settings?: Record<string, string>;
-}): ConsumerSpec {
+}
+
+/** A durable pull consumer spec (explicit acks, every message). Durations in ms. */
+export function durableConsumerSpec(
+  options: DurableConsumerOptions & { settings?: Record<string, string> },
+): ConsumerSpec {
   return {
     stream: options.stream,
     name: options.name,

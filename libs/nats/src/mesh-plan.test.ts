@@ -1,0 +1,39 @@
+import { createSubjects } from "@toolmesh/protocol";
+import { describe, expect, it } from "vitest";
+import { meshPlan } from "./mesh-plan.js";
+
+describe("meshPlan", () => {
+  const subjects = createSubjects({ prefix: "acme.prod" });
+
+  it("gives every stream and bucket the configured replica count, naming the variable", () => {
+    const plan = meshPlan(subjects, { replicas: 3 });
+    const all = [...plan.streams, ...Object.values(plan.buckets)];
+    expect(all).toHaveLength(11);
+    for (const spec of all) {
+      expect(spec.config.num_replicas).toBe(3);
+      expect(spec.settings.num_replicas).toBe("TOOLMESH_STREAM_REPLICAS");
+    }
+  });
+
+  it("defaults to one replica and puts buckets on their KV_ streams", () => {
+    const plan = meshPlan(subjects);
+    expect(plan.streams.map((s) => s.config.num_replicas)).toEqual(plan.streams.map(() => 1));
+    expect(plan.buckets.calls.config.name).toBe("KV_acme_prod_calls");
+    expect(plan.buckets.calls.config.subjects).toEqual(["$KV.acme_prod_calls.>"]);
+  });
+
+  it("sets the bucket TTLs and the consumers' ack wait from the settings, in nanoseconds", () => {
+    const plan = meshPlan(subjects, {
+      callRetentionMs: 3_600_000,
+      sessionStateTtlMs: 60_000,
+      ackWaitMs: 2_000,
+    });
+    expect(plan.buckets.calls.config.max_age).toBe(3_600_000 * 1e6);
+    expect(plan.buckets.calls.settings.max_age).toBe("TOOLMESH_CALL_RETENTION_MS");
+    expect(plan.buckets.sessions.config.max_age).toBe(60_000 * 1e6);
+    expect(plan.buckets.registry.config.max_age).toBe(0);
+    expect(plan.consumers.resolver.config.ack_wait).toBe(2_000 * 1e6);
+    expect(plan.consumers.schemaExpander.config.filter_subject).toBe(subjects.allMissingArguments);
+    expect(plan.consumers.deadlines.config.max_deliver).toBe(-1);
+  });
+});
