@@ -70,12 +70,7 @@ function bucketRead(bucket: string): string[] {
     `${API}.STREAM.INFO.${stream}`,
     `${API}.STREAM.MSG.GET.${stream}`,
     `${API}.DIRECT.GET.${stream}.>`,
-    `${API}.CONSUMER.CREATE.${stream}`,
-    `${API}.CONSUMER.CREATE.${stream}.>`,
-    `${API}.CONSUMER.DELETE.${stream}.>`,
-    `${API}.CONSUMER.INFO.${stream}.>`,
-    `${API}.CONSUMER.MSG.NEXT.${stream}.>`,
-    `$JS.FC.${stream}.>`,
+    ...orderedReader(stream),
   ];
 }
 
