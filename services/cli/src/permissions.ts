@@ -58,6 +58,11 @@ function names(s: Subjects) {
 
 const API = "$JS.API";
 
+/** The MCP bridge's bucket of approved tool definitions (`{p}_tool_approvals`, ADR 0014). */
+function approvalsBucket(s: Subjects): string {
+  return `${s.registryBucket.replace(/_tools$/, "")}_tool_approvals`;
+}
+
 /** JetStream API and KV subjects to read a bucket and watch it (ordered consumers). */
 function bucketRead(bucket: string): string[] {
   const stream = `KV_${bucket}`;
@@ -65,12 +70,7 @@ function bucketRead(bucket: string): string[] {
     `${API}.STREAM.INFO.${stream}`,
     `${API}.STREAM.MSG.GET.${stream}`,
     `${API}.DIRECT.GET.${stream}.>`,
-    `${API}.CONSUMER.CREATE.${stream}`,
-    `${API}.CONSUMER.CREATE.${stream}.>`,
-    `${API}.CONSUMER.DELETE.${stream}.>`,
-    `${API}.CONSUMER.INFO.${stream}.>`,
-    `${API}.CONSUMER.MSG.NEXT.${stream}.>`,
-    `$JS.FC.${stream}.>`,
+    ...orderedReader(stream),
   ];
 }
 
@@ -244,12 +244,25 @@ export function rolePermissions(
       );
     case "executor":
       return toolHost(s, role, options.tools);
-    case "mcp-bridge":
-      return toolHost(
-        s,
-        role,
-        options.servers?.map((server) => `${server}.*`),
+    case "mcp-bridge": {
+      // Approved (pinned) tool definitions, one key per server; the bridge creates the bucket
+      // when it first pins (`toolmesh setup` does not provision it).
+      const approvals = approvalsBucket(s);
+      return merge(
+        toolHost(
+          s,
+          role,
+          options.servers?.map((server) => `${server}.*`),
+        ),
+        pub(
+          ...bucketRead(approvals),
+          `${API}.STREAM.CREATE.KV_${approvals}`,
+          ...(options.servers === undefined || options.servers.length === 0
+            ? [`$KV.${approvals}.>`]
+            : options.servers.map((server) => `$KV.${approvals}.${subjectToken(server)}`)),
+        ),
       );
+    }
     case "schema-expander":
       return merge(
         serviceBase(s, role),
@@ -282,7 +295,8 @@ export function rolePermissions(
           ]),
           `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
           ...orderedReader(s.streams.dlq),
-          ...n.buckets.flatMap(bucketRead),
+          ...[...n.buckets, approvalsBucket(s)].flatMap(bucketRead),
+          `$KV.${approvalsBucket(s)}.>`,
           `$KV.${s.callsBucket}.>`,
           `$KV.${s.groupsBucket}.>`,
           `$KV.${s.sessionsBucket}.>`,
@@ -294,7 +308,7 @@ export function rolePermissions(
         pub(
           `${API}.STREAM.NAMES`,
           `${API}.STREAM.LIST`,
-          ...[...n.streams, ...n.buckets.map(n.kv)].flatMap((st) => [
+          ...[...n.streams, ...[...n.buckets, approvalsBucket(s)].map(n.kv)].flatMap((st) => [
             `${API}.STREAM.*.${st}`,
             `${API}.CONSUMER.*.${st}`,
             `${API}.CONSUMER.*.${st}.>`,
