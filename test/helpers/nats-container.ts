@@ -53,6 +53,7 @@ function* flagPairs(args: string[]): Generator<[string, string?]> {
 }
 
 const live = new Set<ContainerNatsServer>();
+let started = 0;
 
 class ContainerNatsServer implements NatsServerHandle {
   readonly url: string;
@@ -170,9 +171,11 @@ export async function startContainerNatsServer(
   const timeoutMs = opts.startTimeoutMs ?? 60_000;
   const [port, monitorPort] = [await freePort(), await freePort()];
   const log: string[] = [];
+  const name = `toolmesh-test-nats-${process.pid}-${++started}`;
   // The module starts servers with user "test"; "--user=" and "--pass=" (later flags win)
   // clear them, so clients connect to the URL alone, as with the local launcher.
   const container = new FixedPortNatsContainer(IMAGE)
+    .withName(name)
     .withFixedHostPorts(port, monitorPort)
     .withArg("--user=")
     .withArg("--pass=")
@@ -195,10 +198,16 @@ export async function startContainerNatsServer(
     else container.withArg(flag, value);
   }
 
-  let started: StartedTestContainer;
+  let running: StartedTestContainer;
   try {
-    started = await container.start();
+    running = await container.start();
   } catch (err) {
+    // A server that exited is left behind by testcontainers when Ryuk is off: remove it.
+    const client = await getContainerRuntimeClient();
+    await client.container
+      .getById(name)
+      .remove({ force: true })
+      .catch(() => undefined);
     throw new NatsServerStartError(
       `container ${IMAGE} did not start: ${(err as Error).message}`,
       log.join("\n"),
@@ -206,11 +215,11 @@ export async function startContainerNatsServer(
     );
   }
   const client = await getContainerRuntimeClient();
-  const inspected = (await client.container.getById(started.getId()).inspect()) as {
+  const inspected = (await client.container.getById(running.getId()).inspect()) as {
     State: { Pid: number };
   };
   const server = new ContainerNatsServer({
-    container: started,
+    container: running,
     port,
     monitorPort,
     pid: inspected.State.Pid,
