@@ -83,7 +83,8 @@ describe("a NATS server killed under load", () => {
       const id = `k${String(next++).padStart(5, "0")}`;
       const handle = session.submit(
         { id, name: TOOL, arguments: { work_ms: 2 } },
-        { timeoutMs: 30_000 },
+        // A timer whose call still ran at its second delivery waits for the deadline.
+        { timeoutMs: 10_000 },
       );
       handles.push(handle);
       void handle.result.then(() => {
@@ -122,7 +123,7 @@ describe("a NATS server killed under load", () => {
       calls: (await jsm.streams.info(subjects.streams.calls)).state.messages,
     });
     await expect
-      .poll(queued, { timeout: 20_000, interval: 250 })
+      .poll(queued, { timeout: 25_000, interval: 250 })
       .toEqual({ work: 0, timers: 0, calls: 0 });
     const reconciled = services[0]?.lines.filter((l) => l.msg === "orphaned messages reconciled");
     console.log(

@@ -159,9 +159,8 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     const timer = parsed.data;
     const remaining = timer.deadline_at - clock.now();
     if (remaining > 0) {
-      // Most calls end within moments: hops start short and double, and a timer whose call
-      // ended is dropped, so the timers held by the server stay few however long the
-      // deadlines, and a timer outlives its call by at most about the call's own duration.
+      // Most calls end within moments: after a first short hop a timer whose call ended is
+      // dropped, so the timers held by the server stay few however long the deadlines.
       if (msg.info.deliveryCount > 1) {
         const current = await store.get(timer).catch(() => undefined);
         if (current?.record.state === "done") {
@@ -174,7 +173,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
         return;
       }
       // Held by the server for the hop, then delivered again.
-      const hop = DEADLINE_FIRST_HOP_MS * 2 ** Math.min(msg.info.deliveryCount - 1, 31);
+      const hop = msg.info.deliveryCount === 1 ? DEADLINE_FIRST_HOP_MS : MAX_TIMER_HOP_MS;
       msg.nak(Math.min(remaining, hop, MAX_TIMER_HOP_MS));
       return;
     }
