@@ -293,7 +293,8 @@ describe("graceful shutdown", () => {
     const leaving = await executor({ TOOLMESH_SHUTDOWN_GRACE_MS: "200" });
     const session = client.session("rel-handback");
     const handle = session.submit(
-      { id: "b1", name: "sleepy", arguments: { ms: 1_500 } },
+      // Long enough to outlast starting the second executor on a busy machine.
+      { id: "b1", name: "sleepy", arguments: { ms: 4_000 } },
       { timeoutMs: 20_000 },
     );
     await startedOn(session, "b1");

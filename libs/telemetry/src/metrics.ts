@@ -1,8 +1,7 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { metrics } from "@opentelemetry/api";
-import { OTLPMetricExporter } from "@opentelemetry/exporter-metrics-otlp-http";
-import { PrometheusExporter } from "@opentelemetry/exporter-prometheus";
+import type { PrometheusExporter } from "@opentelemetry/exporter-prometheus";
 import {
   DataPointType,
   MeterProvider,
@@ -111,6 +110,8 @@ export async function initMetrics(options: MetricsOptions): Promise<Metrics> {
   if (url !== undefined && (exporters.length === 0 || exporters.includes("otlp"))) {
     refuseGrpc(env, "metrics");
     const timeoutMillis = readInteger(env, "OTEL_METRIC_EXPORT_TIMEOUT", 1) ?? 30_000;
+    // Loaded only when used: every service and CLI command starts faster without them.
+    const { OTLPMetricExporter } = await import("@opentelemetry/exporter-metrics-otlp-http");
     readers.push(
       new PeriodicExportingMetricReader({
         exporter: new OTLPMetricExporter({
@@ -128,6 +129,7 @@ export async function initMetrics(options: MetricsOptions): Promise<Metrics> {
   }
   let prometheus: { exporter: PrometheusExporter; server: Server } | undefined;
   if (options.prometheusPort !== undefined) {
+    const { PrometheusExporter } = await import("@opentelemetry/exporter-prometheus");
     const exporter = new PrometheusExporter({ preventServerStart: true });
     readers.push(exporter);
     prometheus = { exporter, server: await serveMetrics(exporter, options.prometheusPort) };
