@@ -60,7 +60,7 @@ const API = "$JS.API";
 
 /** The MCP bridge's bucket of approved tool definitions (`{p}_tool_approvals`, ADR 0014). */
 function approvalsBucket(s: Subjects): string {
-  return `${s.registryBucket.replace(/_tools$/, "")}_tool_approvals`;
+  return s.toolApprovalsBucket;
 }
 
 /** JetStream API and KV subjects to read a bucket and watch it (ordered consumers). */
@@ -74,7 +74,10 @@ function bucketRead(bucket: string): string[] {
   ];
 }
 
-/** What every service needs: its inbox, JetStream account info and stream/bucket info. */
+/**
+ * What every service needs: its inbox, JetStream account info and stream/bucket info, and the
+ * stats request of operators (answered to the operator's inbox).
+ */
 function serviceBase(s: Subjects, role: string): Permissions {
   const n = names(s);
   return {
@@ -83,9 +86,10 @@ function serviceBase(s: Subjects, role: string): Permissions {
         `${API}.INFO`,
         ...n.streams.map((st) => `${API}.STREAM.INFO.${st}`),
         ...bucketRead(s.registryBucket),
+        `_INBOX.${s.prefix}.operator.>`,
       ],
     },
-    subscribe: { allow: [`${s.inboxPrefix(role)}.>`] },
+    subscribe: { allow: [`${s.inboxPrefix(role)}.>`, s.stats] },
   };
 }
 
@@ -226,16 +230,20 @@ export function rolePermissions(
           ...durable(s.streams.calls, s.resolverConsumer),
           ...durable(s.streams.timers, s.deadlineConsumer),
           ...durable(s.streams.advisories, s.deadLetterConsumer),
-          ...[s.streams.sessions, s.streams.calls, s.streams.work, s.streams.advisories].map(
-            (st) => `${API}.STREAM.MSG.GET.${st}`,
-          ),
-          ...[s.streams.calls, s.streams.work, s.streams.advisories].map(
+          ...[
+            s.streams.sessions,
+            s.streams.calls,
+            s.streams.work,
+            s.streams.timers,
+            s.streams.advisories,
+          ].map((st) => `${API}.STREAM.MSG.GET.${st}`),
+          ...[s.streams.calls, s.streams.work, s.streams.timers, s.streams.advisories].map(
             (st) => `${API}.STREAM.MSG.DELETE.${st}`,
           ),
-          `${API}.CONSUMER.LIST.${s.streams.calls}`,
-          `${API}.CONSUMER.LIST.${s.streams.work}`,
-          ...orderedReader(s.streams.calls),
-          ...orderedReader(s.streams.work),
+          // Reconciliation reads each consumer's ack floor.
+          ...[s.streams.calls, s.streams.work, s.streams.timers].map(
+            (st) => `${API}.CONSUMER.LIST.${st}`,
+          ),
           ...bucketRead(s.callsBucket),
           `$KV.${s.callsBucket}.>`,
           ...bucketRead(s.groupsBucket),
@@ -245,8 +253,8 @@ export function rolePermissions(
     case "executor":
       return toolHost(s, role, options.tools);
     case "mcp-bridge": {
-      // Approved (pinned) tool definitions, one key per server; the bridge creates the bucket
-      // when it first pins (`toolmesh setup` does not provision it).
+      // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
+      // bucket, and a bridge allowed to creates it when it first pins.
       const approvals = approvalsBucket(s);
       return merge(
         toolHost(
@@ -280,8 +288,10 @@ export function rolePermissions(
     case "operator":
       return merge(
         serviceBase(s, role),
-        sub(`${n.base}.sessions.>`),
+        // `toolmesh watch` follows calls and session events.
+        sub(`${n.base}.sessions.>`, `${n.base}.calls.>`),
         pub(
+          s.stats,
           `${n.base}.rpc.*.*`,
           `${n.base}.cancel.*.*`,
           s.allCalls,
