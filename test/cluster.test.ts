@@ -6,7 +6,7 @@
  * 1–3 of the design (exactly one final message by the deadline, nothing lost, side effects once
  * per idempotency key) and prints the figures.
  */
-import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -27,6 +27,7 @@ import type { ToolMessage } from "@toolmesh/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { readLedgers } from "./helpers/ledgers.js";
 
 /**
  * Seconds of load and calls per second. CI runs 24 s at 50/s on two shared cores; the figures in
@@ -251,20 +252,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     for (const session of sessions) session.close();
 
     // Side effects by idempotency key (the ledger) and handler invocations by call.
-    const effects = new Map<string, number>();
-    for (const name of readdirSync(ledgerDir)) {
-      const key = Buffer.from(name, "base64url").toString("utf8");
-      const id = key.slice(key.lastIndexOf("/") + 1);
-      effects.set(id, (effects.get(id) ?? 0) + 1);
-    }
-    const invocations = new Map<string, number>();
-    for (const name of readdirSync(execDir)) {
-      for (const line of readFileSync(join(execDir, name), "utf8").split("\n")) {
-        if (line === "") continue;
-        const id = line.split("\t")[0] as string;
-        invocations.set(id, (invocations.get(id) ?? 0) + 1);
-      }
-    }
+    const { effects, invocations } = readLedgers(ledgerDir, execDir);
 
     const all = [...calls.values()];
     // What the mesh answered: live messages, or the stored one the client read after a

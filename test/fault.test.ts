@@ -6,7 +6,7 @@
  * the idempotency key) and prints the figures.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -22,6 +22,7 @@ import { startNatsServer, stopAll } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { readLedgers } from "./helpers/ledgers.js";
 
 const CALLS = 2_000;
 const RATE_PER_S = 50;
@@ -68,8 +69,6 @@ interface Outage {
 }
 
 const now = (): number => performance.now();
-const keyOfLedgerFile = (name: string): string => Buffer.from(name, "base64url").toString("utf8");
-
 function percentile(sorted: readonly number[], p: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? NaN;
@@ -340,22 +339,8 @@ describe("fault tolerance under load", () => {
     }
 
     // The ledgers: side effects by key, handler invocations by call.
-    const sideEffects = new Map<string, number>();
-    let sideEffectFiles = 0;
-    for (const name of readdirSync(ledgerDir)) {
-      sideEffectFiles++;
-      const key = keyOfLedgerFile(name);
-      const callId = key.slice(key.lastIndexOf("/") + 1);
-      sideEffects.set(callId, (sideEffects.get(callId) ?? 0) + 1);
-    }
-    const invocations = new Map<string, number>();
-    for (const name of readdirSync(execDir)) {
-      for (const line of readFileSync(join(execDir, name), "utf8").split("\n")) {
-        if (line === "") continue;
-        const callId = line.split("\t")[0] as string;
-        invocations.set(callId, (invocations.get(callId) ?? 0) + 1);
-      }
-    }
+    const { effects: sideEffects, invocations } = readLedgers(ledgerDir, execDir);
+    const sideEffectFiles = readdirSync(ledgerDir).length;
 
     // Figures. The frontend gets a final message either live, on the session subscription
     // (what `onEvent` listeners see), or — when it was published while the connection was

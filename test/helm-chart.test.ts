@@ -188,6 +188,13 @@ describe("what the full values render", () => {
     expect(weather.spec.template.spec.containers[0].envFrom).toEqual([
       { secretRef: { name: "weather-api" } },
     ]);
+    // A role with credentials of its own mounts its own Secret; the others use nats.auth.
+    const secretOf = (d: { spec: { template: { spec: { volumes?: unknown[] } } } }) =>
+      (d.spec.template.spec.volumes as { name: string; secret?: { secretName: string } }[]).find(
+        (v) => v.name === "nats-auth",
+      )?.secret?.secretName;
+    expect(secretOf(byName(manifests, "Deployment", "resolver"))).toBe("toolmesh-nats-resolver");
+    expect(secretOf(weather)).toBe("toolmesh-nats-service");
     // Autoscaled deployments leave replicas to their autoscaler.
     expect(weather.spec).not.toHaveProperty("replicas");
     expect(byName(manifests, "Deployment", "executor-builtin").spec.replicas).toBe(2);
