@@ -66,6 +66,17 @@ export const CallRequestSchema = z
 /** A call a frontend submits. */
 export type CallRequest = z.infer<typeof CallRequestSchema>;
 
+/**
+ * The idempotency key of a call or cancel request: its own `idempotency_key`, else
+ * `{session_id}/{tool call id}` (see `docs/protocol.md`, "Idempotency").
+ */
+export function idempotencyKeyOf(
+  request: { idempotency_key?: string | undefined; session_id: string },
+  callId: string,
+): string {
+  return request.idempotency_key ?? `${request.session_id}/${callId}`;
+}
+
 /** Value types of `input_parameters`, in the vocabulary of `input_parameters` (docs/protocol.md#resolvedcall). */
 export const ParamTypeSchema = z.enum(["str", "int", "float", "bool", "list", "dict"]);
 

@@ -40,6 +40,7 @@ export {
   ToolCallSchema,
   ToolMessageSchema,
   ToolSchemaSchema,
+  idempotencyKeyOf,
 } from "./envelopes.js";
 export type {
   CancelReply,

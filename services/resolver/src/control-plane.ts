@@ -16,6 +16,7 @@ import {
   errorToolMessage,
   subjectToken,
   decodeJsonOrUndefined,
+  idempotencyKeyOf,
 } from "@toolmesh/protocol";
 import type { WorkLoop } from "@toolmesh/nats";
 import {
@@ -281,7 +282,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
           { details: { session_id: request.session_id } },
         );
       }
-      const key = request.idempotency_key ?? `${request.session_id}/${request.tool_call_id}`;
+      const key = idempotencyKeyOf(request, request.tool_call_id);
       reply = await cancelCall(request.tool_call_id, request.session_id, key, address);
     } catch (err) {
       const error = ensureError(

@@ -19,6 +19,7 @@ import {
   callKey,
   ensureError,
   decodeJsonOrUndefined,
+  idempotencyKeyOf,
 } from "@toolmesh/protocol";
 import { publishDurable } from "@toolmesh/nats";
 import { CallStore, argumentsHash } from "@toolmesh/call-store";
@@ -319,7 +320,7 @@ export async function replayDeadLetter(
     request: CallRequest,
     body: Record<string, unknown>,
   ): Promise<Omit<ReplayOutcome, "deleted">> {
-    const original = request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`;
+    const original = idempotencyKeyOf(request, request.tool_call.id);
     const key = replayKey(original, seq);
     const msgId = `replay:${subjects.streams.dlq}:${seq}`;
     const ack = await publishDurable(
@@ -434,7 +435,7 @@ function describeLetter(
         tool: r.tool_call.function.name,
         call_id: r.tool_call.id,
         session_id: r.session_id,
-        key: r.idempotency_key ?? `${r.session_id}/${r.tool_call.id}`,
+        key: idempotencyKeyOf(r, r.tool_call.id),
       };
     }
   }

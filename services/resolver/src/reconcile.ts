@@ -6,6 +6,7 @@ import {
   Header,
   SessionAddressSchema,
   decodeJsonOrUndefined,
+  idempotencyKeyOf,
 } from "@toolmesh/protocol";
 import type { CallRef, CallStore } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
@@ -135,7 +136,7 @@ function keyOf(subjects: Subjects, stream: string, msg: StoredMsg): CallRef | un
   if (request === undefined || address === undefined) return undefined;
   return {
     address,
-    idempotency_key: request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`,
+    idempotency_key: idempotencyKeyOf(request, request.tool_call.id),
   };
 }
 

@@ -4,6 +4,7 @@ import {
   MAX_TOOL_NAME_LENGTH,
   ToolmeshError,
   nestsDeeperThan,
+  idempotencyKeyOf,
 } from "@toolmesh/protocol";
 import type {
   CallRequest,
@@ -434,7 +435,7 @@ export function resolveCall(
   const resolved: ResolvedCall = {
     call_id: request.tool_call.id,
     tool_call_id: request.tool_call.id,
-    idempotency_key: request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`,
+    idempotency_key: idempotencyKeyOf(request, request.tool_call.id),
     session_id: request.session_id,
     address: { tenant: options.address.tenant, session: options.address.session },
     tool: name,

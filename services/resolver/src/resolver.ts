@@ -23,6 +23,7 @@ import {
   ensureError,
   errorToolMessage,
   subjectToken,
+  idempotencyKeyOf,
 } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
@@ -505,7 +506,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         at: Date.now(),
       };
       await publishDurable(js, subjects.missingArguments(address, event.tool), event, {
-        msgId: `missing:${callKey(address, request.idempotency_key ?? `${request.session_id}/${callId}`)}`,
+        msgId: `missing:${callKey(address, idempotencyKeyOf(request, callId))}`,
       });
     }
     const message = errorToolMessage(
@@ -538,7 +539,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   ): Promise<boolean> {
     const { request } = resolution;
     if (request === undefined || subjectToken(request.session_id) !== address.session) return false;
-    const key = request.idempotency_key ?? `${request.session_id}/${request.tool_call.id}`;
+    const key = idempotencyKeyOf(request, request.tool_call.id);
     const stored = await store.get({ idempotency_key: key, address });
     if (stored === undefined) return false;
     const { record } = stored;
