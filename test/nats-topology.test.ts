@@ -50,9 +50,23 @@ describe("leaf nodes", () => {
     const leaf = await startLeafNode(hub.leafnodeUrl);
     const atHub = await connect({ servers: hub.url });
     const atLeaf = await connect({ servers: leaf.url, maxReconnectAttempts: -1 });
+    // Interest crosses a new leaf connection a moment after it is up: the first replies may be
+    // lost, so publish as a client does, retrying with the same message id.
+    const publishFromLeaf = async (data: string) => {
+      for (let attempt = 1; ; attempt++) {
+        const ack = await jetstream(atLeaf)
+          .publish("hub.x", data, { msgID: data, timeout: 1_000 })
+          .catch((err: unknown) => {
+            if (attempt >= 10) throw err;
+            return undefined;
+          });
+        if (ack !== undefined) return ack;
+      }
+    };
     try {
+      await waitForLeafConnections(hub, 1);
       await (await jetstreamManager(atHub)).streams.add({ name: "HUB", subjects: ["hub.>"] });
-      const ack = await jetstream(atLeaf).publish("hub.x", "from the leaf");
+      const ack = await publishFromLeaf("from the leaf");
       expect(ack.stream).toBe("HUB");
 
       const reconnected = (async () => {
@@ -61,17 +75,7 @@ describe("leaf nodes", () => {
       await leaf.restart();
       await waitForLeafConnections(hub, 1);
       await reconnected;
-      // Interest crosses the new leaf connection a moment after it is up: the first replies
-      // may be lost, so publish as a client does, retrying with the same message id.
-      let again;
-      for (let attempt = 1; again === undefined; attempt++) {
-        again = await jetstream(atLeaf)
-          .publish("hub.x", "again", { msgID: "again", timeout: 1_000 })
-          .catch((err: unknown) => {
-            if (attempt >= 10) throw err;
-            return undefined;
-          });
-      }
+      const again = await publishFromLeaf("again");
       expect(again.seq).toBe(2);
     } finally {
       await atHub.close();
