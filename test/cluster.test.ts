@@ -186,15 +186,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       const down = now();
       await cluster.node(node).kill();
       stamp(`SIGKILL ${node} (${what})`);
-      await Promise.all(
-        critical.map(async (stream) => {
-          for (;;) {
-            const leader = await streamLeader(nc, stream);
-            if (leader !== undefined && leader !== node) return;
-            await sleep(50);
-          }
-        }),
-      );
+      await Promise.all(critical.map((stream) => waitForStreamLeader(nc, stream, 120_000, node)));
       recovery.push({ what: `SIGKILL ${node}`, leadersMs: now() - down, at: down });
       stamp(`new leaders for ${critical.join(", ")}`);
     };

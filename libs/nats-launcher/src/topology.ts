@@ -151,16 +151,21 @@ export async function streamLeader(
   return info?.cluster?.leader;
 }
 
-/** Waits until the stream has a leader and returns its name. */
+/**
+ * Waits until the stream has a leader — other than `not`, when given (a node just killed or
+ * stepped down) — and returns its name.
+ */
 export async function waitForStreamLeader(
   nc: NatsConnection,
   stream: string,
   timeoutMs = 30_000,
+  not?: string,
 ): Promise<string> {
   let leader: string | undefined;
-  await waitFor(`stream ${stream} elected no leader`, timeoutMs, async () => {
+  const what = not === undefined ? "no leader" : `no leader other than ${not}`;
+  await waitFor(`stream ${stream} elected ${what}`, timeoutMs, async () => {
     leader = await streamLeader(nc, stream);
-    return leader !== undefined;
+    return leader !== undefined && leader !== not;
   });
   return leader as string;
 }
@@ -178,12 +183,7 @@ export async function stepDownStreamLeader(
   const reply = await jsApi(nc, `$JS.API.STREAM.LEADER.STEPDOWN.${stream}`);
   if (reply.error !== undefined)
     throw new Error(`step-down of ${stream} refused: ${reply.error.description}`);
-  let to: string | undefined;
-  await waitFor(`stream ${stream} elected no new leader`, timeoutMs, async () => {
-    to = await streamLeader(nc, stream);
-    return to !== undefined && to !== from;
-  });
-  return { from, to: to as string };
+  return { from, to: await waitForStreamLeader(nc, stream, timeoutMs, from) };
 }
 
 /**
