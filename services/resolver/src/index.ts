@@ -2,8 +2,20 @@
 export { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
 export type { ParameterError, ResolveCallOptions } from "./resolve-call.js";
 // --- end resolve-call.ts ---
-export { resolveRequest, startResolver } from "./resolver.js";
-export type { Resolution, Resolver, ResolverOptions } from "./resolver.js";
+export { startResolver } from "./resolver.js";
+export type { Resolver, ResolverOptions } from "./resolver.js";
+// --- handle-call.ts: the resolver's handlers, each taking its dependencies ---
+export {
+  answerDryRun,
+  answerInvalid,
+  answerKnownKey,
+  answerResubmission,
+  handleCall,
+  resolveRequest,
+  routeCall,
+} from "./handle-call.js";
+export type { Resolution, ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
+export { SessionLimits } from "./session-limits.js";
 export { startResolverFromRuntime } from "./from-runtime.js";
 export { listDeadLetters, replayDeadLetter, showDeadLetter } from "./dead-letters.js";
 export type {

@@ -1,0 +1,591 @@
+import type { Msg } from "@nats-io/nats-core";
+import type { JsMsg } from "@nats-io/jetstream";
+import type { z } from "zod";
+import type {
+  CallRequest,
+  MissingArgumentsEvent,
+  Rejection,
+  ResolveReply,
+  ResolvedCall,
+  SessionAddress,
+  Subjects,
+  ToolDefinition,
+} from "@toolmesh/protocol";
+import {
+  CallRequestSchema,
+  ErrorCode,
+  ToolmeshError,
+  callKey,
+  contextDepthError,
+  decodeJson,
+  encodeJson,
+  ensureError,
+  errorToolMessage,
+  subjectToken,
+  idempotencyKeyOf,
+} from "@toolmesh/protocol";
+import { ServerClock, publishDurable } from "@toolmesh/nats";
+import { ANY_ARGUMENTS, argumentsHash } from "@toolmesh/call-store";
+import type { AcceptOutcome, CallPlane } from "@toolmesh/call-store";
+import type { ToolRegistry } from "@toolmesh/registry";
+import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
+import {
+  ATTR_TOOLMESH_CALL_ID,
+  ATTR_TOOLMESH_SESSION_ID,
+  ATTR_TOOLMESH_TOOL,
+  markOutcome,
+  processSpanOptions,
+  withSpan,
+} from "@toolmesh/telemetry";
+import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
+import type { ControlPlane } from "./control-plane.js";
+import type { SessionLimits } from "./session-limits.js";
+
+// The resolver's handlers: a submitted call from the calls stream to its answer or its work
+// message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
+// with a real server and no running resolver; `startResolver` wires them to the subscriptions.
+
+/** What the resolver's handlers work with; `startResolver` builds it once. Durations in ms. */
+export interface ResolverDeps {
+  subjects: Subjects;
+  registry: ToolRegistry;
+  log: Logger;
+  tracer: Tracer;
+  /** Streams, call store, server clock and the one way final messages go out. */
+  plane: CallPlane;
+  /** Where deadlines are armed and calls outside the call layout are dead-lettered. */
+  control: Pick<ControlPlane, "armDeadline" | "deadLetter">;
+  /** Calls of each session in flight through this resolver. */
+  limits: SessionLimits;
+  metrics: ToolmeshMetrics;
+  /** Budget of a call that sets none, in ms. */
+  defaultTimeoutMs: number;
+  /** How long call records are kept; a call may not run longer, in ms. */
+  callRetentionMs: number;
+  /** Who may call what; every tool open to every session when undefined. */
+  access?: ToolAccessPolicy | undefined;
+}
+
+/**
+ * Decides whether a session may call a tool (an `AccessView` from `@toolmesh/catalog` fits).
+ * Runs on every call: it must answer from memory.
+ */
+export interface ToolAccessPolicy {
+  /** The error the call gets (`permission_denied`, `tool_disabled`), or `undefined` to go on. */
+  check(def: ToolDefinition, at: SessionAddress, agent?: string): ToolmeshError | undefined;
+}
+
+/** The outcome of resolving one submitted call. */
+export type Resolution =
+  | { ok: true; resolved: ResolvedCall; request: CallRequest }
+  | {
+      ok: false;
+      error: ToolmeshError;
+      toolCallId: string | undefined;
+      tool: string | undefined;
+      request: CallRequest | undefined;
+    };
+
+/**
+ * Resolves one call request against the registry: envelope, tool name, access (agent and tool
+ * groups, when `access` is given), arguments, defaults, missing params and schema validation.
+ * Access comes before the arguments, so a tool the session may not call never reveals its
+ * schema through `missing_arguments`. `now` is the server-clock time the call was accepted:
+ * its deadline counts from there.
+ */
+export function resolveRequest(
+  registry: ToolRegistry,
+  body: unknown,
+  address: SessionAddress,
+  options: { now: number; defaultTimeoutMs: number; access?: ToolAccessPolicy | undefined },
+): Resolution {
+  const envelope = CallRequestSchema.safeParse(body);
+  if (!envelope.success) {
+    return { ok: false, error: envelopeError(envelope.error), ...partialIds(body) };
+  }
+  const request = envelope.data;
+  const toolCallId = request.tool_call.id;
+  const name = request.tool_call.function.name;
+  try {
+    const tooDeep = contextDepthError(request);
+    if (tooDeep !== undefined) throw tooDeep;
+    if (subjectToken(request.session_id) !== address.session) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        "session_id does not match the session of the subject it was published on",
+        { details: { session_id: request.session_id } },
+      );
+    }
+    validateToolName(name);
+    const { access } = options;
+    const tool = registry.get(name);
+    if (tool === undefined) {
+      // Only tools the session may call are suggested.
+      const callable =
+        access === undefined
+          ? registry.names()
+          : [...registry.tools()]
+              .filter((t) => access.check(t.definition, address, request.agent) === undefined)
+              .map((t) => t.definition.name);
+      const closeMatches = findCloseMatches(name, callable);
+      throw new ToolmeshError(
+        ErrorCode.UnknownTool,
+        closeMatches.length > 0
+          ? `unknown tool "${name}"; did you mean ${closeMatches.map((m) => `"${m}"`).join(", ")}?`
+          : `unknown tool "${name}"`,
+        { details: { tool: name, close_matches: closeMatches } },
+      );
+    }
+    const denied = access?.check(tool.definition, address, request.agent);
+    if (denied !== undefined) throw denied;
+    const args = parseArguments(request.tool_call.function.arguments);
+    const resolved = resolveCall(tool, request, args, {
+      now: options.now,
+      defaultTimeoutMs: options.defaultTimeoutMs,
+      address,
+    });
+    return { ok: true, resolved, request };
+  } catch (err) {
+    return { ok: false, error: ensureError(err), toolCallId, tool: name, request };
+  }
+}
+
+function envelopeError(error: z.ZodError): ToolmeshError {
+  const issues = error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
+  if (error.issues.every((i) => i.path.join(".") === "tool_call.function.arguments")) {
+    return new ToolmeshError(
+      ErrorCode.InvalidArguments,
+      "function.arguments must be a JSON object or a string holding one",
+      { details: { issues } },
+    );
+  }
+  return new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `malformed call request: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
+    { details: { issues } },
+  );
+}
+
+function partialIds(body: unknown): {
+  toolCallId: string | undefined;
+  tool: string | undefined;
+  request: undefined;
+} {
+  const call = (body as { tool_call?: { id?: unknown; function?: { name?: unknown } } } | null)
+    ?.tool_call;
+  const id = call?.id;
+  const name = call?.function?.name;
+  return {
+    toolCallId: typeof id === "string" && id.length > 0 && id.length <= 256 ? id : undefined,
+    tool: typeof name === "string" && name.length <= 256 ? name : undefined,
+    request: undefined,
+  };
+}
+
+function bodyError(err: unknown): ToolmeshError {
+  if (err instanceof TypeError) {
+    return new ToolmeshError(ErrorCode.InvalidRequest, "call request is not valid UTF-8", {
+      cause: err,
+    });
+  }
+  return new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `call request is not JSON: ${(err as Error).message}`,
+    { cause: err },
+  );
+}
+
+/**
+ * Answers a dry-run request (`rpc.{tenant}.resolve`): the call resolved as it would be, or the
+ * typed error it would get. Nothing is recorded or routed.
+ */
+export function answerDryRun(deps: ResolverDeps, msg: Msg): void {
+  const { subjects, registry, plane } = deps;
+  let reply: ResolveReply;
+  const tenant = subjects.parseRpcTenant(msg.subject);
+  if (tenant === undefined) {
+    const error = new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+      { details: { subject: msg.subject } },
+    );
+    msg.respond(encodeJson({ ok: false, error: error.toWire() } satisfies ResolveReply));
+    return;
+  }
+  try {
+    const body = decodeJson(msg.data) as { session_id?: unknown } | null;
+    const sessionId = body?.session_id;
+    const session =
+      typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
+    const resolution = resolveRequest(
+      registry,
+      body,
+      { tenant, session },
+      { now: plane.clock.now(), defaultTimeoutMs: deps.defaultTimeoutMs, access: deps.access },
+    );
+    reply = resolution.ok
+      ? { ok: true, resolved: resolution.resolved }
+      : { ok: false, error: resolution.error.toWire() };
+  } catch (err) {
+    reply = { ok: false, error: bodyError(err).toWire() };
+  }
+  msg.respond(encodeJson(reply));
+}
+
+/**
+ * Handles one submitted call from the calls stream: resolves it, answers an invalid one on its
+ * session, routes a valid one ({@link routeCall}), then acks it. A call that cannot be handed on
+ * (a publish that may pass later failed) is handed back with `nak` and a growing delay (1 s,
+ * doubling, at most 10 s); one on a subject outside the call layout is dead-lettered.
+ */
+export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> {
+  const { subjects, registry, log, tracer, control, metrics } = deps;
+  const address = subjects.parseSessionSubject(msg.subject);
+  if (address === undefined) {
+    // No answer can be addressed: a token such as a literal `*` would make the session
+    // subject a wildcard. The letter keeps the message for operators.
+    log.error(
+      { subject: msg.subject },
+      "call on a subject outside the call layout (or with a token no id maps to); dead-lettered",
+    );
+    await control.deadLetter(subjects.streams.calls, msg.seq, "not a call subject");
+    msg.ack();
+    return;
+  }
+  const acceptedAt = ServerClock.timestampOf(msg);
+  deps.plane.clock.observe(acceptedAt);
+  await withSpan(
+    tracer,
+    "resolve",
+    processSpanOptions(msg, { [ATTR_TOOLMESH_SESSION_ID]: address.session }),
+    async (span) => {
+      let resolution: Resolution;
+      try {
+        resolution = resolveRequest(registry, decodeJson(msg.data), address, {
+          now: acceptedAt,
+          defaultTimeoutMs: deps.defaultTimeoutMs,
+          access: deps.access,
+        });
+      } catch (err) {
+        resolution = {
+          ok: false,
+          error: bodyError(err),
+          toolCallId: undefined,
+          tool: undefined,
+          request: undefined,
+        };
+      }
+      const callId = resolution.ok ? resolution.resolved.call_id : resolution.toolCallId;
+      const tool = resolution.ok ? resolution.resolved.tool : resolution.tool;
+      if (callId !== undefined) span.setAttribute(ATTR_TOOLMESH_CALL_ID, callId);
+      if (tool !== undefined) span.setAttribute(ATTR_TOOLMESH_TOOL, tool);
+      // Only a registered tool's name becomes a label: the model can make names up.
+      metrics.resolved(
+        resolution.ok ? undefined : resolution.error.code,
+        tool !== undefined && registry.get(tool) !== undefined ? tool : undefined,
+      );
+      if (!resolution.ok) markOutcome(span, resolution.error.code, resolution.error.message);
+      const callLog = log.child({ callId, sessionId: address.session, tool });
+      try {
+        if (resolution.ok) await routeCall(deps, resolution, msg, callLog);
+        else if (await answerKnownKey(deps, resolution, address, msg.seq, callLog)) {
+          callLog.info({ code: resolution.error.code }, "refused resubmission of a known call");
+        } else {
+          await answerInvalid(deps, resolution, address, msg.seq);
+          callLog.info({ code: resolution.error.code, err: resolution.error }, "call rejected");
+        }
+        msg.ack();
+      } catch (err) {
+        callLog.error({ err: ensureError(err) }, "cannot hand the call on; it will be redelivered");
+        msg.nak(Math.min(1_000 * 2 ** (msg.info.deliveryCount - 1), 10_000));
+      }
+    },
+  );
+}
+
+/**
+ * Routes a resolved call: refuses it when it could outlive its record or is past its deadline,
+ * answers `overloaded` when its session is over its in-flight limit, accepts it in the call
+ * store (a known key is answered as a resubmission), publishes it on its tool's work subject and
+ * arms its deadline. Throws when a publish fails in a way that may pass: the caller hands the
+ * call back.
+ */
+export async function routeCall(
+  deps: ResolverDeps,
+  resolution: Extract<Resolution, { ok: true }>,
+  msg: JsMsg,
+  callLog: Logger,
+): Promise<void> {
+  const { subjects, plane, control, limits, callRetentionMs } = deps;
+  const { js, store, clock, publishFinal } = plane;
+  const { resolved, request } = resolution;
+  const key = callKey(resolved.address, resolved.idempotency_key);
+  const target = {
+    tool_call_id: resolved.call_id,
+    name: resolved.tool,
+    session_id: resolved.session_id,
+  };
+  const publishAnswer = (error: ToolmeshError, msgId: string): Promise<unknown> =>
+    publishFinal(
+      subjects.result(resolved.address, resolved.call_id),
+      errorToolMessage(target, error, { attempts: 0 }),
+      msgId,
+    );
+  // A refusal before acceptance must not take the place of a known call's result either.
+  const refuse = async (error: ToolmeshError): Promise<void> => {
+    const refused = {
+      ok: false as const,
+      error,
+      toolCallId: resolved.call_id,
+      tool: resolved.tool,
+      request,
+    };
+    if (!(await answerKnownKey(deps, refused, resolved.address, msg.seq, callLog)))
+      await publishAnswer(error, `result:${key}`);
+  };
+
+  if (resolved.timeout_ms > callRetentionMs) {
+    // Its record would expire while it runs, and with it the guarantee of one final message.
+    await refuse(
+      new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `timeout_ms ${resolved.timeout_ms} is longer than calls are remembered (${callRetentionMs} ms)`,
+        { details: { timeout_ms: resolved.timeout_ms, max_timeout_ms: callRetentionMs } },
+      ),
+    );
+    return;
+  }
+  if (clock.now() >= resolved.deadline_at) {
+    // It waited in the calls stream past its deadline (no resolver was running).
+    await refuse(
+      new ToolmeshError(
+        ErrorCode.DeadlineExceeded,
+        `call ${resolved.call_id} passed its deadline before it was resolved`,
+        {
+          details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms },
+        },
+      ),
+    );
+    return;
+  }
+  if (!limits.tryAcquire(resolved, clock.now())) {
+    await publishAnswer(
+      new ToolmeshError(
+        ErrorCode.Overloaded,
+        `session ${resolved.session_id} has too many calls in flight`,
+        {
+          details: { max_in_flight: limits.max, retry_after_ms: 1_000 },
+        },
+      ),
+      `overloaded:${key}:${msg.seq}`,
+    );
+    return;
+  }
+  const accepted = await store.accept({
+    idempotency_key: resolved.idempotency_key,
+    call_id: resolved.call_id,
+    session_id: resolved.session_id,
+    address: resolved.address,
+    tool: resolved.tool,
+    args_hash: argumentsHash(request.tool_call.function.arguments),
+    state: "accepted",
+    deadline_at: resolved.deadline_at,
+  });
+  if (accepted.status === "conflict" || accepted.status === "done") {
+    limits.release(resolved);
+    await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
+    return;
+  }
+  if (accepted.status === "in_flight") {
+    // Accepted before but maybe never routed: a crash between accepting and routing, or a
+    // killed server that forgot the first delivery (it comes back as delivery 1). Route
+    // again: the work and timer message ids make a repeat harmless within the window.
+    callLog.info("call accepted before; routing it again");
+  }
+  let workSeq: number;
+  try {
+    workSeq = (await publishDurable(js, subjects.work(resolved.tool), resolved, { msgId: key }))
+      .seq;
+  } catch (err) {
+    const error = ensureError(err);
+    if (error.retryable) throw err;
+    // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
+    await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
+    return;
+  }
+  // Armed after routing (a redelivered call routes again and then arms): a crash in
+  // between leaves work without a timer only until that redelivery.
+  await control.armDeadline(resolved, workSeq);
+  callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
+}
+
+/**
+ * Answers an invalid call on its session with its typed error (and, for `missing_arguments`, an
+ * event for the schema expander). A call without a usable id is answered as `invalid-{seq}`.
+ */
+export async function answerInvalid(
+  deps: ResolverDeps,
+  resolution: Extract<Resolution, { ok: false }>,
+  address: SessionAddress,
+  seq: number,
+): Promise<void> {
+  const { subjects, registry } = deps;
+  const { js, publishFinal } = deps.plane;
+  const { error, request } = resolution;
+  // Without a usable call id the answer still reaches the session, keyed by stream sequence.
+  const callId = resolution.toolCallId ?? `invalid-${seq}`;
+  if (error.code === ErrorCode.MissingArguments && request !== undefined) {
+    const event: MissingArgumentsEvent = {
+      tool_call_id: callId,
+      session_id: request.session_id,
+      address,
+      tool: request.tool_call.function.name,
+      tool_revision: registry.get(request.tool_call.function.name)?.revision ?? 0,
+      missing_required: (error.details?.missing_required as string[] | undefined) ?? [],
+      missing_optional: (error.details?.missing_optional as string[] | undefined) ?? [],
+      at: Date.now(),
+    };
+    await publishDurable(js, subjects.missingArguments(address, event.tool), event, {
+      msgId: `missing:${callKey(address, idempotencyKeyOf(request, callId))}`,
+    });
+  }
+  const message = errorToolMessage(
+    {
+      tool_call_id: callId,
+      name: resolution.tool ?? "",
+      session_id: request?.session_id ?? address.session,
+    },
+    error,
+    { attempts: 0 },
+  );
+  await publishFinal(
+    subjects.result(address, callId),
+    message,
+    `result:${callKey(address, request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`)}`,
+  );
+}
+
+/**
+ * A refused submission whose key names a call the store knows is a resubmission of that
+ * call: answered as one ({@link answerResubmission}) instead of on the call's result subject,
+ * where its error would take the place of the call's own final message. False when the key
+ * names no call (or the envelope gave no key): answer it as an invalid call.
+ */
+export async function answerKnownKey(
+  deps: ResolverDeps,
+  resolution: Extract<Resolution, { ok: false }>,
+  address: SessionAddress,
+  seq: number,
+  callLog: Logger,
+): Promise<boolean> {
+  const { request } = resolution;
+  if (request === undefined || subjectToken(request.session_id) !== address.session) return false;
+  const key = idempotencyKeyOf(request, request.tool_call.id);
+  const stored = await deps.plane.store.get({ idempotency_key: key, address });
+  if (stored === undefined) return false;
+  const { record } = stored;
+  const submission = {
+    call_id: request.tool_call.id,
+    session_id: request.session_id,
+    tool: request.tool_call.function.name,
+    address,
+    idempotency_key: key,
+  };
+  const argsHash = argumentsHash(request.tool_call.function.arguments);
+  const conflicting =
+    record.args_hash !== ANY_ARGUMENTS &&
+    (record.args_hash !== argsHash || record.tool !== submission.tool);
+  if (conflicting) {
+    await answerResubmission(
+      deps,
+      { status: "conflict", record },
+      submission,
+      request,
+      seq,
+      callLog,
+    );
+  } else if (record.state === "done" && record.result !== undefined) {
+    const result = record.result;
+    await answerResubmission(
+      deps,
+      { status: "done", record: { ...record, result } },
+      submission,
+      request,
+      seq,
+      callLog,
+    );
+  }
+  // In flight: the call's own final message answers it.
+  return true;
+}
+
+/**
+ * Answers a submission whose key names a call accepted before, without touching that call:
+ * a conflicting reuse of the key (other arguments or tool) gets `idempotency_conflict` on its
+ * own `rejected.{seq}` subject, never on the call's result subject; a call that ended has its
+ * stored final message published again for this submission's call id.
+ */
+export async function answerResubmission(
+  deps: ResolverDeps,
+  outcome: Extract<AcceptOutcome, { status: "conflict" | "done" }>,
+  submission: {
+    call_id: string;
+    session_id: string;
+    tool: string;
+    address: SessionAddress;
+    idempotency_key: string;
+  },
+  request: CallRequest,
+  seq: number,
+  callLog: Logger,
+): Promise<void> {
+  const { subjects } = deps;
+  const { js, publishFinal } = deps.plane;
+  const key = callKey(submission.address, submission.idempotency_key);
+  if (outcome.status === "conflict") {
+    const error = new ToolmeshError(
+      ErrorCode.IdempotencyConflict,
+      `idempotency key "${submission.idempotency_key}" was used before with different arguments`,
+      {
+        details: {
+          idempotency_key: submission.idempotency_key,
+          tool: outcome.record.tool,
+          call_id: outcome.record.call_id,
+        },
+      },
+    );
+    const rejection: Rejection = {
+      ...errorToolMessage(
+        {
+          tool_call_id: submission.call_id,
+          name: request.tool_call.function.name,
+          session_id: submission.session_id,
+        },
+        error,
+        { attempts: 0 },
+      ),
+      error: error.toWire(),
+      seq,
+    };
+    await publishDurable(js, subjects.rejected(submission.address, seq), rejection, {
+      msgId: `rejected:${key}:${seq}`,
+    });
+    callLog.info({ seq }, "conflicting reuse of an idempotency key refused");
+    return;
+  }
+  // The same key may come back under another call id: answer that id. A call cancelled
+  // before it arrived gets its tool's name here.
+  await publishFinal(
+    subjects.result(submission.address, submission.call_id),
+    {
+      ...outcome.record.result,
+      tool_call_id: submission.call_id,
+      session_id: submission.session_id,
+      name: submission.tool,
+    },
+    outcome.record.call_id === submission.call_id
+      ? `result:${key}`
+      : `result:${key}:${subjectToken(submission.call_id)}`,
+  );
+  callLog.info("resubmitted call answered from its stored result");
+}

@@ -1,0 +1,228 @@
+// The resolver's handlers driven directly against a real server, with no running resolver:
+// `handleCall` takes a call from the calls stream as a service would, and `routeCall` is
+// called with a resolution of our own. What they publish is read back from the streams.
+import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
+import { jetstream } from "@nats-io/jetstream";
+import type { CallPlane } from "@toolmesh/call-store";
+import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
+import { ensureConsumer, meshPlan } from "@toolmesh/nats";
+import type { CallRequest, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
+import { ErrorCode, createSubjects, decodeJson, encodeJson } from "@toolmesh/protocol";
+import { ToolRegistry } from "@toolmesh/registry";
+import { SessionLimits, handleCall, resolveRequest, routeCall } from "@toolmesh/resolver";
+import type { ResolverDeps } from "@toolmesh/resolver";
+import { createLogger, toolmeshMetrics, trace } from "@toolmesh/telemetry";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+const subjects = createSubjects({ prefix: "hc" });
+const address = { tenant: "default", session: "s1" };
+const log = createLogger({ service: "test", level: "silent" });
+
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let js: JetStreamClient;
+let plane: CallPlane;
+let registry: ToolRegistry;
+/** Every deadline the handlers armed, with the work sequence they gave. */
+let armed: { call: ResolvedCall; workSeq: number }[];
+
+function deps(overrides: Partial<ResolverDeps> = {}): ResolverDeps {
+  return {
+    subjects,
+    registry,
+    log,
+    tracer: trace.getTracer("test"),
+    plane,
+    control: {
+      armDeadline: (call, workSeq) => {
+        armed.push({ call, workSeq });
+        return Promise.resolve();
+      },
+      deadLetter: () => Promise.reject(new Error("no call here is dead-lettered")),
+    },
+    limits: new SessionLimits(256),
+    metrics: toolmeshMetrics(),
+    defaultTimeoutMs: 60_000,
+    callRetentionMs: 86_400_000,
+    ...overrides,
+  };
+}
+
+function request(id: string, name: string, args: Record<string, unknown>): CallRequest {
+  return {
+    session_id: address.session,
+    tool_call: { id, type: "function", function: { name, arguments: JSON.stringify(args) } },
+  };
+}
+
+/** Submits a call as a frontend does and takes it from the resolver's consumer. */
+async function submitted(body: unknown): Promise<JsMsg> {
+  await js.publish(subjects.call(address), encodeJson(body));
+  const consumer = await js.consumers.get(subjects.streams.calls, subjects.resolverConsumer);
+  const msg = await consumer.next({ expires: 5_000 });
+  if (msg === null) throw new Error("the submitted call was not delivered");
+  return msg;
+}
+
+/** The last final message stored for a call id on the session, if any. */
+async function resultFor(callId: string): Promise<ToolMessage | undefined> {
+  const stored = await plane.jsm.streams
+    .getMessage(subjects.streams.sessions, { last_by_subj: subjects.result(address, callId) })
+    .catch(() => null);
+  return stored === null ? undefined : (decodeJson(stored.data) as ToolMessage);
+}
+
+/** Whether the calls stream is empty and nothing is pending: every call taken was acked. */
+async function callsSettled(): Promise<{ messages: number; pending: number }> {
+  await nc.flush();
+  const info = await plane.jsm.consumers.info(subjects.streams.calls, subjects.resolverConsumer);
+  const stream = await plane.jsm.streams.info(subjects.streams.calls);
+  return { messages: stream.state.messages, pending: info.num_ack_pending };
+}
+
+async function workMessages(): Promise<number> {
+  return (await plane.jsm.streams.info(subjects.streams.work)).state.messages;
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  nc = await connect({ servers: server.url });
+  js = jetstream(nc);
+  plane = await openCallPlane(nc, { subjects });
+  await ensureConsumer(plane.jsm, meshPlan(subjects, {}).consumers.resolver);
+  registry = await ToolRegistry.open(nc, { subjects, log });
+  await registry.register({
+    name: "echo",
+    description: "Echoes its text.",
+    summary: "Echoes its text.",
+    parameters: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
+    kind: "builtin",
+    owner: "test",
+  });
+  await vi.waitFor(() => expect(registry.get("echo")).toBeDefined());
+});
+
+beforeEach(async () => {
+  armed = [];
+  await plane.jsm.streams.purge(subjects.streams.work);
+});
+
+afterAll(async () => {
+  registry?.close();
+  await nc?.close();
+  await server?.stop();
+});
+
+describe("handleCall", () => {
+  it("answers an invalid call on its session and acks it", async () => {
+    const msg = await submitted(request("bad-1", "ecko", { text: "hi" }));
+    await handleCall(deps(), msg);
+
+    const answer = await resultFor("bad-1");
+    expect(answer?.error?.code).toBe(ErrorCode.UnknownTool);
+    expect(answer?.content).toContain('did you mean "echo"');
+    expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
+    expect(await workMessages()).toBe(0);
+    expect(armed).toEqual([]);
+  });
+
+  it("answers a body that is not JSON, keyed by its stream sequence", async () => {
+    await js.publish(subjects.call(address), new TextEncoder().encode("{not json"));
+    const consumer = await js.consumers.get(subjects.streams.calls, subjects.resolverConsumer);
+    const msg = await consumer.next({ expires: 5_000 });
+    if (msg === null) throw new Error("not delivered");
+    await handleCall(deps(), msg);
+
+    const answer = await resultFor(`invalid-${msg.seq}`);
+    expect(answer?.error?.code).toBe(ErrorCode.InvalidRequest);
+    expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
+  });
+
+  it("routes a valid call: record accepted, work published, deadline armed with its sequence", async () => {
+    const msg = await submitted(request("ok-1", "echo", { text: "hi" }));
+    await handleCall(deps(), msg);
+
+    const record = await plane.store.get({ idempotency_key: `${address.session}/ok-1`, address });
+    expect(record?.record.state).toBe("accepted");
+    expect(await workMessages()).toBe(1);
+    const work = await plane.jsm.streams.getMessage(subjects.streams.work, {
+      last_by_subj: subjects.work("echo"),
+    });
+    const routed = decodeJson(work.data) as ResolvedCall;
+    expect(routed).toMatchObject({ call_id: "ok-1", tool: "echo", arguments: { text: "hi" } });
+    expect(armed).toEqual([{ call: routed, workSeq: work.seq }]);
+    expect(await resultFor("ok-1")).toBeUndefined();
+    expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
+  });
+
+  it("answers a known key from its stored result, under the new call id, and runs nothing", async () => {
+    const key = "known-1";
+    await plane.store.accept({
+      idempotency_key: key,
+      call_id: "first-call",
+      session_id: address.session,
+      address,
+      tool: "echo",
+      args_hash: argumentsHash(JSON.stringify({ text: "hi" })),
+      state: "accepted",
+      deadline_at: Date.now() + 60_000,
+    });
+    await plane.finalize(
+      { idempotency_key: key, call_id: "first-call", address },
+      {
+        role: "tool",
+        tool_call_id: "first-call",
+        name: "echo",
+        session_id: address.session,
+        content: "stored answer",
+      },
+    );
+
+    const msg = await submitted({
+      ...request("second-call", "echo", { text: "hi" }),
+      idempotency_key: key,
+    });
+    await handleCall(deps(), msg);
+
+    const answer = await resultFor("second-call");
+    expect(answer).toMatchObject({ tool_call_id: "second-call", content: "stored answer" });
+    expect(answer?.error).toBeUndefined();
+    expect(await workMessages()).toBe(0);
+    expect(armed).toEqual([]);
+    expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
+  });
+});
+
+describe("routeCall", () => {
+  it("answers overloaded when the session is over its in-flight limit, and routes nothing", async () => {
+    const limited = deps({ limits: new SessionLimits(1) });
+    const first = await submitted(request("busy-1", "echo", { text: "a" }));
+    await handleCall(limited, first);
+    expect(armed).toHaveLength(1);
+
+    const second = await submitted(request("busy-2", "echo", { text: "b" }));
+    const resolution = resolveRequest(registry, decodeJson(second.data), address, {
+      now: Date.now(),
+      defaultTimeoutMs: 60_000,
+    });
+    if (!resolution.ok) throw resolution.error;
+    await routeCall(limited, resolution, second, log);
+    second.ack();
+
+    const answer = await resultFor("busy-2");
+    expect(answer?.error?.code).toBe(ErrorCode.Overloaded);
+    expect(answer?.error?.details).toMatchObject({ max_in_flight: 1 });
+    expect(
+      await plane.store.get({ idempotency_key: `${address.session}/busy-1`, address }),
+    ).toBeDefined();
+    expect(
+      await plane.store.get({ idempotency_key: `${address.session}/busy-2`, address }),
+    ).toBeUndefined();
+    expect(await workMessages()).toBe(1);
+    expect(armed).toHaveLength(1);
+  });
+});
