@@ -40,7 +40,6 @@ import {
   createSubjects,
   decodeJson,
   decodeJsonOrUndefined,
-  encodeJson,
   contextDepthError,
   ensureError,
   errorToolMessage,
@@ -54,6 +53,7 @@ import { recordReceipt, sendSpanOptions } from "./call-spans.js";
 import type { z } from "zod";
 import type { GroupChanges } from "./expansion.js";
 import { SchemaInbox, requestSchemaExpander } from "./expansion.js";
+import { requestReply } from "./request.js";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 
@@ -175,20 +175,15 @@ export class ToolmeshClient {
     const problem = localProblem(request);
     if (problem !== undefined) return { ok: false, error: problem.toWire() };
     try {
-      const reply = await this.nc.request(
+      return await requestReply(
+        this.nc,
         this.subjects.resolveRpc(this.tenant),
-        encodeJson(request),
-        {
-          timeout: this.#options.requestTimeoutMs,
-        },
+        request,
+        ResolveReplySchema,
+        { timeoutMs: this.#options.requestTimeoutMs, service: "resolver" },
       );
-      return ResolveReplySchema.parse(decodeJson(reply.data));
     } catch (err) {
-      const error =
-        err instanceof Error && /no responders/i.test(err.message)
-          ? new ToolmeshError(ErrorCode.Unavailable, "no resolver is running")
-          : ensureError(err, ErrorCode.Unavailable);
-      return { ok: false, error: error.toWire() };
+      return { ok: false, error: ensureError(err, ErrorCode.Unavailable).toWire() };
     }
   }
 
@@ -390,14 +385,13 @@ export class Session {
       ...(idempotencyKey === undefined ? {} : { idempotency_key: idempotencyKey }),
     };
     try {
-      const reply = await this.#client.nc.request(
+      return await requestReply(
+        this.#client.nc,
         this.#client.subjects.cancel(this.address),
-        encodeJson(request),
-        {
-          timeout: this.#options.requestTimeoutMs,
-        },
+        request,
+        CancelReplySchema,
+        { timeoutMs: this.#options.requestTimeoutMs, service: "resolver" },
       );
-      return CancelReplySchema.parse(decodeJson(reply.data));
     } catch (err) {
       return {
         cancelled: false,

@@ -1,7 +1,8 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { z } from "zod";
 import type { SchemaEvent, ToolSchema, WireError } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, decodeJson, encodeJson, ensureError } from "@toolmesh/protocol";
+import { ToolmeshError } from "@toolmesh/protocol";
+import { requestReply } from "./request.js";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 
@@ -24,29 +25,10 @@ export async function requestSchemaExpander<T extends { ok: true }>(
   schema: z.ZodType<T | { ok: false; error: WireError }>,
   timeoutMs: number,
 ): Promise<T> {
-  let data: unknown;
-  try {
-    const reply = await nc.request(subject, encodeJson(body), { timeout: timeoutMs });
-    data = decodeJson(reply.data);
-  } catch (err) {
-    if (err instanceof Error && /no responders/i.test(err.message)) {
-      throw new ToolmeshError(ErrorCode.Unavailable, "no schema expander is running", {
-        cause: err,
-      });
-    }
-    throw ensureError(err, ErrorCode.Unavailable);
-  }
-  const parsed = schema.safeParse(data);
-  if (!parsed.success) {
-    throw new ToolmeshError(
-      ErrorCode.Internal,
-      "the schema expander sent a reply of another shape",
-      {
-        cause: parsed.error,
-      },
-    );
-  }
-  const reply = parsed.data;
+  const reply = await requestReply(nc, subject, body, schema, {
+    timeoutMs,
+    service: "schema expander",
+  });
   if (reply.ok) return reply;
   throw ToolmeshError.fromWire(reply.error);
 }

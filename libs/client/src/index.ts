@@ -8,6 +8,8 @@ export type {
   SubmitOptions,
 } from "./client.js";
 export type { GroupChanges } from "./expansion.js";
+export { requestReply } from "./request.js";
+export type { RequestReplyOptions } from "./request.js";
 
 // ---- Output strategies: catalog formats, provider tools, structured-output fallback ----
 // Pure functions, no NATS (formats/).
