@@ -141,8 +141,8 @@ export class ToolmeshClient {
     this.js = jetstream(nc);
     this.#options = {
       defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
-      deadlineGraceMs: options.deadlineGraceMs ?? 2_000,
-      requestTimeoutMs: options.requestTimeoutMs ?? 5_000,
+      deadlineGraceMs: options.deadlineGraceMs ?? Defaults.deadlineGraceMs,
+      requestTimeoutMs: options.requestTimeoutMs ?? Defaults.requestTimeoutMs,
       tracer: options.tracer ?? trace.getTracer("toolmesh-client"),
     };
     // Final messages published while the connection was down never reach the live

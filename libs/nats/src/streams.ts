@@ -28,7 +28,7 @@ export interface StreamLimits {
 /** The streams for a prefix, each with the variables that set its fields. */
 export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): StreamSpec[] {
   const maxMsgSize = limits.maxMessageBytes ?? Defaults.maxMessageBytes;
-  const dup = nanos(limits.duplicateWindowMs ?? 120_000);
+  const dup = nanos(limits.duplicateWindowMs ?? Defaults.duplicateWindowMs);
   const common = {
     storage: StorageType.File,
     num_replicas: limits.replicas ?? 1,
@@ -40,7 +40,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
     max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
   };
-  const maxMsgs = limits.maxQueuedCalls ?? 1_000_000;
+  const maxMsgs = limits.maxQueuedCalls ?? Defaults.maxQueuedCalls;
   const configs: (Partial<StreamConfig> & { name: string })[] = [
     {
       ...common,
@@ -69,7 +69,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       allow_direct: true,
       retention: RetentionPolicy.Limits,
       discard: DiscardPolicy.Old,
-      max_age: nanos(limits.sessionRetentionMs ?? 3_600_000),
+      max_age: nanos(limits.sessionRetentionMs ?? Defaults.sessionRetentionMs),
       duplicate_window: dup,
     },
     {

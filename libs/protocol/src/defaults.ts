@@ -19,4 +19,22 @@ export const Defaults = {
   eventRetentionMs: 86_400_000,
   /** How long dead letters are kept: 7 days. */
   deadLetterRetentionMs: 7 * 86_400_000,
+  /** Window in which the streams drop a repeated message id (`TOOLMESH_DUPLICATE_WINDOW_MS`): 2 min. */
+  duplicateWindowMs: 120_000,
+  /** Most calls waiting in the calls or work stream (`TOOLMESH_MAX_QUEUED_CALLS`). */
+  maxQueuedCalls: 1_000_000,
+  /** Calls of one session in flight through one resolver (`TOOLMESH_SESSION_MAX_IN_FLIGHT`). */
+  sessionMaxInFlight: 256,
+  /** Calls an executor or schema expander handles at once (`TOOLMESH_CONCURRENCY`). */
+  concurrency: 16,
+  /** Calls a resolver resolves at once. */
+  resolverConcurrency: 64,
+  /** How long a service keeps trying to reach NATS at start-up (`TOOLMESH_STARTUP_TIMEOUT_MS`): 2 min. */
+  startupTimeoutMs: 120_000,
+  /** How long the sessions stream keeps final messages and events: 1 h. */
+  sessionRetentionMs: 3_600_000,
+  /** How long the client's request-reply exchanges (dry runs, cancellations) wait: 5 s. */
+  requestTimeoutMs: 5_000,
+  /** Extra wait past a call's deadline before the client answers it itself: 2 s. */
+  deadlineGraceMs: 2_000,
 } as const;

@@ -90,15 +90,15 @@ export const EnvSchema = z.object({
   TOOLMESH_PRESETS_FILE: z.string().min(1).optional(),
   TOOLMESH_TOOLKIT_CONTEXT: jsonObject.optional(),
   TOOLMESH_EXECUTOR_OWNER: z.string().min(1).default("executor"),
-  TOOLMESH_CONCURRENCY: positiveInt.default(16),
+  TOOLMESH_CONCURRENCY: positiveInt.default(Defaults.concurrency),
   TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(Defaults.callTimeoutMs),
   TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(Defaults.maxMessageBytes),
   TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(Defaults.shutdownGraceMs),
   TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
-  TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(256),
+  TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(Defaults.sessionMaxInFlight),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
-  TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(120_000),
-  TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(1_000_000),
+  TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
+  TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
   TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(Defaults.sessionStateTtlMs),
@@ -112,7 +112,7 @@ export const EnvSchema = z.object({
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
   TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
-  TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(120_000),
+  TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(Defaults.startupTimeoutMs),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */

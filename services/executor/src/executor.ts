@@ -159,7 +159,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     callRetentionMs: options.callRetentionMs,
   });
   const { jsm, js, store, clock } = plane;
-  const slots = new Semaphore(options.concurrency ?? 16);
+  const slots = new Semaphore(options.concurrency ?? Defaults.concurrency);
   const toolkitContext = options.toolkitContext ?? {};
   const running = new Map<string, AbortController>();
   // Calls this process is handling, by key: a redelivery of one waits for it (see handleWork).

@@ -3,6 +3,7 @@ import { extname, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import {
+  Defaults,
   ErrorCode,
   RetryPolicySchema,
   RetryableError,
@@ -301,7 +302,7 @@ function nativeToolModule(
       placements.get(param) ?? (placeholders.has(param) ? { in: "path" } : fallback),
     ...(auth === undefined ? {} : { auth }),
     allowed,
-    maxResponseBytes: options.maxResponseBytes ?? 1024 * 1024,
+    maxResponseBytes: options.maxResponseBytes ?? Defaults.maxMessageBytes,
     fetch,
   };
   return {

@@ -6,7 +6,7 @@ import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import type { Executor, PrivateAddressAllowance, ToolModule } from "@toolmesh/executor";
 import { outboundFetch, startExecutor } from "@toolmesh/executor";
-import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import { ToolPins } from "./pins.js";
 import type { ConnectionState } from "./connection.js";
@@ -237,7 +237,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         registered.delete(name);
         // Running calls of a removed tool may finish; the sync does not wait for them.
         const removal = executor
-          .removeTool(name, options.removeGraceMs ?? 10_000)
+          .removeTool(name, options.removeGraceMs ?? Defaults.shutdownGraceMs)
           .catch((err: unknown) => serverLog.warn({ err, tool: name }, "cannot remove MCP tool"))
           .finally(() => removals.delete(removal));
         removals.add(removal);

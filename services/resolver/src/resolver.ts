@@ -58,7 +58,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     streamLimits: options.streamLimits,
     callRetentionMs: options.callRetentionMs,
   });
-  const limits = new SessionLimits(options.sessionMaxInFlight ?? 256);
+  const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
 
   const control: ControlPlane = await startControlPlane({ nc, plane, subjects, log });
@@ -90,7 +90,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     js: plane.js,
     stream: subjects.streams.calls,
     consumer: subjects.resolverConsumer,
-    slots: new Semaphore(options.concurrency ?? 64),
+    slots: new Semaphore(options.concurrency ?? Defaults.resolverConcurrency),
     maxMessages: 32,
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),

@@ -119,7 +119,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     js,
     stream: subjects.streams.events,
     consumer: subjects.schemaExpanderConsumer,
-    slots: new Semaphore(options.concurrency ?? 16),
+    slots: new Semaphore(options.concurrency ?? Defaults.concurrency),
     maxMessages: 16,
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: handleEvent,
