@@ -19,4 +19,9 @@ export const Defaults = {
   eventRetentionMs: 86_400_000,
   /** How long dead letters are kept: 7 days. */
   deadLetterRetentionMs: 7 * 86_400_000,
+  /**
+   * Queue age under which an executor runs a call's first delivery without reading its record
+   * first, trusting the revision the work message carries (ADR 0027): 2 s.
+   */
+  freshWorkWindowMs: 2_000,
 } as const;
