@@ -33,8 +33,15 @@ import {
   meshPlan,
   publishDurable,
   startWorkLoop,
+  tracedHeaders,
 } from "@toolmesh/nats";
-import { ANY_ARGUMENTS, argumentsHash, openCallPlane } from "@toolmesh/call-store";
+import {
+  ANY_ARGUMENTS,
+  argumentsHash,
+  callRecordOf,
+  knownRecordHeaders,
+  openCallPlane,
+} from "@toolmesh/call-store";
 import type { AcceptOutcome } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
@@ -448,16 +455,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       );
       return;
     }
-    const accepted = await store.accept({
-      idempotency_key: resolved.idempotency_key,
-      call_id: resolved.call_id,
-      session_id: resolved.session_id,
-      address: resolved.address,
-      tool: resolved.tool,
-      args_hash: argumentsHash(request.tool_call.function.arguments),
-      state: "accepted",
-      deadline_at: resolved.deadline_at,
-    });
+    const record = callRecordOf(resolved, argumentsHash(request.tool_call.function.arguments));
+    const accepted = await store.accept(record);
     if (accepted.status === "conflict" || accepted.status === "done") {
       limits.release(resolved);
       await answerResubmission(accepted, resolved, request, msg.seq, callLog);
@@ -471,8 +470,13 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     }
     let workSeq: number;
     try {
-      workSeq = (await publishDurable(js, subjects.work(resolved.tool), resolved, { msgId: key }))
-        .seq;
+      // The record's revision goes along, so the executor need not read the record (ADR 0027).
+      workSeq = (
+        await publishDurable(js, subjects.work(resolved.tool), resolved, {
+          msgId: key,
+          headers: tracedHeaders(knownRecordHeaders(record, accepted)),
+        })
+      ).seq;
     } catch (err) {
       const error = ensureError(err);
       if (error.retryable) throw err;
