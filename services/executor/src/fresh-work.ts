@@ -64,7 +64,11 @@ export class FreshWork {
     }
   }
 
-  /** Whether `delivery` may run on the revision its message carries, without a read. */
+  /**
+   * Whether `delivery` may run on the revision its message carries, without a read. Call it for
+   * every delivery: the first one after listening began with nothing pending marks its consumer
+   * drained.
+   */
   trusts(delivery: Delivery, localMs: number = Date.now()): boolean {
     const since = this.#listeningSince;
     if (since === undefined) return false;
