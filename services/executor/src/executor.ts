@@ -163,9 +163,16 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     },
   });
 
-  // Once the server has the subscription, every abort from now on reaches this process.
+  // Once the server has the subscription, every abort from now on reaches this process, until
+  // the connection drops.
   await nc.flush();
   freshWork.listening();
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type === "disconnect") freshWork.disconnected();
+      else if (status.type === "reconnect") freshWork.listening();
+    }
+  })();
 
   const loops = new Map<string, WorkLoop>();
 
@@ -199,7 +206,10 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         maxMessages: 8,
         heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
         handle: (msg) => handleWork(deps, served.get(definition.name) ?? tool, msg),
-        onError: (err) => log.error({ err, tool: definition.name }, "work loop error"),
+        onError: (err) => {
+          freshWork.interrupted();
+          log.error({ err, tool: definition.name }, "work loop error");
+        },
       }),
     );
     return true;

@@ -55,4 +55,24 @@ describe("FreshWork", () => {
     expect(busy.trusts(young({ key: "other" }), at + 1_000)).toBe(false);
     expect(busy.trusts(young({ key: "other" }), at + 2_001)).toBe(true);
   });
+
+  it("trusts nothing after a disconnection until a window after reconnecting and a new drain", () => {
+    const fresh = ready();
+    fresh.disconnected();
+    expect(fresh.trusts(young({ seq: 20 }), T + 5_000)).toBe(false);
+    fresh.listening(T + 6_000);
+    // The first drained delivery after the reconnection marks the consumer again.
+    expect(fresh.trusts(young({ seq: 21, pending: 0 }), T + 8_001)).toBe(false);
+    expect(fresh.trusts(young({ seq: 22 }), T + 7_999)).toBe(false);
+    expect(fresh.trusts(young({ seq: 22 }), T + 8_001)).toBe(true);
+    expect(fresh.trusts(young({ seq: 20 }), T + 8_001)).toBe(false);
+  });
+
+  it("waits a window and a new drain after a consumer failed", () => {
+    const fresh = ready();
+    fresh.interrupted(T + 10_000);
+    expect(fresh.trusts(young({ seq: 30, pending: 0 }), T + 12_001)).toBe(false);
+    expect(fresh.trusts(young({ seq: 31 }), T + 11_000)).toBe(false);
+    expect(fresh.trusts(young({ seq: 31 }), T + 12_001)).toBe(true);
+  });
 });

@@ -50,6 +50,25 @@ export class FreshWork {
     this.#listeningSince = localMs;
   }
 
+  /**
+   * The connection to the server dropped. Aborts broadcast meanwhile are lost, and a server that
+   * restarted may deliver again, as first deliveries, messages it had already delivered and had
+   * acknowledged: trust nothing until listening again, a window long, after a new drain.
+   */
+  disconnected(): void {
+    this.#listeningSince = undefined;
+    this.#drainedAt.clear();
+  }
+
+  /**
+   * A consumer failed (missed heartbeats, a stream that moved or restarted elsewhere in a
+   * cluster): as after a reconnection, trust again only a window after `localMs` and a new drain.
+   */
+  interrupted(localMs: number = Date.now()): void {
+    this.#drainedAt.clear();
+    if (this.#listeningSince !== undefined) this.#listeningSince = localMs;
+  }
+
   /** The abort broadcast named the call `key` at local time `localMs`. */
   aborted(key: string, localMs: number = Date.now()): void {
     this.#aborted.delete(key);
