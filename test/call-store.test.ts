@@ -1,10 +1,18 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { headers as natsHeaders } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import type { CallPlane, CallRecord } from "@toolmesh/call-store";
-import { ANY_ARGUMENTS, argumentsHash, openCallPlane } from "@toolmesh/call-store";
-import type { ToolMessage } from "@toolmesh/protocol";
-import { createSubjects, decodeJson } from "@toolmesh/protocol";
+import {
+  ANY_ARGUMENTS,
+  argumentsHash,
+  callRecordOf,
+  knownRecordHeaders,
+  knownRecordOf,
+  openCallPlane,
+} from "@toolmesh/call-store";
+import type { ResolvedCall, ToolMessage } from "@toolmesh/protocol";
+import { Header, createSubjects, decodeJson } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
@@ -61,8 +69,17 @@ afterAll(async () => {
 describe("CallStore.accept", () => {
   it("records a new key, then tells a repeat, a conflict and an ended call apart", async () => {
     const { store } = plane;
-    expect(await store.accept(record("a1"))).toEqual({ status: "new" });
-    expect((await store.accept(record("a1"))).status).toBe("in_flight");
+    const created = await store.accept(record("a1"));
+    expect(created.status).toBe("new");
+    // The revision it reports is the stored record's, the one a compare-and-set needs.
+    const stored = await store.get(target("a1"));
+    expect(created.status === "new" && created.revision).toBe(stored?.revision);
+    const again = await store.accept(record("a1"));
+    expect(again).toEqual({
+      status: "in_flight",
+      record: stored?.record,
+      revision: stored?.revision,
+    });
     const conflict = await store.accept(record("a1", { args_hash: argumentsHash("{}") }));
     expect(conflict.status).toBe("conflict");
     expect((await store.accept(record("a1", { tool: "other" }))).status).toBe("conflict");
@@ -78,6 +95,62 @@ describe("CallStore.accept", () => {
     await store.finish(target("a2"), message("a2", "cancelled"));
     const outcome = await store.accept(record("a2", { args_hash: argumentsHash('{"x":1}') }));
     expect(outcome.status).toBe("done");
+  });
+});
+
+describe("a work message's record headers", () => {
+  const call = {
+    idempotency_key: "h1",
+    call_id: "call-h1",
+    session_id: "s",
+    address,
+    tool: "echo",
+    deadline_at: Date.now() + 60_000,
+  } as unknown as ResolvedCall;
+  const hash = argumentsHash('{"text":"hi"}');
+
+  it("let an executor rebuild the stored record and finish it by its revision", async () => {
+    const { store } = plane;
+    const built = callRecordOf(call, hash);
+    const accepted = await store.accept(built);
+    const headers = knownRecordHeaders(built, accepted);
+    expect(headers).toBeDefined();
+    const h = natsHeaders();
+    for (const [k, v] of Object.entries(headers ?? {})) h.set(k, v);
+    const known = knownRecordOf(call, h);
+    expect(known).toEqual(await store.get(target("h1")));
+    expect(await store.finish(target("h1"), message("h1", "ok"), known)).toEqual({
+      won: true,
+      result: message("h1", "ok"),
+    });
+  });
+
+  it("are left out when the stored record is another submission's", async () => {
+    const { store } = plane;
+    await store.accept(record("h2", { call_id: "first-submission" }));
+    const built = callRecordOf({ ...call, idempotency_key: "h2", call_id: "call-h2" }, hash);
+    const accepted = await store.accept(built);
+    expect(accepted.status).toBe("in_flight");
+    expect(knownRecordHeaders(built, accepted)).toBeUndefined();
+  });
+
+  it("are ignored when absent or malformed", () => {
+    expect(knownRecordOf(call, undefined)).toBeUndefined();
+    for (const [revision, argsHash] of [
+      ["", hash],
+      ["7", ""],
+      ["0", hash],
+      ["-3", hash],
+      ["1e3", hash],
+      ["12345678901234567890", hash],
+      ["7", ANY_ARGUMENTS],
+      ["7", "not-a-hash"],
+    ] as const) {
+      const h = natsHeaders();
+      if (revision !== "") h.set(Header.RecordRevision, revision);
+      if (argsHash !== "") h.set(Header.ArgsHash, argsHash);
+      expect(knownRecordOf(call, h), `${revision} ${argsHash}`).toBeUndefined();
+    }
   });
 });
 

@@ -2,12 +2,13 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { setTimeout as delay } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { Session, SessionEvent } from "@toolmesh/client";
-import { createSubjects } from "@toolmesh/protocol";
+import { Defaults, createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -233,6 +234,38 @@ describe("cancellation", () => {
     );
     session.close();
     expect(executions("default/rel-cancel-queued/rel-cancel-queued/q1")).toBe(0);
+  });
+
+  it("never starts a cancelled queued call whose work is young enough to skip the record read", async () => {
+    const e = await executor({ TOOLMESH_CONCURRENCY: "1" });
+    const session = client.session("rel-cancel-fresh");
+    // A first call drains the tool's work consumer; a long one then keeps the only slot busy
+    // until the executor has listened to aborts for longer than the window (ADR 0027).
+    await session.submit({ id: "f0", name: "sleepy", arguments: { ms: 1 } }).result;
+    const busyMs = 2 * Defaults.freshWorkWindowMs;
+    const busy = session.submit({ id: "f1", name: "sleepy", arguments: { ms: busyMs } });
+    await startedOn(session, "f1");
+    // A time window, not readiness: the queued call must still be young when it is taken.
+    await delay(busyMs - Defaults.freshWorkWindowMs / 2);
+    const queued = session.submit({ id: "f2", name: "sleepy", arguments: { ms: 10 } });
+    const jsm = await jetstreamManager(nc);
+    const queuedInWork = async (): Promise<boolean> => {
+      const last = await jsm.streams
+        .getMessage(createSubjects().streams.work, {
+          last_by_subj: createSubjects().work("sleepy"),
+        })
+        .catch(() => null);
+      return last !== null && last.json<{ call_id: string }>().call_id === "f2";
+    };
+    while (!(await queuedInWork())) await delay(20);
+    expect(await queued.cancel()).toMatchObject({ cancelled: true, state: "cancelled" });
+    expect((await queued.result).error).toMatchObject({ code: "cancelled" });
+    expect((await busy.result).error).toBeUndefined();
+    await e.waitForLog(
+      (l) => l.callId === "f2" && l.msg === "call already ended; answered from its stored result",
+    );
+    session.close();
+    expect(executions("default/rel-cancel-fresh/rel-cancel-fresh/f2")).toBe(0);
   });
 
   it("keeps a cancellation that comes before its call: the call is answered cancelled and never runs", async () => {

@@ -1,13 +1,14 @@
 import { createHash } from "node:crypto";
-import type { NatsConnection } from "@nats-io/nats-core";
+import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import { z } from "zod";
-import type { SessionAddress, Subjects, ToolMessage } from "@toolmesh/protocol";
+import type { ResolvedCall, SessionAddress, Subjects, ToolMessage } from "@toolmesh/protocol";
 import {
   Defaults,
+  Header,
   SessionAddressSchema,
   ToolMessageSchema,
   callKey,
@@ -53,8 +54,8 @@ export interface CallRef {
 
 /** What {@link CallStore.accept} found. */
 export type AcceptOutcome =
-  | { status: "new" }
-  | { status: "in_flight"; record: CallRecord }
+  | { status: "new"; revision: number }
+  | { status: "in_flight"; record: CallRecord; revision: number }
   | { status: "done"; record: CallRecord & { result: ToolMessage } }
   | { status: "conflict"; record: CallRecord };
 
@@ -78,6 +79,72 @@ export function argumentsHash(args: unknown): string {
   return createHash("sha256")
     .update(text ?? "")
     .digest("hex");
+}
+
+/**
+ * The record of a call being accepted. The resolver creates it with this function and the
+ * executor rebuilds it with the same one from the work message (ADR 0027), so the record an
+ * executor writes back by compare-and-set is the one that was stored.
+ */
+export function callRecordOf(call: ResolvedCall, argsHash: string): CallRecord {
+  return {
+    idempotency_key: call.idempotency_key,
+    call_id: call.call_id,
+    session_id: call.session_id,
+    address: { tenant: call.address.tenant, session: call.address.session },
+    tool: call.tool,
+    args_hash: argsHash,
+    state: "accepted",
+    deadline_at: call.deadline_at,
+  };
+}
+
+function sameRecord(a: CallRecord, b: CallRecord): boolean {
+  return (
+    a.idempotency_key === b.idempotency_key &&
+    a.call_id === b.call_id &&
+    a.session_id === b.session_id &&
+    a.address.tenant === b.address.tenant &&
+    a.address.session === b.address.session &&
+    a.tool === b.tool &&
+    a.args_hash === b.args_hash &&
+    a.state === b.state &&
+    a.deadline_at === b.deadline_at &&
+    a.result === undefined &&
+    b.result === undefined
+  );
+}
+
+/**
+ * Headers of a call's work message that let its executor end the call without reading the
+ * record first: the revision `accept` created or found and the arguments hash. None when the
+ * stored record is not `record` (an earlier submission's, say): the executor then reads it.
+ */
+export function knownRecordHeaders(
+  record: CallRecord,
+  accepted: AcceptOutcome,
+): Record<string, string> | undefined {
+  if (accepted.status === "in_flight" && !sameRecord(accepted.record, record)) return undefined;
+  if (accepted.status !== "new" && accepted.status !== "in_flight") return undefined;
+  return {
+    [Header.RecordRevision]: String(accepted.revision),
+    [Header.ArgsHash]: record.args_hash,
+  };
+}
+
+/**
+ * The record and revision a work message's headers stand for (see {@link knownRecordHeaders}),
+ * or undefined when they are absent (an older resolver) or malformed.
+ */
+export function knownRecordOf(
+  call: ResolvedCall,
+  headers: MsgHdrs | undefined,
+): { record: CallRecord; revision: number } | undefined {
+  const revisionText = headers?.get(Header.RecordRevision) ?? "";
+  const argsHash = headers?.get(Header.ArgsHash) ?? "";
+  if (!/^[1-9][0-9]{0,14}$/.test(revisionText) || !/^[0-9a-f]{64}$/.test(argsHash))
+    return undefined;
+  return { record: callRecordOf(call, argsHash), revision: Number(revisionText) };
 }
 
 function isWrongLastSequence(err: unknown): boolean {
@@ -111,8 +178,8 @@ export class CallStore {
     const key = callKey(record.address, record.idempotency_key);
     for (;;) {
       try {
-        await this.#kv.create(key, encodeJson(record));
-        return { status: "new" };
+        const revision = await this.#kv.create(key, encodeJson(record));
+        return { status: "new", revision };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
       }
@@ -126,7 +193,7 @@ export class CallStore {
       if (found.state === "done" && found.result !== undefined) {
         return { status: "done", record: { ...found, result: found.result } };
       }
-      return { status: "in_flight", record: found };
+      return { status: "in_flight", record: found, revision: existing.revision };
     }
   }
 

@@ -4,6 +4,9 @@ export {
   CallStateSchema,
   CallStore,
   argumentsHash,
+  callRecordOf,
+  knownRecordHeaders,
+  knownRecordOf,
 } from "./call-store.js";
 export type { AcceptOutcome, CallRecord, CallRef, CallStoreOptions } from "./call-store.js";
 export { openCallPlane } from "./plane.js";

@@ -37,4 +37,9 @@ export const Defaults = {
   requestTimeoutMs: 5_000,
   /** Extra wait past a call's deadline before the client answers it itself: 2 s. */
   deadlineGraceMs: 2_000,
+  /**
+   * Queue age under which an executor runs a call's first delivery without reading its record
+   * first, trusting the revision the work message carries (ADR 0027): 2 s.
+   */
+  freshWorkWindowMs: 2_000,
 } as const;

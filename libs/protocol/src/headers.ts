@@ -20,4 +20,8 @@ export const Header = {
   DlqMsgId: "Toolmesh-Dlq-Msg-Id",
   /** On a dead letter: how many times it was delivered. */
   DlqDeliveries: "Toolmesh-Dlq-Deliveries",
+  /** On a work message: revision of the call record the resolver created or read for it. */
+  RecordRevision: "Toolmesh-Record-Revision",
+  /** On a work message: the call record's `args_hash`, to rebuild the record without reading it. */
+  ArgsHash: "Toolmesh-Args-Hash",
 } as const;

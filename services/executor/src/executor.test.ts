@@ -8,7 +8,8 @@ import {
   WireErrorSchema,
 } from "@toolmesh/protocol";
 import type { ToolDefinition } from "@toolmesh/protocol";
-import { handlerError, retryDelay, toContent, toolDefinitionOf } from "./executor.js";
+import { toolDefinitionOf } from "./executor.js";
+import { handlerError, retryDelay, toContent } from "./handle-work.js";
 import type { ToolModule } from "./tool-module.js";
 
 /** A definition with a retry policy: the defaults overridden by `policy`. */

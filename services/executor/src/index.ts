@@ -1,10 +1,8 @@
-export {
-  handlerError,
-  retryDelay,
-  startExecutor,
-  toContent,
-  toolDefinitionOf,
-} from "./executor.js";
+export { startExecutor, toolDefinitionOf } from "./executor.js";
+export { handleWork, handlerError, retryDelay, toContent } from "./handle-work.js";
+export type { ServedTool, WorkDeps } from "./handle-work.js";
+export { AttemptTelemetry } from "./attempt-telemetry.js";
+export { FreshWork } from "./fresh-work.js";
 export type { Executor, ExecutorOptions } from "./executor.js";
 export { ToolLoadError, loadToolsDir } from "./load-tools.js";
 export type { LoadLog, LoadedTool } from "./load-tools.js";

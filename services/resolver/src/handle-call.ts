@@ -24,8 +24,13 @@ import {
   subjectToken,
   idempotencyKeyOf,
 } from "@toolmesh/protocol";
-import { ServerClock, publishDurable } from "@toolmesh/nats";
-import { ANY_ARGUMENTS, argumentsHash } from "@toolmesh/call-store";
+import { ServerClock, publishDurable, tracedHeaders } from "@toolmesh/nats";
+import {
+  ANY_ARGUMENTS,
+  argumentsHash,
+  callRecordOf,
+  knownRecordHeaders,
+} from "@toolmesh/call-store";
 import type { AcceptOutcome, CallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
@@ -381,16 +386,8 @@ export async function routeCall(
     );
     return;
   }
-  const accepted = await store.accept({
-    idempotency_key: resolved.idempotency_key,
-    call_id: resolved.call_id,
-    session_id: resolved.session_id,
-    address: resolved.address,
-    tool: resolved.tool,
-    args_hash: argumentsHash(request.tool_call.function.arguments),
-    state: "accepted",
-    deadline_at: resolved.deadline_at,
-  });
+  const record = callRecordOf(resolved, argumentsHash(request.tool_call.function.arguments));
+  const accepted = await store.accept(record);
   if (accepted.status === "conflict" || accepted.status === "done") {
     limits.release(resolved);
     await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
@@ -404,8 +401,13 @@ export async function routeCall(
   }
   let workSeq: number;
   try {
-    workSeq = (await publishDurable(js, subjects.work(resolved.tool), resolved, { msgId: key }))
-      .seq;
+    // The record's revision goes along, so the executor need not read the record (ADR 0027).
+    workSeq = (
+      await publishDurable(js, subjects.work(resolved.tool), resolved, {
+        msgId: key,
+        headers: tracedHeaders(knownRecordHeaders(record, accepted)),
+      })
+    ).seq;
   } catch (err) {
     const error = ensureError(err);
     if (error.retryable) throw err;
