@@ -5,13 +5,3 @@ export type { ParameterError, ResolveCallOptions } from "./resolve-call.js";
 export { resolveRequest, startResolver } from "./resolver.js";
 export type { Resolution, Resolver, ResolverOptions } from "./resolver.js";
 export { startResolverFromRuntime } from "./from-runtime.js";
-export { listDeadLetters, replayDeadLetter, showDeadLetter } from "./dead-letters.js";
-export type {
-  DeadLetter,
-  DeadLetterDetail,
-  ListDeadLettersOptions,
-  ReplayDeadLetterOptions,
-  ReplayOutcome,
-} from "./dead-letters.js";
-export { reconcileOrphans } from "./reconcile.js";
-export type { ReconcileOptions, ReconcileOutcome } from "./reconcile.js";

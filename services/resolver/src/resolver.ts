@@ -47,9 +47,9 @@ import {
   toolmeshMetrics,
   withSpan,
 } from "@toolmesh/telemetry";
+import { startControlPlane } from "@toolmesh/control-plane";
+import type { ControlPlane } from "@toolmesh/control-plane";
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
-import { startControlPlane } from "./control-plane.js";
-import type { ControlPlane } from "./control-plane.js";
 import { SessionLimits } from "./session-limits.js";
 
 /** Options of {@link startResolver}. Durations in ms. */
