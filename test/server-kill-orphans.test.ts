@@ -119,16 +119,13 @@ describe("a NATS server killed under load", () => {
     const jsm = await jetstreamManager(nc);
     const queued = async (): Promise<Record<string, number>> => ({
       work: (await jsm.streams.info(subjects.streams.work)).state.messages,
-      timers: (await jsm.streams.info(subjects.streams.timers)).state.messages,
       calls: (await jsm.streams.info(subjects.streams.calls)).state.messages,
     });
-    await expect
-      .poll(queued, { timeout: 25_000, interval: 250 })
-      .toEqual({ work: 0, timers: 0, calls: 0 });
+    await expect.poll(queued, { timeout: 25_000, interval: 250 }).toEqual({ work: 0, calls: 0 });
     const reconciled = services[0]?.lines.filter((l) => l.msg === "orphaned messages reconciled");
     console.log(
       `server killed after ${KILL_AFTER} of ${CALLS} calls: handler re-runs ${reruns}, ` +
-        `reconciled ${JSON.stringify(reconciled?.map(({ found, deleted, republished }) => ({ found, deleted, republished })))}`,
+        `reconciled ${JSON.stringify(reconciled?.map(({ found, deleted }) => ({ found, deleted })))}`,
     );
     expect(services.map((s) => s.child.exitCode)).toEqual([null, null]);
   }, 120_000);

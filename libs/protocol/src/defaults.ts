@@ -19,4 +19,6 @@ export const Defaults = {
   eventRetentionMs: 86_400_000,
   /** How long dead letters are kept: 7 days. */
   deadLetterRetentionMs: 7 * 86_400_000,
+  /** Most messages one look through a work-queue stream reads (reconciliation, deadline keeper). */
+  streamScanLimit: 10_000,
 } as const;

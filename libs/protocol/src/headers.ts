@@ -20,4 +20,11 @@ export const Header = {
   DlqMsgId: "Toolmesh-Dlq-Msg-Id",
   /** On a dead letter: how many times it was delivered. */
   DlqDeliveries: "Toolmesh-Dlq-Deliveries",
+  /** On work: the call's deadline, epoch ms on the server's clock (read by the deadline keeper). */
+  Deadline: "Toolmesh-Deadline",
+  /**
+   * On work: the call's key (`callKey`); its final message carries `Nats-Msg-Id`
+   * `result:{call key}`, which tells the deadline keeper the call ended.
+   */
+  CallKey: "Toolmesh-Call-Key",
 } as const;

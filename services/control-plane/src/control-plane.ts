@@ -1,7 +1,7 @@
 import type { Msg, Subscription } from "@nats-io/nats-core";
 import type { JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import type { CancelReply, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
+import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   CancelRequestSchema,
@@ -30,7 +30,7 @@ import {
 import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import type { ControlDeps } from "./deps.js";
-import { armDeadline, handleTimer } from "./deadline-keeper.js";
+import { startDeadlineKeeper } from "./deadline-keeper.js";
 import { reconcileOrphans } from "./reconcile.js";
 
 /** What the server says when a consumer gives up on a message. */
@@ -49,8 +49,6 @@ export interface ControlPlaneOptions extends ControlDeps {
 
 /** The parts of the mesh that keep the guarantees once a call is accepted. */
 export interface ControlPlane {
-  /** Arms the deadline of an accepted call: it ends with `deadline_exceeded` if still open then. */
-  armDeadline(call: ResolvedCall, workSeq: number): Promise<void>;
   /** Moves a stream message to the dead-letter stream and ends its call with an error. */
   deadLetter(stream: string, seq: number, reason: string, deliveries?: number): Promise<void>;
   stop(graceMs: number): Promise<void>;
@@ -61,29 +59,28 @@ const QUEUE = "toolmesh-resolver";
 const SECOND_LOOK_MS = 5_000;
 
 /**
- * Starts the deadline keeper (a durable consumer of the timers stream that naks each timer
- * until its deadline), the dead-letter keeper (driven by the server's max-deliveries
- * advisories), cancellation requests, and the periodic reconciliation of orphaned messages.
- * Every resolver process runs one; the replicas share the consumers and the queue group.
+ * Starts the deadline keeper (which watches the work stream: deadline-keeper.ts), the
+ * dead-letter keeper (driven by the server's max-deliveries advisories), cancellation
+ * requests, and the periodic reconciliation of orphaned messages. Every resolver process runs
+ * one; the replicas share the dead-letter consumer and the cancel queue group, and each keeps
+ * every deadline (the call store's compare-and-set lets one of them end a call).
  */
 export async function startControlPlane(options: ControlPlaneOptions): Promise<ControlPlane> {
   const { nc, plane, subjects, log } = options;
   const deps: ControlDeps = { nc, plane, subjects, log };
   const { js, jsm, store } = plane;
   const { consumers } = meshPlan(subjects);
-  await ensureConsumer(jsm, consumers.deadlines);
   // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
   await ensureConsumer(jsm, consumers.deadLetters);
 
-  const timers: WorkLoop = await startWorkLoop({
-    js,
-    stream: subjects.streams.timers,
-    consumer: subjects.deadlineConsumer,
-    slots: new Semaphore(64),
-    maxMessages: 64,
-    handle: (msg) => handleTimer(deps, msg),
-    onError: (err) => log.error({ err }, "deadline keeper error"),
-  });
+  const deadlines = await startDeadlineKeeper(deps);
+  const replayDeadlines = (): void => {
+    deadlines
+      .replay()
+      .catch((err: unknown) =>
+        log.warn({ err }, "cannot read the work stream for deadlines; will try again"),
+      );
+  };
 
   const subscriptions: Subscription[] = [
     nc.subscribe(subjects.allCancel, {
@@ -107,37 +104,40 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   let stopped = false;
   // Calls found below their ack floor are acted on by a second pass, soon after the first.
   const suspects = new Set<string>();
-  const reconcile = (sweepTimers = false): void => {
-    reconcileOrphans({ js, jsm, subjects, store, log, suspects, sweepTimers }).then(
+  const reconcile = (): void => {
+    reconcileOrphans({ jsm, subjects, store, log, suspects }).then(
       (outcome) => {
-        if (outcome.deleted + outcome.republished > 0)
-          log.info(outcome, "orphaned messages reconciled");
+        if (outcome.deleted > 0) log.info(outcome, "orphaned messages reconciled");
         if (suspects.size > 0 && !stopped) setTimeout(() => reconcile(), SECOND_LOOK_MS).unref();
       },
       (err: unknown) =>
         log.warn({ err }, "reconciliation of orphaned messages failed; will try again"),
     );
   };
-  // Orphans and lost acknowledgements come with a server restart: look as soon as it is back
-  // (or this resolver starts, maybe after one), and now and then.
-  reconcile(true);
+  // Orphans come with a server restart: look as soon as it is back (or this resolver starts,
+  // maybe after one), and now and then. Work and results published while this process was
+  // away are caught up by reading the work stream again.
+  replayDeadlines();
+  reconcile();
   const reconcileTimer = setInterval(() => reconcile(), options.reconcileEveryMs ?? 30_000);
   reconcileTimer.unref();
   void (async () => {
     for await (const status of nc.status()) {
-      if (status.type === "reconnect") setTimeout(() => reconcile(true), 1_000).unref();
+      if (status.type !== "reconnect") continue;
+      replayDeadlines();
+      setTimeout(() => reconcile(), 1_000).unref();
     }
   })();
 
   return {
-    armDeadline: (call, workSeq) => armDeadline(deps, call, workSeq),
     deadLetter: (stream, seq, reason, deliveries) =>
       deadLetter(deps, stream, seq, reason, deliveries),
     async stop(graceMs) {
       stopped = true;
       clearInterval(reconcileTimer);
       for (const sub of subscriptions) sub.unsubscribe();
-      await Promise.all([timers.stop(graceMs), deadLetters.stop(graceMs)]);
+      deadlines.stop();
+      await deadLetters.stop(graceMs);
     },
   };
 }

@@ -8,6 +8,9 @@ export {
 } from "./control-plane.js";
 export type { ControlPlane, ControlPlaneOptions } from "./control-plane.js";
 export type { ControlDeps } from "./deps.js";
+// --- deadline-keeper.ts: deadlines kept by watching the work stream ---
+export { deadlineHeaders, startDeadlineKeeper } from "./deadline-keeper.js";
+export type { DeadlineKeeper, DeadlineKeeperOptions } from "./deadline-keeper.js";
 // --- dead-letters.ts: the operations behind `toolmesh dlq` ---
 export { listDeadLetters, replayDeadLetter, showDeadLetter } from "./dead-letters.js";
 export type {

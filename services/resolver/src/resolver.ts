@@ -47,7 +47,7 @@ import {
   toolmeshMetrics,
   withSpan,
 } from "@toolmesh/telemetry";
-import { startControlPlane } from "@toolmesh/control-plane";
+import { deadlineHeaders, startControlPlane } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
 import { SessionLimits } from "./session-limits.js";
@@ -466,13 +466,15 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     if (accepted.status === "in_flight") {
       // Accepted before but maybe never routed: a crash between accepting and routing, or a
       // killed server that forgot the first delivery (it comes back as delivery 1). Route
-      // again: the work and timer message ids make a repeat harmless within the window.
+      // again: the work's message id makes a repeat harmless within the window.
       callLog.info("call accepted before; routing it again");
     }
-    let workSeq: number;
     try {
-      workSeq = (await publishDurable(js, subjects.work(resolved.tool), resolved, { msgId: key }))
-        .seq;
+      // The headers carry the deadline to every resolver's deadline keeper.
+      await publishDurable(js, subjects.work(resolved.tool), resolved, {
+        msgId: key,
+        headers: deadlineHeaders(resolved),
+      });
     } catch (err) {
       const error = ensureError(err);
       if (error.retryable) throw err;
@@ -480,9 +482,6 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
       return;
     }
-    // Armed after routing (a redelivered call routes again and then arms): a crash in
-    // between leaves work without a timer only until that redelivery.
-    await control.armDeadline(resolved, workSeq);
     callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
   }
 
