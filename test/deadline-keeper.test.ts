@@ -165,6 +165,19 @@ describe("the deadline keeper", () => {
     expect(await inMsgs("keeper-quiet")).toBe(before);
   });
 
+  it("forgets, when it reads the stream again, calls whose work left while it looked away", async () => {
+    const { keeper: k } = await keeper("keeper-reread");
+    const c = call(60_000);
+    const seq = await route(c);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    // The call ended and its work went while this keeper missed the final message (as across a
+    // reconnect): only the work's absence tells.
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
+    expect(k.watched).toBe(1);
+    await k.replay();
+    expect(k.watched).toBe(0);
+  });
+
   it("two keepers end a call once", async () => {
     await keeper("keeper-1");
     await keeper("keeper-2");

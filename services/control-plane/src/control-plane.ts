@@ -73,13 +73,13 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
   await ensureConsumer(jsm, consumers.deadLetters);
 
+  let stopped = false;
   const deadlines = await startDeadlineKeeper(deps);
   const replayDeadlines = (): void => {
-    deadlines
-      .replay()
-      .catch((err: unknown) =>
-        log.warn({ err }, "cannot read the work stream for deadlines; will try again"),
-      );
+    deadlines.replay().catch((err: unknown) => {
+      log.warn({ err }, "cannot read the work stream for deadlines; will try again");
+      if (!stopped) setTimeout(replayDeadlines, SECOND_LOOK_MS).unref();
+    });
   };
 
   const subscriptions: Subscription[] = [
@@ -101,7 +101,6 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     onError: (err) => log.error({ err }, "dead-letter keeper error"),
   });
 
-  let stopped = false;
   // Calls found below their ack floor are acted on by a second pass, soon after the first.
   const suspects = new Set<string>();
   const reconcile = (): void => {
