@@ -1,6 +1,6 @@
 // Where the server messages of a call go: runs a mesh (resolver and executor processes) on a
-// nats-server started with tracing (`-V`), makes `--calls` sequential `echo` calls, lets their
-// deadline timers settle, and counts from the server's trace log every message each process sent
+// nats-server started with tracing (`-V`), makes `--calls` sequential `echo` calls, lets the
+// last acknowledgements settle, and counts from the server's trace log every message each process sent
 // (client → server) and received (server → client), by kind, per call. `npm run build` first.
 // Usage: node bench/messages.mjs [--calls 200] [--settle-ms 5000]
 import { mkdtempSync, readFileSync, statSync } from "node:fs";
@@ -23,7 +23,7 @@ const mesh = await startMesh({ serverArgs: ["-V", "-l", logFile] });
 let from;
 try {
   for (let i = 0; i < 50; i++) await mesh.submit("echo", { text: "warm" });
-  await delay(Number(flags["settle-ms"])); // let the warm-up's timers settle
+  await delay(Number(flags["settle-ms"])); // let the warm-up settle
   from = statSync(logFile).size;
   for (let i = 0; i < calls; i++) await mesh.submit("echo", { text: "x".repeat(1024) });
   await delay(Number(flags["settle-ms"]));

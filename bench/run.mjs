@@ -55,7 +55,7 @@ if (flags.rounds !== undefined) plan.rounds = Number(flags.rounds);
 const PAYLOAD = payloadOf(1024);
 const SIZES = smoke ? [] : [100, 10 * 1024, 100 * 1024];
 const MEMORY_IN_FLIGHT = smoke ? 0 : 10_000;
-const SETTLE_MS = 2_500;
+const SETTLE_MS = 1_000;
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
 
 const startedAt = new Date();
@@ -141,7 +141,7 @@ try {
       const a = acc.get(s.name);
       const seq = await sequential(s.call, plan.seq, PAYLOAD);
       a.seq.add(seq.hist);
-      // Counted between quiet moments: the mesh's deadline timers come back 2 s after their calls.
+      // Counted between quiet moments, once the last acknowledgements are in.
       await delay(SETTLE_MS);
       let before = await snapshot(s);
       const closed = await closedLoop(s.call, {

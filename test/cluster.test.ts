@@ -90,11 +90,11 @@ describe("toolmesh setup on a cluster", () => {
   it("provisions a fresh cluster, finds nothing to change again, and changes the replica count", async () => {
     const resize = { TOOLMESH_PREFIX: "resize" };
     const first = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" });
-    expect(first.changed).toBe(16);
+    expect(first.changed).toBe(14);
     expect((await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" })).changed).toBe(0);
     const grown = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "3" });
-    // Seven streams and four buckets change; consumers follow their stream.
-    expect(grown.changed).toBe(12);
+    // Six streams and five buckets change; consumers follow their stream.
+    expect(grown.changed).toBe(11);
     expect(grown.resources.filter((r) => r.action === "updated").map((r) => r.kind)).not.toContain(
       "consumer",
     );
@@ -124,7 +124,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       TOOLMESH_ACK_WAIT_MS: String(ACK_WAIT_MS),
       TOOLMESH_CONCURRENCY: "64",
     };
-    expect((await setup(env)).changed).toBe(16);
+    expect((await setup(env)).changed).toBe(14);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
     await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(

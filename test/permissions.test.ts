@@ -233,7 +233,6 @@ describe("the mesh under least-privilege users and TLS", () => {
     for (const subject of [
       "toolmesh.v1.work.echo",
       "toolmesh.v1.control.abort",
-      "toolmesh.v1.timers.deadline",
       "toolmesh.v1.calls.globex.s1",
       "toolmesh.v1.cancel.globex.s1",
       "toolmesh.v1.rpc.globex.catalog",

@@ -8,7 +8,7 @@ import { openCallPlane } from "@toolmesh/call-store";
 import { ensureDurableConsumer } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import type { CallRequest, ResolvedCall } from "@toolmesh/protocol";
-import { reconcileOrphans } from "@toolmesh/resolver";
+import { reconcileOrphans, startDeadlineKeeper } from "@toolmesh/control-plane";
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -93,12 +93,6 @@ async function consumers(jsm: JetStreamManager): Promise<void> {
     maxDeliver: 6,
     ...common,
   });
-  await ensureDurableConsumer(jsm, {
-    stream: subjects.streams.timers,
-    name: subjects.deadlineConsumer,
-    maxDeliver: -1,
-    ...common,
-  });
 }
 
 let plane: CallPlane;
@@ -114,29 +108,23 @@ beforeAll(async () => {
     await js.publish(subjects.call(address), JSON.stringify(request(id)), { msgID: `s/${id}` });
   for (const id of ["w1", "w2"])
     await js.publish(subjects.work("t"), JSON.stringify(work(id)), { msgID: `s/${id}` });
-  for (const id of ["t1", "t2"]) {
-    const timer = { ...work(id), work_seq: 1 };
-    await js.publish(subjects.deadlineTimer, JSON.stringify(timer), { msgID: `deadline:s/${id}` });
-  }
-  // Ended: c1, w1, t1. Accepted and not ended: c2. No record: c3 (answered as invalid, or
-  // given up by its consumer), w2, t2.
+  // Ended: c1, w1. Accepted and not ended: c2. No record: c3 (answered as invalid, or given up
+  // by its consumer), w2.
   for (const [id, state] of [
     ["c1", "done"],
     ["w1", "done"],
-    ["t1", "done"],
     ["c2", "accepted"],
   ] as const)
     await setup.store.accept(record(id, state));
   await before.close();
 
-  const streams = [subjects.streams.calls, subjects.streams.work, subjects.streams.timers];
+  const streams = [subjects.streams.calls, subjects.streams.work];
   await leaveOrphans(server, streams, async () => {
     const acker = await connect({ servers: server.url });
     const ajs = jetstream(acker);
     for (const [stream, consumer] of [
       [subjects.streams.calls, subjects.resolverConsumer],
       [subjects.streams.work, subjects.workConsumer("t")],
-      [subjects.streams.timers, subjects.deadlineConsumer],
     ] as const) {
       const c = await ajs.consumers.get(stream, consumer);
       for (;;) {
@@ -161,45 +149,41 @@ describe("reconciliation of orphaned messages", () => {
     const jsm = await jetstreamManager(nc);
     expect([...(await contents(jsm, subjects.streams.calls)).keys()]).toEqual([1, 2, 3]);
     expect([...(await contents(jsm, subjects.streams.work)).keys()]).toEqual([1, 2]);
-    expect([...(await contents(jsm, subjects.streams.timers)).keys()]).toEqual([1, 2]);
     const work = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer("t"));
     expect(work.ack_floor.stream_seq).toBe(2);
     expect(work.num_pending).toBe(0);
   });
 
-  it("removes those of ended calls, puts lost timers back once, and removes old calls on a second pass", async () => {
-    const { js, jsm, store } = plane;
+  it("removes those of ended calls, leaves open work to the keepers, and removes old calls on a second pass", async () => {
+    const { jsm, store } = plane;
     const suspects = [new Set<string>(), new Set<string>()];
     // Two resolvers reconciling at once: each message is acted on once.
     const first = await Promise.all(
-      suspects.map((s) => reconcileOrphans({ js, jsm, subjects, store, log, suspects: s })),
+      suspects.map((s) => reconcileOrphans({ jsm, subjects, store, log, suspects: s })),
     );
-    expect(first.reduce((n, o) => n + o.deleted, 0)).toBe(3); // c1, w1, t1
-    expect(first.reduce((n, o) => n + o.republished, 0)).toBe(1); // t2
+    expect(first.reduce((n, o) => n + o.deleted, 0)).toBe(2); // c1, w1
 
     expect([...(await contents(jsm, subjects.streams.work)).values()]).toEqual(["s/w2"]);
     // w2's call has not ended: it may be work its consumer gave up on, which the dead-letter
     // keeper moves (and the deadline keeper removes at the deadline). It stays.
-    const timers = await contents(jsm, subjects.streams.timers);
-    expect([...timers.values()]).toEqual(["deadline:s/t2#orphan-2"]);
-    // Put back after the floor: the deadline keeper's consumer delivers it.
-    const keeper = await plane.js.consumers.get(subjects.streams.timers, subjects.deadlineConsumer);
-    const redelivered = await keeper.next({ expires: 2_000 });
-    expect(redelivered?.headers?.get("Nats-Msg-Id")).toBe("deadline:s/t2#orphan-2");
-    redelivered?.nak();
+    // Below the floor, its consumer never delivers it again; the deadline keeper, which reads
+    // the stream itself, still watches it.
+    const keeper = await startDeadlineKeeper({ nc, plane, subjects, log });
+    await keeper.replay();
+    expect(keeper.watched).toBe(1);
+    keeper.stop();
 
     // c2 and c3 have not ended: the first pass only suspects them (the dead-letter keeper
     // comes first for calls their consumer gave up on).
     expect([...(await contents(jsm, subjects.streams.calls)).values()]).toEqual(["s/c2", "s/c3"]);
     const second = await reconcileOrphans({
-      js,
       jsm,
       subjects,
       store,
       log,
       suspects: suspects[0],
     });
-    expect(second).toMatchObject({ found: 3, deleted: 2, republished: 0 });
+    expect(second).toMatchObject({ found: 3, deleted: 2 });
     expect((await contents(jsm, subjects.streams.calls)).size).toBe(0);
     expect((await jsm.streams.info(subjects.streams.work)).state.messages).toBe(1);
   });

@@ -10,7 +10,14 @@ import type { CallPlane } from "@toolmesh/call-store";
 import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
 import { ensureConsumer, meshPlan } from "@toolmesh/nats";
 import type { CallRequest, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
-import { ErrorCode, createSubjects, decodeJson, encodeJson } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  Header,
+  callKey,
+  createSubjects,
+  decodeJson,
+  encodeJson,
+} from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import { SessionLimits, handleCall, resolveRequest, routeCall } from "@toolmesh/resolver";
 import type { ResolverDeps } from "@toolmesh/resolver";
@@ -27,8 +34,6 @@ let nc: NatsConnection;
 let js: JetStreamClient;
 let plane: CallPlane;
 let registry: ToolRegistry;
-/** Every deadline the handlers armed, with the work sequence they gave. */
-let armed: { call: ResolvedCall; workSeq: number }[];
 
 function deps(overrides: Partial<ResolverDeps> = {}): ResolverDeps {
   return {
@@ -38,10 +43,6 @@ function deps(overrides: Partial<ResolverDeps> = {}): ResolverDeps {
     tracer: trace.getTracer("test"),
     plane,
     control: {
-      armDeadline: (call, workSeq) => {
-        armed.push({ call, workSeq });
-        return Promise.resolve();
-      },
       deadLetter: () => Promise.reject(new Error("no call here is dead-lettered")),
     },
     limits: new SessionLimits(256),
@@ -107,7 +108,6 @@ beforeAll(async () => {
 });
 
 beforeEach(async () => {
-  armed = [];
   await plane.jsm.streams.purge(subjects.streams.work);
 });
 
@@ -127,7 +127,6 @@ describe("handleCall", () => {
     expect(answer?.content).toContain('did you mean "echo"');
     expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
     expect(await workMessages()).toBe(0);
-    expect(armed).toEqual([]);
   });
 
   it("answers a body that is not JSON, keyed by its stream sequence", async () => {
@@ -142,7 +141,7 @@ describe("handleCall", () => {
     expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
   });
 
-  it("routes a valid call: record accepted, work published, deadline armed with its sequence", async () => {
+  it("routes a valid call: record accepted, work published with its deadline and record revision", async () => {
     const msg = await submitted(request("ok-1", "echo", { text: "hi" }));
     await handleCall(deps(), msg);
 
@@ -154,7 +153,10 @@ describe("handleCall", () => {
     });
     const routed = decodeJson(work.data) as ResolvedCall;
     expect(routed).toMatchObject({ call_id: "ok-1", tool: "echo", arguments: { text: "hi" } });
-    expect(armed).toEqual([{ call: routed, workSeq: work.seq }]);
+    // What the deadline keeper and the executor read without touching the call record.
+    expect(work.header.get(Header.Deadline)).toBe(String(routed.deadline_at));
+    expect(work.header.get(Header.CallKey)).toBe(callKey(address, `${address.session}/ok-1`));
+    expect(work.header.get(Header.RecordRevision)).toBe(String(record?.revision));
     expect(await resultFor("ok-1")).toBeUndefined();
     expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
   });
@@ -192,7 +194,6 @@ describe("handleCall", () => {
     expect(answer).toMatchObject({ tool_call_id: "second-call", content: "stored answer" });
     expect(answer?.error).toBeUndefined();
     expect(await workMessages()).toBe(0);
-    expect(armed).toEqual([]);
     expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
   });
 });
@@ -202,7 +203,7 @@ describe("routeCall", () => {
     const limited = deps({ limits: new SessionLimits(1) });
     const first = await submitted(request("busy-1", "echo", { text: "a" }));
     await handleCall(limited, first);
-    expect(armed).toHaveLength(1);
+    expect(await workMessages()).toBe(1);
 
     const second = await submitted(request("busy-2", "echo", { text: "b" }));
     const resolution = resolveRequest(registry, decodeJson(second.data), address, {
@@ -223,6 +224,5 @@ describe("routeCall", () => {
       await plane.store.get({ idempotency_key: `${address.session}/busy-2`, address }),
     ).toBeUndefined();
     expect(await workMessages()).toBe(1);
-    expect(armed).toHaveLength(1);
   });
 });

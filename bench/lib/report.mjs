@@ -90,7 +90,7 @@ export function writeReport(result, dir, stamp) {
   }
   lines.push(
     "",
-    "Latencies in ms. CPU and server messages per completed call of the closed loop (counted from a moment when nothing is in flight to the moment nothing is: the mesh's deadline timers settle 2 s after their calls), over every process of the system: the driver (client), its workers and its server. Timeouts: open-loop calls not answered within 10 s.",
+    "Latencies in ms. CPU and server messages per completed call of the closed loop (counted from a moment when nothing is in flight to the moment nothing is), over every process of the system: the driver (client), its workers and its server. Timeouts: open-loop calls not answered within 10 s.",
     "",
   );
   lines.push(

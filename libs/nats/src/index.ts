@@ -39,5 +39,5 @@ export type {
   ProvisionChange,
   StreamSpec,
 } from "./provision.js";
-export { DEADLINE_FIRST_HOP_MS, meshPlan, provisionMesh } from "./mesh-plan.js";
+export { meshPlan, provisionMesh } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

@@ -8,7 +8,7 @@ describe("meshPlan", () => {
   it("gives every stream and bucket the configured replica count, naming the variable", () => {
     const plan = meshPlan(subjects, { replicas: 3 });
     const all = [...plan.streams, ...Object.values(plan.buckets)];
-    expect(all).toHaveLength(12);
+    expect(all).toHaveLength(11);
     for (const spec of all) {
       expect(spec.config.num_replicas).toBe(3);
       expect(spec.settings.num_replicas).toBe("TOOLMESH_STREAM_REPLICAS");
@@ -34,6 +34,9 @@ describe("meshPlan", () => {
     expect(plan.buckets.registry.config.max_age).toBe(0);
     expect(plan.consumers.resolver.config.ack_wait).toBe(2_000 * 1e6);
     expect(plan.consumers.schemaExpander.config.filter_subject).toBe(subjects.allMissingArguments);
-    expect(plan.consumers.deadlines.config.max_deliver).toBe(-1);
+    expect(plan.consumers.deadLetters.config.max_deliver).toBe(-1);
+    // Deadlines are kept by watching the work stream, with no stream or consumer of their own.
+    expect(Object.keys(plan.consumers)).not.toContain("deadlines");
+    expect(plan.streams.map((s) => s.config.name)).not.toContain("ACME_PROD_TIMERS");
   });
 });

@@ -7,12 +7,6 @@ import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from ".
 import type { StreamLimits } from "./streams.js";
 import { streamSpecs } from "./streams.js";
 
-/**
- * The deadline keeper's ack wait, in ms: a fresh timer is left unacknowledged for this long
- * before its first look, so calls that end within it cost the timer no further message.
- */
-export const DEADLINE_FIRST_HOP_MS = 2_000;
-
 /** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
 export interface MeshSettings extends StreamLimits {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
@@ -40,7 +34,6 @@ export interface MeshPlan {
    */
   consumers: {
     resolver: ConsumerSpec;
-    deadlines: ConsumerSpec;
     deadLetters: ConsumerSpec;
     schemaExpander: ConsumerSpec;
   };
@@ -78,15 +71,6 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
         maxDeliver: 20,
         maxAckPending: 10_000,
         settings: ackWaitSetting,
-      }),
-      // Timers are naked until due, each nak a delivery: no delivery limit. The ack wait is the
-      // first hop: a fresh timer is left unacknowledged and comes back after it, for free.
-      deadlines: durableConsumerSpec({
-        stream: subjects.streams.timers,
-        name: subjects.deadlineConsumer,
-        ackWaitMs: DEADLINE_FIRST_HOP_MS,
-        maxDeliver: -1,
-        maxAckPending: 100_000,
       }),
       deadLetters: durableConsumerSpec({
         stream: subjects.streams.advisories,

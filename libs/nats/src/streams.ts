@@ -83,14 +83,6 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     },
     {
       ...common,
-      name: subjects.streams.timers,
-      subjects: [subjects.deadlineTimer],
-      retention: RetentionPolicy.Workqueue,
-      discard: DiscardPolicy.New,
-      duplicate_window: dup,
-    },
-    {
-      ...common,
       name: subjects.streams.dlq,
       subjects: [subjects.allDlq],
       retention: RetentionPolicy.Limits,

@@ -42,4 +42,6 @@ export const Defaults = {
    * first, trusting the revision the work message carries (ADR 0027): 2 s.
    */
   freshWorkWindowMs: 2_000,
+  /** Most messages one look through a work-queue stream reads (reconciliation, deadline keeper). */
+  streamScanLimit: 10_000,
 } as const;

@@ -24,4 +24,11 @@ export const Header = {
   RecordRevision: "Toolmesh-Record-Revision",
   /** On a work message: the call record's `args_hash`, to rebuild the record without reading it. */
   ArgsHash: "Toolmesh-Args-Hash",
+  /** On work: the call's deadline, epoch ms on the server's clock (read by the deadline keeper). */
+  Deadline: "Toolmesh-Deadline",
+  /**
+   * On work: the call's key (`callKey`); its final message carries `Nats-Msg-Id`
+   * `result:{call key}`, which tells the deadline keeper the call ended.
+   */
+  CallKey: "Toolmesh-Call-Key",
 } as const;

@@ -133,8 +133,6 @@ export interface Subjects {
   readonly allCancel: string;
   /** Core broadcast telling every executor to abort a running call: `{p}.v1.control.abort`. */
   readonly abort: string;
-  /** Deadline timers of accepted calls: `{p}.v1.timers.deadline`. */
-  readonly deadlineTimer: string;
   /** Dead letters of a tool: `{p}.v1.dlq.{tool}`. */
   dlq(tool: string): string;
   /** Wildcard over every dead letter (the dead-letter stream). */
@@ -206,7 +204,6 @@ export interface Subjects {
     readonly work: string;
     readonly sessions: string;
     readonly events: string;
-    readonly timers: string;
     readonly dlq: string;
     /** Keeps the server's max-deliveries advisories of the calls and work streams. */
     readonly advisories: string;
@@ -233,8 +230,6 @@ export interface Subjects {
   readonly allSessionPolicies: string;
   /** Durable consumer of the schema expanders on the events stream, shared by replicas. */
   readonly schemaExpanderConsumer: string;
-  /** Durable consumer of the deadline keeper on the timers stream. */
-  readonly deadlineConsumer: string;
   /** Durable consumer of the dead-letter keeper on the advisories stream. */
   readonly deadLetterConsumer: string;
   /** Durable consumer name for one tool's work, shared by every executor of the tool. */
@@ -301,7 +296,6 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,
     abort: `${base}.control.abort`,
-    deadlineTimer: `${base}.timers.deadline`,
     dlq: (tool) => `${base}.dlq.${t(tool)}`,
     allDlq: `${base}.dlq.*`,
     maxDeliveriesAdvisory: (stream) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`,
@@ -356,7 +350,6 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
       work: `${stem}_WORK`,
       sessions: `${stem}_SESSIONS`,
       events: `${stem}_EVENTS`,
-      timers: `${stem}_TIMERS`,
       dlq: `${stem}_DLQ`,
       advisories: `${stem}_ADVISORIES`,
     },
@@ -368,7 +361,6 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",
-    deadlineConsumer: "deadline_keeper",
     deadLetterConsumer: "dead_letter_keeper",
     workConsumer: (tool) => `work_${t(tool)}`,
     resolverConsumer: "resolver",

@@ -2,8 +2,8 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
 import type { Subjects } from "@toolmesh/protocol";
 import { connectNats } from "@toolmesh/nats";
-import type { DeadLetter } from "@toolmesh/resolver";
-import { listDeadLetters, replayDeadLetter, showDeadLetter } from "@toolmesh/resolver";
+import type { DeadLetter } from "@toolmesh/control-plane";
+import { listDeadLetters, replayDeadLetter, showDeadLetter } from "@toolmesh/control-plane";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
 

@@ -217,7 +217,8 @@ export function rolePermissions(
     case "resolver":
       return merge(
         serviceBase(s, role),
-        sub(s.allCancel, s.allResolveRpc),
+        // The deadline keeper follows work and results as they are published (core NATS).
+        sub(s.allCancel, s.allResolveRpc, s.allWork, s.allResults),
         pub(
           ...n.replies,
           s.allWork,
@@ -225,25 +226,17 @@ export function rolePermissions(
           `${n.base}.sessions.*.*.rejected.*`,
           s.allMissingArguments.replace(/>$/, "*.*"),
           s.abort,
-          s.deadlineTimer,
           s.allDlq,
           ...durable(s.streams.calls, s.resolverConsumer),
-          ...durable(s.streams.timers, s.deadlineConsumer),
           ...durable(s.streams.advisories, s.deadLetterConsumer),
-          ...[
-            s.streams.sessions,
-            s.streams.calls,
-            s.streams.work,
-            s.streams.timers,
-            s.streams.advisories,
-          ].map((st) => `${API}.STREAM.MSG.GET.${st}`),
-          ...[s.streams.calls, s.streams.work, s.streams.timers, s.streams.advisories].map(
+          ...[s.streams.sessions, s.streams.calls, s.streams.work, s.streams.advisories].map(
+            (st) => `${API}.STREAM.MSG.GET.${st}`,
+          ),
+          ...[s.streams.calls, s.streams.work, s.streams.advisories].map(
             (st) => `${API}.STREAM.MSG.DELETE.${st}`,
           ),
           // Reconciliation reads each consumer's ack floor.
-          ...[s.streams.calls, s.streams.work, s.streams.timers].map(
-            (st) => `${API}.CONSUMER.LIST.${st}`,
-          ),
+          ...[s.streams.calls, s.streams.work].map((st) => `${API}.CONSUMER.LIST.${st}`),
           ...bucketRead(s.callsBucket),
           `$KV.${s.callsBucket}.>`,
           ...bucketRead(s.groupsBucket),
@@ -296,7 +289,6 @@ export function rolePermissions(
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
-          s.deadlineTimer,
           ...n.streams.flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,

@@ -43,7 +43,8 @@ import {
   withSpan,
 } from "@toolmesh/telemetry";
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
-import type { ControlPlane } from "./control-plane.js";
+import type { ControlPlane } from "@toolmesh/control-plane";
+import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { SessionLimits } from "./session-limits.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
@@ -59,7 +60,7 @@ export interface ResolverDeps {
   /** Streams, call store, server clock and the one way final messages go out. */
   plane: CallPlane;
   /** Where deadlines are armed and calls outside the call layout are dead-lettered. */
-  control: Pick<ControlPlane, "armDeadline" | "deadLetter">;
+  control: Pick<ControlPlane, "deadLetter">;
   /** Calls of each session in flight through this resolver. */
   limits: SessionLimits;
   metrics: ToolmeshMetrics;
@@ -321,7 +322,7 @@ export async function routeCall(
   msg: JsMsg,
   callLog: Logger,
 ): Promise<void> {
-  const { subjects, plane, control, limits, callRetentionMs } = deps;
+  const { subjects, plane, limits, callRetentionMs } = deps;
   const { js, store, clock, publishFinal } = plane;
   const { resolved, request } = resolution;
   const key = callKey(resolved.address, resolved.idempotency_key);
@@ -396,18 +397,16 @@ export async function routeCall(
   if (accepted.status === "in_flight") {
     // Accepted before but maybe never routed: a crash between accepting and routing, or a
     // killed server that forgot the first delivery (it comes back as delivery 1). Route
-    // again: the work and timer message ids make a repeat harmless within the window.
+    // again: the work's message id makes a repeat harmless within the window.
     callLog.info("call accepted before; routing it again");
   }
-  let workSeq: number;
   try {
-    // The record's revision goes along, so the executor need not read the record (ADR 0027).
-    workSeq = (
-      await publishDurable(js, subjects.work(resolved.tool), resolved, {
-        msgId: key,
-        headers: tracedHeaders(knownRecordHeaders(record, accepted)),
-      })
-    ).seq;
+    // The record's revision goes along, so the executor need not read the record (ADR 0027),
+    // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
+    await publishDurable(js, subjects.work(resolved.tool), resolved, {
+      msgId: key,
+      headers: deadlineHeaders(resolved, tracedHeaders(knownRecordHeaders(record, accepted))),
+    });
   } catch (err) {
     const error = ensureError(err);
     if (error.retryable) throw err;
@@ -415,9 +414,6 @@ export async function routeCall(
     await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
     return;
   }
-  // Armed after routing (a redelivered call routes again and then arms): a crash in
-  // between leaves work without a timer only until that redelivery.
-  await control.armDeadline(resolved, workSeq);
   callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
 }
 

@@ -17,13 +17,3 @@ export {
 export type { Resolution, ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 export { SessionLimits } from "./session-limits.js";
 export { startResolverFromRuntime } from "./from-runtime.js";
-export { listDeadLetters, replayDeadLetter, showDeadLetter } from "./dead-letters.js";
-export type {
-  DeadLetter,
-  DeadLetterDetail,
-  ListDeadLettersOptions,
-  ReplayDeadLetterOptions,
-  ReplayOutcome,
-} from "./dead-letters.js";
-export { reconcileOrphans } from "./reconcile.js";
-export type { ReconcileOptions, ReconcileOutcome } from "./reconcile.js";

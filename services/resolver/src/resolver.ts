@@ -7,8 +7,8 @@ import { openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
-import { startControlPlane } from "./control-plane.js";
-import type { ControlPlane } from "./control-plane.js";
+import { startControlPlane } from "@toolmesh/control-plane";
+import type { ControlPlane } from "@toolmesh/control-plane";
 import { answerDryRun, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
@@ -47,7 +47,7 @@ export interface Resolver {
 /**
  * Takes calls from the calls stream, resolves them, answers invalid ones on their session at
  * once and routes valid ones to their tool's work subject, after recording them in the call
- * store and arming their deadline. Also runs the control plane: deadline keeper, dead-letter
+ * store. Also runs the control plane: deadline keeper, dead-letter
  * keeper, cancellation, dry-run requests.
  */
 export async function startResolver(options: ResolverOptions): Promise<Resolver> {

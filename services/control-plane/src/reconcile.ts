@@ -1,9 +1,9 @@
-import type { JetStreamClient, JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import type { JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import type { Subjects } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
-  Header,
+  Defaults,
   SessionAddressSchema,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
@@ -13,7 +13,6 @@ import type { Logger } from "@toolmesh/telemetry";
 
 /** Options of {@link reconcileOrphans}. */
 export interface ReconcileOptions {
-  js: JetStreamClient;
   jsm: JetStreamManager;
   subjects: Subjects;
   store: CallStore;
@@ -25,12 +24,6 @@ export interface ReconcileOptions {
    * kept by the caller from pass to pass and updated here. Default: a fresh set each pass.
    */
   suspects?: Set<string>;
-  /**
-   * Also removes the timers of ended calls above the floor: after a server restart the
-   * acknowledgements sent around the outage may be lost, and those timers would wait for the
-   * server to redeliver them. Default false.
-   */
-  sweepTimers?: boolean;
 }
 
 /** What one pass of {@link reconcileOrphans} did. */
@@ -39,11 +32,9 @@ export interface ReconcileOutcome {
   found: number;
   /** Removed: their call had ended, or they were calls handled long ago. */
   deleted: number;
-  /** Timers of calls not ended, published again so the deadline still fires. */
-  republished: number;
 }
 
-/** Work and timers carry their call's key and session address. */
+/** Work carries its call's key and session address. */
 const KeyedSchema = z.object({ idempotency_key: z.string(), address: SessionAddressSchema });
 
 /**
@@ -54,25 +45,23 @@ const KeyedSchema = z.object({ idempotency_key: z.string(), address: SessionAddr
  * runs on the streams exactly as they are created.
  *
  * An acknowledgement means the message was dealt with: a call routed or answered, work whose
- * call ended, a timer whose call ended. The ack floor also passes messages the server gave up
- * on after `max_deliver` (they wait there for the dead-letter keeper), so a message whose call
- * has not ended is handled with care: work is left to the dead-letter and deadline keepers, a
- * timer is published again (a deadline must not be lost), and a call is removed only when an
- * earlier pass saw it too (the dead-letter keeper had its chance). Deleting decides who acts:
+ * call ended. The ack floor also passes messages the server gave up on after `max_deliver`
+ * (they wait there for the dead-letter keeper), so a message whose call has not ended is
+ * handled with care: work is left to the dead-letter and deadline keepers (an orphan of a call
+ * not ended is still in the work stream, so the deadline keeper sees it), and a call is removed
+ * only when an earlier pass saw it too (the dead-letter keeper had its chance). Deleting decides who acts:
  * replicas reconciling at once never both act on one message.
  */
 export async function reconcileOrphans(options: ReconcileOptions): Promise<ReconcileOutcome> {
   const { jsm, subjects } = options;
-  const outcome: ReconcileOutcome = { found: 0, deleted: 0, republished: 0 };
+  const outcome: ReconcileOutcome = { found: 0, deleted: 0 };
   const seen = new Set<string>();
-  for (const stream of [subjects.streams.calls, subjects.streams.work, subjects.streams.timers]) {
+  for (const stream of [subjects.streams.calls, subjects.streams.work]) {
     for await (const consumer of jsm.consumers.list(stream)) {
       const floor = consumer.ack_floor.stream_seq;
-      if (floor === 0 && !(options.sweepTimers === true && stream === subjects.streams.timers))
-        continue;
+      if (floor === 0) continue;
       const filter = consumer.config.filter_subject || ">";
-      const sweep = options.sweepTimers === true && stream === subjects.streams.timers;
-      await scan(options, stream, filter, floor, sweep, outcome, seen);
+      await scan(options, stream, filter, floor, outcome, seen);
     }
   }
   if (options.suspects !== undefined) {
@@ -86,12 +75,11 @@ async function scan(
   stream: string,
   filter: string,
   floor: number,
-  sweep: boolean,
   outcome: ReconcileOutcome,
   seen: Set<string>,
 ): Promise<void> {
   const { jsm, subjects, log } = options;
-  const maxScan = options.maxScan ?? 10_000;
+  const maxScan = options.maxScan ?? Defaults.streamScanLimit;
   let from = 1;
   for (let scanned = 0; scanned < maxScan; scanned++) {
     // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (the first message at or after
@@ -99,10 +87,9 @@ async function scan(
     // only for direct gets, which these streams do not enable.
     const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
     const msg = await jsm.streams.getMessage(stream, query);
-    if (msg === null || (msg.seq > floor && !sweep)) return;
+    if (msg === null || msg.seq > floor) return;
     from = msg.seq + 1;
-    const orphan = msg.seq <= floor;
-    if (orphan) outcome.found++;
+    outcome.found++;
     const id = `${stream}:${msg.seq}`;
     const key = keyOf(subjects, stream, msg);
     const ended = key !== undefined && (await options.store.get(key))?.record.state === "done";
@@ -110,12 +97,8 @@ async function scan(
       if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
       continue;
     }
-    if (!orphan) continue;
     seen.add(id);
-    if (stream === subjects.streams.timers) {
-      await republish(options, msg);
-      if (await remove(jsm, stream, msg.seq)) outcome.republished++;
-    } else if (stream === subjects.streams.calls) {
+    if (stream === subjects.streams.calls) {
       if (options.suspects?.delete(id) === true) {
         if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
         log.warn({ stream, seq: msg.seq }, "call left below its consumer's ack floor; removed");
@@ -142,14 +125,4 @@ function keyOf(subjects: Subjects, stream: string, msg: StoredMsg): CallRef | un
 
 async function remove(jsm: JetStreamManager, stream: string, seq: number): Promise<boolean> {
   return jsm.streams.deleteMessage(stream, seq).catch(() => false);
-}
-
-/** Publishes a timer again, under a message id of its own so replicas do not double it. */
-async function republish(options: ReconcileOptions, msg: StoredMsg): Promise<void> {
-  const msgId = msg.header?.get(Header.MsgId) ?? "";
-  await options.js.publish(msg.subject, msg.data, {
-    ...(msg.header === undefined ? {} : { headers: msg.header }),
-    msgID: `${msgId}#orphan-${msg.seq}`,
-  });
-  options.log.warn({ seq: msg.seq, subject: msg.subject }, "orphaned deadline timer put back");
 }

@@ -8,7 +8,7 @@ import {
   jetstream,
   jetstreamManager,
 } from "@nats-io/jetstream";
-import type { CallRequest, ResolvedCall, SessionAddress, Subjects } from "@toolmesh/protocol";
+import type { CallRequest, ResolvedCall, Subjects } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   ErrorCode,
@@ -22,6 +22,7 @@ import {
   idempotencyKeyOf,
 } from "@toolmesh/protocol";
 import { publishDurable } from "@toolmesh/nats";
+import { deadlineHeaders } from "./deadline-keeper.js";
 import { CallStore, argumentsHash } from "@toolmesh/call-store";
 
 /** One message of the dead-letter stream `{P}_DLQ`, as operators see it. */
@@ -197,18 +198,17 @@ export async function showDeadLetter(
  *
  * The replay runs under a new idempotency key `{original}#replay-{seq}`, which is also the
  * republished message's `Nats-Msg-Id`. Every id derived from the key (work message id, call
- * record, deadline timer, final message id `result:{key}`) is therefore new: re-using the old
- * key would have the new final message dropped as a duplicate of the dead-letter answer by the
- * sessions stream's duplicate window, and a deadline timer still armed for the old key could
- * end the replay early. The record of the original key keeps the dead-letter answer, so a
+ * record, final message id `result:{key}`) is therefore new: re-using the old key would have
+ * the new final message dropped as a duplicate of the dead-letter answer by the sessions
+ * stream's duplicate window. The record of the original key keeps the dead-letter answer, so a
  * resubmission under that key is still answered with it; the caller cancels the replay with
  * `idempotency_key` set to the new key. A key longer than the id limit is replaced by its
  * SHA-256 before the suffix.
  *
  * - A work-stream letter (a resolved call) is republished on its work subject with the new key
  *   and a fresh deadline (`now + timeout_ms`, this host's clock); the new key is recorded as an
- *   accepted call in the call store first and a deadline timer is armed after, as the resolver
- *   does, so the replay also ends by its deadline if no executor takes it.
+ *   accepted call in the call store first and the work carries the deadline headers, as the
+ *   resolver's does, so the replay also ends by its deadline if no executor takes it.
  * - A calls-stream letter (a call request) is republished on its call subject with the new key
  *   as `idempotency_key`; the resolver resolves it again as a new call.
  * - Letters whose body holds no call (foreign bytes) are refused with `invalid_request`:
@@ -311,8 +311,16 @@ export async function replayDeadLetter(
     const recordedDeadline =
       accepted.status === "in_flight" ? accepted.record.deadline_at : deadlineAt;
     const replayed = { ...body, idempotency_key: key, deadline_at: recordedDeadline };
-    const ack = await publishDurable(js, letter.subject, replayed, { msgId });
-    await armDeadline(call, key, recordedDeadline, ack.seq);
+    // Headed like the resolver's work, so the deadline keeper ends the replay at its deadline
+    // if no executor does.
+    const ack = await publishDurable(js, letter.subject, replayed, {
+      msgId,
+      headers: deadlineHeaders({
+        address: call.address,
+        idempotency_key: key,
+        deadline_at: recordedDeadline,
+      }),
+    });
     return { ...common, status: "replayed", stream_seq: ack.seq, deadline_at: recordedDeadline };
   }
 
@@ -343,41 +351,6 @@ export async function replayDeadLetter(
       stream_seq: ack.seq,
     };
   }
-
-  // The same timer the resolver arms for a routed call (control-plane.ts keeps its schema
-  // private): the deadline keeper ends the replay at its deadline if no executor did.
-  async function armDeadline(
-    call: ResolvedCall,
-    key: string,
-    deadlineAt: number,
-    workSeq: number,
-  ): Promise<void> {
-    const timer: ReplayDeadlineTimer = {
-      idempotency_key: key,
-      call_id: call.call_id,
-      tool: call.tool,
-      session_id: call.session_id,
-      address: call.address,
-      deadline_at: deadlineAt,
-      timeout_ms: call.timeout_ms,
-      work_seq: workSeq,
-    };
-    await publishDurable(js, subjects.deadlineTimer, timer, {
-      msgId: `deadline:${callKey(call.address, key)}`,
-    });
-  }
-}
-
-/** The body of a deadline timer on `{p}.v1.timers.deadline`. */
-interface ReplayDeadlineTimer {
-  idempotency_key: string;
-  call_id: string;
-  tool: string;
-  session_id: string;
-  address: SessionAddress;
-  deadline_at: number;
-  timeout_ms: number;
-  work_seq: number;
 }
 
 /** `{key}#replay-{seq}`, within the id length limit. */

@@ -1,0 +1,319 @@
+import type { Msg, Subscription } from "@nats-io/nats-core";
+import type { JsMsg } from "@nats-io/jetstream";
+import { z } from "zod";
+import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
+import {
+  CallRequestSchema,
+  CancelRequestSchema,
+  ErrorCode,
+  ResolvedCallSchema,
+  ToolmeshError,
+  callKey,
+  decodeJson,
+  encodeJson,
+  ensureError,
+  errorToolMessage,
+  subjectToken,
+  decodeJsonOrUndefined,
+  idempotencyKeyOf,
+} from "@toolmesh/protocol";
+import type { WorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  deadLetterHeaders,
+  ensureConsumer,
+  meshPlan,
+  publishDurable,
+  publishEphemeral,
+  startWorkLoop,
+} from "@toolmesh/nats";
+import { ANY_ARGUMENTS } from "@toolmesh/call-store";
+import { toolmeshMetrics } from "@toolmesh/telemetry";
+import type { ControlDeps } from "./deps.js";
+import { startDeadlineKeeper } from "./deadline-keeper.js";
+import { reconcileOrphans } from "./reconcile.js";
+
+/** What the server says when a consumer gives up on a message. */
+const MaxDeliveriesAdvisorySchema = z.object({
+  stream: z.string(),
+  consumer: z.string(),
+  stream_seq: z.number(),
+  deliveries: z.number(),
+});
+
+/** Options of {@link startControlPlane}. */
+export interface ControlPlaneOptions extends ControlDeps {
+  /** How often orphaned work-queue messages are looked for, in ms. Default 30 000. */
+  reconcileEveryMs?: number;
+}
+
+/** The parts of the mesh that keep the guarantees once a call is accepted. */
+export interface ControlPlane {
+  /** Moves a stream message to the dead-letter stream and ends its call with an error. */
+  deadLetter(stream: string, seq: number, reason: string, deliveries?: number): Promise<void>;
+  stop(graceMs: number): Promise<void>;
+}
+
+const QUEUE = "toolmesh-resolver";
+// Long enough for the dead-letter keeper to take a call its consumer gave up on.
+const SECOND_LOOK_MS = 5_000;
+
+/**
+ * Starts the deadline keeper (which watches the work stream: deadline-keeper.ts), the
+ * dead-letter keeper (driven by the server's max-deliveries advisories), cancellation
+ * requests, and the periodic reconciliation of orphaned messages. Every resolver process runs
+ * one; the replicas share the dead-letter consumer and the cancel queue group, and each keeps
+ * every deadline (the call store's compare-and-set lets one of them end a call).
+ */
+export async function startControlPlane(options: ControlPlaneOptions): Promise<ControlPlane> {
+  const { nc, plane, subjects, log } = options;
+  const deps: ControlDeps = { nc, plane, subjects, log };
+  const { js, jsm, store } = plane;
+  const { consumers } = meshPlan(subjects);
+  // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
+  await ensureConsumer(jsm, consumers.deadLetters);
+
+  let stopped = false;
+  const deadlines = await startDeadlineKeeper(deps);
+  const replayDeadlines = (): void => {
+    deadlines.replay().catch((err: unknown) => {
+      log.warn({ err }, "cannot read the work stream for deadlines; will try again");
+      if (!stopped) setTimeout(replayDeadlines, SECOND_LOOK_MS).unref();
+    });
+  };
+
+  const subscriptions: Subscription[] = [
+    nc.subscribe(subjects.allCancel, {
+      queue: QUEUE,
+      callback: (err, msg) => {
+        if (err === null) void answerCancel(deps, msg);
+      },
+    }),
+  ];
+
+  const deadLetters: WorkLoop = await startWorkLoop({
+    js,
+    stream: subjects.streams.advisories,
+    consumer: subjects.deadLetterConsumer,
+    slots: new Semaphore(8),
+    maxMessages: 8,
+    handle: (msg) => onMaxDeliveries(deps, msg),
+    onError: (err) => log.error({ err }, "dead-letter keeper error"),
+  });
+
+  // Calls found below their ack floor are acted on by a second pass, soon after the first.
+  const suspects = new Set<string>();
+  const reconcile = (): void => {
+    reconcileOrphans({ jsm, subjects, store, log, suspects }).then(
+      (outcome) => {
+        if (outcome.deleted > 0) log.info(outcome, "orphaned messages reconciled");
+        if (suspects.size > 0 && !stopped) setTimeout(() => reconcile(), SECOND_LOOK_MS).unref();
+      },
+      (err: unknown) =>
+        log.warn({ err }, "reconciliation of orphaned messages failed; will try again"),
+    );
+  };
+  // Orphans come with a server restart: look as soon as it is back (or this resolver starts,
+  // maybe after one), and now and then. Work and results published while this process was
+  // away are caught up by reading the work stream again.
+  replayDeadlines();
+  reconcile();
+  const reconcileTimer = setInterval(() => reconcile(), options.reconcileEveryMs ?? 30_000);
+  reconcileTimer.unref();
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type !== "reconnect") continue;
+      replayDeadlines();
+      setTimeout(() => reconcile(), 1_000).unref();
+    }
+  })();
+
+  return {
+    deadLetter: (stream, seq, reason, deliveries) =>
+      deadLetter(deps, stream, seq, reason, deliveries),
+    async stop(graceMs) {
+      stopped = true;
+      clearInterval(reconcileTimer);
+      for (const sub of subscriptions) sub.unsubscribe();
+      deadlines.stop();
+      await deadLetters.stop(graceMs);
+    },
+  };
+}
+
+/**
+ * Ends an accepted call of the session with `cancelled`; the key names a call of this
+ * session only (records are keyed by session). When no call has the key yet, a cancelled
+ * record is left for it: a call that arrives with the key later is answered from it and never
+ * runs (`pending`).
+ */
+export async function cancelCall(
+  deps: ControlDeps,
+  callId: string,
+  sessionId: string,
+  key: string,
+  address: { tenant: string; session: string },
+): Promise<CancelReply> {
+  const { nc, plane, subjects } = deps;
+  const { store, clock } = plane;
+  const call = { idempotency_key: key, address };
+  const cancelled = (id: string, session: string, tool: string): ToolMessage =>
+    errorToolMessage(
+      { tool_call_id: id, name: tool, session_id: session },
+      new ToolmeshError(ErrorCode.Cancelled, `call ${id} was cancelled by its caller`),
+    );
+  for (;;) {
+    const current = await store.get(call);
+    if (current !== undefined) {
+      // The final message answers the call that owns the key, whatever id the cancel named.
+      const { record } = current;
+      const won = await plane.finalize(
+        record,
+        cancelled(record.call_id, record.session_id, record.tool),
+        current,
+      );
+      if (won)
+        publishEphemeral(nc, subjects.abort, {
+          call_key: callKey(address, key),
+          reason: "cancelled",
+        });
+      return { cancelled: won, state: won ? "cancelled" : "done", idempotency_key: key };
+    }
+    const early = await store.accept({
+      idempotency_key: key,
+      call_id: callId,
+      session_id: sessionId,
+      address,
+      tool: "",
+      args_hash: ANY_ARGUMENTS,
+      state: "done",
+      deadline_at: clock.now(),
+      result: cancelled(callId, sessionId, ""),
+    });
+    if (early.status === "new") return { cancelled: false, state: "pending", idempotency_key: key };
+    // The resolver accepted the call meanwhile: cancel it as an accepted call.
+  }
+}
+
+/** Answers one cancel request (`{p}.v1.cancel.{tenant}.{session}`, queue group of the resolvers). */
+export async function answerCancel(deps: ControlDeps, msg: Msg): Promise<void> {
+  const { subjects } = deps;
+  let reply: CancelReply;
+  try {
+    const address = subjects.parseSessionSubject(msg.subject);
+    if (address === undefined) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `cancel subject "${msg.subject}" holds a token no session id maps to`,
+        { details: { subject: msg.subject } },
+      );
+    }
+    const request = CancelRequestSchema.parse(decodeJson(msg.data));
+    if (subjectToken(request.session_id) !== address.session) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        "session_id does not match the session of the subject",
+        { details: { session_id: request.session_id } },
+      );
+    }
+    const key = idempotencyKeyOf(request, request.tool_call_id);
+    reply = await cancelCall(deps, request.tool_call_id, request.session_id, key, address);
+  } catch (err) {
+    const error = ensureError(
+      err instanceof z.ZodError
+        ? new ToolmeshError(ErrorCode.InvalidRequest, `malformed cancel request: ${err.message}`)
+        : err,
+    );
+    reply = { cancelled: false, state: "unknown", error: error.toWire() };
+  }
+  msg.respond(encodeJson(reply));
+}
+
+/** One max-deliveries advisory (durable consumer on the advisories stream): dead-letters its message. */
+export async function onMaxDeliveries(deps: ControlDeps, msg: JsMsg): Promise<void> {
+  const advisory = MaxDeliveriesAdvisorySchema.safeParse(decodeJsonOrUndefined(msg.data));
+  if (!advisory.success) {
+    msg.ack();
+    return;
+  }
+  const { stream, stream_seq: seq, deliveries } = advisory.data;
+  try {
+    await deadLetter(deps, stream, seq, "max_deliveries", deliveries);
+    msg.ack();
+  } catch (err) {
+    deps.log.error({ err, stream, seq }, "cannot dead-letter a message yet; will try again");
+    msg.nak(5_000);
+  }
+}
+
+/**
+ * Moves a message of the calls or work stream to `{p}.v1.dlq.{tool}`, ends its call with a
+ * non-retryable `tool_error` (`details.dead_letter: true`) and deletes it from its stream. A
+ * message already gone was handled by another resolver.
+ */
+export async function deadLetter(
+  deps: ControlDeps,
+  stream: string,
+  seq: number,
+  reason: string,
+  deliveries = 0,
+): Promise<void> {
+  const { plane, subjects, log } = deps;
+  const { js, jsm } = plane;
+  const stored = await jsm.streams.getMessage(stream, { seq }).catch(() => null);
+  if (stored === null) return; // already handled by another resolver
+  const body = decodeJsonOrUndefined(stored.data);
+  const work = stream === subjects.streams.work ? ResolvedCallSchema.safeParse(body) : undefined;
+  const request = stream === subjects.streams.calls ? CallRequestSchema.safeParse(body) : undefined;
+  const tool = work?.data?.tool ?? request?.data?.tool_call.function.name ?? "_unknown";
+  const h = deadLetterHeaders({
+    stream,
+    subject: stored.subject,
+    seq,
+    reason,
+    deliveries,
+    headers: stored.header,
+  });
+  await js.publish(subjects.dlq(tool), stored.data, {
+    headers: h,
+    msgID: `dlq:${stream}:${seq}`,
+  });
+  toolmeshMetrics().deadLettered(stream);
+
+  const error = new ToolmeshError(
+    ErrorCode.ToolError,
+    reason === "max_deliveries"
+      ? `gave up after ${deliveries} deliveries: the call failed its worker every time`
+      : `call could not be processed: ${reason}`,
+    { retryable: false, details: { reason, deliveries, dead_letter: true } },
+  );
+  if (work?.success === true) {
+    const call = work.data;
+    await plane.finalize(
+      call,
+      errorToolMessage(
+        { tool_call_id: call.call_id, name: call.tool, session_id: call.session_id },
+        error,
+        { attempts: deliveries },
+      ),
+    );
+  } else {
+    const address = subjects.parseSessionSubject(stored.subject);
+    const callId = request?.data?.tool_call.id ?? `invalid-${seq}`;
+    if (address !== undefined) {
+      const sessionId = request?.data?.session_id ?? address.session;
+      const message: ToolMessage = errorToolMessage(
+        { tool_call_id: callId, name: tool, session_id: sessionId },
+        error,
+        {
+          attempts: deliveries,
+        },
+      );
+      await publishDurable(js, subjects.result(address, callId), message, {
+        msgId: `result:${callKey(address, request?.data?.idempotency_key ?? `${sessionId}/${callId}`)}`,
+      });
+    }
+  }
+  await jsm.streams.deleteMessage(stream, seq).catch(() => false);
+  log.warn({ stream, seq, tool, reason, deliveries }, "message moved to the dead-letter stream");
+}

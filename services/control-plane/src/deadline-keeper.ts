@@ -1,0 +1,276 @@
+import type { Msg, MsgHdrs, Subscription } from "@nats-io/nats-core";
+import type { MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import type { ResolvedCall } from "@toolmesh/protocol";
+import {
+  Defaults,
+  ErrorCode,
+  Header,
+  ResolvedCallSchema,
+  ToolmeshError,
+  callKey,
+  decodeJsonOrUndefined,
+  errorToolMessage,
+} from "@toolmesh/protocol";
+import { Semaphore, publishEphemeral, tracedHeaders } from "@toolmesh/nats";
+import { DeadlineHeap } from "./deadline-heap.js";
+import type { ControlDeps } from "./deps.js";
+
+/**
+ * The headers the deadline keeper reads on a work message: the call's deadline and its key.
+ * Every publisher of work (the resolver, a dead-letter replay) sets them; `headers` defaults
+ * to a fresh set with the trace context.
+ */
+export function deadlineHeaders(
+  call: Pick<ResolvedCall, "address" | "idempotency_key" | "deadline_at">,
+  headers: MsgHdrs = tracedHeaders(),
+): MsgHdrs {
+  headers.set(Header.Deadline, String(call.deadline_at));
+  headers.set(Header.CallKey, callKey(call.address, call.idempotency_key));
+  return headers;
+}
+
+/** Options of {@link startDeadlineKeeper}. */
+export interface DeadlineKeeperOptions {
+  /** Most work messages read to find one whose sequence is not known. Default 10 000. */
+  scanLimit?: number;
+}
+
+/** A running deadline keeper. */
+export interface DeadlineKeeper {
+  /** Calls watched now. */
+  readonly watched: number;
+  /**
+   * Reads the whole work stream (at start, and after a reconnect, when work and results may
+   * have been missed) and watches every call found there. Calls watched before whose work is
+   * no longer there ended meanwhile and are dropped.
+   */
+  replay(): Promise<void>;
+  stop(): void;
+}
+
+/** One call watched: its key, deadline, work subject and (once known) work sequence. */
+interface Watched {
+  key: string;
+  deadline: number;
+  subject: string;
+  seq: number | undefined;
+  /** The replay that last saw the call's work (or a later one, for work seen live). */
+  mark: number;
+}
+
+// Timers are re-armed at least this often, so a long wait never overflows setTimeout.
+const MAX_WAIT_MS = 3_600_000;
+// A call that could not be ended (NATS trouble) is tried again this much later.
+const RETRY_MS = 500;
+// Stale heap entries (calls that ended) beyond which the heap is rebuilt from the live ones.
+const COMPACT_SLACK = 1_024;
+
+/**
+ * Keeps the deadlines of the calls in the work stream, with no message of its own per call.
+ *
+ * The work stream holds exactly the calls not yet ended: an executor acknowledges work only
+ * once its call ended; the deadline keeper, the dead-letter keeper and reconciliation remove
+ * work only after its call ended. The keeper learns of work from a core subscription to the
+ * work subjects (the headers of {@link deadlineHeaders}), and at start or after a reconnect
+ * from the stream itself; it forgets a call when it sees the call's final message on a core
+ * subscription to the results. At a deadline it looks for the work: gone, the call ended; still
+ * there, the call is ended with `deadline_exceeded` through the call store (one final message
+ * however many keepers act), `control.abort` goes out when this keeper ended it, and the work is
+ * deleted. Why not a consumer on the work stream: a work queue refuses consumers without acks
+ * and consumers whose filters overlap the executors' (docs/adr/0028).
+ */
+export async function startDeadlineKeeper(
+  deps: ControlDeps,
+  options: DeadlineKeeperOptions = {},
+): Promise<DeadlineKeeper> {
+  const { nc, plane, subjects, log } = deps;
+  const { jsm, clock } = plane;
+  const stream = subjects.streams.work;
+  const scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
+  const live = new Map<string, Watched>();
+  const heap = new DeadlineHeap<Watched>();
+  const slots = new Semaphore(16);
+  let generation = 0;
+  let stopped = false;
+  let timer: NodeJS.Timeout | undefined;
+  let timerAt = Number.POSITIVE_INFINITY;
+
+  const subscriptions: Subscription[] = [
+    nc.subscribe(subjects.allWork, {
+      callback: (err, msg) => {
+        if (err !== null) {
+          log.error({ err }, "deadline keeper cannot follow the work stream");
+          return;
+        }
+        const work = readWork(msg.headers, msg.data);
+        if (work !== undefined) watch(work.key, work.deadline, msg.subject, undefined);
+      },
+    }),
+    nc.subscribe(subjects.allResults, {
+      callback: (err, msg) => {
+        if (err === null) settled(msg);
+        else log.error({ err }, "deadline keeper cannot follow the results");
+      },
+    }),
+  ];
+  // Registered at the server before the stream is read: work published meanwhile is seen live.
+  await nc.flush();
+
+  function watch(key: string, deadline: number, subject: string, seq: number | undefined): void {
+    const known = live.get(key);
+    if (known !== undefined) {
+      known.seq ??= seq;
+      known.mark = generation;
+      return;
+    }
+    const entry: Watched = { key, deadline, subject, seq, mark: generation };
+    live.set(key, entry);
+    heap.push(entry);
+    if (deadline < timerAt) arm();
+  }
+
+  function settled(msg: Msg): void {
+    const id = msg.headers?.get(Header.MsgId) ?? "";
+    if (!id.startsWith("result:") || !live.delete(id.slice("result:".length))) return;
+    if (heap.size > 2 * live.size + COMPACT_SLACK) heap.rebuild(live.values());
+  }
+
+  /** Arms the one timer for the earliest deadline still watched. */
+  function arm(): void {
+    for (let top = heap.peek(); top !== undefined && live.get(top.key) !== top; top = heap.peek())
+      heap.pop();
+    clearTimeout(timer);
+    timer = undefined;
+    timerAt = Number.POSITIVE_INFINITY;
+    const top = heap.peek();
+    if (top === undefined || stopped) return;
+    timerAt = top.deadline;
+    const wait = Math.min(Math.max(0, top.deadline - clock.now()), MAX_WAIT_MS);
+    timer = setTimeout(fire, wait);
+    timer.unref();
+  }
+
+  function fire(): void {
+    const now = clock.now();
+    for (let top = heap.peek(); top !== undefined && top.deadline <= now; top = heap.peek()) {
+      heap.pop();
+      if (live.get(top.key) !== top) continue;
+      live.delete(top.key);
+      void expire(top);
+    }
+    arm();
+  }
+
+  async function expire(entry: Watched): Promise<void> {
+    await slots.acquire();
+    try {
+      const stored =
+        entry.seq === undefined ? await find(entry) : await messageAt(entry.seq, entry.key);
+      if (stored === undefined) return; // gone: the call ended
+      const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(stored.data)).data;
+      if (call === undefined) return; // not a call: the executor dead-letters it
+      const won = await plane.finalize(call, deadlineMessage(call));
+      if (won) {
+        publishEphemeral(nc, subjects.abort, {
+          call_key: entry.key,
+          reason: "deadline_exceeded",
+        });
+        log.info(
+          { callId: call.call_id, tool: call.tool, sessionId: call.session_id },
+          "call passed its deadline",
+        );
+      }
+      // Work nobody took must not outlive its call. Removed after the call ended, so that a
+      // keeper dying in between leaves work behind (taken and dropped by an executor, or ended
+      // again by the next keeper), never an open call without work.
+      await jsm.streams.deleteMessage(stream, stored.seq).catch(() => false);
+    } catch (err) {
+      log.warn({ err, key: entry.key }, "cannot end the call at its deadline yet; retrying");
+      if (!stopped && !live.has(entry.key))
+        watch(entry.key, clock.now() + RETRY_MS, entry.subject, entry.seq);
+    } finally {
+      slots.release();
+    }
+  }
+
+  /** The work message at `seq`, if it is still there and still the call's. */
+  async function messageAt(seq: number, key: string): Promise<StoredMsg | undefined> {
+    const msg = await jsm.streams.getMessage(stream, { seq });
+    return msg !== null && keyOf(msg) === key ? msg : undefined;
+  }
+
+  /** Looks for a call's work among the messages of its subject, oldest first. */
+  async function find(entry: Watched): Promise<StoredMsg | undefined> {
+    let from = 1;
+    for (let scanned = 0; scanned < scanLimit; scanned++) {
+      const msg = await nextMessage(from, entry.subject);
+      if (msg === null) return undefined;
+      if (keyOf(msg) === entry.key) return msg;
+      from = msg.seq + 1;
+    }
+    log.warn({ key: entry.key, scanLimit }, "call's work not found within the scan limit");
+    return undefined;
+  }
+
+  function nextMessage(from: number, filter: string): Promise<StoredMsg | null> {
+    // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (reconcile.ts does the same).
+    const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
+    return jsm.streams.getMessage(stream, query);
+  }
+
+  async function replay(): Promise<void> {
+    const mark = ++generation;
+    for (let from = 1; !stopped;) {
+      const msg = await nextMessage(from, subjects.allWork);
+      if (msg === null) break;
+      from = msg.seq + 1;
+      const work = readWork(msg.header, msg.data);
+      if (work !== undefined) watch(work.key, work.deadline, msg.subject, msg.seq);
+    }
+    // Calls watched before whose work the stream no longer holds ended while results were
+    // missed (a reconnect); work seen live during the read carries this mark or a later one.
+    for (const entry of live.values()) if (entry.mark < mark) live.delete(entry.key);
+    arm();
+  }
+
+  return {
+    get watched() {
+      return live.size;
+    },
+    replay,
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+      for (const sub of subscriptions) sub.unsubscribe();
+    },
+  };
+}
+
+/** The deadline and key of a work message: from its headers, or its body (older publishers). */
+function readWork(
+  headers: MsgHdrs | undefined,
+  data: Uint8Array,
+): { key: string; deadline: number } | undefined {
+  const key = headers?.get(Header.CallKey) ?? "";
+  const deadline = Number(headers?.get(Header.Deadline) ?? "");
+  if (key !== "" && Number.isFinite(deadline) && deadline > 0) return { key, deadline };
+  const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(data)).data;
+  return call === undefined
+    ? undefined
+    : { key: callKey(call.address, call.idempotency_key), deadline: call.deadline_at };
+}
+
+function keyOf(msg: StoredMsg): string | undefined {
+  return readWork(msg.header, msg.data)?.key;
+}
+
+function deadlineMessage(call: ResolvedCall) {
+  return errorToolMessage(
+    { tool_call_id: call.call_id, name: call.tool, session_id: call.session_id },
+    new ToolmeshError(
+      ErrorCode.DeadlineExceeded,
+      `call ${call.call_id} did not finish within ${call.timeout_ms} ms`,
+      { details: { deadline_at: call.deadline_at, timeout_ms: call.timeout_ms } },
+    ),
+  );
+}

@@ -1,0 +1,223 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import type { Msg, NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import type { CallPlane } from "@toolmesh/call-store";
+import { openCallPlane } from "@toolmesh/call-store";
+import type { DeadlineKeeper } from "@toolmesh/control-plane";
+import { deadlineHeaders, startDeadlineKeeper } from "@toolmesh/control-plane";
+import { ensureDurableConsumer, publishDurable } from "@toolmesh/nats";
+import type { ResolvedCall, ToolMessage } from "@toolmesh/protocol";
+import { callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
+import { createLogger } from "@toolmesh/telemetry";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+// The deadline keeper against a real server: it follows the work stream (core subscription
+// and replay) and the results, with no message of its own for a call that ends in time.
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let plane: CallPlane;
+const subjects = createSubjects({ prefix: "keeper" });
+const log = createLogger({ service: "test", level: "silent" });
+const address = { tenant: "default", session: "s" };
+const open: NatsConnection[] = [];
+const keepers: DeadlineKeeper[] = [];
+let n = 0;
+
+function call(timeoutMs: number, tool = "idle"): ResolvedCall {
+  const id = `c${++n}`;
+  const now = plane.clock.now();
+  return {
+    call_id: id,
+    tool_call_id: id,
+    idempotency_key: `s/${id}`,
+    session_id: "s",
+    address,
+    tool,
+    arguments: {},
+    missing_required: [],
+    missing_optional: [],
+    input_parameters: [],
+    context: {},
+    agent_context: {},
+    timeout_ms: timeoutMs,
+    deadline_at: now + timeoutMs,
+    resolved_at: now,
+    tool_revision: 1,
+  };
+}
+
+/** Records and routes a call as the resolver does; returns the work message's sequence. */
+async function route(c: ResolvedCall): Promise<number> {
+  await plane.store.accept({
+    idempotency_key: c.idempotency_key,
+    call_id: c.call_id,
+    session_id: c.session_id,
+    address: c.address,
+    tool: c.tool,
+    args_hash: "h",
+    state: "accepted",
+    deadline_at: c.deadline_at,
+  });
+  const ack = await publishDurable(plane.js, subjects.work(c.tool), c, {
+    msgId: callKey(c.address, c.idempotency_key),
+    headers: deadlineHeaders(c),
+  });
+  return ack.seq;
+}
+
+async function keeper(name: string): Promise<{ keeper: DeadlineKeeper; conn: NatsConnection }> {
+  const conn = await connect({ servers: server.url, name });
+  open.push(conn);
+  const keeperPlane = await openCallPlane(conn, { subjects });
+  const k = await startDeadlineKeeper({ nc: conn, plane: keeperPlane, subjects, log });
+  keepers.push(k);
+  await k.replay();
+  return { keeper: k, conn };
+}
+
+/** Every message published on a subject from now on, as it comes. */
+function collect(subject: string): Msg[] {
+  const seen: Msg[] = [];
+  nc.subscribe(subject, { callback: (err, msg) => err === null && seen.push(msg) });
+  return seen;
+}
+
+async function workHolds(seq: number): Promise<boolean> {
+  return (await plane.jsm.streams.getMessage(subjects.streams.work, { seq })) !== null;
+}
+
+/** Client → server messages of one named connection, from the server's `/connz`. */
+async function inMsgs(name: string): Promise<number> {
+  const res = await fetch(`${server.monitorUrl}/connz?limit=1024`);
+  const body = (await res.json()) as { connections: { name?: string; in_msgs: number }[] };
+  const conn = body.connections.find((c) => c.name === name);
+  if (conn === undefined) throw new Error(`no connection named ${name}`);
+  return conn.in_msgs;
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  nc = await connect({ servers: server.url });
+  plane = await openCallPlane(nc, { subjects });
+}, 30_000);
+
+afterEach(() => {
+  for (const k of keepers.splice(0)) k.stop();
+});
+
+afterAll(async () => {
+  for (const conn of open) await conn.close().catch(() => undefined);
+  await nc?.close();
+  await server?.stop();
+});
+
+describe("the deadline keeper", () => {
+  it("ends work nobody takes at its deadline and removes the work", async () => {
+    await keeper("keeper-a");
+    const results = collect(subjects.allResults);
+    const aborts = collect(subjects.abort);
+    const c = call(1_500);
+    const seq = await route(c);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    const final = decodeJson(results[0]!.data) as ToolMessage;
+    expect(final.error?.code).toBe("deadline_exceeded");
+    expect(final.tool_call_id).toBe(c.call_id);
+    // Ended at the deadline on the server's clock, not much later.
+    expect(plane.clock.now()).toBeGreaterThanOrEqual(c.deadline_at);
+    expect(plane.clock.now() - c.deadline_at).toBeLessThan(3_000);
+    await expect.poll(() => workHolds(seq), { timeout: 5_000 }).toBe(false);
+    expect(aborts).toHaveLength(1);
+    expect((await plane.store.get(c))?.record.state).toBe("done");
+  });
+
+  it("ends work queued before it started, found by reading the stream", async () => {
+    const results = collect(subjects.allResults);
+    const c = call(2_000);
+    const seq = await route(c);
+    const { keeper: k } = await keeper("keeper-late");
+    expect(k.watched).toBe(1);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    expect((decodeJson(results[0]!.data) as ToolMessage).error?.code).toBe("deadline_exceeded");
+    await expect.poll(() => workHolds(seq), { timeout: 5_000 }).toBe(false);
+  });
+
+  it("costs nothing for a call that ends in time: no message from the keeper, and it forgets the call", async () => {
+    const { keeper: k } = await keeper("keeper-quiet");
+    const before = await inMsgs("keeper-quiet");
+    const c = call(1_000);
+    const seq = await route(c);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    // An executor ends the call and acknowledges its work (here: removes it).
+    const done: ToolMessage = {
+      role: "tool",
+      tool_call_id: c.call_id,
+      name: c.tool,
+      content: "ok",
+      session_id: c.session_id,
+    };
+    expect(await plane.finalize(c, done)).toBe(true);
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(0);
+    // Past the deadline: still nothing sent by the keeper's connection.
+    await new Promise((resolve) => setTimeout(resolve, c.deadline_at - plane.clock.now() + 500));
+    expect((await plane.store.get(c))?.record.result?.content).toBe("ok");
+    expect(await inMsgs("keeper-quiet")).toBe(before);
+  });
+
+  it("forgets, when it reads the stream again, calls whose work left while it looked away", async () => {
+    const { keeper: k } = await keeper("keeper-reread");
+    const c = call(60_000);
+    const seq = await route(c);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    // The call ended and its work went while this keeper missed the final message (as across a
+    // reconnect): only the work's absence tells.
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
+    expect(k.watched).toBe(1);
+    await k.replay();
+    expect(k.watched).toBe(0);
+  });
+
+  it("two keepers end a call once", async () => {
+    await keeper("keeper-1");
+    await keeper("keeper-2");
+    const results = collect(subjects.allResults);
+    const aborts = collect(subjects.abort);
+    const c = call(1_500);
+    const seq = await route(c);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBeGreaterThanOrEqual(1);
+    await expect.poll(() => workHolds(seq), { timeout: 5_000 }).toBe(false);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    // Live subscribers may see a copy when both act at once; the stream keeps one message.
+    expect(new Set(results.map((m) => Buffer.from(m.data).toString()))).toHaveProperty("size", 1);
+    expect(aborts).toHaveLength(1);
+    const info = await plane.jsm.streams.info(subjects.streams.sessions, {
+      subjects_filter: subjects.result(address, c.call_id),
+    });
+    expect(info.state.subjects?.[subjects.result(address, c.call_id)]).toBe(1);
+  });
+
+  it("ends a call waiting in retry backoff at its deadline", async () => {
+    await keeper("keeper-backoff");
+    const tool = "flaky";
+    await ensureDurableConsumer(plane.jsm, {
+      stream: subjects.streams.work,
+      name: subjects.workConsumer(tool),
+      filterSubject: subjects.work(tool),
+      ackWaitMs: 10_000,
+      maxDeliver: 5,
+      maxAckPending: 100,
+    });
+    const results = collect(subjects.allResults);
+    const c = call(1_500, tool);
+    const seq = await route(c);
+    // An executor's attempt failed: the work is handed back for a retry after the deadline.
+    const worker = await plane.js.consumers.get(subjects.streams.work, subjects.workConsumer(tool));
+    const attempt = await worker.next({ expires: 5_000 });
+    expect(attempt?.seq).toBe(seq);
+    attempt?.nak(30_000);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    expect((decodeJson(results[0]!.data) as ToolMessage).error?.code).toBe("deadline_exceeded");
+    await expect.poll(() => workHolds(seq), { timeout: 5_000 }).toBe(false);
+  });
+});
