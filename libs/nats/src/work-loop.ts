@@ -30,12 +30,19 @@ export interface WorkLoopOptions {
   onError(err: unknown, msg?: JsMsg): void;
 }
 
+/**
+ * Redelivery delay of a message handed back while stopping. Not zero: this loop's pull is still
+ * open while it stops, and a message handed back at once could bounce straight back to it.
+ */
+const HAND_BACK_DELAY_MS = 100;
+
 /** A running consumption loop. */
 export interface WorkLoop {
   /**
-   * Stops pulling and waits for running handlers. When `graceMs` (default 10 s) passes first,
-   * calls `onGraceExpired` (which should make the handlers hand their messages back) and
-   * waits for the handlers to return.
+   * Stops starting handlers, hands back (naks) every message received but not started, and
+   * waits for running handlers. When `graceMs` (default 10 s) passes first, calls
+   * `onGraceExpired` (which should make the handlers hand their messages back) and waits for
+   * the handlers to return. Unsubscribes last, once nothing can be handed back any more.
    */
   stop(graceMs?: number, onGraceExpired?: () => void): Promise<void>;
   /** How many handlers run right now. */
@@ -54,6 +61,8 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
   });
   const running = new Set<Promise<void>>();
   let stopping = false;
+  let signalStop: () => void = () => undefined;
+  const stopRequested = new Promise<void>((resolve) => (signalStop = resolve));
 
   const heartbeat = (msg: JsMsg): (() => void) => {
     if (options.heartbeatMs === undefined) return () => undefined;
@@ -61,14 +70,26 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     return () => clearInterval(timer);
   };
 
+  /** Waits for a slot; false once stopping begins first (a slot won later is given back). */
+  const slotUnlessStopping = async (): Promise<boolean> => {
+    const acquired = options.slots.acquire();
+    const won = await Promise.race([acquired.then(() => true), stopRequested.then(() => false)]);
+    if (!won) void acquired.then(() => options.slots.release());
+    return won;
+  };
+
   const pump = (async () => {
     for await (const msg of messages) {
-      const stopBeating = heartbeat(msg);
-      await options.slots.acquire();
+      // Stopping: whatever did not start goes back at once, so another replica can run it.
       if (stopping) {
+        msg.nak(HAND_BACK_DELAY_MS);
+        continue;
+      }
+      const stopBeating = heartbeat(msg);
+      const slot = await slotUnlessStopping();
+      if (!slot) {
         stopBeating();
-        options.slots.release();
-        msg.nak();
+        msg.nak(HAND_BACK_DELAY_MS);
         continue;
       }
       const task: Promise<void> = options
@@ -89,8 +110,7 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     },
     async stop(graceMs = 10_000, onGraceExpired) {
       stopping = true;
-      await messages.close().catch(() => undefined);
-      await pump;
+      signalStop();
       let timer: NodeJS.Timeout | undefined;
       const expired = new Promise<boolean>((resolve) => {
         timer = setTimeout(() => resolve(true), graceMs);
@@ -101,6 +121,11 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
         await Promise.allSettled([...running]);
       }
       clearTimeout(timer);
+      // Unsubscribed only now: the server keeps an unsubscribed pull request alive until it
+      // expires and (on 2.9) delivers redeliveries into it, so messages the handlers handed back
+      // after an early unsubscribe would wait out the ack wait instead of going to a replica.
+      await messages.close().catch(() => undefined);
+      await pump;
     },
   };
 }
