@@ -19,4 +19,9 @@ export const Defaults = {
   eventRetentionMs: 86_400_000,
   /** How long dead letters are kept: 7 days. */
   deadLetterRetentionMs: 7 * 86_400_000,
+  /**
+   * How long a stopping service still waits, after the grace time, for handlers that ignore
+   * their abort signal before it abandons them and exits 1 (`TOOLMESH_SHUTDOWN_FORCE_MS`): 5 s.
+   */
+  shutdownForceMs: 5_000,
 } as const;
