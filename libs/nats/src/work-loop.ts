@@ -1,4 +1,5 @@
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
+import { Defaults } from "@toolmesh/protocol";
 import type { Semaphore } from "./semaphore.js";
 
 /** Options of {@link startWorkLoop}. Durations in ms. */
@@ -9,15 +10,23 @@ export interface WorkLoopOptions {
   consumer: string;
   /** Bounds how many messages run at once; may be shared by several loops. */
   slots: Semaphore;
-  /** Messages buffered per pull. Default 8. */
+  /**
+   * Messages a loop asks for ahead of its handlers. It asks again once a quarter of them are
+   * left, so a pull serves about three quarters of this many calls. Default 8.
+   */
   maxMessages?: number;
   /**
-   * How long one pull request lives, in ms; the server's idle heartbeats come every half of
-   * it. A pull lost with its server (a killed cluster node, a dropped leaf connection) is noticed
-   * after two missed heartbeats and made again, so this bounds how long a consumer stays deaf.
-   * Default 5 000.
+   * How long one pull request lives, in ms: an idle consumer sends one pull per this long.
+   * Default `Defaults.pullExpiresMs` (30 s).
    */
   pullExpiresMs?: number;
+  /**
+   * Idle heartbeats of a waiting pull, in ms. A pull lost with its server (a killed cluster
+   * node, a dropped leaf connection) is noticed after two missed heartbeats and made again, so
+   * this, not the expiry, bounds how long a consumer stays deaf. Default
+   * `Defaults.pullHeartbeatMs` (2.5 s).
+   */
+  pullHeartbeatMs?: number;
   /**
    * While a message waits for a slot or is being handled, tell the server every this many ms
    * that it is still owned (`working()`), so it is not redelivered elsewhere. Set it below
@@ -55,9 +64,13 @@ export interface WorkLoop {
  */
 export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop> {
   const consumer = await options.js.consumers.get(options.stream, options.consumer);
+  const maxMessages = options.maxMessages ?? 8;
   const messages = await consumer.consume({
-    max_messages: options.maxMessages ?? 8,
-    expires: options.pullExpiresMs ?? 5_000,
+    max_messages: maxMessages,
+    expires: options.pullExpiresMs ?? Defaults.pullExpiresMs,
+    idle_heartbeat: options.pullHeartbeatMs ?? Defaults.pullHeartbeatMs,
+    // nats.js asks again once three quarters are left: a pull per two sequential calls.
+    threshold_messages: Math.max(1, Math.floor(maxMessages / 4)),
   });
   const running = new Set<Promise<void>>();
   let stopping = false;

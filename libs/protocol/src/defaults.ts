@@ -24,4 +24,11 @@ export const Defaults = {
    * their abort signal before it abandons them and exits 1 (`TOOLMESH_SHUTDOWN_FORCE_MS`): 5 s.
    */
   shutdownForceMs: 5_000,
+  /**
+   * How long one pull request of a work loop lives: 30 s. An idle consumer sends one pull per
+   * this long; a lost pull is noticed by missed heartbeats (`pullHeartbeatMs`), not by expiry.
+   */
+  pullExpiresMs: 30_000,
+  /** How often the server tells a waiting pull it is alive: 2.5 s; two missed mean it is lost. */
+  pullHeartbeatMs: 2_500,
 } as const;
