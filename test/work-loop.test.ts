@@ -223,10 +223,12 @@ describe("startWorkLoop", () => {
     const handled: string[] = [];
     await loop(where, {
       slots: new Semaphore(1),
-      handle: async (msg) => {
+      // Not async: it throws before it returns a promise.
+      handle: (msg) => {
         msg.ack();
         if (payload(msg) === "0") throw new Error("handler broke");
         handled.push(payload(msg));
+        return Promise.resolve();
       },
       onError: (err, msg) => errors.push({ err, msg }),
     });

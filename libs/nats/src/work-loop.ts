@@ -33,7 +33,7 @@ export interface WorkLoopOptions {
    * the consumer's ack wait; default off.
    */
   heartbeatMs?: number;
-  /** Handles one message and settles it (ack, nak or term). Must not throw. */
+  /** Handles one message and settles it (ack, nak or term). What it throws goes to `onError`. */
   handle(msg: JsMsg): Promise<void>;
   /** Told about handler failures and consumer errors that need attention. */
   onError(err: unknown, msg?: JsMsg): void;
@@ -69,7 +69,8 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     max_messages: maxMessages,
     expires: options.pullExpiresMs ?? Defaults.pullExpiresMs,
     idle_heartbeat: options.pullHeartbeatMs ?? Defaults.pullHeartbeatMs,
-    // nats.js asks again once three quarters are left: a pull per two sequential calls.
+    // Ask again when a quarter is left; nats.js's default (three quarters) pulls about every
+    // second call.
     threshold_messages: Math.max(1, Math.floor(maxMessages / 4)),
   });
   const running = new Set<Promise<void>>();
@@ -100,13 +101,15 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
       }
       const stopBeating = heartbeat(msg);
       const slot = await slotUnlessStopping();
-      if (!slot) {
+      if (!slot || stopping) {
+        if (slot) options.slots.release();
         stopBeating();
         msg.nak(HAND_BACK_DELAY_MS);
         continue;
       }
-      const task: Promise<void> = options
-        .handle(msg)
+      // Even a handler that throws before returning its promise only reaches onError.
+      const task: Promise<void> = Promise.resolve()
+        .then(() => options.handle(msg))
         .catch((err: unknown) => options.onError(err, msg))
         .finally(() => {
           stopBeating();
@@ -121,7 +124,7 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     get inFlight() {
       return running.size;
     },
-    async stop(graceMs = 10_000, onGraceExpired) {
+    async stop(graceMs = Defaults.shutdownGraceMs, onGraceExpired) {
       stopping = true;
       signalStop();
       let timer: NodeJS.Timeout | undefined;
