@@ -1,6 +1,8 @@
 import { Writable } from "node:stream";
 import { describe, expect, it } from "vitest";
+import { Defaults } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
+import { ConfigError, loadConfig } from "./config.js";
 import { stopActor } from "./runtime.js";
 
 /** A logger whose JSON lines are kept in `lines`. */
@@ -50,5 +52,19 @@ describe("stopActor", () => {
     const rt = { log, close: () => new Promise<void>(() => undefined) };
     const clean = await stopActor(rt, { stop: () => new Promise<void>(() => undefined) }, timing);
     expect(clean).toBe(false);
+  });
+});
+
+describe("TOOLMESH_SHUTDOWN_FORCE_MS", () => {
+  it("defaults to Defaults.shutdownForceMs and takes a positive number of ms", () => {
+    expect(loadConfig({}).shutdownForceMs).toBe(Defaults.shutdownForceMs);
+    expect(loadConfig({ TOOLMESH_SHUTDOWN_FORCE_MS: "750" }).shutdownForceMs).toBe(750);
+  });
+
+  it("refuses a value that is not a positive number, naming the variable", () => {
+    expect(() => loadConfig({ TOOLMESH_SHUTDOWN_FORCE_MS: "0" })).toThrow(ConfigError);
+    expect(() => loadConfig({ TOOLMESH_SHUTDOWN_FORCE_MS: "soon" })).toThrow(
+      /TOOLMESH_SHUTDOWN_FORCE_MS/,
+    );
   });
 });
