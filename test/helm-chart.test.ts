@@ -208,21 +208,26 @@ describe("what the full values render", () => {
     });
   });
 
-  it("derives terminationGracePeriodSeconds from the shutdown grace", async () => {
+  it("derives terminationGracePeriodSeconds from the shutdown grace and force times", async () => {
     const manifests = await render(["-f", file]);
     const grace = (suffix: string) =>
       byName(manifests, "Deployment", suffix).spec.template.spec.terminationGracePeriodSeconds;
-    expect(grace("resolver")).toBe(25 + 5);
-    expect(grace("executor-weather")).toBe(60 + 5);
+    expect(grace("resolver")).toBe(25 + 5 + 5);
+    expect(grace("executor-weather")).toBe(60 + 5 + 5);
+    expect(envOf(byName(manifests, "Deployment", "resolver")).TOOLMESH_SHUTDOWN_FORCE_MS).toBe(
+      "5000",
+    );
     const odd = await render([
       "--set",
       "shutdownGraceMs=1500",
+      "--set",
+      "shutdownForceMs=700",
       "--set",
       "terminationExtraSeconds=2",
     ]);
     expect(
       byName(odd, "Deployment", "resolver").spec.template.spec.terminationGracePeriodSeconds,
-    ).toBe(2 + 2);
+    ).toBe(3 + 2);
   });
 
   it("scales KEDA deployments on the lag of their tools' work consumers, to zero if asked", async () => {

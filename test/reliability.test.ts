@@ -338,6 +338,27 @@ describe("graceful shutdown", () => {
     expect(message.error).toBeUndefined();
     expect((JSON.parse(message.content) as { pid: number }).pid).toBe(staying.pid);
   });
+
+  it("does not stay past the grace and force times for a handler deaf to its abort signal", async () => {
+    const leaving = await executor({
+      TOOLMESH_SHUTDOWN_GRACE_MS: "300",
+      TOOLMESH_SHUTDOWN_FORCE_MS: "700",
+    });
+    const session = client.session("rel-deaf");
+    session.submit(
+      { id: "d1", name: "stubborn", arguments: { ms: 30_000 } },
+      { timeoutMs: 60_000 },
+    );
+    await startedOn(session, "d1");
+    const began = Date.now();
+    const code = await leaving.stop();
+    const took = Date.now() - began;
+    session.close();
+    // The attempt is handed back at the grace time; the handler's own 30 s timer holds nothing.
+    expect(code).toBe(0);
+    expect(took).toBeLessThan(10_000);
+    expect(leaving.lines.some((l) => l.abandoned !== undefined)).toBe(false);
+  });
 });
 
 describe("backpressure", () => {

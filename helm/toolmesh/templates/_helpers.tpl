@@ -80,9 +80,12 @@ all roles share one Deployment, PDB and autoscaler template.
 {{- toJson $list }}
 {{- end }}
 
-{{/* terminationGracePeriodSeconds: the shutdown grace rounded up to seconds, plus slack. */}}
+{{/*
+terminationGracePeriodSeconds: the shutdown grace and force times rounded up to seconds, plus
+slack, so Kubernetes kills no service before it has given up on its handlers by itself.
+*/}}
 {{- define "toolmesh.terminationGrace" -}}
-{{- $ms := int64 (default .root.Values.shutdownGraceMs .c.v.shutdownGraceMs) }}
+{{- $ms := add (int64 (default .root.Values.shutdownGraceMs .c.v.shutdownGraceMs)) (int64 .root.Values.shutdownForceMs) }}
 {{- add (div (add $ms 999) 1000) (int64 .root.Values.terminationExtraSeconds) }}
 {{- end }}
 

@@ -1,4 +1,5 @@
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
+import { Defaults } from "@toolmesh/protocol";
 import type { Semaphore } from "./semaphore.js";
 
 /** Options of {@link startWorkLoop}. Durations in ms. */
@@ -9,33 +10,48 @@ export interface WorkLoopOptions {
   consumer: string;
   /** Bounds how many messages run at once; may be shared by several loops. */
   slots: Semaphore;
-  /** Messages buffered per pull. Default 8. */
+  /**
+   * Messages a loop asks for ahead of its handlers. It asks again once a quarter of them are
+   * left, so a pull serves about three quarters of this many calls. Default 8.
+   */
   maxMessages?: number;
   /**
-   * How long one pull request lives, in ms; the server's idle heartbeats come every half of
-   * it. A pull lost with its server (a killed cluster node, a dropped leaf connection) is noticed
-   * after two missed heartbeats and made again, so this bounds how long a consumer stays deaf.
-   * Default 5 000.
+   * How long one pull request lives, in ms: an idle consumer sends one pull per this long.
+   * Default `Defaults.pullExpiresMs` (30 s).
    */
   pullExpiresMs?: number;
+  /**
+   * Idle heartbeats of a waiting pull, in ms. A pull lost with its server (a killed cluster
+   * node, a dropped leaf connection) is noticed after two missed heartbeats and made again, so
+   * this, not the expiry, bounds how long a consumer stays deaf. Default
+   * `Defaults.pullHeartbeatMs` (2.5 s).
+   */
+  pullHeartbeatMs?: number;
   /**
    * While a message waits for a slot or is being handled, tell the server every this many ms
    * that it is still owned (`working()`), so it is not redelivered elsewhere. Set it below
    * the consumer's ack wait; default off.
    */
   heartbeatMs?: number;
-  /** Handles one message and settles it (ack, nak or term). Must not throw. */
+  /** Handles one message and settles it (ack, nak or term). What it throws goes to `onError`. */
   handle(msg: JsMsg): Promise<void>;
   /** Told about handler failures and consumer errors that need attention. */
   onError(err: unknown, msg?: JsMsg): void;
 }
 
+/**
+ * Redelivery delay of a message handed back while stopping. Not zero: this loop's pull is still
+ * open while it stops, and a message handed back at once could bounce straight back to it.
+ */
+const HAND_BACK_DELAY_MS = 100;
+
 /** A running consumption loop. */
 export interface WorkLoop {
   /**
-   * Stops pulling and waits for running handlers. When `graceMs` (default 10 s) passes first,
-   * calls `onGraceExpired` (which should make the handlers hand their messages back) and
-   * waits for the handlers to return.
+   * Stops starting handlers, hands back (naks) every message received but not started, and
+   * waits for running handlers. When `graceMs` (default 10 s) passes first, calls
+   * `onGraceExpired` (which should make the handlers hand their messages back) and waits for
+   * the handlers to return. Unsubscribes last, once nothing can be handed back any more.
    */
   stop(graceMs?: number, onGraceExpired?: () => void): Promise<void>;
   /** How many handlers run right now. */
@@ -48,12 +64,19 @@ export interface WorkLoop {
  */
 export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop> {
   const consumer = await options.js.consumers.get(options.stream, options.consumer);
+  const maxMessages = options.maxMessages ?? 8;
   const messages = await consumer.consume({
-    max_messages: options.maxMessages ?? 8,
-    expires: options.pullExpiresMs ?? 5_000,
+    max_messages: maxMessages,
+    expires: options.pullExpiresMs ?? Defaults.pullExpiresMs,
+    idle_heartbeat: options.pullHeartbeatMs ?? Defaults.pullHeartbeatMs,
+    // Ask again when a quarter is left; nats.js's default (three quarters) pulls about every
+    // second call.
+    threshold_messages: Math.max(1, Math.floor(maxMessages / 4)),
   });
   const running = new Set<Promise<void>>();
   let stopping = false;
+  let signalStop: () => void = () => undefined;
+  const stopRequested = new Promise<void>((resolve) => (signalStop = resolve));
 
   const heartbeat = (msg: JsMsg): (() => void) => {
     if (options.heartbeatMs === undefined) return () => undefined;
@@ -61,18 +84,32 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     return () => clearInterval(timer);
   };
 
+  /** Waits for a slot; false once stopping begins first (a slot won later is given back). */
+  const slotUnlessStopping = async (): Promise<boolean> => {
+    const acquired = options.slots.acquire();
+    const won = await Promise.race([acquired.then(() => true), stopRequested.then(() => false)]);
+    if (!won) void acquired.then(() => options.slots.release());
+    return won;
+  };
+
   const pump = (async () => {
     for await (const msg of messages) {
-      const stopBeating = heartbeat(msg);
-      await options.slots.acquire();
+      // Stopping: whatever did not start goes back at once, so another replica can run it.
       if (stopping) {
-        stopBeating();
-        options.slots.release();
-        msg.nak();
+        msg.nak(HAND_BACK_DELAY_MS);
         continue;
       }
-      const task: Promise<void> = options
-        .handle(msg)
+      const stopBeating = heartbeat(msg);
+      const slot = await slotUnlessStopping();
+      if (!slot || stopping) {
+        if (slot) options.slots.release();
+        stopBeating();
+        msg.nak(HAND_BACK_DELAY_MS);
+        continue;
+      }
+      // Even a handler that throws before returning its promise only reaches onError.
+      const task: Promise<void> = Promise.resolve()
+        .then(() => options.handle(msg))
         .catch((err: unknown) => options.onError(err, msg))
         .finally(() => {
           stopBeating();
@@ -87,10 +124,9 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     get inFlight() {
       return running.size;
     },
-    async stop(graceMs = 10_000, onGraceExpired) {
+    async stop(graceMs = Defaults.shutdownGraceMs, onGraceExpired) {
       stopping = true;
-      await messages.close().catch(() => undefined);
-      await pump;
+      signalStop();
       let timer: NodeJS.Timeout | undefined;
       const expired = new Promise<boolean>((resolve) => {
         timer = setTimeout(() => resolve(true), graceMs);
@@ -101,6 +137,11 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
         await Promise.allSettled([...running]);
       }
       clearTimeout(timer);
+      // Unsubscribed only now: the server keeps an unsubscribed pull request alive until it
+      // expires and (on 2.9) delivers redeliveries into it, so messages the handlers handed back
+      // after an early unsubscribe would wait out the ack wait instead of going to a replica.
+      await messages.close().catch(() => undefined);
+      await pump;
     },
   };
 }

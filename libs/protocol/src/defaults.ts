@@ -44,4 +44,16 @@ export const Defaults = {
   freshWorkWindowMs: 2_000,
   /** Most messages one look through a work-queue stream reads (reconciliation, deadline keeper). */
   streamScanLimit: 10_000,
+  /**
+   * How long a stopping service still waits, after the grace time, for handlers that ignore
+   * their abort signal before it abandons them and exits 1 (`TOOLMESH_SHUTDOWN_FORCE_MS`): 5 s.
+   */
+  shutdownForceMs: 5_000,
+  /**
+   * How long one pull request of a work loop lives: 30 s. An idle consumer sends one pull per
+   * this long; a lost pull is noticed by missed heartbeats (`pullHeartbeatMs`), not by expiry.
+   */
+  pullExpiresMs: 30_000,
+  /** How often the server tells a waiting pull it is alive: 2.5 s; two missed mean it is lost. */
+  pullHeartbeatMs: 2_500,
 } as const;

@@ -94,6 +94,7 @@ export const EnvSchema = z.object({
   TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(Defaults.callTimeoutMs),
   TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(Defaults.maxMessageBytes),
   TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(Defaults.shutdownGraceMs),
+  TOOLMESH_SHUTDOWN_FORCE_MS: positiveInt.default(Defaults.shutdownForceMs),
   TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
   TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(Defaults.sessionMaxInFlight),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
@@ -142,6 +143,8 @@ export interface RuntimeConfig {
   defaultTimeoutMs: number;
   maxMessageBytes: number;
   shutdownGraceMs: number;
+  /** How long shutdown waits past the grace time before it abandons handlers, in ms. */
+  shutdownForceMs: number;
   /** How long a delivered call stays owned without a heartbeat, in ms. */
   ackWaitMs: number;
   /** Calls of one session in flight through one resolver. */
@@ -229,6 +232,7 @@ export function loadConfig(
     defaultTimeoutMs: e.TOOLMESH_DEFAULT_TIMEOUT_MS,
     maxMessageBytes: e.TOOLMESH_MAX_MESSAGE_BYTES,
     shutdownGraceMs: e.TOOLMESH_SHUTDOWN_GRACE_MS,
+    shutdownForceMs: e.TOOLMESH_SHUTDOWN_FORCE_MS,
     ackWaitMs: e.TOOLMESH_ACK_WAIT_MS,
     sessionMaxInFlight: e.TOOLMESH_SESSION_MAX_IN_FLIGHT,
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,

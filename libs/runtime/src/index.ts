@@ -7,6 +7,7 @@ export {
   openRuntime,
   runService,
   serveActors,
+  stopActor,
 } from "./runtime.js";
 export type { OpenRuntimeOptions, Runtime, Stoppable } from "./runtime.js";
 export { Readiness, startHealthServer } from "./health.js";

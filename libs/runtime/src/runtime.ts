@@ -213,9 +213,10 @@ function isTransient(err: unknown): boolean {
 
 /**
  * Graceful shutdown on SIGTERM and SIGINT: `stop` stops taking work and finishes or hands
- * back what is in flight, then the process exits 0. A second signal exits at once with 1.
+ * back what is in flight, then the process exits 0, or 1 when `stop` fails or reports that it
+ * abandoned work (resolves false). A second signal exits at once with 1.
  */
-export function installShutdown(log: Logger, stop: () => Promise<void>): void {
+export function installShutdown(log: Logger, stop: () => Promise<boolean | void>): void {
   let stopping = false;
   const onSignal = (signal: NodeJS.Signals): void => {
     if (stopping) {
@@ -225,7 +226,7 @@ export function installShutdown(log: Logger, stop: () => Promise<void>): void {
     stopping = true;
     log.info({ signal }, "shutting down");
     stop().then(
-      () => process.exit(0),
+      (clean) => process.exit(clean === false ? 1 : 0),
       (err: unknown) => {
         log.error({ err }, "shutdown failed");
         process.exit(1);
@@ -240,6 +241,43 @@ export function installShutdown(log: Logger, stop: () => Promise<void>): void {
 export interface Stoppable {
   /** Stops taking work and finishes or hands back what is in flight, within `graceMs`. */
   stop(graceMs: number): Promise<void>;
+  /** What runs right now (call keys), named in the log when shutdown abandons it. */
+  inFlight?(): readonly string[];
+}
+
+/**
+ * Stops `actor` within its grace time and, for handlers that ignore their abort signal, the
+ * force time after it (Temporal's `shutdownForceTime`); then closes the runtime. Resolves
+ * false when it gave up waiting: what still ran is logged and left to the server's
+ * redelivery, and the connection is closed anyway.
+ */
+export async function stopActor(
+  rt: Pick<Runtime, "log" | "close">,
+  actor: Stoppable,
+  timing: { shutdownGraceMs: number; shutdownForceMs: number },
+): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const forced = new Promise<"forced">((resolve) => {
+    timer = setTimeout(() => resolve("forced"), timing.shutdownGraceMs + timing.shutdownForceMs);
+  });
+  const outcome = await Promise.race([actor.stop(timing.shutdownGraceMs), forced]);
+  clearTimeout(timer);
+  if (outcome !== "forced") {
+    await rt.close();
+    return true;
+  }
+  const abandoned = actor.inFlight?.() ?? [];
+  rt.log.error(
+    { abandoned: abandoned.length, calls: abandoned, forceMs: timing.shutdownForceMs },
+    "handlers still running after the shutdown grace and force times; abandoning them",
+  );
+  // What hangs a handler (an unreachable server) may hang the drain too: bounded once more.
+  const closing = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, timing.shutdownForceMs);
+  });
+  await Promise.race([rt.close().catch(() => undefined), closing]);
+  clearTimeout(timer);
+  return false;
 }
 
 /**
@@ -290,9 +328,11 @@ export async function serveActors(
   started = true;
   installShutdown(opened.log, async () => {
     draining = true;
-    await actor.stop(config.shutdownGraceMs);
-    await opened.close();
-    health?.close();
+    try {
+      return await stopActor(opened, actor, config);
+    } finally {
+      health?.close();
+    }
   });
   return opened;
 }

@@ -26,5 +26,6 @@ export async function startActors(rt: Runtime, roles: readonly Role[]): Promise<
     async stop(graceMs) {
       await Promise.all(started.map((actor) => actor.stop(graceMs)));
     },
+    inFlight: () => started.flatMap((actor) => actor.inFlight?.() ?? []),
   };
 }

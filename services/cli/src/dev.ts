@@ -3,7 +3,7 @@ import { connectNats, redactUrl } from "@toolmesh/nats";
 import { startNatsServer } from "@toolmesh/nats-launcher";
 import type { NatsServerHandle } from "@toolmesh/nats-launcher";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import { installShutdown, openRuntime } from "@toolmesh/runtime";
+import { installShutdown, openRuntime, stopActor } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
 import { ROLES, startActors } from "./actors.js";
 import { runDemo } from "./demo.js";
@@ -46,10 +46,10 @@ export async function devCommand(config: RuntimeConfig, options: DevOptions): Pr
   const log = createLogger({ service: "dev", level: config.logLevel, destination: process.stderr });
   const rt = await openRuntime(config, "dev", log);
   const actors = await startActors(rt, ROLES);
-  const shutdown = async (): Promise<void> => {
-    await actors.stop(config.shutdownGraceMs);
-    await rt.close();
+  const shutdown = async (): Promise<boolean> => {
+    const clean = await stopActor(rt, actors, config);
     await server?.stop();
+    return clean;
   };
   say(`mesh running: ${ROLES.join(", ")} (tools from ${config.toolsDir})`);
   let code = 0;

@@ -60,6 +60,8 @@ export interface Executor {
   removeTool(name: string, graceMs?: number): Promise<void>;
   /** Stops pulling work and waits for running calls (at most `graceMs`, default 10 s). */
   stop(graceMs?: number): Promise<void>;
+  /** Keys (`callKey`) of the calls running right now. */
+  inFlight(): readonly string[];
 }
 
 /** The registry entry of a tool module: preset params removed from the model's schema. */
@@ -225,6 +227,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     async addTool(module) {
       return serve(module);
     },
+    inFlight: () => [...running.keys()],
     async removeTool(name, graceMs: number = Defaults.shutdownGraceMs) {
       const loop = loops.get(name);
       loops.delete(name);

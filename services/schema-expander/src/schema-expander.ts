@@ -1,5 +1,5 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
-import type { JsMsg } from "@nats-io/jetstream";
+import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import { z } from "zod";
 import type {
@@ -86,6 +86,17 @@ export interface SchemaExpander {
   stop(graceMs?: number): Promise<void>;
 }
 
+/** What the expander's handlers work with: one process's connection, registry and state. */
+export interface ExpanderDeps {
+  js: JetStreamClient;
+  subjects: Subjects;
+  registry: ToolRegistry;
+  store: StateStore;
+  catalog: CatalogConfig;
+  log: Logger;
+  tracer: Tracer;
+}
+
 /** Queue group of the schema expanders' request-reply subscriptions. */
 export const SCHEMA_EXPANDER_QUEUE = "toolmesh-schema-expander";
 
@@ -114,6 +125,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   const js = jetstream(nc);
   const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
   await ensureConsumer(jsm, meshPlan(subjects, { ackWaitMs }).consumers.schemaExpander);
+  const deps: ExpanderDeps = { js, subjects, registry, store, catalog, log, tracer };
 
   const loop: WorkLoop = await startWorkLoop({
     js,
@@ -122,14 +134,14 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     slots: new Semaphore(options.concurrency ?? Defaults.concurrency),
     maxMessages: 16,
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
-    handle: handleEvent,
+    handle: (msg) => handleEvent(deps, msg),
     onError: (err) => log.error({ err }, "schema expander loop error"),
   });
 
   const running = new Set<Promise<void>>();
   const serve = (
     subject: string,
-    handler: (tenant: string, body: unknown) => Promise<unknown>,
+    handler: (deps: ExpanderDeps, tenant: string, body: unknown) => Promise<unknown>,
   ): Subscription =>
     nc.subscribe(subject, {
       queue: SCHEMA_EXPANDER_QUEUE,
@@ -138,7 +150,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
           log.error({ err, subject }, "request subscription failed");
           return;
         }
-        const task = answer(msg, handler).finally(() => running.delete(task));
+        const task = answer(deps, msg, handler).finally(() => running.delete(task));
         running.add(task);
       },
     });
@@ -164,344 +176,6 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     "schema-expander started",
   );
 
-  async function handleEvent(msg: JsMsg): Promise<void> {
-    let event: MissingArgumentsEvent;
-    try {
-      event = MissingArgumentsEventSchema.parse(decodeJson(msg.data));
-    } catch (err) {
-      log.warn({ err, subject: msg.subject, seq: msg.seq }, "dropping an event that is not valid");
-      msg.term();
-      return;
-    }
-    await withSpan(
-      tracer,
-      "expand schema",
-      processSpanOptions(msg, {
-        [ATTR_TOOLMESH_SESSION_ID]: event.address.session,
-        [ATTR_TOOLMESH_CALL_ID]: event.tool_call_id,
-        [ATTR_TOOLMESH_TOOL]: event.tool,
-      }),
-      async () => {
-        const eventLog = log.child({
-          sessionId: event.session_id,
-          tool: event.tool,
-          callId: event.tool_call_id,
-        });
-        try {
-          await expandOnce(event, msg, eventLog);
-        } catch (err) {
-          eventLog.error({ err: ensureError(err) }, "cannot expand the schema; it will be retried");
-          msg.nak(1_000);
-        }
-      },
-    );
-  }
-
-  async function expandOnce(
-    event: MissingArgumentsEvent,
-    msg: JsMsg,
-    eventLog: Logger,
-  ): Promise<void> {
-    const tool = registry.get(event.tool);
-    if (tool === undefined || tool.revision < event.tool_revision) {
-      if (msg.info.deliveryCount <= REGISTRY_LAG_RETRIES) {
-        msg.nak(REGISTRY_LAG_DELAY_MS);
-        return;
-      }
-      if (tool === undefined) {
-        eventLog.info("the tool is no longer registered; no schema sent");
-        msg.ack();
-        return;
-      }
-    }
-    const { address } = event;
-    const revision = tool.revision;
-    let claimed = false;
-    let firstForSession = false;
-    await store.updateSchemas(address, event.session_id, (current) => {
-      claimed = false;
-      firstForSession = current.expanded_tools.size === 0;
-      const requested = withRequested(current, [event.tool]);
-      if (current.expanded_tools.get(event.tool) === revision) {
-        return requested === current ? undefined : requested;
-      }
-      claimed = true;
-      return withExpanded(requested, [[event.tool, revision]]);
-    });
-    if (!claimed) {
-      eventLog.debug({ revision }, "schema already sent to the session");
-      msg.ack();
-      return;
-    }
-    try {
-      await publishSchema(address, event.session_id, modelSchema(tool), {
-        reason: "missing_arguments",
-        missing: event.missing_required,
-        toolCallId: event.tool_call_id,
-        msgId: `schema:${address.tenant}:${address.session}:${subjectToken(event.tool)}:${revision}`,
-      });
-    } catch (err) {
-      // Give the claim back, so the redelivery (or another replica) sends it.
-      await store
-        .updateSchemas(address, event.session_id, (current) => {
-          if (current.expanded_tools.get(event.tool) !== revision) return undefined;
-          const expanded = new Map(current.expanded_tools);
-          expanded.delete(event.tool);
-          return { ...current, expanded_tools: expanded };
-        })
-        .catch((undo: unknown) => eventLog.warn({ err: undo }, "cannot release the claim"));
-      throw err;
-    }
-    toolmeshMetrics().schemaExpanded(event.tool, firstForSession);
-    eventLog.info({ revision, missing: event.missing_required }, "schema sent to the session");
-    msg.ack();
-  }
-
-  async function publishSchema(
-    address: SessionAddress,
-    sessionId: string,
-    schema: ToolSchema,
-    extra: { reason: SchemaReason; missing: string[]; toolCallId?: string; msgId?: string },
-  ): Promise<void> {
-    const event: SchemaEvent = {
-      ...schema,
-      session_id: sessionId,
-      reason: extra.reason,
-      missing: extra.missing,
-      at: Date.now(),
-    };
-    if (extra.toolCallId !== undefined) event.tool_call_id = extra.toolCallId;
-    await publishDurable(
-      js,
-      subjects.schema(address, schema.tool),
-      event,
-      extra.msgId === undefined ? {} : { msgId: extra.msgId },
-    );
-  }
-
-  async function answer(
-    msg: Msg,
-    handler: (tenant: string, body: unknown) => Promise<unknown>,
-  ): Promise<void> {
-    let reply: unknown;
-    try {
-      const tenant = subjects.parseRpcTenant(msg.subject);
-      if (tenant === undefined) {
-        throw new ToolmeshError(
-          ErrorCode.InvalidRequest,
-          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
-          { details: { subject: msg.subject } },
-        );
-      }
-      let body: unknown;
-      try {
-        body = decodeJson(msg.data);
-      } catch (err) {
-        throw new ToolmeshError(ErrorCode.InvalidRequest, "request is not JSON", { cause: err });
-      }
-      reply = await handler(tenant, body);
-    } catch (err) {
-      // Typed errors pass through; anything else came from NATS or KV.
-      const error = ensureError(err, ErrorCode.Unavailable);
-      if (error.code === ErrorCode.Internal || error.code === ErrorCode.Unavailable) {
-        log.error({ err: error, subject: msg.subject }, "request failed");
-      }
-      reply = { ok: false, error: error.toWire() satisfies WireError };
-    }
-    if (msg.reply !== undefined && msg.reply !== "") msg.respond(encodeJson(reply));
-  }
-
-  /** The session's policy and its tenant's group switches, read from KV (fresh). */
-  async function accessState(
-    tenant: string,
-    at: SessionAddress | undefined,
-  ): Promise<{
-    tenantGroups: ReadonlyMap<string, boolean> | undefined;
-    session: SessionPolicy | undefined;
-  }> {
-    const [tenantState, policy] = await Promise.all([
-      store.getTenantGroups(tenant),
-      at === undefined ? undefined : store.getPolicy(at),
-    ]);
-    return { tenantGroups: tenantState?.groups, session: policy?.value };
-  }
-
-  async function answerCatalog(tenant: string, body: unknown): Promise<CatalogReply> {
-    const request = parseRequest(CatalogRequestSchema, body);
-    const at =
-      request.session_id === undefined
-        ? undefined
-        : { tenant, session: subjectToken(request.session_id) };
-    if (request.bind_agent && (at === undefined || request.agent === undefined)) {
-      throw new ToolmeshError(ErrorCode.InvalidRequest, "bind_agent needs session_id and agent");
-    }
-    const state = await accessState(tenant, at);
-    if (request.bind_agent && at !== undefined && request.agent !== undefined) {
-      state.session = await bindAgent(at, request.session_id ?? "", request.agent);
-    }
-    const expanded =
-      at === undefined ? undefined : (await store.getSchemas(at))?.value.expanded_tools;
-    const built = buildCatalog({
-      tools: registry.tools(),
-      tenantGroups: state.tenantGroups,
-      session: state.session,
-      agent: request.agent,
-      agents: catalog.agents,
-      expanded: expanded === undefined ? undefined : new Set(expanded.keys()),
-    });
-    return {
-      ok: true,
-      tools: built.tools,
-      ...(built.agent === undefined ? {} : { agent: built.agent }),
-      ...(built.outputStrategy === undefined ? {} : { output_strategy: built.outputStrategy }),
-      unavailable: built.unavailable,
-    };
-  }
-
-  async function bindAgent(
-    at: SessionAddress,
-    sessionId: string,
-    agent: string,
-  ): Promise<SessionPolicy> {
-    if (catalog.agents.size === 0) {
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        `cannot bind the session to agent "${agent}": no agents are configured`,
-        { details: { agent } },
-      );
-    }
-    findAgent(agent, catalog.agents);
-    const outcome = await store.updatePolicy(at, sessionId, (current) => {
-      if (current.agent === agent) return undefined;
-      if (current.agent !== undefined) {
-        throw new ToolmeshError(
-          ErrorCode.PermissionDenied,
-          `the session is bound to agent "${current.agent}"; it cannot be bound to "${agent}"`,
-          { details: { agent, bound_agent: current.agent, reason: "other_agent" } },
-        );
-      }
-      return { ...current, agent };
-    });
-    if (outcome.changed) log.info({ sessionId, agent }, "session bound to agent");
-    return outcome.value;
-  }
-
-  async function answerDescribe(tenant: string, body: unknown): Promise<DescribeReply> {
-    const request = parseRequest(DescribeRequestSchema, body);
-    const at = { tenant, session: subjectToken(request.session_id) };
-    const state = await accessState(tenant, at);
-    const schemas: ToolSchema[] = [];
-    const errors: Extract<DescribeReply, { ok: true }>["errors"] = [];
-    for (const name of new Set(request.tools)) {
-      try {
-        schemas.push(modelSchema(callableTool(name, state, request.agent)));
-      } catch (err) {
-        errors.push({ tool: name, error: ensureError(err).toWire() });
-      }
-    }
-    if (schemas.length > 0) {
-      await store.updateSchemas(at, request.session_id, (current) =>
-        withExpanded(
-          withRequested(
-            current,
-            schemas.map((s) => s.tool),
-          ),
-          schemas.map((s) => [s.tool, s.revision]),
-        ),
-      );
-    }
-    return { ok: true, schemas, errors };
-  }
-
-  async function answerExpand(tenant: string, body: unknown): Promise<ExpandReply> {
-    const request = parseRequest(ExpandRequestSchema, body);
-    const at = { tenant, session: subjectToken(request.session_id) };
-    const state = await accessState(tenant, at);
-    const schema = modelSchema(callableTool(request.tool, state, request.agent));
-    // Forced: no message id, so a second `expand` is sent too.
-    await publishSchema(at, request.session_id, schema, { reason: "expand", missing: [] });
-    await store.updateSchemas(at, request.session_id, (current) =>
-      withExpanded(withRequested(current, [schema.tool]), [[schema.tool, schema.revision]]),
-    );
-    log.info({ sessionId: request.session_id, tool: schema.tool }, "schema sent again on request");
-    return { ok: true, schema };
-  }
-
-  async function answerGroups(tenant: string, body: unknown): Promise<GroupsReply> {
-    const request = parseRequest(GroupsRequestSchema, body);
-    const enable = new Set(request.enable);
-    const disable = new Set(request.disable);
-    const reset = new Set(request.reset);
-    const both = [...enable].filter((g) => disable.has(g) || reset.has(g));
-    const twice = [...disable].filter((g) => reset.has(g));
-    if (both.length > 0 || twice.length > 0) {
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        `a group may be named once per request: ${[...both, ...twice].join(", ")}`,
-        { details: { groups: [...both, ...twice] } },
-      );
-    }
-    const change = (current: ReadonlyMap<string, boolean>): Map<string, boolean> | undefined => {
-      const next = new Map(current);
-      for (const g of enable) next.set(g, true);
-      for (const g of disable) next.set(g, false);
-      for (const g of reset) next.delete(g);
-      const same =
-        next.size === current.size && [...next].every(([g, active]) => current.get(g) === active);
-      return same ? undefined : next;
-    };
-    const changes = { enable: [...enable], disable: [...disable], reset: [...reset] };
-    const defs = [...registry.tools()].map((t) => t.definition);
-    if (request.session_id === undefined) {
-      const outcome = await store.updateTenantGroups(tenant, (current) => {
-        const groups = change(current.groups);
-        return groups === undefined ? undefined : { ...current, groups };
-      });
-      if (outcome.changed) log.info({ tenant, ...changes }, "tenant tool groups switched");
-      return {
-        ok: true,
-        scope: "tenant",
-        groups: describeGroups(defs, outcome.value.groups, undefined),
-      };
-    }
-    const at = { tenant, session: subjectToken(request.session_id) };
-    const [tenantGroups, outcome] = await Promise.all([
-      store.getTenantGroups(tenant),
-      store.updatePolicy(at, request.session_id, (current) => {
-        const groups = change(current.groups);
-        return groups === undefined ? undefined : { ...current, groups };
-      }),
-    ]);
-    if (outcome.changed) {
-      log.info({ sessionId: request.session_id, ...changes }, "session tool groups switched");
-    }
-    return {
-      ok: true,
-      scope: "session",
-      groups: describeGroups(defs, tenantGroups?.groups, outcome.value),
-    };
-  }
-
-  /** The tool, if this session (as `agent`) may call it; else the error a call would get. */
-  function callableTool(
-    name: string,
-    state: {
-      tenantGroups: ReadonlyMap<string, boolean> | undefined;
-      session: SessionPolicy | undefined;
-    },
-    agent: string | undefined,
-  ): CompiledTool {
-    const tool = registry.get(name);
-    if (tool === undefined) {
-      throw new ToolmeshError(ErrorCode.UnknownTool, `unknown tool "${name}"`, {
-        details: { tool: name, close_matches: [] },
-      });
-    }
-    const denied = checkToolAccess(tool.definition, { ...state, agent, agents: catalog.agents });
-    if (denied !== undefined) throw denied;
-    return tool;
-  }
-
   return {
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
@@ -510,6 +184,386 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
       await Promise.allSettled([...running]);
     },
   };
+}
+
+/** Handles one missing-arguments event: sends the tool's schema to the session once. */
+export async function handleEvent(deps: ExpanderDeps, msg: JsMsg): Promise<void> {
+  const { log, tracer } = deps;
+  let event: MissingArgumentsEvent;
+  try {
+    event = MissingArgumentsEventSchema.parse(decodeJson(msg.data));
+  } catch (err) {
+    log.warn({ err, subject: msg.subject, seq: msg.seq }, "dropping an event that is not valid");
+    msg.term();
+    return;
+  }
+  await withSpan(
+    tracer,
+    "expand schema",
+    processSpanOptions(msg, {
+      [ATTR_TOOLMESH_SESSION_ID]: event.address.session,
+      [ATTR_TOOLMESH_CALL_ID]: event.tool_call_id,
+      [ATTR_TOOLMESH_TOOL]: event.tool,
+    }),
+    async () => {
+      const eventLog = log.child({
+        sessionId: event.session_id,
+        tool: event.tool,
+        callId: event.tool_call_id,
+      });
+      try {
+        await expandOnce(deps, event, msg, eventLog);
+      } catch (err) {
+        eventLog.error({ err: ensureError(err) }, "cannot expand the schema; it will be retried");
+        msg.nak(1_000);
+      }
+    },
+  );
+}
+
+/** Claims the schema for the session by compare-and-set and publishes it if the claim won. */
+export async function expandOnce(
+  deps: ExpanderDeps,
+  event: MissingArgumentsEvent,
+  msg: JsMsg,
+  eventLog: Logger,
+): Promise<void> {
+  const { registry, store } = deps;
+  const tool = registry.get(event.tool);
+  if (tool === undefined || tool.revision < event.tool_revision) {
+    if (msg.info.deliveryCount <= REGISTRY_LAG_RETRIES) {
+      msg.nak(REGISTRY_LAG_DELAY_MS);
+      return;
+    }
+    if (tool === undefined) {
+      eventLog.info("the tool is no longer registered; no schema sent");
+      msg.ack();
+      return;
+    }
+  }
+  const { address } = event;
+  const revision = tool.revision;
+  let claimed = false;
+  let firstForSession = false;
+  await store.updateSchemas(address, event.session_id, (current) => {
+    claimed = false;
+    firstForSession = current.expanded_tools.size === 0;
+    const requested = withRequested(current, [event.tool]);
+    if (current.expanded_tools.get(event.tool) === revision) {
+      return requested === current ? undefined : requested;
+    }
+    claimed = true;
+    return withExpanded(requested, [[event.tool, revision]]);
+  });
+  if (!claimed) {
+    eventLog.debug({ revision }, "schema already sent to the session");
+    msg.ack();
+    return;
+  }
+  try {
+    await publishSchema(deps, address, event.session_id, modelSchema(tool), {
+      reason: "missing_arguments",
+      missing: event.missing_required,
+      toolCallId: event.tool_call_id,
+      msgId: `schema:${address.tenant}:${address.session}:${subjectToken(event.tool)}:${revision}`,
+    });
+  } catch (err) {
+    // Give the claim back, so the redelivery (or another replica) sends it.
+    await store
+      .updateSchemas(address, event.session_id, (current) => {
+        if (current.expanded_tools.get(event.tool) !== revision) return undefined;
+        const expanded = new Map(current.expanded_tools);
+        expanded.delete(event.tool);
+        return { ...current, expanded_tools: expanded };
+      })
+      .catch((undo: unknown) => eventLog.warn({ err: undo }, "cannot release the claim"));
+    throw err;
+  }
+  toolmeshMetrics().schemaExpanded(event.tool, firstForSession);
+  eventLog.info({ revision, missing: event.missing_required }, "schema sent to the session");
+  msg.ack();
+}
+
+async function publishSchema(
+  deps: Pick<ExpanderDeps, "js" | "subjects">,
+  address: SessionAddress,
+  sessionId: string,
+  schema: ToolSchema,
+  extra: { reason: SchemaReason; missing: string[]; toolCallId?: string; msgId?: string },
+): Promise<void> {
+  const event: SchemaEvent = {
+    ...schema,
+    session_id: sessionId,
+    reason: extra.reason,
+    missing: extra.missing,
+    at: Date.now(),
+  };
+  if (extra.toolCallId !== undefined) event.tool_call_id = extra.toolCallId;
+  await publishDurable(
+    deps.js,
+    deps.subjects.schema(address, schema.tool),
+    event,
+    extra.msgId === undefined ? {} : { msgId: extra.msgId },
+  );
+}
+
+/** Answers one request with `handler`'s reply, or with the error it threw, typed. */
+export async function answer(
+  deps: ExpanderDeps,
+  msg: Msg,
+  handler: (deps: ExpanderDeps, tenant: string, body: unknown) => Promise<unknown>,
+): Promise<void> {
+  const { subjects, log } = deps;
+  let reply: unknown;
+  try {
+    const tenant = subjects.parseRpcTenant(msg.subject);
+    if (tenant === undefined) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+        { details: { subject: msg.subject } },
+      );
+    }
+    let body: unknown;
+    try {
+      body = decodeJson(msg.data);
+    } catch (err) {
+      throw new ToolmeshError(ErrorCode.InvalidRequest, "request is not JSON", { cause: err });
+    }
+    reply = await handler(deps, tenant, body);
+  } catch (err) {
+    // Typed errors pass through; anything else came from NATS or KV.
+    const error = ensureError(err, ErrorCode.Unavailable);
+    if (error.code === ErrorCode.Internal || error.code === ErrorCode.Unavailable) {
+      log.error({ err: error, subject: msg.subject }, "request failed");
+    }
+    reply = { ok: false, error: error.toWire() satisfies WireError };
+  }
+  if (msg.reply !== undefined && msg.reply !== "") msg.respond(encodeJson(reply));
+}
+
+/** The session's policy and its tenant's group switches, read from KV (fresh). */
+async function accessState(
+  deps: Pick<ExpanderDeps, "store">,
+  tenant: string,
+  at: SessionAddress | undefined,
+): Promise<{
+  tenantGroups: ReadonlyMap<string, boolean> | undefined;
+  session: SessionPolicy | undefined;
+}> {
+  const [tenantState, policy] = await Promise.all([
+    deps.store.getTenantGroups(tenant),
+    at === undefined ? undefined : deps.store.getPolicy(at),
+  ]);
+  return { tenantGroups: tenantState?.groups, session: policy?.value };
+}
+
+/** The tools a session (or a tenant) may call, as a model sees them. */
+export async function answerCatalog(
+  deps: ExpanderDeps,
+  tenant: string,
+  body: unknown,
+): Promise<CatalogReply> {
+  const { registry, store, catalog } = deps;
+  const request = parseRequest(CatalogRequestSchema, body);
+  const at =
+    request.session_id === undefined
+      ? undefined
+      : { tenant, session: subjectToken(request.session_id) };
+  if (request.bind_agent && (at === undefined || request.agent === undefined)) {
+    throw new ToolmeshError(ErrorCode.InvalidRequest, "bind_agent needs session_id and agent");
+  }
+  const state = await accessState(deps, tenant, at);
+  if (request.bind_agent && at !== undefined && request.agent !== undefined) {
+    state.session = await bindAgent(deps, at, request.session_id ?? "", request.agent);
+  }
+  const expanded =
+    at === undefined ? undefined : (await store.getSchemas(at))?.value.expanded_tools;
+  const built = buildCatalog({
+    tools: registry.tools(),
+    tenantGroups: state.tenantGroups,
+    session: state.session,
+    agent: request.agent,
+    agents: catalog.agents,
+    expanded: expanded === undefined ? undefined : new Set(expanded.keys()),
+  });
+  return {
+    ok: true,
+    tools: built.tools,
+    ...(built.agent === undefined ? {} : { agent: built.agent }),
+    ...(built.outputStrategy === undefined ? {} : { output_strategy: built.outputStrategy }),
+    unavailable: built.unavailable,
+  };
+}
+
+async function bindAgent(
+  deps: Pick<ExpanderDeps, "store" | "catalog" | "log">,
+  at: SessionAddress,
+  sessionId: string,
+  agent: string,
+): Promise<SessionPolicy> {
+  const { store, catalog, log } = deps;
+  if (catalog.agents.size === 0) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `cannot bind the session to agent "${agent}": no agents are configured`,
+      { details: { agent } },
+    );
+  }
+  findAgent(agent, catalog.agents);
+  const outcome = await store.updatePolicy(at, sessionId, (current) => {
+    if (current.agent === agent) return undefined;
+    if (current.agent !== undefined) {
+      throw new ToolmeshError(
+        ErrorCode.PermissionDenied,
+        `the session is bound to agent "${current.agent}"; it cannot be bound to "${agent}"`,
+        { details: { agent, bound_agent: current.agent, reason: "other_agent" } },
+      );
+    }
+    return { ...current, agent };
+  });
+  if (outcome.changed) log.info({ sessionId, agent }, "session bound to agent");
+  return outcome.value;
+}
+
+/** The full schemas of the named tools, recorded as expanded for the session. */
+export async function answerDescribe(
+  deps: ExpanderDeps,
+  tenant: string,
+  body: unknown,
+): Promise<DescribeReply> {
+  const request = parseRequest(DescribeRequestSchema, body);
+  const at = { tenant, session: subjectToken(request.session_id) };
+  const state = await accessState(deps, tenant, at);
+  const schemas: ToolSchema[] = [];
+  const errors: Extract<DescribeReply, { ok: true }>["errors"] = [];
+  for (const name of new Set(request.tools)) {
+    try {
+      schemas.push(modelSchema(callableTool(deps, name, state, request.agent)));
+    } catch (err) {
+      errors.push({ tool: name, error: ensureError(err).toWire() });
+    }
+  }
+  if (schemas.length > 0) {
+    await deps.store.updateSchemas(at, request.session_id, (current) =>
+      withExpanded(
+        withRequested(
+          current,
+          schemas.map((s) => s.tool),
+        ),
+        schemas.map((s) => [s.tool, s.revision]),
+      ),
+    );
+  }
+  return { ok: true, schemas, errors };
+}
+
+/** Sends a tool's schema to the session again, on the frontend's request. */
+export async function answerExpand(
+  deps: ExpanderDeps,
+  tenant: string,
+  body: unknown,
+): Promise<ExpandReply> {
+  const request = parseRequest(ExpandRequestSchema, body);
+  const at = { tenant, session: subjectToken(request.session_id) };
+  const state = await accessState(deps, tenant, at);
+  const schema = modelSchema(callableTool(deps, request.tool, state, request.agent));
+  // Forced: no message id, so a second `expand` is sent too.
+  await publishSchema(deps, at, request.session_id, schema, { reason: "expand", missing: [] });
+  await deps.store.updateSchemas(at, request.session_id, (current) =>
+    withExpanded(withRequested(current, [schema.tool]), [[schema.tool, schema.revision]]),
+  );
+  deps.log.info(
+    { sessionId: request.session_id, tool: schema.tool },
+    "schema sent again on request",
+  );
+  return { ok: true, schema };
+}
+
+/** Switches tool groups on or off for a tenant or one session. */
+export async function answerGroups(
+  deps: ExpanderDeps,
+  tenant: string,
+  body: unknown,
+): Promise<GroupsReply> {
+  const { registry, store, log } = deps;
+  const request = parseRequest(GroupsRequestSchema, body);
+  const enable = new Set(request.enable);
+  const disable = new Set(request.disable);
+  const reset = new Set(request.reset);
+  const both = [...enable].filter((g) => disable.has(g) || reset.has(g));
+  const twice = [...disable].filter((g) => reset.has(g));
+  if (both.length > 0 || twice.length > 0) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `a group may be named once per request: ${[...both, ...twice].join(", ")}`,
+      { details: { groups: [...both, ...twice] } },
+    );
+  }
+  const change = (current: ReadonlyMap<string, boolean>): Map<string, boolean> | undefined => {
+    const next = new Map(current);
+    for (const g of enable) next.set(g, true);
+    for (const g of disable) next.set(g, false);
+    for (const g of reset) next.delete(g);
+    const same =
+      next.size === current.size && [...next].every(([g, active]) => current.get(g) === active);
+    return same ? undefined : next;
+  };
+  const changes = { enable: [...enable], disable: [...disable], reset: [...reset] };
+  const defs = [...registry.tools()].map((t) => t.definition);
+  if (request.session_id === undefined) {
+    const outcome = await store.updateTenantGroups(tenant, (current) => {
+      const groups = change(current.groups);
+      return groups === undefined ? undefined : { ...current, groups };
+    });
+    if (outcome.changed) log.info({ tenant, ...changes }, "tenant tool groups switched");
+    return {
+      ok: true,
+      scope: "tenant",
+      groups: describeGroups(defs, outcome.value.groups, undefined),
+    };
+  }
+  const at = { tenant, session: subjectToken(request.session_id) };
+  const [tenantGroups, outcome] = await Promise.all([
+    store.getTenantGroups(tenant),
+    store.updatePolicy(at, request.session_id, (current) => {
+      const groups = change(current.groups);
+      return groups === undefined ? undefined : { ...current, groups };
+    }),
+  ]);
+  if (outcome.changed) {
+    log.info({ sessionId: request.session_id, ...changes }, "session tool groups switched");
+  }
+  return {
+    ok: true,
+    scope: "session",
+    groups: describeGroups(defs, tenantGroups?.groups, outcome.value),
+  };
+}
+
+/** The tool, if this session (as `agent`) may call it; else the error a call would get. */
+function callableTool(
+  deps: Pick<ExpanderDeps, "registry" | "catalog">,
+  name: string,
+  state: {
+    tenantGroups: ReadonlyMap<string, boolean> | undefined;
+    session: SessionPolicy | undefined;
+  },
+  agent: string | undefined,
+): CompiledTool {
+  const tool = deps.registry.get(name);
+  if (tool === undefined) {
+    throw new ToolmeshError(ErrorCode.UnknownTool, `unknown tool "${name}"`, {
+      details: { tool: name, close_matches: [] },
+    });
+  }
+  const denied = checkToolAccess(tool.definition, {
+    ...state,
+    agent,
+    agents: deps.catalog.agents,
+  });
+  if (denied !== undefined) throw denied;
+  return tool;
 }
 
 /** `current` with `tools` added to `requested_tools` (the same object when nothing is new). */

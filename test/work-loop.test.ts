@@ -1,0 +1,241 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { nanos } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
+import { AckPolicy, RetentionPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Semaphore, startWorkLoop } from "@toolmesh/nats";
+import type { WorkLoop, WorkLoopOptions } from "@toolmesh/nats";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+// The loop every executor and the schema expander consume work with: bounded concurrency over
+// a durable pull consumer on a work-queue stream, heartbeats, and stop with grace and hand-back.
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let js: JetStreamClient;
+let jsm: JetStreamManager;
+let nextQueue = 0;
+const loops: WorkLoop[] = [];
+
+/** A work-queue stream with one durable pull consumer, as production provisions them. */
+async function queue(ackWaitMs = 30_000): Promise<{ stream: string; consumer: string }> {
+  const stream = `WL_${++nextQueue}`;
+  await jsm.streams.add({
+    name: stream,
+    subjects: [`wl.${nextQueue}`],
+    retention: RetentionPolicy.Workqueue,
+  });
+  await jsm.consumers.add(stream, {
+    durable_name: "work",
+    ack_policy: AckPolicy.Explicit,
+    ack_wait: nanos(ackWaitMs),
+  });
+  return { stream, consumer: "work" };
+}
+
+async function publish(stream: string, count: number): Promise<void> {
+  const subject = `wl.${stream.slice(3)}`;
+  await Promise.all(Array.from({ length: count }, (_, i) => js.publish(subject, `${i}`)));
+}
+
+type LoopOptions = Partial<WorkLoopOptions> & Pick<WorkLoopOptions, "handle">;
+
+async function loop(where: { stream: string; consumer: string }, opts: LoopOptions) {
+  const started = await startWorkLoop({
+    js,
+    ...where,
+    slots: new Semaphore(4),
+    onError: () => undefined,
+    ...opts,
+  });
+  loops.push(started);
+  return started;
+}
+
+/** Resolves when `check` holds, polling; fails the test after `ms`. */
+async function until(check: () => boolean | Promise<boolean>, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error("condition not met in time");
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/** A promise with its resolver: a gate a handler waits on. */
+function gate(): { opened: Promise<void>; open: () => void } {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { opened, open };
+}
+
+const payload = (msg: JsMsg): string => msg.string();
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  nc = await connect({ servers: server.url });
+  js = jetstream(nc);
+  jsm = await jetstreamManager(nc);
+});
+
+afterAll(async () => {
+  // A loop a failed test left with a blocked handler would never stop; the server goes anyway.
+  const stopped = Promise.all(loops.map((l) => l.stop(0)));
+  await Promise.race([stopped, new Promise((resolve) => setTimeout(resolve, 2_000))]);
+  await nc.close();
+  await server.stop();
+});
+
+describe("startWorkLoop", () => {
+  it("never runs more handlers than the slots two loops share", async () => {
+    const where = await queue();
+    const slots = new Semaphore(3);
+    let running = 0;
+    let most = 0;
+    const handled: string[] = [];
+    const handle = async (msg: JsMsg): Promise<void> => {
+      running++;
+      most = Math.max(most, running);
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      running--;
+      handled.push(payload(msg));
+      msg.ack();
+    };
+    await loop(where, { slots, handle });
+    await loop(where, { slots, handle });
+    await publish(where.stream, 24);
+    await until(() => handled.length === 24);
+    expect(most).toBe(3);
+    expect(new Set(handled).size).toBe(24);
+  });
+
+  it("keeps a handler slower than the ack wait owning its message", async () => {
+    const where = await queue(1_000);
+    const deliveries: { payload: string; redelivered: boolean }[] = [];
+    const handle = async (msg: JsMsg): Promise<void> => {
+      deliveries.push({ payload: payload(msg), redelivered: msg.info.redelivered });
+      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      msg.ack();
+    };
+    // Two loops: a message whose ownership lapsed would be redelivered to the idle one.
+    await loop(where, { handle, heartbeatMs: 300 });
+    await loop(where, { handle, heartbeatMs: 300 });
+    await publish(where.stream, 2);
+    await until(async () => (await jsm.streams.info(where.stream)).state.messages === 0);
+    expect(deliveries.map((d) => d.payload).sort()).toEqual(["0", "1"]);
+    expect(deliveries.every((d) => !d.redelivered)).toBe(true);
+  });
+
+  it("starts nothing after stop() and waits for the running handlers", async () => {
+    const where = await queue();
+    const release = gate();
+    const handled: string[] = [];
+    const worker = await loop(where, {
+      handle: async (msg) => {
+        await release.opened;
+        handled.push(payload(msg));
+        msg.ack();
+      },
+    });
+    await publish(where.stream, 2);
+    await until(() => worker.inFlight === 2);
+    let stopped = false;
+    const stopping = worker.stop(30_000).then(() => (stopped = true));
+    await publish(where.stream, 1);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(stopped).toBe(false);
+    release.open();
+    await stopping;
+    expect(handled.sort()).toEqual(["0", "1"]);
+    // The two acks reach the server; the third message stays for another replica.
+    await until(async () => (await jsm.streams.info(where.stream)).state.messages === 1);
+  });
+
+  it("calls onGraceExpired when the grace passes, then waits for the handlers to hand back", async () => {
+    const where = await queue();
+    const abort = new AbortController();
+    let returned = 0;
+    const worker = await loop(where, {
+      handle: async (msg) => {
+        await new Promise((resolve) => abort.signal.addEventListener("abort", resolve));
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        msg.nak();
+        returned++;
+      },
+    });
+    await publish(where.stream, 2);
+    await until(() => worker.inFlight === 2);
+    const other = new Map<string, boolean>();
+    await loop(where, {
+      handle: async (msg) => {
+        other.set(payload(msg), msg.info.redelivered);
+        msg.ack();
+      },
+    });
+    const began = Date.now();
+    let expiredAfter = -1;
+    await worker.stop(300, () => {
+      expiredAfter = Date.now() - began;
+      abort.abort();
+    });
+    expect(expiredAfter).toBeGreaterThanOrEqual(290);
+    expect(returned).toBe(2);
+    // Handed back to the other loop, well inside the 30 s ack wait.
+    await until(() => other.size === 2, 5_000);
+    expect([...other.values()]).toEqual([true, true]);
+  });
+
+  it("hands buffered messages back at once when stopping, to be run by another loop", async () => {
+    const where = await queue();
+    const release = gate();
+    const first = await loop(where, {
+      slots: new Semaphore(1),
+      maxMessages: 8,
+      handle: async (msg) => {
+        await release.opened;
+        msg.ack();
+      },
+    });
+    await publish(where.stream, 5);
+    // One runs, four wait in the loop's buffer for its only slot.
+    await until(async () => {
+      const info = await jsm.consumers.info(where.stream, where.consumer);
+      return first.inFlight === 1 && info.num_ack_pending === 5;
+    });
+    const stopping = first.stop(30_000);
+    const other: string[] = [];
+    await loop(where, {
+      handle: async (msg) => {
+        other.push(payload(msg));
+        msg.ack();
+      },
+    });
+    // Well inside the 30 s ack wait, and while the first loop's handler still runs.
+    await until(() => other.length === 4, 5_000);
+    expect(first.inFlight).toBe(1);
+    release.open();
+    await stopping;
+  });
+
+  it("reports a handler that throws and goes on consuming", async () => {
+    const where = await queue();
+    const errors: { err: unknown; msg?: JsMsg }[] = [];
+    const handled: string[] = [];
+    await loop(where, {
+      slots: new Semaphore(1),
+      // Not async: it throws before it returns a promise.
+      handle: (msg) => {
+        msg.ack();
+        if (payload(msg) === "0") throw new Error("handler broke");
+        handled.push(payload(msg));
+        return Promise.resolve();
+      },
+      onError: (err, msg) => errors.push({ err, msg }),
+    });
+    await publish(where.stream, 3);
+    await until(() => handled.length === 2);
+    expect(errors).toHaveLength(1);
+    expect((errors[0]?.err as Error).message).toBe("handler broke");
+    expect(errors[0]?.msg && payload(errors[0].msg)).toBe("0");
+  });
+});
