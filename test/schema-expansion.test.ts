@@ -19,7 +19,7 @@ import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
-// Seed 004 end to end: a resolver, an executor and two schema expanders, each its own process,
+// Schema expansion end to end: a resolver, an executor and two schema expanders, each its own process,
 // against a nats-server of this file's own.
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");

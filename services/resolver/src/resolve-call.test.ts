@@ -77,7 +77,7 @@ afterEach(() => {
   vi.restoreAllMocks();
 });
 
-/** Seed 000's `function_declarations` entry, verbatim. */
+/** A `function_declarations` entry as a tool author wrote it, verbatim. */
 const OPTIMIZE_STRUCTURE = {
   type: "object",
   required: ["input_structure", "model_path"],

@@ -106,7 +106,7 @@ const REGISTRY_LAG_RETRIES = 3;
 const REGISTRY_LAG_DELAY_MS = 500;
 
 /**
- * Seed 004's schema expansion as a service. Consumes missing-arguments events from the events
+ * Schema expansion ([protocol](../../../docs/protocol.md#schema-expansion-catalog-and-tool-groups)) as a service. Consumes missing-arguments events from the events
  * stream through one durable consumer shared by every replica; the first time a session calls a
  * tool with required arguments missing it publishes the tool's full schema to that session and
  * records it in the session's `expanded_tools`. It sends it again only when the frontend asks

@@ -39,7 +39,7 @@ export type FormattedCatalog = (
       prompt: string;
     }
 ) & {
-  /** Seed 004's supplemented-schemas section for the system prompt, `""` when there is none. */
+  /** The supplemented-schemas section (docs/protocol.md, schema expansion) for the system prompt, `""` when there is none. */
   supplement: string;
 };
 

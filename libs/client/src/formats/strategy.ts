@@ -16,7 +16,7 @@ export interface StrategyConfig {
   fallback_to_structured_output: boolean;
 }
 
-/** Seed 003's defaults: native function calling, falling back to structured output. */
+/** The default strategy: native function calling, falling back to structured output. */
 export const DEFAULT_STRATEGY_CONFIG: Readonly<StrategyConfig> = Object.freeze({
   function_calling: true,
   fallback_to_structured_output: true,
