@@ -45,6 +45,11 @@ const MaxDeliveriesAdvisorySchema = z.object({
 export interface ControlPlaneOptions extends ControlDeps {
   /** How often orphaned work-queue messages are looked for, in ms. Default 30 000. */
   reconcileEveryMs?: number;
+  /**
+   * Shown every final message the deadline keeper sees go by, so the process needs no second
+   * subscription to the results (the resolver counts its sessions' calls in flight with it).
+   */
+  onResult?: (msg: Msg) => void;
 }
 
 /** The parts of the mesh that keep the guarantees once a call is accepted. */
@@ -74,7 +79,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   await ensureConsumer(jsm, consumers.deadLetters);
 
   let stopped = false;
-  const deadlines = await startDeadlineKeeper(deps);
+  const deadlines = await startDeadlineKeeper(deps, { onResult: options.onResult });
   const replayDeadlines = (): void => {
     deadlines.replay().catch((err: unknown) => {
       log.warn({ err }, "cannot read the work stream for deadlines; will try again");

@@ -33,6 +33,8 @@ export function deadlineHeaders(
 export interface DeadlineKeeperOptions {
   /** Most work messages read to find one whose sequence is not known. Default 10 000. */
   scanLimit?: number;
+  /** Shown every final message seen on the results subscription. */
+  onResult?: ((msg: Msg) => void) | undefined;
 }
 
 /** A running deadline keeper. */
@@ -108,8 +110,12 @@ export async function startDeadlineKeeper(
     }),
     nc.subscribe(subjects.allResults, {
       callback: (err, msg) => {
-        if (err === null) settled(msg);
-        else log.error({ err }, "deadline keeper cannot follow the results");
+        if (err !== null) {
+          log.error({ err }, "deadline keeper cannot follow the results");
+          return;
+        }
+        settled(msg);
+        options.onResult?.(msg);
       },
     }),
   ];

@@ -61,7 +61,17 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
 
-  const control: ControlPlane = await startControlPlane({ nc, plane, subjects, log });
+  const control: ControlPlane = await startControlPlane({
+    nc,
+    plane,
+    subjects,
+    log,
+    // The deadline keeper follows every result already: count the sessions' calls from it.
+    onResult: (msg) => {
+      const settled = subjects.parseResultSubject(msg.subject);
+      if (settled !== undefined) limits.settled(settled.address, settled.call);
+    },
+  });
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -79,12 +89,6 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   void (async () => {
     for await (const status of nc.status()) if (status.type === "reconnect") limits.clear();
   })();
-  const results: Subscription = nc.subscribe(subjects.allResults, {
-    callback: (err, msg) => {
-      const settled = err === null ? subjects.parseResultSubject(msg.subject) : undefined;
-      if (settled !== undefined) limits.settled(settled.address, settled.call);
-    },
-  });
 
   const loop: WorkLoop = await startWorkLoop({
     js: plane.js,
@@ -124,7 +128,6 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       rpc.unsubscribe();
       await loop.stop(graceMs);
       await control.stop(graceMs);
-      results.unsubscribe();
     },
   };
 }
