@@ -2,7 +2,7 @@
 // (under 2 minutes; CI runs it and it fails only on a large regression, judged by ratios to the
 // baselines measured in the same run). Writes a JSON result, a Markdown report and latency CDF
 // charts (SVG) to `--out` (default bench/results/). See CONTRIBUTING.md, "Benchmarks".
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtempSync, rmSync, writeFileSync as writeFile } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -396,13 +396,33 @@ async function memoryPerInFlightCall(n) {
     concurrency: n,
     sessionMaxInFlight: n,
     env: { TOOLMESH_SHUTDOWN_GRACE_MS: "100" },
+    nodeArgs: [
+      "--expose-gc",
+      "--import",
+      join(dirname(fileURLToPath(import.meta.url)), "lib", "gc-probe.mjs"),
+    ],
   });
   try {
     for (let i = 0; i < 200; i++) await m.submit("echo", { text: "warm" });
     await delay(1_000);
     const rss = () =>
       Object.fromEntries(Object.entries(m.pids()).map(([role, pid]) => [role, rssBytes(pid)]));
+    // Heap still in use after a full collection, per service (the driver and server excluded).
+    const heap = async () => {
+      const used = {};
+      for (const [role, pid] of Object.entries(m.pids())) {
+        if (role === "driver" || role === "nats-server") continue;
+        const file = join(tmpdir(), `toolmesh-gc-probe-${pid}.json`);
+        rmSync(file, { force: true });
+        process.kill(pid, "SIGUSR2");
+        for (let i = 0; i < 100 && !existsSync(file); i++) await delay(100);
+        used[role] = JSON.parse(readFileSync(file, "utf8")).heapUsed;
+        rmSync(file, { force: true });
+      }
+      return used;
+    };
     const idle = rss();
+    const idleHeap = await heap();
     const until = Date.now() + 600_000;
     for (let i = 0; i < n; i++)
       void m.submit("hold", { until }, { timeoutMs: 900_000 }).catch(() => undefined);
@@ -427,6 +447,7 @@ async function memoryPerInFlightCall(n) {
     }
     await delay(2_000);
     const busy = rss();
+    const busyHeap = await heap();
     const perCall = {};
     let total = 0;
     for (const role of Object.keys(idle)) {
@@ -438,6 +459,12 @@ async function memoryPerInFlightCall(n) {
       in_flight: n,
       bytes_per_call_services: Math.round(total / n),
       bytes_per_call_by_process: perCall,
+      heap_retained_bytes_per_call_by_service: Object.fromEntries(
+        Object.keys(idleHeap).map((role) => [
+          role,
+          Math.round((busyHeap[role] - idleHeap[role]) / n),
+        ]),
+      ),
       rss_idle_mb: Object.fromEntries(
         Object.entries(idle).map(([k, v]) => [k, round(v / 2 ** 20, 1)]),
       ),

@@ -11,6 +11,7 @@ import { callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { resolvedCall } from "./helpers/calls.js";
 
 // The deadline keeper against a real server: it follows the work stream (core subscription
 // and replay) and the results, with no message of its own for a call that ends in time.
@@ -25,26 +26,7 @@ const keepers: DeadlineKeeper[] = [];
 let n = 0;
 
 function call(timeoutMs: number, tool = "idle"): ResolvedCall {
-  const id = `c${++n}`;
-  const now = plane.clock.now();
-  return {
-    call_id: id,
-    tool_call_id: id,
-    idempotency_key: `s/${id}`,
-    session_id: "s",
-    address,
-    tool,
-    arguments: {},
-    missing_required: [],
-    missing_optional: [],
-    input_parameters: [],
-    context: {},
-    agent_context: {},
-    timeout_ms: timeoutMs,
-    deadline_at: now + timeoutMs,
-    resolved_at: now,
-    tool_revision: 1,
-  };
+  return resolvedCall({ id: `c${++n}`, tool, address, now: plane.clock.now(), timeoutMs });
 }
 
 /** Records and routes a call as the resolver does; returns the work message's sequence. */

@@ -24,6 +24,7 @@ import {
 import { createLogger, toolmeshMetrics, trace } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { resolvedCall } from "./helpers/calls.js";
 
 // The executor's handler of one work delivery, driven directly against a real server: what it
 // runs, what it acknowledges, what it hands back, and when it trusts the record revision that
@@ -87,26 +88,13 @@ function listening(): FreshWork {
 
 let n = 0;
 function call(mode: string): ResolvedCall {
-  const id = `c${++n}`;
-  const now = Date.now();
-  return {
-    call_id: id,
-    tool_call_id: id,
-    idempotency_key: `s/${id}`,
-    session_id: "s",
-    address,
+  return resolvedCall({
+    id: `c${++n}`,
     tool: "act",
+    address,
+    timeoutMs: 30_000,
     arguments: { mode },
-    missing_required: [],
-    missing_optional: [],
-    input_parameters: [],
-    context: {},
-    agent_context: {},
-    timeout_ms: 30_000,
-    deadline_at: now + 30_000,
-    resolved_at: now,
-    tool_revision: 1,
-  };
+  });
 }
 
 /** Accepts and routes a call as the resolver does; `headers: false` as an older resolver. */

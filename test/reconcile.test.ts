@@ -13,6 +13,7 @@ import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { leaveOrphans } from "./helpers/orphans.js";
+import { resolvedCall } from "./helpers/calls.js";
 
 // Orphans are built on the streams as the services create them (work queues, through
 // `openCallPlane`) with durable consumers as the services configure them: the stream files are
@@ -31,24 +32,7 @@ function request(id: string): CallRequest {
 }
 
 function work(id: string): ResolvedCall {
-  return {
-    call_id: id,
-    tool_call_id: id,
-    idempotency_key: `s/${id}`,
-    session_id: "s",
-    address,
-    tool: "t",
-    arguments: {},
-    missing_required: [],
-    missing_optional: [],
-    input_parameters: [],
-    context: {},
-    agent_context: {},
-    timeout_ms: 60_000,
-    deadline_at: Date.now() + 60_000,
-    resolved_at: Date.now(),
-    tool_revision: 1,
-  };
+  return resolvedCall({ id, tool: "t", address });
 }
 
 function record(id: string, state: CallRecord["state"]): CallRecord {

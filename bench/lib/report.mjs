@@ -160,7 +160,13 @@ export function writeReport(result, dir, stamp) {
         x.memory.bytes_per_call_by_process,
       )
         .map(([k, v]) => `${k} ${v}`)
-        .join(", ")}; the driver is the client, not counted in the total).`,
+        .join(
+          ", ",
+        )}; the driver is the client, not counted in the total). RSS grows by heap the collector has not given back yet; heap still in use after a full collection: ${Object.entries(
+        x.memory.heap_retained_bytes_per_call_by_service ?? {},
+      )
+        .map(([k, v]) => `${k} ${v}`)
+        .join(", ")} bytes per call.`,
     );
   for (const n of names)
     if (result.systems[n].otlp_sink)

@@ -56,4 +56,6 @@ export const Defaults = {
   pullExpiresMs: 30_000,
   /** How often the server tells a waiting pull it is alive: 2.5 s; two missed mean it is lost. */
   pullHeartbeatMs: 2_500,
+  /** How often the control plane looks for orphaned work-queue messages while calls flow: 30 s. */
+  reconcileEveryMs: 30_000,
 } as const;

@@ -5,6 +5,7 @@ import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   CancelRequestSchema,
+  Defaults,
   ErrorCode,
   ResolvedCallSchema,
   ToolmeshError,
@@ -43,7 +44,10 @@ const MaxDeliveriesAdvisorySchema = z.object({
 
 /** Options of {@link startControlPlane}. */
 export interface ControlPlaneOptions extends ControlDeps {
-  /** How often orphaned work-queue messages are looked for, in ms. Default 30 000. */
+  /**
+   * How often orphaned work-queue messages are looked for while calls come and go, in ms.
+   * Default 30 000.
+   */
   reconcileEveryMs?: number;
   /**
    * Shown every final message the deadline keeper sees go by, so the process needs no second
@@ -123,7 +127,13 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   // away are caught up by reading the work stream again.
   replayDeadlines();
   reconcile();
-  const reconcileTimer = setInterval(() => reconcile(), options.reconcileEveryMs ?? 30_000);
+  // An idle mesh makes no orphans: the periodic look waits for traffic since the last one.
+  let trafficSeen = deadlines.traffic;
+  const reconcileTimer = setInterval(() => {
+    if (deadlines.traffic === trafficSeen) return;
+    trafficSeen = deadlines.traffic;
+    reconcile();
+  }, options.reconcileEveryMs ?? Defaults.reconcileEveryMs);
   reconcileTimer.unref();
   void (async () => {
     for await (const status of nc.status()) {

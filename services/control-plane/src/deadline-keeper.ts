@@ -41,6 +41,8 @@ export interface DeadlineKeeperOptions {
 export interface DeadlineKeeper {
   /** Calls watched now. */
   readonly watched: number;
+  /** Work and final messages seen so far: unchanged while the mesh is idle. */
+  readonly traffic: number;
   /**
    * Reads the whole work stream (at start, and after a reconnect, when work and results may
    * have been missed) and watches every call found there. Calls watched before whose work is
@@ -90,9 +92,11 @@ export async function startDeadlineKeeper(
   const stream = subjects.streams.work;
   const scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
   const live = new Map<string, Watched>();
+  const workSubjects = new Map<string, string>();
   const heap = new DeadlineHeap<Watched>();
   const slots = new Semaphore(16);
   let generation = 0;
+  let traffic = 0;
   let stopped = false;
   let timer: NodeJS.Timeout | undefined;
   let timerAt = Number.POSITIVE_INFINITY;
@@ -104,6 +108,7 @@ export async function startDeadlineKeeper(
           log.error({ err }, "deadline keeper cannot follow the work stream");
           return;
         }
+        traffic++;
         const work = readWork(msg.headers, msg.data);
         if (work !== undefined) watch(work.key, work.deadline, msg.subject, undefined);
       },
@@ -114,6 +119,7 @@ export async function startDeadlineKeeper(
           log.error({ err }, "deadline keeper cannot follow the results");
           return;
         }
+        traffic++;
         settled(msg);
         options.onResult?.(msg);
       },
@@ -129,7 +135,10 @@ export async function startDeadlineKeeper(
       known.mark = generation;
       return;
     }
-    const entry: Watched = { key, deadline, subject, seq, mark: generation };
+    // One string per work subject (one per tool), not one per call.
+    let shared = workSubjects.get(subject);
+    if (shared === undefined) workSubjects.set(subject, (shared = subject));
+    const entry: Watched = { key, deadline, subject: shared, seq, mark: generation };
     live.set(key, entry);
     heap.push(entry);
     if (deadline < timerAt) arm();
@@ -243,6 +252,9 @@ export async function startDeadlineKeeper(
     get watched() {
       return live.size;
     },
+    get traffic() {
+      return traffic;
+    },
     replay,
     stop() {
       stopped = true;
@@ -257,7 +269,9 @@ function readWork(
   headers: MsgHdrs | undefined,
   data: Uint8Array,
 ): { key: string; deadline: number } | undefined {
-  const key = headers?.get(Header.CallKey) ?? "";
+  // Copied: a header value is a slice of the whole header block, which it would keep alive for
+  // as long as the call is watched.
+  const key = Buffer.from(headers?.get(Header.CallKey) ?? "").toString();
   const deadline = Number(headers?.get(Header.Deadline) ?? "");
   if (key !== "" && Number.isFinite(deadline) && deadline > 0) return { key, deadline };
   const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(data)).data;
