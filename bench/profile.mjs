@@ -1,6 +1,6 @@
 // Profiles the mesh: resolver and executor processes run with `--cpu-prof` while a closed loop
 // of `echo` calls goes through them; prints the functions with the most self time per process.
-// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR]   (`npm run build` first)
+// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing]   (`npm run build` first)
 import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,10 +13,12 @@ const { values: flags } = parseArgs({
     seconds: { type: "string", default: "10" },
     dir: { type: "string", default: join(tmpdir(), `toolmesh-profile-${process.pid}`) },
     top: { type: "string", default: "25" },
+    tracing: { type: "boolean", default: false },
   },
 });
 mkdirSync(flags.dir, { recursive: true });
 const mesh = await startMesh({
+  tracing: flags.tracing,
   nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${flags.dir}`],
 });
 let calls;
