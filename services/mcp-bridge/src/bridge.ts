@@ -53,6 +53,8 @@ export interface Bridge {
   status(): Record<string, ServerStatus>;
   /** Stops taking calls, lets running ones finish (at most `graceMs`), closes every server. */
   stop(graceMs?: number): Promise<void>;
+  /** Keys of the calls its executors are running now, for what a forced stop abandons. */
+  inFlight(): readonly string[];
 }
 
 /** The registry owner of a server's tools; every bridge replica uses the same one. */
@@ -313,7 +315,8 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
 
   return {
     status,
-    async stop(graceMs = 10_000) {
+    inFlight: () => servers.flatMap((s) => s.executor.inFlight()),
+    async stop(graceMs = Defaults.shutdownGraceMs) {
       // Calls in flight still need their server: stop the executors first.
       await Promise.all(servers.map((s) => s.executor.stop(graceMs)));
       await Promise.all(
