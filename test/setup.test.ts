@@ -3,6 +3,8 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
@@ -13,6 +15,7 @@ interface SetupReport {
   dry_run: boolean;
   changed: number;
   resources: { kind: string; name: string; action: string; changes: { setting?: string }[] }[];
+  obsolete?: { kind: string; name: string; action: string }[];
 }
 
 // Services may read and use streams but neither create nor change them: what `toolmesh setup`
@@ -87,6 +90,28 @@ describe("toolmesh setup", () => {
     expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(0);
     // Back to the defaults for the next tests.
     expect((await setup([])).changed).toBe(1);
+  });
+
+  it("names the deadline-timers stream of an older version and deletes it only when asked", async () => {
+    const nc = await connect({ servers: server.url, user: "admin", pass: "admin" });
+    try {
+      const jsm = await jetstreamManager(nc);
+      await jsm.streams.add({ name: "SETUP_TIMERS", subjects: ["setup.v1.timers.>"] });
+      const kept = await runCli(["setup"], admin);
+      expect(kept.code).toBe(0);
+      expect(kept.stdout).toMatch(
+        /obsolete stream SETUP_TIMERS: no longer used; .* toolmesh setup --remove-obsolete/,
+      );
+      expect((await setup([])).obsolete).toEqual([
+        { kind: "stream", name: "SETUP_TIMERS", action: "kept" },
+      ]);
+      expect((await setup(["--dry-run", "--remove-obsolete"])).obsolete?.[0]?.action).toBe("kept");
+      expect((await setup(["--remove-obsolete"])).obsolete?.[0]?.action).toBe("deleted");
+      await expect(jsm.streams.info("SETUP_TIMERS")).rejects.toThrow(/stream not found/);
+      expect((await setup([])).obsolete).toEqual([]);
+    } finally {
+      await nc.close();
+    }
   });
 
   it("refuses replicas a lone server cannot keep, naming the setting", async () => {

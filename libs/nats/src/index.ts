@@ -39,5 +39,5 @@ export type {
   ProvisionChange,
   StreamSpec,
 } from "./provision.js";
-export { meshPlan, provisionMesh } from "./mesh-plan.js";
+export { meshPlan, obsoleteStreams, provisionMesh } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

@@ -39,6 +39,14 @@ export interface MeshPlan {
   };
 }
 
+/**
+ * Streams earlier versions created that the mesh no longer uses: the deadline timers, replaced
+ * by the deadline keeper watching the work stream (docs/adr/0028).
+ */
+export function obsoleteStreams(subjects: Subjects): string[] {
+  return [subjects.streams.calls.replace(/_CALLS$/, "_TIMERS")];
+}
+
 /** The streams, buckets and shared consumers for a prefix and settings. */
 export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshPlan {
   const { replicas } = settings;

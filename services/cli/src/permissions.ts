@@ -1,5 +1,6 @@
 import type { Subjects } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
+import { obsoleteStreams } from "@toolmesh/nats";
 
 /** The NATS users of a mesh, one per role (docs/security.md). */
 export const PERMISSION_ROLES = [
@@ -316,6 +317,8 @@ export function rolePermissions(
             `${API}.CONSUMER.*.${st}.>`,
             `${API}.CONSUMER.DURABLE.CREATE.${st}.>`,
           ]),
+          // Looked up, and deleted with --remove-obsolete.
+          ...obsoleteStreams(s).map((st) => `${API}.STREAM.*.${st}`),
         ),
       );
   }

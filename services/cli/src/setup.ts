@@ -1,6 +1,15 @@
 import type { Command } from "commander";
 import type { FieldChange, ProvisionChange } from "@toolmesh/nats";
-import { assertServerSupported, connectNats, meshPlan, provisionMesh } from "@toolmesh/nats";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import {
+  assertServerSupported,
+  connectNats,
+  meshPlan,
+  obsoleteStreams,
+  provisionMesh,
+} from "@toolmesh/nats";
+import type { Subjects } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { meshSettings } from "@toolmesh/runtime";
@@ -10,6 +19,8 @@ import { say } from "./print.js";
 export interface SetupOptions {
   dryRun?: boolean;
   json?: boolean;
+  /** Delete the streams earlier versions created that the mesh no longer uses. */
+  removeObsolete?: boolean;
 }
 
 function field(change: FieldChange): string {
@@ -42,6 +53,12 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
     const plan = meshPlan(createSubjects({ prefix: config.prefix }), meshSettings(config));
     const changes = await provisionMesh(nc, plan, { dryRun });
     const changed = changes.filter((c) => c.action !== "unchanged");
+    const obsolete = await findObsolete(nc, createSubjects({ prefix: config.prefix }));
+    const remove = options.removeObsolete === true && !dryRun;
+    if (remove) {
+      const jsm = await jetstreamManager(nc);
+      for (const name of obsolete) await jsm.streams.delete(name);
+    }
     if (options.json === true) {
       say(
         JSON.stringify({
@@ -50,11 +67,22 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
           replicas: config.streamReplicas,
           changed: changed.length,
           resources: changes,
+          obsolete: obsolete.map((name) => ({
+            kind: "stream",
+            name,
+            action: remove ? "deleted" : "kept",
+          })),
         }),
       );
       return 0;
     }
     for (const change of changes) say(line(change, dryRun));
+    for (const name of obsolete)
+      say(
+        remove
+          ? `deleted obsolete stream ${name}`
+          : `obsolete stream ${name}: no longer used; once no older resolver runs, delete it with toolmesh setup --remove-obsolete`,
+      );
     say(
       changed.length === 0
         ? `nothing to change: ${changes.length} resources match the configuration`
@@ -64,6 +92,24 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
   } finally {
     await nc.close();
   }
+}
+
+/** The obsolete streams that exist on the server. */
+async function findObsolete(nc: NatsConnection, subjects: Subjects): Promise<string[]> {
+  const jsm = await jetstreamManager(nc);
+  const found: string[] = [];
+  for (const name of obsoleteStreams(subjects)) {
+    const exists = await jsm.streams.info(name).then(
+      () => true,
+      (err: unknown) => {
+        if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound)
+          return false;
+        throw err;
+      },
+    );
+    if (exists) found.push(name);
+  }
+  return found;
 }
 
 /** Registers `toolmesh setup` on the program. */
@@ -80,12 +126,18 @@ export function addSetupCommand(
     .option("--replicas <n>", "replicas of every stream and bucket (TOOLMESH_STREAM_REPLICAS)")
     .option("--dry-run", "print what would change, change nothing")
     .option("--json", "print one JSON object")
-    .action((o: { replicas?: string; dryRun?: boolean; json?: boolean }) =>
-      run(() =>
-        setupCommand(config({ TOOLMESH_STREAM_REPLICAS: o.replicas }), {
-          dryRun: o.dryRun === true,
-          json: o.json === true,
-        }),
-      ),
+    .option(
+      "--remove-obsolete",
+      "delete the streams earlier versions created that the mesh no longer uses (TIMERS)",
+    )
+    .action(
+      (o: { replicas?: string; dryRun?: boolean; json?: boolean; removeObsolete?: boolean }) =>
+        run(() =>
+          setupCommand(config({ TOOLMESH_STREAM_REPLICAS: o.replicas }), {
+            dryRun: o.dryRun === true,
+            json: o.json === true,
+            removeObsolete: o.removeObsolete === true,
+          }),
+        ),
     );
 }
