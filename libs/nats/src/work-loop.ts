@@ -41,9 +41,14 @@ export interface WorkLoopOptions {
 
 /**
  * Redelivery delay of a message handed back while stopping. Not zero: this loop's pull is still
- * open while it stops, and a message handed back at once could bounce straight back to it.
+ * open while it stops, and a message handed back at once could bounce straight back to it. Longer
+ * than {@link SETTLE_QUIET_MS}, so the loop has unsubscribed when it is delivered again.
  */
-const HAND_BACK_DELAY_MS = 100;
+const HAND_BACK_DELAY_MS = 500;
+// After the handlers returned, how long no message may have arrived before the loop
+// unsubscribes, and the most it waits for that.
+const SETTLE_QUIET_MS = 200;
+const SETTLE_MAX_MS = 1_000;
 
 /** A running consumption loop. */
 export interface WorkLoop {
@@ -75,6 +80,7 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
   });
   const running = new Set<Promise<void>>();
   let stopping = false;
+  let lastArrival = 0;
   let signalStop: () => void = () => undefined;
   const stopRequested = new Promise<void>((resolve) => (signalStop = resolve));
 
@@ -96,6 +102,7 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     for await (const msg of messages) {
       // Stopping: whatever did not start goes back at once, so another replica can run it.
       if (stopping) {
+        lastArrival = Date.now();
         msg.nak(HAND_BACK_DELAY_MS);
         continue;
       }
@@ -137,6 +144,14 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
         await Promise.allSettled([...running]);
       }
       clearTimeout(timer);
+      // What the handlers handed back is delivered again at once, maybe to this loop's own pull:
+      // bounce it (delivered again after the delay, when this loop no longer pulls) while still
+      // subscribed, until none came for a while. A message arriving after the unsubscribe would
+      // be dropped here and wait out its ack wait.
+      const settleFrom = Date.now();
+      lastArrival = Math.max(lastArrival, settleFrom);
+      while (Date.now() - lastArrival < SETTLE_QUIET_MS && Date.now() - settleFrom < SETTLE_MAX_MS)
+        await new Promise((resolve) => setTimeout(resolve, 25));
       // Unsubscribed only now: the server keeps an unsubscribed pull request alive until it
       // expires and (on 2.9) delivers redeliveries into it, so messages the handlers handed back
       // after an early unsubscribe would wait out the ack wait instead of going to a replica.
