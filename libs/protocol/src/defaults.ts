@@ -50,10 +50,11 @@ export const Defaults = {
    */
   shutdownForceMs: 5_000,
   /**
-   * How long one pull request of a work loop lives: 30 s. An idle consumer sends one pull per
-   * this long; a lost pull is noticed by missed heartbeats (`pullHeartbeatMs`), not by expiry.
+   * How long one pull request of a work loop lives: 5 s. An idle consumer sends one pull per
+   * this long. It also paces nats.js's recovery: after missed heartbeats (`pullHeartbeatMs`) it
+   * checks the consumer and, while that fails (an election), tries again every `expires`.
    */
-  pullExpiresMs: 30_000,
+  pullExpiresMs: 5_000,
   /** How often the server tells a waiting pull it is alive: 2.5 s; two missed mean it is lost. */
   pullHeartbeatMs: 2_500,
   /** How often the control plane looks for orphaned work-queue messages while calls flow: 30 s. */
