@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { dirname, join } from "node:path";
@@ -77,6 +77,26 @@ function call(
     { id: `c${ids++}`, name, arguments: args },
     agent === undefined ? {} : { agent },
   ).result;
+}
+
+/**
+ * Waits until the resolver's copy of the group switches (kept current by a KV watch, so a switch
+ * applies shortly after it is written) answers a dry run of the call with `code`, or accepts it
+ * when `code` is undefined.
+ */
+async function resolverSees(
+  sessionId: string,
+  name: string,
+  args: Record<string, unknown>,
+  code: string | undefined,
+): Promise<void> {
+  await vi.waitFor(
+    async () => {
+      const reply = await client.resolve(sessionId, { id: "probe", name, arguments: args });
+      expect(reply.ok ? undefined : reply.error.code).toBe(code);
+    },
+    { timeout: 5_000, interval: 20 },
+  );
 }
 
 /**
@@ -314,6 +334,7 @@ describe("tool groups", () => {
     const on = client.session("s-groups-on");
     const offEvents = schemaEvents(off);
     const groups = await off.setGroups({ disable: ["notes"] });
+    await resolverSees("s-groups-off", "note", {}, "tool_disabled");
     expect(groups.find((g) => g.name === "notes")).toEqual({
       name: "notes",
       active: false,
@@ -339,6 +360,7 @@ describe("tool groups", () => {
     expect((await call(on, "note", { title: "a", body: "b" })).error).toBeUndefined();
 
     await off.setGroups({ reset: ["notes"] });
+    await resolverSees("s-groups-off", "note", { title: "a", body: "b" }, undefined);
     expect((await call(off, "note", { title: "a", body: "b" })).error).toBeUndefined();
     await expandersDone();
     expect(offEvents).toEqual([]);
@@ -355,6 +377,7 @@ describe("tool groups", () => {
         ["admin", "tenant"],
         ["ops", "tenant"],
       ]);
+      await resolverSees("s-tenant-plain", "purge", { target: "all" }, "tool_disabled");
       const denied = await call(plain, "purge", { target: "all" });
       expect(denied.error?.code).toBe("tool_disabled");
       expect(denied.error?.details?.groups).toEqual([
@@ -365,6 +388,7 @@ describe("tool groups", () => {
 
       // One active group is enough; the session's switch wins over the tenant's.
       await special.setGroups({ enable: ["ops"] });
+      await resolverSees("s-tenant-special", "purge", { target: "all" }, undefined);
       expect((await special.catalog()).tools.map((t) => t.name)).toContain("purge");
       expect(await call(special, "purge", { target: "all" })).toMatchObject({
         content: '{"purged":"all"}',
@@ -379,6 +403,7 @@ describe("tool groups", () => {
     } finally {
       await client.setGroups({ reset: ["admin", "ops"] });
     }
+    await resolverSees("s-tenant-plain", "purge", { target: "x" }, undefined);
     expect((await call(plain, "purge", { target: "x" })).error).toBeUndefined();
     plain.close();
     special.close();
