@@ -5,9 +5,9 @@ import type { CallPlane } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { DeadlineKeeper } from "@toolmesh/control-plane";
 import { deadlineHeaders, startDeadlineKeeper } from "@toolmesh/control-plane";
-import { ensureDurableConsumer, publishDurable } from "@toolmesh/nats";
+import { ensureDurableConsumer, publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { ResolvedCall, ToolMessage } from "@toolmesh/protocol";
-import { callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
+import { Header, callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -113,6 +113,23 @@ describe("the deadline keeper", () => {
     expect((await plane.store.get(c))?.record.state).toBe("done");
   });
 
+  it("reads a deadline header it cannot use from the body, and passes over work that holds no call", async () => {
+    const { keeper: k } = await keeper("keeper-bad-headers");
+    const results = collect(subjects.allResults);
+    // Foreign bytes on a work subject: nothing to watch, nothing thrown.
+    await plane.js.publish(subjects.work("idle"), new TextEncoder().encode("not a call"));
+    const c = call(1_500);
+    await route(c);
+    // The same call's work again under another id, with headers that say nothing usable.
+    await publishDurable(plane.js, subjects.work(c.tool), c, {
+      msgId: `${callKey(c.address, c.idempotency_key)}:again`,
+      headers: tracedHeaders({ [Header.Deadline]: "soon", [Header.CallKey]: "" }),
+    });
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    expect((decodeJson(results[0]!.data) as ToolMessage).error?.code).toBe("deadline_exceeded");
+  });
+
   it("ends work queued before it started, found by reading the stream", async () => {
     const results = collect(subjects.allResults);
     const c = call(2_000);
@@ -141,7 +158,8 @@ describe("the deadline keeper", () => {
     expect(await plane.finalize(c, done)).toBe(true);
     await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
     await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(0);
-    // Past the deadline: still nothing sent by the keeper's connection.
+    // Past the deadline: still nothing sent by the keeper's connection. An absence has no event
+    // to wait for, so this waits out the deadline itself.
     await new Promise((resolve) => setTimeout(resolve, c.deadline_at - plane.clock.now() + 500));
     expect((await plane.store.get(c))?.record.result?.content).toBe("ok");
     expect(await inMsgs("keeper-quiet")).toBe(before);

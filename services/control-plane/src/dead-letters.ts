@@ -173,14 +173,7 @@ export async function showDeadLetter(
   seq: number,
 ): Promise<DeadLetterDetail> {
   const jsm = await jetstreamManager(nc);
-  const stored = await getLetter(jsm, subjects, seq);
-  const letter = describeLetter(subjects, {
-    seq: stored.seq,
-    subject: stored.subject,
-    time: stored.time,
-    headers: stored.header,
-    data: stored.data,
-  });
+  const { stored, letter } = await getLetter(jsm, subjects, seq);
   const body = decodeJsonOrUndefined(stored.data);
   return body === undefined
     ? { ...letter, body_base64: Buffer.from(stored.data).toString("base64") }
@@ -229,14 +222,7 @@ export async function replayDeadLetter(
 ): Promise<ReplayOutcome> {
   const jsm = await jetstreamManager(nc);
   const js = jetstream(nc);
-  const stored = await getLetter(jsm, subjects, seq);
-  const letter = describeLetter(subjects, {
-    seq: stored.seq,
-    subject: stored.subject,
-    time: stored.time,
-    headers: stored.header,
-    data: stored.data,
-  });
+  const { stored, letter } = await getLetter(jsm, subjects, seq);
   const raw = decodeJsonOrUndefined(stored.data);
   let outcome: Omit<ReplayOutcome, "deleted">;
   if (letter.stream === subjects.streams.work) {
@@ -360,11 +346,12 @@ function replayKey(key: string, seq: number): string {
   return `${createHash("sha256").update(key).digest("hex")}${suffix}`;
 }
 
+/** A dead letter as stored, and described. */
 async function getLetter(
   jsm: JetStreamManager,
   subjects: Subjects,
   seq: number,
-): Promise<StoredMsg> {
+): Promise<{ stored: StoredMsg; letter: ReturnType<typeof describeLetter> }> {
   if (!Number.isSafeInteger(seq) || seq <= 0) {
     throw new ToolmeshError(
       ErrorCode.InvalidRequest,
@@ -383,7 +370,14 @@ async function getLetter(
       details: { seq, stream },
     });
   }
-  return stored;
+  const letter = describeLetter(subjects, {
+    seq: stored.seq,
+    subject: stored.subject,
+    time: stored.time,
+    headers: stored.header,
+    data: stored.data,
+  });
+  return { stored, letter };
 }
 
 function describeLetter(
