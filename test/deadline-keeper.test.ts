@@ -128,6 +128,8 @@ describe("the deadline keeper", () => {
     await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
     await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
     expect((decodeJson(results[0]!.data) as ToolMessage).error?.code).toBe("deadline_exceeded");
+    // The copy and the foreign bytes stay in the stream: the next tests start from an empty one.
+    await plane.jsm.streams.purge(subjects.streams.work);
   });
 
   it("ends work queued before it started, found by reading the stream", async () => {
