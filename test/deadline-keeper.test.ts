@@ -143,6 +143,24 @@ describe("the deadline keeper", () => {
     await expect.poll(() => workHolds(seq), { timeout: 5_000 }).toBe(false);
   });
 
+  it("ends a call whose work was queued again under another sequence", async () => {
+    const results = collect(subjects.allResults);
+    const c = call(2_000);
+    const first = await route(c);
+    // Read from the stream, so the keeper knows the work's sequence; then the work is queued
+    // once more, as the dead-letter keeper does with work whose deliveries ran out (ADR 0030).
+    const { keeper: k } = await keeper("keeper-requeued");
+    expect(k.watched).toBe(1);
+    const again = await publishDurable(plane.js, subjects.work(c.tool), c, {
+      msgId: `requeue:${subjects.streams.work}:${first}`,
+      headers: deadlineHeaders(c),
+    });
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, first);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    expect((decodeJson(results[0]!.data) as ToolMessage).error?.code).toBe("deadline_exceeded");
+    await expect.poll(() => workHolds(again.seq), { timeout: 5_000 }).toBe(false);
+  });
+
   it("costs nothing for a call that ends in time: no message from the keeper, and it forgets the call", async () => {
     const { keeper: k } = await keeper("keeper-quiet");
     const before = await inMsgs("keeper-quiet");

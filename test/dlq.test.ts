@@ -13,10 +13,12 @@ import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { Session, SessionEvent } from "@toolmesh/client";
-import { Header, callKey, createSubjects, encodeJson } from "@toolmesh/protocol";
+import { Header, callKey, createSubjects, decodeJson, encodeJson } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
-import { listDeadLetters } from "@toolmesh/control-plane";
+import { deadlineHeaders, listDeadLetters } from "@toolmesh/control-plane";
+import { ensureDurableConsumer } from "@toolmesh/nats";
 import type { DeadLetter, DeadLetterDetail, ReplayOutcome } from "@toolmesh/control-plane";
+import { resolvedCall } from "./helpers/calls.js";
 import { runCli } from "./helpers/cli.js";
 import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -412,5 +414,72 @@ describe("dead letters", () => {
     expect((await listDeadLetters(nc, subjects, { tool: "echo" })).some((l) => l.seq === seq)).toBe(
       false,
     );
+  });
+
+  it("queues work once more when its deliveries ran out faster than its ack wait, then dead-letters it", async () => {
+    // Nobody serves "stalled": this test takes its work and hands it back at once, as a server
+    // delivering into a pull request whose requester is gone does (ADR 0030).
+    const consumer = subjects.workConsumer("stalled");
+    await ensureDurableConsumer(jsm, {
+      stream: subjects.streams.work,
+      name: consumer,
+      filterSubject: subjects.work("stalled"),
+      ackWaitMs: 1_000,
+      maxDeliver: 3,
+      maxAckPending: 1_000,
+    });
+    const address = subjects.address("default", "s-stalled");
+    const call = {
+      ...resolvedCall({ id: "st1", tool: "stalled", address }),
+      session_id: "s-stalled",
+    };
+    const finals: ToolMessage[] = [];
+    nc.subscribe(subjects.result(address, "st1"), {
+      callback: (err, msg) => err === null && finals.push(decodeJson(msg.data) as ToolMessage),
+    });
+    const h = deadlineHeaders(call);
+    h.set(Header.RecordRevision, "7");
+    const first = await js.publish(subjects.work("stalled"), encodeJson(call), {
+      headers: h,
+      msgID: callKey(address, call.idempotency_key),
+    });
+
+    const pull = await js.consumers.get(subjects.streams.work, consumer);
+    const deliveries: { seq: number; count: number; requeued: string; revision: string }[] = [];
+    while (deliveries.length < 6) {
+      const msg = await pull.next({ expires: 5_000 });
+      if (msg === null) throw new Error(`no delivery after ${JSON.stringify(deliveries)}`);
+      deliveries.push({
+        seq: msg.seq,
+        count: msg.info.deliveryCount,
+        requeued: msg.headers?.get(Header.Requeued) ?? "",
+        revision: msg.headers?.get(Header.RecordRevision) ?? "",
+      });
+      msg.nak();
+    }
+    const second = deliveries[3]?.seq ?? 0;
+    expect(second).toBeGreaterThan(first.seq);
+    expect(deliveries).toEqual([
+      ...[1, 2, 3].map((count) => ({ seq: first.seq, count, requeued: "", revision: "7" })),
+      // Queued again without the record's revision: whoever takes it reads the record.
+      ...[1, 2, 3].map((count) => ({ seq: second, count, requeued: "3", revision: "" })),
+    ]);
+    expect(await workMessageGone(first.seq)).toBe(true);
+
+    // The second time, it is dead-lettered (the server says so when it is asked for more): one
+    // final message, no third round.
+    const third = pull.next({ expires: 3_000 });
+    const letter = await eventually(
+      "the stalled call's letter",
+      async () => (await listDeadLetters(nc, subjects, { tool: "stalled" }))[0],
+    );
+    expect(letter).toMatchObject({ reason: "max_deliveries", deliveries: 3, original_seq: second });
+    await eventually("the final message", async () => finals[0]);
+    expect(finals[0]?.error).toMatchObject({
+      code: "tool_error",
+      details: { dead_letter: true, deliveries: 3 },
+    });
+    expect(await third).toBeNull();
+    expect(finals).toHaveLength(1);
   });
 });

@@ -31,4 +31,9 @@ export const Header = {
    * `result:{call key}`, which tells the deadline keeper the call ended.
    */
   CallKey: "Toolmesh-Call-Key",
+  /**
+   * On work queued once more after its deliveries ran out faster than its ack wait allows: how
+   * many deliveries the earlier message had (ADR 0030).
+   */
+  Requeued: "Toolmesh-Requeued",
 } as const;

@@ -1,4 +1,5 @@
 import type { Msg, Subscription } from "@nats-io/nats-core";
+import { headers as createHeaders } from "@nats-io/nats-core";
 import type { JsMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
@@ -7,6 +8,7 @@ import {
   CancelRequestSchema,
   Defaults,
   ErrorCode,
+  Header,
   ResolvedCallSchema,
   ToolmeshError,
   callKey,
@@ -36,6 +38,7 @@ import { reconcileOrphans } from "./reconcile.js";
 
 /** What the server says when a consumer gives up on a message. */
 const MaxDeliveriesAdvisorySchema = z.object({
+  timestamp: z.string().optional(),
   stream: z.string(),
   consumer: z.string(),
   stream_seq: z.number(),
@@ -253,12 +256,55 @@ export async function onMaxDeliveries(deps: ControlDeps, msg: JsMsg): Promise<vo
   }
   const { stream, stream_seq: seq, deliveries } = advisory.data;
   try {
-    await deadLetter(deps, stream, seq, "max_deliveries", deliveries);
+    if (!(await requeueIfUsedUp(deps, advisory.data)))
+      await deadLetter(deps, stream, seq, "max_deliveries", deliveries);
     msg.ack();
   } catch (err) {
     deps.log.error({ err, stream, seq }, "cannot dead-letter a message yet; will try again");
     msg.nak(5_000);
   }
+}
+
+/**
+ * Queues work once more, instead of dead-lettering it, when its deliveries ran out faster than
+ * its consumer's ack wait allows: at least three of them were handed back at once or never
+ * reached anybody. nats-server 2.9.10 counts a delivery into a pull request whose requester is
+ * gone (an executor behind a leaf link that was cut) and delivers again at once, so a cut link
+ * can use up a call's deliveries in milliseconds (ADR 0030). Work that wore out its ack waits
+ * (an executor that dies or hangs on it) and work queued once already are dead-lettered.
+ *
+ * @returns whether the work went back to its queue
+ */
+export async function requeueIfUsedUp(
+  deps: ControlDeps,
+  advisory: z.infer<typeof MaxDeliveriesAdvisorySchema>,
+): Promise<boolean> {
+  const { plane, subjects, log } = deps;
+  const { stream, consumer, stream_seq: seq, deliveries, timestamp } = advisory;
+  if (stream !== subjects.streams.work || timestamp === undefined) return false;
+  const stored = await plane.jsm.streams.getMessage(stream, { seq }).catch(() => null);
+  if (stored === null || stored.header?.has(Header.Requeued) === true) return false;
+  const { config } = await plane.jsm.consumers.info(stream, consumer);
+  const ackWaitMs = (config.ack_wait ?? 30_000_000_000) / 1_000_000; // the server's default
+  const spentMs = Date.parse(timestamp) - stored.time.getTime();
+  if (!(spentMs < (deliveries - 2) * ackWaitMs)) return false;
+  const headers = createHeaders();
+  for (const [key, values] of stored.header ?? []) {
+    // Without the record's revision the executor reads the record: the call may have moved on.
+    if (key === Header.MsgId || key === Header.RecordRevision || key === Header.ArgsHash) continue;
+    for (const value of values) headers.append(key, value);
+  }
+  headers.set(Header.Requeued, String(deliveries));
+  await plane.js.publish(stored.subject, stored.data, {
+    headers,
+    msgID: `requeue:${stream}:${seq}`,
+  });
+  await plane.jsm.streams.deleteMessage(stream, seq).catch(() => false);
+  log.warn(
+    { stream, seq, consumer, deliveries, spent_ms: spentMs, ack_wait_ms: ackWaitMs },
+    "work used up its deliveries faster than its ack wait allows; queued once more",
+  );
+  return true;
 }
 
 /**

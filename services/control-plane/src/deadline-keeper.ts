@@ -131,7 +131,9 @@ export async function startDeadlineKeeper(
   function watch(key: string, deadline: number, subject: string, seq: number | undefined): void {
     const known = live.get(key);
     if (known !== undefined) {
-      known.seq ??= seq;
+      // Seen live once more (no sequence), the call's work was queued again (ADR 0030) and the
+      // sequence read earlier may be gone: its work is looked up when it is due.
+      known.seq = seq;
       known.mark = generation;
       return;
     }
