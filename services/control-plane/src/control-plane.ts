@@ -366,13 +366,23 @@ export async function deadLetter(
       const message: ToolMessage = errorToolMessage(
         { tool_call_id: callId, name: tool, session_id: sessionId },
         error,
-        {
-          attempts: deliveries,
-        },
+        { attempts: deliveries },
       );
-      await publishDurable(js, subjects.result(address, callId), message, {
-        msgId: `result:${callKey(address, request?.data?.idempotency_key ?? `${sessionId}/${callId}`)}`,
-      });
+      const target = {
+        address,
+        call_id: callId,
+        idempotency_key: idempotencyKeyOf({ ...request?.data, session_id: sessionId }, callId),
+      };
+      // A call accepted before its message was given up ends by compare-and-set, as every call
+      // does: if it ended already, its final message stays the only one. A key held by another
+      // call id is that call's; this id is answered under a message id of its own.
+      const known = await plane.store.get(target);
+      if (known === undefined || known.record.call_id === callId)
+        await plane.finalize(target, message, known);
+      else
+        await publishDurable(js, subjects.result(address, callId), message, {
+          msgId: `result:${callKey(address, target.idempotency_key)}:${subjectToken(callId)}`,
+        });
     }
   }
   await jsm.streams.deleteMessage(stream, seq).catch(() => false);
