@@ -207,6 +207,7 @@ describe("the deadline keeper", () => {
     const seq = await route(c);
     await expect.poll(() => results.length, { timeout: 10_000 }).toBeGreaterThanOrEqual(1);
     await expect.poll(() => workHolds(seq), { timeout: 5_000 }).toBe(false);
+    // The other keeper's answer, if it made one, is an absence to wait for, not an event.
     await new Promise((resolve) => setTimeout(resolve, 500));
     // Live subscribers may see a copy when both act at once; the stream keeps one message.
     expect(new Set(results.map((m) => Buffer.from(m.data).toString()))).toHaveProperty("size", 1);

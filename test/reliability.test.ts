@@ -82,6 +82,19 @@ async function timed(result: Promise<ToolMessage>): Promise<{ message: ToolMessa
   return { message, ms: Date.now() - started };
 }
 
+/** Waits until the newest work message of `tool` holds the call `callId`: it waits, accepted. */
+async function queuedInWork(tool: string, callId: string): Promise<void> {
+  const jsm = await jetstreamManager(nc);
+  const subjects = createSubjects();
+  for (;;) {
+    const last = await jsm.streams.getMessage(subjects.streams.work, {
+      last_by_subj: subjects.work(tool),
+    });
+    if (last?.json<{ call_id: string }>().call_id === callId) return;
+    await delay(20);
+  }
+}
+
 describe("deadlines", () => {
   it("ends a call nobody serves with deadline_exceeded at its deadline, and clears its queued work", async () => {
     // The tool stays registered after its only executor stopped.
@@ -215,16 +228,7 @@ describe("cancellation", () => {
     await startedOn(session, "q0");
     const queued = session.submit({ id: "q1", name: "sleepy", arguments: { ms: 10 } });
     // Cancelled once it waits in the work stream (accepted); the only slot stays busy meanwhile.
-    const jsm = await jetstreamManager(nc);
-    const queuedInWork = async (): Promise<boolean> => {
-      const last = await jsm.streams
-        .getMessage(createSubjects().streams.work, {
-          last_by_subj: createSubjects().work("sleepy"),
-        })
-        .catch(() => null);
-      return last !== null && last.json<{ call_id: string }>().call_id === "q1";
-    };
-    while (!(await queuedInWork())) await new Promise((resolve) => setTimeout(resolve, 20));
+    await queuedInWork("sleepy", "q1");
     const reply = await queued.cancel();
     expect(reply).toMatchObject({ cancelled: true, state: "cancelled" });
     expect((await queued.result).error).toMatchObject({ code: "cancelled" });
@@ -248,16 +252,7 @@ describe("cancellation", () => {
     // A time window, not readiness: the queued call must still be young when it is taken.
     await delay(busyMs - Defaults.freshWorkWindowMs / 2);
     const queued = session.submit({ id: "f2", name: "sleepy", arguments: { ms: 10 } });
-    const jsm = await jetstreamManager(nc);
-    const queuedInWork = async (): Promise<boolean> => {
-      const last = await jsm.streams
-        .getMessage(createSubjects().streams.work, {
-          last_by_subj: createSubjects().work("sleepy"),
-        })
-        .catch(() => null);
-      return last !== null && last.json<{ call_id: string }>().call_id === "f2";
-    };
-    while (!(await queuedInWork())) await delay(20);
+    await queuedInWork("sleepy", "f2");
     expect(await queued.cancel()).toMatchObject({ cancelled: true, state: "cancelled" });
     expect((await queued.result).error).toMatchObject({ code: "cancelled" });
     expect((await busy.result).error).toBeUndefined();

@@ -142,6 +142,7 @@ describe("startWorkLoop", () => {
     let stopped = false;
     const stopping = worker.stop(30_000).then(() => (stopped = true));
     await publish(where.stream, 1);
+    // stop() must not resolve while handlers run: an absence, given time to show.
     await new Promise((resolve) => setTimeout(resolve, 300));
     expect(stopped).toBe(false);
     release.open();

@@ -1,6 +1,6 @@
 import type { Msg, Subscription } from "@nats-io/nats-core";
 import { headers as createHeaders } from "@nats-io/nats-core";
-import type { JsMsg } from "@nats-io/jetstream";
+import type { JsMsg, StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
 import {
@@ -256,8 +256,10 @@ export async function onMaxDeliveries(deps: ControlDeps, msg: JsMsg): Promise<vo
   }
   const { stream, stream_seq: seq, deliveries } = advisory.data;
   try {
-    if (!(await requeueIfUsedUp(deps, advisory.data)))
-      await deadLetter(deps, stream, seq, "max_deliveries", deliveries);
+    const stored = await deps.plane.jsm.streams.getMessage(stream, { seq });
+    // Gone: another resolver handled it.
+    if (stored !== null && !(await requeueIfUsedUp(deps, advisory.data, stored)))
+      await deadLetter(deps, stream, seq, "max_deliveries", deliveries, stored);
     msg.ack();
   } catch (err) {
     deps.log.error({ err, stream, seq }, "cannot dead-letter a message yet; will try again");
@@ -278,12 +280,12 @@ export async function onMaxDeliveries(deps: ControlDeps, msg: JsMsg): Promise<vo
 export async function requeueIfUsedUp(
   deps: ControlDeps,
   advisory: z.infer<typeof MaxDeliveriesAdvisorySchema>,
+  stored: StoredMsg,
 ): Promise<boolean> {
   const { plane, subjects, log } = deps;
   const { stream, consumer, stream_seq: seq, deliveries, timestamp } = advisory;
   if (stream !== subjects.streams.work || timestamp === undefined) return false;
-  const stored = await plane.jsm.streams.getMessage(stream, { seq }).catch(() => null);
-  if (stored === null || stored.header?.has(Header.Requeued) === true) return false;
+  if (stored.header?.has(Header.Requeued) === true) return false;
   const { config } = await plane.jsm.consumers.info(stream, consumer);
   const ackWaitMs = (config.ack_wait ?? 30_000_000_000) / 1_000_000; // the server's default
   const spentMs = Date.parse(timestamp) - stored.time.getTime();
@@ -310,7 +312,8 @@ export async function requeueIfUsedUp(
 /**
  * Moves a message of the calls or work stream to `{p}.v1.dlq.{tool}`, ends its call with a
  * non-retryable `tool_error` (`details.dead_letter: true`) and deletes it from its stream. A
- * message already gone was handled by another resolver.
+ * message already gone was handled by another resolver. `read` is the message when the caller
+ * has read it already.
  */
 export async function deadLetter(
   deps: ControlDeps,
@@ -318,10 +321,11 @@ export async function deadLetter(
   seq: number,
   reason: string,
   deliveries = 0,
+  read?: StoredMsg,
 ): Promise<void> {
   const { plane, subjects, log } = deps;
   const { js, jsm } = plane;
-  const stored = await jsm.streams.getMessage(stream, { seq }).catch(() => null);
+  const stored = read ?? (await jsm.streams.getMessage(stream, { seq }));
   if (stored === null) return; // already handled by another resolver
   const body = decodeJsonOrUndefined(stored.data);
   const work = stream === subjects.streams.work ? ResolvedCallSchema.safeParse(body) : undefined;

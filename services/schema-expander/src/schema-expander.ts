@@ -444,18 +444,26 @@ export async function answerDescribe(
       errors.push({ tool: name, error: ensureError(err).toWire() });
     }
   }
-  if (schemas.length > 0) {
-    await deps.store.updateSchemas(at, request.session_id, (current) =>
-      withExpanded(
-        withRequested(
-          current,
-          schemas.map((s) => s.tool),
-        ),
-        schemas.map((s) => [s.tool, s.revision]),
-      ),
-    );
-  }
+  if (schemas.length > 0) await recordSent(deps, at, request.session_id, schemas);
   return { ok: true, schemas, errors };
+}
+
+/** Records schemas given to a session on request: requested, and expanded at their revision. */
+async function recordSent(
+  deps: ExpanderDeps,
+  at: SessionAddress,
+  sessionId: string,
+  schemas: ToolSchema[],
+): Promise<void> {
+  await deps.store.updateSchemas(at, sessionId, (current) =>
+    withExpanded(
+      withRequested(
+        current,
+        schemas.map((s) => s.tool),
+      ),
+      schemas.map((s) => [s.tool, s.revision]),
+    ),
+  );
 }
 
 /** Sends a tool's schema to the session again, on the frontend's request. */
@@ -470,9 +478,7 @@ export async function answerExpand(
   const schema = modelSchema(callableTool(deps, request.tool, state, request.agent));
   // Forced: no message id, so a second `expand` is sent too.
   await publishSchema(deps, at, request.session_id, schema, { reason: "expand", missing: [] });
-  await deps.store.updateSchemas(at, request.session_id, (current) =>
-    withExpanded(withRequested(current, [schema.tool]), [[schema.tool, schema.revision]]),
-  );
+  await recordSent(deps, at, request.session_id, [schema]);
   deps.log.info(
     { sessionId: request.session_id, tool: schema.tool },
     "schema sent again on request",
