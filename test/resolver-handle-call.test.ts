@@ -4,6 +4,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { CallPlane } from "@toolmesh/call-store";
@@ -224,5 +225,44 @@ describe("routeCall", () => {
       await plane.store.get({ idempotency_key: `${address.session}/busy-2`, address }),
     ).toBeUndefined();
     expect(await workMessages()).toBe(1);
+  });
+
+  it("answers a resubmission whose record vanished from its stored result, or refuses it, and never runs it again", async () => {
+    const kv = await new Kvm(nc).open(subjects.callsBucket);
+    const ran = async (id: string): Promise<number> => {
+      const msg = await submitted(request(id, "echo", { text: id }));
+      await handleCall(deps(), msg);
+      const work = await plane.jsm.streams.getMessage(subjects.streams.work, {
+        last_by_subj: subjects.work("echo"),
+      });
+      return work.seq;
+    };
+    const key = (id: string) => callKey(address, `${address.session}/${id}`);
+
+    // Ran and answered; the executor took the work; then the record vanished.
+    const first = await ran("gone-1");
+    await plane.finalize(
+      { idempotency_key: `${address.session}/gone-1`, call_id: "gone-1", address },
+      { role: "tool", tool_call_id: "gone-1", name: "echo", session_id: "s1", content: "once" },
+    );
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, first);
+    await kv.purge(key("gone-1"));
+    await handleCall(deps(), await submitted(request("gone-1", "echo", { text: "gone-1" })));
+    expect(await workMessages()).toBe(0);
+    expect(await resultFor("gone-1")).toMatchObject({ content: "once" });
+    expect((await plane.store.get({ idempotency_key: "s1/gone-1", address }))?.record.state).toBe(
+      "done",
+    );
+
+    // Routed, then both its record and its answer vanished: refused, not left waiting.
+    const second = await ran("gone-2");
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, second);
+    await kv.purge(key("gone-2"));
+    await handleCall(deps(), await submitted(request("gone-2", "echo", { text: "gone-2" })));
+    expect(await workMessages()).toBe(0);
+    const refusal = await resultFor("gone-2");
+    expect(refusal?.error?.code).toBe(ErrorCode.Unavailable);
+    expect(refusal?.error?.message).toContain("was routed before and its record is gone");
+    expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
   });
 });

@@ -10,14 +10,17 @@ import type {
   SessionAddress,
   Subjects,
   ToolDefinition,
+  ToolMessage,
 } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   ErrorCode,
+  ToolMessageSchema,
   ToolmeshError,
   callKey,
   contextDepthError,
   decodeJson,
+  decodeJsonOrUndefined,
   encodeJson,
   ensureError,
   errorToolMessage,
@@ -400,10 +403,11 @@ export async function routeCall(
     // again: the work's message id makes a repeat harmless within the window.
     callLog.info("call accepted before; routing it again");
   }
+  let routed: { duplicate: boolean };
   try {
     // The record's revision goes along, so the executor need not read the record (ADR 0027),
     // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
-    await publishDurable(js, subjects.work(resolved.tool), resolved, {
+    routed = await publishDurable(js, subjects.work(resolved.tool), resolved, {
       msgId: key,
       headers: deadlineHeaders(resolved, tracedHeaders(knownRecordHeaders(record, accepted))),
     });
@@ -414,7 +418,58 @@ export async function routeCall(
     await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
     return;
   }
+  if (routed.duplicate && accepted.status === "new") {
+    // The work stream remembers routing this key, but its record was gone (expired or
+    // purged): the work was dropped as a duplicate and no executor will see it, nor will the
+    // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
+    await answerVanishedRecord(deps, resolved, target, msg.seq, callLog);
+    return;
+  }
   callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
+}
+
+/**
+ * Ends a call whose work was routed before under a record that no longer exists: with the final
+ * message the sessions stream still holds for it, else with `unavailable` (not retryable: its
+ * outcome is unknown, and within the work stream's duplicate window it would not run again).
+ */
+async function answerVanishedRecord(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  target: { tool_call_id: string; name: string; session_id: string },
+  seq: number,
+  callLog: Logger,
+): Promise<void> {
+  const { subjects, plane } = deps;
+  const subject = subjects.result(resolved.address, resolved.call_id);
+  const stored = await plane.jsm.streams
+    .getMessage(subjects.streams.sessions, { last_by_subj: subject })
+    .catch(() => null);
+  const earlier =
+    stored === null ? undefined : ToolMessageSchema.safeParse(decodeJsonOrUndefined(stored.data));
+  const message: ToolMessage =
+    earlier?.success === true
+      ? earlier.data
+      : errorToolMessage(
+          target,
+          new ToolmeshError(
+            ErrorCode.Unavailable,
+            `call ${resolved.call_id} was routed before and its record is gone: its outcome is unknown, so it is not run again; submit it under a new idempotency key`,
+            { retryable: false, details: { idempotency_key: resolved.idempotency_key } },
+          ),
+          { attempts: 0 },
+        );
+  const outcome = await plane.store.finish(resolved, message);
+  // Under a message id of its own: the sessions stream may still remember the earlier one.
+  await plane.publishFinal(
+    subject,
+    outcome?.result ?? message,
+    `result:${callKey(resolved.address, resolved.idempotency_key)}:${seq}`,
+  );
+  callLog.warn(
+    { answered_from_store: earlier?.success === true },
+    "call routed before under a record that is gone: answered, not run again",
+  );
 }
 
 /**
