@@ -76,7 +76,9 @@ describe("permissions", () => {
     expect(config.match(/jetstream: disabled/g)).toHaveLength(3);
     const exports = [...config.matchAll(/\{ (service|stream): "([^"]+)", accounts: \[([^\]]+)\]/g)];
     const imports = [
-      ...config.matchAll(/\{ (service|stream): \{ account: TOOLMESH, subject: "([^"]+)" \} \}/g),
+      ...config.matchAll(
+        /\{ (service|stream): \{ account: TOOLMESH, subject: "([^"]+)" \}(?:, to: "[^"]+")? \}/g,
+      ),
     ];
     expect(exports.length).toBe(imports.length);
     for (const [, kind, subject, accounts] of exports) {
@@ -87,6 +89,10 @@ describe("permissions", () => {
     }
     expect(config).toContain(
       '{ service: "$JS.API.CONSUMER.MSG.NEXT.TOOLMESH_WORK_TOOLS-A.*", accounts: [OWNER_tools-a], response_type: stream }',
+    );
+    // An account without JetStream answers $JS.API itself: owners import it under {p}.js.API.
+    expect(config).toContain(
+      '{ service: { account: TOOLMESH, subject: "$JS.API.CONSUMER.INFO.TOOLMESH_WORK_TOOLS-A.*" }, to: "toolmesh.js.API.CONSUMER.INFO.TOOLMESH_WORK_TOOLS-A.*" }',
     );
     // The mesh's own users: the trusted services only.
     const mesh = config.slice(config.indexOf("TOOLMESH: {"), config.indexOf("TENANT_acme: {"));

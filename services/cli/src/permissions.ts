@@ -391,13 +391,20 @@ function tenantCrossings(s: Subjects, tenant: string) {
   };
 }
 
-/** The subjects of a tool owner's crossings into the mesh account (ADR 0031). */
+/**
+ * The subjects of a tool owner's crossings into the mesh account (ADR 0031). The JetStream API
+ * ones are imported under `{p}.js.API` (`as`): an account without JetStream answers every
+ * `$JS.API.>` request itself, ahead of an import of the same subject.
+ */
 function ownerCrossings(s: Subjects, owner: string) {
   const work = ownerWorkStream(s, owner);
+  const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.prefix}.js.API.`);
+  const next = `${API}.CONSUMER.MSG.NEXT.${work}.*`;
+  const info = `${API}.CONSUMER.INFO.${work}.*`;
   return {
     services: [
-      { subject: `${API}.CONSUMER.MSG.NEXT.${work}.*`, responseType: "stream" as const },
-      { subject: `${API}.CONSUMER.INFO.${work}.*` },
+      { subject: next, as: local(next), responseType: "stream" as const },
+      { subject: info, as: local(info) },
       { subject: `$JS.ACK.${work}.>` },
       { subject: `${s.prefix}.v1.owner.${owner}.>` },
     ],
@@ -411,8 +418,8 @@ function ownerCrossings(s: Subjects, owner: string) {
  */
 function ownerPermissions(s: Subjects, role: string, owner: string): Permissions {
   return {
-    publish: { allow: ownerCrossings(s, owner).services.map((c) => c.subject) },
-    subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.>`] },
+    publish: { allow: ownerCrossings(s, owner).services.map((c) => c.as ?? c.subject) },
+    subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.${owner}.>`] },
   };
 }
 
@@ -584,7 +591,8 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       exports: [],
       imports: [
         ...crossings.services.map(
-          ({ subject }) => `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+          ({ subject, as }) =>
+            `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} }${as === undefined ? "" : `, to: ${q(as)}`} }`,
         ),
         ...crossings.streams.map(
           (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
