@@ -130,6 +130,30 @@ describe.skipIf(natsMode === "container")("startNatsServer", () => {
     await expect(failure).rejects.toThrow(/exited early/);
   });
 
+  it("reload() applies new configuration text, and rejects text the server refuses", async () => {
+    const server = await startNatsServer({
+      jetstream: false,
+      config: 'authorization { users: [{ user: "a", password: "a" }] }',
+    });
+    try {
+      await expect(connect({ servers: server.url, user: "b", pass: "b" })).rejects.toThrow();
+      await server.reload(
+        'authorization { users: [{ user: "a", password: "a" }, { user: "b", password: "b" }] }',
+      );
+      const nc = await connect({ servers: server.url, user: "b", pass: "b" });
+      await nc.close();
+      await expect(server.reload("authorization { users: [")).rejects.toThrow(/reload/i);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it("runs the binary it is given, and names it when it is missing", async () => {
+    await expect(startNatsServer({ executable: "/nonexistent/nats-server" })).rejects.toThrow(
+      "/nonexistent/nats-server not found",
+    );
+  });
+
   it("stopAll() kills servers left running", async () => {
     const server = await startNatsServer();
     await stopAll();

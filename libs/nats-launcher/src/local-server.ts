@@ -136,6 +136,7 @@ interface Exit {
 }
 
 interface Proc {
+  executable: string;
   child: ChildProcess;
   exited: Promise<Exit>;
   exit: Exit | undefined;
@@ -173,6 +174,7 @@ function spawnServer(executable: string, args: string[], log: LineRing): Proc {
   child.stderr?.setEncoding("utf8");
   child.stderr?.on("data", (chunk: string) => log.push(chunk));
   const proc: Proc = {
+    executable,
     child,
     exit: undefined,
     exited: new Promise<Exit>((resolve) => {
@@ -192,7 +194,7 @@ function spawnServer(executable: string, args: string[], log: LineRing): Proc {
   return proc;
 }
 
-function describeExit(exit: Exit, executable = EXECUTABLE): string {
+function describeExit(exit: Exit, executable: string): string {
   if (exit.error) {
     const code = (exit.error as NodeJS.ErrnoException).code;
     return code === "ENOENT"
@@ -373,7 +375,8 @@ function withPorts(baseArgs: string[], port: string, monitorPort: string): strin
 }
 
 function checkAlive(proc: Proc, log: LineRing): void {
-  if (proc.exit) throw new NatsServerStartError(describeExit(proc.exit), log.text());
+  if (proc.exit)
+    throw new NatsServerStartError(describeExit(proc.exit, proc.executable), log.text());
 }
 
 async function waitForPortsFile(
