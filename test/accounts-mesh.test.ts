@@ -28,6 +28,8 @@ import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const subjects = createSubjects();
+// Services start slowly on a loaded machine; readiness is still their log line.
+const START_MS = 120_000;
 const PASSWORDS: Record<string, string> = {};
 
 let pki: TestPki;
@@ -155,12 +157,20 @@ beforeAll(async () => {
   expect(setup.code).toBe(0);
   const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
   services = await Promise.all([
-    startService("resolver", env("resolver")),
-    startService("executor", { ...env("executor-in-mesh"), TOOLMESH_TOOLS_DIR: "tools/builtin" }),
-    startService("schema-expander", env("schema-expander")),
-    startService("mcp-bridge", { ...env("mcp-bridge-in-mesh"), TOOLMESH_MCP_DIR: mcpDir }),
+    startService("resolver", env("resolver"), START_MS),
+    startService(
+      "executor",
+      { ...env("executor-in-mesh"), TOOLMESH_TOOLS_DIR: "tools/builtin" },
+      START_MS,
+    ),
+    startService("schema-expander", env("schema-expander"), START_MS),
+    startService(
+      "mcp-bridge",
+      { ...env("mcp-bridge-in-mesh"), TOOLMESH_MCP_DIR: mcpDir },
+      START_MS,
+    ),
   ]);
-});
+}, 3 * START_MS);
 
 afterAll(async () => {
   for (const nc of open) await nc.close().catch(() => undefined);
