@@ -104,6 +104,9 @@ describe("permissions", () => {
       "setup",
     ]);
     expect(tenantAccount("acme")).toBe("TENANT_acme");
+    const prefixed = renderAccountConfig({ prefix: "acme.prod", owners: ["x"] });
+    expect(prefixed).not.toMatch(/"toolmesh\.|TOOLMESH_(CALLS|WORK|SESSIONS)|KV_toolmesh/);
+    expect(prefixed).toContain('to: "acme.prod.js.API.CONSUMER.INFO.ACME_PROD_WORK_X.*"');
   });
 
   it("refuses tenant and owner ids that cannot name an account, saying which", () => {
