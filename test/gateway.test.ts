@@ -65,7 +65,7 @@ beforeAll(async () => {
     startService("schema-expander", env),
     startService("executor", env),
   ]);
-  for (const tool of ["echo", "slow", "ledger", "strict", "optimize_structure"])
+  for (const tool of ["echo", "slow", "ledger", "strict", "optimize_structure", "tally"])
     await resolver.waitForLog(
       (l) =>
         (l.msg === "tool available" && l.tool === tool) ||
@@ -170,7 +170,7 @@ describe("tools/list", () => {
     const c = await client(KEYS.acme);
     const { tools } = await c.listTools();
     const names = tools.map((t) => t.name).sort();
-    expect(names).toEqual(["echo", "ledger", "optimize_structure", "slow", "strict"]);
+    expect(names).toEqual(["echo", "ledger", "optimize_structure", "slow", "strict", "tally"]);
     const slow = tools.find((t) => t.name === "slow") as Tool;
     expect(Object.keys(slow.inputSchema.properties ?? {})).toEqual(["ms", "value"]);
     expect(slow.inputSchema.required).toEqual(["ms"]);
@@ -188,6 +188,7 @@ describe("tools/list", () => {
       "ledger",
       "slow",
       "strict",
+      "tally",
     ]);
     const chemistByPath = await client(KEYS.acme, "/agents/chemist");
     expect((await chemistByPath.listTools()).tools.map((t) => t.name)).toEqual([

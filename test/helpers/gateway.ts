@@ -1,4 +1,4 @@
-import { copyFile, mkdir, mkdtemp, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -10,7 +10,7 @@ import type { ServiceProcess } from "./mesh.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 
-/** A folder of builtin tools for gateway tests: echo, optimize_structure, slow, ledger, strict. */
+/** A folder of builtin tools for gateway tests: echo, optimize_structure, slow, ledger, strict, tally. */
 export async function gatewayTools(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), "toolmesh-gateway-tools-"));
   await Promise.all([
@@ -22,18 +22,52 @@ export async function gatewayTools(): Promise<string> {
     copyFile(join(ROOT, "test", "fixtures", "tools-bad", "slow.js"), join(dir, "slow.js")),
     copyFile(join(ROOT, "test", "fixtures", "tools-bad", "ledger.js"), join(dir, "ledger.js")),
     copyFile(join(ROOT, "test", "fixtures", "tools-bad", "strict.js"), join(dir, "strict.js")),
+    writeFile(join(dir, "tally.js"), TALLY),
   ]);
   return dir;
 }
 
-/** Agents `writer` (echo, slow, ledger, strict) and `chemist` (optimize_structure). */
+// Records each execution by idempotency key (under the toolkit context's ledgerDir), then waits
+// `ms` honouring its abort signal: tests see how often a long call really started.
+const TALLY = `import { appendFileSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+export default {
+  name: "tally",
+  description: "Counts its executions per idempotency key, then waits ms.",
+  parameters: { type: "object", properties: { ms: { type: "integer", minimum: 0 } } },
+  async handler(args, ctx) {
+    const file = join(String(ctx.context.ledgerDir), "tally.log");
+    appendFileSync(file, JSON.stringify(ctx.idempotencyKey) + "\\n");
+    await new Promise((resolve, reject) => {
+      const timer = setTimeout(resolve, args.ms ?? 0);
+      ctx.signal.addEventListener("abort", () => { clearTimeout(timer); reject(ctx.signal.reason); });
+    });
+    const count = readFileSync(file, "utf8").split("\\n")
+      .filter((line) => line === JSON.stringify(ctx.idempotencyKey)).length;
+    return { key: ctx.idempotencyKey, count };
+  },
+};
+`;
+
+/** How often `tally` started for each idempotency key. */
+export async function tallies(toolsDir: string): Promise<Map<string, number>> {
+  const text = await readFile(join(toolsDir, "tally.log"), "utf8").catch(() => "");
+  const counts = new Map<string, number>();
+  for (const line of text.split("\n").filter((l) => l !== "")) {
+    const key = JSON.parse(line) as string;
+    counts.set(key, (counts.get(key) ?? 0) + 1);
+  }
+  return counts;
+}
+
+/** Agents `writer` (echo, slow, ledger, strict, tally) and `chemist` (optimize_structure). */
 export async function gatewayAgents(): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), "toolmesh-gateway-configs-"));
   await mkdir(join(dir, "agents"));
   await mkdir(join(dir, "tool_sets"));
   await writeFile(
     join(dir, "agents", "writer.yaml"),
-    "name: writer\ntools: [echo, slow, ledger, strict]\n",
+    "name: writer\ntools: [echo, slow, ledger, strict, tally]\n",
   );
   await writeFile(
     join(dir, "agents", "chemist.yaml"),
