@@ -351,6 +351,34 @@ describe("tools/call", () => {
     }
   });
 
+  it("cancels a call sent with its own idempotency key on the replica serving it", async () => {
+    const c = await client(KEYS.acme);
+    const abort = new AbortController();
+    const key = `cancel-me-${Date.now()}`;
+    const started = new Promise<void>((resolve) => {
+      void c
+        .callTool(
+          {
+            name: "slow",
+            arguments: { ms: 30_000, value: "keyed" },
+            _meta: { [META_IDEMPOTENCY_KEY]: key },
+          },
+          undefined,
+          { signal: abort.signal, onprogress: () => resolve() },
+        )
+        .catch(() => undefined);
+    });
+    await started;
+    abort.abort("stop");
+    // The same key asks again: the answer is the call's final message, `cancelled`.
+    const again = (await c.callTool({
+      name: "slow",
+      arguments: { ms: 30_000, value: "keyed" },
+      _meta: { [META_IDEMPOTENCY_KEY]: key },
+    })) as CallToolResult;
+    expect(again.structuredContent?.code).toBe("cancelled");
+  });
+
   it("pages a catalog longer than one page", async () => {
     const registry = await ToolRegistry.open(nc, { subjects: createSubjects() });
     await Promise.all(

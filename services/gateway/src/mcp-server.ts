@@ -12,7 +12,12 @@ import type { ProgressEvent } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { Principal } from "./auth.js";
 import type { MeshView } from "./mesh-view.js";
-import { META_IDEMPOTENCY_KEY, META_TIMEOUT_MS, TASK_POLL_INTERVAL_MS } from "./mesh-view.js";
+import {
+  META_IDEMPOTENCY_KEY,
+  META_TIMEOUT_MS,
+  TASK_POLL_INTERVAL_MS,
+  requestKey,
+} from "./mesh-view.js";
 import { errorResult, toCallToolResult } from "./results.js";
 
 /** Reports one ended call (metrics). */
@@ -64,6 +69,11 @@ export function createMcpServer(
   server.setNotificationHandler(CancelledNotificationSchema, async (notification) => {
     const { requestId } = notification.params;
     if (scope.mcpSession === undefined || requestId === undefined) return;
+    const served = mesh.served.get(requestKey(tenant, scope.mcpSession, requestId));
+    if (served !== undefined) {
+      await served.cancel().catch(() => undefined);
+      return;
+    }
     const id = mesh.callId(tenant, { mcpSession: scope.mcpSession, requestId });
     await mesh.cancel(tenant, id.id).catch(() => undefined);
   });
@@ -155,10 +165,16 @@ export function createMcpServer(
       void handle.cancel().catch(() => undefined);
     };
     extra.signal.addEventListener("abort", onAbort, { once: true });
+    const served =
+      scope.mcpSession === undefined
+        ? undefined
+        : requestKey(tenant, scope.mcpSession, extra.requestId);
+    if (served !== undefined) mesh.served.set(served, handle);
     try {
       return toCallToolResult(await handle.result);
     } finally {
       extra.signal.removeEventListener("abort", onAbort);
+      if (served !== undefined) mesh.served.delete(served);
     }
   });
 

@@ -49,6 +49,12 @@ export interface MeshCallId {
 export class MeshView {
   readonly #o: MeshViewOptions;
   readonly #clients = new Map<string, ToolmeshClient>();
+  /**
+   * Synchronous calls this replica serves, by tenant, MCP session and request id: the exchange it
+   * holds open, so a cancellation of a call named by its own key (not derivable from the request
+   * id) still reaches it when it arrives here.
+   */
+  readonly served = new Map<string, CallHandle>();
 
   constructor(options: MeshViewOptions) {
     this.#o = options;
@@ -270,6 +276,11 @@ export class MeshView {
       ...(statusMessage === undefined ? {} : { statusMessage }),
     };
   }
+}
+
+/** The key of a served request in {@link MeshView.served}. */
+export function requestKey(tenant: string, mcpSession: string, requestId: string | number): string {
+  return JSON.stringify([tenant, mcpSession, requestId]);
 }
 
 /** Whether `id` is the shape of a gateway call id (and so a safe subject token). */
