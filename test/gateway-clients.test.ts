@@ -117,7 +117,7 @@ beforeAll(async () => {
     OTEL_SERVICE_NAME: "gw-gateway",
     TOOLMESH_METRICS_PORT: "0",
   });
-}, 90_000);
+}, 180_000);
 
 afterAll(async () => {
   await Promise.all(clients.map((c) => c.close().catch(() => undefined)));

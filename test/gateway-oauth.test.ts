@@ -82,9 +82,9 @@ beforeAll(async () => {
     TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir: tools }),
   };
   const [resolver] = await Promise.all([
-    startService("resolver", env),
-    startService("executor", env),
-    startService("schema-expander", env),
+    startService("resolver", env, 60_000),
+    startService("executor", env, 60_000),
+    startService("schema-expander", env, 60_000),
   ]);
   await resolver.waitForLog(
     (l) =>
@@ -100,7 +100,7 @@ beforeAll(async () => {
     TOOLMESH_GATEWAY_REQUIRED_SCOPES: "tools:call",
     TOOLMESH_GATEWAY_AUTHORIZATION_SERVERS: ISSUER,
   });
-}, 60_000);
+}, 150_000);
 
 afterAll(async () => {
   await killAllServices();

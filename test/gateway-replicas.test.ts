@@ -99,9 +99,9 @@ beforeAll(async () => {
   gatewayEnv = { ...env, ...keys.env, TOOLMESH_GATEWAY_KEYS_FILE: keys.file };
   let resolver: ServiceProcess;
   [resolver, executor] = await Promise.all([
-    startService("resolver", env),
-    startService("executor", env),
-    startService("schema-expander", env),
+    startService("resolver", env, 60_000),
+    startService("executor", env, 60_000),
+    startService("schema-expander", env, 60_000),
   ]);
   for (const tool of ["echo", "tally"])
     await resolver.waitForLog(
@@ -111,7 +111,7 @@ beforeAll(async () => {
     );
   replicas = await Promise.all([0, 1, 2].map(() => startGateway(gatewayEnv)));
   proxy = await startRoundRobinProxy(replicas.map((r) => r.port));
-}, 90_000);
+}, 180_000);
 
 afterAll(async () => {
   await Promise.all(clients.map((c) => c.close().catch(() => undefined)));
@@ -193,7 +193,7 @@ describe("tasks", () => {
     await tallyStarted(before + 1);
     await executor.kill();
     expect((await c.experimental.tasks.getTask(task.taskId)).status).toBe("working");
-    executor = await startService("executor", env);
+    executor = await startService("executor", env, 60_000);
     await waitForTask(c, task.taskId, "completed", 40_000);
     const result = await c.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema);
     expect(result.isError).toBeFalsy();

@@ -61,9 +61,9 @@ beforeAll(async () => {
   };
   gatewayEnv = { ...env, ...keys.env, TOOLMESH_GATEWAY_KEYS_FILE: keys.file };
   [resolver] = await Promise.all([
-    startService("resolver", env),
-    startService("schema-expander", env),
-    startService("executor", env),
+    startService("resolver", env, 60_000),
+    startService("schema-expander", env, 60_000),
+    startService("executor", env, 60_000),
   ]);
   for (const tool of ["echo", "slow", "ledger", "strict", "optimize_structure", "tally"])
     await resolver.waitForLog(
@@ -73,7 +73,7 @@ beforeAll(async () => {
     );
   gateway = await startGateway({ ...gatewayEnv, TOOLMESH_LOG_LEVEL: "debug" });
   nc = await connect({ servers: server.url });
-}, 60_000);
+}, 150_000);
 
 afterAll(async () => {
   await Promise.all(clients.map((c) => c.close().catch(() => undefined)));

@@ -112,7 +112,7 @@ export async function writeKeysFile(): Promise<{ file: string; env: Record<strin
 export async function startGateway(
   env: Record<string, string>,
 ): Promise<{ process: ServiceProcess; url: string; port: number }> {
-  const process = await startService("gateway", { TOOLMESH_GATEWAY_PORT: "0", ...env });
+  const process = await startService("gateway", { TOOLMESH_GATEWAY_PORT: "0", ...env }, 60_000);
   const line = await process.waitForLog((l) => l.msg === "gateway started");
   const port = line.port as number;
   return { process, url: `http://127.0.0.1:${port}/mcp`, port };

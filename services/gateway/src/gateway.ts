@@ -66,6 +66,11 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
     });
   });
 
+  // Longer than the idle timeouts of clients and load balancers (60 s is common): a server that
+  // closes an idle connection first races the client's next request on it (ECONNRESET).
+  http.keepAliveTimeout = 65_000;
+  http.headersTimeout = 66_000;
+
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? "/", "http://gateway");
     if (url.pathname === "/healthz") return sendJson(res, 200, { status: "ok" });
