@@ -88,6 +88,14 @@ try {
     });
   }
   const mesh = await start("M", () => startMesh({ title: "toolmesh (1 executor, no tracing)" }));
+  // The MCP front door: the same calls from MCP clients through the gateway (Streamable HTTP).
+  await start("M+gateway", () =>
+    startMesh({
+      name: "M+gateway",
+      title: "toolmesh through the MCP gateway (TypeScript MCP SDK clients)",
+      gateway: true,
+    }),
+  );
   if (!smoke) {
     await start("M+trace", () =>
       startMesh({
@@ -294,6 +302,7 @@ function ratios(s) {
       sequential_p50: round(s[v].sequential.p50_ms / m.sequential.p50_ms, 2),
       throughput: round(s[v].closed.calls_per_s / m.closed.calls_per_s, 2),
       cpu_per_call: round(s[v].cost.cpu_us_per_call / m.cost.cpu_us_per_call, 2),
+      sequential_p50_delta_ms: round(s[v].sequential.p50_ms - m.sequential.p50_ms, 3),
       server_in_msgs_per_call: round(
         s[v].cost.server_in_msgs_per_call - m.cost.server_in_msgs_per_call,
         2,

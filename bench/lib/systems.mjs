@@ -3,16 +3,20 @@
 //   J  raw JetStream: publish to a work-queue stream, pull, ack, reply (a consumer process),
 //   B  BullMQ on the local Redis (add, a no-op worker process, wait for the result),
 //   M  toolmesh: resolver and executor processes, `echo` calls through the TypeScript client,
-// and variants of M (tracing on, two executors, extra environment such as metrics switches).
+// and variants of M (tracing on, two executors, extra environment such as metrics switches, and
+// M+gateway: the same mesh reached by MCP clients through the gateway over Streamable HTTP).
 // Every NATS system gets a nats-server of its own on random ports, so its counters are its own.
 import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { dirname, join } from "node:path";
+import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { TextEncoder } from "node:util";
 import { connect, headers } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ToolmeshClient } from "@toolmesh/client";
 import { startNatsServer } from "@toolmesh/nats-launcher";
 
@@ -23,6 +27,15 @@ const BENCH = join(ROOT, "bench");
 export function payloadOf(size) {
   const text = "x".repeat(size);
   return { size, text, bytes: new TextEncoder().encode(JSON.stringify({ text })) };
+}
+
+/** A TCP port no one listens on right now. */
+async function freePort() {
+  const probe = createServer();
+  await new Promise((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const { port } = probe.address();
+  await new Promise((resolve) => probe.close(resolve));
+  return port;
 }
 
 /** Spawns a Node child; resolves once it prints a line starting with `ready`. */
@@ -200,6 +213,7 @@ export async function startMesh({
   serverArgs,
   nodeArgs = [],
   root = ROOT,
+  gateway = false,
 } = {}) {
   const server = await startNatsServer(serverArgs === undefined ? {} : { args: serverArgs });
   let sink;
@@ -217,6 +231,17 @@ export async function startMesh({
     env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${sink.ready.split(" ")[1]}`;
   }
   const procs = { resolver: service("resolver", env, nodeArgs, root) };
+  let gatewayUrl;
+  if (gateway) {
+    const port = await freePort();
+    gatewayUrl = `http://127.0.0.1:${port}/mcp`;
+    procs.gateway = service(
+      "gateway",
+      { ...env, TOOLMESH_GATEWAY_PORT: String(port), TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "default" },
+      nodeArgs,
+      root,
+    );
+  }
   for (let i = 0; i < executors; i++)
     procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service(
       "executor",
@@ -253,6 +278,26 @@ export async function startMesh({
     if (ok) break;
   }
 
+  // Through the gateway: MCP clients, as agent frameworks hold them (one per conversation).
+  const mcpClients = [];
+  if (gatewayUrl !== undefined) {
+    for (;;) {
+      const res = await globalThis.fetch(gatewayUrl.replace(/mcp$/, "readyz")).catch(() => null);
+      if (res?.status === 200) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    for (let i = 0; i < 16; i++) {
+      const c = new McpClient({ name: "bench", version: "1" });
+      await c.connect(new StreamableHTTPClientTransport(new URL(gatewayUrl)));
+      mcpClients.push(c);
+    }
+  }
+  async function callThroughGateway(text) {
+    const c = mcpClients[next++ % mcpClients.length];
+    const result = await c.callTool({ name: "echo", arguments: { text } });
+    if (result.isError) throw new Error(`gateway call failed: ${result.content[0]?.text}`);
+  }
+
   return {
     name,
     title,
@@ -266,10 +311,12 @@ export async function startMesh({
       return pids;
     },
     async call(payload) {
-      await submit("echo", { text: payload.text });
+      if (gatewayUrl !== undefined) await callThroughGateway(payload.text);
+      else await submit("echo", { text: payload.text });
     },
     submit,
     async stop() {
+      await Promise.all(mcpClients.map((c) => c.close().catch(() => undefined)));
       for (const s of sessions) s.close();
       await nc.close();
       await Promise.all(Object.values(procs).map(stopProc));

@@ -31,7 +31,7 @@ const running = new Set<ServiceProcess>();
  * "<service> started" log line (readiness, not a sleep).
  */
 export async function startService(
-  service: "resolver" | "executor" | "schema-expander" | "mcp-bridge",
+  service: "resolver" | "executor" | "schema-expander" | "mcp-bridge" | "gateway",
   env: Record<string, string>,
   timeoutMs = 20_000,
 ): Promise<ServiceProcess> {

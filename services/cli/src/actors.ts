@@ -1,8 +1,16 @@
 import { startExecutorFromRuntime } from "@toolmesh/executor";
+import type { GatewayConfig } from "@toolmesh/gateway";
+import { startGatewayFromRuntime } from "@toolmesh/gateway";
 import { startBridgeFromRuntime } from "@toolmesh/mcp-bridge";
 import { startResolverFromRuntime } from "@toolmesh/resolver";
 import { startSchemaExpanderFromRuntime } from "@toolmesh/schema-expander";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
+
+/** Settings of actors beyond the runtime's, read only when that actor starts. */
+export interface ActorSettings {
+  /** The MCP gateway's configuration. */
+  gateway?: () => GatewayConfig;
+}
 
 /** The actors a process can run, and how each starts. */
 const STARTERS = {
@@ -10,7 +18,11 @@ const STARTERS = {
   executor: startExecutorFromRuntime,
   "mcp-bridge": startBridgeFromRuntime,
   "schema-expander": startSchemaExpanderFromRuntime,
-} as const satisfies Record<string, (rt: Runtime) => Promise<Stoppable>>;
+  gateway: (rt: Runtime, settings: ActorSettings) => {
+    if (settings.gateway === undefined) throw new Error("the gateway has no configuration");
+    return startGatewayFromRuntime(rt, settings.gateway());
+  },
+} as const satisfies Record<string, (rt: Runtime, settings: ActorSettings) => Promise<Stoppable>>;
 
 /** Names of the actors. */
 export const ROLES = Object.keys(STARTERS) as Role[];
@@ -19,9 +31,13 @@ export const ROLES = Object.keys(STARTERS) as Role[];
 export type Role = keyof typeof STARTERS;
 
 /** Starts the given actors on one runtime (one connection, one logger). */
-export async function startActors(rt: Runtime, roles: readonly Role[]): Promise<Stoppable> {
+export async function startActors(
+  rt: Runtime,
+  roles: readonly Role[],
+  settings: ActorSettings = {},
+): Promise<Stoppable> {
   const started: Stoppable[] = [];
-  for (const role of new Set(roles)) started.push(await STARTERS[role](rt));
+  for (const role of new Set(roles)) started.push(await STARTERS[role](rt, settings));
   return {
     async stop(graceMs) {
       await Promise.all(started.map((actor) => actor.stop(graceMs)));

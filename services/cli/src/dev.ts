@@ -1,8 +1,14 @@
+import { randomBytes } from "node:crypto";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/nats-core";
+import type { Gateway, GatewayConfig } from "@toolmesh/gateway";
+import { keyDigest, loadGatewayConfig, startGatewayFromRuntime } from "@toolmesh/gateway";
 import { connectNats, redactUrl } from "@toolmesh/nats";
 import { startNatsServer } from "@toolmesh/nats-launcher";
 import type { NatsServerHandle } from "@toolmesh/nats-launcher";
-import type { RuntimeConfig } from "@toolmesh/runtime";
+import type { Runtime, RuntimeConfig, Stoppable } from "@toolmesh/runtime";
 import { installShutdown, openRuntime, stopActor } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
 import { ROLES, startActors } from "./actors.js";
@@ -13,6 +19,39 @@ import { say } from "./print.js";
 export interface DevOptions {
   demo: boolean;
   exitAfterDemo: boolean;
+  /** The environment (the gateway's variables). */
+  env?: Readonly<Record<string, string | undefined>>;
+}
+
+/**
+ * The dev gateway's configuration: the keys file of `TOOLMESH_GATEWAY_KEYS_FILE` when set, else a
+ * development key for the dev tenant, made now and returned to be printed.
+ */
+async function devGatewayConfig(
+  config: RuntimeConfig,
+  env: Readonly<Record<string, string | undefined>>,
+): Promise<{ gateway: GatewayConfig; key?: string }> {
+  if (env.TOOLMESH_GATEWAY_KEYS_FILE !== undefined && env.TOOLMESH_GATEWAY_KEYS_FILE !== "")
+    return { gateway: loadGatewayConfig(env) };
+  const key = `tmdev_${randomBytes(24).toString("base64url")}`;
+  const dir = await mkdtemp(join(tmpdir(), "toolmesh-dev-gateway-"));
+  const file = join(dir, "keys.json");
+  await writeFile(
+    file,
+    JSON.stringify({ keys: [{ sha256: keyDigest(key), tenant: config.tenant, name: "dev" }] }),
+    { mode: 0o600 },
+  );
+  return { gateway: loadGatewayConfig(env, { TOOLMESH_GATEWAY_KEYS_FILE: file }), key };
+}
+
+/** Starts the gateway on its port, or on any free port when that one is taken. */
+async function startDevGateway(rt: Runtime, gateway: GatewayConfig): Promise<Gateway> {
+  try {
+    return await startGatewayFromRuntime(rt, gateway);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "EADDRINUSE") throw err;
+    return startGatewayFromRuntime(rt, { ...gateway, port: 0 });
+  }
 }
 
 async function reachable(config: RuntimeConfig): Promise<boolean> {
@@ -44,14 +83,32 @@ export async function devCommand(config: RuntimeConfig, options: DevOptions): Pr
   }
   // Logs go to stderr so the demo's output on stdout stays readable.
   const log = createLogger({ service: "dev", level: config.logLevel, destination: process.stderr });
+  const { gateway: gatewayConfig, key } = await devGatewayConfig(config, options.env ?? {});
   const rt = await openRuntime(config, "dev", log);
-  const actors = await startActors(rt, ROLES);
+  const meshActors = await startActors(
+    rt,
+    ROLES.filter((role) => role !== "gateway"),
+  );
+  const gateway = await startDevGateway(rt, gatewayConfig);
+  const actors: Stoppable = {
+    async stop(graceMs) {
+      await Promise.all([gateway.stop(graceMs), meshActors.stop(graceMs)]);
+    },
+    inFlight: () => meshActors.inFlight?.() ?? [],
+  };
   const shutdown = async (): Promise<boolean> => {
     const clean = await stopActor(rt, actors, config);
     await server?.stop();
     return clean;
   };
   say(`mesh running: ${ROLES.join(", ")} (tools from ${config.toolsDir})`);
+  const host = gatewayConfig.host === "0.0.0.0" ? "127.0.0.1" : gatewayConfig.host;
+  say(
+    `MCP gateway: http://${host}:${gateway.port}/mcp` +
+      (key === undefined
+        ? ` (keys from ${gatewayConfig.keysFile ?? ""})`
+        : ` (development key, tenant ${config.tenant}: Authorization: Bearer ${key})`),
+  );
   let code = 0;
   if (options.demo) {
     code = (await runDemo(rt.nc, { prefix: config.prefix, tenant: config.tenant })) === 0 ? 0 : 1;

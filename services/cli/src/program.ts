@@ -1,6 +1,7 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { loadConfig, serveActors } from "@toolmesh/runtime";
+import { loadGatewayConfig } from "@toolmesh/gateway";
 import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
 import { addToolApprovalCommand } from "./approve-command.js";
@@ -90,10 +91,17 @@ export function buildProgram(
     .addArgument(program.createArgument("<roles...>", "actors to run").choices(ROLES))
     .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
     .option("--concurrency <n>", "calls run at once by this executor (TOOLMESH_CONCURRENCY)")
-    .action((roles: Role[], o: { toolsDir?: string; concurrency?: string }) => {
+    .option("--port <port>", "port of the MCP gateway's /mcp (TOOLMESH_GATEWAY_PORT)")
+    .action((roles: Role[], o: { toolsDir?: string; concurrency?: string; port?: string }) => {
       run(async () => {
         const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
-        await serveActors(c, roles.join("+"), (rt) => startActors(rt, roles));
+        // Read before connecting: a gateway with no authentication refuses to start at once.
+        const gateway = roles.includes("gateway")
+          ? loadGatewayConfig(env, { TOOLMESH_GATEWAY_PORT: o.port })
+          : undefined;
+        await serveActors(c, roles.join("+"), (rt) =>
+          startActors(rt, roles, gateway === undefined ? {} : { gateway: () => gateway }),
+        );
         return new Promise<number>(() => undefined);
       });
     });
@@ -113,7 +121,7 @@ export function buildProgram(
             TOOLMESH_LOG_LEVEL:
               program.opts<GlobalOptions>().logLevel ?? env.TOOLMESH_LOG_LEVEL ?? "warn",
           }),
-          { demo: o.demo, exitAfterDemo: o.exitAfterDemo === true },
+          { demo: o.demo, exitAfterDemo: o.exitAfterDemo === true, env },
         ),
       );
     });

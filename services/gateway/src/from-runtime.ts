@@ -1,0 +1,142 @@
+import { readFileSync } from "node:fs";
+import { Kvm } from "@nats-io/kv";
+import { metrics } from "@opentelemetry/api";
+import { StateStore } from "@toolmesh/catalog";
+import { subjectToken } from "@toolmesh/protocol";
+import type { Runtime, Stoppable } from "@toolmesh/runtime";
+import { Authenticator } from "./auth.js";
+import type { GatewayConfig } from "./config.js";
+import type { GatewayServer } from "./gateway.js";
+import { createGatewayServer } from "./gateway.js";
+import { MeshView } from "./mesh-view.js";
+
+/** A running gateway. */
+export interface Gateway extends Stoppable {
+  /** The port `/mcp` is served on. */
+  readonly port: number;
+  readonly server: GatewayServer;
+}
+
+/** The gateway package's version (its package.json, beside `src/` and `dist/`). */
+export function gatewayVersion(): string {
+  try {
+    const manifest = JSON.parse(
+      readFileSync(new URL("../package.json", import.meta.url), "utf8"),
+    ) as { version?: unknown };
+    return typeof manifest.version === "string" ? manifest.version : "unknown";
+  } catch {
+    return "unknown";
+  }
+}
+
+/**
+ * Starts the MCP gateway on the runtime's connection: `/mcp` on `config.port`, acting for the
+ * tenants its credentials name. Tool-list changes come from the registry's watcher and the
+ * tenants' group switches.
+ */
+export async function startGatewayFromRuntime(
+  rt: Runtime,
+  config: GatewayConfig,
+): Promise<Gateway> {
+  const log = rt.log.child({ actor: "gateway" });
+  const auth = await Authenticator.create(config);
+  const store = await StateStore.open(rt.nc, {
+    subjects: rt.subjects,
+    sessionTtlMs: rt.config.sessionStateTtlMs,
+    replicas: rt.config.streamReplicas,
+  });
+  const calls = await new Kvm(rt.nc).open(rt.subjects.callsBucket);
+  const mesh = new MeshView({
+    nc: rt.nc,
+    subjects: rt.subjects,
+    prefix: rt.config.prefix,
+    registry: rt.registry,
+    calls,
+    defaultTimeoutMs: rt.config.defaultTimeoutMs,
+    retentionMs: rt.config.callRetentionMs,
+  });
+
+  // Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant.
+  const listeners = new Map<string, Set<() => void>>();
+  const notify = (tenant?: string): void => {
+    for (const [t, set] of listeners) {
+      if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
+      for (const listener of set) listener();
+    }
+  };
+  const stopRegistry = rt.registry.onChange(() => notify());
+  const groupWatch = await store.groups.watch({ include: "updates" });
+  void (async () => {
+    for await (const entry of groupWatch) notify(entry.key);
+  })().catch(() => undefined);
+
+  const meter = metrics.getMeter("toolmesh");
+  const callCounter = meter.createCounter("toolmesh.gateway.calls", {
+    unit: "{call}",
+    description: "Tool calls through the gateway, by tenant, tool and outcome (ok or error code)",
+  });
+  const callDuration = meter.createHistogram("toolmesh.gateway.call.duration", {
+    unit: "s",
+    description: "Duration of tool calls through the gateway, by tenant, tool and outcome",
+  });
+
+  let draining = false;
+  const server = createGatewayServer({
+    config,
+    auth,
+    mesh,
+    log,
+    tracer: rt.tracer,
+    version: gatewayVersion(),
+    ready: () => {
+      if (draining) return { ok: false, detail: "shutting down" };
+      if (!rt.connected()) return { ok: false, detail: "NATS connection down" };
+      return { ok: true };
+    },
+    observe: (tenant, tool, outcome, durationMs) => {
+      const attributes = { "toolmesh.tenant": tenant, "toolmesh.tool": tool, outcome };
+      callCounter.add(1, attributes);
+      callDuration.record(durationMs / 1_000, attributes);
+    },
+    onToolsChanged: (tenant, listener) => {
+      let set = listeners.get(tenant);
+      if (set === undefined) {
+        set = new Set();
+        listeners.set(tenant, set);
+      }
+      set.add(listener);
+      const added = set;
+      return () => {
+        added.delete(listener);
+        if (added.size === 0) listeners.delete(tenant);
+      };
+    },
+  });
+  const port = await server.listen();
+  rt.readiness.set("gateway", () =>
+    draining ? { ok: false, detail: "shutting down" } : { ok: true },
+  );
+  log.info(
+    {
+      port,
+      host: config.host,
+      keys: config.keysFile !== undefined,
+      jwt: config.jwt !== undefined,
+      anonymousTenant: config.anonymousTenant,
+    },
+    "gateway started",
+  );
+  return {
+    port,
+    server,
+    async stop(graceMs) {
+      draining = true;
+      const until = Date.now() + graceMs;
+      while (server.inFlight() > 0 && Date.now() < until)
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      stopRegistry();
+      groupWatch.stop();
+      await server.close();
+    },
+  };
+}

@@ -1,0 +1,314 @@
+import { createHash, randomUUID } from "node:crypto";
+import type { NatsConnection } from "@nats-io/nats-core";
+import type { KV } from "@nats-io/kv";
+import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { Catalog, CallHandle } from "@toolmesh/client";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { CallRecord } from "@toolmesh/call-store";
+import { CallRecordSchema } from "@toolmesh/call-store";
+import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError, callKey, decodeJson, ensureError } from "@toolmesh/protocol";
+import type { ToolRegistry } from "@toolmesh/registry";
+import { toCallToolResult } from "./results.js";
+
+/** `_meta` key of a call's whole budget in ms. */
+export const META_TIMEOUT_MS = "io.toolmesh/timeout_ms";
+/** `_meta` key of a call's idempotency key: the same key within a tenant runs the call once. */
+export const META_IDEMPOTENCY_KEY = "io.toolmesh/idempotency_key";
+
+/** Tools listed per `tools/list` page (the most one describe request answers). */
+export const PAGE_SIZE = 64;
+
+/** How often a client is told to poll a task, in ms. */
+export const TASK_POLL_INTERVAL_MS = 500;
+
+/** Options of {@link MeshView}. Durations in ms. */
+export interface MeshViewOptions {
+  nc: NatsConnection;
+  subjects: Subjects;
+  prefix: string;
+  registry: ToolRegistry;
+  /** The call records bucket. */
+  calls: KV;
+  /** Budget of a call whose `_meta` sets none, in ms. */
+  defaultTimeoutMs: number;
+  /** How long the mesh keeps call records (a task's ttl), in ms. */
+  retentionMs: number;
+}
+
+/** How a gateway call is named in the mesh: its session, call id and idempotency key are one id. */
+export interface MeshCallId {
+  readonly id: string;
+}
+
+/**
+ * The mesh as the gateway uses it: one TypeScript client per tenant (the gateway acts for the
+ * tenants it authenticated), the catalog and describe RPCs for `tools/list`, sessions for calls,
+ * and the call store for tasks. Holds nothing a second replica would need.
+ */
+export class MeshView {
+  readonly #o: MeshViewOptions;
+  readonly #clients = new Map<string, ToolmeshClient>();
+  /**
+   * Synchronous calls this replica serves, by tenant, MCP session and request id: the exchange it
+   * holds open, so a cancellation of a call named by its own key (not derivable from the request
+   * id) still reaches it when it arrives here.
+   */
+  readonly served = new Map<string, CallHandle>();
+
+  constructor(options: MeshViewOptions) {
+    this.#o = options;
+  }
+
+  /** The client acting for `tenant`. */
+  client(tenant: string): ToolmeshClient {
+    let client = this.#clients.get(tenant);
+    if (client === undefined) {
+      client = new ToolmeshClient(this.#o.nc, {
+        prefix: this.#o.prefix,
+        tenant,
+        defaultTimeoutMs: this.#o.defaultTimeoutMs,
+      });
+      this.#clients.set(tenant, client);
+    }
+    return client;
+  }
+
+  /**
+   * One page of the tenant's tools (the agent's, with its groups applied) with full input
+   * schemas. `cursor` is the offset of the page, as {@link encodeCursor} wrote it.
+   */
+  async listTools(
+    tenant: string,
+    agent: string | undefined,
+    cursor: string | undefined,
+  ): Promise<{ tools: Tool[]; nextCursor?: string }> {
+    const client = this.client(tenant);
+    const offset = cursor === undefined ? 0 : decodeCursor(cursor);
+    const catalog: Catalog = await client.catalog(agent === undefined ? {} : { agent });
+    const page = catalog.tools.slice(offset, offset + PAGE_SIZE);
+    const tools: Tool[] = [];
+    if (page.length > 0) {
+      // describe records what it sent under its session; this one is the gateway's own.
+      const session = client.session(`mcp-catalog`);
+      try {
+        const { schemas } = await session.describe(
+          page.map((t) => t.name),
+          agent === undefined ? {} : { agent },
+        );
+        const byName = new Map(schemas.map((s) => [s.tool, s]));
+        for (const entry of page) {
+          const schema = byName.get(entry.name);
+          if (schema === undefined) continue; // switched off or removed meanwhile
+          const annotations = this.#o.registry.get(entry.name)?.definition.annotations;
+          tools.push({
+            name: entry.name,
+            description: schema.description,
+            inputSchema: { ...schema.parameters, type: "object" },
+            ...(annotations === undefined ? {} : { annotations: annotations }),
+            execution: { taskSupport: "optional" },
+          });
+        }
+      } finally {
+        session.close();
+      }
+    }
+    const next = offset + PAGE_SIZE;
+    return next < catalog.tools.length ? { tools, nextCursor: encodeCursor(next) } : { tools };
+  }
+
+  /** The mesh id of a call: from the caller's idempotency key, else from the MCP request. */
+  callId(
+    tenant: string,
+    options: { idempotencyKey?: string; mcpSession?: string; requestId?: string | number },
+  ): MeshCallId {
+    if (options.idempotencyKey !== undefined)
+      return { id: `mcp-k-${digest(`${tenant}\n${options.idempotencyKey}`)}` };
+    if (options.mcpSession !== undefined && options.requestId !== undefined)
+      return {
+        id: `mcp-r-${digest(`${tenant}\n${options.mcpSession}\n${String(options.requestId)}`)}`,
+      };
+    return { id: `mcp-t-${randomUUID()}` };
+  }
+
+  /**
+   * Submits a call. `onProgress` sees each progress event; the handle's result settles with the
+   * final message. The session is closed once the call ends.
+   */
+  submit(
+    tenant: string,
+    id: MeshCallId,
+    call: {
+      name: string;
+      arguments: Record<string, unknown>;
+      agent?: string;
+      timeoutMs?: number;
+      onProgress?: (event: ProgressEvent) => void;
+    },
+  ): CallHandle {
+    const session = this.client(tenant).session(id.id);
+    if (call.onProgress !== undefined) {
+      const onProgress = call.onProgress;
+      session.onEvent((event) => {
+        if (event.type === "progress") onProgress(event.event);
+      });
+    }
+    const handle = session.submit(
+      { id: id.id, name: call.name, arguments: call.arguments },
+      {
+        idempotencyKey: id.id,
+        timeoutMs: call.timeoutMs ?? this.#o.defaultTimeoutMs,
+        ...(call.agent === undefined ? {} : { agent: call.agent }),
+      },
+    );
+    void handle.result.finally(() => session.close());
+    return handle;
+  }
+
+  /** Cancels a call by its mesh id; `state` is what the mesh says of it. */
+  async cancel(tenant: string, id: string): Promise<string> {
+    const session = this.client(tenant).session(id);
+    try {
+      const reply = await session.cancel(id, id);
+      return reply.state;
+    } finally {
+      session.close();
+    }
+  }
+
+  /**
+   * Waits until the mesh accepted a call (its record exists) or answered it (a final message):
+   * a task is created only for a call the call store can answer for.
+   */
+  async awaitAccepted(tenant: string, handle: CallHandle, timeoutMs: number): Promise<void> {
+    let settled = false;
+    void handle.result.then(() => {
+      settled = true;
+    });
+    const until = Date.now() + timeoutMs;
+    for (let delay = 5; !settled; delay = Math.min(delay * 2, 100)) {
+      if ((await this.record(tenant, handle.callId)) !== undefined) return;
+      if (Date.now() > until)
+        throw new ToolmeshError(ErrorCode.Unavailable, "the mesh did not accept the call in time");
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  }
+
+  /** The record of a gateway call, with the times of its first and latest revision. */
+  async record(
+    tenant: string,
+    id: string,
+  ): Promise<{ record: CallRecord; createdAt: Date; updatedAt: Date } | undefined> {
+    if (!isMeshCallId(id)) return undefined;
+    const client = this.client(tenant);
+    const key = callKey(this.#o.subjects.address(client.tenant, id), id);
+    const entry = await this.#o.calls.get(key);
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    const record = CallRecordSchema.safeParse(decodeJson(entry.value));
+    if (!record.success) return undefined;
+    let createdAt = entry.created;
+    if (entry.revision > 1) {
+      const history = await this.#o.calls.history({ key });
+      for await (const h of history) {
+        createdAt = h.created;
+        break;
+      }
+    }
+    return { record: record.data, createdAt, updatedAt: entry.created };
+  }
+
+  /** The MCP task of a gateway call; undefined when the tenant has no such call. */
+  async task(tenant: string, id: string): Promise<Task | undefined> {
+    const found = await this.record(tenant, id);
+    if (found === undefined) return undefined;
+    return this.#toTask(id, found);
+  }
+
+  /** The tenant's gateway tasks, newest keys last, a page at a time. */
+  async listTasks(
+    tenant: string,
+    cursor: string | undefined,
+  ): Promise<{ tasks: Task[]; nextCursor?: string }> {
+    const address = this.#o.subjects.address(tenant, "x");
+    const keys: string[] = [];
+    const lister = await this.#o.calls.keys(`${address.tenant}.>`);
+    for await (const key of lister) {
+      const [, session, call] = key.split(".");
+      if (session !== undefined && session === call && isMeshCallId(session)) keys.push(session);
+    }
+    keys.sort();
+    const offset = cursor === undefined ? 0 : decodeCursor(cursor);
+    const tasks: Task[] = [];
+    for (const id of keys.slice(offset, offset + PAGE_SIZE)) {
+      const task = await this.task(tenant, id);
+      if (task !== undefined) tasks.push(task);
+    }
+    const next = offset + PAGE_SIZE;
+    return next < keys.length ? { tasks, nextCursor: encodeCursor(next) } : { tasks };
+  }
+
+  /** The tool result of an ended gateway call. */
+  async taskResult(tenant: string, id: string): Promise<CallToolResult | undefined> {
+    const found = await this.record(tenant, id);
+    if (found?.record.result === undefined) return undefined;
+    return toCallToolResult(found.record.result);
+  }
+
+  #toTask(id: string, found: { record: CallRecord; createdAt: Date; updatedAt: Date }): Task {
+    const { record } = found;
+    const result: ToolMessage | undefined = record.result;
+    let status: Task["status"] = "working";
+    let statusMessage: string | undefined;
+    if (record.state === "done" && result !== undefined) {
+      if (result.error === undefined) status = "completed";
+      else if (result.error.code === ErrorCode.Cancelled) status = "cancelled";
+      else status = "failed";
+      if (result.error !== undefined)
+        statusMessage = `${result.error.code}: ${result.error.message}`;
+    }
+    return {
+      taskId: id,
+      status,
+      ttl: this.#o.retentionMs,
+      createdAt: found.createdAt.toISOString(),
+      lastUpdatedAt: found.updatedAt.toISOString(),
+      pollInterval: TASK_POLL_INTERVAL_MS,
+      ...(statusMessage === undefined ? {} : { statusMessage }),
+    };
+  }
+}
+
+/** The key of a served request in {@link MeshView.served}. */
+export function requestKey(tenant: string, mcpSession: string, requestId: string | number): string {
+  return JSON.stringify([tenant, mcpSession, requestId]);
+}
+
+/** Whether `id` is the shape of a gateway call id (and so a safe subject token). */
+export function isMeshCallId(id: string): boolean {
+  return /^mcp-[krt]-[0-9a-f-]{36,40}$/.test(id);
+}
+
+function digest(text: string): string {
+  return createHash("sha256").update(text, "utf8").digest("hex").slice(0, 40);
+}
+
+/** An opaque paging cursor for an offset. */
+export function encodeCursor(offset: number): string {
+  return Buffer.from(JSON.stringify({ o: offset })).toString("base64url");
+}
+
+/** The offset of a cursor; throws `invalid_request` for one this gateway did not write. */
+export function decodeCursor(cursor: string): number {
+  try {
+    const value = JSON.parse(Buffer.from(cursor, "base64url").toString("utf8")) as { o?: unknown };
+    if (typeof value.o === "number" && Number.isInteger(value.o) && value.o >= 0) return value.o;
+  } catch {
+    // reported below
+  }
+  throw new ToolmeshError(ErrorCode.InvalidRequest, "not a cursor this gateway wrote");
+}
+
+/** A thrown value as a typed error (for logs and replies). */
+export function asError(err: unknown): ToolmeshError {
+  return ensureError(err, ErrorCode.Internal);
+}
