@@ -4,6 +4,7 @@ import { loadConfig, serveActors } from "@toolmesh/runtime";
 import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
 import { addToolApprovalCommand } from "./approve-command.js";
+import { addImportOpenApiCommand } from "./import-openapi-command.js";
 import { addCatalogCommands } from "./catalog-commands.js";
 import { resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
 import type { CallOptions } from "./call-command.js";
@@ -162,6 +163,7 @@ export function buildProgram(
       run(() => toolsShowCommand(config(), name, o)),
     );
   addToolApprovalCommand(tools, () => config(), run);
+  addImportOpenApiCommand(tools, () => config(), run);
 
   const dlq = program
     .command("dlq")

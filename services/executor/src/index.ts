@@ -30,3 +30,26 @@ export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
 export { loadToolSources } from "./tool-source.js";
 export type { SourcedTool, ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
 export { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
+export {
+  OpenApiSourceFileSchema,
+  openApiToolSources,
+  openApiTools,
+  readOpenApiDocument,
+  readOpenApiSourceFile,
+} from "./openapi-tools.js";
+export type {
+  OpenApiSourceFile,
+  OpenApiTools,
+  OpenApiToolsOptions,
+  OpenApiWarning,
+} from "./openapi-tools.js";
+export type { NativeMethod, NativeToolFile, NativeToolsOptions } from "./native-tools.js";
+export {
+  PrivateAddressError,
+  outboundFetch,
+  outboundPolicy,
+  privateAddressCause,
+  privateAddressDenied,
+  privateRangeOf,
+} from "./outbound.js";
+export type { FetchLike, OutboundPolicy, PrivateAddressAllowance } from "./outbound.js";

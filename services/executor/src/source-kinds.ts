@@ -1,5 +1,6 @@
 import { builtinToolSources } from "./load-tools.js";
 import { httpToolSources } from "./native-tools.js";
+import { openApiToolSources } from "./openapi-tools.js";
 import type { ToolSourceKind } from "./tool-source.js";
 
 /**
@@ -11,4 +12,5 @@ import type { ToolSourceKind } from "./tool-source.js";
 export const EXECUTOR_SOURCE_KINDS: readonly ToolSourceKind[] = [
   builtinToolSources,
   httpToolSources,
+  openApiToolSources,
 ];
