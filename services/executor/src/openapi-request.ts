@@ -242,7 +242,7 @@ export function buildOperationRequest(
         if (text === "" || text === "." || text === "..") {
           throw invalidParameter(p.property, `cannot be ${JSON.stringify(text)} in the URL path`);
         }
-        pathValues.set(p.name, encodeURIComponent(text).replaceAll("%2C", ","));
+        pathValues.set(p.name, p.json ? encodeURIComponent(text) : pathSegment(p, value));
         break;
       }
       case "query":
@@ -317,6 +317,34 @@ function simple(value: unknown, explode: boolean): string {
       .join(",");
   }
   return textOf(value);
+}
+
+/** A path parameter by `style`: simple (`a,b`), label (`.a.b`) or matrix (`;id=a;id=b`). */
+function pathSegment(p: ParamPlan, value: unknown): string {
+  const enc = (v: unknown): string => encodeURIComponent(textOf(v));
+  const entries: [string, unknown][] = Array.isArray(value)
+    ? value.map((v) => [p.name, v])
+    : typeof value === "object" && value !== null
+      ? Object.entries(value)
+      : [[p.name, value]];
+  const isObject = !Array.isArray(value) && typeof value === "object" && value !== null;
+  switch (p.style) {
+    case "label":
+      return p.explode
+        ? entries.map(([k, v]) => `.${isObject ? `${enc(k)}=` : ""}${enc(v)}`).join("")
+        : `.${entries.map(([k, v]) => (isObject ? `${enc(k)},${enc(v)}` : enc(v))).join(",")}`;
+    case "matrix":
+      if (p.explode) {
+        return entries.map(([k, v]) => `;${enc(isObject ? k : p.name)}=${enc(v)}`).join("");
+      }
+      return `;${enc(p.name)}=${entries.map(([k, v]) => (isObject ? `${enc(k)},${enc(v)}` : enc(v))).join(",")}`;
+    default:
+      return entries
+        .map(([k, v]) =>
+          isObject ? (p.explode ? `${enc(k)}=${enc(v)}` : `${enc(k)},${enc(v)}`) : enc(v),
+        )
+        .join(",");
+  }
 }
 
 /** Query pairs by `style`: form (exploded or comma-joined), space/pipe-delimited, deepObject. */

@@ -12,7 +12,7 @@ import { ToolLoadError } from "./load-tools.js";
 import { isOpenApiFile } from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";
 import { CredentialStore, buildOperationRequest } from "./openapi-request.js";
-import { outboundFetch } from "./outbound.js";
+import { outboundFetch, privateAddressCause } from "./outbound.js";
 import type { ToolModule } from "./tool-module.js";
 import type { ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
 
@@ -119,7 +119,8 @@ export async function readOpenApiDocument(
         signal: AbortSignal.timeout(30_000),
       });
     } catch (err) {
-      throw new ToolLoadError(`cannot fetch OpenAPI document ${spec}: ${reasonOf(err)}`, {
+      const cause = privateAddressCause(err) ?? (err as { cause?: unknown }).cause ?? err;
+      throw new ToolLoadError(`cannot fetch OpenAPI document ${spec}: ${reasonOf(cause)}`, {
         cause: err,
       });
     }
@@ -272,6 +273,7 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
           operation_id: operationId,
           method: upper,
           path,
+          server: plan.base.href,
           ...(tags.length === 0 ? {} : { tags }),
         },
         handler: async (args, ctx) =>
