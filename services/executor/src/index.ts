@@ -30,6 +30,8 @@ export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
 export { loadToolSources } from "./tool-source.js";
 export type { SourcedTool, ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
 export { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
+export { ServedTools } from "./served-tools.js";
+export type { SyncLog, ToolSync } from "./served-tools.js";
 export {
   OpenApiSourceFileSchema,
   openApiToolSources,
