@@ -21,6 +21,7 @@ import {
   readOpenApiDocument,
 } from "@toolmesh/executor";
 import { ToolmeshError } from "@toolmesh/protocol";
+import { runCli } from "./helpers/cli.js";
 
 // OpenAPI documents as tools, against a real HTTP server this test starts. The documents are
 // the published examples of @readme/oas-examples (MIT, ReadMe) and GitHub's REST API
@@ -568,5 +569,42 @@ describe("an OpenAPI document as a tool source", () => {
       properties: { owner: { type: "string" }, title: {} },
     });
     expect(result.warnings.map((w) => w.tool)).toContain("github.repos/upload-release-asset");
+  });
+});
+
+describe("toolmesh tools import-openapi", () => {
+  it("prints the tools and one warning per unsupported part, and refuses to overwrite", async () => {
+    const folder = await mkdtemp(join(tmpdir(), "toolmesh-import-"));
+    const env = { TOOLMESH_NATIVE_TOOLS_DIR: folder };
+    const spec = join(EXAMPLES, "3.0", "json", "file-uploads.json");
+    try {
+      const dry = await runCli(["tools", "import-openapi", spec, "--dry-run", "--json"], env);
+      expect(dry.code, dry.stderr).toBe(0);
+      const printed = JSON.parse(dry.stdout) as { tools: unknown[]; warnings: unknown[] };
+      expect(printed.tools).toHaveLength(3);
+      expect(printed.warnings).toContainEqual({
+        tool: "file-uploads.post_anything_multipart_formdata",
+        message:
+          "the request body is multipart/form-data, which is not supported (JSON only); the operation is served without a body",
+      });
+      const first = await runCli(["tools", "import-openapi", spec, "--prefix", "files"], env);
+      expect(first.code, first.stderr).toBe(0);
+      expect(first.stderr).toContain(
+        "toolmesh: warning: files.post_anything_image_png: the request body is image/png",
+      );
+      expect(first.stdout).toContain(`wrote ${join(folder, "files.openapi.yaml")}`);
+      const again = await runCli(["tools", "import-openapi", spec, "--prefix", "files"], env);
+      expect(again).toMatchObject({ code: 2 });
+      expect(again.stderr.trim()).toBe(
+        `toolmesh: ${join(folder, "files.openapi.yaml")} exists already; choose another --prefix or remove it`,
+      );
+      const unreadable = await runCli(["tools", "import-openapi", join(folder, "none.json")], env);
+      expect(unreadable.code).toBe(2);
+      expect(unreadable.stderr).toMatch(
+        /^toolmesh: cannot read OpenAPI document .*none\.json: ENOENT/,
+      );
+    } finally {
+      await rm(folder, { recursive: true, force: true });
+    }
   });
 });

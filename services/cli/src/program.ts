@@ -150,7 +150,9 @@ export function buildProgram(
     run(() => resolveCommand(config(), tool, o));
   });
 
-  const tools = program.command("tools").description("look at the tool registry");
+  const tools = program
+    .command("tools")
+    .description("look at the tool registry, approve MCP tools, import OpenAPI documents");
   tools
     .command("list")
     .option("--json", "print JSON")

@@ -1,7 +1,6 @@
 import { readFile, readdir } from "node:fs/promises";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { dereference } from "@readme/openapi-parser";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
@@ -164,6 +163,8 @@ export async function readOpenApiDocument(
       `${spec} is not an OpenAPI 3.0 or 3.1 document (openapi: ${String(version)})`,
     );
   }
+  // Imported here: executors without OpenAPI documents do not load the parser at start.
+  const { dereference } = await import("@readme/openapi-parser");
   try {
     return (await dereference(document as Parameters<typeof dereference>[0], {
       resolve: { external: false },
