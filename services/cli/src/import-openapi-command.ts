@@ -54,9 +54,14 @@ export function addImportOpenApiCommand(
     .option("--base-url <url>", "base URL of the API instead of the document's first server")
     .option("--dry-run", "print the tools and warnings; write nothing")
     .option("--json", "print JSON")
-    .action((spec: string, o: ImportOpenApiOptions) =>
-      run(() => importOpenApiCommand(config(), spec, o)),
-    );
+    .action((spec: string, o: ImportOpenApiOptions, command: Command) => {
+      // `--prefix` is also the global subject-prefix option, which takes it wherever it is
+      // written; here it names the tools, and this command never uses the subject prefix.
+      const { prefix } = command.optsWithGlobals<{ prefix?: string }>();
+      run(() =>
+        importOpenApiCommand(config(), spec, { ...o, ...(prefix === undefined ? {} : { prefix }) }),
+      );
+    });
 }
 
 /**

@@ -124,25 +124,13 @@ export async function loadNativeToolsDir(
   log: LoadLog,
   options: NativeToolsOptions = {},
 ): Promise<ToolModule[]> {
-  const root = resolve(dir);
-  let entries: string[];
-  try {
-    entries = (await readdir(root))
-      .filter((f) => FILE_EXTENSIONS.has(extname(f)) && !isOpenApiFile(f))
-      .sort();
-  } catch (err) {
-    if (options.missingOk === true && (err as NodeJS.ErrnoException).code === "ENOENT") return [];
-    throw new ToolLoadError(`cannot read native tools folder ${root}: ${(err as Error).message}`, {
-      cause: err,
-    });
-  }
+  const files = await toolFiles(dir, options);
   const allowed =
     options.allowedUrls === undefined ? undefined : new UrlAllowList(options.allowedUrls);
   const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
   const seen = new Map<string, string>(options.taken);
   const modules: ToolModule[] = [];
-  for (const entry of entries) {
-    const file = join(root, entry);
+  for (const file of files) {
     const spec = await readToolFile(file);
     const first = seen.get(spec.name);
     if (first !== undefined) {
@@ -163,28 +151,49 @@ export function isOpenApiFile(file: string): boolean {
   return /\.openapi\.(?:ya?ml|json)$/i.test(file);
 }
 
-/** HTTP tools: the YAML files of `TOOLMESH_NATIVE_TOOLS_DIR`, one source for the folder. */
+/** HTTP tools: the YAML files of `TOOLMESH_NATIVE_TOOLS_DIR`, one source per file. */
 export const httpToolSources: ToolSourceKind = {
   kind: "http",
-  discover: (settings, log) =>
-    Promise.resolve([
-      {
-        origin: resolve(settings.nativeToolsDir),
-        load: () =>
-          loadNativeToolsDir(settings.nativeToolsDir, settings.env, log, {
-            missingOk: settings.nativeToolsDirOptional,
-            ...(settings.maxResponseBytes === undefined
-              ? {}
-              : { maxResponseBytes: settings.maxResponseBytes }),
-            ...(settings.allowedUrls === undefined ? {} : { allowedUrls: settings.allowedUrls }),
-            ...(settings.allowPrivateAddresses === undefined
-              ? {}
-              : { allowPrivateAddresses: settings.allowPrivateAddresses }),
-            ...(settings.fetch === undefined ? {} : { fetch: settings.fetch }),
-          }),
-      },
-    ]),
+  async discover(settings) {
+    const options: NativeToolsOptions = {
+      missingOk: settings.nativeToolsDirOptional,
+      ...(settings.maxResponseBytes === undefined
+        ? {}
+        : { maxResponseBytes: settings.maxResponseBytes }),
+      ...(settings.allowedUrls === undefined ? {} : { allowedUrls: settings.allowedUrls }),
+      ...(settings.allowPrivateAddresses === undefined
+        ? {}
+        : { allowPrivateAddresses: settings.allowPrivateAddresses }),
+      ...(settings.fetch === undefined ? {} : { fetch: settings.fetch }),
+    };
+    const files = await toolFiles(settings.nativeToolsDir, options);
+    const allowed =
+      options.allowedUrls === undefined ? undefined : new UrlAllowList(options.allowedUrls);
+    const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
+    return files.map((file) => ({
+      origin: file,
+      load: async () => [
+        nativeToolModule(await readToolFile(file), file, settings.env, allowed, options, fetch),
+      ],
+    }));
+  },
 };
+
+/** The tool files of a folder, in file-name order; none for a missing optional folder. */
+async function toolFiles(dir: string, options: NativeToolsOptions): Promise<string[]> {
+  const root = resolve(dir);
+  try {
+    return (await readdir(root))
+      .filter((f) => FILE_EXTENSIONS.has(extname(f)) && !isOpenApiFile(f))
+      .sort()
+      .map((f) => join(root, f));
+  } catch (err) {
+    if (options.missingOk === true && (err as NodeJS.ErrnoException).code === "ENOENT") return [];
+    throw new ToolLoadError(`cannot read native tools folder ${root}: ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
+}
 
 async function readToolFile(file: string): Promise<z.output<typeof NativeToolFileSchema>> {
   let document: unknown;
