@@ -5,6 +5,7 @@ import { loadGatewayConfig } from "@toolmesh/gateway";
 import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
 import { addToolApprovalCommand } from "./approve-command.js";
+import { addImportOpenApiCommand } from "./import-openapi-command.js";
 import { addCatalogCommands } from "./catalog-commands.js";
 import { resolveCommand, toolsListCommand, toolsShowCommand } from "./commands.js";
 import type { CallOptions } from "./call-command.js";
@@ -157,7 +158,9 @@ export function buildProgram(
     run(() => resolveCommand(config(), tool, o));
   });
 
-  const tools = program.command("tools").description("look at the tool registry");
+  const tools = program
+    .command("tools")
+    .description("look at the tool registry, approve MCP tools, import OpenAPI documents");
   tools
     .command("list")
     .option("--json", "print JSON")
@@ -170,6 +173,7 @@ export function buildProgram(
       run(() => toolsShowCommand(config(), name, o)),
     );
   addToolApprovalCommand(tools, () => config(), run);
+  addImportOpenApiCommand(tools, () => config(), run);
 
   const dlq = program
     .command("dlq")

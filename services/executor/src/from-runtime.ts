@@ -4,8 +4,9 @@ import { z } from "zod";
 import type { Runtime } from "@toolmesh/runtime";
 import type { Executor } from "./executor.js";
 import { startExecutor } from "./executor.js";
-import { loadToolsDir } from "./load-tools.js";
-import { DEFAULT_NATIVE_TOOLS_DIR, loadNativeToolsDir } from "./native-tools.js";
+import { DEFAULT_NATIVE_TOOLS_DIR } from "./native-tools.js";
+import { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
+import { loadToolSources } from "./tool-source.js";
 
 const PresetsFileSchema = z.record(z.string(), z.record(z.string(), z.unknown()));
 
@@ -23,21 +24,25 @@ export async function loadPresetsFile(
 }
 
 /**
- * Starts an executor configured by the runtime: tools folder, native tools folder, presets
- * file, concurrency.
+ * Starts an executor configured by the runtime: the tools of every source kind (builtin
+ * modules, HTTP tool files, OpenAPI documents), presets file, concurrency.
  */
 export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
   const { config } = rt;
   const log = rt.log.child({ actor: "executor" });
-  const tools = await loadToolsDir(config.toolsDir, log);
-  // Builtin tools come first: a native tool of the same name is skipped with a warning.
-  const nativeTools = await loadNativeToolsDir(config.nativeToolsDir, config.env, log, {
-    missingOk: config.nativeToolsDir === DEFAULT_NATIVE_TOOLS_DIR,
-    taken: new Map(tools.map((t) => [t.module.name, t.file])),
-    maxResponseBytes: config.maxMessageBytes,
-    ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
-    allowPrivateAddresses: config.allowPrivateAddresses,
-  });
+  const tools = await loadToolSources(
+    EXECUTOR_SOURCE_KINDS,
+    {
+      toolsDir: config.toolsDir,
+      nativeToolsDir: config.nativeToolsDir,
+      nativeToolsDirOptional: config.nativeToolsDir === DEFAULT_NATIVE_TOOLS_DIR,
+      env: config.env,
+      maxResponseBytes: config.maxMessageBytes,
+      ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
+      allowPrivateAddresses: config.allowPrivateAddresses,
+    },
+    log,
+  );
   return startExecutor({
     nc: rt.nc,
     subjects: rt.subjects,
@@ -45,7 +50,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     tracer: rt.tracer,
     streamLimits: rt.streamLimits,
     log,
-    tools: [...tools.map((t) => t.module), ...nativeTools],
+    tools: tools.map((t) => t.module),
     owner: config.executorOwner,
     concurrency: config.concurrency,
     ackWaitMs: config.ackWaitMs,

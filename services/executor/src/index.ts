@@ -4,7 +4,7 @@ export type { ServedTool, WorkDeps } from "./handle-work.js";
 export { AttemptTelemetry } from "./attempt-telemetry.js";
 export { FreshWork } from "./fresh-work.js";
 export type { Executor, ExecutorOptions } from "./executor.js";
-export { ToolLoadError, loadToolsDir } from "./load-tools.js";
+export { ToolLoadError, builtinToolSources, loadToolsDir } from "./load-tools.js";
 export type { LoadLog, LoadedTool } from "./load-tools.js";
 export { ToolModuleSchema, defineTool } from "./tool-module.js";
 export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
@@ -13,9 +13,38 @@ export {
   DEFAULT_NATIVE_TOOLS_DIR,
   NATIVE_METHODS,
   NativeToolFileSchema,
+  httpToolSources,
+  isOpenApiFile,
   loadNativeToolsDir,
-  retryAfterMs,
 } from "./native-tools.js";
+export {
+  DEFAULT_ACCEPT,
+  ERROR_BODY_BYTES,
+  UrlAllowList,
+  invalidParameter,
+  invokeHttp,
+  retryAfterMs,
+  textOf,
+} from "./http-invoke.js";
+export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
+export { loadToolSources } from "./tool-source.js";
+export type { SourcedTool, ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
+export { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
+export { ServedTools } from "./served-tools.js";
+export type { SyncLog, ToolSync } from "./served-tools.js";
+export {
+  OpenApiSourceFileSchema,
+  openApiToolSources,
+  openApiTools,
+  readOpenApiDocument,
+  readOpenApiSourceFile,
+} from "./openapi-tools.js";
+export type {
+  OpenApiSourceFile,
+  OpenApiTools,
+  OpenApiToolsOptions,
+  OpenApiWarning,
+} from "./openapi-tools.js";
 export type { NativeMethod, NativeToolFile, NativeToolsOptions } from "./native-tools.js";
 export {
   PrivateAddressError,

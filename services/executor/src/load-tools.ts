@@ -4,6 +4,7 @@ import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import type { ToolModule } from "./tool-module.js";
 import { ToolModuleSchema } from "./tool-module.js";
+import type { ToolSourceKind } from "./tool-source.js";
 
 /** A tool module and the file it came from. */
 export interface LoadedTool {
@@ -72,3 +73,15 @@ export async function loadToolsDir(dir: string, log: LoadLog): Promise<LoadedToo
   }
   return loaded;
 }
+
+/** Builtin tools: the modules of `TOOLMESH_TOOLS_DIR`, one source for the folder. */
+export const builtinToolSources: ToolSourceKind = {
+  kind: "builtin",
+  discover: (settings, log) =>
+    Promise.resolve([
+      {
+        origin: resolve(settings.toolsDir),
+        load: async () => (await loadToolsDir(settings.toolsDir, log)).map((t) => t.module),
+      },
+    ]),
+};

@@ -9,7 +9,8 @@ import { RetryableError, TerminalError, ToolmeshError } from "@toolmesh/protocol
 import { toolDefinitionOf } from "./executor.js";
 import { ToolLoadError } from "./load-tools.js";
 import type { LoadLog } from "./load-tools.js";
-import { loadNativeToolsDir, retryAfterMs } from "./native-tools.js";
+import { retryAfterMs } from "./http-invoke.js";
+import { loadNativeToolsDir } from "./native-tools.js";
 import type { NativeToolFile, NativeToolsOptions } from "./native-tools.js";
 import type { ToolContext, ToolModule } from "./tool-module.js";
 

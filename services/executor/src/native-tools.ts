@@ -2,20 +2,21 @@ import { readFile, readdir } from "node:fs/promises";
 import { extname, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
+import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
+import type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
 import {
-  Defaults,
-  ErrorCode,
-  RetryPolicySchema,
-  RetryableError,
-  TerminalError,
-  ToolmeshError,
-} from "@toolmesh/protocol";
-import { injectTraceHeaders } from "@toolmesh/telemetry";
+  DEFAULT_ACCEPT,
+  UrlAllowList,
+  invalidParameter,
+  invokeHttp,
+  textOf,
+} from "./http-invoke.js";
 import type { LoadLog } from "./load-tools.js";
 import { ToolLoadError } from "./load-tools.js";
 import type { PrivateAddressAllowance } from "./outbound.js";
-import { outboundFetch, privateAddressCause, privateAddressDenied } from "./outbound.js";
+import { outboundFetch } from "./outbound.js";
 import type { ToolContext, ToolModule } from "./tool-module.js";
+import type { ToolSourceKind } from "./tool-source.js";
 
 /** Default folder of native tool files; `TOOLMESH_NATIVE_TOOLS_DIR`'s default must match it. */
 export const DEFAULT_NATIVE_TOOLS_DIR = "tools/native";
@@ -31,11 +32,6 @@ const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const PLACEHOLDER = /\{([^{}]*)\}/g;
 const FILE_EXTENSIONS = new Set([".yaml", ".yml"]);
-const REDIRECTS = new Set([301, 302, 303, 307, 308]);
-const MAX_REDIRECTS = 5;
-/** Bytes of an error response's body kept in the error's details. */
-const ERROR_BODY_BYTES = 4096;
-const REDACTED = "[redacted]";
 
 const PlacementSchema = z.union([
   z.enum(["path", "query", "body", "header"]),
@@ -108,19 +104,11 @@ type Placement = { in: "path" | "query" | "body" } | { in: "header"; name: strin
 
 /** What a tool's handler needs, compiled once at load. */
 interface CompiledTool {
-  name: string;
   method: NativeMethod;
   apiUrl: string;
   placementOf(param: string): Placement;
-  auth?: { header: string; value: string; secret: string };
-  allowed: readonly AllowedPrefix[] | undefined;
-  maxResponseBytes: number;
-  fetch: typeof globalThis.fetch;
-}
-
-interface AllowedPrefix {
-  origin: string;
-  path: string;
+  auth?: { header: string; value: string };
+  endpoint: HttpEndpoint;
 }
 
 /**
@@ -136,22 +124,13 @@ export async function loadNativeToolsDir(
   log: LoadLog,
   options: NativeToolsOptions = {},
 ): Promise<ToolModule[]> {
-  const root = resolve(dir);
-  let entries: string[];
-  try {
-    entries = (await readdir(root)).filter((f) => FILE_EXTENSIONS.has(extname(f))).sort();
-  } catch (err) {
-    if (options.missingOk === true && (err as NodeJS.ErrnoException).code === "ENOENT") return [];
-    throw new ToolLoadError(`cannot read native tools folder ${root}: ${(err as Error).message}`, {
-      cause: err,
-    });
-  }
-  const allowed = options.allowedUrls?.map(allowedPrefix);
+  const files = await toolFiles(dir, options);
+  const allowed =
+    options.allowedUrls === undefined ? undefined : new UrlAllowList(options.allowedUrls);
   const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
   const seen = new Map<string, string>(options.taken);
   const modules: ToolModule[] = [];
-  for (const entry of entries) {
-    const file = join(root, entry);
+  for (const file of files) {
     const spec = await readToolFile(file);
     const first = seen.get(spec.name);
     if (first !== undefined) {
@@ -165,6 +144,55 @@ export async function loadNativeToolsDir(
     modules.push(nativeToolModule(spec, file, env, allowed, options, fetch));
   }
   return modules;
+}
+
+/** `NAME.openapi.yaml|yml|json`: an OpenAPI document or a reference to one, not an HTTP tool. */
+export function isOpenApiFile(file: string): boolean {
+  return /\.openapi\.(?:ya?ml|json)$/i.test(file);
+}
+
+/** HTTP tools: the YAML files of `TOOLMESH_NATIVE_TOOLS_DIR`, one source per file. */
+export const httpToolSources: ToolSourceKind = {
+  kind: "http",
+  async discover(settings) {
+    const options: NativeToolsOptions = {
+      missingOk: settings.nativeToolsDirOptional,
+      ...(settings.maxResponseBytes === undefined
+        ? {}
+        : { maxResponseBytes: settings.maxResponseBytes }),
+      ...(settings.allowedUrls === undefined ? {} : { allowedUrls: settings.allowedUrls }),
+      ...(settings.allowPrivateAddresses === undefined
+        ? {}
+        : { allowPrivateAddresses: settings.allowPrivateAddresses }),
+      ...(settings.fetch === undefined ? {} : { fetch: settings.fetch }),
+    };
+    const files = await toolFiles(settings.nativeToolsDir, options);
+    const allowed =
+      options.allowedUrls === undefined ? undefined : new UrlAllowList(options.allowedUrls);
+    const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
+    return files.map((file) => ({
+      origin: file,
+      load: async () => [
+        nativeToolModule(await readToolFile(file), file, settings.env, allowed, options, fetch),
+      ],
+    }));
+  },
+};
+
+/** The tool files of a folder, in file-name order; none for a missing optional folder. */
+async function toolFiles(dir: string, options: NativeToolsOptions): Promise<string[]> {
+  const root = resolve(dir);
+  try {
+    return (await readdir(root))
+      .filter((f) => FILE_EXTENSIONS.has(extname(f)) && !isOpenApiFile(f))
+      .sort()
+      .map((f) => join(root, f));
+  } catch (err) {
+    if (options.missingOk === true && (err as NodeJS.ErrnoException).code === "ENOENT") return [];
+    throw new ToolLoadError(`cannot read native tools folder ${root}: ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
 }
 
 async function readToolFile(file: string): Promise<z.output<typeof NativeToolFileSchema>> {
@@ -237,32 +265,15 @@ function pathPlaceholders(apiUrl: string): Set<string> {
   return new Set([...apiUrl.matchAll(PLACEHOLDER)].map((m) => m[1] ?? ""));
 }
 
-function allowedPrefix(prefix: string): AllowedPrefix {
-  const url = new URL(prefix);
-  return { origin: url.origin, path: url.pathname };
-}
-
-/** Same origin, and the path equal to the prefix's or under it (segment-wise). */
-function isAllowed(url: URL, allowed: readonly AllowedPrefix[] | undefined): boolean {
-  if (allowed === undefined) return true;
-  return allowed.some(
-    (p) =>
-      url.origin === p.origin &&
-      (p.path.endsWith("/")
-        ? url.pathname.startsWith(p.path)
-        : url.pathname === p.path || url.pathname.startsWith(`${p.path}/`)),
-  );
-}
-
 function nativeToolModule(
   spec: z.output<typeof NativeToolFileSchema>,
   file: string,
   env: Readonly<Record<string, string | undefined>>,
-  allowed: readonly AllowedPrefix[] | undefined,
+  allowed: UrlAllowList | undefined,
   options: NativeToolsOptions,
   fetch: typeof globalThis.fetch,
 ): ToolModule {
-  if (!isAllowed(new URL(spec.api_url.replace(PLACEHOLDER, "x")), allowed)) {
+  if (allowed !== undefined && !allowed.allows(new URL(spec.api_url.replace(PLACEHOLDER, "x")))) {
     throw new ToolLoadError(
       `${file}: api_url ${spec.api_url} is outside TOOLMESH_NATIVE_ALLOWED_URLS`,
     );
@@ -279,7 +290,6 @@ function nativeToolModule(
     auth = {
       header: spec.auth.header ?? (bearer ? "Authorization" : "X-API-Key"),
       value: bearer ? `Bearer ${secret}` : secret,
-      secret,
     };
   }
   const placeholders = pathPlaceholders(spec.api_url);
@@ -295,15 +305,19 @@ function nativeToolModule(
     ]),
   );
   const tool: CompiledTool = {
-    name: spec.name,
     method: spec.method,
     apiUrl: spec.api_url,
     placementOf: (param) =>
       placements.get(param) ?? (placeholders.has(param) ? { in: "path" } : fallback),
     ...(auth === undefined ? {} : { auth }),
-    allowed,
-    maxResponseBytes: options.maxResponseBytes ?? Defaults.maxMessageBytes,
-    fetch,
+    endpoint: {
+      tool: spec.name,
+      allowed,
+      credentialHeaders: auth === undefined ? [] : [auth.header],
+      secrets: spec.auth === undefined ? [] : [env[spec.auth.env] ?? ""],
+      maxResponseBytes: options.maxResponseBytes ?? Defaults.maxMessageBytes,
+      fetch,
+    },
   };
   return {
     name: spec.name,
@@ -316,27 +330,20 @@ function nativeToolModule(
     ...(spec.retry === undefined ? {} : { retry: spec.retry }),
     kind: "native",
     origin: { api_url: spec.api_url, method: spec.method },
-    handler: (args, ctx) => callApi(tool, args, ctx),
+    handler: async (args, ctx) => invokeHttp(tool.endpoint, buildRequest(tool, args, ctx), ctx),
   };
-}
-
-/** A request as built from the arguments, before it is sent. */
-interface NativeRequest {
-  url: URL;
-  headers: Headers;
-  body: string | undefined;
 }
 
 function buildRequest(
   tool: CompiledTool,
   args: Record<string, unknown>,
   ctx: ToolContext,
-): NativeRequest {
+): HttpRequest {
   const pathValues = new Map<string, string>();
   const query: [string, string][] = [];
   const body: Record<string, unknown> = {};
   let hasBody = false;
-  const headers = new Headers({ accept: "application/json, text/*;q=0.9, */*;q=0.8" });
+  const headers = new Headers({ accept: DEFAULT_ACCEPT });
   for (const [name, value] of Object.entries(args)) {
     if (value === undefined) continue;
     const placement = tool.placementOf(name);
@@ -393,207 +400,10 @@ function buildRequest(
   if (sendsBody) headers.set("content-type", "application/json");
   // Set last: neither the model nor a preset can replace the configured credential.
   if (tool.auth !== undefined) headers.set(tool.auth.header, tool.auth.value);
-  injectTraceHeaders({ get: (k) => headers.get(k) ?? "", set: (k, v) => headers.set(k, v) });
-  return { url, headers, body: sendsBody ? JSON.stringify(body) : undefined };
-}
-
-/** The handler of a native tool: one HTTP request (following redirects) per attempt. */
-async function callApi(
-  tool: CompiledTool,
-  args: Record<string, unknown>,
-  ctx: ToolContext,
-): Promise<unknown> {
-  const request = buildRequest(tool, args, ctx);
-  let { url, body } = request;
-  let method: string = tool.method;
-  const started = performance.now();
-  let response: Response;
-  for (let hop = 0; ; hop++) {
-    if (!isAllowed(url, tool.allowed)) {
-      throw new ToolmeshError(
-        ErrorCode.PermissionDenied,
-        `"${tool.name}" may not call ${url.origin}${hop === 0 ? "" : " (redirected)"}: the URL is outside TOOLMESH_NATIVE_ALLOWED_URLS`,
-        { retryable: false, details: { origin: url.origin } },
-      );
-    }
-    try {
-      response = await tool.fetch(url, {
-        method,
-        headers: request.headers,
-        ...(body === undefined ? {} : { body }),
-        signal: ctx.signal,
-        // Followed here, so every hop passes the allow-list and credentials stay on their origin.
-        redirect: "manual",
-      });
-    } catch (err) {
-      throw unreachable(tool, url, err, ctx);
-    }
-    const location = response.headers.get("location");
-    if (!REDIRECTS.has(response.status) || location === null) break;
-    await response.body?.cancel().catch(() => undefined);
-    if (hop >= MAX_REDIRECTS) {
-      throw new TerminalError(`"${tool.name}" was redirected more than ${MAX_REDIRECTS} times`, {
-        details: { status: response.status },
-      });
-    }
-    const next = URL.canParse(location, url.href) ? new URL(location, url) : undefined;
-    if (next === undefined || (next.protocol !== "http:" && next.protocol !== "https:")) {
-      throw new TerminalError(`"${tool.name}" was redirected to an unusable location`, {
-        details: { status: response.status },
-      });
-    }
-    if (next.origin !== url.origin && tool.auth !== undefined) {
-      request.headers.delete(tool.auth.header);
-    }
-    if (
-      response.status === 303 ||
-      (response.status !== 307 && response.status !== 308 && method === "POST")
-    ) {
-      method = "GET";
-      body = undefined;
-      request.headers.delete("content-type");
-    }
-    url = next;
-  }
-  const status = response.status;
-  ctx.log.debug(
-    {
-      method,
-      host: url.host,
-      status,
-      duration_ms: Math.round((performance.now() - started) * 1000) / 1000,
-    },
-    "native tool request answered",
-  );
-  if (status >= 200 && status < 300) {
-    const { text, truncated } = await readBody(response, tool.maxResponseBytes, tool, url, ctx);
-    if (truncated) {
-      throw new ToolmeshError(
-        ErrorCode.PayloadTooLarge,
-        `"${tool.name}" answered more than ${tool.maxResponseBytes} bytes`,
-        { retryable: false, details: { limit: tool.maxResponseBytes } },
-      );
-    }
-    return resultOf(redact(text, tool), response.headers.get("content-type"));
-  }
-  const excerpt = await readBody(response, ERROR_BODY_BYTES, tool, url, ctx);
-  const details: Record<string, unknown> = {
-    status,
-    body: redact(excerpt.text, tool),
-    ...(excerpt.truncated ? { body_truncated: true } : {}),
+  return {
+    method: tool.method,
+    url,
+    headers,
+    body: sendsBody ? JSON.stringify(body) : undefined,
   };
-  if (status === 429 || status >= 500) {
-    const retryAfter = retryAfterMs(response.headers.get("retry-after"));
-    throw new RetryableError(`"${tool.name}" answered HTTP ${status}`, {
-      ...(retryAfter === undefined ? {} : { retryAfterMs: retryAfter }),
-      details: retryAfter === undefined ? details : { ...details, retry_after_ms: retryAfter },
-    });
-  }
-  throw new TerminalError(`"${tool.name}" answered HTTP ${status}`, { details });
-}
-
-/**
- * Milliseconds a `Retry-After` header asks to wait: delay-seconds or an HTTP date (RFC 9110
- * §10.2.3). Undefined when absent or unreadable; never negative.
- */
-export function retryAfterMs(value: string | null, now = Date.now()): number | undefined {
-  if (value === null) return undefined;
-  const text = value.trim();
-  if (/^\d+$/.test(text)) return Number(text) * 1000;
-  const at = Date.parse(text);
-  return Number.isNaN(at) ? undefined : Math.max(0, at - now);
-}
-
-/** Reads at most `limit` bytes of the body as UTF-8; `truncated` when there was more. */
-async function readBody(
-  response: Response,
-  limit: number,
-  tool: CompiledTool,
-  url: URL,
-  ctx: ToolContext,
-): Promise<{ text: string; truncated: boolean }> {
-  if (response.body === null) return { text: "", truncated: false };
-  const reader = (response.body as ReadableStream<Uint8Array>).getReader();
-  const decoder = new TextDecoder();
-  let text = "";
-  let bytes = 0;
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) return { text: text + decoder.decode(), truncated: false };
-      if (bytes + value.byteLength > limit) {
-        text += decoder.decode(value.subarray(0, limit - bytes), { stream: true });
-        await reader.cancel().catch(() => undefined);
-        return { text, truncated: true };
-      }
-      bytes += value.byteLength;
-      text += decoder.decode(value, { stream: true });
-    }
-  } catch (err) {
-    throw unreachable(tool, url, err, ctx);
-  } finally {
-    reader.releaseLock();
-  }
-}
-
-/** JSON bodies as parsed JSON (so the content is JSON text); anything else as text. */
-function resultOf(text: string, contentType: string | null): unknown {
-  const mediaType = (contentType ?? "").split(";", 1)[0]?.trim().toLowerCase() ?? "";
-  if (text.trim() === "" || !(mediaType === "application/json" || mediaType.endsWith("+json"))) {
-    return text;
-  }
-  try {
-    const value: unknown = JSON.parse(text);
-    // Strings and null would lose their JSON form in the tool message's content.
-    return typeof value === "string" || value === null ? JSON.stringify(value) : value;
-  } catch {
-    return text;
-  }
-}
-
-/** The server echoing the credential back must not carry it into results, errors or logs. */
-function redact(text: string, tool: CompiledTool): string {
-  const secret = tool.auth?.secret;
-  return secret === undefined || secret.length < 4 ? text : text.split(secret).join(REDACTED);
-}
-
-/**
- * A failure to reach the API (or to read its answer): retryable `unavailable`; an address
- * the tool may not reach is `permission_denied`.
- */
-function unreachable(tool: CompiledTool, url: URL, err: unknown, ctx: ToolContext): unknown {
-  // An aborted attempt is reported by the executor from the signal's reason.
-  if (ctx.signal.aborted) return err;
-  const refused = privateAddressCause(err);
-  if (refused !== undefined) return privateAddressDenied(tool.name, url.origin, refused);
-  const cause = (err as { cause?: { code?: unknown; message?: unknown } }).cause;
-  const reason =
-    typeof cause?.code === "string"
-      ? cause.code
-      : typeof cause?.message === "string"
-        ? cause.message
-        : (err as Error).message;
-  return new ToolmeshError(
-    ErrorCode.Unavailable,
-    `"${tool.name}" cannot reach ${url.origin}: ${reason}`,
-    { retryable: true, details: { origin: url.origin, reason }, cause: err },
-  );
-}
-
-function invalidParameter(name: string, problem: string): ToolmeshError {
-  return new ToolmeshError(ErrorCode.InvalidParameters, `parameter "${name}" ${problem}`, {
-    retryable: false,
-    details: {
-      errors: [{ path: `/${name.replaceAll("~", "~0").replaceAll("/", "~1")}`, message: problem }],
-    },
-  });
-}
-
-/** A value as it goes into a URL or a header: strings as they are, the rest as JSON. */
-function textOf(value: unknown): string {
-  if (typeof value === "string") return value;
-  if (typeof value === "number" || typeof value === "boolean" || typeof value === "bigint") {
-    return String(value);
-  }
-  return JSON.stringify(value) ?? "";
 }

@@ -1,7 +1,6 @@
 import { z } from "zod";
 import type { Logger } from "@toolmesh/telemetry";
 import { ErrorCode, RetryPolicySchema, ToolKindSchema, ToolmeshError } from "@toolmesh/protocol";
-import type { ToolKind } from "@toolmesh/protocol";
 
 /** What a handler receives besides its arguments. */
 export interface ToolContext {
@@ -33,60 +32,56 @@ export interface ToolContext {
 export type ToolHandler<A = Record<string, unknown>> = (args: A, ctx: ToolContext) => unknown;
 
 /**
- * A builtin tool as a module default-exports it. A plain object is enough: no import needed.
- * Durations in ms.
+ * The one tool-definition shape every tool source produces: what the registry shows
+ * (name, description, schema, groups, hints) and how the tool is invoked (`handler`).
+ * {@link ToolModule} is derived from it. Durations in ms.
  */
-export interface ToolModule<A = Record<string, unknown>> {
-  name: string;
-  description: string;
+export const ToolModuleSchema = z.object({
+  name: z.string().min(1).max(128),
+  description: z.string(),
   /** One line for the compact catalog; default the description's first sentence. */
-  summary?: string;
+  summary: z.string().optional(),
   /** JSON Schema (2020-12) of the arguments, an object schema. */
-  parameters: Record<string, unknown>;
+  parameters: z.record(z.string(), z.unknown()),
   /** Groups the tool belongs to. Default `["default"]`. */
-  groups?: string[];
+  groups: z.array(z.string().min(1)).optional(),
   /** Params the resolver skips. Default `["executor", "storage"]`. */
-  systemParams?: string[];
+  systemParams: z.array(z.string()).optional(),
   /**
    * Hidden params injected at execution, winning over the model's; their names are removed
    * from the schema models see, their values never leave the executor.
    */
-  presets?: Record<string, unknown>;
+  presets: z.record(z.string(), z.unknown()).optional(),
   /** Per-attempt timeout, in ms. Default 30 000. */
-  timeoutMs?: number;
+  timeoutMs: z.number().int().positive().optional(),
   /** Retry policy (snake_case, as on the wire). */
-  retry?: z.input<typeof RetryPolicySchema>;
-  handler: ToolHandler<A>;
+  retry: RetryPolicySchema.partial().optional(),
+  /** Invokes the tool. Sync or async; any return value becomes the result's `content`. */
+  handler: z.custom<ToolHandler>((v) => typeof v === "function", "handler must be a function"),
   /** Who serves it: `builtin` (default), `native` (HTTP API) or `mcp`. */
-  kind?: ToolKind;
+  kind: ToolKindSchema.optional(),
   /**
    * Whether the handler emits progress (`ctx.emit`); registered as `progress` so frontends
    * know what to expect. Default `false`: emits of a tool that did not declare it are dropped.
    */
-  progress?: boolean;
-  /** Hints for people and models (MCP tool annotations). */
-  annotations?: Record<string, unknown>;
-  /** Where the tool comes from (server, file, URL). Never secrets. */
-  origin?: Record<string, unknown>;
-}
-
-/** Checks the shape of a loaded module's default export. */
-export const ToolModuleSchema = z.object({
-  name: z.string().min(1).max(128),
-  description: z.string(),
-  summary: z.string().optional(),
-  parameters: z.record(z.string(), z.unknown()),
-  groups: z.array(z.string().min(1)).optional(),
-  systemParams: z.array(z.string()).optional(),
-  presets: z.record(z.string(), z.unknown()).optional(),
-  timeoutMs: z.number().int().positive().optional(),
-  retry: RetryPolicySchema.partial().optional(),
-  handler: z.custom<ToolHandler>((v) => typeof v === "function", "handler must be a function"),
-  kind: ToolKindSchema.optional(),
   progress: z.boolean().optional(),
+  /** Hints for people and models (MCP tool annotations). */
   annotations: z.record(z.string(), z.unknown()).optional(),
+  /** Where the tool comes from (server, file, URL). Never secrets. */
   origin: z.record(z.string(), z.unknown()).optional(),
 });
+
+/**
+ * A tool as every source defines it (a builtin module default-exports one; a plain object is
+ * enough, no import needed). Derived from {@link ToolModuleSchema}: `A` types the handler's
+ * arguments.
+ */
+export type ToolModule<A = Record<string, unknown>> = Omit<
+  z.input<typeof ToolModuleSchema>,
+  "handler"
+> & {
+  handler: ToolHandler<A>;
+};
 
 /** Options of {@link defineTool}: a zod object schema types the handler's arguments. */
 export type DefineToolOptions<S extends z.ZodObject> = Omit<

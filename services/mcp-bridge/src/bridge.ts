@@ -5,7 +5,7 @@ import type { StreamLimits } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import type { Executor, PrivateAddressAllowance, ToolModule } from "@toolmesh/executor";
-import { outboundFetch, startExecutor } from "@toolmesh/executor";
+import { ServedTools, outboundFetch, startExecutor } from "@toolmesh/executor";
 import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import { ToolPins } from "./pins.js";
@@ -71,8 +71,7 @@ interface ServedServer {
   config: McpServerConfig;
   executor: Executor;
   connection: ServerConnection;
-  registered: Map<string, string>;
-  removals: Set<Promise<void>>;
+  served: ServedTools;
   /** Stops following the server's approvals (pinned servers). */
   unwatch: () => void;
 }
@@ -110,8 +109,11 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         ? {}
         : { callRetentionMs: options.callRetentionMs }),
     });
-    const registered = new Map<string, string>();
-    const removals = new Set<Promise<void>>();
+    const served = new ServedTools(
+      executor,
+      serverLog,
+      options.removeGraceMs ?? Defaults.shutdownGraceMs,
+    );
     let syncing: Promise<void> = Promise.resolve();
     const pinned = config.pin_tools ? pins : undefined;
     /** MCP names of listed tools whose definition is not approved (pinned servers). */
@@ -180,7 +182,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
           "MCP tool definition not approved; tool disabled until approved",
         );
         const name = meshToolName(config.name, u.tool);
-        if (!registered.has(name) && options.registry.get(name)?.definition.owner === owner) {
+        if (!served.has(name) && options.registry.get(name)?.definition.owner === owner) {
           await executor.removeTool(name, 0);
         }
       }
@@ -218,34 +220,9 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         const module = moduleOf(tool);
         next.set(module.name, module);
       }
-      const added: string[] = [];
-      for (const [name, module] of next) {
-        const fingerprint = fingerprintOf(module);
-        if (registered.get(name) === fingerprint) continue;
-        try {
-          if (await executor.addTool(module)) {
-            registered.set(name, fingerprint);
-            added.push(name);
-          }
-        } catch (err) {
-          serverLog.warn(
-            { tool: name, err: err instanceof Error ? err.message : String(err) },
-            "cannot register MCP tool; skipped",
-          );
-        }
-      }
-      const removed = [...registered.keys()].filter((name) => !next.has(name));
-      for (const name of removed) {
-        registered.delete(name);
-        // Running calls of a removed tool may finish; the sync does not wait for them.
-        const removal = executor
-          .removeTool(name, options.removeGraceMs ?? Defaults.shutdownGraceMs)
-          .catch((err: unknown) => serverLog.warn({ err, tool: name }, "cannot remove MCP tool"))
-          .finally(() => removals.delete(removal));
-        removals.add(removal);
-      }
+      const { added, removed } = await served.apply([...next.values()]);
       if (added.length > 0 || removed.length > 0) {
-        serverLog.info({ added, removed, tools: [...registered.keys()] }, "MCP tools synced");
+        serverLog.info({ added, removed, tools: served.names() }, "MCP tools synced");
       }
     };
 
@@ -285,7 +262,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         : await pinned.watch(config.name, () => {
             if (lastListed !== undefined) void syncTools(lastListed);
           });
-    return { config, executor, connection, registered, removals, unwatch };
+    return { config, executor, connection, served, unwatch };
   }
 
   log.info(
@@ -293,7 +270,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       servers: Object.fromEntries(
         servers.map((s) => [
           s.config.name,
-          { state: s.connection.state, tools: s.registered.size },
+          { state: s.connection.state, tools: s.served.names().length },
         ]),
       ),
     },
@@ -306,7 +283,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         s.config.name,
         {
           state: s.connection.state,
-          tools: [...s.registered.keys()],
+          tools: s.served.names(),
           restarts: s.connection.restarts,
           ...(s.connection.lastError === undefined ? {} : { lastError: s.connection.lastError }),
         },
@@ -322,17 +299,12 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
       await Promise.all(
         servers.map(async (s) => {
           s.unwatch();
-          await Promise.all(s.removals);
+          await s.served.settled();
           await s.connection.stop();
         }),
       );
     },
   };
-}
-
-/** What a registration depends on, to skip re-registering an unchanged tool. */
-function fingerprintOf(module: ToolModule): string {
-  return JSON.stringify([module.description, module.parameters, module.annotations]);
 }
 
 /** A registry entry written by an earlier run, as the MCP tool it came from. */
