@@ -278,6 +278,10 @@ export function rolePermissions(
           `${n.base}.cancel.*.*`,
           `${n.base}.rpc.*.*`,
           `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
+          // Tasks are read from the call records; catalogs follow the groups and sessions.
+          ...bucketRead(s.callsBucket),
+          ...bucketRead(s.groupsBucket),
+          ...bucketRead(s.sessionsBucket),
         ),
       );
     case "executor":
