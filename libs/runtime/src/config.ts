@@ -97,6 +97,7 @@ export const EnvSchema = z.object({
   TOOLMESH_SHUTDOWN_FORCE_MS: positiveInt.default(Defaults.shutdownForceMs),
   TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
   TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(Defaults.sessionMaxInFlight),
+  TOOLMESH_QUOTA_RECONCILE_MS: positiveInt.default(5_000),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
@@ -149,6 +150,9 @@ export interface RuntimeConfig {
   ackWaitMs: number;
   /** Calls of one session in flight through one resolver. */
   sessionMaxInFlight: number;
+  /** How often quota counts of calls that ended unseen are reconciled, in ms. */
+  quotaReconcileMs: number;
+
   /** How long call records (the idempotency horizon) are kept, in ms. */
   callRetentionMs: number;
   /** Window in which a repeated message id is dropped by the streams, in ms. */
@@ -235,6 +239,7 @@ export function loadConfig(
     shutdownForceMs: e.TOOLMESH_SHUTDOWN_FORCE_MS,
     ackWaitMs: e.TOOLMESH_ACK_WAIT_MS,
     sessionMaxInFlight: e.TOOLMESH_SESSION_MAX_IN_FLIGHT,
+    quotaReconcileMs: e.TOOLMESH_QUOTA_RECONCILE_MS,
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,

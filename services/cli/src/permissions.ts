@@ -50,7 +50,14 @@ function names(s: Subjects) {
   return {
     base,
     streams: Object.values(s.streams),
-    buckets: [s.registryBucket, s.callsBucket, s.sessionsBucket, s.groupsBucket],
+    buckets: [
+      s.registryBucket,
+      s.callsBucket,
+      s.sessionsBucket,
+      s.groupsBucket,
+      s.quotasBucket,
+      s.quotaUsageBucket,
+    ],
     kv,
     /** Replies to requests of frontends and operators. */
     replies: [`_INBOX.${s.prefix}.frontend.>`, `_INBOX.${s.prefix}.operator.>`],
@@ -242,6 +249,12 @@ export function rolePermissions(
           `$KV.${s.callsBucket}.>`,
           ...bucketRead(s.groupsBucket),
           ...bucketRead(s.sessionsBucket),
+          // Quotas: watched, and their usage kept by compare-and-set; fair share reads how much
+          // work waits for each busy tool.
+          ...bucketRead(s.quotasBucket),
+          ...bucketRead(s.quotaUsageBucket),
+          `$KV.${s.quotaUsageBucket}.>`,
+          `${API}.CONSUMER.INFO.${s.streams.work}.>`,
         ),
       );
     case "executor":
@@ -303,6 +316,8 @@ export function rolePermissions(
           `$KV.${s.callsBucket}.>`,
           `$KV.${s.groupsBucket}.>`,
           `$KV.${s.sessionsBucket}.>`,
+          `$KV.${s.quotasBucket}.>`,
+          `$KV.${s.quotaUsageBucket}.>`,
         ),
       );
     case "setup":

@@ -46,6 +46,7 @@ import { findCloseMatches, parseArguments, resolveCall, validateToolName } from 
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { SessionLimits } from "./session-limits.js";
+import type { QuotaGate } from "./quotas.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -63,6 +64,8 @@ export interface ResolverDeps {
   control: Pick<ControlPlane, "deadLetter">;
   /** Calls of each session in flight through this resolver. */
   limits: SessionLimits;
+  /** The quotas of tenants, tenants' tools and agents; none are checked when undefined. */
+  quotas?: QuotaGate | undefined;
   metrics: ToolmeshMetrics;
   /** Budget of a call that sets none, in ms. */
   defaultTimeoutMs: number;
@@ -387,10 +390,23 @@ export async function routeCall(
     );
     return;
   }
+  const refusal = await admitByQuota(deps, resolved, request, key);
+  if (refusal !== undefined) {
+    limits.release(resolved);
+    deps.metrics.tenantRefused(
+      resolved.address.tenant,
+      refusal.code,
+      typeof refusal.details?.quota === "string" ? refusal.details.quota : "unknown",
+    );
+    await publishAnswer(refusal, `refused:${key}:${msg.seq}`);
+    callLog.info({ code: refusal.code, details: refusal.details }, "call refused by a quota");
+    return;
+  }
   const record = callRecordOf(resolved, argumentsHash(request.tool_call.function.arguments));
   const accepted = await store.accept(record);
   if (accepted.status === "conflict" || accepted.status === "done") {
     limits.release(resolved);
+    await releaseQuota(deps, resolved, request, key);
     await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
     return;
   }
@@ -415,6 +431,41 @@ export async function routeCall(
     return;
   }
   callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
+}
+
+/**
+ * Counts a call into the quotas of its tenant, tool and agent, or says which refused it. Free
+ * for tenants without a quota (one map lookup).
+ */
+async function admitByQuota(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+  key: string,
+): Promise<ToolmeshError | undefined> {
+  const { quotas } = deps;
+  if (quotas === undefined) return undefined;
+  const scopes = quotas.view.scopesOf(resolved.address.tenant, resolved.tool, request.agent);
+  if (scopes.length === 0) return undefined;
+  return quotas.admit(
+    { key, deadline_at: resolved.deadline_at },
+    { ...resolved.address, callToken: subjectToken(resolved.call_id) },
+    scopes,
+  );
+}
+
+async function releaseQuota(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+  key: string,
+): Promise<void> {
+  const { quotas } = deps;
+  if (quotas === undefined) return;
+  const { address } = resolved;
+  quotas.ended(address.tenant, address.session, subjectToken(resolved.call_id));
+  const scopes = quotas.view.scopesOf(address.tenant, resolved.tool, request.agent);
+  if (scopes.length > 0) await quotas.release(key, scopes);
 }
 
 /**

@@ -12,6 +12,7 @@ import type { ControlPlane } from "@toolmesh/control-plane";
 import { answerDryRun, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
+import { QuotaGate } from "./quotas.js";
 
 /** Options of {@link startResolver}. Durations in ms. */
 export interface ResolverOptions {
@@ -36,6 +37,12 @@ export interface ResolverOptions {
   callRetentionMs?: number;
   /** Who may call what: tool groups and agents. Default: every tool open to every session. */
   access?: ToolAccessPolicy;
+  /** Whether tenants' quotas are applied (the buckets are created when missing). Default true. */
+  quotas?: boolean;
+  /** How often quota counts of calls that ended unseen are reconciled, in ms. Default 5 000. */
+  quotaReconcileMs?: number;
+  /** Replicas of buckets this process creates. Default 1. */
+  replicas?: number;
 }
 
 /** A running resolver. */
@@ -60,6 +67,16 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   });
   const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
+  const quotas =
+    options.quotas === false
+      ? undefined
+      : await QuotaGate.open(nc, {
+          subjects,
+          log,
+          replicas: options.replicas,
+          reconcileMs: options.quotaReconcileMs,
+          now: () => plane.clock.now(),
+        });
 
   const control: ControlPlane = await startControlPlane({
     nc,
@@ -69,9 +86,25 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // The deadline keeper follows every result already: count the sessions' calls from it.
     onResult: (msg) => {
       const settled = subjects.parseResultSubject(msg.subject);
-      if (settled !== undefined) limits.settled(settled.address, settled.call);
+      if (settled === undefined) return;
+      limits.settled(settled.address, settled.call);
+      quotas?.ended(settled.address.tenant, settled.address.session, settled.call);
     },
   });
+  const stopLoggingQuotas = quotas?.view.onChange((key) => {
+    const current = quotas.view.get(key);
+    log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
+  });
+  const metrics = toolmeshMetrics();
+  const stopReportingTenants = metrics.observeTenants(() =>
+    quotas === undefined
+      ? []
+      : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
+          tenant,
+          inFlight,
+          queued: 0,
+        })),
+  );
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -80,7 +113,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     plane,
     control,
     limits,
-    metrics: toolmeshMetrics(),
+    quotas,
+    metrics,
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
     access: options.access,
@@ -128,6 +162,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       rpc.unsubscribe();
       await loop.stop(graceMs);
       await control.stop(graceMs);
+      quotas?.close();
+      stopReportingTenants();
+      stopLoggingQuotas?.();
     },
   };
 }
