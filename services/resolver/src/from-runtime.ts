@@ -31,6 +31,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     access,
     replicas: rt.config.streamReplicas,
     quotaReconcileMs: rt.config.quotaReconcileMs,
+    fairShareWindow: rt.config.fairShareWindow,
   });
   return {
     async stop(graceMs) {

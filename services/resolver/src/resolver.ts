@@ -1,4 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
@@ -13,6 +14,8 @@ import { answerDryRun, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
+import { FairShare } from "./fair-share.js";
+import type { WorkDepth } from "./fair-share.js";
 
 /** Options of {@link startResolver}. Durations in ms. */
 export interface ResolverOptions {
@@ -43,6 +46,19 @@ export interface ResolverOptions {
   quotaReconcileMs?: number;
   /** Replicas of buckets this process creates. Default 1. */
   replicas?: number;
+  /**
+   * Calls of one tool outstanding in the work stream (waiting or running) before further calls
+   * are held for a fair turn among tenants; 0 turns fair share off. Default 0.
+   */
+  fairShareWindow?: number;
+}
+
+/** A tool's outstanding work: its work consumer's undelivered and unacknowledged messages. */
+function workDepth(jsm: JetStreamManager, subjects: Subjects): WorkDepth {
+  return async (tool) => {
+    const info = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer(tool));
+    return info.num_pending + info.num_ack_pending;
+  };
 }
 
 /** A running resolver. */
@@ -78,6 +94,18 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           now: () => plane.clock.now(),
         });
 
+  const fairShareWindow = options.fairShareWindow ?? 0;
+  const fairShare =
+    fairShareWindow <= 0
+      ? undefined
+      : new FairShare({
+          window: fairShareWindow,
+          depth: workDepth(plane.jsm, subjects),
+          weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
+          now: () => plane.clock.now(),
+          log,
+          heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+        });
   const control: ControlPlane = await startControlPlane({
     nc,
     plane,
@@ -89,6 +117,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       if (settled === undefined) return;
       limits.settled(settled.address, settled.call);
       quotas?.ended(settled.address.tenant, settled.address.session, settled.call);
+      fairShare?.ended(`${settled.address.tenant}.${settled.address.session}.${settled.call}`);
     },
   });
   const stopLoggingQuotas = quotas?.view.onChange((key) => {
@@ -102,7 +131,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
           tenant,
           inFlight,
-          queued: 0,
+          queued: fairShare?.heldByTenant().get(tenant) ?? 0,
         })),
   );
   const deps: ResolverDeps = {
@@ -114,6 +143,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     control,
     limits,
     quotas,
+    fairShare,
     metrics,
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
@@ -160,6 +190,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       rpc.unsubscribe();
+      fairShare?.stop();
       await loop.stop(graceMs);
       await control.stop(graceMs);
       quotas?.close();
