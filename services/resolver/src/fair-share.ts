@@ -62,7 +62,10 @@ class ToolQueue {
   depth = 0;
   depthAt = -Infinity;
   reading: Promise<void> | undefined;
-  running: Promise<void> | undefined;
+  /** Whether a loop hands this tool's calls on; set and cleared with no await in between. */
+  serving = false;
+  /** Ends the loop's pause early (a call of the tool ended). */
+  wake: (() => void) | undefined;
 
   push(call: HeldCall): void {
     let queue = this.tenants.get(call.tenant);
@@ -186,11 +189,18 @@ export class FairShare {
     const queue = this.#tools.get(tool) ?? this.#queue(tool);
     queue.push(call);
     this.#held.set(call.id, { tool, call });
-    queue.running ??= this.#serve(tool, queue).finally(() => (queue.running = undefined));
+    if (!queue.serving) {
+      queue.serving = true;
+      void this.#serve(tool, queue);
+    }
   }
 
-  /** A final message went by: a held call it names leaves its queue, acknowledged. */
-  ended(id: string): void {
+  /**
+   * A final message went by (`tool` as its message names it, when known): a held call it names
+   * leaves its queue, acknowledged, and the tool's loop looks at its work again at once.
+   */
+  ended(id: string, tool?: string): void {
+    if (tool !== undefined) this.#tools.get(tool)?.wake?.();
     const held = this.#held.get(id);
     if (held === undefined) return;
     this.#held.delete(id);
@@ -212,8 +222,25 @@ export class FairShare {
     return queue;
   }
 
-  /** Hands the tool's held calls on as its work drains, and expires those past their deadline. */
+  /**
+   * Hands the tool's held calls on as its work drains, and expires those past their deadline.
+   * Clears `serving` in the same turn as it sees the queue empty, so a call held after that
+   * starts a new loop.
+   */
   async #serve(tool: string, queue: ToolQueue): Promise<void> {
+    try {
+      await this.#drain(tool, queue);
+    } catch (err) {
+      this.#options.log.error({ err, tool }, "fair-share loop failed; handing its calls on again");
+    }
+    queue.serving = false;
+    if (queue.size > 0 && !this.#stopped) {
+      queue.serving = true;
+      setTimeout(() => void this.#serve(tool, queue), this.#options.pollMs);
+    }
+  }
+
+  async #drain(tool: string, queue: ToolQueue): Promise<void> {
     const { window, depth, pollMs, log, now } = this.#options;
     let swept = now();
     while (queue.size > 0 && !this.#stopped) {
@@ -229,20 +256,35 @@ export class FairShare {
       } catch (err) {
         log.warn({ err, tool }, "cannot read a tool's work depth; trying again");
       }
+      // One round: the calls that fit, in turn, handed on together.
+      const round: HeldCall[] = [];
       for (; free > 0; free--) {
         const call = queue.next((t) => this.#options.weightOf(t));
         if (call === undefined) break;
         this.#held.delete(call.id);
-        // Counted before it is published: the next read of the depth includes it.
-        queue.depth++;
-        await call.dispatch().catch((err: unknown) => {
-          log.error({ err, call: call.id }, "cannot hand a held call on; it will be redelivered");
-          call.msg.nak(1_000);
-        });
+        round.push(call);
       }
-      if (queue.size > 0) await new Promise((resolve) => setTimeout(resolve, pollMs));
+      // Counted before they are published: a read of the depth meanwhile may not include them.
+      queue.depth += round.length;
+      await Promise.all(
+        round.map((call) =>
+          call.dispatch().catch((err: unknown) => {
+            log.error({ err, call: call.id }, "cannot hand a held call on; it will be redelivered");
+            call.msg.nak(1_000);
+          }),
+        ),
+      );
+      if (queue.size > 0) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, pollMs);
+          queue.wake = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        queue.wake = undefined;
+      }
     }
-    if (queue.size === 0 && this.#tools.get(tool) === queue) this.#tools.delete(tool);
   }
 
   async #expire(queue: ToolQueue): Promise<void> {

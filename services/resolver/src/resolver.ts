@@ -1,7 +1,7 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { Defaults } from "@toolmesh/protocol";
+import { Defaults, decodeJson } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import { Semaphore, ensureConsumer, meshPlan, startWorkLoop } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
@@ -51,6 +51,16 @@ export interface ResolverOptions {
    * are held for a fair turn among tenants; 0 turns fair share off. Default 0.
    */
   fairShareWindow?: number;
+}
+
+/** The tool a final message names, or undefined when it cannot be read. */
+function toolOf(data: Uint8Array): string | undefined {
+  try {
+    const name = (decodeJson(data) as { name?: unknown } | null)?.name;
+    return typeof name === "string" ? name : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** A tool's outstanding work: its work consumer's undelivered and unacknowledged messages. */
@@ -117,7 +127,14 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       if (settled === undefined) return;
       limits.settled(settled.address, settled.call);
       quotas?.ended(settled.address.tenant, settled.address.session, settled.call);
-      fairShare?.ended(`${settled.address.tenant}.${settled.address.session}.${settled.call}`);
+      if (fairShare !== undefined) {
+        // While calls are held, an ending call may have freed its tool's executor: say which.
+        const tool = fairShare.held > 0 ? toolOf(msg.data) : undefined;
+        fairShare.ended(
+          `${settled.address.tenant}.${settled.address.session}.${settled.call}`,
+          tool,
+        );
+      }
     },
   });
   const stopLoggingQuotas = quotas?.view.onChange((key) => {
