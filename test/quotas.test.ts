@@ -9,6 +9,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { runCli } from "./helpers/cli.js";
 
 // Three resolvers share the calls: every limit must hold across them, exactly.
 
@@ -157,6 +158,58 @@ describe("quotas across three resolvers", () => {
     expect(codes(await flood("live", 6, 1_000, "lv2"))).toEqual({ ok: 4, quota_exceeded: 2 });
     await setQuota({ tenant: "live" }, { max_in_flight: null });
     expect(codes(await flood("live", 6, 10, "lv3"))).toEqual({ ok: 6 });
+  });
+
+  it("is managed with toolmesh quotas, and toolmesh call says when to retry", async () => {
+    const cli = (...args: string[]) => runCli(args, { NATS_URL: server.url });
+    const set = await cli(
+      "quotas",
+      "set",
+      "cli-t",
+      "--tool",
+      "concurrency",
+      "--rate",
+      "0.01",
+      "--burst",
+      "1",
+    );
+    expect(set.code).toBe(0);
+    expect(set.stdout.trim()).toBe("tenant cli-t tool concurrency: rate=0.01 burst=1");
+    const bad = await cli("quotas", "set", "cli-t", "--max-in-flight", "2.5");
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr).toMatch(/--max-in-flight.*whole number/);
+    const noRate = await cli("quotas", "set", "cli-t", "--burst", "3");
+    expect(noRate.code).toBe(1);
+    expect(noRate.stdout.trim()).toBe("toolmesh: invalid quota: burst needs a rate");
+    expect((await cli("quotas", "list", "cli-t")).stdout.trim()).toBe(
+      "tenant cli-t tool concurrency: rate=0.01 burst=1",
+    );
+    await Promise.all(
+      resolvers.map((r) =>
+        r.waitForLog((l) => l.msg === "quota applied" && l.quota === "cli-t.tool.concurrency"),
+      ),
+    );
+    const env = { NATS_URL: server.url, TOOLMESH_TENANT: "cli-t" };
+    expect((await runCli(["call", "concurrency", "--args", '{"hold_ms":1}', "-q"], env)).code).toBe(
+      0,
+    );
+    const refused = await runCli(["call", "concurrency", "--args", '{"hold_ms":1}', "-q"], env);
+    expect(refused.code).toBe(1);
+    expect(refused.stdout).toMatch(
+      /^rate_limited: quota cli-t\.tool\.concurrency allows 0\.01 calls per second \(burst 1\) \(retry after \d+ ms\)/,
+    );
+    const got = JSON.parse(
+      (await cli("quotas", "get", "cli-t", "--tool", "concurrency", "--json")).stdout,
+    ) as {
+      usage: { today: number };
+    };
+    expect(got.usage.today).toBe(1);
+    expect((await cli("quotas", "rm", "cli-t", "--tool", "concurrency")).stdout.trim()).toBe(
+      "removed",
+    );
+    const gone = await cli("quotas", "get", "cli-t", "--tool", "concurrency");
+    expect(gone.code).toBe(1);
+    expect(gone.stdout.trim()).toBe("toolmesh: no quota for that scope");
   });
 
   it("recovers the counts of a resolver killed mid-flood", async () => {

@@ -117,9 +117,12 @@ export class QuotaStore {
 
   /** Every quota, or a tenant's, ordered by key. */
   async list(tenant?: string): Promise<ScopedQuota[]> {
-    const filter = tenant === undefined ? ">" : [subjectToken(tenant), `${subjectToken(tenant)}.>`];
     const keys: string[] = [];
-    for await (const key of await this.#kv.keys(filter)) keys.push(key);
+    // One filter per listing: several at once (`filter_subjects`) need nats-server 2.10.
+    const filters =
+      tenant === undefined ? [">"] : [subjectToken(tenant), `${subjectToken(tenant)}.>`];
+    for (const filter of filters)
+      for await (const key of await this.#kv.keys(filter)) keys.push(key);
     const found: ScopedQuota[] = [];
     for (const key of keys.sort()) {
       const entry = await this.#kv.get(key);
