@@ -90,11 +90,11 @@ describe("toolmesh setup on a cluster", () => {
   it("provisions a fresh cluster, finds nothing to change again, and changes the replica count", async () => {
     const resize = { TOOLMESH_PREFIX: "resize" };
     const first = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" });
-    expect(first.changed).toBe(14);
+    expect(first.changed).toBe(16);
     expect((await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" })).changed).toBe(0);
     const grown = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "3" });
-    // Six streams and five buckets change; consumers follow their stream.
-    expect(grown.changed).toBe(11);
+    // Six streams and seven buckets change; consumers follow their stream.
+    expect(grown.changed).toBe(13);
     expect(grown.resources.filter((r) => r.action === "updated").map((r) => r.kind)).not.toContain(
       "consumer",
     );

@@ -9,6 +9,7 @@ export type {
 } from "./client.js";
 export type { GroupChanges } from "./expansion.js";
 export { requestReply } from "./request.js";
+export { retryAfterMs } from "./retry-after.js";
 export type { RequestReplyOptions } from "./request.js";
 
 // ---- Output strategies: catalog formats, provider tools, structured-output fallback ----

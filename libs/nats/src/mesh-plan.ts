@@ -27,6 +27,10 @@ export interface MeshPlan {
     groups: StreamSpec;
     /** Approved MCP tool definitions, with some history for operators. */
     toolApprovals: StreamSpec;
+    /** Quotas per tenant, tenant × tool and tenant × agent. */
+    quotas: StreamSpec;
+    /** What each quota scope uses, kept by compare-and-set. */
+    quotaUsage: StreamSpec;
   };
   /**
    * Consumers shared by every replica of a service. Executors add one work consumer per tool
@@ -68,6 +72,8 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
       }),
       groups: bucketSpec(subjects.groupsBucket, { replicas }),
       toolApprovals: bucketSpec(subjects.toolApprovalsBucket, { replicas, history: 10 }),
+      quotas: bucketSpec(subjects.quotasBucket, { replicas, history: 5 }),
+      quotaUsage: bucketSpec(subjects.quotaUsageBucket, { replicas }),
     },
     consumers: {
       resolver: durableConsumerSpec({

@@ -33,6 +33,16 @@ export const ErrorCode = {
   Cancelled: "cancelled",
   /** Too much work in flight for this session; retry after `details.retry_after_ms`. */
   Overloaded: "overloaded",
+  /**
+   * The caller's tenant (or agent, or tenant × tool) ran out of its call rate; retryable, try
+   * again after `details.retry_after_ms`.
+   */
+  RateLimited: "rate_limited",
+  /**
+   * A quota of the caller refused the call: `details.quota` names it (`max_in_flight`,
+   * `max_queued`, `daily`) with its `limit` and `scope`; retryable for concurrency limits.
+   */
+  QuotaExceeded: "quota_exceeded",
   /** The same idempotency key was used with different arguments. */
   IdempotencyConflict: "idempotency_conflict",
   /** A bug or an unexpected failure inside toolmesh. */
@@ -49,6 +59,7 @@ const RETRYABLE_BY_DEFAULT: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
   ErrorCode.Timeout,
   ErrorCode.Unavailable,
   ErrorCode.Overloaded,
+  ErrorCode.RateLimited,
   ErrorCode.Internal,
 ]);
 

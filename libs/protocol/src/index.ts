@@ -109,6 +109,8 @@ export {
   nestsDeeperThan,
 } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";
+export { QuotaSchema, parseQuota, quotaKey } from "./quotas.js";
+export type { Quota, QuotaScope } from "./quotas.js";
 export { MetricPointSchema, StatsReplySchema } from "./stats.js";
 export type { StatsReply } from "./stats.js";
 export { errorToolMessage } from "./messages.js";

@@ -221,6 +221,10 @@ export interface Subjects {
   readonly groupsBucket: string;
   /** KV bucket holding the approved (pinned) tool definitions of MCP servers; key = server name. */
   readonly toolApprovalsBucket: string;
+  /** KV bucket holding the quotas; keys from `quotaKey` (`{tenant}`, `{tenant}.tool.{tool}`, `{tenant}.agent.{agent}`). */
+  readonly quotasBucket: string;
+  /** KV bucket holding what each quota scope uses (calls in flight, tokens, the day's count); same keys. */
+  readonly quotaUsageBucket: string;
   /**
    * Key of one part of a session's state in {@link Subjects.sessionsBucket}:
    * `{tenant}.{session}.{part}`, part `schemas` (expansion) or `policy` (groups, agent).
@@ -358,6 +362,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     sessionsBucket: `${bucketStem}_sessions`,
     groupsBucket: `${bucketStem}_groups`,
     toolApprovalsBucket: `${bucketStem}_tool_approvals`,
+    quotasBucket: `${bucketStem}_quotas`,
+    quotaUsageBucket: `${bucketStem}_quota_usage`,
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",

@@ -21,6 +21,7 @@ import {
   ToolCallSchema,
   ToolMessageSchema,
 } from "./envelopes.js";
+import { QuotaSchema } from "./quotas.js";
 import { StatsReplySchema } from "./stats.js";
 import { ToolDefinitionSchema } from "./tool-definition.js";
 
@@ -48,4 +49,5 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "tool-definition": ToolDefinitionSchema,
   "wire-error": WireErrorSchema,
   "stats-reply": StatsReplySchema,
+  quota: QuotaSchema,
 };

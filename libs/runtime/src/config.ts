@@ -97,6 +97,8 @@ export const EnvSchema = z.object({
   TOOLMESH_SHUTDOWN_FORCE_MS: positiveInt.default(Defaults.shutdownForceMs),
   TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
   TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(Defaults.sessionMaxInFlight),
+  TOOLMESH_QUOTA_RECONCILE_MS: positiveInt.default(5_000),
+  TOOLMESH_FAIR_SHARE_WINDOW: z.coerce.number().int().min(0).default(0),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
@@ -149,6 +151,11 @@ export interface RuntimeConfig {
   ackWaitMs: number;
   /** Calls of one session in flight through one resolver. */
   sessionMaxInFlight: number;
+  /** How often quota counts of calls that ended unseen are reconciled, in ms. */
+  quotaReconcileMs: number;
+  /** Calls of one tool outstanding in the work stream before others are held for a fair turn; 0 = off. */
+  fairShareWindow: number;
+
   /** How long call records (the idempotency horizon) are kept, in ms. */
   callRetentionMs: number;
   /** Window in which a repeated message id is dropped by the streams, in ms. */
@@ -235,6 +242,8 @@ export function loadConfig(
     shutdownForceMs: e.TOOLMESH_SHUTDOWN_FORCE_MS,
     ackWaitMs: e.TOOLMESH_ACK_WAIT_MS,
     sessionMaxInFlight: e.TOOLMESH_SESSION_MAX_IN_FLIGHT,
+    quotaReconcileMs: e.TOOLMESH_QUOTA_RECONCILE_MS,
+    fairShareWindow: e.TOOLMESH_FAIR_SHARE_WINDOW,
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,

@@ -40,8 +40,14 @@ export type { Telemetry, TelemetryEnv, TelemetryOptions } from "./tracing.js";
 export { serviceNameOf } from "./otel-env.js";
 export { initMetrics } from "./metrics.js";
 export type { MetricPoint, MetricSnapshot, Metrics, MetricsOptions } from "./metrics.js";
-export { MetricName, ToolmeshMetrics, toolmeshMetrics } from "./instruments.js";
-export type { McpServerReading, QueueReading } from "./instruments.js";
+export {
+  ATTR_TOOLMESH_QUOTA,
+  ATTR_TOOLMESH_TENANT,
+  MetricName,
+  ToolmeshMetrics,
+  toolmeshMetrics,
+} from "./instruments.js";
+export type { McpServerReading, QueueReading, TenantReading } from "./instruments.js";
 export {
   MAX_PAYLOAD_CHARS,
   payloadRecording,

@@ -41,7 +41,22 @@ export const MetricName = {
   McpServerState: "toolmesh.mcp.server.state",
   McpServerRestarts: "toolmesh.mcp.server.restarts",
   McpRequestDuration: "toolmesh.mcp.request.duration",
+  TenantRefused: "toolmesh.tenant.refused",
+  TenantInFlight: "toolmesh.tenant.in_flight",
+  TenantQueued: "toolmesh.tenant.queued",
 } as const;
+
+/** Attribute naming a tenant (its token); only tenants with a quota are labelled. */
+export const ATTR_TOOLMESH_TENANT = "toolmesh.tenant";
+/** Attribute naming the quota that refused a call (`rate`, `max_in_flight`, `max_queued`, `daily`). */
+export const ATTR_TOOLMESH_QUOTA = "toolmesh.quota";
+
+/** What a tenant with a quota has in flight, as this process last counted it. */
+export interface TenantReading {
+  tenant: string;
+  inFlight: number;
+  queued: number;
+}
 
 /** The states an MCP server connection reports, one gauge series each. */
 const MCP_STATES = ["idle", "waiting", "connecting", "ready", "stopped"] as const;
@@ -83,6 +98,8 @@ export class ToolmeshMetrics {
   readonly #mcpDuration: Histogram;
   readonly #queues = new Set<() => Promise<QueueReading[]>>();
   readonly #servers = new Set<() => McpServerReading[]>();
+  readonly #tenantRefused: Counter;
+  readonly #tenants = new Set<() => TenantReading[]>();
 
   constructor(provider: MeterProvider) {
     const meter = provider.getMeter("toolmesh");
@@ -151,6 +168,33 @@ export class ToolmeshMetrics {
       description: "MCP requests sent by the bridge, by server, mcp.method.name and error.type",
     });
 
+    this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
+      unit: "{call}",
+      description:
+        "Calls a quota refused, by toolmesh.tenant, error.type (rate_limited, quota_exceeded) and toolmesh.quota",
+      valueType: ValueType.INT,
+    });
+    meter
+      .createObservableGauge(MetricName.TenantInFlight, {
+        unit: "{call}",
+        description: "Calls of a tenant with a quota accepted and not ended, by toolmesh.tenant",
+        valueType: ValueType.INT,
+      })
+      .addCallback((result) => {
+        for (const reading of this.#readTenants())
+          result.observe(reading.inFlight, { [ATTR_TOOLMESH_TENANT]: reading.tenant });
+      });
+    meter
+      .createObservableGauge(MetricName.TenantQueued, {
+        unit: "{call}",
+        description:
+          "Calls of a tenant with a quota waiting for their fair turn at a busy tool, by toolmesh.tenant",
+        valueType: ValueType.INT,
+      })
+      .addCallback((result) => {
+        for (const reading of this.#readTenants())
+          result.observe(reading.queued, { [ATTR_TOOLMESH_TENANT]: reading.tenant });
+      });
     meter
       .createObservableGauge(MetricName.QueuePending, {
         unit: "{message}",
@@ -257,6 +301,31 @@ export class ToolmeshMetrics {
       [ATTR_TOOLMESH_MCP_SERVER]: server,
       [ATTR_MCP_METHOD_NAME]: method,
       ...(code === undefined ? {} : { [ATTR_ERROR_TYPE]: code }),
+    });
+  }
+
+  /** A quota refused a call of `tenant` (a token) with `code`, naming `quota`. */
+  tenantRefused(tenant: string, code: string, quota: string): void {
+    this.#tenantRefused.add(1, {
+      [ATTR_TOOLMESH_TENANT]: tenant,
+      [ATTR_ERROR_TYPE]: code,
+      [ATTR_TOOLMESH_QUOTA]: quota,
+    });
+  }
+
+  /** Reports tenants' use at each collection; returns the function that stops reporting. */
+  observeTenants(read: () => TenantReading[]): () => void {
+    this.#tenants.add(read);
+    return () => this.#tenants.delete(read);
+  }
+
+  #readTenants(): TenantReading[] {
+    return [...this.#tenants].flatMap((read) => {
+      try {
+        return read();
+      } catch {
+        return [];
+      }
     });
   }
 

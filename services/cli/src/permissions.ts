@@ -57,7 +57,14 @@ function names(s: Subjects) {
   return {
     base,
     streams: Object.values(s.streams),
-    buckets: [s.registryBucket, s.callsBucket, s.sessionsBucket, s.groupsBucket],
+    buckets: [
+      s.registryBucket,
+      s.callsBucket,
+      s.sessionsBucket,
+      s.groupsBucket,
+      s.quotasBucket,
+      s.quotaUsageBucket,
+    ],
     kv,
     /**
      * Replies to requests of the operator and the gateway (in the mesh account), and of tenants:
@@ -266,6 +273,12 @@ export function rolePermissions(
           `$KV.${s.callsBucket}.>`,
           ...bucketRead(s.groupsBucket),
           ...bucketRead(s.sessionsBucket),
+          // Quotas: watched, and their usage kept by compare-and-set; fair share reads how much
+          // work waits for each busy tool.
+          ...bucketRead(s.quotasBucket),
+          ...bucketRead(s.quotaUsageBucket),
+          `$KV.${s.quotaUsageBucket}.>`,
+          `${API}.CONSUMER.INFO.${s.streams.work}.>`,
         ),
       );
     case "gateway":
@@ -343,6 +356,8 @@ export function rolePermissions(
           `$KV.${s.callsBucket}.>`,
           `$KV.${s.groupsBucket}.>`,
           `$KV.${s.sessionsBucket}.>`,
+          `$KV.${s.quotasBucket}.>`,
+          `$KV.${s.quotaUsageBucket}.>`,
         ),
       );
     case "setup":

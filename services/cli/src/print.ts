@@ -1,4 +1,5 @@
 import type { ToolMessage } from "@toolmesh/protocol";
+import { retryAfterMs } from "@toolmesh/client";
 
 /** Writes a line to stdout. The CLI's only way to talk to people. */
 export function say(text = ""): void {
@@ -12,5 +13,7 @@ export function describeMessage(message: ToolMessage): string {
     message.error.details === undefined
       ? ""
       : `\n${JSON.stringify(message.error.details, null, 2)}`;
-  return `${message.error.code}: ${message.error.message}${details}`;
+  const after = retryAfterMs(message);
+  const retry = after === undefined ? "" : ` (retry after ${after} ms)`;
+  return `${message.error.code}: ${message.error.message}${retry}${details}`;
 }

@@ -18,6 +18,7 @@ import { addVersionEverywhere, cliVersion } from "./version.js";
 import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
+import { addQuotaCommands } from "./quota-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 
 interface GlobalOptions {
@@ -210,6 +211,7 @@ export function buildProgram(
 
   addCatalogCommands(program, () => config(), run);
   addSetupCommand(program, config, run);
+  addQuotaCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);

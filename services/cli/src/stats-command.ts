@@ -1,11 +1,11 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Command } from "commander";
-import { createSubjects } from "@toolmesh/protocol";
+import { createSubjects, subjectToken } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
 import { say } from "./print.js";
-import type { MeshStats, ToolStats } from "./stats.js";
+import type { MeshStats, TenantStats, ToolStats } from "./stats.js";
 import { gatherStats } from "./stats.js";
 import { connectCli } from "./commands.js";
 
@@ -34,10 +34,17 @@ export async function withStats<T>(
 /** `toolmesh stats`: per tool and per service, from every process and JetStream. */
 export async function statsCommand(
   config: RuntimeConfig,
-  options: { json?: boolean },
+  options: { json?: boolean; tenant?: string },
 ): Promise<number> {
   return withStats(config, async (gather) => {
-    const stats = await gather();
+    const all = await gather();
+    const stats =
+      options.tenant === undefined
+        ? all
+        : {
+            ...all,
+            tenants: all.tenants.filter((t) => t.tenant === subjectToken(options.tenant!)),
+          };
     if (options.json === true) say(JSON.stringify(stats));
     else for (const line of renderStats(stats, { width: process.stdout.columns ?? 120 })) say(line);
     return 0;
@@ -131,6 +138,7 @@ export function renderStats(
     `services: ${stats.services.length === 0 ? "none answered" : summarizeServices(stats)}`,
     `resolved ${stats.resolver.resolved}, rejected ${rejected === "" ? "0" : rejected}; dead letters ${stats.dead_letters}; schemas sent ${stats.schema.expansions} (to ${stats.schema.sessions} sessions)`,
   );
+  if (stats.tenants.length > 0) lines.push("", ...renderTenants(stats.tenants));
   for (const s of stats.mcp_servers) {
     const states = Object.entries(s.states)
       .map(([state, n]) => `${state} ${n}`)
@@ -140,6 +148,28 @@ export function renderStats(
     );
   }
   return lines;
+}
+
+/** Tenants with a quota: calls in flight and queued now, and what their quotas refused. */
+export function renderTenants(tenants: readonly TenantStats[]): string[] {
+  const rows = tenants.map((t) => [
+    t.tenant,
+    String(t.in_flight),
+    String(t.queued),
+    Object.entries(t.refused)
+      .map(([reason, n]) => `${reason} ${n}`)
+      .join(", ") || "0",
+  ]);
+  const header = ["TENANT", "INFLIGHT", "QUEUED", "REFUSED"];
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
+  return [header, ...rows].map((cells) =>
+    cells
+      .map((c, i) =>
+        i === 0 || i === cells.length - 1 ? c.padEnd(widths[i] ?? 0) : c.padStart(widths[i] ?? 0),
+      )
+      .join("  ")
+      .trimEnd(),
+  );
 }
 
 function summarizeServices(stats: MeshStats): string {
@@ -160,5 +190,6 @@ export function addStatsCommand(
       "per tool: calls, error rate, p50/p99, in flight, queue depth, executors — from every service and JetStream",
     )
     .option("--json", "print one JSON object")
-    .action((o: { json?: boolean }) => run(() => statsCommand(config(), o)));
+    .option("--tenant <id>", "of the tenants with a quota, only this one")
+    .action((o: { json?: boolean; tenant?: string }) => run(() => statsCommand(config(), o)));
 }

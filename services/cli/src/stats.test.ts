@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { StatsReply } from "@toolmesh/protocol";
 import { quantileMs, summarize } from "./stats.js";
+import { renderTenants } from "./stats-command.js";
 
 const histogram = (counts: number[]) => ({
   boundaries: [0.01, 0.1, 1],
@@ -74,6 +75,49 @@ describe("summarize", () => {
         executors: 2,
       },
       expect.objectContaining({ tool: "idle", calls: {}, executors: 0, queue: undefined }),
+    ]);
+  });
+});
+
+describe("tenants", () => {
+  it("sums each tenant's in-flight, queued and refused counts over the resolvers", () => {
+    const resolverOf = (inFlight: number, refused: number) =>
+      reply(`r:${inFlight}`, [
+        {
+          name: "toolmesh.tenant.in_flight",
+          unit: "{call}",
+          type: "gauge",
+          points: [{ attributes: { "toolmesh.tenant": "acme" }, value: inFlight }],
+        },
+        {
+          name: "toolmesh.tenant.queued",
+          unit: "{call}",
+          type: "gauge",
+          points: [{ attributes: { "toolmesh.tenant": "acme" }, value: 1 }],
+        },
+        {
+          name: "toolmesh.tenant.refused",
+          unit: "{call}",
+          type: "counter",
+          points: [
+            {
+              attributes: {
+                "toolmesh.tenant": "acme",
+                "error.type": "quota_exceeded",
+                "toolmesh.quota": "max_in_flight",
+              },
+              value: refused,
+            },
+          ],
+        },
+      ]);
+    const stats = summarize([resolverOf(2, 5), resolverOf(3, 7)], [], () => undefined);
+    expect(stats.tenants).toEqual([
+      { tenant: "acme", in_flight: 5, queued: 2, refused: { "quota_exceeded:max_in_flight": 12 } },
+    ]);
+    expect(renderTenants(stats.tenants)).toEqual([
+      "TENANT  INFLIGHT  QUEUED  REFUSED",
+      "acme           5       2  quota_exceeded:max_in_flight 12",
     ]);
   });
 });

@@ -3,7 +3,7 @@ import type { ConsumerInfo } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { StatsReply, Subjects } from "@toolmesh/protocol";
 import { StatsReplySchema, decodeJsonOrUndefined } from "@toolmesh/protocol";
-import { MetricName } from "@toolmesh/telemetry";
+import { ATTR_TOOLMESH_QUOTA, ATTR_TOOLMESH_TENANT, MetricName } from "@toolmesh/telemetry";
 
 /** Everything `toolmesh stats` knows about one tool, summed over every process. */
 export interface ToolStats {
@@ -34,6 +34,17 @@ export interface ServiceStats {
   started_at: number;
 }
 
+/** What the resolvers count of one tenant with a quota (its subject token), summed over them. */
+export interface TenantStats {
+  tenant: string;
+  /** Calls accepted and not ended. */
+  in_flight: number;
+  /** Of those, calls held for their fair turn at a busy tool. */
+  queued: number;
+  /** Calls its quotas refused, by `{code}:{quota}` (e.g. `quota_exceeded:max_in_flight`). */
+  refused: Record<string, number>;
+}
+
 /** What `toolmesh stats --json` prints. */
 export interface MeshStats {
   at: number;
@@ -42,6 +53,8 @@ export interface MeshStats {
   resolver: { resolved: number; rejected: Record<string, number> };
   dead_letters: number;
   schema: { expansions: number; sessions: number };
+  /** Tenants with a quota, by token. */
+  tenants: TenantStats[];
   mcp_servers: {
     server: string;
     /** The state each replica reports, e.g. `{ "ready": 2 }`. */
@@ -59,6 +72,8 @@ type Point = Metric["points"][number];
 const TOOL = "gen_ai.tool.name";
 const ERROR = "error.type";
 const SERVER = "toolmesh.mcp.server";
+const TENANT = ATTR_TOOLMESH_TENANT;
+const QUOTA = ATTR_TOOLMESH_QUOTA;
 
 /**
  * Asks every toolmesh process for its metrics on the stats subject (each answers; the request
@@ -170,8 +185,30 @@ export function summarize(
     };
   });
 
+  const tenantNames = new Set<string>();
+  const tenantPoints = [
+    ...all(MetricName.TenantInFlight),
+    ...all(MetricName.TenantQueued),
+    ...all(MetricName.TenantRefused),
+  ];
+  for (const point of tenantPoints)
+    if (typeof point.attributes[TENANT] === "string") tenantNames.add(point.attributes[TENANT]);
+  const tenants = [...tenantNames].sort().map((tenant): TenantStats => {
+    const mine = (points: Point[]) => points.filter((p) => p.attributes[TENANT] === tenant);
+    return {
+      tenant,
+      in_flight: total(mine(all(MetricName.TenantInFlight))),
+      queued: total(mine(all(MetricName.TenantQueued))),
+      refused: countBy(
+        mine(all(MetricName.TenantRefused)),
+        (p) => `${String(p.attributes[ERROR])}:${String(p.attributes[QUOTA])}`,
+      ),
+    };
+  });
+
   return {
     at: Date.now(),
+    tenants,
     services: replies
       .map((r) => ({ service: r.service, instance: r.instance, started_at: r.started_at }))
       .sort((a, b) => a.service.localeCompare(b.service) || a.instance.localeCompare(b.instance)),

@@ -29,6 +29,9 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     ackWaitMs: rt.config.ackWaitMs,
     callRetentionMs: rt.config.callRetentionMs,
     access,
+    replicas: rt.config.streamReplicas,
+    quotaReconcileMs: rt.config.quotaReconcileMs,
+    fairShareWindow: rt.config.fairShareWindow,
   });
   return {
     async stop(graceMs) {

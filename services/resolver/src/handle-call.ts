@@ -49,6 +49,8 @@ import { findCloseMatches, parseArguments, resolveCall, validateToolName } from 
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { SessionLimits } from "./session-limits.js";
+import type { QuotaGate } from "./quotas.js";
+import type { FairShare } from "./fair-share.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -66,6 +68,10 @@ export interface ResolverDeps {
   control: Pick<ControlPlane, "deadLetter">;
   /** Calls of each session in flight through this resolver. */
   limits: SessionLimits;
+  /** The quotas of tenants, tenants' tools and agents; none are checked when undefined. */
+  quotas?: QuotaGate | undefined;
+  /** Holds calls to busy tools for a fair turn among tenants; calls go straight on when undefined. */
+  fairShare?: FairShare | undefined;
   metrics: ToolmeshMetrics;
   /** Budget of a call that sets none, in ms. */
   defaultTimeoutMs: number;
@@ -296,8 +302,10 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
       if (!resolution.ok) markOutcome(span, resolution.error.code, resolution.error.message);
       const callLog = log.child({ callId, sessionId: address.session, tool });
       try {
-        if (resolution.ok) await routeCall(deps, resolution, msg, callLog);
-        else if (await answerKnownKey(deps, resolution, address, msg.seq, callLog)) {
+        if (resolution.ok) {
+          // A held call is acknowledged when its turn comes (or its deadline).
+          if ((await routeCall(deps, resolution, msg, callLog)) === "held") return;
+        } else if (await answerKnownKey(deps, resolution, address, msg.seq, callLog)) {
           callLog.info({ code: resolution.error.code }, "refused resubmission of a known call");
         } else {
           await answerInvalid(deps, resolution, address, msg.seq);
@@ -316,15 +324,16 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
  * Routes a resolved call: refuses it when it could outlive its record or is past its deadline,
  * answers `overloaded` when its session is over its in-flight limit, accepts it in the call
  * store (a known key is answered as a resubmission), publishes it on its tool's work subject and
- * arms its deadline. Throws when a publish fails in a way that may pass: the caller hands the
- * call back.
+ * arms its deadline — or, when the tool is busy, holds it for its fair turn ("held": the message
+ * is acknowledged then, not by the caller). Throws when a publish fails in a way that may pass:
+ * the caller hands the call back.
  */
 export async function routeCall(
   deps: ResolverDeps,
   resolution: Extract<Resolution, { ok: true }>,
   msg: JsMsg,
   callLog: Logger,
-): Promise<void> {
+): Promise<"held" | undefined> {
   const { subjects, plane, limits, callRetentionMs } = deps;
   const { js, store, clock, publishFinal } = plane;
   const { resolved, request } = resolution;
@@ -390,10 +399,25 @@ export async function routeCall(
     );
     return;
   }
+  const { fairShare } = deps;
+  const held = fairShare !== undefined && (await fairShare.busy(resolved.tool));
+  const refusal = await admitByQuota(deps, resolved, request, key, held);
+  if (refusal !== undefined) {
+    limits.release(resolved);
+    deps.metrics.tenantRefused(
+      resolved.address.tenant,
+      refusal.code,
+      typeof refusal.details?.quota === "string" ? refusal.details.quota : "unknown",
+    );
+    await publishAnswer(refusal, `refused:${key}:${msg.seq}`);
+    callLog.info({ code: refusal.code, details: refusal.details }, "call refused by a quota");
+    return;
+  }
   const record = callRecordOf(resolved, argumentsHash(request.tool_call.function.arguments));
   const accepted = await store.accept(record);
   if (accepted.status === "conflict" || accepted.status === "done") {
     limits.release(resolved);
+    await releaseQuota(deps, resolved, request, key);
     await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
     return;
   }
@@ -403,29 +427,113 @@ export async function routeCall(
     // again: the work's message id makes a repeat harmless within the window.
     callLog.info("call accepted before; routing it again");
   }
-  let routed: { duplicate: boolean };
-  try {
-    // The record's revision goes along, so the executor need not read the record (ADR 0027),
-    // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
-    routed = await publishDurable(js, subjects.work(resolved.tool), resolved, {
-      msgId: key,
-      headers: deadlineHeaders(resolved, tracedHeaders(knownRecordHeaders(record, accepted))),
+  const publishWork = async (): Promise<void> => {
+    let routed: { duplicate: boolean };
+    try {
+      // The record's revision goes along, so the executor need not read the record (ADR 0027),
+      // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
+      routed = await publishDurable(js, subjects.work(resolved.tool), resolved, {
+        msgId: key,
+        headers: deadlineHeaders(resolved, tracedHeaders(knownRecordHeaders(record, accepted))),
+      });
+    } catch (err) {
+      const error = ensureError(err);
+      if (error.retryable) throw err;
+      // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
+      await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
+      return;
+    }
+    if (routed.duplicate && accepted.status === "new") {
+      // The work stream remembers routing this key, but its record was gone (expired or
+      // purged): the work was dropped as a duplicate and no executor will see it, nor will the
+      // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
+      await answerVanishedRecord(deps, resolved, target, msg.seq, callLog);
+      return;
+    }
+    callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
+  };
+  if (held) {
+    const { address } = resolved;
+    fairShare.hold(resolved.tool, {
+      id: `${address.tenant}.${address.session}.${subjectToken(resolved.call_id)}`,
+      tenant: address.tenant,
+      msg,
+      deadlineAt: resolved.deadline_at,
+      dispatch: async () => {
+        await dequeueQuota(deps, resolved, request, key);
+        await publishWork();
+        msg.ack();
+      },
+      expire: async () => {
+        await plane.finalize(
+          resolved,
+          errorToolMessage(
+            target,
+            new ToolmeshError(
+              ErrorCode.DeadlineExceeded,
+              `call ${resolved.call_id} passed its deadline while waiting for its turn at a busy tool`,
+              { details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms } },
+            ),
+            { attempts: 0 },
+          ),
+        );
+        msg.ack();
+      },
     });
-  } catch (err) {
-    const error = ensureError(err);
-    if (error.retryable) throw err;
-    // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
-    await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
-    return;
+    callLog.debug("tool busy; call held for its fair turn");
+    return "held";
   }
-  if (routed.duplicate && accepted.status === "new") {
-    // The work stream remembers routing this key, but its record was gone (expired or
-    // purged): the work was dropped as a duplicate and no executor will see it, nor will the
-    // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
-    await answerVanishedRecord(deps, resolved, target, msg.seq, callLog);
-    return;
-  }
-  callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
+  await publishWork();
+  return undefined;
+}
+
+/**
+ * Counts a call into the quotas of its tenant, tool and agent, or says which refused it. Free
+ * for tenants without a quota (one map lookup).
+ */
+async function admitByQuota(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+  key: string,
+  queued: boolean,
+): Promise<ToolmeshError | undefined> {
+  const { quotas } = deps;
+  if (quotas === undefined) return undefined;
+  const scopes = quotas.view.scopesOf(resolved.address.tenant, resolved.tool, request.agent);
+  if (scopes.length === 0) return undefined;
+  return quotas.admit(
+    { key, deadline_at: resolved.deadline_at },
+    { ...resolved.address, callToken: subjectToken(resolved.call_id) },
+    scopes,
+    queued,
+  );
+}
+
+async function dequeueQuota(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+  key: string,
+): Promise<void> {
+  const { quotas } = deps;
+  if (quotas === undefined) return;
+  const scopes = quotas.view.scopesOf(resolved.address.tenant, resolved.tool, request.agent);
+  if (scopes.length > 0) await quotas.dequeued({ key, deadline_at: resolved.deadline_at }, scopes);
+}
+
+async function releaseQuota(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+  key: string,
+): Promise<void> {
+  const { quotas } = deps;
+  if (quotas === undefined) return;
+  const { address } = resolved;
+  quotas.ended(address.tenant, address.session, subjectToken(resolved.call_id));
+  const scopes = quotas.view.scopesOf(address.tenant, resolved.tool, request.agent);
+  if (scopes.length > 0) await quotas.release(key, scopes);
 }
 
 /**

@@ -1,6 +1,7 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { Defaults } from "@toolmesh/protocol";
+import { Defaults, decodeJson } from "@toolmesh/protocol";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import { Semaphore, ensureConsumer, meshPlan, startWorkLoop } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
@@ -12,6 +13,9 @@ import type { ControlPlane } from "@toolmesh/control-plane";
 import { answerDryRun, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
+import { QuotaGate } from "./quotas.js";
+import { FairShare } from "./fair-share.js";
+import type { WorkDepth } from "./fair-share.js";
 
 /** Options of {@link startResolver}. Durations in ms. */
 export interface ResolverOptions {
@@ -36,6 +40,35 @@ export interface ResolverOptions {
   callRetentionMs?: number;
   /** Who may call what: tool groups and agents. Default: every tool open to every session. */
   access?: ToolAccessPolicy;
+  /** Whether tenants' quotas are applied (the buckets are created when missing). Default true. */
+  quotas?: boolean;
+  /** How often quota counts of calls that ended unseen are reconciled, in ms. Default 5 000. */
+  quotaReconcileMs?: number;
+  /** Replicas of buckets this process creates. Default 1. */
+  replicas?: number;
+  /**
+   * Calls of one tool outstanding in the work stream (waiting or running) before further calls
+   * are held for a fair turn among tenants; 0 turns fair share off. Default 0.
+   */
+  fairShareWindow?: number;
+}
+
+/** The tool a final message names, or undefined when it cannot be read. */
+function toolOf(data: Uint8Array): string | undefined {
+  try {
+    const name = (decodeJson(data) as { name?: unknown } | null)?.name;
+    return typeof name === "string" ? name : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A tool's outstanding work: its work consumer's undelivered and unacknowledged messages. */
+function workDepth(jsm: JetStreamManager, subjects: Subjects): WorkDepth {
+  return async (tool) => {
+    const info = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer(tool));
+    return info.num_pending + info.num_ack_pending;
+  };
 }
 
 /** A running resolver. */
@@ -60,7 +93,29 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   });
   const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
+  const quotas =
+    options.quotas === false
+      ? undefined
+      : await QuotaGate.open(nc, {
+          subjects,
+          log,
+          replicas: options.replicas,
+          reconcileMs: options.quotaReconcileMs,
+          now: () => plane.clock.now(),
+        });
 
+  const fairShareWindow = options.fairShareWindow ?? 0;
+  const fairShare =
+    fairShareWindow <= 0
+      ? undefined
+      : new FairShare({
+          window: fairShareWindow,
+          depth: workDepth(plane.jsm, subjects),
+          weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
+          now: () => plane.clock.now(),
+          log,
+          heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+        });
   const control: ControlPlane = await startControlPlane({
     nc,
     plane,
@@ -69,9 +124,33 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // The deadline keeper follows every result already: count the sessions' calls from it.
     onResult: (msg) => {
       const settled = subjects.parseResultSubject(msg.subject);
-      if (settled !== undefined) limits.settled(settled.address, settled.call);
+      if (settled === undefined) return;
+      limits.settled(settled.address, settled.call);
+      quotas?.ended(settled.address.tenant, settled.address.session, settled.call);
+      if (fairShare !== undefined) {
+        // While calls are held, an ending call may have freed its tool's executor: say which.
+        const tool = fairShare.held > 0 ? toolOf(msg.data) : undefined;
+        fairShare.ended(
+          `${settled.address.tenant}.${settled.address.session}.${settled.call}`,
+          tool,
+        );
+      }
     },
   });
+  const stopLoggingQuotas = quotas?.view.onChange((key) => {
+    const current = quotas.view.get(key);
+    log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
+  });
+  const metrics = toolmeshMetrics();
+  const stopReportingTenants = metrics.observeTenants(() =>
+    quotas === undefined
+      ? []
+      : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
+          tenant,
+          inFlight,
+          queued: fairShare?.heldByTenant().get(tenant) ?? 0,
+        })),
+  );
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -80,7 +159,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     plane,
     control,
     limits,
-    metrics: toolmeshMetrics(),
+    quotas,
+    fairShare,
+    metrics,
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
     access: options.access,
@@ -126,8 +207,12 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       rpc.unsubscribe();
+      fairShare?.stop();
       await loop.stop(graceMs);
       await control.stop(graceMs);
+      quotas?.close();
+      stopReportingTenants();
+      stopLoggingQuotas?.();
     },
   };
 }

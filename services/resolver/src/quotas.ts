@@ -1,0 +1,653 @@
+import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
+import type { Quota, QuotaScope, Subjects } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  ToolmeshError,
+  decodeJson,
+  encodeJson,
+  parseQuota,
+  quotaKey,
+  subjectToken,
+} from "@toolmesh/protocol";
+import type { StreamSpec } from "@toolmesh/nats";
+import { meshPlan, openBucket } from "@toolmesh/nats";
+import type { Logger } from "@toolmesh/telemetry";
+
+// Quotas are data in the mesh: limits in the bucket `{p}_quotas` (watched by every resolver),
+// what each scope uses in `{p}_quota_usage`, changed only by compare-and-set so that any number
+// of resolvers together never let a scope past its limits.
+
+/** A quota with the scope it applies to, as `toolmesh quotas list` shows it. */
+export interface ScopedQuota {
+  /** Its key in the quotas bucket (`{tenant}`, `{tenant}.tool.{tool}`, `{tenant}.agent.{agent}`). */
+  key: string;
+  scope: QuotaScope;
+  quota: Quota;
+}
+
+/** What is stored under a quota key: the ids of the scope (keys hold tokens) and the limits. */
+interface StoredQuota {
+  scope: { tenant: string; tool?: string; agent?: string };
+  quota: Quota;
+}
+
+function decodeStored(value: Uint8Array): StoredQuota {
+  const raw = decodeJson(value) as { scope?: unknown; quota?: unknown } | null;
+  const scope = raw?.scope as StoredQuota["scope"] | undefined;
+  if (typeof scope?.tenant !== "string") {
+    throw new ToolmeshError(ErrorCode.InvalidRequest, "stored quota names no tenant");
+  }
+  return { scope, quota: parseQuota(raw?.quota) };
+}
+
+function bucketSpecs(subjects: Subjects, replicas: number | undefined) {
+  const { quotas, quotaUsage } = meshPlan(subjects, { replicas }).buckets;
+  return { quotas, quotaUsage };
+}
+
+async function open(nc: NatsConnection, spec: StreamSpec): Promise<KV> {
+  return openBucket(nc, await jetstreamManager(nc), spec, { existing: "keep" });
+}
+
+/** Reads and writes quotas: what `toolmesh quotas` uses. */
+export class QuotaStore {
+  readonly #kv: KV;
+  readonly #usage: KV;
+
+  private constructor(kv: KV, usage: KV) {
+    this.#kv = kv;
+    this.#usage = usage;
+  }
+
+  /** Opens (creating when missing) the quotas and usage buckets. */
+  static async open(
+    nc: NatsConnection,
+    options: { subjects: Subjects; replicas?: number },
+  ): Promise<QuotaStore> {
+    const specs = bucketSpecs(options.subjects, options.replicas);
+    return new QuotaStore(await open(nc, specs.quotas), await open(nc, specs.quotaUsage));
+  }
+
+  /**
+   * Sets the limits of a scope, merged over what it had (`undefined` fields keep their value,
+   * `null` ones are removed). Returns what is stored now.
+   */
+  async set(
+    scope: QuotaScope,
+    limits: { [K in keyof Quota]?: Quota[K] | null },
+  ): Promise<ScopedQuota> {
+    const key = quotaKey(scope);
+    if (limits.weight != null && (scope.tool !== undefined || scope.agent !== undefined)) {
+      throw new ToolmeshError(
+        ErrorCode.InvalidRequest,
+        "a weight applies to a whole tenant, not to one of its tools or agents",
+      );
+    }
+    for (;;) {
+      const entry = await this.#kv.get(key);
+      const current = entry?.operation === "PUT" ? decodeStored(entry.value).quota : {};
+      const merged: Record<string, unknown> = { ...current };
+      for (const [field, value] of Object.entries(limits)) {
+        if (value === null) delete merged[field];
+        else if (value !== undefined) merged[field] = value;
+      }
+      const quota = parseQuota(merged);
+      const stored: StoredQuota = { scope: scopeIds(scope), quota };
+      try {
+        if (entry === null) await this.#kv.create(key, encodeJson(stored));
+        else await this.#kv.update(key, encodeJson(stored), entry.revision);
+        return { key, scope: stored.scope, quota };
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+    }
+  }
+
+  /** The quota of a scope, or undefined. */
+  async get(scope: QuotaScope): Promise<ScopedQuota | undefined> {
+    const key = quotaKey(scope);
+    const entry = await this.#kv.get(key);
+    if (entry?.operation !== "PUT") return undefined;
+    const stored = decodeStored(entry.value);
+    return { key, ...stored };
+  }
+
+  /** Every quota, or a tenant's, ordered by key. */
+  async list(tenant?: string): Promise<ScopedQuota[]> {
+    const keys: string[] = [];
+    // One filter per listing: several at once (`filter_subjects`) need nats-server 2.10.
+    const filters =
+      tenant === undefined ? [">"] : [subjectToken(tenant), `${subjectToken(tenant)}.>`];
+    for (const filter of filters)
+      for await (const key of await this.#kv.keys(filter)) keys.push(key);
+    const found: ScopedQuota[] = [];
+    for (const key of keys.sort()) {
+      const entry = await this.#kv.get(key);
+      if (entry?.operation === "PUT") found.push({ key, ...decodeStored(entry.value) });
+    }
+    return found;
+  }
+
+  /** Removes a scope's quota (and what it counted); false when it had none. */
+  async remove(scope: QuotaScope): Promise<boolean> {
+    const key = quotaKey(scope);
+    const entry = await this.#kv.get(key);
+    if (entry?.operation !== "PUT") return false;
+    await this.#kv.delete(key);
+    await this.#usage.delete(key);
+    return true;
+  }
+
+  /** What a scope uses now: calls in flight, of which queued, and the day's count. */
+  async usage(scope: QuotaScope): Promise<UsageSummary> {
+    const entry = await this.#usage.get(quotaKey(scope));
+    return summarize(entry?.operation === "PUT" ? decodeUsage(entry.value) : emptyUsage());
+  }
+}
+
+function scopeIds(scope: QuotaScope): StoredQuota["scope"] {
+  return {
+    tenant: scope.tenant,
+    ...(scope.tool === undefined ? {} : { tool: scope.tool }),
+    ...(scope.agent === undefined ? {} : { agent: scope.agent }),
+  };
+}
+
+function isWrongLastSequence(err: unknown): boolean {
+  const text = err instanceof Error ? err.message : String(err);
+  return /wrong last sequence|10071|key exists/i.test(text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The watched view: every resolver holds every quota in memory.
+
+/** Every quota, kept current by a KV watch; lookups are map reads. */
+export class QuotaView {
+  readonly #byKey = new Map<string, ScopedQuota>();
+  // Tenant token → how many of its scopes have a quota: the hot path's only question for a
+  // tenant without one.
+  readonly #tenants = new Map<string, number>();
+  readonly #watcher: QueuedIterator<KvWatchEntry>;
+  readonly #changes = new Set<(key: string) => void>();
+
+  private constructor(watcher: QueuedIterator<KvWatchEntry>) {
+    this.#watcher = watcher;
+  }
+
+  /** Loads every quota and keeps watching the bucket. */
+  static async open(kv: KV, log: Logger): Promise<QuotaView> {
+    const status = await kv.status();
+    const watcher = await kv.watch({ key: ">" });
+    const view = new QuotaView(watcher);
+    let markReady!: () => void;
+    const ready = new Promise<void>((resolve) => (markReady = resolve));
+    if (status.values === 0) markReady();
+    void (async () => {
+      for await (const entry of watcher) {
+        try {
+          view.#apply(entry);
+        } catch (err) {
+          log.warn({ key: entry.key, err }, "ignoring a quota that cannot be read");
+        }
+        if (entry.delta === 0 || entry.isUpdate) markReady();
+      }
+    })();
+    await ready;
+    return view;
+  }
+
+  /** Whether the tenant (token) has any quota. */
+  hasTenant(tenant: string): boolean {
+    return this.#tenants.has(tenant);
+  }
+
+  /** The quota under a key. */
+  get(key: string): ScopedQuota | undefined {
+    return this.#byKey.get(key);
+  }
+
+  /** Every quota. */
+  all(): IterableIterator<ScopedQuota> {
+    return this.#byKey.values();
+  }
+
+  /** The keys of the scopes a call of this tenant, tool and agent pays into, tenant first. */
+  scopesOf(tenant: string, tool: string, agent: string | undefined): string[] {
+    if (!this.#tenants.has(tenant)) return [];
+    const keys = [tenant, `${tenant}.tool.${subjectToken(tool)}`];
+    if (agent !== undefined && agent.length > 0)
+      keys.push(`${tenant}.agent.${subjectToken(agent)}`);
+    return keys.filter((k) => this.#byKey.has(k));
+  }
+
+  /** Tells `listener` the key of every quota that changes; returns the way to stop. */
+  onChange(listener: (key: string) => void): () => void {
+    this.#changes.add(listener);
+    return () => this.#changes.delete(listener);
+  }
+
+  /** Stops watching. */
+  close(): void {
+    this.#watcher.stop();
+  }
+
+  #apply(entry: KvWatchEntry): void {
+    const tenant = entry.key.split(".")[0] ?? entry.key;
+    const had = this.#byKey.has(entry.key);
+    if (entry.operation !== "PUT") {
+      if (had) {
+        this.#byKey.delete(entry.key);
+        const left = (this.#tenants.get(tenant) ?? 1) - 1;
+        if (left <= 0) this.#tenants.delete(tenant);
+        else this.#tenants.set(tenant, left);
+      }
+    } else {
+      const stored = decodeStored(entry.value);
+      this.#byKey.set(entry.key, { key: entry.key, ...stored });
+      if (!had) this.#tenants.set(tenant, (this.#tenants.get(tenant) ?? 0) + 1);
+    }
+    for (const listener of this.#changes) listener(entry.key);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage, kept by compare-and-set.
+
+/** One counted call: its deadline and when it was counted (ms), and whether it is queued. */
+interface UsageEntry {
+  d: number;
+  t: number;
+  q?: 1;
+}
+
+/** What one scope uses. Calls are counted by call key, so counting one twice is impossible. */
+interface Usage {
+  in_flight: Record<string, UsageEntry>;
+  /** Tokens left in the bucket, as of `at` (ms). */
+  tokens?: number;
+  at?: number;
+  /** The UTC day (`YYYY-MM-DD`) `count` counts. */
+  day?: string;
+  count?: number;
+}
+
+/** What `toolmesh quotas get` shows of a scope's use. */
+export interface UsageSummary {
+  in_flight: number;
+  queued: number;
+  /** Calls counted today (UTC). */
+  today: number;
+  /** Tokens left, when the scope has a rate. */
+  tokens?: number;
+}
+
+function emptyUsage(): Usage {
+  return { in_flight: {} };
+}
+
+function decodeUsage(value: Uint8Array): Usage {
+  const usage = decodeJson(value) as Usage | null;
+  if (usage === null || typeof usage.in_flight !== "object") return emptyUsage();
+  return usage;
+}
+
+function summarize(usage: Usage): UsageSummary {
+  const entries = Object.values(usage.in_flight);
+  return {
+    in_flight: entries.length,
+    queued: entries.filter((e) => e.q === 1).length,
+    today: usage.day === utcDay(Date.now()) ? (usage.count ?? 0) : 0,
+    ...(usage.tokens === undefined ? {} : { tokens: Math.floor(usage.tokens * 100) / 100 }),
+  };
+}
+
+function utcDay(ms: number): string {
+  return new Date(ms).toISOString().slice(0, 10);
+}
+
+function msToNextUtcDay(ms: number): number {
+  const next = new Date(ms);
+  next.setUTCHours(24, 0, 0, 0);
+  return next.getTime() - ms;
+}
+
+/** A call as the gate counts it. */
+export interface CountedCall {
+  /** Its call key (`callKey(address, idempotency_key)`). */
+  key: string;
+  /** Its deadline, ms on the server clock. */
+  deadline_at: number;
+}
+
+/** Why a quota refused a call. */
+export type QuotaName = "max_in_flight" | "max_queued" | "rate" | "daily";
+
+/** How long a counted call may lack a record before reconciliation forgets it, in ms. */
+const UNRECORDED_GRACE_MS = 60_000;
+/** How long after its deadline a counted call is forgotten whatever its record says, in ms. */
+const DEADLINE_GRACE_MS = 5_000;
+/** What a concurrency refusal suggests waiting, in ms. */
+const CONCURRENCY_RETRY_MS = 1_000;
+
+/** Options of {@link QuotaGate.open}. */
+export interface QuotaGateOptions {
+  subjects: Subjects;
+  log: Logger;
+  replicas?: number;
+  /** How often counts of calls that ended unseen are reconciled, in ms; 0 = never. Default 5 000. */
+  reconcileMs?: number;
+  /** The time, ms (the server clock). Default `Date.now`. */
+  now?: () => number;
+}
+
+/**
+ * Admits calls against the quotas of their scopes and counts them out when they end. Every
+ * change is a compare-and-set on the scope's usage entry, so resolvers running side by side
+ * never admit past a limit; a call is counted by its key, so a redelivered call is not counted
+ * twice. Calls this process counted are counted out when their final message goes by
+ * ({@link QuotaGate.ended}); calls whose end no process saw (a resolver that died) are
+ * reconciled from their records and deadlines.
+ */
+export class QuotaGate {
+  readonly view: QuotaView;
+  readonly #usage: KV;
+  readonly #calls: KV;
+  readonly #log: Logger;
+  readonly #now: () => number;
+  // `{tenant}.{session}.{call token}` → what to count out when its final message goes by.
+  readonly #counted = new Map<string, { key: string; scopes: string[] }>();
+  #reconciler: NodeJS.Timeout | undefined;
+
+  private constructor(view: QuotaView, usage: KV, calls: KV, options: QuotaGateOptions) {
+    this.view = view;
+    this.#usage = usage;
+    this.#calls = calls;
+    this.#log = options.log;
+    this.#now = options.now ?? Date.now;
+  }
+
+  /** Opens the buckets, loads the quotas and starts reconciling. */
+  static async open(nc: NatsConnection, options: QuotaGateOptions): Promise<QuotaGate> {
+    const specs = bucketSpecs(options.subjects, options.replicas);
+    const quotas = await open(nc, specs.quotas);
+    const usage = await open(nc, specs.quotaUsage);
+    const calls = await new Kvm(nc).open(options.subjects.callsBucket, { allow_direct: false });
+    const view = await QuotaView.open(quotas, options.log);
+    const gate = new QuotaGate(view, usage, calls, options);
+    const every = options.reconcileMs ?? 5_000;
+    if (every > 0) {
+      const tick = (): void => {
+        gate
+          .reconcile()
+          .catch((err: unknown) => options.log.warn({ err }, "cannot reconcile quota usage"))
+          .finally(() => {
+            if (gate.#reconciler !== undefined) gate.#reconciler = setTimeout(tick, every).unref();
+          });
+      };
+      gate.#reconciler = setTimeout(tick, every).unref();
+    }
+    return gate;
+  }
+
+  /** How many calls this process counted and has not seen end. */
+  get counted(): number {
+    return this.#counted.size;
+  }
+
+  /** Calls this process counted and has not seen end, per tenant token. */
+  countedByTenant(): Map<string, number> {
+    const byTenant = new Map<string, number>();
+    for (const id of this.#counted.keys()) {
+      const tenant = id.slice(0, id.indexOf("."));
+      byTenant.set(tenant, (byTenant.get(tenant) ?? 0) + 1);
+    }
+    return byTenant;
+  }
+
+  /**
+   * Counts a call into every scope it pays into, or refuses it with the first limit it meets
+   * (and counts it into none). A call counted already passes again. `queued` marks it as waiting
+   * for its fair turn (limited by `max_queued`). `at` is the session address and call token of
+   * its final message, by which it is counted out.
+   */
+  async admit(
+    call: CountedCall,
+    at: { tenant: string; session: string; callToken: string },
+    scopes: string[],
+    queued = false,
+  ): Promise<ToolmeshError | undefined> {
+    if (scopes.length === 0) return undefined;
+    const charged: string[] = [];
+    for (const key of scopes) {
+      const quota = this.view.get(key)?.quota;
+      if (quota === undefined) continue;
+      const refusal = await this.#charge(key, quota, call, queued);
+      if (refusal !== undefined) {
+        await this.#refund(charged, call.key);
+        return refusal;
+      }
+      charged.push(key);
+    }
+    this.#counted.set(`${at.tenant}.${at.session}.${at.callToken}`, { key: call.key, scopes });
+    return undefined;
+  }
+
+  /** Marks a counted call as no longer queued (handed to its executors). */
+  async dequeued(call: CountedCall, scopes: string[]): Promise<void> {
+    for (const key of scopes) {
+      await this.#modify(key, (usage) => {
+        const entry = usage.in_flight[call.key];
+        if (entry?.q === undefined) return false;
+        delete entry.q;
+        return true;
+      });
+    }
+  }
+
+  /**
+   * Counts out the call a final message was published for, if this process counted it (its
+   * session address and call token, as read from the result subject). Never throws.
+   */
+  ended(tenant: string, session: string, callToken: string): void {
+    if (!this.view.hasTenant(tenant) && this.#counted.size === 0) return;
+    const id = `${tenant}.${session}.${callToken}`;
+    const counted = this.#counted.get(id);
+    if (counted === undefined) return;
+    this.#counted.delete(id);
+    this.release(counted.key, counted.scopes).catch((err: unknown) =>
+      this.#log.warn({ err, key: counted.key }, "cannot count a call out; reconciliation will"),
+    );
+  }
+
+  /** Counts a call out of its scopes. */
+  async release(callKey: string, scopes: string[]): Promise<void> {
+    for (const key of scopes) {
+      await this.#modify(key, (usage) => {
+        if (usage.in_flight[callKey] === undefined) return false;
+        delete usage.in_flight[callKey];
+        return true;
+      });
+    }
+  }
+
+  /**
+   * Forgets counted calls that ended unseen: past their deadline (the deadline keeper ended
+   * them), ended according to their record, or without a record long after being counted (a
+   * resolver died between counting and accepting, and the call never came back).
+   */
+  async reconcile(): Promise<number> {
+    let forgotten = 0;
+    const now = this.#now();
+    for (const { key } of [...this.view.all()]) {
+      const entry = await this.#usage.get(key);
+      if (entry?.operation !== "PUT") continue;
+      const usage = decodeUsage(entry.value);
+      const stale: string[] = [];
+      for (const [callKey, counted] of Object.entries(usage.in_flight)) {
+        if (counted.d + DEADLINE_GRACE_MS < now) stale.push(callKey);
+        else if (await this.#ended(callKey, counted, now)) stale.push(callKey);
+      }
+      if (stale.length === 0) continue;
+      await this.#modify(key, (current) => {
+        let changed = false;
+        for (const callKey of stale) {
+          if (current.in_flight[callKey] !== undefined) {
+            delete current.in_flight[callKey];
+            changed = true;
+          }
+        }
+        return changed;
+      });
+      forgotten += stale.length;
+      this.#log.info({ scope: key, calls: stale.length }, "reconciled calls that ended unseen");
+    }
+    return forgotten;
+  }
+
+  /** Stops reconciling and watching. */
+  close(): void {
+    clearTimeout(this.#reconciler);
+    this.#reconciler = undefined;
+    this.view.close();
+  }
+
+  async #ended(callKey: string, counted: UsageEntry, now: number): Promise<boolean> {
+    const entry = await this.#calls.get(callKey);
+    if (entry?.operation !== "PUT") return counted.t + UNRECORDED_GRACE_MS < now;
+    const record = decodeJson(entry.value) as { state?: unknown } | null;
+    return record?.state === "done";
+  }
+
+  async #charge(
+    key: string,
+    quota: Quota,
+    call: CountedCall,
+    queued: boolean,
+  ): Promise<ToolmeshError | undefined> {
+    let refusal: ToolmeshError | undefined;
+    await this.#modify(key, (usage) => {
+      refusal = undefined;
+      const now = this.#now();
+      const known = usage.in_flight[call.key];
+      if (known !== undefined) {
+        // Counted before (a redelivery): only whether it waits may change.
+        const wasQueued = known.q === 1;
+        if (wasQueued === queued) return false;
+        if (queued) known.q = 1;
+        else delete known.q;
+        return true;
+      }
+      const entries = Object.values(usage.in_flight);
+      const today = utcDay(now);
+      const count = usage.day === today ? (usage.count ?? 0) : 0;
+      if (quota.daily !== undefined && count >= quota.daily) {
+        refusal = refused(key, "daily", quota.daily, {
+          retryable: false,
+          retryAfterMs: msToNextUtcDay(now),
+        });
+        return false;
+      }
+      let tokens: number | undefined;
+      if (quota.rate !== undefined) {
+        const burst = quota.burst ?? Math.max(1, Math.ceil(quota.rate));
+        const last = usage.at ?? now;
+        const refilled = (usage.tokens ?? burst) + (Math.max(0, now - last) * quota.rate) / 1_000;
+        tokens = Math.min(burst, refilled);
+        if (tokens < 1) {
+          refusal = new ToolmeshError(
+            ErrorCode.RateLimited,
+            `quota ${key} allows ${quota.rate} calls per second (burst ${burst})`,
+            {
+              details: {
+                scope: key,
+                quota: "rate",
+                limit: quota.rate,
+                burst,
+                retry_after_ms: Math.ceil(((1 - tokens) * 1_000) / quota.rate),
+              },
+            },
+          );
+          return false;
+        }
+      }
+      if (quota.max_in_flight !== undefined && entries.length >= quota.max_in_flight) {
+        refusal = refused(key, "max_in_flight", quota.max_in_flight, { retryable: true });
+        return false;
+      }
+      if (queued && quota.max_queued !== undefined) {
+        const waiting = entries.filter((e) => e.q === 1).length;
+        if (waiting >= quota.max_queued) {
+          refusal = refused(key, "max_queued", quota.max_queued, { retryable: true });
+          return false;
+        }
+      }
+      usage.in_flight[call.key] = { d: call.deadline_at, t: now, ...(queued ? { q: 1 } : {}) };
+      if (tokens !== undefined) {
+        usage.tokens = tokens - 1;
+        usage.at = now;
+      }
+      usage.day = today;
+      usage.count = count + 1;
+      return true;
+    });
+    return refusal;
+  }
+
+  async #refund(keys: string[], callKey: string): Promise<void> {
+    for (const key of keys) {
+      await this.#modify(key, (usage) => {
+        if (usage.in_flight[callKey] === undefined) return false;
+        delete usage.in_flight[callKey];
+        if (usage.tokens !== undefined) usage.tokens += 1;
+        if (usage.count !== undefined && usage.count > 0) usage.count -= 1;
+        return true;
+      });
+    }
+  }
+
+  /**
+   * Reads a scope's usage, lets `change` edit it (false: nothing to write) and writes it back
+   * only if nobody wrote in between; otherwise reads again.
+   */
+  async #modify(key: string, change: (usage: Usage) => boolean): Promise<void> {
+    for (;;) {
+      const entry: KvEntry | null = await this.#usage.get(key);
+      const exists = entry?.operation === "PUT";
+      const usage = exists ? decodeUsage(entry.value) : emptyUsage();
+      if (!change(usage)) return;
+      try {
+        if (entry === null) await this.#usage.create(key, encodeJson(usage));
+        else await this.#usage.update(key, encodeJson(usage), entry.revision);
+        return;
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+    }
+  }
+}
+
+function refused(
+  key: string,
+  quota: QuotaName,
+  limit: number,
+  options: { retryable: boolean; retryAfterMs?: number },
+): ToolmeshError {
+  const what =
+    quota === "daily"
+      ? `${limit} calls per UTC day`
+      : quota === "max_queued"
+        ? `${limit} calls waiting`
+        : `${limit} calls in flight`;
+  return new ToolmeshError(ErrorCode.QuotaExceeded, `quota ${key} allows ${what}`, {
+    retryable: options.retryable,
+    details: {
+      scope: key,
+      quota,
+      limit,
+      retry_after_ms: options.retryAfterMs ?? CONCURRENCY_RETRY_MS,
+    },
+  });
+}

@@ -1,0 +1,166 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { ToolMessage } from "@toolmesh/protocol";
+import { createSubjects } from "@toolmesh/protocol";
+import { QuotaStore } from "@toolmesh/resolver";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+
+// One executor runs 4 calls at once; the resolvers hold calls beyond a window of 4 outstanding
+// and hand them on in round-robin order among tenants.
+
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let env: Record<string, string>;
+let resolvers: ServiceProcess[] = [];
+let executor: ServiceProcess;
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: fixtureTools("tools-c"),
+    TOOLMESH_FAIR_SHARE_WINDOW: "4",
+    TOOLMESH_ACK_WAIT_MS: "2000",
+    TOOLMESH_LOG_LEVEL: "debug",
+  };
+  resolvers = [await startService("resolver", env)];
+  executor = await startService("executor", { ...env, TOOLMESH_CONCURRENCY: "4" });
+  await resolvers[0]?.waitForLog((l) => l.msg === "tool available" && l.tool === "concurrency");
+  nc = await connect({ servers: server.url });
+}, 60_000);
+
+afterAll(async () => {
+  await nc?.close();
+  await killAllServices();
+  await server?.stop();
+});
+
+function submitMany(
+  tenant: string,
+  tag: string,
+  count: number,
+  holdMs: number,
+  timeoutMs?: number,
+) {
+  const session = new ToolmeshClient(nc, { tenant }).session(`s-${tag}`);
+  const handles = Array.from({ length: count }, (_, i) =>
+    session.submit(
+      { id: `${tag}-${i}`, name: "concurrency", arguments: { hold_ms: holdMs } },
+      timeoutMs === undefined ? {} : { timeoutMs },
+    ),
+  );
+  return { session, handles };
+}
+
+const HELD = "tool busy; call held for its fair turn";
+
+function heldSoFar(resolver: ServiceProcess | undefined): number {
+  return resolver?.lines.filter((l) => l.msg === HELD).length ?? 0;
+}
+
+/** Resolves once `count` more calls than `since` were held (readiness, not a sleep). */
+async function heldCalls(
+  resolver: ServiceProcess | undefined,
+  since: number,
+  count: number,
+): Promise<void> {
+  await resolver?.waitForLog(() => heldSoFar(resolver) >= since + count, 20_000);
+}
+
+describe("fair share of a busy tool", () => {
+  it("serves a second tenant in turn instead of after the first tenant's backlog", async () => {
+    const finished: string[] = [];
+    const track = (tenant: string, handles: { result: Promise<ToolMessage> }[]) =>
+      handles.map((h) =>
+        h.result.then((m) => {
+          finished.push(tenant);
+          return m;
+        }),
+      );
+    const mark = heldSoFar(resolvers[0]);
+    const a = submitMany("flood", "fa", 40, 200);
+    const aResults = track("A", a.handles);
+    await heldCalls(resolvers[0], mark, 20);
+    const b = submitMany("steady", "fb", 4, 200);
+    const bResults = track("B", b.handles);
+    const bMessages = await Promise.all(bResults);
+    const aMessages = await Promise.all(aResults);
+    a.session.close();
+    b.session.close();
+    expect(bMessages.every((m) => m.error === undefined)).toBe(true);
+    expect(aMessages.every((m) => m.error === undefined)).toBe(true);
+    // In arrival order B would finish after all 40 of A's; in turn, after a few rounds.
+    const aBeforeLastB = finished.slice(0, finished.lastIndexOf("B")).filter((t) => t === "A");
+    expect(aBeforeLastB.length).toBeLessThan(16);
+  });
+
+  it("answers a held call at its deadline and a cancelled one at once, and runs neither", async () => {
+    const mark = heldSoFar(resolvers[0]);
+    const backlog = submitMany("busy", "bl", 24, 300);
+    await heldCalls(resolvers[0], mark, 16);
+    // Behind their own tenant's backlog, these wait for many rounds.
+    const late = submitMany("busy", "lt", 1, 300, 600);
+    const cancelled = submitMany("busy", "cc", 1, 300);
+    await heldCalls(resolvers[0], mark, 18);
+    const reply = await cancelled.handles[0]?.cancel();
+    expect(reply?.cancelled).toBe(true);
+    const [lateMessage, cancelMessage] = await Promise.all([
+      late.handles[0]?.result,
+      cancelled.handles[0]?.result,
+    ]);
+    expect(lateMessage?.error?.code).toBe("deadline_exceeded");
+    expect(lateMessage?.attempts).toBe(0);
+    expect(cancelMessage?.error?.code).toBe("cancelled");
+    const rest = await Promise.all(backlog.handles.map((h) => h.result));
+    expect(rest.every((m) => m.error === undefined)).toBe(true);
+    // The executor never saw either call.
+    expect(executor.lines.filter((l) => l.callId === "lt-0" || l.callId === "cc-0")).toEqual([]);
+    expect(executor.lines.some((l) => l.callId === "bl-0")).toBe(true);
+    for (const s of [backlog, late, cancelled]) s.session.close();
+  });
+
+  it("refuses calls over max_queued while the tool is busy, and admits the rest in turn", async () => {
+    const store = await QuotaStore.open(nc, { subjects: createSubjects() });
+    await store.set({ tenant: "queued" }, { max_queued: 5 });
+    await resolvers[0]?.waitForLog((l) => l.msg === "quota applied" && l.quota === "queued");
+    const mark = heldSoFar(resolvers[0]);
+    const backlog = submitMany("other", "ob", 12, 300);
+    await heldCalls(resolvers[0], mark, 6);
+    const flood = submitMany("queued", "qd", 20, 10);
+    const messages = await Promise.all(flood.handles.map((h) => h.result));
+    const refused = messages.filter((m) => m.error !== undefined);
+    expect(messages.filter((m) => m.error === undefined)).toHaveLength(5);
+    expect(refused).toHaveLength(15);
+    expect(refused[0]?.error).toMatchObject({
+      code: "quota_exceeded",
+      retryable: true,
+      details: { quota: "max_queued", limit: 5, scope: "queued" },
+    });
+    await Promise.all(backlog.handles.map((h) => h.result));
+    for (const s of [backlog, flood]) s.session.close();
+    // Counted out as their final messages go by.
+    for (let i = 0; (await store.usage({ tenant: "queued" })).in_flight > 0; i++) {
+      expect(i).toBeLessThan(100);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    expect(await store.usage({ tenant: "queued" })).toMatchObject({ in_flight: 0, queued: 0 });
+  });
+
+  it("loses no held call when its resolver dies", async () => {
+    resolvers.push(await startService("resolver", env));
+    const victim = resolvers[0];
+    const mark = heldSoFar(victim);
+    const flood = submitMany("killed", "kd", 30, 150);
+    await heldCalls(victim, mark, 10);
+    await victim?.kill();
+    const messages = await Promise.all(flood.handles.map((h) => h.result));
+    flood.session.close();
+    expect(messages.filter((m) => m.error !== undefined)).toEqual([]);
+    expect(messages).toHaveLength(30);
+  });
+});
