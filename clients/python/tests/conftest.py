@@ -78,12 +78,15 @@ class MeshServices:
     """`toolmesh serve` running the resolver, an executor and a schema expander."""
 
     process: asyncio.subprocess.Process
+    reader: asyncio.Task[None] | None = None
     lines: list[dict[str, Any]] = field(default_factory=list)
     _waiters: list[tuple[Callable[[dict[str, Any]], bool], asyncio.Future[None]]] = field(
         default_factory=list
     )
 
-    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30):
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30
+    ) -> None:
         if any(predicate(line) for line in self.lines):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -112,6 +115,11 @@ class MeshServices:
                 await self.process.wait()
 
 
+def started(actor: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the log line an actor writes once it has started."""
+    return lambda line: line.get("msg") == f"{actor} started"
+
+
 async def start_mesh(env: dict[str, str], tools: Path = TOOLS) -> MeshServices:
     """Starts the mesh's services in one process and waits until each has started."""
     cli = REPO / "bin" / "toolmesh.js"
@@ -131,9 +139,9 @@ async def start_mesh(env: dict[str, str], tools: Path = TOOLS) -> MeshServices:
     )
     services = MeshServices(process)
     task = asyncio.get_running_loop().create_task(services.read())
-    services._reader = task  # type: ignore[attr-defined]
+    services.reader = task
     for actor in ("resolver", "executor", "schema-expander"):
-        await services.wait_for(lambda line, a=actor: line.get("msg") == f"{a} started")
+        await services.wait_for(started(actor))
     return services
 
 
@@ -152,7 +160,9 @@ async def mesh_services(nats_server: NatsServer) -> AsyncIterator[MeshServices]:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def mesh(nats_server: NatsServer, mesh_services: MeshServices) -> AsyncIterator[toolmesh.Mesh]:
+async def mesh(
+    nats_server: NatsServer, mesh_services: MeshServices
+) -> AsyncIterator[toolmesh.Mesh]:
     async with await toolmesh.connect(nats_server.url, default_timeout=15) as connected:
         yield connected
 

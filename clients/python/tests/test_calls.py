@@ -171,7 +171,7 @@ async def test_several_listeners_each_get_every_event(mesh: toolmesh.Mesh) -> No
         b = asyncio.create_task(first_result())
         await asyncio.sleep(0.05)
         await session.call("inspect", {"query": "x"}, call_id="both")
-        assert await asyncio.wait_for(asyncio.gather(a, b), 5) == ["both", "both"]
+        assert list(await asyncio.wait_for(asyncio.gather(a, b), 5)) == ["both", "both"]
 
 
 async def test_openai_messages_in_tool_messages_out(mesh: toolmesh.Mesh) -> None:

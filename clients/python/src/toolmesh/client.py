@@ -60,6 +60,7 @@ from .errors import (
     ToolmeshError,
     UnavailableError,
 )
+from .formats import NameMap, from_openai_tool_calls
 from .subjects import Subjects
 
 __all__ = [
@@ -486,11 +487,14 @@ class Session:
         return [await self.submit(call, **options) for call in tool_calls]
 
     async def run_tool_calls(
-        self, message: Mapping[str, Any], **options: Any
+        self, message: Mapping[str, Any], *, name_map: NameMap | None = None, **options: Any
     ) -> list[ToolMessage]:
         """Runs the ``tool_calls`` of an OpenAI assistant message and returns the tool messages
-        to append to the conversation, in the same order (errors included, as messages)."""
-        handles = await self.submit_all(message.get("tool_calls") or [], **options)
+        to append to the conversation, in the same order (errors included, as messages). Each
+        call id is the model's tool-call id, so its idempotency key stays the same when the same
+        message is run again. ``name_map`` (from :func:`to_openai_tools`) maps names back."""
+        calls = from_openai_tool_calls(message.get("tool_calls"), name_map)
+        handles = await self.submit_all(calls, **options)
         return list(await asyncio.gather(*(h.message() for h in handles)))
 
     async def cancel(self, call_id: str, *, idempotency_key: str | None = None) -> CancelReply:
@@ -500,9 +504,7 @@ class Session:
         if idempotency_key is not None:
             request["idempotency_key"] = idempotency_key
         try:
-            reply = await self.mesh._request(
-                self._subjects.cancel(self.id), request, "resolver"
-            )
+            reply = await self.mesh._request(self._subjects.cancel(self.id), request, "resolver")
         except ToolmeshError as err:
             return {"cancelled": False, "state": "unknown", "error": err.to_wire()}
         return cast(CancelReply, reply)
@@ -740,7 +742,7 @@ class Session:
             while len(self._finished) > _FINISHED_REMEMBERED:
                 self._finished.popitem(last=False)
             pending = self._pending.get(call_id)
-            hashed = message.get("args_hash")  # type: ignore[typeddict-item]
+            hashed = message.get("args_hash")
             # A final message stamped with other arguments ends another submission of the key:
             # this one is answered by its rejection.
             if pending is None or not isinstance(hashed, str) or hashed == pending.args_hash:
@@ -789,7 +791,8 @@ class Session:
         known = self._schemas.get(tool)
         if known is None or known["revision"] <= schema["revision"]:
             self._schemas[tool] = cast(
-                ToolSchema, {k: schema[k] for k in ToolSchema.__annotations__}  # type: ignore[literal-required]
+                ToolSchema,
+                {k: schema[k] for k in ToolSchema.__annotations__},  # type: ignore[literal-required]
             )
         earlier = self._pending_schemas.get(tool, {}).get("missing", [])
         merged = list(dict.fromkeys([*earlier, *missing]))
@@ -831,9 +834,7 @@ def _build_request(
     agent: str | None = None,
     edge_params: Sequence[str] | None = None,
 ) -> CallRequest:
-    args: str | dict[str, Any] = (
-        arguments if isinstance(arguments, str) else dict(arguments or {})
-    )
+    args: str | dict[str, Any] = arguments if isinstance(arguments, str) else dict(arguments or {})
     request: CallRequest = {
         "tool_call": {
             "id": call_id or _new_call_id(),
@@ -1003,4 +1004,3 @@ def _is_schema_event(body: Mapping[str, Any]) -> bool:
 def _ignore_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()  # read, so asyncio does not log it; the live subscription goes on
-

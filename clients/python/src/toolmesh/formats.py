@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
@@ -365,9 +366,8 @@ def _convert(node: Any, root: Mapping[str, Any], refs: list[str]) -> dict[str, A
             out["required"] = present
     for key in _COPIED_NUMBERS:
         value = node.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if value == value and value not in (float("inf"), float("-inf")):
-                out[key] = value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[key] = value
     if isinstance(node.get("pattern"), str):
         out["pattern"] = node["pattern"]
     if nullable:
