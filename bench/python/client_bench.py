@@ -77,6 +77,4 @@ async def main(url: str, sequential: int, in_flight: int, duration: float) -> No
 
 
 if __name__ == "__main__":
-    asyncio.run(
-        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
-    )
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))

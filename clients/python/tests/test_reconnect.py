@@ -7,9 +7,9 @@ import asyncio
 import json
 import uuid
 
-from conftest import NatsServer, TcpProxy
-
 import toolmesh
+
+from conftest import NatsServer, TcpProxy
 
 
 async def test_a_result_published_while_disconnected_arrives_after_the_reconnect(
