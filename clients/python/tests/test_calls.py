@@ -20,6 +20,8 @@ from toolmesh import (
     UnknownToolError,
 )
 
+from conftest import NatsServer
+
 
 def sid() -> str:
     return f"py-{uuid.uuid4().hex[:12]}"
@@ -224,3 +226,23 @@ async def test_dry_run_catalog_and_groups(mesh: toolmesh.Mesh) -> None:
         session_catalog = await session.catalog()
         assert "fail" not in {entry["name"] for entry in session_catalog["tools"]}
         await session.set_groups(reset=["risky"])
+
+
+async def test_no_server_is_a_one_line_unavailable_error() -> None:
+    with pytest.raises(toolmesh.UnavailableError) as caught:
+        await toolmesh.connect("nats://127.0.0.1:1")
+    assert "cannot connect to NATS at nats://127.0.0.1:1" in caught.value.message
+    assert "\n" not in caught.value.message
+
+
+async def test_without_a_mesh_calls_and_cancels_fail_typed(nats_server: NatsServer) -> None:
+    # Another prefix on the same server: no stream takes its calls, no resolver answers.
+    alone = await toolmesh.connect(nats_server.url, prefix="nomesh")
+    async with alone, alone.session(sid()) as session:
+        with pytest.raises(toolmesh.UnavailableError):
+            await session.call("inspect", {"query": "x"}, timeout=0.6)
+        reply = await session.cancel("c1")
+        assert reply["state"] == "unknown"
+        assert reply.get("error", {}).get("code") == "unavailable"
+        with pytest.raises(toolmesh.UnavailableError, match="no schema expander"):
+            await session.catalog()

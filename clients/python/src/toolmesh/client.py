@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import ssl
 import time
 import uuid
@@ -62,6 +63,8 @@ from .errors import (
 )
 from .formats import NameMap, from_openai_tool_calls
 from .subjects import Subjects
+
+_log = logging.getLogger("toolmesh")
 
 __all__ = [
     "CallHandle",
@@ -134,12 +137,21 @@ async def connect(
         if holder:
             holder[0]._reconnected()
 
+    last_error: list[Exception] = []
+
+    async def report(err: Exception) -> None:
+        # One line, not nats-py's traceback per failed attempt.
+        last_error[:] = [err]
+        _log.warning("toolmesh: NATS: %s", err or type(err).__name__)
+
     options: dict[str, Any] = {
         "servers": [servers] if isinstance(servers, str) else list(servers),
         "name": name,
         "inbox_prefix": inbox_prefix or subjects.inbox_prefix,
-        "max_reconnect_attempts": -1,
+        # Two tries per server to connect at all; once connected, reconnect for ever.
+        "max_reconnect_attempts": 1,
         "reconnected_cb": reconnected,
+        "error_cb": report,
         **({"user": user} if user is not None else {}),
         **({"password": password} if password is not None else {}),
         **({"token": token} if token is not None else {}),
@@ -150,8 +162,12 @@ async def connect(
     }
     try:
         nc = await nats.connect(**options)
-    except (OSError, nats.errors.Error) as err:
-        raise UnavailableError(f"cannot connect to NATS at {options['servers']}: {err}") from err
+    except (OSError, nats.errors.Error, asyncio.TimeoutError) as err:
+        servers_text = ", ".join(options["servers"])
+        cause = last_error[0] if last_error else err
+        reason = str(cause) or type(cause).__name__
+        raise UnavailableError(f"cannot connect to NATS at {servers_text}: {reason}") from err
+    nc.options["max_reconnect_attempts"] = nats_options.get("max_reconnect_attempts", -1)
     mesh = Mesh(
         nc,
         subjects,
