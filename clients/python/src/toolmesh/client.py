@@ -726,6 +726,19 @@ class Session:
             return  # not ours to understand; the session goes on
         if not isinstance(body, dict):
             return
+        # Within a tenant's account the server delivers a JetStream answer to whatever reply
+        # subject the requester named, so one frontend of the tenant can place another
+        # session's stored message on this session's subjects: a final message or progress
+        # naming another session, or a result whose subject names another call, is not ours.
+        if kind in ("result", "rejected", "progress") and body.get("session_id") != self.id:
+            return
+        if (
+            kind == "result"
+            and isinstance(body.get("tool_call_id"), str)
+            and body["tool_call_id"]
+            and msg.subject != self._subjects.result(self.id, body["tool_call_id"])
+        ):
+            return
         if kind == "result" and _is_tool_message(body):
             self._deliver(SessionEvent("result", body))
         elif kind == "rejected" and _is_rejection(body):
