@@ -99,6 +99,12 @@ class ContainerNatsServer implements NatsServerHandle {
     return this.#log.join("\n");
   }
 
+  reload(): Promise<void> {
+    return Promise.reject(
+      new Error("reload() needs a server process (TOOLMESH_TEST_NATS=process)"),
+    );
+  }
+
   async #docker() {
     const client = await getContainerRuntimeClient();
     return client.container.getById(this.#container.getId());

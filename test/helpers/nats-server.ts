@@ -2,6 +2,8 @@
 // shared NATS at 4222. TOOLMESH_TEST_NATS picks how: `process` (default) runs nats-server with
 // the product's launcher, the one `toolmesh dev` uses; `container` runs it in a container
 // through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.10).
+// TOOLMESH_TEST_NATS_SERVER names the nats-server binary of `process` mode (a path; default
+// the `nats-server` on PATH), e.g. /opt/nats-server-current/usr/sbin/nats-server.
 import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
 import {
   startNatsServer as startProcess,
@@ -20,9 +22,18 @@ if (mode !== "process" && mode !== "container") {
 /** How this run starts its servers. */
 export const natsMode: "process" | "container" = mode;
 
+const executable = process.env.TOOLMESH_TEST_NATS_SERVER || undefined;
+
 /** Starts a JetStream-enabled server on random ports and resolves once it is healthy. */
 export const startNatsServer: (opts?: StartNatsServerOptions) => Promise<NatsServerHandle> =
-  natsMode === "container" ? startContainerNatsServer : startProcess;
+  natsMode === "container"
+    ? startContainerNatsServer
+    : (opts = {}) =>
+        startProcess(
+          executable === undefined || opts.executable !== undefined
+            ? opts
+            : { ...opts, executable },
+        );
 
 /** Kills every server (or removes every container) a test left running. */
 export const stopAll: () => Promise<void> =

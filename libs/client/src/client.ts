@@ -667,6 +667,20 @@ export class Session {
     } catch {
       return; // Not ours to understand; the session goes on.
     }
+    // Within a tenant's account the server delivers a JetStream answer to whatever reply subject
+    // the requester named, so one frontend of the tenant can place another session's stored
+    // message on this session's subjects: a final message or progress naming another session,
+    // or a result whose subject names another call, is not this session's.
+    if (
+      (event.type === "result" &&
+        (event.message.session_id !== this.id ||
+          msg.subject !==
+            this.#client.subjects.result(this.address, event.message.tool_call_id))) ||
+      (event.type === "rejected" && event.rejection.session_id !== this.id) ||
+      (event.type === "progress" && event.event.session_id !== this.id)
+    ) {
+      return;
+    }
     this.#resultHeaders = msg.headers;
     try {
       this.#deliver(event);

@@ -26,6 +26,8 @@ export interface StartNatsServerOptions {
   config?: string;
   /** How long to wait for the server to become healthy, in milliseconds. Default 15000. */
   startTimeoutMs?: number;
+  /** The nats-server binary: a path, or a name looked up on PATH. Default `nats-server`. */
+  executable?: string;
 }
 
 /** A running (or killed, restartable) test server. */
@@ -57,6 +59,12 @@ export interface NatsServerHandle {
   jsz(): Promise<any>;
   /** The last lines the server wrote to stderr (its log). */
   logs(): string;
+  /**
+   * Replaces the configuration file's text (the `config` option) and reloads it with SIGHUP,
+   * as `nats-server --signal reload` does; resolves once the server logs the reload, rejects
+   * with the server's reason when it refuses the new configuration.
+   */
+  reload(config: string): Promise<void>;
 }
 
 /** The server did not become healthy; `stderr` holds the tail of its log. */
@@ -84,6 +92,8 @@ class LineRing {
   readonly #capacity: number;
   readonly #lines: string[] = [];
   #partial = "";
+  /** Complete lines pushed so far, including those that left the ring. */
+  #total = 0;
 
   constructor(capacity: number) {
     this.#capacity = capacity;
@@ -93,9 +103,19 @@ class LineRing {
     const parts = (this.#partial + chunk).split("\n");
     this.#partial = parts.pop() ?? "";
     for (const line of parts) {
+      this.#total += 1;
       this.#lines.push(line);
       if (this.#lines.length > this.#capacity) this.#lines.shift();
     }
+  }
+
+  get total(): number {
+    return this.#total;
+  }
+
+  /** The complete lines pushed after the first `total` ones (those still in the ring). */
+  since(total: number): string[] {
+    return this.#lines.slice(Math.max(0, this.#lines.length - (this.#total - total)));
   }
 
   text(): string {
@@ -147,8 +167,8 @@ function installExitHook(): void {
   }
 }
 
-function spawnServer(args: string[], log: LineRing): Proc {
-  const child = spawn(EXECUTABLE, args, { stdio: ["ignore", "ignore", "pipe"] });
+function spawnServer(executable: string, args: string[], log: LineRing): Proc {
+  const child = spawn(executable, args, { stdio: ["ignore", "ignore", "pipe"] });
   // Always drain stderr: a full pipe would block the server.
   child.stderr?.setEncoding("utf8");
   child.stderr?.on("data", (chunk: string) => log.push(chunk));
@@ -172,14 +192,14 @@ function spawnServer(args: string[], log: LineRing): Proc {
   return proc;
 }
 
-function describeExit(exit: Exit): string {
+function describeExit(exit: Exit, executable = EXECUTABLE): string {
   if (exit.error) {
     const code = (exit.error as NodeJS.ErrnoException).code;
     return code === "ENOENT"
-      ? `${EXECUTABLE} not found on PATH (install the nats-server package)`
-      : `${EXECUTABLE} failed to spawn: ${exit.error.message}`;
+      ? `${executable} not found (install the nats-server package)`
+      : `${executable} failed to spawn: ${exit.error.message}`;
   }
-  return `${EXECUTABLE} exited early (code ${String(exit.code)}, signal ${String(exit.signal)})`;
+  return `${executable} exited early (code ${String(exit.code)}, signal ${String(exit.signal)})`;
 }
 
 async function readPorts(file: string): Promise<{ nats: string; monitoring: string } | undefined> {
@@ -218,6 +238,7 @@ class NatsServer implements NatsServerHandle {
   readonly #baseArgs: string[];
   readonly #timeoutMs: number;
   readonly #jetstream: boolean;
+  readonly #executable: string;
   #proc: Proc;
   #log: LineRing;
   #removed = false;
@@ -231,7 +252,9 @@ class NatsServer implements NatsServerHandle {
     baseArgs: string[];
     timeoutMs: number;
     jetstream: boolean;
+    executable: string;
   }) {
+    this.#executable = init.executable;
     this.#dir = init.dir;
     this.storeDir = init.storeDir;
     this.#proc = init.proc;
@@ -276,7 +299,7 @@ class NatsServer implements NatsServerHandle {
     const monitorPort = new URL(this.monitorUrl).port;
     const args = withPorts(this.#baseArgs, String(this.port), monitorPort);
     this.#log = new LineRing(STDERR_TAIL_LINES);
-    this.#proc = spawnServer(args, this.#log);
+    this.#proc = spawnServer(this.#executable, args, this.#log);
     try {
       const urls = await waitForPortsFile(this.#proc, this.#dir, this.#log, this.#timeoutMs);
       if (urls.nats !== this.url) {
@@ -286,6 +309,21 @@ class NatsServer implements NatsServerHandle {
     } catch (err) {
       await this.kill();
       throw err;
+    }
+  }
+
+  async reload(config: string): Promise<void> {
+    await writeFile(join(this.#dir, "nats-server.conf"), config, "utf8");
+    const before = this.#log.total;
+    this.#proc.child.kill("SIGHUP");
+    const deadline = Date.now() + this.#timeoutMs;
+    for (;;) {
+      const fresh = this.#log.since(before);
+      const failed = fresh.find((line) => /Failed to reload/i.test(line));
+      if (failed !== undefined) throw new Error(failed);
+      if (fresh.some((line) => /Reloaded server configuration/i.test(line))) return;
+      if (Date.now() > deadline) throw new Error("the server did not log a reload in time");
+      await delay(POLL_INTERVAL_MS);
     }
   }
 
@@ -415,7 +453,8 @@ export async function startNatsServer(
 
   installExitHook();
   const log = new LineRing(STDERR_TAIL_LINES);
-  const proc = spawnServer(baseArgs, log);
+  const executable = opts.executable ?? EXECUTABLE;
+  const proc = spawnServer(executable, baseArgs, log);
   try {
     const urls = await waitForPortsFile(proc, dir, log, timeoutMs);
     await waitHealthy(proc, urls.monitoring, jetstream, log, timeoutMs);
@@ -428,6 +467,7 @@ export async function startNatsServer(
       baseArgs,
       timeoutMs,
       jetstream,
+      executable,
     });
     live.add(server);
     return server;

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { Option } from "commander";
+import { InvalidArgumentError, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import type { PermissionRole } from "./permissions.js";
 import {
@@ -9,6 +9,13 @@ import {
   rolePermissions,
 } from "./permissions.js";
 import { say } from "./print.js";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+
+function positiveInt(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
+  return n;
+}
 
 function list(value: string, previous: string[] = []): string[] {
   return [
@@ -41,6 +48,7 @@ export function addAuthCommands(
       new Option("--role <role>", "the role").choices(PERMISSION_ROLES).makeOptionMandatory(),
     )
     .option("--session <id>", "frontend: confine it to this one session too")
+    .option("--owner <id>", "executor, mcp-bridge: the tool owner whose account it lives in")
     .option("--tools <names>", "executor: tool names it may register (ns.* for a namespace)", list)
     .option("--servers <names>", "mcp-bridge: MCP server names it serves", list)
     .option("--json", "print JSON")
@@ -48,17 +56,28 @@ export function addAuthCommands(
       (o: {
         role: PermissionRole;
         session?: string;
+        owner?: string;
         tools?: string[];
         servers?: string[];
         json?: boolean;
       }) =>
         run(() => {
+          // An empty --tenant would otherwise read as unset and print the default tenant's.
+          const tenant = program.opts<{ tenant?: string }>().tenant;
+          if (o.role === "frontend" && tenant !== undefined && tenant.trim() === "") {
+            throw new ToolmeshError(
+              ErrorCode.InvalidRequest,
+              "--tenant must not be empty: name the tenant whose frontend this is",
+              { retryable: false },
+            );
+          }
           const c = config();
           const permissions = rolePermissions(o.role, {
             prefix: c.prefix,
             // The global --tenant (TOOLMESH_TENANT) names the frontend's tenant.
             ...(o.role === "frontend" ? { tenant: c.tenant } : {}),
             ...(o.session === undefined ? {} : { session: o.session }),
+            ...(o.owner === undefined ? {} : { owner: o.owner }),
             ...(o.tools === undefined ? {} : { tools: o.tools }),
             ...(o.servers === undefined ? {} : { servers: o.servers }),
           });
@@ -68,18 +87,51 @@ export function addAuthCommands(
     );
   auth
     .command("config")
-    .description("print a nats-server accounts block with one user per role and per tenant")
-    .option("--tenants <ids>", "tenants that get a frontend user (default: default)", list)
-    .action((o: { tenants?: string[] }) =>
-      run(() => {
-        const prefix = config().prefix;
-        process.stdout.write(
-          renderAccountConfig({
-            ...(prefix === "toolmesh" ? {} : { prefix }),
-            ...(o.tenants === undefined ? {} : { tenants: o.tenants }),
-          }),
-        );
-        return Promise.resolve(0);
-      }),
+    .description(
+      "print the nats-server accounts: the mesh's, one per tenant and one per tool owner (ADR 0031)",
+    )
+    .option("--tenants <ids>", "tenants, an account each (default: default)", list)
+    .option("--owners <ids>", "tool owners, an account each (default: default)", list)
+    .addOption(
+      new Option("--max-connections <n>", "per tenant/owner account (default 1000)").argParser(
+        positiveInt,
+      ),
+    )
+    .addOption(
+      new Option("--max-subscriptions <n>", "per tenant/owner account (default 100000)").argParser(
+        positiveInt,
+      ),
+    )
+    .addOption(
+      new Option("--max-payload <bytes>", "per tenant/owner account (default 1048576)").argParser(
+        positiveInt,
+      ),
+    )
+    .action(
+      (o: {
+        tenants?: string[];
+        owners?: string[];
+        maxConnections?: number;
+        maxSubscriptions?: number;
+        maxPayload?: number;
+      }) =>
+        run(() => {
+          const prefix = config().prefix;
+          process.stdout.write(
+            renderAccountConfig({
+              ...(prefix === "toolmesh" ? {} : { prefix }),
+              ...(o.tenants === undefined ? {} : { tenants: o.tenants }),
+              ...(o.owners === undefined ? {} : { owners: o.owners }),
+              limits: {
+                ...(o.maxConnections === undefined ? {} : { maxConnections: o.maxConnections }),
+                ...(o.maxSubscriptions === undefined
+                  ? {}
+                  : { maxSubscriptions: o.maxSubscriptions }),
+                ...(o.maxPayload === undefined ? {} : { maxPayload: o.maxPayload }),
+              },
+            }),
+          );
+          return Promise.resolve(0);
+        }),
     );
 }

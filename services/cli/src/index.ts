@@ -2,14 +2,20 @@ export { ROLES, startActors } from "./actors.js";
 export type { Role } from "./actors.js";
 export { buildProgram } from "./program.js";
 export {
+  MESH_ACCOUNT,
   PERMISSION_ROLES,
+  ownerAccount,
+  ownerWorkStream,
   passwordVariable,
   renderAccountConfig,
   renderPermissions,
   rolePermissions,
+  tenantAccount,
 } from "./permissions.js";
 export type {
   AccountConfigOptions,
+  AccountLimits,
+  ExtraUser,
   PermissionOptions,
   PermissionRole,
   Permissions,

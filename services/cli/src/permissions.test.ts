@@ -2,7 +2,12 @@ import { readFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { PERMISSION_ROLES, renderAccountConfig, rolePermissions } from "./permissions.js";
+import {
+  PERMISSION_ROLES,
+  renderAccountConfig,
+  rolePermissions,
+  tenantAccount,
+} from "./permissions.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 
@@ -59,5 +64,59 @@ describe("permissions", () => {
         expect(subject).not.toMatch(/STREAM\.(CREATE|UPDATE|DELETE|PURGE)/);
       }
     }
+  });
+
+  it("puts the mesh, each tenant and each owner in an account, each export for one account", () => {
+    const config = renderAccountConfig({ tenants: ["acme", "globex"], owners: ["tools-a"] });
+    for (const account of ["TOOLMESH", "TENANT_acme", "TENANT_globex", "OWNER_tools-a"]) {
+      expect(config).toContain(`\n  ${account}: {\n`);
+    }
+    // JetStream lives in the mesh account only.
+    expect(config.match(/jetstream: enabled/g)).toHaveLength(1);
+    expect(config.match(/jetstream: disabled/g)).toHaveLength(3);
+    const exports = [...config.matchAll(/\{ (service|stream): "([^"]+)", accounts: \[([^\]]+)\]/g)];
+    const imports = [
+      ...config.matchAll(/\{ (service|stream): \{ account: TOOLMESH, subject: "([^"]+)" \} \}/g),
+    ];
+    expect(exports.length).toBe(imports.length);
+    for (const [, kind, subject, accounts] of exports) {
+      expect(accounts, subject).not.toContain(",");
+      // A tenant's or owner's crossing names that tenant or owner, and is imported once.
+      if (accounts!.startsWith("TENANT_")) expect(subject).toContain(accounts!.slice(7));
+      expect(imports.filter((i) => i[1] === kind && i[2] === subject)).toHaveLength(1);
+    }
+    expect(config).toContain(
+      '{ service: "$JS.API.CONSUMER.MSG.NEXT.TOOLMESH_WORK_TOOLS-A.*", accounts: [OWNER_tools-a], response_type: stream }',
+    );
+    // The mesh's own users: the trusted services only.
+    const mesh = config.slice(config.indexOf("TOOLMESH: {"), config.indexOf("TENANT_acme: {"));
+    expect([...mesh.matchAll(/user: "([^"]+)"/g)].map((m) => m[1])).toEqual([
+      "resolver",
+      "schema-expander",
+      "gateway",
+      "operator",
+      "setup",
+    ]);
+    expect(tenantAccount("acme")).toBe("TENANT_acme");
+  });
+
+  it("refuses tenant and owner ids that cannot name an account, saying which", () => {
+    expect(() => renderAccountConfig({ tenants: ["a.b"] })).toThrow('tenant id "a.b" must be');
+    expect(() => renderAccountConfig({ owners: [""] })).toThrow('owner id "" must be');
+    expect(() => renderAccountConfig({ owners: ["x", "X"] })).toThrow("differ only in case");
+    expect(() =>
+      renderAccountConfig({
+        extraUsers: [{ account: "TENANT_nope", user: "u", permissions: rolePermissions("setup") }],
+      }),
+    ).toThrow("no account TENANT_nope for user u");
+  });
+
+  it("gives an owner's executor its owner's crossings only, and refuses an empty tenant", () => {
+    const owned = rolePermissions("executor", { owner: "acme" });
+    for (const subject of owned.publish.allow) {
+      expect(subject).toMatch(/TOOLMESH_WORK_ACME|toolmesh\.v1\.owner\.acme\./);
+    }
+    expect(() => rolePermissions("resolver", { owner: "acme" })).toThrow("--owner is for");
+    expect(() => rolePermissions("frontend", { tenant: "" })).toThrow("--tenant must not be empty");
   });
 });

@@ -6,6 +6,7 @@ import { obsoleteStreams } from "@toolmesh/nats";
 export const PERMISSION_ROLES = [
   "frontend",
   "resolver",
+  "gateway",
   "executor",
   "mcp-bridge",
   "schema-expander",
@@ -22,6 +23,12 @@ export interface PermissionOptions {
   prefix?: string;
   /** `frontend`: the tenant id it is confined to (required). */
   tenant?: string;
+  /**
+   * `executor`, `mcp-bridge`: the tool owner whose account it lives in (ADR 0031): its rights are
+   * then the owner's crossings into the mesh. Without it, an executor or bridge inside the mesh
+   * account, trusted like a service.
+   */
+  owner?: string;
   /** `frontend`: confine it further to this one session. */
   session?: string;
   /**
@@ -52,8 +59,16 @@ function names(s: Subjects) {
     streams: Object.values(s.streams),
     buckets: [s.registryBucket, s.callsBucket, s.sessionsBucket, s.groupsBucket],
     kv,
-    /** Replies to requests of frontends and operators. */
-    replies: [`_INBOX.${s.prefix}.frontend.>`, `_INBOX.${s.prefix}.operator.>`],
+    /**
+     * Replies to requests of the operator and the gateway (in the mesh account), and of tenants:
+     * a request that crossed a service import carries a `_R_.…` reply the server maps back.
+     */
+    replies: [
+      `_INBOX.${s.prefix}.operator.>`,
+      `_INBOX.${s.prefix}.gateway.>`,
+      `_INBOX.${s.prefix}.frontend.>`,
+      "_R_.>",
+    ],
   };
 }
 
@@ -186,6 +201,15 @@ export function rolePermissions(
 ): Permissions {
   const s = createSubjects(options.prefix === undefined ? {} : { prefix: options.prefix });
   const n = names(s);
+  if (options.tenant !== undefined && options.tenant.trim() === "") {
+    bad("--tenant must not be empty: name the tenant whose frontend this is");
+  }
+  if (options.owner !== undefined) {
+    if (role !== "executor" && role !== "mcp-bridge") {
+      bad(`--owner is for the executor and mcp-bridge roles, not ${role}`);
+    }
+    return ownerPermissions(s, role, checkAccountId("owner", options.owner));
+  }
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
   }
@@ -242,6 +266,18 @@ export function rolePermissions(
           `$KV.${s.callsBucket}.>`,
           ...bucketRead(s.groupsBucket),
           ...bucketRead(s.sessionsBucket),
+        ),
+      );
+    case "gateway":
+      // The MCP gateway submits and follows calls for every tenant it authenticates.
+      return merge(
+        serviceBase(s, role),
+        sub(`${n.base}.sessions.>`),
+        pub(
+          s.allCalls,
+          `${n.base}.cancel.*.*`,
+          `${n.base}.rpc.*.*`,
+          `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
         ),
       );
     case "executor":
@@ -324,6 +360,62 @@ export function rolePermissions(
   }
 }
 
+/** Tenant and owner ids name accounts, streams and subject tokens alike. */
+const ACCOUNT_ID = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+
+function checkAccountId(kind: "tenant" | "owner", id: string): string {
+  if (!ACCOUNT_ID.test(id)) {
+    bad(
+      `${kind} id "${id}" must be 1 to 64 letters, digits, "-" or "_", starting with a letter or digit`,
+    );
+  }
+  return id;
+}
+
+/** The work stream of one tool owner's tools, `{P}_WORK_{O}` over `{p}.v1.work.{o}.*`. */
+export function ownerWorkStream(s: Subjects, owner: string): string {
+  return `${s.streams.work}_${owner.toUpperCase()}`;
+}
+
+/** The subjects of a tenant's crossings into the mesh account (ADR 0031). */
+function tenantCrossings(s: Subjects, tenant: string) {
+  const base = `${s.prefix}.v1`;
+  return {
+    services: [
+      `${base}.calls.${tenant}.*`,
+      `${base}.cancel.${tenant}.*`,
+      `${base}.rpc.${tenant}.*`,
+      `${API}.DIRECT.GET.${s.streams.sessions}.${base}.sessions.${tenant}.>`,
+    ],
+    streams: [`${base}.sessions.${tenant}.>`],
+  };
+}
+
+/** The subjects of a tool owner's crossings into the mesh account (ADR 0031). */
+function ownerCrossings(s: Subjects, owner: string) {
+  const work = ownerWorkStream(s, owner);
+  return {
+    services: [
+      { subject: `${API}.CONSUMER.MSG.NEXT.${work}.*`, responseType: "stream" as const },
+      { subject: `${API}.CONSUMER.INFO.${work}.*` },
+      { subject: `$JS.ACK.${work}.>` },
+      { subject: `${s.prefix}.v1.owner.${owner}.>` },
+    ],
+    streams: [s.abort],
+  };
+}
+
+/**
+ * An executor or MCP bridge in the account of tool owner `owner`: it pulls and acks its owner's
+ * work through the imports, talks to the mesh's owner services, and hears cancellations.
+ */
+function ownerPermissions(s: Subjects, role: string, owner: string): Permissions {
+  return {
+    publish: { allow: ownerCrossings(s, owner).services.map((c) => c.subject) },
+    subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.>`] },
+  };
+}
+
 /** The `permissions { … }` block of nats-server configuration, indented by `indent` spaces. */
 export function renderPermissions(p: Permissions, indent = 0): string {
   const pad = " ".repeat(indent);
@@ -348,58 +440,208 @@ export function passwordVariable(user: string): string {
   return `TOOLMESH_${user.replace(/[^A-Za-z0-9]/g, "_").toUpperCase()}_PASSWORD`;
 }
 
+/** The mesh's account, where every stream and bucket lives. */
+export const MESH_ACCOUNT = "TOOLMESH";
+
+/** The account of tenant `tenant`'s frontends. */
+export function tenantAccount(tenant: string): string {
+  return `TENANT_${tenant}`;
+}
+
+/** The account of tool owner `owner`'s executors and MCP bridges. */
+export function ownerAccount(owner: string): string {
+  return `OWNER_${owner}`;
+}
+
+/** Limits of each tenant and owner account (nats-server `limits`); a reload applies changes. */
+export interface AccountLimits {
+  /** Connections at once. Default 1000. */
+  maxConnections?: number;
+  /** Subscriptions at once, over all connections. Default 100000. */
+  maxSubscriptions?: number;
+  /** Largest message in bytes. Default 1048576 (the server's own default). */
+  maxPayload?: number;
+}
+
+/** A user added to one account of the generated configuration. */
+export interface ExtraUser {
+  /** The account: {@link MESH_ACCOUNT}, `TENANT_{t}` or `OWNER_{o}` of a listed tenant/owner. */
+  account: string;
+  user: string;
+  permissions: Permissions;
+}
+
 /** Options of {@link renderAccountConfig}. */
 export interface AccountConfigOptions {
   prefix?: string;
-  /** One frontend user `frontend-{tenant}` per tenant. Default `["default"]`. */
+  /** One account `TENANT_{t}` with a frontend user `frontend-{t}` each. Default `["default"]`. */
   tenants?: readonly string[];
-  /** The account's name. Default `TOOLMESH`. */
-  account?: string;
-  /** More users, e.g. a frontend confined to one session or an executor owning some tools. */
-  extraUsers?: readonly { user: string; permissions: Permissions }[];
+  /** One account `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each. Default `["default"]`. */
+  owners?: readonly string[];
+  /** Limits of every tenant and owner account. */
+  limits?: AccountLimits;
+  /** More users, e.g. a frontend confined to one session. */
+  extraUsers?: readonly ExtraUser[];
+}
+
+/** The users of the mesh account, one per trusted role. */
+const MESH_ROLES = ["resolver", "schema-expander", "gateway", "operator", "setup"] as const;
+
+interface Account {
+  name: string;
+  jetstream: boolean;
+  limits?: Required<AccountLimits>;
+  users: { user: string; permissions: Permissions }[];
+  exports: string[];
+  imports: string[];
+}
+
+function uniqueIds(kind: "tenant" | "owner", ids: readonly string[]): string[] {
+  const seen = new Map<string, string>();
+  for (const id of ids) {
+    checkAccountId(kind, id);
+    // Owner ids are upper-cased in their work stream's name: `a` and `A` would share one.
+    const key = id.toLowerCase();
+    const other = seen.get(key);
+    if (other !== undefined) bad(`${kind} ids "${other}" and "${id}" differ only in case`);
+    seen.set(key, id);
+  }
+  return [...seen.values()];
 }
 
 /**
- * The `accounts { … }` block with one user per role and per tenant, passwords taken from
- * environment variables (`$TOOLMESH_RESOLVER_PASSWORD`, …). `deploy/nats/toolmesh.conf` is this
- * text for the defaults; a test keeps the two equal.
+ * The nats-server `accounts { … }` block of ADR 0031: the mesh account `TOOLMESH` (JetStream,
+ * the trusted services), one account per tenant (its frontends) and per tool owner (its
+ * executors and bridges), each crossing exported to the one account that imports it. Passwords
+ * come from environment variables (`$TOOLMESH_RESOLVER_PASSWORD`, …). `deploy/nats/toolmesh.conf`
+ * is this text for the defaults; a test keeps the two equal.
  */
 export function renderAccountConfig(options: AccountConfigOptions = {}): string {
   const prefix = options.prefix === undefined ? {} : { prefix: options.prefix };
-  const users: { user: string; permissions: Permissions }[] = [];
-  for (const role of PERMISSION_ROLES) {
-    if (role === "frontend") continue;
-    users.push({ user: role, permissions: rolePermissions(role, prefix) });
-  }
-  for (const tenant of options.tenants ?? ["default"]) {
-    users.push({
-      user: `frontend-${tenant}`,
-      permissions: rolePermissions("frontend", { ...prefix, tenant }),
+  const s = createSubjects(prefix);
+  const tenants = uniqueIds("tenant", options.tenants ?? ["default"]);
+  const owners = uniqueIds("owner", options.owners ?? ["default"]);
+  const limits: Required<AccountLimits> = {
+    maxConnections: options.limits?.maxConnections ?? 1000,
+    maxSubscriptions: options.limits?.maxSubscriptions ?? 100_000,
+    maxPayload: options.limits?.maxPayload ?? 1_048_576,
+  };
+  const q = JSON.stringify;
+  const mesh: Account = {
+    name: MESH_ACCOUNT,
+    jetstream: true,
+    users: MESH_ROLES.map((role) => ({ user: role, permissions: rolePermissions(role, prefix) })),
+    exports: [],
+    imports: [],
+  };
+  const accounts: Account[] = [mesh];
+  for (const tenant of tenants) {
+    const name = tenantAccount(tenant);
+    const crossings = tenantCrossings(s, tenant);
+    mesh.exports.push(
+      ...crossings.services.map((subject) => `{ service: ${q(subject)}, accounts: [${name}] }`),
+      ...crossings.streams.map((subject) => `{ stream: ${q(subject)}, accounts: [${name}] }`),
+    );
+    accounts.push({
+      name,
+      jetstream: false,
+      limits,
+      users: [
+        {
+          user: `frontend-${tenant}`,
+          permissions: rolePermissions("frontend", { ...prefix, tenant }),
+        },
+      ],
+      exports: [],
+      imports: [
+        ...crossings.services.map(
+          (subject) => `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+        ),
+        ...crossings.streams.map(
+          (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+        ),
+      ],
     });
   }
-  users.push(...(options.extraUsers ?? []));
-  const body = users.map(({ user, permissions }) =>
+  for (const owner of owners) {
+    const name = ownerAccount(owner);
+    const crossings = ownerCrossings(s, owner);
+    mesh.exports.push(
+      ...crossings.services.map(
+        ({ subject, responseType }) =>
+          `{ service: ${q(subject)}, accounts: [${name}]${responseType === undefined ? "" : `, response_type: ${responseType}`} }`,
+      ),
+      ...crossings.streams.map((subject) => `{ stream: ${q(subject)}, accounts: [${name}] }`),
+    );
+    accounts.push({
+      name,
+      jetstream: false,
+      limits,
+      users: (["executor", "mcp-bridge"] as const).map((role) => ({
+        user: `${role}-${owner}`,
+        permissions: rolePermissions(role, { ...prefix, owner }),
+      })),
+      exports: [],
+      imports: [
+        ...crossings.services.map(
+          ({ subject }) => `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+        ),
+        ...crossings.streams.map(
+          (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+        ),
+      ],
+    });
+  }
+  for (const extra of options.extraUsers ?? []) {
+    const account = accounts.find((a) => a.name === extra.account);
+    if (account === undefined) bad(`no account ${extra.account} for user ${extra.user}`);
+    account.users.push({ user: extra.user, permissions: extra.permissions });
+  }
+  const flags = [
+    ...(options.prefix === undefined ? [] : [`--prefix ${options.prefix}`]),
+    ...(options.tenants === undefined ? [] : [`--tenants ${tenants.join(",")}`]),
+    ...(options.owners === undefined ? [] : [`--owners ${owners.join(",")}`]),
+  ];
+  const list = (items: string[]) =>
+    items.length === 0 ? "[]" : `[\n${items.map((x) => `      ${x}`).join("\n")}\n    ]`;
+  const body = accounts.map((a) =>
     [
-      "      {",
-      `        user: ${JSON.stringify(user)}`,
-      `        password: $${passwordVariable(user)}`,
-      renderPermissions(permissions, 8),
-      "      }",
+      `  ${a.name}: {`,
+      `    jetstream: ${a.jetstream ? "enabled" : "disabled"}`,
+      ...(a.limits === undefined
+        ? []
+        : [
+            `    limits: { max_connections: ${a.limits.maxConnections}, max_subscriptions: ${a.limits.maxSubscriptions}, max_payload: ${a.limits.maxPayload} }`,
+          ]),
+      "    users: [",
+      a.users
+        .map(({ user, permissions }) =>
+          [
+            "      {",
+            `        user: ${q(user)}`,
+            `        password: $${passwordVariable(user)}`,
+            renderPermissions(permissions, 8),
+            "      }",
+          ].join("\n"),
+        )
+        .join("\n"),
+      "    ]",
+      ...(a.exports.length === 0 ? [] : [`    exports: ${list(a.exports)}`]),
+      ...(a.imports.length === 0 ? [] : [`    imports: ${list(a.imports)}`]),
+      "  }",
     ].join("\n"),
   );
   return [
-    "# toolmesh NATS users, one per role, each with the least rights it needs (docs/security.md).",
-    `# Generated by \`toolmesh auth config${options.prefix === undefined ? "" : ` --prefix ${options.prefix}`}\`; a frontend user for another tenant:`,
-    "# `toolmesh auth permissions --role frontend --tenant <id>`. Passwords come from the",
+    "# toolmesh NATS accounts (docs/security.md, ADR 0031): the mesh account TOOLMESH holds every",
+    "# stream and the trusted services; each tenant's frontends and each tool owner's executors",
+    "# and bridges live in an account of their own and reach the mesh only through the exports",
+    "# below, each exported to the one account that imports it.",
+    `# Generated by \`toolmesh auth config${flags.length === 0 ? "" : ` ${flags.join(" ")}`}\`. Passwords come from the`,
     "# environment (TOOLMESH_<USER>_PASSWORD); swap them for nkeys or TLS-mapped users as you like.",
-    "# Include this file from the server's configuration, which enables JetStream and TLS.",
+    "# Include this file from the server's configuration, which enables JetStream and TLS; add a",
+    "# tenant or owner by regenerating it and `nats-server --signal reload`.",
     "accounts {",
-    `  ${options.account ?? "TOOLMESH"}: {`,
-    "    jetstream: enabled",
-    "    users: [",
     body.join("\n"),
-    "    ]",
-    "  }",
     "}",
     "",
   ].join("\n");

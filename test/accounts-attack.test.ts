@@ -1,0 +1,429 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Msg, NatsConnection } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { MESH_ACCOUNT, renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/cli";
+import { ToolmeshClient } from "@toolmesh/client";
+import { connectNats } from "@toolmesh/nats";
+import type { NatsConnectOptions } from "@toolmesh/nats";
+import { createSubjects } from "@toolmesh/protocol";
+import { runCli } from "./helpers/cli.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
+import { createTestPki, type TestPki } from "./helpers/tls.js";
+
+// Every tenant principal of the configuration `toolmesh auth config` generates, run as an
+// attacker against a real server with TLS: the server answers JetStream requests to whatever
+// reply subject the requester names, so each answer a tenant can trigger is pointed at the
+// mesh's streams, buckets, API and other tenants' subjects. Each attack asserts the damage did
+// not happen and that the legitimate path still works. A control server shows the same deputy
+// succeeding inside one account, so these assertions can fail.
+//
+// Run on both server versions: TOOLMESH_TEST_NATS_SERVER=/opt/nats-server-current/usr/sbin/nats-server.
+
+const subjects = createSubjects();
+const PASSWORDS: Record<string, string> = {};
+const SESSIONS = subjects.streams.sessions;
+
+let pki: TestPki;
+let server: NatsServerHandle;
+const open: NatsConnection[] = [];
+
+function password(user: string): string {
+  return (PASSWORDS[user] ??= `pw-${user}-${Math.random().toString(36).slice(2)}`);
+}
+
+async function connectAs(user: string, extra: NatsConnectOptions = {}): Promise<NatsConnection> {
+  const nc = await connectNats({
+    servers: server.url,
+    user,
+    password: password(user),
+    tlsCa: pki.caFile,
+    tlsCert: pki.clientCert,
+    tlsKey: pki.clientKey,
+    ...extra,
+  });
+  open.push(nc);
+  return nc;
+}
+
+function credentials(user: string): Record<string, string> {
+  return {
+    NATS_URL: server.url,
+    NATS_USER: user,
+    NATS_PASSWORD: password(user),
+    NATS_CA: pki.caFile,
+    NATS_CERT: pki.clientCert,
+    NATS_KEY: pki.clientKey,
+  };
+}
+
+/** The generated configuration, plus the users an attacker would be and the test's executor. */
+export function attackConfig(tenants: string[]): string {
+  return renderAccountConfig({
+    tenants,
+    extraUsers: [
+      {
+        account: tenantAccount("acme"),
+        user: "frontend-acme-s1",
+        permissions: rolePermissions("frontend", { tenant: "acme", session: "s1" }),
+      },
+      {
+        account: tenantAccount("acme"),
+        user: "frontend-acme-s2",
+        permissions: rolePermissions("frontend", { tenant: "acme", session: "s2" }),
+      },
+      // A principal with every right inside its tenant's account: the account boundary alone
+      // must hold it.
+      {
+        account: tenantAccount("acme"),
+        user: "acme-root",
+        permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
+      },
+      // Labelled: the test's observer of the mesh (every right in the mesh account).
+      {
+        account: MESH_ACCOUNT,
+        user: "observer",
+        permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
+      },
+      // Labelled: an executor inside the mesh account (trusted like a service), for the
+      // legitimate call path; executors of tool owners live in owner accounts.
+      {
+        account: MESH_ACCOUNT,
+        user: "executor-in-mesh",
+        permissions: rolePermissions("executor"),
+      },
+    ],
+  });
+}
+
+function exportPasswords(config: string): void {
+  for (const m of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)) {
+    process.env[m[2]!] = password(m[1]!);
+  }
+}
+
+/** Everything a connection receives on `subject`, collected as it comes. */
+function collect(nc: NatsConnection, subject: string): Msg[] {
+  const got: Msg[] = [];
+  nc.subscribe(subject, { callback: (err, msg) => err === null && got.push(msg) });
+  return got;
+}
+
+/** Lets the server route what was published (a round trip on each connection involved). */
+async function settle(...ncs: NatsConnection[]): Promise<void> {
+  for (const nc of ncs) await nc.flush();
+  // JetStream handles requests on its own goroutines: a second round trip after a short pause
+  // leaves time for the answers of the requests just flushed.
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  for (const nc of ncs) await nc.flush();
+}
+
+interface MeshSnapshot {
+  streams: Map<string, { first: number; messages: number }>;
+  consumers: string[];
+  groupsRevision: number | undefined;
+  toolRevision: number | undefined;
+}
+
+async function snapshot(jsm: JetStreamManager, nc: NatsConnection): Promise<MeshSnapshot> {
+  const streams = new Map<string, { first: number; messages: number }>();
+  for await (const info of jsm.streams.list()) {
+    streams.set(info.config.name, { first: info.state.first_seq, messages: info.state.messages });
+  }
+  const consumers: string[] = [];
+  for (const stream of [subjects.streams.calls, subjects.streams.work, subjects.streams.events]) {
+    for await (const c of jsm.consumers.list(stream)) consumers.push(`${stream}/${c.name}`);
+  }
+  const kvm = new Kvm(nc);
+  const groups = await kvm.open(subjects.groupsBucket);
+  const tools = await kvm.open(subjects.registryBucket);
+  return {
+    streams,
+    consumers: consumers.sort(),
+    groupsRevision: (await groups.get("globex"))?.revision,
+    toolRevision: (await tools.get(subjects.registryKey("echo")))?.revision,
+  };
+}
+
+let mesh: NatsConnection;
+let ledgers: string;
+let jsm: JetStreamManager;
+
+beforeAll(async () => {
+  pki = await createTestPki();
+  ledgers = await mkdtemp(join(tmpdir(), "toolmesh-attack-"));
+  const config = attackConfig(["acme", "globex"]);
+  exportPasswords(config);
+  server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
+  const setup = await runCli(["setup"], credentials("setup"));
+  expect(setup.stderr).toBe("");
+  const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
+  await Promise.all([
+    startService("resolver", env("resolver")),
+    startService("executor", { ...env("executor-in-mesh"), TOOLMESH_TOOLS_DIR: "tools/builtin" }),
+    startService("executor", {
+      ...env("executor-in-mesh"),
+      TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
+      TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir: ledgers }),
+    }),
+    startService("schema-expander", env("schema-expander")),
+  ]);
+  mesh = await connectAs("observer");
+  jsm = await jetstreamManager(mesh);
+  // globex switched a group off: the deputy must not switch it back on.
+  const groups = await new Kvm(mesh).open(subjects.groupsBucket);
+  await groups.put("globex", JSON.stringify({ groups: { weather: false } }));
+});
+
+afterAll(async () => {
+  for (const nc of open) await nc.close().catch(() => undefined);
+  await killAllServices();
+  await server?.stop();
+  await stopAll();
+  await pki?.remove();
+  await rm(ledgers, { recursive: true, force: true });
+});
+
+/** A tenant frontend's client and a first, legitimate call (its stored result is a target). */
+async function legitimateCall(
+  user: string,
+  tenant: string,
+  session: string,
+  text: string,
+): Promise<{ nc: NatsConnection; client: ToolmeshClient; callId: string }> {
+  const nc = await connectAs(user, {
+    inboxPrefix: subjects.frontendInboxPrefix(tenant, user.endsWith(session) ? session : undefined),
+  });
+  const client = new ToolmeshClient(nc, { tenant, defaultTimeoutMs: 20_000 });
+  const s = client.session(session);
+  const handle = s.submit({ name: "echo", arguments: { text } });
+  const result = await handle.result;
+  expect(result.content).toBe(text);
+  s.close();
+  return { nc, client, callId: handle.callId };
+}
+
+describe("tenants in their own accounts, attacked", () => {
+  it("a reply-subject deputy for every answer a tenant can trigger changes nothing in the mesh", async () => {
+    const acme = await legitimateCall("frontend-acme", "acme", "s1", "acme-secret");
+    const globex = await legitimateCall("frontend-globex", "globex", "g1", "globex-secret");
+    // globex listens to its own sessions: nothing may arrive from acme's attacks.
+    const globexSees = collect(globex.nc, "toolmesh.v1.sessions.globex.>");
+    const before = await snapshot(jsm, mesh);
+    expect(before.streams.get(subjects.streams.calls)).toBeDefined();
+    expect(before.consumers).toContain(`${subjects.streams.calls}/resolver`);
+
+    const stored = `toolmesh.v1.sessions.acme.s1.result.${acme.callId}`;
+    const triggers: { subject: string; body: string }[] = [
+      // the calls PubAck (an envelope the resolver refuses: nothing runs)
+      { subject: "toolmesh.v1.calls.acme.s1", body: "{}" },
+      // direct get 200 (its own stored result) and 404
+      { subject: `$JS.API.DIRECT.GET.${SESSIONS}.${stored}`, body: "" },
+      {
+        subject: `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.none`,
+        body: "",
+      },
+      // the cancel and RPC answers of the services
+      {
+        subject: "toolmesh.v1.cancel.acme.s1",
+        body: JSON.stringify({ tool_call_id: "x", session_id: "s1" }),
+      },
+      { subject: "toolmesh.v1.rpc.acme.catalog", body: "{}" },
+      { subject: "toolmesh.v1.rpc.acme.groups", body: "{}" },
+      { subject: "toolmesh.v1.rpc.acme.resolve", body: "{}" },
+    ];
+    const targets = [
+      `$JS.API.STREAM.DELETE.${subjects.streams.calls}`,
+      `$JS.API.STREAM.DELETE.${subjects.streams.work}`,
+      `$JS.API.STREAM.PURGE.${SESSIONS}`,
+      `$JS.API.STREAM.PURGE.KV_${subjects.callsBucket}`,
+      `$JS.API.CONSUMER.DELETE.${subjects.streams.calls}.resolver`,
+      `$JS.API.STREAM.MSG.DELETE.${SESSIONS}`,
+      `$KV.${subjects.groupsBucket}.globex`,
+      `$KV.${subjects.registryBucket}.echo`,
+      "toolmesh.v1.work.echo",
+      "toolmesh.v1.control.abort",
+      `toolmesh.v1.sessions.globex.g1.result.${globex.callId}`,
+      "toolmesh.v1.sessions.globex.g1.result.forged",
+      "toolmesh.v1.calls.globex.g1",
+      "toolmesh.v1.rpc.globex.groups",
+      // crossings of its own account: a second request whose body is the first answer
+      `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.x`,
+    ];
+    const attackers = await Promise.all(
+      ["acme-root", "frontend-acme", "frontend-acme-s1"].map((user) =>
+        connectAs(user, {
+          inboxPrefix: subjects.frontendInboxPrefix("acme", user.endsWith("s1") ? "s1" : undefined),
+        }),
+      ),
+    );
+    for (const nc of attackers) {
+      for (const trigger of triggers) {
+        for (const reply of targets) nc.publish(trigger.subject, trigger.body, { reply });
+      }
+    }
+    // The account-wide principal also asks the mesh's API itself, and its own account's.
+    const root = attackers[0]!;
+    for (const subject of [
+      "$JS.API.INFO",
+      `$JS.API.STREAM.DELETE.${subjects.streams.calls}`,
+      `$JS.API.STREAM.PURGE.${SESSIONS}`,
+      `$JS.API.STREAM.MSG.GET.${SESSIONS}`,
+    ]) {
+      for (const reply of targets) root.publish(subject, JSON.stringify({ seq: 1 }), { reply });
+    }
+    await settle(...attackers, mesh, globex.nc);
+
+    const after = await snapshot(jsm, mesh);
+    expect([...after.streams.keys()].sort()).toEqual([...before.streams.keys()].sort());
+    for (const [name, state] of before.streams) {
+      // Nothing purged (first sequence kept) and nothing removed.
+      expect(after.streams.get(name)?.first, name).toBe(state.first);
+      if (name !== subjects.streams.calls && name !== subjects.streams.work) {
+        expect(after.streams.get(name)!.messages, name).toBeGreaterThanOrEqual(state.messages);
+      }
+    }
+    expect(after.consumers).toEqual(before.consumers);
+    expect(after.groupsRevision).toBe(before.groupsRevision);
+    expect(after.toolRevision).toBe(before.toolRevision);
+    // No junk work: the deputy's PubAcks never reached the work stream.
+    expect(after.streams.get(subjects.streams.work)?.messages).toBe(0);
+    expect(globexSees.map((m) => m.subject)).toEqual([]);
+
+    // The legitimate path still works for both tenants.
+    const again = globex.client.session("g1");
+    expect(
+      (await again.submit({ name: "echo", arguments: { text: "still" } }).result).content,
+    ).toBe("still");
+    again.close();
+    const acmeAgain = acme.client.session("s1");
+    expect(
+      (await acmeAgain.submit({ name: "echo", arguments: { text: "ok" } }).result).content,
+    ).toBe("ok");
+    acmeAgain.close();
+  });
+
+  it("a direct get whose body names another tenant's message answers nothing of it", async () => {
+    const globex = await legitimateCall("frontend-globex", "globex", "g2", "globex-private");
+    const victim = `toolmesh.v1.sessions.globex.g2.result.${globex.callId}`;
+    const { seq } = await jsm.streams.getMessage(SESSIONS, { last_by_subj: victim });
+    const acme = await legitimateCall("frontend-acme", "acme", "s1", "acme-own");
+    const own = `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.${acme.callId}`;
+    const bodies = [
+      { seq },
+      { last_by_subj: victim },
+      { next_by_subj: victim, seq: 1 },
+      { next_by_subj: "toolmesh.v1.sessions.>", seq: 1 },
+      { multi_last: [victim], batch: 10 },
+      { batch: 10, next_by_subj: "toolmesh.v1.sessions.globex.>" },
+    ];
+    for (const body of bodies) {
+      const answer = await acme.nc.request(own, JSON.stringify(body), { timeout: 2000 }).then(
+        (m) => m,
+        () => undefined,
+      );
+      const text = answer === undefined ? "" : answer.string();
+      const subject = answer?.headers?.get("Nats-Subject") ?? "";
+      expect(text, JSON.stringify(body)).not.toContain("globex-private");
+      expect(subject, JSON.stringify(body)).not.toContain("globex");
+    }
+    // The bodiless form still answers its own result.
+    const mine = await acme.nc.request(own, "", { timeout: 2000 });
+    expect(mine.string()).toContain("acme-own");
+  });
+
+  it("no principal of a tenant sees another tenant's sessions or the mesh's inboxes", async () => {
+    const root = await connectAs("acme-root");
+    const everything = collect(root, ">");
+    const subscribed = collect(root, "toolmesh.v1.sessions.globex.>");
+    await root.flush();
+    await legitimateCall("frontend-globex", "globex", "g3", "globex-watched");
+    await settle(root);
+    expect(subscribed).toEqual([]);
+    for (const msg of everything) {
+      expect(msg.subject).not.toContain("globex");
+      expect(msg.string()).not.toContain("globex-watched");
+    }
+  });
+
+  it("a session-confined frontend neither reads nor forges another session of its tenant", async () => {
+    const s2 = await legitimateCall("frontend-acme-s2", "acme", "s2", "s2-private");
+    const s1 = await legitimateCall("frontend-acme-s1", "acme", "s1", "s1-own");
+    // s2 awaits a call; s1 makes the server place its own stored result on s2's subjects.
+    const waiting = s2.client.session("s2");
+    const pending = waiting.submit({ name: "sleepy", arguments: { ms: 1500 } });
+    const seenByS1 = collect(s1.nc, "toolmesh.v1.sessions.acme.s1.>");
+    const deliveredToS2 = collect(s2.nc, "toolmesh.v1.sessions.acme.s2.>");
+    await s2.nc.flush();
+    const own = `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.${s1.callId}`;
+    for (const reply of [
+      `toolmesh.v1.sessions.acme.s2.result.${pending.callId}`,
+      `toolmesh.v1.sessions.acme.s2.progress.${pending.callId}`,
+    ]) {
+      s1.nc.publish(own, "", { reply });
+    }
+    await settle(s1.nc);
+    // The server does deliver the forgery inside the tenant's account (a limit of session
+    // confinement, docs/security.md); the client drops what names another session.
+    expect(deliveredToS2.some((m) => m.string().includes("s1-own"))).toBe(true);
+    const result = await pending.result;
+    expect(result.error).toBeUndefined();
+    expect(JSON.stringify(result)).not.toContain("s1-own");
+    waiting.close();
+    // Reading s2: refused subscriptions and direct gets deliver nothing.
+    collect(s1.nc, "toolmesh.v1.sessions.acme.s2.>");
+    const read = await s1.nc
+      .request(
+        `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s2.result.${s2.callId}`,
+        "",
+        {
+          timeout: 1000,
+        },
+      )
+      .then(
+        (m) => m.string(),
+        (e: unknown) => String(e),
+      );
+    expect(read).not.toContain("s2-private");
+    await settle(s1.nc);
+    for (const msg of seenByS1) expect(msg.string()).not.toContain("s2-private");
+  });
+});
+
+describe("the control: inside one account the deputy works", () => {
+  let control: NatsServerHandle;
+  afterAll(async () => control?.stop());
+
+  it("a user allowed only its direct gets deletes a stream with a reply subject", async () => {
+    control = await startNatsServer({
+      config: [
+        "accounts {",
+        "  ONE: {",
+        "    jetstream: enabled",
+        "    users: [",
+        '      { user: "admin", password: "admin" }',
+        '      { user: "deputy", password: "deputy", permissions: { publish: { allow: ["foo.>", "$JS.API.DIRECT.GET.S.foo.>"] }, subscribe: { allow: ["_INBOX.>"] } } }',
+        "    ]",
+        "  }",
+        "}",
+      ].join("\n"),
+    });
+    const admin = await connectNats({ servers: control.url, user: "admin", password: "admin" });
+    const deputy = await connectNats({ servers: control.url, user: "deputy", password: "deputy" });
+    open.push(admin, deputy);
+    const adminJsm = await jetstreamManager(admin);
+    await adminJsm.streams.add({ name: "S", subjects: ["foo.>"], allow_direct: true });
+    await adminJsm.streams.add({ name: "W", subjects: ["w.>"] });
+    deputy.publish("$JS.API.DIRECT.GET.S.foo.none", "", { reply: "$JS.API.STREAM.DELETE.W" });
+    await settle(deputy, admin);
+    const names: string[] = [];
+    for await (const name of adminJsm.streams.names()) names.push(name);
+    expect(names).not.toContain("W");
+    expect(names).toContain("S");
+  });
+});

@@ -1,0 +1,355 @@
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { PermissionViolationError, headers as createHeaders } from "@nats-io/nats-core";
+import { jetstream } from "@nats-io/jetstream";
+import { MESH_ACCOUNT, renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/cli";
+import type { AccountConfigOptions } from "@toolmesh/cli";
+import { ToolmeshClient } from "@toolmesh/client";
+import { connectNats } from "@toolmesh/nats";
+import type { NatsConnectOptions } from "@toolmesh/nats";
+import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
+import { runCli } from "./helpers/cli.js";
+import { killAllServices, startService, type ServiceProcess } from "./helpers/mesh.js";
+import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
+import { createTestPki, type TestPki } from "./helpers/tls.js";
+
+// The whole mesh under the accounts `toolmesh auth config` generates (the code the shipped
+// deploy/nats/toolmesh.conf is checked against), on a server that requires TLS client
+// certificates: the services in the mesh account, each frontend in its tenant's account,
+// reaching the mesh only through the generated exports and imports.
+//
+// Labelled: the executor and the MCP bridge run here as users the test adds to the mesh
+// account (trusted like a service); executors of tool owners live in owner accounts and talk
+// to the mesh through its owner services.
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+const subjects = createSubjects();
+const PASSWORDS: Record<string, string> = {};
+
+let pki: TestPki;
+let server: NatsServerHandle;
+let work: string;
+const open: NatsConnection[] = [];
+let services: ServiceProcess[] = [];
+
+function password(user: string): string {
+  return (PASSWORDS[user] ??= `pw-${user}-${Math.random().toString(36).slice(2)}`);
+}
+
+function credentials(user: string): Record<string, string> {
+  return {
+    NATS_URL: server.url,
+    NATS_USER: user,
+    NATS_PASSWORD: password(user),
+    NATS_CA: pki.caFile,
+    NATS_CERT: pki.clientCert,
+    NATS_KEY: pki.clientKey,
+  };
+}
+
+async function connectAs(user: string, extra: NatsConnectOptions = {}): Promise<NatsConnection> {
+  const nc = await connectNats({
+    servers: server.url,
+    user,
+    password: password(user),
+    tlsCa: pki.caFile,
+    tlsCert: pki.clientCert,
+    tlsKey: pki.clientKey,
+    ...extra,
+  });
+  open.push(nc);
+  return nc;
+}
+
+/**
+ * The server configuration: the generated accounts, the test's users, TLS, and the password of
+ * every user as a variable defined in the file itself, so that a reload can add a user (the
+ * server's environment is fixed when it starts; docs/security.md says the same).
+ */
+function serverConfig(tenants: string[]): string {
+  const options: AccountConfigOptions = {
+    tenants,
+    extraUsers: [
+      {
+        account: tenantAccount("acme"),
+        user: "frontend-acme-s1",
+        permissions: rolePermissions("frontend", { tenant: "acme", session: "s1" }),
+      },
+      { account: MESH_ACCOUNT, user: "executor-in-mesh", permissions: rolePermissions("executor") },
+      {
+        account: MESH_ACCOUNT,
+        user: "mcp-bridge-in-mesh",
+        permissions: rolePermissions("mcp-bridge"),
+      },
+    ],
+  };
+  const accounts = renderAccountConfig(options);
+  const variables = [...accounts.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)].map(
+    ([, user, variable]) => `${variable}: ${JSON.stringify(password(user!))}`,
+  );
+  // JetStream is configured in the file, as in production: a server started with `-js` on the
+  // command line restarts JetStream on a reload of a file without it.
+  const js = `jetstream { store_dir: ${JSON.stringify(join(work, "js"))} }`;
+  return [js, ...variables, accounts, pki.serverTlsBlock(), ""].join("\n");
+}
+
+/** Permission violations the server reported on a connection, collected as they come. */
+function violations(nc: NatsConnection): PermissionViolationError[] {
+  const seen: PermissionViolationError[] = [];
+  void (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "error" && s.error instanceof PermissionViolationError) seen.push(s.error);
+    }
+  })();
+  return seen;
+}
+
+function settled(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
+
+async function expectPublishRefused(nc: NatsConnection, subject: string): Promise<void> {
+  const seen = violations(nc);
+  nc.publish(subject, "{}");
+  await nc.flush();
+  await settled();
+  expect(
+    seen.some((v) => v.operation === "publish" && v.subject === subject),
+    `publish to ${subject} refused`,
+  ).toBe(true);
+}
+
+async function expectSubscribeRefused(nc: NatsConnection, subject: string): Promise<void> {
+  const seen = violations(nc);
+  const sub = nc.subscribe(subject);
+  await nc.flush();
+  await settled();
+  expect(
+    seen.some((v) => v.operation === "subscription" && v.subject === subject),
+    `subscription to ${subject} refused`,
+  ).toBe(true);
+  sub.unsubscribe();
+}
+
+beforeAll(async () => {
+  pki = await createTestPki();
+  work = await mkdtemp(join(tmpdir(), "toolmesh-accounts-"));
+  const mcpDir = join(work, "mcp");
+  await mkdir(mcpDir);
+  await writeFile(
+    join(mcpDir, "fx.yaml"),
+    [
+      "name: fx",
+      "transport: stdio",
+      `command: ${JSON.stringify(process.execPath)}`,
+      `args: [${JSON.stringify(join(ROOT, "test", "fixtures", "mcp", "test-server.mjs"))}]`,
+    ].join("\n"),
+  );
+  server = await startNatsServer({ jetstream: false, config: serverConfig(["acme", "globex"]) });
+  const setup = await runCli(["setup"], credentials("setup"));
+  expect(setup.stderr).toBe("");
+  expect(setup.code).toBe(0);
+  const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
+  services = await Promise.all([
+    startService("resolver", env("resolver")),
+    startService("executor", { ...env("executor-in-mesh"), TOOLMESH_TOOLS_DIR: "tools/builtin" }),
+    startService("schema-expander", env("schema-expander")),
+    startService("mcp-bridge", { ...env("mcp-bridge-in-mesh"), TOOLMESH_MCP_DIR: mcpDir }),
+  ]);
+});
+
+afterAll(async () => {
+  for (const nc of open) await nc.close().catch(() => undefined);
+  await killAllServices();
+  await server?.stop();
+  await stopAll();
+  await pki?.remove();
+  await rm(work, { recursive: true, force: true });
+});
+
+describe("the mesh with tenants in their own accounts, under TLS", () => {
+  it("refuses an unauthenticated client", async () => {
+    const err = await connectNats({
+      servers: server.url,
+      tlsCa: pki.caFile,
+      tlsCert: pki.clientCert,
+      tlsKey: pki.clientKey,
+    }).then(
+      () => undefined,
+      (e: unknown) => e as Error,
+    );
+    expect(err?.message).toMatch(/authorization violation/i);
+  });
+
+  it("works end to end from a tenant's account: builtin and MCP tools, schema expansion, catalog, dry run, cancel", async () => {
+    const nc = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    const client = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 20_000 });
+    const session = client.session("conv-1");
+    const echo = await session.submit({ name: "echo", arguments: { text: "hi" } }).result;
+    expect(echo.error).toBeUndefined();
+    expect(echo.content).toBe("hi");
+    await expect
+      .poll(async () => (await client.catalog()).tools.map((t) => t.name), { timeout: 20_000 })
+      .toContain("fx.echo");
+    const mcp = await session.submit({ name: "fx.echo", arguments: { text: "via mcp" } }).result;
+    expect(mcp.content).toBe("via mcp");
+    const missing = await session.submit({ name: "get_weather", arguments: {} }).result;
+    expect(missing.error?.code).toBe("missing_arguments");
+    expect(await session.waitForSchema("get_weather", 10_000)).toBe(true);
+    const resolved = await client.resolve("conv-1", { name: "echo", arguments: { text: "x" } });
+    expect(resolved.ok).toBe(true);
+    const cancel = await session.cancel("never-submitted");
+    expect(cancel.error).toBeUndefined();
+    // A resubmission is answered from the stored result (a direct get across the accounts).
+    const again = await session.submit({
+      id: echo.tool_call_id,
+      name: "echo",
+      arguments: { text: "hi" },
+    }).result;
+    expect(again.content).toBe("hi");
+    session.close();
+    for (const service of services) {
+      expect(JSON.stringify(service.lines) + service.stderr()).not.toMatch(/permission/i);
+    }
+  });
+
+  it("the CLI calls as a tenant's frontend with its credentials", async () => {
+    const call = await runCli(
+      ["--tenant", "acme", "call", "echo", "--args", '{"text":"from the cli"}', "--json"],
+      credentials("frontend-acme"),
+    );
+    expect(call.stderr).toBe("");
+    expect(JSON.parse(call.stdout)).toMatchObject({ content: "from the cli" });
+  });
+
+  it("a session-confined frontend works in its session and nowhere else", async () => {
+    const nc = await connectAs("frontend-acme-s1", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme", "s1"),
+    });
+    const client = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 20_000 });
+    const session = client.session("s1");
+    expect((await session.submit({ name: "echo", arguments: { text: "s1" } }).result).content).toBe(
+      "s1",
+    );
+    session.close();
+    await expectSubscribeRefused(nc, "toolmesh.v1.sessions.acme.s2.>");
+    await expectPublishRefused(nc, "toolmesh.v1.calls.acme.s2");
+    await expectPublishRefused(nc, "toolmesh.v1.cancel.acme.s2");
+    await expectPublishRefused(
+      nc,
+      "$JS.API.DIRECT.GET.TOOLMESH_SESSIONS.toolmesh.v1.sessions.acme.s2.result.c1",
+    );
+    await expectSubscribeRefused(nc, "_INBOX.toolmesh.frontend.acme.>");
+  });
+
+  it("another tenant's frontend never sees acme's results", async () => {
+    const nc = await connectAs("frontend-globex", {
+      inboxPrefix: subjects.frontendInboxPrefix("globex"),
+    });
+    await expectSubscribeRefused(nc, "toolmesh.v1.sessions.acme.conv-1.>");
+    const client = new ToolmeshClient(nc, { tenant: "globex", defaultTimeoutMs: 20_000 });
+    const session = client.session("g1");
+    expect((await session.submit({ name: "echo", arguments: { text: "g" } }).result).content).toBe(
+      "g",
+    );
+    session.close();
+  });
+
+  it("the operator lists tools, and lists and replays a dead letter into a tenant's session", async () => {
+    const tools = await runCli(["tools", "list", "--json"], credentials("operator"));
+    expect(tools.stderr).toBe("");
+    expect(JSON.parse(tools.stdout) as unknown[]).not.toHaveLength(0);
+    // A calls-stream letter as the dead-letter keeper writes it, for acme's session dl-1.
+    const nc = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    const session = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 20_000 }).session(
+      "dl-1",
+    );
+    const callSubject = subjects.call(subjects.address("acme", "dl-1"));
+    const h = createHeaders();
+    h.set(Header.DlqStream, subjects.streams.calls);
+    h.set(Header.DlqSubject, callSubject);
+    h.set(Header.DlqSequence, "4242");
+    h.set(Header.DlqReason, "max_deliveries");
+    h.set(Header.DlqDeliveries, "5");
+    const resolver = await connectAs("resolver", { inboxPrefix: subjects.inboxPrefix("resolver") });
+    const { seq } = await jetstream(resolver).publish(
+      subjects.dlq("echo"),
+      encodeJson({
+        tool_call: {
+          id: "d1",
+          type: "function",
+          function: { name: "echo", arguments: '{"text":"replayed"}' },
+        },
+        session_id: "dl-1",
+        timeout_ms: 20_000,
+      }),
+      { headers: h },
+    );
+    const list = await runCli(["dlq", "list", "--json"], credentials("operator"));
+    expect(list.stderr).toBe("");
+    expect((JSON.parse(list.stdout) as { seq: number }[]).map((l) => l.seq)).toContain(seq);
+    const answered = new Promise<string>((resolve) => {
+      session.onEvent((e) => {
+        if (e.type === "result" && e.message.tool_call_id === "d1") resolve(e.message.content);
+      });
+    });
+    const replay = await runCli(["dlq", "replay", String(seq), "--json"], credentials("operator"));
+    expect(replay.stderr).toBe("");
+    expect(JSON.parse(replay.stdout)).toMatchObject({ status: "replayed" });
+    expect(await answered).toBe("replayed");
+    session.close();
+  });
+
+  it("a new tenant joins by a reload; connections of the others are undisturbed", async () => {
+    const nc = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    const events: string[] = [];
+    void (async () => {
+      for await (const s of nc.status()) events.push(s.type);
+    })();
+    const acme = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 20_000 }).session("r1");
+    expect(
+      (await acme.submit({ name: "echo", arguments: { text: "before" } }).result).content,
+    ).toBe("before");
+    await expect(connectAs("frontend-initech")).rejects.toThrow(/authorization/i);
+    // Twice: on the first reload the new account's imports are checked against the mesh's
+    // exports as they were before it (no export to it yet) and left out; the second binds them
+    // (nats-server 2.9.10 and 2.15.1 alike; docs/security.md).
+    await server.reload(serverConfig(["acme", "globex", "initech"]));
+    await server.reload(serverConfig(["acme", "globex", "initech"]));
+    const initech = await connectAs("frontend-initech", {
+      inboxPrefix: subjects.frontendInboxPrefix("initech"),
+    });
+    const session = new ToolmeshClient(initech, {
+      tenant: "initech",
+      defaultTimeoutMs: 20_000,
+    }).session("i1");
+    expect(
+      (await session.submit({ name: "echo", arguments: { text: "new" } }).result).content,
+    ).toBe("new");
+    session.close();
+    expect((await acme.submit({ name: "echo", arguments: { text: "after" } }).result).content).toBe(
+      "after",
+    );
+    acme.close();
+    expect(events.filter((e) => e === "disconnect" || e === "reconnect")).toEqual([]);
+  });
+
+  it("refuses an empty --tenant for a frontend's permissions, in one line", async () => {
+    const out = await runCli(["--tenant", "", "auth", "permissions", "--role", "frontend"], {});
+    expect(out.code).not.toBe(0);
+    expect(out.stdout).toBe("");
+    expect(out.stderr).toBe(
+      "toolmesh: --tenant must not be empty: name the tenant whose frontend this is\n",
+    );
+  });
+});
