@@ -48,15 +48,15 @@ class NatsServer:
 async def start_nats_server(
     store: str | None = None, port: int = -1, config: str | None = None
 ) -> NatsServer:
-    """Starts nats-server with JetStream on a random port and waits for its ports file."""
+    """Starts nats-server on a random port and waits for its ports file: with JetStream in a
+    temporary store, or as the configuration file ``config`` says."""
     binary = os.environ.get("TOOLMESH_NATS_SERVER") or shutil.which("nats-server")
     if binary is None:
         pytest.fail("nats-server is not on the PATH (or set TOOLMESH_NATS_SERVER)")
     store = store or tempfile.mkdtemp(prefix="toolmesh-py-nats-")
     ports_dir = tempfile.mkdtemp(prefix="toolmesh-py-ports-")
-    args = ["-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store, "--ports_file_dir", ports_dir]
-    if config is not None:
-        args = ["-c", config, *args]
+    args = ["-a", "127.0.0.1", "-p", str(port), "--ports_file_dir", ports_dir]
+    args += ["-c", config] if config is not None else ["-js", "-sd", store]
     process = await asyncio.create_subprocess_exec(
         binary, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )
@@ -120,16 +120,18 @@ def started(actor: str) -> Callable[[dict[str, Any]], bool]:
     return lambda line: line.get("msg") == f"{actor} started"
 
 
-async def start_mesh(env: dict[str, str], tools: Path = TOOLS) -> MeshServices:
-    """Starts the mesh's services in one process and waits until each has started."""
+async def start_mesh(
+    env: dict[str, str],
+    tools: Path = TOOLS,
+    roles: tuple[str, ...] = ("resolver", "executor", "schema-expander"),
+) -> MeshServices:
+    """Starts the mesh's services (``roles``) in one process and waits until each started."""
     cli = REPO / "bin" / "toolmesh.js"
     process = await asyncio.create_subprocess_exec(
         "node",
         str(cli),
         "serve",
-        "resolver",
-        "executor",
-        "schema-expander",
+        *roles,
         "--tools-dir",
         str(tools),
         cwd=str(REPO),
@@ -140,7 +142,7 @@ async def start_mesh(env: dict[str, str], tools: Path = TOOLS) -> MeshServices:
     services = MeshServices(process)
     task = asyncio.get_running_loop().create_task(services.read())
     services.reader = task
-    for actor in ("resolver", "executor", "schema-expander"):
+    for actor in roles:
         await services.wait_for(started(actor))
     return services
 
