@@ -74,8 +74,10 @@ def server_config(
 
 @pytest_asyncio.fixture(scope="module")
 async def accounts_mesh() -> AsyncIterator[AccountsMesh]:
-    accounts = await toolmesh_cli("auth", "config", "--tenants", "acme,globex", env={})
-    permissions = await toolmesh_cli("auth", "permissions", "--role", "executor", env={})
+    accounts, permissions = await asyncio.gather(
+        toolmesh_cli("auth", "config", "--tenants", "acme,globex", env={}),
+        toolmesh_cli("auth", "permissions", "--role", "executor", env={}),
+    )
     work = tempfile.mkdtemp(prefix="toolmesh-py-accounts-")
     text, passwords = server_config(accounts, permissions, str(Path(work) / "js"))
     config = Path(work) / "server.conf"
