@@ -85,7 +85,7 @@ class MeshServices:
     )
 
     async def wait_for(
-        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 120
     ) -> None:
         if any(predicate(line) for line in self.lines):
             return

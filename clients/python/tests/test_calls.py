@@ -246,3 +246,34 @@ async def test_without_a_mesh_calls_and_cancels_fail_typed(nats_server: NatsServ
         assert reply.get("error", {}).get("code") == "unavailable"
         with pytest.raises(toolmesh.UnavailableError, match="no schema expander"):
             await session.catalog()
+
+
+async def test_arguments_json_cannot_hold_settle_locally(mesh: toolmesh.Mesh) -> None:
+    async with mesh.session(sid()) as session:
+        with pytest.raises(toolmesh.InvalidArgumentsError):
+            await session.call("inspect", {"query": float("nan")})
+
+
+def test_a_final_message_for_other_arguments_does_not_answer_a_submission() -> None:
+    from toolmesh.client import _answers, _arguments_hash, _Pending
+
+    loop = asyncio.new_event_loop()
+    try:
+        text = '{"query":"x"}'
+        pending = _Pending("c1", "inspect", _arguments_hash(text), loop.create_future())
+        base: toolmesh.ToolMessage = {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "name": "inspect",
+            "content": "{}",
+            "session_id": "s",
+        }
+        assert _answers(pending, base)  # no args_hash: an older mesh
+        stamped: Any = {**base, "args_hash": _arguments_hash(text)}
+        assert _answers(pending, stamped)
+        other: Any = {**stamped, "args_hash": _arguments_hash('{"query":"y"}')}
+        assert not _answers(pending, other)
+        renamed: Any = {**stamped, "name": "other"}
+        assert not _answers(pending, renamed)
+    finally:
+        loop.close()

@@ -241,6 +241,7 @@ class Mesh:
         problem = _local_problem(request)
         if problem is not None:
             raise problem
+        _as_json_text(request)
         reply = await self._request(self.subjects.rpc("resolve"), request, "resolver")
         return cast(Resolved, _ok_or_raise(reply))
 
@@ -460,6 +461,9 @@ class Session:
             edge_params=edge_params,
         )
         cid = request["tool_call"]["id"]
+        problem = _local_problem(request)
+        if problem is None:
+            _as_json_text(request)
         if cid in self._pending:
             raise InvalidRequestError(f"call {cid} is already waiting in this session")
         self._finished.pop(cid, None)  # submitted again: its answer is awaited again
@@ -467,7 +471,9 @@ class Session:
         pending = _Pending(
             call_id=cid,
             tool=tool,
-            args_hash=_arguments_hash(request["tool_call"]["function"]["arguments"]),
+            args_hash=""
+            if problem
+            else _arguments_hash(request["tool_call"]["function"]["arguments"]),
             future=loop.create_future(),
         )
         self._pending[cid] = pending
@@ -478,7 +484,6 @@ class Session:
             cid,
             DeadlineExceededError(f"no answer within {budget * 1000:.0f} ms"),
         )
-        problem = _local_problem(request)
         if problem is not None:  # the mesh could not even tell which call to answer
             self._settle_locally(cid, problem)
             return handle
@@ -770,11 +775,7 @@ class Session:
             self._finished[call_id] = text
             while len(self._finished) > _FINISHED_REMEMBERED:
                 self._finished.popitem(last=False)
-            pending = self._pending.get(call_id)
-            hashed = message.get("args_hash")
-            # A final message stamped with other arguments ends another submission of the key:
-            # this one is answered by its rejection.
-            if pending is None or not isinstance(hashed, str) or hashed == pending.args_hash:
+            if _answers(self._pending.get(call_id), message):
                 self._settle(call_id, message)
         elif event.type == "rejected":
             rejection = cast(Rejection, event.body)
@@ -929,16 +930,21 @@ def _local_problem(request: CallRequest) -> ToolmeshError | None:
 
 
 def _encode(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def _as_json_text(request: CallRequest) -> None:
+    """Sends object arguments as the JSON text this client wrote, so the ``args_hash`` the mesh
+    stamps on final messages (the hash of the arguments as submitted) is the one computed here,
+    whatever JavaScript would print for the same object (``1.0`` is ``1`` there)."""
+    function = request["tool_call"]["function"]
+    if not isinstance(function["arguments"], str):
+        function["arguments"] = _encode(function["arguments"]).decode()
 
 
 def _arguments_hash(arguments: str | Mapping[str, Any]) -> str:
-    """SHA-256 of the arguments as submitted: the JSON text, or the object as JSON."""
-    text = (
-        arguments
-        if isinstance(arguments, str)
-        else json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
-    )
+    """SHA-256 (hex) of the arguments as submitted: the JSON text."""
+    text = arguments if isinstance(arguments, str) else _encode(arguments).decode()
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -989,6 +995,16 @@ def _publish_error(err: Exception, subject: str) -> ToolmeshError:
     ):
         return UnavailableError(f"JetStream did not accept the message on {subject}")
     return UnavailableError(str(err) or type(err).__name__)
+
+
+def _answers(pending: _Pending | None, message: ToolMessage) -> bool:
+    """Whether a final message for a waiting call's id answers its own submission: one stamped
+    with other arguments or naming another tool (``args_hash``) ended a call that reused the id,
+    and the submission gets its own rejection instead. One without ``args_hash`` answers it."""
+    hashed = message.get("args_hash")
+    if pending is None or not isinstance(hashed, str):
+        return True
+    return hashed == pending.args_hash and message["name"] == pending.tool
 
 
 def _without_seq(rejection: Rejection) -> ToolMessage:
