@@ -7,6 +7,8 @@ import asyncio
 import json
 import uuid
 
+import pytest
+
 import toolmesh
 
 from conftest import NatsServer, TcpProxy
@@ -44,3 +46,20 @@ async def test_a_result_published_while_disconnected_arrives_after_the_reconnect
     finally:
         await frontend.close()
         await proxy.close()
+
+
+async def test_a_duplicate_puback_is_answered_from_the_store(
+    nats_server: NatsServer, mesh: toolmesh.Mesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two submissions under one message id: the second is what a frontend sends again when the
+    # first one's PubAck was lost. The stream drops it, so nothing answers it live.
+    fixed = uuid.uuid4()
+    monkeypatch.setattr("toolmesh.client.uuid.uuid4", lambda: fixed)
+    session_id = f"py-dup-{uuid.uuid4().hex[:8]}"
+    async with mesh.session(session_id) as first:
+        message = await first.call("counter", {"label": "dup"}, call_id="dup-1")
+    again = await toolmesh.connect(nats_server.url)
+    async with again, again.session(session_id) as second:
+        handle = await second.submit("counter", {"label": "dup"}, call_id="dup-1", timeout=5)
+        answer = await asyncio.wait_for(handle.result(), 10)
+    assert answer["content"] == message["content"]
