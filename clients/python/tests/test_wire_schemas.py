@@ -96,3 +96,20 @@ def test_length_limits_match_the_schema() -> None:
     resolved = definition("resolved-call.json")["properties"]
     assert resolved["idempotency_key"]["maxLength"] == _wire.MAX_IDEMPOTENCY_KEY_LENGTH
     assert resolved["session_id"]["maxLength"] == _wire.MAX_ID_LENGTH
+
+
+def test_wire_errors_round_trip_and_a_newer_code_is_kept() -> None:
+    wire: _wire.WireError = {
+        "code": "unknown_tool",
+        "message": "unknown tool",
+        "retryable": False,
+        "details": {"close_matches": ["echo"]},
+    }
+    error = errors.ToolmeshError.from_wire(wire)
+    assert isinstance(error, errors.UnknownToolError)
+    assert error.to_wire() == wire
+    newer: _wire.WireError = {"code": "from_the_future", "message": "m", "retryable": True}
+    unknown = errors.ToolmeshError.from_wire(newer)
+    assert isinstance(unknown, errors.InternalError)
+    assert unknown.retryable is True
+    assert unknown.to_wire() == newer

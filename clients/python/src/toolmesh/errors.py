@@ -49,6 +49,9 @@ class ToolmeshError(Exception):
         self.message = message
         self.retryable = is_retryable_by_default(self.code) if retryable is None else retryable
         self.details: dict[str, Any] = dict(details or {})
+        #: The code as the wire carried it: ``code.value``, or a code newer than this client
+        #: (raised as :class:`InternalError`), kept so ``to_wire()`` gives it back unchanged.
+        self.wire_code: str = self.code.value
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code.value!r}, message={self.message!r})"
@@ -56,7 +59,7 @@ class ToolmeshError(Exception):
     def to_wire(self) -> WireError:
         """The error as the wire carries it."""
         wire: WireError = {
-            "code": self.code.value,
+            "code": self.wire_code,
             "message": self.message,
             "retryable": self.retryable,
         }
@@ -67,13 +70,15 @@ class ToolmeshError(Exception):
     @staticmethod
     def from_wire(wire: WireError) -> ToolmeshError:
         """The typed error of a wire error; an unknown code becomes :class:`InternalError`."""
-        cls = error_class(wire.get("code", ""))
+        code = str(wire.get("code", ""))
         details = wire.get("details")
-        return cls(
+        error = error_class(code)(
             str(wire.get("message", "")),
             retryable=bool(wire.get("retryable", False)),
             details=details if isinstance(details, dict) else None,
         )
+        error.wire_code = code or error.code.value
+        return error
 
 
 class InvalidArgumentsError(ToolmeshError):
