@@ -1,5 +1,6 @@
 """The client under the accounts `toolmesh auth config` generates: each tenant's frontend in an
-account of its own, reaching the mesh only through the generated imports. It works with its
+account of its own, reaching the mesh only through the generated imports, on a server that
+requires TLS client certificates. It works with its
 tenant's credentials and cannot read another tenant's sessions."""
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ import json
 import os
 import re
 import secrets
+import ssl
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import nats
 import nats.errors
@@ -26,11 +29,91 @@ import toolmesh
 from conftest import REPO, MeshServices, NatsServer, start_mesh, start_nats_server
 
 
+class TlsOptions(TypedDict):
+    tls_ca: str
+    tls_cert: str
+    tls_key: str
+
+
 @dataclass
 class AccountsMesh:
     server: NatsServer
     passwords: dict[str, str]
     services: list[MeshServices]
+    pki: Path
+
+    def tls(self) -> TlsOptions:
+        """The client's TLS options: the CA and a client certificate it signed."""
+        return {
+            "tls_ca": str(self.pki / "ca.pem"),
+            "tls_cert": str(self.pki / "client.pem"),
+            "tls_key": str(self.pki / "client.key"),
+        }
+
+
+async def openssl(cwd: Path, *args: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        "openssl",
+        *args,
+        cwd=str(cwd),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+
+
+async def create_pki(directory: Path) -> None:
+    """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate."""
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    await openssl(
+        directory,
+        "req",
+        "-x509",
+        *key,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ca",
+    )
+    for name, extensions in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ):
+        await openssl(
+            directory,
+            "req",
+            *key,
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+        )
+        (directory / f"{name}.ext").write_text(extensions)
+        await openssl(
+            directory,
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+        )
 
 
 async def toolmesh_cli(*args: str, env: dict[str, str]) -> str:
@@ -49,7 +132,7 @@ async def toolmesh_cli(*args: str, env: dict[str, str]) -> str:
 
 
 def server_config(
-    accounts: str, executor_permissions: str, store: str
+    accounts: str, executor_permissions: str, store: str, pki: Path
 ) -> tuple[str, dict[str, str]]:
     """The generated accounts, plus an executor user in the mesh account (trusted like the
     other services) and every password as a variable of the file."""
@@ -69,7 +152,11 @@ def server_config(
         passwords[user] = secrets.token_hex(12)
         variables.append(f"{variable}: {json.dumps(passwords[user])}")
     jetstream = f"jetstream {{ store_dir: {json.dumps(store)} }}"
-    return "\n".join([jetstream, *variables, accounts, ""]), passwords
+    tls = (
+        f'tls {{\n  cert_file: "{pki / "server.pem"}"\n  key_file: "{pki / "server.key"}"\n'
+        f'  ca_file: "{pki / "ca.pem"}"\n  verify: true\n}}'
+    )
+    return "\n".join([jetstream, *variables, accounts, tls, ""]), passwords
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -79,13 +166,23 @@ async def accounts_mesh() -> AsyncIterator[AccountsMesh]:
         toolmesh_cli("auth", "permissions", "--role", "executor", env={}),
     )
     work = tempfile.mkdtemp(prefix="toolmesh-py-accounts-")
-    text, passwords = server_config(accounts, permissions, str(Path(work) / "js"))
+    pki = Path(work) / "pki"
+    pki.mkdir()
+    await create_pki(pki)
+    text, passwords = server_config(accounts, permissions, str(Path(work) / "js"), pki)
     config = Path(work) / "server.conf"
     config.write_text(text)
     server = await start_nats_server(config=str(config))
 
     def as_user(user: str) -> dict[str, str]:
-        return {"NATS_URL": server.url, "NATS_USER": user, "NATS_PASSWORD": passwords[user]}
+        return {
+            "NATS_URL": server.url,
+            "NATS_USER": user,
+            "NATS_PASSWORD": passwords[user],
+            "NATS_CA": str(pki / "ca.pem"),
+            "NATS_CERT": str(pki / "client.pem"),
+            "NATS_KEY": str(pki / "client.key"),
+        }
 
     await toolmesh_cli("setup", env=as_user("setup"))
     services = list(
@@ -95,10 +192,17 @@ async def accounts_mesh() -> AsyncIterator[AccountsMesh]:
             start_mesh(as_user("schema-expander"), roles=("schema-expander",)),
         )
     )
-    yield AccountsMesh(server, passwords, services)
+    yield AccountsMesh(server, passwords, services, pki)
     for service in services:
         await service.stop()
     await server.stop()
+
+
+def ssl_context(mesh: AccountsMesh) -> ssl.SSLContext:
+    options = mesh.tls()
+    context = ssl.create_default_context(cafile=options["tls_ca"])
+    context.load_cert_chain(options["tls_cert"], options["tls_key"])
+    return context
 
 
 async def test_a_tenant_frontend_works_with_its_generated_credentials(
@@ -106,13 +210,28 @@ async def test_a_tenant_frontend_works_with_its_generated_credentials(
 ) -> None:
     server, passwords = accounts_mesh.server, accounts_mesh.passwords
     with pytest.raises(toolmesh.UnavailableError):
-        await toolmesh.connect(server.url, tenant="acme", user="frontend-acme", password="wrong")
+        await toolmesh.connect(
+            server.url,
+            tenant="acme",
+            user="frontend-acme",
+            password="wrong",
+            **accounts_mesh.tls(),
+        )
+    with pytest.raises(toolmesh.UnavailableError):  # no client certificate
+        await toolmesh.connect(
+            server.url,
+            tenant="acme",
+            user="frontend-acme",
+            password=passwords["frontend-acme"],
+            tls_ca=accounts_mesh.tls()["tls_ca"],
+        )
     acme = await toolmesh.connect(
         server.url,
         tenant="acme",
         user="frontend-acme",
         password=passwords["frontend-acme"],
         default_timeout=20,
+        **accounts_mesh.tls(),
     )
     session_id = f"acme-{uuid.uuid4().hex[:8]}"
     async with acme, acme.session(session_id) as session:
@@ -141,6 +260,7 @@ async def test_a_tenant_frontend_works_with_its_generated_credentials(
             user="frontend-globex",
             password=passwords["frontend-globex"],
             default_timeout=20,
+            **accounts_mesh.tls(),
         )
         async with globex, globex.session("g1") as theirs:
             answer = await theirs.call("inspect", {"query": "globex"})
@@ -158,6 +278,7 @@ async def test_a_tenant_frontend_works_with_its_generated_credentials(
                 password=passwords["frontend-globex"],
                 inbox_prefix=globex.subjects.inbox_prefix,
                 error_cb=on_error,
+                tls=ssl_context(accounts_mesh),
             )
             try:
 
@@ -184,6 +305,7 @@ async def test_a_tenant_frontend_works_with_its_generated_credentials(
                     user="frontend-globex",
                     password=passwords["frontend-globex"],
                     inbox_prefix=globex.subjects.inbox_prefix,
+                    **accounts_mesh.tls(),
                 )
                 async with posing, posing.session(session_id) as posed:
                     with pytest.raises(toolmesh.ToolmeshError):
