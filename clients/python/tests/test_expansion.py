@@ -22,6 +22,8 @@ async def test_the_schema_expansion_loop(mesh: toolmesh.Mesh) -> None:
         assert await session.wait_for_schema("inspect", timeout=10)
         supplements = session.take_supplemented_schemas()
         assert [(s["tool"], s["missing"]) for s in supplements] == [("inspect", ["query"])]
+        section = toolmesh.render_supplemented_schemas(supplements)
+        assert "- `query` (string, **required**, **missing**)" in section
         assert session.take_supplemented_schemas() == []
 
         # The next turn declares the tool in full.

@@ -61,9 +61,23 @@ CALLS: dict[str, list[dict[str, Any]]] = {
     ],
 }
 
+SUPPLEMENTED: list[dict[str, Any]] = [
+    {
+        "tool": "mcp.github.create_issue",
+        "parameters": CATALOG[1]["parameters"],
+        "missing": ["title", "missing_one"],
+        "description": "Opens an issue.\n  In a `repo`.",
+    },
+    {"tool": "mcp.github.create_issue", "parameters": {}, "missing": ["title", "body"]},
+    {
+        "tool": "odd `name`",
+        "parameters": {"properties": {"n": {"default": 3, "description": "How\n many"}}},
+    },
+]
+
 TS = r"""
 import * as c from "@toolmesh/client";
-const { catalog, calls } = JSON.parse(process.argv[1]);
+const { catalog, calls, supplemented } = JSON.parse(process.argv[1]);
 const plain = (p) => ({ tools: p.tools, map: [...p.nameMap.toProvider.entries()] });
 const openai = c.toOpenAITools(catalog);
 const anthropic = c.toAnthropicTools(catalog);
@@ -73,6 +87,7 @@ console.log(JSON.stringify({
   from_openai: c.fromOpenAIToolCalls(calls.openai, openai.nameMap),
   from_anthropic: c.fromAnthropicContent(calls.anthropic, anthropic.nameMap),
   from_gemini: c.fromGeminiParts(calls.gemini, gemini.nameMap, { idPrefix: "turn-1" }),
+  supplemented: c.renderSupplementedSchemas(supplemented),
   safe: ["a.b", "a b", "-x", "x".repeat(80)].map((n) => [
     c.providerSafeName(n, "openai"),
     c.providerSafeName(n, "gemini"),
@@ -83,7 +98,13 @@ console.log(JSON.stringify({
 
 def typescript() -> dict[str, Any]:
     out = subprocess.run(
-        ["node", "--input-type=module", "-e", TS, json.dumps({"catalog": CATALOG, "calls": CALLS})],
+        [
+            "node",
+            "--input-type=module",
+            "-e",
+            TS,
+            json.dumps({"catalog": CATALOG, "calls": CALLS, "supplemented": SUPPLEMENTED}),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -115,6 +136,8 @@ def test_the_same_provider_formats_as_the_typescript_client() -> None:
         toolmesh.from_gemini_parts(CALLS["gemini"], gemini.name_map, id_prefix="turn-1")
         == ts["from_gemini"]
     )
+    assert toolmesh.render_supplemented_schemas(SUPPLEMENTED) == ts["supplemented"]
+    assert toolmesh.render_supplemented_schemas([]) == ""
     safe = [
         [formats.provider_safe_name(n, "openai"), formats.provider_safe_name(n, "gemini")]
         for n in ["a.b", "a b", "-x", "x" * 80]

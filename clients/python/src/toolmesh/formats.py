@@ -21,6 +21,7 @@ from .errors import InvalidRequestError
 __all__ = [
     "COMPACT_SCHEMA_NOTE",
     "MAX_PROVIDER_NAME_LENGTH",
+    "SUPPLEMENTED_SCHEMAS_HEADING",
     "NameMap",
     "ProviderName",
     "ProviderTools",
@@ -30,6 +31,7 @@ __all__ = [
     "from_gemini_parts",
     "from_openai_tool_calls",
     "provider_safe_name",
+    "render_supplemented_schemas",
     "to_anthropic_tools",
     "to_gemini_schema",
     "to_gemini_tools",
@@ -437,3 +439,104 @@ def _suffixed(safe: str, original: str) -> str:
 
 def _object_rooted(schema: Mapping[str, Any]) -> dict[str, Any]:
     return dict(schema) if "type" in schema else {"type": "object", **schema}
+
+
+#: Heading of the supplemented-schemas section.
+SUPPLEMENTED_SCHEMAS_HEADING = "## Supplemented tool schemas"
+
+
+def render_supplemented_schemas(schemas: Sequence[Mapping[str, Any]]) -> str:
+    """The "supplemented schemas" section for the next turn's system prompt, from
+    ``session.take_supplemented_schemas()``: for each tool its description, the parameters its
+    last call left out, its top-level parameters marked required/missing, and the full schema;
+    then asks the model to call again with every required parameter. Empty input → ``""``."""
+    if not schemas:
+        return ""
+    merged: dict[str, dict[str, Any]] = {}
+    for schema in schemas:
+        known = merged.get(schema["tool"])
+        missing = list(schema.get("missing") or [])
+        if known is None:
+            merged[schema["tool"]] = {**schema, "missing": list(dict.fromkeys(missing))}
+        else:
+            known["missing"] = list(dict.fromkeys([*known["missing"], *missing]))
+            if known.get("description") is None:
+                known["description"] = schema.get("description")
+    lines = [
+        SUPPLEMENTED_SCHEMAS_HEADING,
+        "",
+        "Your last call to the tools below was incomplete, so here is each one's full parameter "
+        "schema. Call the tool again with all required parameters filled in.",
+    ]
+    for entry in merged.values():
+        lines += ["", f"### {_markdown_code(entry['tool'])}", ""]
+        description = (entry.get("description") or "").strip()
+        if description:
+            lines += [description, ""]
+        if entry["missing"]:
+            named = ", ".join(_markdown_code(m) for m in entry["missing"])
+            lines += [f"Missing in your last call: {named}.", ""]
+        parameter_lines = _describe_parameters(entry["parameters"], set(entry["missing"]))
+        if parameter_lines:
+            lines += ["Parameters:", *parameter_lines, ""]
+        lines += ["Full schema:", "```json", _json_for_fence(entry["parameters"]), "```"]
+    lines += [
+        "",
+        "Call each tool again with every required parameter; do not leave out the missing ones.",
+    ]
+    return "\n".join(lines)
+
+
+def _describe_parameters(schema: Mapping[str, Any], missing: set[str]) -> list[str]:
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    required_list = schema.get("required")
+    required = (
+        {r for r in required_list if isinstance(r, str)}
+        if isinstance(required_list, list)
+        else set()
+    )
+    lines: list[str] = []
+    for name, prop in properties.items():
+        marks = [_type_label(prop), "**required**" if name in required else "optional"]
+        if name in missing:
+            marks.append("**missing**")
+        if isinstance(prop, Mapping) and "default" in prop:
+            marks.append(f"default {_js_json(prop['default'])}")
+        description = ""
+        if isinstance(prop, Mapping) and isinstance(prop.get("description"), str):
+            description = " — " + re.sub(r"\s+", " ", prop["description"]).strip()
+        lines.append(f"- {_markdown_code(name)} ({', '.join(marks)}){description}")
+    lines += [
+        f"- {_markdown_code(name)} (**required**, **missing**)"
+        for name in missing
+        if name not in properties
+    ]
+    return lines
+
+
+def _type_label(prop: Any) -> str:
+    if not isinstance(prop, Mapping):
+        return "any"
+    if isinstance(prop.get("enum"), list):
+        return "one of " + ", ".join(_js_json(v) for v in prop["enum"])
+    if isinstance(prop.get("type"), str):
+        return str(prop["type"])
+    if isinstance(prop.get("type"), list):
+        return " | ".join(str(t) for t in prop["type"])
+    if isinstance(prop.get("$ref"), str):
+        return "see schema"
+    if isinstance(prop.get("anyOf"), list) or isinstance(prop.get("oneOf"), list):
+        return "see schema"
+    return "any"
+
+
+def _markdown_code(value: str) -> str:
+    flat = re.sub(r"\s+", " ", value)
+    longest = max((len(m) for m in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence}{flat}{fence}" if longest == 0 else f"{fence} {flat} {fence}"
+
+
+def _json_for_fence(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False).replace("`", "\\u0060")
