@@ -1063,6 +1063,26 @@ describe("call identity: keys, conflicts, cancellation, tenants", () => {
     }
   });
 
+  it("answers a malformed cancel with invalid_request, not retryable, naming what was wrong", async () => {
+    const address = subjects.address(TENANT, "s-cancel-bad");
+    const notJson = await nc.request(subjects.cancel(address), "{not json", { timeout: 5_000 });
+    expect(notJson.json()).toEqual({
+      cancelled: false,
+      state: "unknown",
+      error: { code: "invalid_request", message: "cancel request is not JSON", retryable: false },
+    });
+    const noId = await cancelRaw(TENANT, "s-cancel-bad", { session_id: "s-cancel-bad" });
+    expect(noId).toMatchObject({
+      cancelled: false,
+      state: "unknown",
+      error: {
+        code: "invalid_request",
+        retryable: false,
+        details: { issues: [{ path: "/tool_call_id", message: expect.any(String) }] },
+      },
+    });
+  });
+
   it("does not answer cancelled for a call it does not know, nor for one named without its key", async () => {
     const unknown = await cancelRaw(TENANT, "s-cancel", {
       tool_call_id: "never-sent",

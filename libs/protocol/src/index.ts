@@ -7,8 +7,12 @@ export {
   WireErrorSchema,
   ensureError,
   isRetryableByDefault,
+  malformedRequest,
+  parseRequest,
+  requestError,
+  requestIssues,
 } from "./errors.js";
-export type { ToolmeshErrorOptions, WireError } from "./errors.js";
+export type { RequestIssue, ToolmeshErrorOptions, WireError } from "./errors.js";
 export {
   CancelReplySchema,
   CancelRequestSchema,

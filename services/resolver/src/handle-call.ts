@@ -18,13 +18,15 @@ import {
   callKey,
   contextDepthError,
   decodeJson,
-  encodeJson,
   ensureError,
   errorToolMessage,
+  malformedRequest,
+  requestIssues,
   subjectToken,
   idempotencyKeyOf,
 } from "@toolmesh/protocol";
-import { ServerClock, publishDurable, tracedHeaders } from "@toolmesh/nats";
+import type { ServeRequestsOptions } from "@toolmesh/nats";
+import { ServerClock, answerRequest, publishDurable, tracedHeaders } from "@toolmesh/nats";
 import {
   ANY_ARGUMENTS,
   argumentsHash,
@@ -157,19 +159,14 @@ export function resolveRequest(
 }
 
 function envelopeError(error: z.ZodError): ToolmeshError {
-  const issues = error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
   if (error.issues.every((i) => i.path.join(".") === "tool_call.function.arguments")) {
     return new ToolmeshError(
       ErrorCode.InvalidArguments,
       "function.arguments must be a JSON object or a string holding one",
-      { details: { issues } },
+      { details: { issues: requestIssues(error) } },
     );
   }
-  return new ToolmeshError(
-    ErrorCode.InvalidRequest,
-    `malformed call request: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
-    { details: { issues } },
-  );
+  return malformedRequest(error, "malformed call request");
 }
 
 function partialIds(body: unknown): {
@@ -202,40 +199,45 @@ function bodyError(err: unknown): ToolmeshError {
 }
 
 /**
- * Answers a dry-run request (`rpc.{tenant}.resolve`): the call resolved as it would be, or the
- * typed error it would get. Nothing is recorded or routed.
+ * How dry-run requests (`rpc.{tenant}.resolve`) are served: the call resolved as it would be,
+ * or the typed error it would get. Nothing is recorded or routed.
  */
-export function answerDryRun(deps: ResolverDeps, msg: Msg): void {
-  const { subjects, registry, plane } = deps;
-  let reply: ResolveReply;
-  const tenant = subjects.parseRpcTenant(msg.subject);
-  if (tenant === undefined) {
-    const error = new ToolmeshError(
-      ErrorCode.InvalidRequest,
-      `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
-      { details: { subject: msg.subject } },
-    );
-    msg.respond(encodeJson({ ok: false, error: error.toWire() } satisfies ResolveReply));
-    return;
-  }
-  try {
-    const body = decodeJson(msg.data) as { session_id?: unknown } | null;
-    const sessionId = body?.session_id;
-    const session =
-      typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
-    const resolution = resolveRequest(
-      registry,
-      body,
-      { tenant, session },
-      { now: plane.clock.now(), defaultTimeoutMs: deps.defaultTimeoutMs, access: deps.access },
-    );
-    reply = resolution.ok
-      ? { ok: true, resolved: resolution.resolved }
-      : { ok: false, error: resolution.error.toWire() };
-  } catch (err) {
-    reply = { ok: false, error: bodyError(err).toWire() };
-  }
-  msg.respond(encodeJson(reply));
+export function dryRunRequests(
+  deps: ResolverDeps,
+): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
+  const { subjects, registry, plane, log } = deps;
+  return {
+    log,
+    what: "dry-run request",
+    refusal: (error): ResolveReply => ({ ok: false, error }),
+    handle: (body, msg): ResolveReply => {
+      const tenant = subjects.parseRpcTenant(msg.subject);
+      if (tenant === undefined) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+          { details: { subject: msg.subject } },
+        );
+      }
+      const sessionId = (body as { session_id?: unknown } | null)?.session_id;
+      const session =
+        typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
+      const resolution = resolveRequest(
+        registry,
+        body,
+        { tenant, session },
+        { now: plane.clock.now(), defaultTimeoutMs: deps.defaultTimeoutMs, access: deps.access },
+      );
+      return resolution.ok
+        ? { ok: true, resolved: resolution.resolved }
+        : { ok: false, error: resolution.error.toWire() };
+    },
+  };
+}
+
+/** Answers one dry-run request (see {@link dryRunRequests}). */
+export function answerDryRun(deps: ResolverDeps, msg: Msg): Promise<void> {
+  return answerRequest(msg, dryRunRequests(deps));
 }
 
 /**
