@@ -35,6 +35,12 @@ export const ErrorCode = {
   Overloaded: "overloaded",
   /** The same idempotency key was used with different arguments. */
   IdempotencyConflict: "idempotency_conflict",
+  /**
+   * The idempotency key names a call still running under another call id; its final message
+   * goes to that id (`details.call_id`). Submitted again once it ended, the stored final
+   * message answers the new id.
+   */
+  IdempotencyInFlight: "idempotency_in_flight",
   /** A bug or an unexpected failure inside toolmesh. */
   Internal: "internal",
 } as const;
@@ -49,6 +55,7 @@ const RETRYABLE_BY_DEFAULT: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
   ErrorCode.Timeout,
   ErrorCode.Unavailable,
   ErrorCode.Overloaded,
+  ErrorCode.IdempotencyInFlight,
   ErrorCode.Internal,
 ]);
 
