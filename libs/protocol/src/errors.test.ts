@@ -17,7 +17,13 @@ import {
   summarize,
 } from "./tool-definition.js";
 
-const RETRYABLE_CODES = new Set<string>(["timeout", "unavailable", "overloaded", "internal"]);
+const RETRYABLE_CODES = new Set<string>([
+  "timeout",
+  "unavailable",
+  "overloaded",
+  "idempotency_in_flight",
+  "internal",
+]);
 
 /** Matches a lone (unpaired) UTF-16 surrogate. */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;

@@ -7,8 +7,12 @@ export {
   WireErrorSchema,
   ensureError,
   isRetryableByDefault,
+  malformedRequest,
+  parseRequest,
+  requestError,
+  requestIssues,
 } from "./errors.js";
-export type { ToolmeshErrorOptions, WireError } from "./errors.js";
+export type { RequestIssue, ToolmeshErrorOptions, WireError } from "./errors.js";
 export {
   CancelReplySchema,
   CancelRequestSchema,
@@ -111,5 +115,5 @@ export {
 export { wireSchemas } from "./wire-schemas.js";
 export { MetricPointSchema, StatsReplySchema } from "./stats.js";
 export type { StatsReply } from "./stats.js";
-export { errorToolMessage } from "./messages.js";
+export { argumentsHash, errorToolMessage } from "./messages.js";
 export type { MessageTarget } from "./messages.js";
