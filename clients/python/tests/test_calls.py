@@ -277,3 +277,37 @@ def test_a_final_message_for_other_arguments_does_not_answer_a_submission() -> N
         assert not _answers(pending, renamed)
     finally:
         loop.close()
+
+
+async def test_a_new_call_id_under_a_key_in_flight_is_refused_retryably(
+    mesh: toolmesh.Mesh,
+) -> None:
+    async with mesh.session(sid()) as session:
+        owner = await session.submit(
+            "slow", {"ms": 1500, "steps": 1}, call_id="f1", idempotency_key="fk"
+        )
+        async for _ in owner.progress():
+            break  # running
+        with pytest.raises(toolmesh.IdempotencyInFlightError) as caught:
+            await session.call("slow", {"ms": 1500, "steps": 1}, call_id="f2", idempotency_key="fk")
+        assert caught.value.retryable is True
+        assert caught.value.details["call_id"] == "f1"
+        first = await owner.result()
+        # Once the owner ended, the same key under the new id is answered from the store.
+        again = await session.call(
+            "slow", {"ms": 1500, "steps": 1}, call_id="f2", idempotency_key="fk"
+        )
+        assert again["content"] == first["content"]
+        assert again["tool_call_id"] == "f2"
+
+
+async def test_a_reused_call_id_is_not_settled_by_the_owners_stored_result(
+    mesh: toolmesh.Mesh,
+) -> None:
+    async with mesh.session(sid()) as session:
+        await session.call("counter", {"label": "a"}, call_id="r1")
+        handle = await session.submit("counter", {"label": "b"}, call_id="r1")
+        # Catch-up reads the result subject, which holds the owner's result (other arguments).
+        session.catch_up()
+        with pytest.raises(IdempotencyConflictError):
+            await handle.result()

@@ -48,11 +48,18 @@ class ErrorCode(str, Enum):
     CANCELLED = "cancelled"
     OVERLOADED = "overloaded"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
     INTERNAL = "internal"
 
 
 _RETRYABLE_BY_DEFAULT = frozenset(
-    {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.OVERLOADED, ErrorCode.INTERNAL}
+    {
+        ErrorCode.TIMEOUT,
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.OVERLOADED,
+        ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+        ErrorCode.INTERNAL,
+    }
 )
 
 
@@ -132,11 +139,13 @@ class _ToolMessageRequired(TypedDict):
 
 
 class ToolMessage(_ToolMessageRequired, total=False):
-    """The one final message of a call (schemas/tool-message.json); ``error`` when it failed."""
+    """The one final message of a call (schemas/tool-message.json); ``error`` when it failed.
+    ``args_hash`` names the arguments of the call it ends (SHA-256 of them as submitted)."""
 
     error: WireError
     attempts: int
     duration_ms: float
+    args_hash: str
 
 
 class _RejectionRequired(TypedDict):
@@ -154,6 +163,7 @@ class Rejection(_RejectionRequired, total=False):
 
     attempts: int
     duration_ms: float
+    args_hash: str
 
 
 class ProgressEvent(TypedDict):
@@ -168,9 +178,7 @@ class ProgressEvent(TypedDict):
     at: float
 
 
-class ToolSchema(TypedDict):
-    """A tool's full, model-facing parameter schema (``ToolSchema`` in the reply schemas)."""
-
+class _ToolSchemaRequired(TypedDict):
     tool: str
     revision: int
     summary: str
@@ -178,6 +186,13 @@ class ToolSchema(TypedDict):
     parameters: dict[str, Any]
     required: list[str]
     groups: list[str]
+
+
+class ToolSchema(_ToolSchemaRequired, total=False):
+    """A tool's full, model-facing parameter schema (``ToolSchema`` in the reply schemas);
+    ``progress``: whether the tool emits progress events."""
+
+    progress: bool
 
 
 class _SchemaEventRequired(TypedDict):
@@ -198,6 +213,7 @@ class SchemaEvent(_SchemaEventRequired, total=False):
     """A tool's full schema sent to a session (schemas/schema-event.json)."""
 
     tool_call_id: str
+    progress: bool
 
 
 class _CancelRequestRequired(TypedDict):
@@ -231,10 +247,12 @@ class _CatalogEntryRequired(TypedDict):
 
 
 class CatalogEntry(_CatalogEntryRequired, total=False):
-    """One tool of a catalog, compact or (with ``description`` and ``parameters``) expanded."""
+    """One tool of a catalog, compact or (with ``description`` and ``parameters``) expanded;
+    ``progress``: whether the tool emits progress events."""
 
     description: str
     parameters: dict[str, Any]
+    progress: bool
 
 
 class OutputStrategy(TypedDict, total=False):

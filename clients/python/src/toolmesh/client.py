@@ -290,8 +290,12 @@ class Mesh:
         return reply
 
     async def _last_stored(self, subject: str) -> dict[str, Any] | None:
-        """The last message stored on a session subject, by direct get (None: none stored)."""
-        msg = await self.nc.request(self.subjects.direct_get(subject), b"", timeout=2.0)
+        """The last message stored on a session subject, by direct get (None: none stored, or
+        the read failed — the live subscription may still bring it)."""
+        try:
+            msg = await self.nc.request(self.subjects.direct_get(subject), b"", timeout=2.0)
+        except (nats.errors.Error, OSError, asyncio.TimeoutError):
+            return None
         status = (msg.headers or {}).get("Status")
         if status is not None or not msg.data:
             return None
@@ -708,18 +712,27 @@ class Session:
             self._settle(call_id, _without_seq(early))
 
     async def _answer_from_store(self, call_id: str) -> None:
-        """Reads the stored answers of a waiting call: its rejection (by its submission's
-        sequence), then its result."""
+        """Reads the stored answers of a waiting call, in the protocol's order: the rejection of
+        its submission (by the PubAck's sequence), then its result, which settles it only if it
+        names the submission's arguments and tool; if it names others, the submission's own
+        rejection may have been stored since, so that is read once more."""
         seq = self._seq_of.get(call_id)
         if seq is not None:
-            rejected = await self.mesh._last_stored(self._subjects.rejected(self.id, seq))
-            if rejected is not None and _is_rejection(rejected):
-                self._deliver(SessionEvent("rejected", rejected))
-        if call_id not in self._pending:
+            await self._rejection_from_store(seq)
+        pending = self._pending.get(call_id)
+        if pending is None:
             return
         stored = await self.mesh._last_stored(self._subjects.result(self.id, call_id))
-        if stored is not None and _is_tool_message(stored):
-            self._deliver(SessionEvent("result", stored))
+        if stored is None or not _is_tool_message(stored):
+            return
+        self._deliver(SessionEvent("result", stored))
+        if call_id in self._pending and seq is not None:
+            await self._rejection_from_store(seq)
+
+    async def _rejection_from_store(self, seq: int) -> None:
+        rejected = await self.mesh._last_stored(self._subjects.rejected(self.id, seq))
+        if rejected is not None and _is_rejection(rejected):
+            self._deliver(SessionEvent("rejected", rejected))
 
     async def _on_message(self, msg: Msg) -> None:
         kind = Subjects.event_kind(msg.subject)
@@ -820,10 +833,8 @@ class Session:
         tool = schema["tool"]
         known = self._schemas.get(tool)
         if known is None or known["revision"] <= schema["revision"]:
-            self._schemas[tool] = cast(
-                ToolSchema,
-                {k: schema[k] for k in ToolSchema.__annotations__},  # type: ignore[literal-required]
-            )
+            fields = {k: v for k, v in schema.items() if k in ToolSchema.__annotations__}
+            self._schemas[tool] = cast(ToolSchema, fields)
         earlier = self._pending_schemas.get(tool, {}).get("missing", [])
         merged = list(dict.fromkeys([*earlier, *missing]))
         entry: dict[str, Any] = {

@@ -11,6 +11,7 @@ __all__ = [
     "CallCancelledError",
     "DeadlineExceededError",
     "IdempotencyConflictError",
+    "IdempotencyInFlightError",
     "InternalError",
     "InvalidArgumentsError",
     "InvalidParametersError",
@@ -171,6 +172,14 @@ class IdempotencyConflictError(ToolmeshError):
     code = ErrorCode.IDEMPOTENCY_CONFLICT
 
 
+class IdempotencyInFlightError(ToolmeshError):
+    """The idempotency key names a call still running under another call id; its final message
+    goes to that id (``details["call_id"]``). Retryable: submitted again once that call ended,
+    the stored final message answers the new id."""
+
+    code = ErrorCode.IDEMPOTENCY_IN_FLIGHT
+
+
 class InternalError(ToolmeshError):
     """A bug or an unexpected failure inside toolmesh."""
 
@@ -195,6 +204,7 @@ _BY_CODE: dict[str, type[ToolmeshError]] = {
         CallCancelledError,
         OverloadedError,
         IdempotencyConflictError,
+        IdempotencyInFlightError,
         InternalError,
     )
 }
