@@ -476,7 +476,7 @@ def render_supplemented_schemas(schemas: Sequence[Mapping[str, Any]]) -> str:
         if entry["missing"]:
             named = ", ".join(_markdown_code(m) for m in entry["missing"])
             lines += [f"Missing in your last call: {named}.", ""]
-        parameter_lines = _describe_parameters(entry["parameters"], set(entry["missing"]))
+        parameter_lines = _describe_parameters(entry["parameters"], entry["missing"])
         if parameter_lines:
             lines += ["Parameters:", *parameter_lines, ""]
         lines += ["Full schema:", "```json", _json_for_fence(entry["parameters"]), "```"]
@@ -487,7 +487,9 @@ def render_supplemented_schemas(schemas: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _describe_parameters(schema: Mapping[str, Any], missing: set[str]) -> list[str]:
+def _describe_parameters(schema: Mapping[str, Any], missing: list[str]) -> list[str]:
+    """One line per top-level parameter, then the missing names the schema does not list
+    (in the order they were reported)."""
     properties = schema.get("properties")
     properties = properties if isinstance(properties, Mapping) else {}
     required_list = schema.get("required")
