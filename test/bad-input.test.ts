@@ -13,7 +13,13 @@ import type { JetStreamClient, PubAck } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { CallInput, SubmitOptions } from "@toolmesh/client";
-import { MAX_ARGUMENT_DEPTH, createSubjects, encodeJson, subjectToken } from "@toolmesh/protocol";
+import {
+  MAX_ARGUMENT_DEPTH,
+  argumentsHash,
+  createSubjects,
+  encodeJson,
+  subjectToken,
+} from "@toolmesh/protocol";
 import type { Rejection, SessionAddress, ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -1032,6 +1038,74 @@ describe("call identity: keys, conflicts, cancellation, tenants", () => {
     }
   });
 
+  it("names the arguments a final message answers, so a reused call id is not settled by another's result", async () => {
+    const address = subjects.address(TENANT, "s-reuse");
+    const args = (value: string) => ({ ms: 400, value, storage: {} });
+    // The owner's result, as the mesh stores it, for the same call id and other arguments.
+    const foreign: ToolMessage = {
+      role: "tool",
+      tool_call_id: "r1",
+      name: "slow",
+      content: '{"value":"owner"}',
+      session_id: "s-reuse",
+      args_hash: argumentsHash(args("owner")),
+    };
+    await js.publish(subjects.result(address, "r1"), encodeJson(foreign));
+    const session = client.session("s-reuse");
+    try {
+      const handle = session.submit({ id: "r1", name: "slow", arguments: args("mine") });
+      // Catch-up finds the stored foreign result first; live, another one goes by.
+      session.catchUp();
+      await js.publish(subjects.result(address, "r1"), encodeJson(foreign));
+      const message = await handle.result;
+      expect(json(message)).toMatchObject({ value: "mine" });
+      expect(message.args_hash).toBe(argumentsHash(args("mine")));
+    } finally {
+      session.close();
+    }
+  });
+
+  it("answers a new call id under a key still in flight with idempotency_in_flight", async () => {
+    const address = subjects.address(TENANT, "s-inflight");
+    const watch = new SessionWatch(address);
+    const session = client.session("s-inflight");
+    try {
+      const running = started(address, "o1");
+      const args = { ms: 500, value: "v", storage: {} };
+      await publishRaw(
+        TENANT,
+        "s-inflight",
+        envelope("s-inflight", "o1", "slow", args, { idempotency_key: "job-9" }),
+      );
+      await running;
+      const second = await session.submit(
+        { id: "o2", name: "slow", arguments: args },
+        { idempotencyKey: "job-9" },
+      ).result;
+      expect(second).toMatchObject({
+        tool_call_id: "o2",
+        error: {
+          code: "idempotency_in_flight",
+          retryable: true,
+          details: { idempotency_key: "job-9", call_id: "o1", tool: "slow" },
+        },
+      });
+      expect(typeof second.error?.details?.deadline_at).toBe("number");
+      const owner = await watch.result("o1");
+      expect(json(owner)).toMatchObject({ value: "v" });
+      expect(watch.messages.map((m) => m.message.tool_call_id)).toEqual(["o1"]);
+      // Once the call ended, the same submission is answered with its stored final message.
+      const again = await session.submit(
+        { id: "o2", name: "slow", arguments: args },
+        { idempotencyKey: "job-9" },
+      ).result;
+      expect(again).toEqual({ ...owner, tool_call_id: "o2" });
+    } finally {
+      session.close();
+      watch.close();
+    }
+  });
+
   it("answers a refused resubmission of an ended call from its record, not with the refusal", async () => {
     const first = await rawCall(
       "s-refused",
@@ -1060,6 +1134,50 @@ describe("call identity: keys, conflicts, cancellation, tenants", () => {
       expect(watch.messages).toEqual([]);
     } finally {
       watch.close();
+    }
+  });
+
+  it("answers a malformed cancel with invalid_request, not retryable, naming what was wrong", async () => {
+    const address = subjects.address(TENANT, "s-cancel-bad");
+    const notJson = await nc.request(subjects.cancel(address), "{not json", { timeout: 5_000 });
+    expect(notJson.json()).toEqual({
+      cancelled: false,
+      state: "unknown",
+      error: { code: "invalid_request", message: "cancel request is not JSON", retryable: false },
+    });
+    const noId = await cancelRaw(TENANT, "s-cancel-bad", { session_id: "s-cancel-bad" });
+    expect(noId).toMatchObject({
+      cancelled: false,
+      state: "unknown",
+      error: {
+        code: "invalid_request",
+        retryable: false,
+        details: { issues: [{ path: "/tool_call_id", message: expect.any(String) }] },
+      },
+    });
+  });
+
+  it("cancels the corrected resubmission of a refused call after a pending cancel, as documented", async () => {
+    const session = client.session("s-pending");
+    try {
+      const refused = await session.submit({ id: "p1", name: "strict", arguments: { count: 1 } })
+        .result;
+      expect(refused.error?.code).toBe("missing_arguments");
+      expect(await session.cancel("p1")).toMatchObject({ cancelled: false, state: "pending" });
+      const corrected = await session.submit({
+        id: "p1",
+        name: "strict",
+        arguments: { name: "n", count: 1 },
+      }).result;
+      expect(corrected.error?.code).toBe("cancelled");
+      const fresh = await session.submit({
+        id: "p2",
+        name: "strict",
+        arguments: { name: "n", count: 1 },
+      }).result;
+      expect(fresh.error).toBeUndefined();
+    } finally {
+      session.close();
     }
   });
 

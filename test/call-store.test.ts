@@ -42,6 +42,11 @@ function message(key: string, content: string): ToolMessage {
   return { role: "tool", tool_call_id: `call-${key}`, name: "echo", session_id: "s", content };
 }
 
+/** A final message as the store keeps it: stamped with the arguments of the call it ends. */
+function final(key: string, content: string): ToolMessage {
+  return { ...message(key, content), args_hash: argumentsHash('{"text":"hi"}') };
+}
+
 function target(key: string) {
   return { idempotency_key: key, call_id: `call-${key}`, address };
 }
@@ -121,7 +126,7 @@ describe("a work message's record headers", () => {
     expect(known).toEqual(await store.get(target("h1")));
     expect(await store.finish(target("h1"), message("h1", "ok"), known)).toEqual({
       won: true,
-      result: message("h1", "ok"),
+      result: final("h1", "ok"),
     });
   });
 
@@ -160,10 +165,10 @@ describe("CallStore.finish", () => {
     await store.accept(record("f1"));
     expect(await store.finish(target("f1"), message("f1", "first"))).toEqual({
       won: true,
-      result: message("f1", "first"),
+      result: final("f1", "first"),
     });
     const second = await store.finish(target("f1"), message("f1", "second"));
-    expect(second).toEqual({ won: false, result: message("f1", "first") });
+    expect(second).toEqual({ won: false, result: final("f1", "first") });
     expect((await store.get(target("f1")))?.record.result?.content).toBe("first");
   });
 
@@ -187,7 +192,7 @@ describe("CallStore.finish", () => {
     const stale = await store.get(target("f3"));
     await store.finish(target("f3"), message("f3", "deadline"));
     const outcome = await store.finish(target("f3"), message("f3", "late result"), stale);
-    expect(outcome).toEqual({ won: false, result: message("f3", "deadline") });
+    expect(outcome).toEqual({ won: false, result: final("f3", "deadline") });
   });
 
   it("is undefined for a key without a record", async () => {

@@ -7,6 +7,8 @@ import { connect } from "@nats-io/transport-node";
 import { z } from "zod";
 import { ToolmeshClient, requestReply } from "@toolmesh/client";
 import { ErrorCode, ToolmeshError, encodeJson } from "@toolmesh/protocol";
+import { serveRequests } from "@toolmesh/nats";
+import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
@@ -113,5 +115,75 @@ describe("the client's requests with no service running", () => {
       ErrorCode.Unavailable,
       "no schema expander is running",
     ]);
+  });
+});
+
+describe("serveRequests", () => {
+  const log = createLogger({ service: "test", level: "silent" });
+  const EchoSchema = z.object({ text: z.string() });
+  const refusal = (error: unknown) => ({ ok: false, error });
+
+  it("answers with the handler's reply and maps bad bodies to invalid_request", async () => {
+    const server = serveRequests({
+      nc,
+      subject: "sr.echo",
+      queue: "sr",
+      log,
+      refusal,
+      what: "echo request",
+      handle: (body) => ({ ok: true, text: EchoSchema.parse(body).text }),
+    });
+    await nc.flush();
+    try {
+      const ask = async (data: string | Uint8Array) =>
+        (await nc.request("sr.echo", data, { timeout: 2_000 })).json();
+      expect(await ask(encodeJson({ text: "hi" }))).toEqual({ ok: true, text: "hi" });
+      expect(await ask("{half")).toEqual({
+        ok: false,
+        error: { code: "invalid_request", message: "echo request is not JSON", retryable: false },
+      });
+      expect(await ask(encodeJson({ text: 5 }))).toMatchObject({
+        ok: false,
+        error: {
+          code: "invalid_request",
+          retryable: false,
+          details: { issues: [{ path: "/text" }] },
+        },
+      });
+    } finally {
+      await server.stop(1_000);
+    }
+  });
+
+  it("answers the requests in hand before stop resolves, and takes no new ones", async () => {
+    let release: () => void = () => undefined;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let started: () => void = () => undefined;
+    const begun = new Promise<void>((resolve) => (started = resolve));
+    const server = serveRequests({
+      nc,
+      subject: "sr.slow",
+      queue: "sr",
+      log,
+      refusal,
+      handle: async () => {
+        started();
+        await gate;
+        return { ok: true };
+      },
+    });
+    await nc.flush();
+    const reply = nc.request("sr.slow", encodeJson({}), { timeout: 5_000 });
+    await begun;
+    expect(server.inFlight).toBe(1);
+    let stopped = false;
+    const stopping = server.stop(5_000).then(() => (stopped = true));
+    await nc.flush();
+    expect(stopped).toBe(false);
+    release();
+    await stopping;
+    expect((await reply).json()).toEqual({ ok: true });
+    expect(server.inFlight).toBe(0);
+    await expect(nc.request("sr.slow", encodeJson({}), { timeout: 1_000 })).rejects.toThrow();
   });
 });

@@ -1,4 +1,3 @@
-import { createHash } from "node:crypto";
 import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
@@ -73,12 +72,14 @@ export interface CallStoreOptions {
 /** `args_hash` of a record made by a cancellation that came before its call. */
 export const ANY_ARGUMENTS = "*";
 
-/** Hash of a call's arguments as submitted (JSON text or object), for conflict checks. */
-export function argumentsHash(args: unknown): string {
-  const text = typeof args === "string" ? args : JSON.stringify(args);
-  return createHash("sha256")
-    .update(text ?? "")
-    .digest("hex");
+/**
+ * The final message as it goes out: stamped with the `args_hash` of the call it ends, so a
+ * frontend whose submission reused the call id with other arguments can tell it is not its own.
+ * A record made by an early cancellation has no arguments to name.
+ */
+export function stampArguments(result: ToolMessage, record: CallRecord): ToolMessage {
+  if (record.args_hash === ANY_ARGUMENTS || result.args_hash !== undefined) return result;
+  return { ...result, args_hash: record.args_hash };
 }
 
 /**
@@ -223,10 +224,11 @@ export class CallStore {
       if (record.state === "done" && record.result !== undefined) {
         return { won: false, result: record.result };
       }
-      const done: CallRecord = { ...record, state: "done", result };
+      const stamped = stampArguments(result, record);
+      const done: CallRecord = { ...record, state: "done", result: stamped };
       try {
         await this.#kv.update(key, encodeJson(done), revision);
-        return { won: true, result };
+        return { won: true, result: stamped };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
         current = undefined; // changed meanwhile: read it again

@@ -3,11 +3,13 @@ export {
   CallRecordSchema,
   CallStateSchema,
   CallStore,
-  argumentsHash,
   callRecordOf,
   knownRecordHeaders,
   knownRecordOf,
+  stampArguments,
 } from "./call-store.js";
+/** Kept here too: the call store is where arguments are compared. */
+export { argumentsHash } from "@toolmesh/protocol";
 export type { AcceptOutcome, CallRecord, CallRef, CallStoreOptions } from "./call-store.js";
 export { openCallPlane } from "./plane.js";
 export type { CallPlane, CallPlaneOptions, CallTarget } from "./plane.js";

@@ -129,6 +129,7 @@ describe("modelSchema", () => {
       },
       required: ["city"],
       groups: ["web"],
+      progress: false,
     });
     expect(Object.keys(weather.definition.parameters.properties as object)).toContain("executor");
   });
@@ -145,6 +146,7 @@ describe("catalog entries", () => {
       summary: "Forecast for a city.",
       groups: ["web"],
       revision: 7,
+      progress: false,
     });
     const expanded = expandedCatalogEntry(weather);
     expect(expanded.parameters).toEqual(modelSchema(weather).parameters);

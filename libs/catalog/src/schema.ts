@@ -42,6 +42,7 @@ export function modelSchema(tool: RevisedTool): ToolSchema {
     parameters,
     required,
     groups: [...def.groups],
+    progress: def.progress,
   };
 }
 
@@ -53,6 +54,7 @@ export function compactCatalogEntry(tool: RevisedTool): CatalogEntry {
     summary: compactLine(def),
     groups: [...def.groups],
     revision: tool.revision,
+    progress: def.progress,
   };
 }
 

@@ -44,6 +44,7 @@ import {
   ensureError,
   errorToolMessage,
   nestsDeeperThan,
+  argumentsHash,
 } from "@toolmesh/protocol";
 import { publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { SpanContext, Tracer } from "@toolmesh/telemetry";
@@ -254,6 +255,9 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
 interface Pending {
   resolve(message: ToolMessage): void;
   timer: NodeJS.Timeout;
+  /** The tool and `args_hash` of the submission: a final message for other ones is not its. */
+  tool: string;
+  argsHash: string;
   /** The call's `send` span, once started. */
   sent?: SpanContext | undefined;
 }
@@ -335,7 +339,12 @@ export class Session {
         },
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
-      const pending: Pending = { resolve, timer };
+      const pending: Pending = {
+        resolve,
+        timer,
+        tool,
+        argsHash: argumentsHash(request.tool_call.function.arguments),
+      };
       this.#pending.set(callId, pending);
       const problem = localProblem(request);
       if (problem !== undefined) {
@@ -433,6 +442,12 @@ export class Session {
     }
   }
 
+  /**
+   * Catch-up: reads a waiting call's stored answers by direct get (what the shipped frontend
+   * rights allow), in the order docs/protocol.md specifies — first the rejection of its own
+   * submission (`rejected.{seq}`), then the last final message on its result subject, which
+   * settles it only if it names the submission's tool and arguments (`args_hash`).
+   */
   async #answerFromStore(callId: string): Promise<void> {
     const jsm = await jetstreamManager(this.#client.nc, { checkAPI: false });
     const { subjects } = this.#client;
@@ -440,14 +455,16 @@ export class Session {
     // Direct get names the subject in the request subject, which permissions can confine.
     const lastOn = (subject: string) =>
       jsm.direct.getMessage(subjects.streams.sessions, { last_by_subj: subject }).catch(() => null);
-    const [stored, rejected] = await Promise.all([
-      lastOn(subjects.result(this.address, callId)),
-      seq === undefined ? null : lastOn(subjects.rejected(this.address, seq)),
-    ]);
-    if (rejected !== null) {
-      const refusal = RejectionSchema.safeParse(decodeJsonOrUndefined(rejected.data));
-      if (refusal.success) this.#deliver({ type: "rejected", rejection: refusal.data });
+    if (seq !== undefined) {
+      const rejected = await lastOn(subjects.rejected(this.address, seq));
+      const refusal =
+        rejected === null
+          ? undefined
+          : RejectionSchema.safeParse(decodeJsonOrUndefined(rejected.data));
+      if (refusal?.success === true) this.#deliver({ type: "rejected", rejection: refusal.data });
     }
+    if (!this.#pending.has(callId)) return;
+    const stored = await lastOn(subjects.result(this.address, callId));
     if (stored === null) return; // still running: the answer will arrive live
     const parsed = ToolMessageSchema.safeParse(decodeJsonOrUndefined(stored.data));
     if (parsed.success) this.#deliver({ type: "result", message: parsed.data });
@@ -704,7 +721,7 @@ export class Session {
       if (this.#finished.size > FINISHED_REMEMBERED) {
         this.#finished.delete(this.#finished.keys().next().value as string);
       }
-      this.#settle(callId, event.message);
+      if (answers(this.#pending.get(callId), event.message)) this.#settle(callId, event.message);
     } else if (event.type === "rejected") {
       // Settles only the submission it names: the call its key names keeps its own answer.
       const { seq } = event.rejection;
@@ -744,6 +761,16 @@ function localError(
   return errorToolMessage({ tool_call_id: callId, name: tool, session_id: sessionId }, error, {
     attempts: 0,
   });
+}
+
+/**
+ * Whether a final message for the waiting call's id answers its own submission: a message that
+ * names other arguments or another tool (`args_hash`) ended a call that reused the id, and the
+ * submission gets its own Rejection instead. A message without `args_hash` answers it.
+ */
+function answers(pending: Pending | undefined, message: ToolMessage): boolean {
+  if (pending === undefined || message.args_hash === undefined) return true;
+  return message.args_hash === pending.argsHash && message.name === pending.tool;
 }
 
 /** A rejection as the final message of the submission it names. */

@@ -17,6 +17,8 @@ export {
 } from "./publish.js";
 export type { DeadLetterOrigin, PublishOptions } from "./publish.js";
 export { Semaphore } from "./semaphore.js";
+export { answerRequest, serveRequests } from "./serve-requests.js";
+export type { RequestServer, ServeRequestsOptions } from "./serve-requests.js";
 export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { ServerClock } from "./server-clock.js";

@@ -156,6 +156,14 @@ export const ToolMessageSchema = z
     session_id: z.string(),
     attempts: z.number().int().nonnegative().optional(),
     duration_ms: z.number().nonnegative().optional(),
+    args_hash: z
+      .string()
+      .optional()
+      .describe(
+        "SHA-256 (hex) of the `function.arguments` of the call this message ends, as submitted " +
+          "(the JSON text, or the object as JSON.stringify writes it). A submission whose own " +
+          "hash or tool differs is not answered by this message: it gets a Rejection.",
+      ),
   })
   .meta({ id: "ToolMessage", description: "The one final message of a call: result or error." });
 
@@ -293,6 +301,10 @@ export const ToolSchemaSchema = z
     parameters: JsonObject.describe("JSON Schema (2020-12) of the arguments, an object schema."),
     required: z.array(z.string()).describe("The parameters the model must give."),
     groups: z.array(z.string()),
+    progress: z
+      .boolean()
+      .optional()
+      .describe("Whether the tool emits progress events while it runs (its registry entry's)."),
   })
   .meta({ id: "ToolSchema", description: "A tool's full, model-facing parameter schema." });
 
@@ -338,6 +350,10 @@ export const CatalogEntrySchema = z
     summary: z.string().describe("One line: the configured summary, else the first sentence."),
     groups: z.array(z.string()),
     revision: z.number().int().nonnegative(),
+    progress: z
+      .boolean()
+      .optional()
+      .describe("Whether the tool emits progress events while it runs (its registry entry's)."),
     description: z.string().optional().describe("Expanded entries only."),
     parameters: JsonObject.optional().describe(
       "Expanded entries only: the full model-facing schema.",

@@ -22,6 +22,7 @@ const RETRYABLE_CODES = new Set<string>([
   "unavailable",
   "overloaded",
   "rate_limited",
+  "idempotency_in_flight",
   "internal",
 ]);
 

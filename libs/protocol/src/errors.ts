@@ -45,6 +45,12 @@ export const ErrorCode = {
   QuotaExceeded: "quota_exceeded",
   /** The same idempotency key was used with different arguments. */
   IdempotencyConflict: "idempotency_conflict",
+  /**
+   * The idempotency key names a call still running under another call id; its final message
+   * goes to that id (`details.call_id`). Submitted again once it ended, the stored final
+   * message answers the new id.
+   */
+  IdempotencyInFlight: "idempotency_in_flight",
   /** A bug or an unexpected failure inside toolmesh. */
   Internal: "internal",
 } as const;
@@ -60,6 +66,7 @@ const RETRYABLE_BY_DEFAULT: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
   ErrorCode.Unavailable,
   ErrorCode.Overloaded,
   ErrorCode.RateLimited,
+  ErrorCode.IdempotencyInFlight,
   ErrorCode.Internal,
 ]);
 
@@ -165,4 +172,50 @@ export function ensureError(err: unknown, fallback: ErrorCode = ErrorCode.Intern
       cause: err,
     },
   );
+}
+
+/** One problem zod found in a request: a JSON pointer and what was wrong there. */
+export interface RequestIssue {
+  path: string;
+  message: string;
+}
+
+/** The issues of a failed zod parse as JSON pointers (`/tool_call/id`) and messages. */
+export function requestIssues(error: z.ZodError): RequestIssue[] {
+  return error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
+}
+
+/**
+ * An `invalid_request` error for a request body of the wrong shape: the message names every
+ * problem (`what` names the request, e.g. `"malformed cancel request"`), `details.issues`
+ * lists them as {@link RequestIssue}s.
+ */
+export function malformedRequest(error: z.ZodError, what = "malformed request"): ToolmeshError {
+  const issues = requestIssues(error);
+  return new ToolmeshError(
+    ErrorCode.InvalidRequest,
+    `${what}: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
+    { details: { issues } },
+  );
+}
+
+/** Parses a request body with `schema`, or throws {@link malformedRequest}. */
+export function parseRequest<T>(
+  schema: z.ZodType<T>,
+  body: unknown,
+  what = "malformed request",
+): T {
+  const parsed = schema.safeParse(body);
+  if (parsed.success) return parsed.data;
+  throw malformedRequest(parsed.error, what);
+}
+
+/**
+ * The typed error a failed request is answered with: a `ZodError` (a `.parse()` of the body)
+ * is {@link malformedRequest}, a typed error passes as it is, anything else (NATS or KV
+ * trouble) is `unavailable`.
+ */
+export function requestError(err: unknown, what = "request"): ToolmeshError {
+  if (err instanceof z.ZodError) return malformedRequest(err, `malformed ${what}`);
+  return ensureError(err, ErrorCode.Unavailable);
 }

@@ -7,8 +7,12 @@ export {
   WireErrorSchema,
   ensureError,
   isRetryableByDefault,
+  malformedRequest,
+  parseRequest,
+  requestError,
+  requestIssues,
 } from "./errors.js";
-export type { ToolmeshErrorOptions, WireError } from "./errors.js";
+export type { RequestIssue, ToolmeshErrorOptions, WireError } from "./errors.js";
 export {
   CancelReplySchema,
   CancelRequestSchema,
@@ -113,5 +117,5 @@ export { QuotaSchema, parseQuota, quotaKey } from "./quotas.js";
 export type { Quota, QuotaScope } from "./quotas.js";
 export { MetricPointSchema, StatsReplySchema } from "./stats.js";
 export type { StatsReply } from "./stats.js";
-export { errorToolMessage } from "./messages.js";
+export { argumentsHash, errorToolMessage } from "./messages.js";
 export type { MessageTarget } from "./messages.js";

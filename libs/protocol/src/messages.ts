@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import type { ToolMessage } from "./envelopes.js";
 import type { ToolmeshError } from "./errors.js";
 
@@ -24,4 +25,17 @@ export function errorToolMessage(
     session_id: target.session_id,
     ...extra,
   };
+}
+
+/**
+ * The `args_hash` of a call's arguments as submitted: SHA-256 (hex) of `function.arguments`,
+ * the JSON text when it is a string, else the object as `JSON.stringify` writes it. The call
+ * store compares it to tell a retry from a conflicting reuse of a key, and final messages
+ * carry it so a frontend can tell its own arguments' answer from another submission's.
+ */
+export function argumentsHash(args: unknown): string {
+  const text = typeof args === "string" ? args : JSON.stringify(args);
+  return createHash("sha256")
+    .update(text ?? "")
+    .digest("hex");
 }

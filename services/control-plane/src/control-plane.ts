@@ -1,4 +1,4 @@
-import type { Msg, Subscription } from "@nats-io/nats-core";
+import type { Msg } from "@nats-io/nats-core";
 import { headers as createHeaders } from "@nats-io/nats-core";
 import type { JsMsg, StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
@@ -12,17 +12,17 @@ import {
   ResolvedCallSchema,
   ToolmeshError,
   callKey,
-  decodeJson,
-  encodeJson,
-  ensureError,
   errorToolMessage,
+  parseRequest,
   subjectToken,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
 } from "@toolmesh/protocol";
-import type { WorkLoop } from "@toolmesh/nats";
+import type { RequestServer, ServeRequestsOptions, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
+  answerRequest,
+  serveRequests,
   deadLetterHeaders,
   ensureConsumer,
   meshPlan,
@@ -94,14 +94,12 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     });
   };
 
-  const subscriptions: Subscription[] = [
-    nc.subscribe(subjects.allCancel, {
-      queue: QUEUE,
-      callback: (err, msg) => {
-        if (err === null) void answerCancel(deps, msg);
-      },
-    }),
-  ];
+  const cancels: RequestServer = serveRequests({
+    nc,
+    subject: subjects.allCancel,
+    queue: QUEUE,
+    ...cancelRequests(deps),
+  });
 
   const deadLetters: WorkLoop = await startWorkLoop({
     js,
@@ -152,9 +150,8 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     async stop(graceMs) {
       stopped = true;
       clearInterval(reconcileTimer);
-      for (const sub of subscriptions) sub.unsubscribe();
       deadlines.stop();
-      await deadLetters.stop(graceMs);
+      await Promise.all([cancels.stop(graceMs), deadLetters.stop(graceMs)]);
     },
   };
 }
@@ -213,38 +210,41 @@ export async function cancelCall(
   }
 }
 
-/** Answers one cancel request (`{p}.v1.cancel.{tenant}.{session}`, queue group of the resolvers). */
-export async function answerCancel(deps: ControlDeps, msg: Msg): Promise<void> {
-  const { subjects } = deps;
-  let reply: CancelReply;
-  try {
-    const address = subjects.parseSessionSubject(msg.subject);
-    if (address === undefined) {
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        `cancel subject "${msg.subject}" holds a token no session id maps to`,
-        { details: { subject: msg.subject } },
-      );
-    }
-    const request = CancelRequestSchema.parse(decodeJson(msg.data));
-    if (subjectToken(request.session_id) !== address.session) {
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        "session_id does not match the session of the subject",
-        { details: { session_id: request.session_id } },
-      );
-    }
-    const key = idempotencyKeyOf(request, request.tool_call_id);
-    reply = await cancelCall(deps, request.tool_call_id, request.session_id, key, address);
-  } catch (err) {
-    const error = ensureError(
-      err instanceof z.ZodError
-        ? new ToolmeshError(ErrorCode.InvalidRequest, `malformed cancel request: ${err.message}`)
-        : err,
-    );
-    reply = { cancelled: false, state: "unknown", error: error.toWire() };
-  }
-  msg.respond(encodeJson(reply));
+/** How cancel requests are served (`{p}.v1.cancel.{tenant}.{session}`, queue group of the resolvers). */
+export function cancelRequests(
+  deps: ControlDeps,
+): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
+  const { subjects, log } = deps;
+  return {
+    log,
+    what: "cancel request",
+    refusal: (error): CancelReply => ({ cancelled: false, state: "unknown", error }),
+    handle: async (body, msg): Promise<CancelReply> => {
+      const address = subjects.parseSessionSubject(msg.subject);
+      if (address === undefined) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `cancel subject "${msg.subject}" holds a token no session id maps to`,
+          { details: { subject: msg.subject } },
+        );
+      }
+      const request = parseRequest(CancelRequestSchema, body, "malformed cancel request");
+      if (subjectToken(request.session_id) !== address.session) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          "session_id does not match the session of the subject",
+          { details: { session_id: request.session_id } },
+        );
+      }
+      const key = idempotencyKeyOf(request, request.tool_call_id);
+      return cancelCall(deps, request.tool_call_id, request.session_id, key, address);
+    },
+  };
+}
+
+/** Answers one cancel request (see {@link cancelRequests}). */
+export function answerCancel(deps: ControlDeps, msg: Msg): Promise<void> {
+  return answerRequest(msg, cancelRequests(deps));
 }
 
 /** One max-deliveries advisory (durable consumer on the advisories stream): dead-letters its message. */

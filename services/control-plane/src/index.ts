@@ -1,6 +1,7 @@
 // --- control-plane.ts: what keeps the guarantees once a call is accepted ---
 export {
   answerCancel,
+  cancelRequests,
   cancelCall,
   deadLetter,
   onMaxDeliveries,

@@ -21,18 +21,21 @@ import {
   contextDepthError,
   decodeJson,
   decodeJsonOrUndefined,
-  encodeJson,
   ensureError,
   errorToolMessage,
+  malformedRequest,
+  requestIssues,
   subjectToken,
   idempotencyKeyOf,
 } from "@toolmesh/protocol";
-import { ServerClock, publishDurable, tracedHeaders } from "@toolmesh/nats";
+import type { ServeRequestsOptions } from "@toolmesh/nats";
+import { ServerClock, answerRequest, publishDurable, tracedHeaders } from "@toolmesh/nats";
 import {
   ANY_ARGUMENTS,
   argumentsHash,
   callRecordOf,
   knownRecordHeaders,
+  stampArguments,
 } from "@toolmesh/call-store";
 import type { AcceptOutcome, CallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
@@ -92,13 +95,15 @@ export interface ToolAccessPolicy {
 
 /** The outcome of resolving one submitted call. */
 export type Resolution =
-  | { ok: true; resolved: ResolvedCall; request: CallRequest }
+  | { ok: true; resolved: ResolvedCall; request: CallRequest; argsHash: string }
   | {
       ok: false;
       error: ToolmeshError;
       toolCallId: string | undefined;
       tool: string | undefined;
       request: CallRequest | undefined;
+      /** `args_hash` of the arguments as submitted, when the envelope parsed. */
+      argsHash?: string | undefined;
     };
 
 /**
@@ -119,6 +124,8 @@ export function resolveRequest(
     return { ok: false, error: envelopeError(envelope.error), ...partialIds(body) };
   }
   const request = envelope.data;
+  // Hashed as submitted: resolution fills defaults into an arguments object in place.
+  const argsHash = argumentsHash(request.tool_call.function.arguments);
   const toolCallId = request.tool_call.id;
   const name = request.tool_call.function.name;
   try {
@@ -159,26 +166,21 @@ export function resolveRequest(
       defaultTimeoutMs: options.defaultTimeoutMs,
       address,
     });
-    return { ok: true, resolved, request };
+    return { ok: true, resolved, request, argsHash };
   } catch (err) {
-    return { ok: false, error: ensureError(err), toolCallId, tool: name, request };
+    return { ok: false, error: ensureError(err), toolCallId, tool: name, request, argsHash };
   }
 }
 
 function envelopeError(error: z.ZodError): ToolmeshError {
-  const issues = error.issues.map((i) => ({ path: `/${i.path.join("/")}`, message: i.message }));
   if (error.issues.every((i) => i.path.join(".") === "tool_call.function.arguments")) {
     return new ToolmeshError(
       ErrorCode.InvalidArguments,
       "function.arguments must be a JSON object or a string holding one",
-      { details: { issues } },
+      { details: { issues: requestIssues(error) } },
     );
   }
-  return new ToolmeshError(
-    ErrorCode.InvalidRequest,
-    `malformed call request: ${issues.map((i) => `${i.path} ${i.message}`).join("; ")}`,
-    { details: { issues } },
-  );
+  return malformedRequest(error, "malformed call request");
 }
 
 function partialIds(body: unknown): {
@@ -211,40 +213,45 @@ function bodyError(err: unknown): ToolmeshError {
 }
 
 /**
- * Answers a dry-run request (`rpc.{tenant}.resolve`): the call resolved as it would be, or the
- * typed error it would get. Nothing is recorded or routed.
+ * How dry-run requests (`rpc.{tenant}.resolve`) are served: the call resolved as it would be,
+ * or the typed error it would get. Nothing is recorded or routed.
  */
-export function answerDryRun(deps: ResolverDeps, msg: Msg): void {
-  const { subjects, registry, plane } = deps;
-  let reply: ResolveReply;
-  const tenant = subjects.parseRpcTenant(msg.subject);
-  if (tenant === undefined) {
-    const error = new ToolmeshError(
-      ErrorCode.InvalidRequest,
-      `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
-      { details: { subject: msg.subject } },
-    );
-    msg.respond(encodeJson({ ok: false, error: error.toWire() } satisfies ResolveReply));
-    return;
-  }
-  try {
-    const body = decodeJson(msg.data) as { session_id?: unknown } | null;
-    const sessionId = body?.session_id;
-    const session =
-      typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
-    const resolution = resolveRequest(
-      registry,
-      body,
-      { tenant, session },
-      { now: plane.clock.now(), defaultTimeoutMs: deps.defaultTimeoutMs, access: deps.access },
-    );
-    reply = resolution.ok
-      ? { ok: true, resolved: resolution.resolved }
-      : { ok: false, error: resolution.error.toWire() };
-  } catch (err) {
-    reply = { ok: false, error: bodyError(err).toWire() };
-  }
-  msg.respond(encodeJson(reply));
+export function dryRunRequests(
+  deps: ResolverDeps,
+): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
+  const { subjects, registry, plane, log } = deps;
+  return {
+    log,
+    what: "dry-run request",
+    refusal: (error): ResolveReply => ({ ok: false, error }),
+    handle: (body, msg): ResolveReply => {
+      const tenant = subjects.parseRpcTenant(msg.subject);
+      if (tenant === undefined) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+          { details: { subject: msg.subject } },
+        );
+      }
+      const sessionId = (body as { session_id?: unknown } | null)?.session_id;
+      const session =
+        typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
+      const resolution = resolveRequest(
+        registry,
+        body,
+        { tenant, session },
+        { now: plane.clock.now(), defaultTimeoutMs: deps.defaultTimeoutMs, access: deps.access },
+      );
+      return resolution.ok
+        ? { ok: true, resolved: resolution.resolved }
+        : { ok: false, error: resolution.error.toWire() };
+    },
+  };
+}
+
+/** Answers one dry-run request (see {@link dryRunRequests}). */
+export function answerDryRun(deps: ResolverDeps, msg: Msg): Promise<void> {
+  return answerRequest(msg, dryRunRequests(deps));
 }
 
 /**
@@ -343,10 +350,11 @@ export async function routeCall(
     name: resolved.tool,
     session_id: resolved.session_id,
   };
+  const { argsHash } = resolution;
   const publishAnswer = (error: ToolmeshError, msgId: string): Promise<unknown> =>
     publishFinal(
       subjects.result(resolved.address, resolved.call_id),
-      errorToolMessage(target, error, { attempts: 0 }),
+      { ...errorToolMessage(target, error, { attempts: 0 }), args_hash: argsHash },
       msgId,
     );
   // A refusal before acceptance must not take the place of a known call's result either.
@@ -357,6 +365,7 @@ export async function routeCall(
       toolCallId: resolved.call_id,
       tool: resolved.tool,
       request,
+      argsHash,
     };
     if (!(await answerKnownKey(deps, refused, resolved.address, msg.seq, callLog)))
       await publishAnswer(error, `result:${key}`);
@@ -413,7 +422,7 @@ export async function routeCall(
     callLog.info({ code: refusal.code, details: refusal.details }, "call refused by a quota");
     return;
   }
-  const record = callRecordOf(resolved, argumentsHash(request.tool_call.function.arguments));
+  const record = callRecordOf(resolved, argsHash);
   const accepted = await store.accept(record);
   if (accepted.status === "conflict" || accepted.status === "done") {
     limits.release(resolved);
@@ -426,6 +435,9 @@ export async function routeCall(
     // killed server that forgot the first delivery (it comes back as delivery 1). Route
     // again: the work's message id makes a repeat harmless within the window.
     callLog.info("call accepted before; routing it again");
+    // Its final message goes to the call id accepted first: another id is told so.
+    if (accepted.record.call_id !== resolved.call_id)
+      await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
   }
   const publishWork = async (): Promise<void> => {
     let routed: { duplicate: boolean };
@@ -619,6 +631,7 @@ export async function answerInvalid(
     error,
     { attempts: 0 },
   );
+  if (resolution.argsHash !== undefined) message.args_hash = resolution.argsHash;
   await publishFinal(
     subjects.result(address, callId),
     message,
@@ -652,7 +665,7 @@ export async function answerKnownKey(
     address,
     idempotency_key: key,
   };
-  const argsHash = argumentsHash(request.tool_call.function.arguments);
+  const argsHash = resolution.argsHash ?? argumentsHash(request.tool_call.function.arguments);
   const conflicting =
     record.args_hash !== ANY_ARGUMENTS &&
     (record.args_hash !== argsHash || record.tool !== submission.tool);
@@ -675,8 +688,17 @@ export async function answerKnownKey(
       seq,
       callLog,
     );
+  } else if (record.call_id !== submission.call_id) {
+    await answerResubmission(
+      deps,
+      { status: "in_flight", record, revision: stored.revision },
+      submission,
+      request,
+      seq,
+      callLog,
+    );
   }
-  // In flight: the call's own final message answers it.
+  // In flight under this call id: the call's own final message answers it.
   return true;
 }
 
@@ -688,7 +710,7 @@ export async function answerKnownKey(
  */
 export async function answerResubmission(
   deps: ResolverDeps,
-  outcome: Extract<AcceptOutcome, { status: "conflict" | "done" }>,
+  outcome: Extract<AcceptOutcome, { status: "conflict" | "done" | "in_flight" }>,
   submission: {
     call_id: string;
     session_id: string;
@@ -703,18 +725,33 @@ export async function answerResubmission(
   const { subjects } = deps;
   const { js, publishFinal } = deps.plane;
   const key = callKey(submission.address, submission.idempotency_key);
-  if (outcome.status === "conflict") {
-    const error = new ToolmeshError(
-      ErrorCode.IdempotencyConflict,
-      `idempotency key "${submission.idempotency_key}" was used before with different arguments`,
-      {
-        details: {
-          idempotency_key: submission.idempotency_key,
-          tool: outcome.record.tool,
-          call_id: outcome.record.call_id,
-        },
-      },
-    );
+  if (outcome.status === "conflict" || outcome.status === "in_flight") {
+    const owner = outcome.record;
+    const error =
+      outcome.status === "conflict"
+        ? new ToolmeshError(
+            ErrorCode.IdempotencyConflict,
+            `idempotency key "${submission.idempotency_key}" was used before with different arguments`,
+            {
+              details: {
+                idempotency_key: submission.idempotency_key,
+                tool: owner.tool,
+                call_id: owner.call_id,
+              },
+            },
+          )
+        : new ToolmeshError(
+            ErrorCode.IdempotencyInFlight,
+            `idempotency key "${submission.idempotency_key}" names call ${owner.call_id}, still running: its final message goes to that call id`,
+            {
+              details: {
+                idempotency_key: submission.idempotency_key,
+                tool: owner.tool,
+                call_id: owner.call_id,
+                deadline_at: owner.deadline_at,
+              },
+            },
+          );
     const rejection: Rejection = {
       ...errorToolMessage(
         {
@@ -731,7 +768,7 @@ export async function answerResubmission(
     await publishDurable(js, subjects.rejected(submission.address, seq), rejection, {
       msgId: `rejected:${key}:${seq}`,
     });
-    callLog.info({ seq }, "conflicting reuse of an idempotency key refused");
+    callLog.info({ seq, code: error.code }, "submission under a key another call holds refused");
     return;
   }
   // The same key may come back under another call id: answer that id. A call cancelled
@@ -739,7 +776,7 @@ export async function answerResubmission(
   await publishFinal(
     subjects.result(submission.address, submission.call_id),
     {
-      ...outcome.record.result,
+      ...stampArguments(outcome.record.result, outcome.record),
       tool_call_id: submission.call_id,
       session_id: submission.session_id,
       name: submission.tool,

@@ -7,6 +7,7 @@ export type { Resolver, ResolverOptions } from "./resolver.js";
 // --- handle-call.ts: the resolver's handlers, each taking its dependencies ---
 export {
   answerDryRun,
+  dryRunRequests,
   answerInvalid,
   answerKnownKey,
   answerResubmission,

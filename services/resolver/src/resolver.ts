@@ -1,16 +1,16 @@
-import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson } from "@toolmesh/protocol";
-import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
-import { Semaphore, ensureConsumer, meshPlan, startWorkLoop } from "@toolmesh/nats";
+import type { RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
+import { Semaphore, ensureConsumer, meshPlan, serveRequests, startWorkLoop } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { startControlPlane } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
-import { answerDryRun, handleCall } from "./handle-call.js";
+import { dryRunRequests, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
@@ -183,15 +183,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     onError: (err) => log.error({ err }, "resolver loop error"),
   });
 
-  const rpc: Subscription = nc.subscribe(subjects.allResolveRpc, {
+  const rpc: RequestServer = serveRequests({
+    nc,
+    subject: subjects.allResolveRpc,
     queue: "toolmesh-resolver",
-    callback: (err, msg) => {
-      if (err !== null) {
-        log.error({ err }, "resolve subscription failed");
-        return;
-      }
-      answerDryRun(deps, msg);
-    },
+    ...dryRunRequests(deps),
   });
   const stopWatching = registry.onChange(({ name, tool }) => {
     if (tool === undefined) log.info({ tool: name }, "tool removed");
@@ -206,9 +202,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   return {
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
-      rpc.unsubscribe();
       fairShare?.stop();
-      await loop.stop(graceMs);
+      await Promise.all([rpc.stop(graceMs), loop.stop(graceMs)]);
       await control.stop(graceMs);
       quotas?.close();
       stopReportingTenants();

@@ -1,7 +1,6 @@
-import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
-import { z } from "zod";
 import type {
   CatalogReply,
   DescribeReply,
@@ -25,13 +24,15 @@ import {
   MissingArgumentsEventSchema,
   ToolmeshError,
   decodeJson,
-  encodeJson,
   ensureError,
+  parseRequest,
   subjectToken,
 } from "@toolmesh/protocol";
-import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
+import type { RequestServer, ServeRequestsOptions, StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
+  answerRequest,
+  serveRequests,
   ensureConsumer,
   meshPlan,
   ensureStreams,
@@ -138,23 +139,14 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     onError: (err) => log.error({ err }, "schema expander loop error"),
   });
 
-  const running = new Set<Promise<void>>();
-  const serve = (
-    subject: string,
-    handler: (deps: ExpanderDeps, tenant: string, body: unknown) => Promise<unknown>,
-  ): Subscription =>
-    nc.subscribe(subject, {
+  const serve = (subject: string, handler: RequestHandler): RequestServer =>
+    serveRequests({
+      nc,
+      subject,
       queue: SCHEMA_EXPANDER_QUEUE,
-      callback: (err, msg) => {
-        if (err !== null) {
-          log.error({ err, subject }, "request subscription failed");
-          return;
-        }
-        const task = answer(deps, msg, handler).finally(() => running.delete(task));
-        running.add(task);
-      },
+      ...expanderRequests(deps, handler),
     });
-  const subscriptions = [
+  const servers = [
     serve(subjects.allCatalogRpc, answerCatalog),
     serve(subjects.allDescribeRpc, answerDescribe),
     serve(subjects.allExpandRpc, answerExpand),
@@ -179,9 +171,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   return {
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
-      for (const sub of subscriptions) sub.unsubscribe();
-      await loop.stop(graceMs);
-      await Promise.allSettled([...running]);
+      await Promise.all([...servers.map((server) => server.stop(graceMs)), loop.stop(graceMs)]);
     },
   };
 }
@@ -307,39 +297,39 @@ async function publishSchema(
   );
 }
 
-/** Answers one request with `handler`'s reply, or with the error it threw, typed. */
-export async function answer(
+/** Answers one request of a tenant (the token of the subject) with the request's body. */
+export type RequestHandler = (
   deps: ExpanderDeps,
-  msg: Msg,
-  handler: (deps: ExpanderDeps, tenant: string, body: unknown) => Promise<unknown>,
-): Promise<void> {
+  tenant: string,
+  body: unknown,
+) => Promise<unknown>;
+
+/** How a request kind is served: `handler`'s reply, or `{ ok: false, error }`. */
+export function expanderRequests(
+  deps: ExpanderDeps,
+  handler: RequestHandler,
+): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
   const { subjects, log } = deps;
-  let reply: unknown;
-  try {
-    const tenant = subjects.parseRpcTenant(msg.subject);
-    if (tenant === undefined) {
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
-        { details: { subject: msg.subject } },
-      );
-    }
-    let body: unknown;
-    try {
-      body = decodeJson(msg.data);
-    } catch (err) {
-      throw new ToolmeshError(ErrorCode.InvalidRequest, "request is not JSON", { cause: err });
-    }
-    reply = await handler(deps, tenant, body);
-  } catch (err) {
-    // Typed errors pass through; anything else came from NATS or KV.
-    const error = ensureError(err, ErrorCode.Unavailable);
-    if (error.code === ErrorCode.Internal || error.code === ErrorCode.Unavailable) {
-      log.error({ err: error, subject: msg.subject }, "request failed");
-    }
-    reply = { ok: false, error: error.toWire() satisfies WireError };
-  }
-  if (msg.reply !== undefined && msg.reply !== "") msg.respond(encodeJson(reply));
+  return {
+    log,
+    refusal: (error: WireError) => ({ ok: false, error }),
+    handle: (body, msg) => {
+      const tenant = subjects.parseRpcTenant(msg.subject);
+      if (tenant === undefined) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
+          { details: { subject: msg.subject } },
+        );
+      }
+      return handler(deps, tenant, body);
+    },
+  };
+}
+
+/** Answers one request with `handler`'s reply, or with the error it threw, typed. */
+export function answer(deps: ExpanderDeps, msg: Msg, handler: RequestHandler): Promise<void> {
+  return answerRequest(msg, expanderRequests(deps, handler));
 }
 
 /** The session's policy and its tenant's group switches, read from KV (fresh). */
@@ -590,21 +580,4 @@ function withExpanded(
   const expanded = new Map(current.expanded_tools);
   for (const [tool, revision] of entries) expanded.set(tool, revision);
   return { ...current, expanded_tools: expanded };
-}
-
-function parseRequest<T>(schema: z.ZodType<T>, body: unknown): T {
-  const parsed = schema.safeParse(body);
-  if (parsed.success) return parsed.data;
-  throw new ToolmeshError(
-    ErrorCode.InvalidRequest,
-    `malformed request: ${z.prettifyError(parsed.error).replace(/\n/g, "; ")}`,
-    {
-      details: {
-        issues: parsed.error.issues.map((i) => ({
-          path: `/${i.path.join("/")}`,
-          message: i.message,
-        })),
-      },
-    },
-  );
 }
