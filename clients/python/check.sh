@@ -6,8 +6,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
+# Where the public index is out of reach and a local mirror serves the packages, a failed index
+# look-up is not worth retrying.
+export PIP_RETRIES=${PIP_RETRIES:-0}
 python3 -m venv .venv
-.venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet -e '.[test]'
 # The langchain extra: langchain-core's own requirement langchain-protocol is not on the package
 # mirror, and the tools need none of it, so langchain-core goes in without its dependencies and

@@ -47,6 +47,8 @@ class ErrorCode(str, Enum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     CANCELLED = "cancelled"
     OVERLOADED = "overloaded"
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXCEEDED = "quota_exceeded"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
     INTERNAL = "internal"
@@ -57,6 +59,7 @@ _RETRYABLE_BY_DEFAULT = frozenset(
         ErrorCode.TIMEOUT,
         ErrorCode.UNAVAILABLE,
         ErrorCode.OVERLOADED,
+        ErrorCode.RATE_LIMITED,
         ErrorCode.IDEMPOTENCY_IN_FLIGHT,
         ErrorCode.INTERNAL,
     }

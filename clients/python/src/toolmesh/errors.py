@@ -20,6 +20,8 @@ __all__ = [
     "OverloadedError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "QuotaExceededError",
+    "RateLimitedError",
     "ToolDisabledError",
     "ToolError",
     "ToolTimeoutError",
@@ -166,6 +168,20 @@ class OverloadedError(ToolmeshError):
     code = ErrorCode.OVERLOADED
 
 
+class RateLimitedError(ToolmeshError):
+    """A rate quota of the tenant, tool or agent refused the call; retry after
+    ``details["retry_after_ms"]`` (docs/quotas.md)."""
+
+    code = ErrorCode.RATE_LIMITED
+
+
+class QuotaExceededError(ToolmeshError):
+    """A quota refused the call: ``details["quota"]`` names it and its limit. Retryable for the
+    concurrency limits (after ``details["retry_after_ms"]``), not for a daily budget."""
+
+    code = ErrorCode.QUOTA_EXCEEDED
+
+
 class IdempotencyConflictError(ToolmeshError):
     """The idempotency key names a call with other arguments or another tool."""
 
@@ -203,6 +219,8 @@ _BY_CODE: dict[str, type[ToolmeshError]] = {
         PayloadTooLargeError,
         CallCancelledError,
         OverloadedError,
+        RateLimitedError,
+        QuotaExceededError,
         IdempotencyConflictError,
         IdempotencyInFlightError,
         InternalError,
