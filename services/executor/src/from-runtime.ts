@@ -37,6 +37,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     maxResponseBytes: config.maxMessageBytes,
     ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
     allowPrivateAddresses: config.allowPrivateAddresses,
+    trustConfiguredHosts: config.trustConfiguredHosts,
   });
   return startExecutor({
     nc: rt.nc,

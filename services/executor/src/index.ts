@@ -20,6 +20,7 @@ export type { NativeMethod, NativeToolFile, NativeToolsOptions } from "./native-
 export {
   PrivateAddressError,
   outboundFetch,
+  trustedHostsOf,
   outboundPolicy,
   privateAddressCause,
   privateAddressDenied,

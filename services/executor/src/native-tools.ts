@@ -14,7 +14,12 @@ import { injectTraceHeaders } from "@toolmesh/telemetry";
 import type { LoadLog } from "./load-tools.js";
 import { ToolLoadError } from "./load-tools.js";
 import type { PrivateAddressAllowance } from "./outbound.js";
-import { outboundFetch, privateAddressCause, privateAddressDenied } from "./outbound.js";
+import {
+  outboundFetch,
+  privateAddressCause,
+  privateAddressDenied,
+  trustedHostsOf,
+} from "./outbound.js";
 import type { ToolContext, ToolModule } from "./tool-module.js";
 
 /** Default folder of native tool files; `TOOLMESH_NATIVE_TOOLS_DIR`'s default must match it. */
@@ -77,6 +82,11 @@ export const NativeToolFileSchema = z.strictObject({
   retry: RetryPolicySchema.partial().strict().optional(),
   groups: z.array(z.string().min(1)).optional(),
   presets: z.record(z.string(), z.unknown()).optional(),
+  /**
+   * Whether calls to api_url's own host skip the private-address check (the operator wrote that
+   * host; redirects elsewhere stay guarded). Default `TOOLMESH_TRUST_CONFIGURED_HOSTS` (true).
+   */
+  trust_configured_host: z.boolean().optional(),
 });
 
 /** One native tool file as written. */
@@ -100,7 +110,15 @@ export interface NativeToolsOptions {
    * every connection after DNS resolution and redirects. Default none.
    */
   allowPrivateAddresses?: PrivateAddressAllowance;
-  /** The fetch implementation. Default {@link outboundFetch} of `allowPrivateAddresses`. */
+  /**
+   * Whether each tool's own api_url host is trusted (`TOOLMESH_TRUST_CONFIGURED_HOSTS`), unless
+   * its file's `trust_configured_host` says otherwise. Default true.
+   */
+  trustConfiguredHosts?: boolean;
+  /**
+   * The fetch implementation. Default {@link outboundFetch} of `allowPrivateAddresses`, one per
+   * tool, trusting that tool's configured host.
+   */
   fetch?: typeof globalThis.fetch;
 }
 
@@ -147,7 +165,6 @@ export async function loadNativeToolsDir(
     });
   }
   const allowed = options.allowedUrls?.map(allowedPrefix);
-  const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
   const seen = new Map<string, string>(options.taken);
   const modules: ToolModule[] = [];
   for (const entry of entries) {
@@ -162,6 +179,14 @@ export async function loadNativeToolsDir(
       continue;
     }
     seen.set(spec.name, file);
+    // api_url's host has no placeholder (checked at load), so no argument can change it.
+    const host = new URL(spec.api_url.replace(PLACEHOLDER, "x"));
+    const fetch =
+      options.fetch ??
+      outboundFetch(
+        options.allowPrivateAddresses,
+        trustedHostsOf(host, spec.trust_configured_host, options.trustConfiguredHosts),
+      );
     modules.push(nativeToolModule(spec, file, env, allowed, options, fetch));
   }
   return modules;
