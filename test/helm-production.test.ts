@@ -541,3 +541,41 @@ it("values.schema.json accepts the new values in ajv as in helm", () => {
   expect(validate({ executors: [{ replicas: 5 }] }), ajv.errorsText(validate.errors)).toBe(true);
   expect(validate({ nats: { tls: { existingSecret: "x", caFile: "y" } } })).toBe(false);
 });
+
+describe("the README's Helm path", () => {
+  const readme = readFileSync("README.md", "utf8");
+  const section = readme.slice(
+    readme.indexOf("### Kubernetes with Helm"),
+    readme.indexOf("## Clusters and leaf nodes"),
+  );
+  const command = (start: string): string[] => {
+    const at = section.indexOf(start);
+    expect(at).toBeGreaterThan(-1);
+    const full = section
+      .slice(at)
+      .split(/\n(?!\s)/)[0]!
+      .replace(/\\\n\s*/g, " ");
+    return [...full.matchAll(/--set ([^\s]+)/g)].map((m) =>
+      m[1]!.replace(/^([^=]+)='(.*)'$/, "$1=$2"),
+    );
+  };
+
+  it("installs the image it built and pushed, and renders valid objects with it", async () => {
+    const built = /docker build -f deploy\/Dockerfile -t (\S+) \./.exec(section)?.[1];
+    expect(section).toContain(`docker push ${built}`);
+    const sets = command("helm install toolmesh helm/toolmesh");
+    const ms = await render(sets.flatMap((s) => ["--set", s]));
+    for (const d of ms.filter((m) => m.kind === "Deployment" || m.kind === "Job"))
+      expect(podOf(d).containers[0].image).toBe(built);
+    expect(strictProblems(ms.filter((m) => hasStrictType(m.apiVersion, m.kind)))).toEqual([]);
+    expect(envOf(find(ms, "Deployment", "resolver")).TOOLMESH_STREAM_REPLICAS?.value).toBe("3");
+  }, 60_000);
+
+  it("runs the NATS version docker-compose.yml runs", () => {
+    const tag = command("helm install nats nats/nats")
+      .find((s) => s.startsWith("container.image.tag="))
+      ?.split("=")[1];
+    const compose = readFileSync("docker-compose.yml", "utf8");
+    expect(compose).toContain(`\${NATS_IMAGE:-nats:${tag}}`);
+  });
+});
