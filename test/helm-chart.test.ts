@@ -147,9 +147,9 @@ describe.each(ciValues)("%s", (file) => {
     for (const d of deployments(manifests)) {
       const container = d.spec.template.spec.containers[0] as Manifest;
       expect(container.ports[0]).toMatchObject({ name: "health", containerPort: 8080 });
-      expect(container.livenessProbe.httpGet).toEqual({ path: "/healthz", port: "health" });
-      // The gateway is ready when its HTTP port serves; every other role on the health port.
+      // The gateway serves /healthz and /readyz on its HTTP port; every other role on `health`.
       const ready = d.metadata.name.endsWith("-gateway") ? "http" : "health";
+      expect(container.livenessProbe.httpGet).toEqual({ path: "/healthz", port: ready });
       expect(container.readinessProbe.httpGet).toEqual({ path: "/readyz", port: ready });
       expect(d.spec.selector.matchLabels).toEqual(
         Object.fromEntries(

@@ -434,6 +434,8 @@ describe("the gateway", () => {
     expect(c.args).toEqual(["serve", "gateway"]);
     expect(c.ports).toContainEqual({ name: "http", containerPort: 8787, protocol: "TCP" });
     expect(c.readinessProbe.httpGet).toEqual({ path: "/readyz", port: "http" });
+    expect(c.livenessProbe.httpGet).toEqual({ path: "/healthz", port: "http" });
+    expect(c.startupProbe.httpGet).toEqual({ path: "/healthz", port: "http" });
     const env = envOf(d);
     expect(env.TOOLMESH_GATEWAY_HOST?.value).toBe("0.0.0.0");
     expect(env.TOOLMESH_GATEWAY_PORT?.value).toBe("8787");
