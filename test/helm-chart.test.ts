@@ -6,14 +6,16 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { subjectToken } from "@toolmesh/protocol";
 import { Ajv } from "ajv";
-import { ConfigMap, Secret } from "kubernetes-models/v1";
+import { ConfigMap, Pod, Secret, Service, ServiceAccount } from "kubernetes-models/v1";
 import { Deployment } from "kubernetes-models/apps/v1";
 import { HorizontalPodAutoscaler } from "kubernetes-models/autoscaling/v2";
 import { Job } from "kubernetes-models/batch/v1";
+import { Ingress, NetworkPolicy } from "kubernetes-models/networking.k8s.io/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
 import { describe, expect, it } from "vitest";
 import { parseAllDocuments, parse as parseYaml } from "yaml";
 import { helm } from "./helpers/helm.js";
+import { hasStrictType, strictProblems } from "./helpers/k8s-strict.js";
 
 const CHART = "helm/toolmesh";
 const ciValues = readdirSync(join(CHART, "ci"))
@@ -32,6 +34,11 @@ const models: Record<string, new (data: never) => { validate(): void }> = {
   "v1/ConfigMap": ConfigMap,
   "v1/Secret": Secret,
   "batch/v1/Job": Job,
+  "v1/Service": Service,
+  "v1/ServiceAccount": ServiceAccount,
+  "v1/Pod": Pod,
+  "networking.k8s.io/v1/Ingress": Ingress,
+  "networking.k8s.io/v1/NetworkPolicy": NetworkPolicy,
 };
 
 // int32 is the only format the KEDA schema uses; the range is checked by `type: integer`.
@@ -39,6 +46,13 @@ const ajv = new Ajv({ allErrors: true, strict: false, formats: { int32: true } }
 const validateScaledObject = ajv.compile(
   JSON.parse(readFileSync("test/fixtures/keda/scaledobject.schema.json", "utf8")) as object,
 );
+const crdSchema = (name: string) =>
+  ajv.compile(JSON.parse(readFileSync(`test/fixtures/crds/${name}.schema.json`, "utf8")) as object);
+const crds: Record<string, ReturnType<typeof ajv.compile>> = {
+  PodMonitor: crdSchema("podmonitor"),
+  ServiceMonitor: crdSchema("servicemonitor"),
+  HTTPRoute: crdSchema("httproute"),
+};
 const validateValues = ajv.compile(
   JSON.parse(readFileSync(join(CHART, "values.schema.json"), "utf8")) as object,
 );
@@ -52,9 +66,17 @@ async function render(args: string[]): Promise<Manifest[]> {
     .filter((m): m is Manifest => m !== null);
 }
 
-/** Throws with the object's kind and name when it does not match its schema. */
+/**
+ * Throws with the object's kind and name when it does not match its schema (unknown fields are
+ * checked for the whole render at once by {@link strictProblems}).
+ */
 function validateManifest(m: Manifest): void {
   const where = `${m.kind as string} ${m.metadata?.name as string}`;
+  const crd = crds[m.kind as string];
+  if (crd !== undefined) {
+    if (!crd(m)) throw new Error(`${where}: ${ajv.errorsText(crd.errors)}`);
+    return;
+  }
   if (m.kind === "ScaledObject") {
     if (!validateScaledObject(m))
       throw new Error(`${where}: ${ajv.errorsText(validateScaledObject.errors)}`);
@@ -91,11 +113,14 @@ describe.each(ciValues)("%s", (file) => {
     expect(result.code).toBe(0);
   });
 
-  it("renders objects that match their Kubernetes (or KEDA) schema", async () => {
+  it("renders objects that match their Kubernetes (or KEDA) schema, with no unknown field", async () => {
     const manifests = await render(["-f", file]);
     expect(deployments(manifests).length).toBeGreaterThanOrEqual(3);
     for (const m of manifests) validateManifest(m);
-  });
+    expect(strictProblems(manifests.filter((m) => hasStrictType(m.apiVersion, m.kind)))).toEqual(
+      [],
+    );
+  }, 60_000);
 
   it("renders every pod restricted, with probes on the named health port", async () => {
     const manifests = await render(["-f", file]);
@@ -122,8 +147,10 @@ describe.each(ciValues)("%s", (file) => {
     for (const d of deployments(manifests)) {
       const container = d.spec.template.spec.containers[0] as Manifest;
       expect(container.ports[0]).toMatchObject({ name: "health", containerPort: 8080 });
-      expect(container.livenessProbe.httpGet).toEqual({ path: "/healthz", port: "health" });
-      expect(container.readinessProbe.httpGet).toEqual({ path: "/readyz", port: "health" });
+      // The gateway serves /healthz and /readyz on its HTTP port; every other role on `health`.
+      const ready = d.metadata.name.endsWith("-gateway") ? "http" : "health";
+      expect(container.livenessProbe.httpGet).toEqual({ path: "/healthz", port: ready });
+      expect(container.readinessProbe.httpGet).toEqual({ path: "/readyz", port: ready });
       expect(d.spec.selector.matchLabels).toEqual(
         Object.fromEntries(
           Object.entries(d.spec.template.metadata.labels as Record<string, string>).filter(([k]) =>
@@ -169,6 +196,7 @@ describe("what the full values render", () => {
     expect(names).toEqual([
       "t-toolmesh-resolver",
       "t-toolmesh-schema-expander",
+      "t-toolmesh-gateway",
       "t-toolmesh-executor-builtin",
       "t-toolmesh-executor-weather",
       "t-toolmesh-executor-materials",
@@ -176,14 +204,16 @@ describe("what the full values render", () => {
     ]);
     const weather = byName(manifests, "Deployment", "executor-weather");
     expect(envOf(weather)).toMatchObject({
-      TOOLMESH_EXECUTOR_OWNER: "weather-team",
+      TOOLMESH_OWNER: "(from secret)",
+      TOOLMESH_EXECUTOR_OWNER: "(from secret)",
       TOOLMESH_CONCURRENCY: "32",
       TOOLMESH_NATIVE_TOOLS_DIR: "/etc/toolmesh/native",
       TOOLMESH_PRESETS_FILE: "/etc/toolmesh/presets/presets.yaml",
       TOOLMESH_SHUTDOWN_GRACE_MS: "60000",
       TOOLMESH_PREFIX: "acme.prod",
       TOOLMESH_ACK_WAIT_MS: "15000",
-      NATS_CREDS: "/etc/toolmesh/nats/nats.creds",
+      NATS_USER: "(from secret)",
+      NATS_CA: "/etc/toolmesh/nats-tls/ca.crt",
     });
     expect(weather.spec.template.spec.containers[0].envFrom).toEqual([
       { secretRef: { name: "weather-api" } },
@@ -194,7 +224,10 @@ describe("what the full values render", () => {
         (v) => v.name === "nats-auth",
       )?.secret?.secretName;
     expect(secretOf(byName(manifests, "Deployment", "resolver"))).toBe("toolmesh-nats-resolver");
-    expect(secretOf(weather)).toBe("toolmesh-nats-service");
+    expect(secretOf(byName(manifests, "Deployment", "schema-expander"))).toBe(
+      "toolmesh-nats-service",
+    );
+    expect(secretOf(weather)).toBeUndefined(); // user and password come from env
     // Autoscaled deployments leave replicas to their autoscaler.
     expect(weather.spec).not.toHaveProperty("replicas");
     expect(byName(manifests, "Deployment", "executor-builtin").spec.replicas).toBe(2);
@@ -239,7 +272,7 @@ describe("what the full values render", () => {
         type: "nats-jetstream",
         metadata: {
           natsServerMonitoringEndpoint: "nats-headless.nats.svc.cluster.local:8222",
-          account: "$G",
+          account: "TOOLMESH",
           stream: "ACME_PROD_WORK",
           consumer: `work_${subjectToken(tool)}`,
           lagThreshold: "5",
@@ -291,10 +324,10 @@ describe("what the full values render", () => {
     }
   });
 
-  it("runs toolmesh setup as a pre-install/pre-upgrade hook with the admin credentials", async () => {
+  it("runs toolmesh setup as a pre-install/pre-upgrade/pre-rollback hook with the admin credentials", async () => {
     const manifests = await render(["-f", file]);
     const job = byName(manifests, "Job", "setup");
-    expect(job.metadata.annotations["helm.sh/hook"]).toBe("pre-install,pre-upgrade");
+    expect(job.metadata.annotations["helm.sh/hook"]).toBe("pre-install,pre-upgrade,pre-rollback");
     const container = job.spec.template.spec.containers[0] as Manifest;
     expect(container.args).toEqual(["setup"]);
     expect(job.spec.template.spec.volumes).toContainEqual({

@@ -72,6 +72,18 @@ async function deliveriesSettled(): Promise<ConsumerInfo> {
   return last;
 }
 
+/**
+ * Whether a server of this version keeps delivering into a cut leaf's pull request: true for
+ * 2.9 (the version CI runs), false from 2.15 (the current one CI runs), undefined in between,
+ * where neither behaviour is asserted.
+ */
+function burnsDeliveriesAfterCut(version: string): boolean | undefined {
+  const [major = 0, minor = 0] = version.split(".").map(Number);
+  if (major === 2 && minor < 10) return true;
+  if (major > 2 || minor >= 15) return false;
+  return undefined;
+}
+
 interface Whoami {
   pid: number;
 }
@@ -86,7 +98,9 @@ describe("an executor behind a leaf node", () => {
     // nats-server 2.9.10 goes on delivering into a pull request younger than 2 s whose requester
     // is gone, counting a delivery each time (docs/operations.md, "Leaf links and deliveries"):
     // cut the link right after the executor's pull request reached the hub, so the first call
-    // queued behind the cut uses up its deliveries before the link returns.
+    // queued behind the cut uses up its deliveries before the link returns. 2.15.1 drops the
+    // pull request with the leaf connection and delivers nothing until the link returns.
+    const burns = burnsDeliveriesAfterCut(nc.info?.version ?? "");
     const pulls = nc.subscribe(`$JS.API.CONSUMER.MSG.NEXT.${subjects.streams.work}.${consumer}`);
     for await (const _ of pulls) break;
     await link.cut();
@@ -96,7 +110,8 @@ describe("an executor behind a leaf node", () => {
       session.submit({ name: "whoami", arguments: { delay_ms: i } }, { timeoutMs: 90_000 }).result;
     const queued = [submit(0)];
     const burned = await deliveriesSettled();
-    expect(burned.num_redelivered).toBeGreaterThan(0);
+    if (burns === true) expect(burned.num_redelivered).toBeGreaterThan(0);
+    if (burns === false) expect(burned.num_redelivered).toBe(0);
     queued.push(submit(1), submit(2));
     await link.restore();
     await waitForLeafConnections(hub, 1);
@@ -105,10 +120,12 @@ describe("an executor behind a leaf node", () => {
       expect((JSON.parse(message.content) as Whoami).pid).toBe(executor.pid);
     }
     // The first call was queued again, not dead-lettered.
-    await resolver.waitForLog(
-      (l) =>
-        l.msg === "work used up its deliveries faster than its ack wait allows; queued once more",
-    );
+    if (burned.num_redelivered > 0) {
+      await resolver.waitForLog(
+        (l) =>
+          l.msg === "work used up its deliveries faster than its ack wait allows; queued once more",
+      );
+    }
     const after = await session.submit({ name: "whoami", arguments: {} }).result;
     expect(after.error).toBeUndefined();
     session.close();

@@ -53,6 +53,8 @@ let api: Server;
 let base: string;
 let dir: string;
 let tokenRequests = 0;
+/** Where the API's `/v2/moved` redirects to. */
+let movedTo = "http://127.0.0.1:9/";
 /** What the API received last, before any redaction of what it answered. */
 let received: Echo | undefined;
 const warnings: { obj: object; msg: string }[] = [];
@@ -84,6 +86,11 @@ function answer(req: IncomingMessage, res: ServerResponse, body: string): void {
       return;
     }
     json(200, { access_token: `token-${tokenRequests}`, token_type: "Bearer", expires_in: 3600 });
+    return;
+  }
+  if (url.pathname === "/v2/moved") {
+    res.writeHead(302, { location: movedTo });
+    res.end();
     return;
   }
   if (url.pathname === "/v2/pet/404") {
@@ -507,13 +514,13 @@ describe("an OpenAPI document as a tool source", () => {
     ).rejects.toThrow(/needs the environment variable NOT_SET_ANYWHERE, which is not set/);
   });
 
-  it("applies the outbound guard to the document and to every call", async () => {
+  it("applies the outbound guard to the document and to every call when configured hosts are not trusted", async () => {
     await expect(
       load(
         {
           "p.openapi.yaml": { spec: `${base}/specs/3.0/json/petstore.json`, server: `${base}/v2` },
         },
-        { allowPrivateAddresses: [] },
+        { allowPrivateAddresses: [], trustConfiguredHosts: false },
       ),
     ).rejects.toThrow(/is a loopback address/);
     const tools = await load(
@@ -523,7 +530,7 @@ describe("an OpenAPI document as a tool source", () => {
           server: `${base}/v2`,
         },
       },
-      { allowPrivateAddresses: [] },
+      { allowPrivateAddresses: [], trustConfiguredHosts: false },
     );
     const err = await failure(tools.get("p.getPetById")!.handler({ petId: 1 }, ctx()));
     expect(err).toMatchObject({
@@ -541,6 +548,90 @@ describe("an OpenAPI document as a tool source", () => {
         { allowedUrls: ["https://api.example.com/"] },
       ),
     ).rejects.toThrow(/outside TOOLMESH_NATIVE_ALLOWED_URLS/);
+  });
+
+  it("trusts the exact host of the configured spec and base URL, overridable both ways", async () => {
+    const source = (trust?: boolean): OpenApiSourceFile => ({
+      spec: `${base}/specs/3.0/json/petstore.json`,
+      server: `${base}/v2`,
+      ...(trust === undefined ? {} : { trust_configured_host: trust }),
+    });
+    // Loopback is refused (no TOOLMESH_ALLOW_PRIVATE_ADDRESSES), but the operator wrote this host.
+    const tools = await load({ "p.openapi.yaml": source() }, { allowPrivateAddresses: [] });
+    expect(await invoke(tools.get("p.getPetById"), { petId: 1 })).toMatchObject({
+      method: "GET",
+      path: "/v2/pet/1",
+    });
+    await expect(
+      load({ "p.openapi.yaml": source(false) }, { allowPrivateAddresses: [] }),
+    ).rejects.toThrow(/is a loopback address/);
+    await expect(
+      load(
+        { "p.openapi.yaml": source() },
+        { allowPrivateAddresses: [], trustConfiguredHosts: false },
+      ),
+    ).rejects.toThrow(/is a loopback address/);
+    const again = await load(
+      { "p.openapi.yaml": source(true) },
+      { allowPrivateAddresses: [], trustConfiguredHosts: false },
+    );
+    expect(await invoke(again.get("p.getPetById"), { petId: 2 })).toMatchObject({
+      path: "/v2/pet/2",
+    });
+  });
+
+  it("trusts a document server's host as filled at load: no argument moves it, a redirect elsewhere is refused", async () => {
+    // Another private host:port (same address, other port) that nothing configured.
+    let reached = 0;
+    const other = createServer((_req, res) => {
+      reached++;
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ secret: "internal data" }));
+    });
+    await new Promise<void>((resolve) => other.listen(0, "127.0.0.1", resolve));
+    const otherPort = (other.address() as AddressInfo).port;
+    movedTo = `http://127.0.0.1:${otherPort}/v2/pet/1`;
+    try {
+      const apiPort = new URL(base).port;
+      const document = {
+        openapi: "3.0.3",
+        info: { title: "variables", version: "1" },
+        // The port is a server variable: its default fills it at load, never an argument.
+        servers: [{ url: "http://127.0.0.1:{port}/v2", variables: { port: { default: apiPort } } }],
+        paths: {
+          "/pet/{petId}": {
+            get: {
+              operationId: "getPet",
+              parameters: [
+                { name: "petId", in: "path", required: true, schema: { type: "string" } },
+                { name: "port", in: "query", schema: { type: "string" } },
+              ],
+            },
+          },
+          "/moved": { get: { operationId: "moved" } },
+        },
+      };
+      const tools = await load(
+        { "v.openapi.json": JSON.stringify(document) },
+        { allowPrivateAddresses: [] },
+      );
+      expect(tools.get("v.getPet")?.origin).toMatchObject({
+        server: `http://127.0.0.1:${apiPort}/v2`,
+      });
+      // The model names the other port: it is a query argument, the connection stays on the
+      // configured host.
+      const echo = await invoke(tools.get("v.getPet"), { petId: "1", port: String(otherPort) });
+      expect(echo).toMatchObject({ path: "/v2/pet/1", query: `?port=${otherPort}` });
+      // The trusted host redirects to the other port: guarded like any other host.
+      const err = await failure(tools.get("v.moved")!.handler({}, ctx()));
+      expect(err).toMatchObject({
+        code: "permission_denied",
+        details: { reason: "private_address" },
+      });
+      expect(reached).toBe(0);
+    } finally {
+      await new Promise((resolve) => other.close(resolve));
+    }
   });
 
   it("serves a large public API description (GitHub's REST API)", async () => {

@@ -9,15 +9,21 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { PrivateAddressAllowance, ToolContext } from "@toolmesh/executor";
-import { loadNativeToolsDir, outboundFetch } from "@toolmesh/executor";
+import {
+  loadNativeToolsDir,
+  outboundFetch,
+  privateAddressCause,
+  trustedHostsOf,
+} from "@toolmesh/executor";
 import { McpServerConfigSchema, ServerConnection } from "@toolmesh/mcp-bridge";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
 
 // Outbound HTTP of native tools and HTTP/SSE MCP servers refuses private addresses — given
-// directly, reached through a redirect, or behind a DNS name — unless allowed. Real HTTP
-// servers on loopback addresses stand in for internal services: 127.0.0.2 plays the public
-// host that is allowed, 127.0.0.1 the internal one.
+// directly, reached through a redirect, or behind a DNS name — unless allowed, except the exact
+// host the operator configured (trusted unless `trust_configured_host: false` or
+// TOOLMESH_TRUST_CONFIGURED_HOSTS=false). Real HTTP servers on loopback addresses stand in for
+// internal services: 127.0.0.2 plays the public host that is allowed, 127.0.0.1 the internal one.
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const log = createLogger({ service: "test", level: "silent" });
@@ -89,17 +95,28 @@ function ctx(): ToolContext {
   };
 }
 
-/** Calls a native tool whose `api_url` is `url`; resolves with the result or the error. */
-async function callNative(url: string, allow?: PrivateAddressAllowance): Promise<unknown> {
+/**
+ * Calls a native tool whose `api_url` is `url`; resolves with the result or the error. `trust`
+ * is the file's `trust_configured_host` (false unless given, so the guard is what is tested),
+ * `trustDefault` the process-wide TOOLMESH_TRUST_CONFIGURED_HOSTS.
+ */
+async function callNative(
+  url: string,
+  allow?: PrivateAddressAllowance,
+  trust: boolean | null = false,
+  trustDefault?: boolean,
+): Promise<unknown> {
   const tools = join(dir, `t-${Math.random().toString(36).slice(2)}`);
   await rm(tools, { recursive: true, force: true });
   await (await import("node:fs/promises")).mkdir(tools);
   await writeFile(
     join(tools, "fetcher.yaml"),
-    `name: fetcher\ndescription: Fetches a page.\napi_url: ${url}\n`,
+    `name: fetcher\ndescription: Fetches a page.\napi_url: ${url}\n` +
+      (trust === null ? "" : `trust_configured_host: ${trust}\n`),
   );
   const [tool] = await loadNativeToolsDir(tools, {}, log, {
     ...(allow === undefined ? {} : { allowPrivateAddresses: allow }),
+    ...(trustDefault === undefined ? {} : { trustConfiguredHosts: trustDefault }),
   });
   return Promise.resolve(tool!.handler({}, ctx())).catch((err: unknown) => err);
 }
@@ -154,6 +171,51 @@ describe("native tools", () => {
     });
   });
 
+  it("trust the exact host the operator configured, by default, and only that host", async () => {
+    // Configured at a loopback address: trusted without any allowance.
+    expect(await callNative(`http://127.0.0.1:${internalPort}/a`, undefined, null)).toEqual({
+      secret: "internal data",
+      path: "/a",
+    });
+    expect(await callNative(`http://localhost:${internalPort}/b`, undefined, null)).toMatchObject({
+      path: "/b",
+    });
+    // The configured host redirects elsewhere: the other host is guarded as ever.
+    expectDenied(
+      await callNative(`http://127.0.0.2:${frontPort}/r`, [], null),
+      "127.0.0.1",
+      "loopback",
+    );
+    // The process-wide default off, and the per-tool override either way.
+    expectDenied(
+      await callNative(`http://127.0.0.1:${internalPort}/a`, undefined, null, false),
+      "127.0.0.1",
+      "loopback",
+    );
+    expect(
+      await callNative(`http://127.0.0.1:${internalPort}/a`, undefined, true, false),
+    ).toMatchObject({ path: "/a" });
+    expectDenied(
+      await callNative(`http://127.0.0.1:${internalPort}/a`, undefined, false, true),
+      "127.0.0.1",
+      "loopback",
+    );
+  });
+
+  it("trust a host and port exactly: another port of the same host is guarded", () => {
+    expect(trustedHostsOf("http://10.0.0.7/mcp", undefined)).toEqual(["10.0.0.7:80"]);
+    expect(trustedHostsOf("https://API.internal:8443/x", undefined)).toEqual(["api.internal:8443"]);
+    expect(trustedHostsOf("http://[::1]:3000/", true, false)).toEqual(["::1:3000"]);
+    expect(trustedHostsOf("http://10.0.0.7/", false)).toEqual([]);
+    expect(trustedHostsOf("http://10.0.0.7/", undefined, false)).toEqual([]);
+  });
+
+  it("a trusted host on another port is refused", async () => {
+    const fetch = outboundFetch([], trustedHostsOf(`http://127.0.0.1:${frontPort}/`, true));
+    const outcome = await fetch(`http://127.0.0.1:${internalPort}/a`).catch((e: unknown) => e);
+    expect(privateAddressCause(outcome)?.address).toBe("127.0.0.1");
+  });
+
   it("a bad allowance is refused with what is wrong", () => {
     expect(() => outboundFetch(["10.0.0.0/33"])).toThrow(
       "10.0.0.0/33 is not an IP address or CIDR range",
@@ -162,19 +224,26 @@ describe("native tools", () => {
 });
 
 describe("HTTP MCP servers", () => {
-  async function connectTo(url: string, allow: PrivateAddressAllowance): Promise<ServerConnection> {
+  /** Connects as the bridge does: the server's own `url` host trusted unless `trust` is false. */
+  async function connectTo(
+    url: string,
+    allow: PrivateAddressAllowance,
+    trust = false,
+  ): Promise<ServerConnection> {
     const config = McpServerConfigSchema.parse({
       name: "remote",
       transport: "http",
       url,
       connect_timeout_ms: 5_000,
       reconnect: { initial_delay_ms: 60_000, max_delay_ms: 60_000 },
+      trust_configured_host: trust,
     });
+    if (config.transport === "stdio") throw new Error("unreachable");
     const connection = new ServerConnection({
       config,
       env: {},
       log,
-      fetch: outboundFetch(allow),
+      fetch: outboundFetch(allow, trustedHostsOf(config.url, config.trust_configured_host)),
       onTools: async () => undefined,
     });
     await connection.start();
@@ -200,5 +269,15 @@ describe("HTTP MCP servers", () => {
     const allowed = await connectTo(mcpUrl.href, ["127.0.0.1"]);
     expect(allowed.state).toBe("ready");
     await allowed.stop();
+  });
+
+  it("trust the server's configured host, and still refuse a redirect to another", async () => {
+    const trusted = await connectTo(mcpUrl.href, [], true);
+    expect(trusted.state).toBe("ready");
+    await trusted.stop();
+    const redirected = await connectTo(`http://127.0.0.2:${frontPort}${mcpUrl.pathname}`, [], true);
+    expect(redirected.state).not.toBe("ready");
+    expect(redirected.lastError).toMatch(/127\.0\.0\.1/);
+    await redirected.stop();
   });
 });

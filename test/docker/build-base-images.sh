@@ -2,21 +2,31 @@
 # Builds the two base images the Docker tests use where no image registry is reachable, from
 # what this machine has installed, with `docker import` of a root filesystem tarball:
 #
-#   toolmesh-local/node:20   this machine's Node 20 + npm, a POSIX shell and a few coreutils,
-#                            with their shared libraries; stands in for the public node:20 image
-#                            as the Dockerfile's NODE_IMAGE. It trusts the certificate
+#   toolmesh-local/node:<major>  this machine's Node + npm (tagged with its major version, 20 on
+#                            CI's Node 20.20), a POSIX shell and a few coreutils, with their
+#                            shared libraries; stands in for the public node image as the
+#                            Dockerfile's NODE_IMAGE (whose default is node:22-bookworm-slim: the
+#                            build works on any Node the root package.json's engines accept). It trusts the certificate
 #                            authorities this machine trusts (its CA bundle and
 #                            NODE_EXTRA_CA_CERTS), so `npm ci` in a build reaches the registry
 #                            through the same egress as the host.
-#   toolmesh-local/nats:2.9  the Debian nats-server binary, libc and the loader, and wget for
-#                            healthchecks; entrypoint `nats-server`, like the public `nats`
-#                            image (whose -alpine variant has wget too).
+#   toolmesh-local/nats:<major.minor>  the nats-server binary on the PATH (Debian's 2.9.10), libc
+#                            and the loader, and wget for healthchecks; entrypoint `nats-server`,
+#                            like the public `nats` image (whose -alpine variant has wget too).
+#                            With the current server installed (.ci/install-current-nats.sh, at
+#                            TOOLMESH_CURRENT_NATS_DIR, default /opt/nats-server-current/usr/sbin)
+#                            its image is built too (toolmesh-local/nats:2.15): the version the
+#                            compose file and the README's NATS chart run.
 #
 # Usage: test/docker/build-base-images.sh   (idempotent; needs docker, node, nats-server, wget)
 set -euo pipefail
 
-NODE_TAG=${TOOLMESH_LOCAL_NODE_IMAGE:-toolmesh-local/node:20}
-NATS_TAG=${TOOLMESH_LOCAL_NATS_IMAGE:-toolmesh-local/nats:2.9}
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+NODE_TAG=${TOOLMESH_LOCAL_NODE_IMAGE:-toolmesh-local/node:$node_major}
+# major.minor of a nats-server binary, for its image's tag
+nats_minor() { "$1" --version | grep -o 'v[0-9]*\.[0-9]*' | head -1 | tr -d v; }
+NATS_TAG=${TOOLMESH_LOCAL_NATS_IMAGE:-toolmesh-local/nats:$(nats_minor "$(command -v nats-server)")}
+current_dir=${TOOLMESH_CURRENT_NATS_DIR:-/opt/nats-server-current/usr/sbin}
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -82,15 +92,22 @@ tar -C "$node_root" -c . | docker import \
 echo "built $NODE_TAG ($(docker run --rm "$NODE_TAG" node --version))"
 
 # --- NATS ---------------------------------------------------------------------------------
-nats_root=$work/nats
-skeleton "$nats_root"
-nats_bin=$(readlink -f "$(command -v nats-server)")
-wget_bin=$(readlink -f "$(command -v wget)")
-copy_with_libs "$nats_root" "$nats_bin" "$wget_bin"
-[ "$nats_bin" = /usr/bin/nats-server ] || ln -s "$nats_bin" "$nats_root/usr/bin/nats-server"
-tar -C "$nats_root" -c . | docker import \
-  --change 'ENTRYPOINT ["nats-server"]' \
-  --change 'ENV PATH=/usr/sbin:/usr/bin' \
-  --change 'EXPOSE 4222 6222 8222' \
-  - "$NATS_TAG" >/dev/null
-echo "built $NATS_TAG ($(docker run --rm "$NATS_TAG" --version))"
+# nats_image BINARY TAG: an image whose entrypoint is that nats-server binary.
+nats_image() {
+  local nats_root=$work/nats-$RANDOM nats_bin wget_bin
+  skeleton "$nats_root"
+  nats_bin=$(readlink -f "$1")
+  wget_bin=$(readlink -f "$(command -v wget)")
+  copy_with_libs "$nats_root" "$nats_bin" "$wget_bin"
+  [ "$nats_bin" = /usr/bin/nats-server ] || ln -s "$nats_bin" "$nats_root/usr/bin/nats-server"
+  tar -C "$nats_root" -c . | docker import \
+    --change 'ENTRYPOINT ["nats-server"]' \
+    --change 'ENV PATH=/usr/sbin:/usr/bin' \
+    --change 'EXPOSE 4222 6222 8222' \
+    - "$2" >/dev/null
+  echo "built $2 ($(docker run --rm "$2" --version))"
+}
+nats_image "$(command -v nats-server)" "$NATS_TAG"
+if [ -x "$current_dir/nats-server" ]; then
+  nats_image "$current_dir/nats-server" "toolmesh-local/nats:$(nats_minor "$current_dir/nats-server")"
+fi

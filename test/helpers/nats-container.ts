@@ -1,7 +1,7 @@
 /**
  * NATS servers for the integration tests in containers, through testcontainers, as users with
  * Docker run them: `TOOLMESH_TEST_NATS=container` (see ./nats-server.ts). The image is
- * `TOOLMESH_TEST_NATS_IMAGE`, the public `nats:2.10` by default; any image whose entrypoint is
+ * `TOOLMESH_TEST_NATS_IMAGE`, the public `nats:2.15.1-alpine` by default (as docker-compose.yml); any image whose entrypoint is
  * nats-server works. The handle behaves like the local launcher's: the same URL across
  * `kill()` and `restart()` (fixed host ports) and the same store (the container's filesystem).
  */
@@ -12,7 +12,7 @@ import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-la
 import { NatsServerStartError } from "@toolmesh/nats-launcher";
 import { getContainerRuntimeClient, type StartedTestContainer } from "testcontainers";
 
-const IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE || "nats:2.10";
+const IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE || "nats:2.15.1-alpine";
 const HOST = "127.0.0.1";
 const CLIENT_PORT = 4222;
 const MONITOR_PORT = 8222;

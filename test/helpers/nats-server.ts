@@ -1,7 +1,7 @@
 // Integration tests start their own servers (random ports, temp storage); they never touch the
 // shared NATS at 4222. TOOLMESH_TEST_NATS picks how: `process` (default) runs nats-server with
 // the product's launcher, the one `toolmesh dev` uses; `container` runs it in a container
-// through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.10).
+// through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.15.1-alpine, as docker-compose.yml).
 // TOOLMESH_TEST_NATS_SERVER names the nats-server binary of `process` mode (a path; default
 // the `nats-server` on PATH), e.g. /opt/nats-server-current/usr/sbin/nats-server.
 import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";

@@ -48,36 +48,94 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 Every Deployment the chart renders, as a list of components: role, name (the Deployment's name
-suffix), values (that part of the values file) and the command. Templates iterate this list so
-all roles share one Deployment, PDB and autoscaler template.
+suffix), fullname, values (that part of the values file) and the command. Templates iterate this
+list so all roles share one Deployment, PDB and autoscaler template. A name longer than
+Kubernetes allows is refused rather than truncated, since truncation makes two deployments of
+a long release name collide.
 */}}
 {{- define "toolmesh.components" -}}
 {{- $fullname := include "toolmesh.fullname" . }}
 {{- $list := list }}
 {{- if .Values.resolver.enabled }}
-{{- $list = append $list (dict "role" "resolver" "name" "resolver" "fullname" (printf "%s-resolver" $fullname) "v" .Values.resolver "command" (list "serve" "resolver")) }}
+{{- $list = append $list (dict "role" "resolver" "name" "resolver" "v" .Values.resolver "command" (list "serve" "resolver")) }}
 {{- end }}
 {{- if .Values.schemaExpander.enabled }}
-{{- $list = append $list (dict "role" "schema-expander" "name" "schema-expander" "fullname" (printf "%s-schema-expander" $fullname) "v" .Values.schemaExpander "command" (list "serve" "schema-expander")) }}
+{{- $list = append $list (dict "role" "schema-expander" "name" "schema-expander" "v" .Values.schemaExpander "command" (list "serve" "schema-expander")) }}
+{{- end }}
+{{- if .Values.gateway.enabled }}
+{{- $list = append $list (dict "role" "gateway" "name" "gateway" "v" .Values.gateway "command" (list "serve" "gateway")) }}
 {{- end }}
 {{- $seen := dict }}
-{{- range .Values.executors }}
-{{- if ne (toString .enabled) "false" }}
-{{- $n := printf "executor-%s" .name }}
-{{- if hasKey $seen $n }}{{ fail (printf "executors: the name %q is used twice; every executor deployment needs its own name" .name) }}{{ end }}
+{{- range $i, $e := .Values.executors }}
+{{- if ne (toString $e.enabled) "false" }}
+{{- $v := deepCopy $e }}
+{{- if not $v.name }}
+{{- if ne $i 0 }}{{ fail (printf "executors[%d]: every executor deployment but the first (named builtin by default) needs a name" $i) }}{{ end }}
+{{- $_ := set $v "name" "builtin" }}
+{{- end }}
+{{- $n := printf "executor-%s" $v.name }}
+{{- if hasKey $seen $n }}{{ fail (printf "executors: the name %q is used twice; every executor deployment needs its own name" $v.name) }}{{ end }}
 {{- $_ := set $seen $n true }}
-{{- $list = append $list (dict "role" "executor" "name" $n "fullname" (printf "%s-%s" $fullname $n | trunc 63 | trimSuffix "-") "v" . "command" (list "serve" "executor")) }}
+{{- $list = append $list (dict "role" "executor" "name" $n "v" $v "command" (list "serve" "executor")) }}
 {{- end }}
 {{- end }}
-{{- range .Values.mcpBridges }}
-{{- if .enabled }}
-{{- $n := printf "mcp-bridge-%s" .name }}
-{{- if hasKey $seen $n }}{{ fail (printf "mcpBridges: the name %q is used twice; every bridge deployment needs its own name" .name) }}{{ end }}
+{{- range $i, $e := .Values.mcpBridges }}
+{{- if $e.enabled }}
+{{- if not $e.name }}{{ fail (printf "mcpBridges[%d]: every bridge deployment needs a name" $i) }}{{ end }}
+{{- $n := printf "mcp-bridge-%s" $e.name }}
+{{- if hasKey $seen $n }}{{ fail (printf "mcpBridges: the name %q is used twice; every bridge deployment needs its own name" $e.name) }}{{ end }}
 {{- $_ := set $seen $n true }}
-{{- $list = append $list (dict "role" "mcp-bridge" "name" $n "fullname" (printf "%s-%s" $fullname $n | trunc 63 | trimSuffix "-") "v" . "command" (list "serve" "mcp-bridge")) }}
+{{- $list = append $list (dict "role" "mcp-bridge" "name" $n "v" $e "command" (list "serve" "mcp-bridge")) }}
 {{- end }}
 {{- end }}
-{{- toJson $list }}
+{{- $out := list }}
+{{- range $c := $list }}
+{{- $full := printf "%s-%s" $fullname $c.name }}
+{{- $out = append $out (merge $c (dict "fullname" $full)) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* The image of a component: its own `image` fields winning over the global ones. */}}
+{{- define "toolmesh.componentImage" -}}
+{{- $img := merge (deepCopy (default dict .c.v.image)) (deepCopy .root.Values.image) }}
+{{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag) }}
+{{- end }}
+
+{{- define "toolmesh.componentPullPolicy" -}}
+{{- $img := merge (deepCopy (default dict .c.v.image)) (deepCopy .root.Values.image) }}
+{{- $img.pullPolicy }}
+{{- end }}
+
+{{/* The ServiceAccount a component's pods run as, or "" for the namespace's default. */}}
+{{- define "toolmesh.serviceAccountName" -}}
+{{- $sa := default dict .c.v.serviceAccount }}
+{{- if $sa.name }}{{ $sa.name }}{{ else if $sa.create }}{{ .c.fullname }}{{ end }}
+{{- end }}
+
+{{/*
+Pod placement of a component: its own nodeSelector, tolerations, affinity and
+topologySpreadConstraints replace the global ones.
+*/}}
+{{- define "toolmesh.placement" -}}
+{{- $v := .c.v }}
+{{- $g := .root.Values }}
+{{- with (hasKey $v "nodeSelector" | ternary $v.nodeSelector $g.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (hasKey $v "tolerations" | ternary $v.tolerations $g.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (hasKey $v "affinity" | ternary $v.affinity $g.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (hasKey $v "topologySpreadConstraints" | ternary $v.topologySpreadConstraints (default list $g.topologySpreadConstraints)) }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -125,6 +183,11 @@ others must be listed as consumers.
     secretKeyRef:
       name: {{ .existingSecret }}
       key: {{ .tokenKey }}
+{{- else if eq .type "tls" }}
+- name: NATS_CERT
+  value: /etc/toolmesh/nats/{{ .certKey }}
+- name: NATS_KEY
+  value: /etc/toolmesh/nats/{{ .keyKey }}
 {{- else if eq .type "userPassword" }}
 - name: NATS_USER
   valueFrom:
@@ -143,5 +206,135 @@ others must be listed as consumers.
 {{- define "toolmesh.checkAuth" -}}
 {{- if and (ne .auth.type "none") (not .auth.existingSecret) }}
 {{- fail (printf "%s.type is %s, so %s.existingSecret must name the Secret that holds the credentials" .where .auth.type .where) }}
+{{- end }}
+{{- end }}
+
+{{/* The files of the nats-auth volume (creds, nkey, tls): list of keys of the Secret, or empty. */}}
+{{- define "toolmesh.natsAuthFiles" -}}
+{{- if eq .type "creds" }}{{ toJson (list .credsKey) }}
+{{- else if eq .type "nkey" }}{{ toJson (list .nkeyKey) }}
+{{- else if eq .type "tls" }}{{ toJson (list .certKey .keyKey) }}
+{{- else }}[]{{ end }}
+{{- end }}
+
+{{/* NATS_CA (and the client certificate of nats.tls) of every pod with nats.tls set. */}}
+{{- define "toolmesh.natsTlsEnv" -}}
+{{- $tls := .root.Values.nats.tls }}
+{{- if $tls.existingSecret }}
+- name: NATS_CA
+  value: /etc/toolmesh/nats-tls/{{ $tls.caKey }}
+{{- if and $tls.certKey $tls.keyKey (ne .auth.type "tls") }}
+- name: NATS_CERT
+  value: /etc/toolmesh/nats-tls/{{ $tls.certKey }}
+- name: NATS_KEY
+  value: /etc/toolmesh/nats-tls/{{ $tls.keyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The nats-auth and nats-tls volumes of a pod; call with (dict "root" $ "auth" $auth). */}}
+{{- define "toolmesh.natsVolumes" -}}
+{{- $files := include "toolmesh.natsAuthFiles" .auth | fromJsonArray }}
+{{- if $files }}
+- name: nats-auth
+  secret:
+    secretName: {{ .auth.existingSecret }}
+    items:
+      {{- range $files }}
+      - key: {{ . }}
+        path: {{ . }}
+      {{- end }}
+{{- end }}
+{{- with .root.Values.nats.tls }}
+{{- if .existingSecret }}
+- name: nats-tls
+  secret:
+    secretName: {{ .existingSecret }}
+    items:
+      - key: {{ .caKey }}
+        path: {{ .caKey }}
+      {{- if and .certKey .keyKey (ne $.auth.type "tls") }}
+      - key: {{ .certKey }}
+        path: {{ .certKey }}
+      - key: {{ .keyKey }}
+        path: {{ .keyKey }}
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "toolmesh.natsMounts" -}}
+{{- if include "toolmesh.natsAuthFiles" .auth | fromJsonArray }}
+- name: nats-auth
+  mountPath: /etc/toolmesh/nats
+  readOnly: true
+{{- end }}
+{{- if .root.Values.nats.tls.existingSecret }}
+- name: nats-tls
+  mountPath: /etc/toolmesh/nats-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* TOOLMESH_STREAM_REPLICAS of every pod and the setup Job, so the services match setup. */}}
+{{- define "toolmesh.streamReplicasEnv" -}}
+{{- if hasKey .Values.env "TOOLMESH_STREAM_REPLICAS" }}
+{{- fail "env.TOOLMESH_STREAM_REPLICAS: set setup.streamReplicas instead (it reaches the setup Job and every pod)" }}
+{{- end }}
+- name: TOOLMESH_STREAM_REPLICAS
+  value: {{ .Values.setup.streamReplicas | default 1 | int | quote }}
+{{- end }}
+
+{{/*
+The checksum of what a component's pods read from chart-made ConfigMaps and Secrets: only that
+content, so a change of replicas, resources or autoscaling restarts no pod (changes to the pod
+spec itself roll the pods by themselves).
+*/}}
+{{- define "toolmesh.configChecksum" -}}
+{{- $v := .c.v }}
+{{- $mine := list (dig "tools" "files" nil $v) (dig "nativeTools" "files" nil $v) (dig "servers" "files" nil $v) (dig "secretEnv" "values" nil $v) }}
+{{- $shared := list }}
+{{- if has .c.role (list "resolver" "schema-expander") }}
+{{- $shared = list .root.Values.configs.toolSets .root.Values.configs.agents }}
+{{- end }}
+{{- toJson (list $mine $shared) | sha256sum }}
+{{- end }}
+
+{{/* A container of the `helm test` pod running `toolmesh <args>`. */}}
+{{- define "toolmesh.testContainer" -}}
+{{- $root := .root }}
+- name: {{ .name }}
+  image: {{ include "toolmesh.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  args: {{ toJson .args }}
+  env:
+    - name: NATS_URL
+      value: {{ $root.Values.nats.url | quote }}
+    - name: TOOLMESH_PREFIX
+      value: {{ $root.Values.prefix | quote }}
+    {{- with include "toolmesh.natsAuthEnv" .auth }}
+    {{- . | nindent 4 }}
+    {{- end }}
+    {{- with include "toolmesh.natsTlsEnv" (dict "root" $root "auth" .auth) }}
+    {{- . | nindent 4 }}
+    {{- end }}
+  securityContext:
+    {{- toYaml $root.Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+    {{- with include "toolmesh.natsMounts" (dict "root" $root "auth" .auth) }}
+    {{- . | nindent 4 }}
+    {{- end }}
+{{- end }}
+
+{{/*
+The message for a Deployment name above 63 characters, or "". Rendering stops on it with
+`fail`; `helm lint` does not stop on `fail`, so the Deployment template also writes the message
+where it makes the manifest unparsable, which lint reports as an error.
+*/}}
+{{- define "toolmesh.nameTooLong" -}}
+{{- if gt (len .fullname) 63 }}
+{{- printf "the Deployment name %q is %d characters, above the 63 Kubernetes allows: shorten the release name or set fullnameOverride (or nameOverride), or the %s name" .fullname (len .fullname) .role }}
 {{- end }}
 {{- end }}

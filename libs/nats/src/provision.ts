@@ -244,8 +244,10 @@ export async function ensureStream(
   const changes = differences(spec.config, info.config, spec.settings);
   if (changes.length === 0 || options.existing === "keep")
     return { kind, name, action: "unchanged", changes: [] };
-  // A lone server takes a replica count in an update and keeps one copy all the same.
-  if ((spec.config.num_replicas ?? 1) > 1 && info.cluster === undefined) {
+  // A lone server takes a replica count in an update and keeps one copy all the same (2.9), or
+  // refuses it (2.15). 2.9 reports no `cluster` for a lone server; 2.15 reports one without a
+  // name (only its leader): a cluster's servers always name it.
+  if ((spec.config.num_replicas ?? 1) > 1 && info.cluster?.name === undefined) {
     throw new ProvisionError(
       `${label} cannot have ${String(spec.config.num_replicas)} replicas: the nats-server is not part of a cluster; set ${REPLICAS_SETTING}=1 or run on a cluster`,
       name,

@@ -112,6 +112,7 @@ export const EnvSchema = z.object({
   NATS_KEY: z.string().min(1).optional(),
   NATS_CA: z.string().min(1).optional(),
   TOOLMESH_ALLOW_PRIVATE_ADDRESSES: privateAllowance.default([]),
+  TOOLMESH_TRUST_CONFIGURED_HOSTS: z.enum(["true", "false"]).default("true"),
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
   TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
@@ -179,6 +180,8 @@ export interface RuntimeConfig {
    * MCP servers may reach: `true` any, else these addresses and CIDR ranges. Default none.
    */
   allowPrivateAddresses: true | readonly string[];
+  /** Whether the exact host of a configured URL skips the private-address check. Default true. */
+  trustConfiguredHosts: boolean;
   /** Replicas of every stream and KV bucket (1 on one server; 3 or 5 on a cluster). */
   streamReplicas: number;
   /** How long a service keeps trying to reach NATS at start-up before it exits, in ms. */
@@ -256,6 +259,7 @@ export function loadConfig(
     configDir: e.TOOLMESH_CONFIG_DIR,
     sessionStateTtlMs: e.TOOLMESH_SESSION_STATE_TTL_MS,
     allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
+    trustConfiguredHosts: e.TOOLMESH_TRUST_CONFIGURED_HOSTS === "true",
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
     startupTimeoutMs: e.TOOLMESH_STARTUP_TIMEOUT_MS,
     env,

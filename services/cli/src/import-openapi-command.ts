@@ -10,6 +10,7 @@ import {
   openApiTools,
   outboundFetch,
   readOpenApiDocument,
+  trustedHostsOf,
 } from "@toolmesh/executor";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
@@ -91,7 +92,11 @@ export async function importOpenApiCommand(
       `invalid options: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`,
     );
   }
-  const fetch = outboundFetch(config.allowPrivateAddresses);
+  // The document's URL is the operator's own, as an executor trusts it in the written file.
+  const fetch = outboundFetch(
+    config.allowPrivateAddresses,
+    remote ? trustedHostsOf(spec, undefined, config.trustConfiguredHosts) : [],
+  );
   const document = await readOpenApiDocument(spec, fetch);
   const result = openApiTools(document, {
     options: parsed.data,

@@ -40,6 +40,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
       maxResponseBytes: config.maxMessageBytes,
       ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
       allowPrivateAddresses: config.allowPrivateAddresses,
+      trustConfiguredHosts: config.trustConfiguredHosts,
     },
     log,
   );

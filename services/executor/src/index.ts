@@ -49,6 +49,7 @@ export type { NativeMethod, NativeToolFile, NativeToolsOptions } from "./native-
 export {
   PrivateAddressError,
   outboundFetch,
+  trustedHostsOf,
   outboundPolicy,
   privateAddressCause,
   privateAddressDenied,

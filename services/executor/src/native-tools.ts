@@ -14,7 +14,7 @@ import {
 import type { LoadLog } from "./load-tools.js";
 import { ToolLoadError } from "./load-tools.js";
 import type { PrivateAddressAllowance } from "./outbound.js";
-import { outboundFetch } from "./outbound.js";
+import { outboundFetch, trustedHostsOf } from "./outbound.js";
 import type { ToolContext, ToolModule } from "./tool-module.js";
 import type { ToolSourceKind } from "./tool-source.js";
 
@@ -73,6 +73,11 @@ export const NativeToolFileSchema = z.strictObject({
   retry: RetryPolicySchema.partial().strict().optional(),
   groups: z.array(z.string().min(1)).optional(),
   presets: z.record(z.string(), z.unknown()).optional(),
+  /**
+   * Whether calls to api_url's own host skip the private-address check (the operator wrote that
+   * host; redirects elsewhere stay guarded). Default `TOOLMESH_TRUST_CONFIGURED_HOSTS` (true).
+   */
+  trust_configured_host: z.boolean().optional(),
 });
 
 /** One native tool file as written. */
@@ -96,7 +101,15 @@ export interface NativeToolsOptions {
    * every connection after DNS resolution and redirects. Default none.
    */
   allowPrivateAddresses?: PrivateAddressAllowance;
-  /** The fetch implementation. Default {@link outboundFetch} of `allowPrivateAddresses`. */
+  /**
+   * Whether each tool's own api_url host is trusted (`TOOLMESH_TRUST_CONFIGURED_HOSTS`), unless
+   * its file's `trust_configured_host` says otherwise. Default true.
+   */
+  trustConfiguredHosts?: boolean;
+  /**
+   * The fetch implementation. Default {@link outboundFetch} of `allowPrivateAddresses`, one per
+   * tool, trusting that tool's configured host.
+   */
   fetch?: typeof globalThis.fetch;
 }
 
@@ -127,7 +140,6 @@ export async function loadNativeToolsDir(
   const files = await toolFiles(dir, options);
   const allowed =
     options.allowedUrls === undefined ? undefined : new UrlAllowList(options.allowedUrls);
-  const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
   const seen = new Map<string, string>(options.taken);
   const modules: ToolModule[] = [];
   for (const file of files) {
@@ -141,7 +153,7 @@ export async function loadNativeToolsDir(
       continue;
     }
     seen.set(spec.name, file);
-    modules.push(nativeToolModule(spec, file, env, allowed, options, fetch));
+    modules.push(nativeToolModule(spec, file, env, allowed, options, fetchOf(spec, options)));
   }
   return modules;
 }
@@ -164,20 +176,42 @@ export const httpToolSources: ToolSourceKind = {
       ...(settings.allowPrivateAddresses === undefined
         ? {}
         : { allowPrivateAddresses: settings.allowPrivateAddresses }),
+      ...(settings.trustConfiguredHosts === undefined
+        ? {}
+        : { trustConfiguredHosts: settings.trustConfiguredHosts }),
       ...(settings.fetch === undefined ? {} : { fetch: settings.fetch }),
     };
     const files = await toolFiles(settings.nativeToolsDir, options);
     const allowed =
       options.allowedUrls === undefined ? undefined : new UrlAllowList(options.allowedUrls);
-    const fetch = options.fetch ?? outboundFetch(options.allowPrivateAddresses);
     return files.map((file) => ({
       origin: file,
-      load: async () => [
-        nativeToolModule(await readToolFile(file), file, settings.env, allowed, options, fetch),
-      ],
+      async load() {
+        const spec = await readToolFile(file);
+        return [
+          nativeToolModule(spec, file, settings.env, allowed, options, fetchOf(spec, options)),
+        ];
+      },
     }));
   },
 };
+
+/**
+ * The guarded fetch of one tool: `options.fetch` when given, else {@link outboundFetch} trusting
+ * the tool's own api_url host unless its file or `trustConfiguredHosts` says otherwise.
+ */
+function fetchOf(
+  spec: z.output<typeof NativeToolFileSchema>,
+  options: NativeToolsOptions,
+): typeof globalThis.fetch {
+  if (options.fetch !== undefined) return options.fetch;
+  // api_url's host has no placeholder (checked at load), so no argument can change it.
+  const host = new URL(spec.api_url.replace(PLACEHOLDER, "x"));
+  return outboundFetch(
+    options.allowPrivateAddresses,
+    trustedHostsOf(host, spec.trust_configured_host, options.trustConfiguredHosts),
+  );
+}
 
 /** The tool files of a folder, in file-name order; none for a missing optional folder. */
 async function toolFiles(dir: string, options: NativeToolsOptions): Promise<string[]> {

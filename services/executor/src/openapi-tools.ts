@@ -11,7 +11,7 @@ import { ToolLoadError } from "./load-tools.js";
 import { isOpenApiFile } from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";
 import { CredentialStore, buildOperationRequest } from "./openapi-request.js";
-import { outboundFetch, privateAddressCause } from "./outbound.js";
+import { outboundFetch, privateAddressCause, trustedHostsOf } from "./outbound.js";
 import type { ToolModule } from "./tool-module.js";
 import type { ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
 
@@ -66,6 +66,13 @@ export const OpenApiSourceFileSchema = z.strictObject({
   retry_non_idempotent: z.boolean().default(false),
   /** Groups every tool of the document joins, besides one per tag. */
   groups: z.array(z.string().min(1)).optional(),
+  /**
+   * Whether connections to the exact host and port of the URLs this file configures — `spec`,
+   * the base URL of each operation (`server`, else the document's server with its variables
+   * filled at load) and OAuth2 token URLs — skip the private-address check. Redirects elsewhere
+   * stay guarded. Default `TOOLMESH_TRUST_CONFIGURED_HOSTS` (true).
+   */
+  trust_configured_host: z.boolean().optional(),
 });
 
 /** A source file as written. */
@@ -95,7 +102,13 @@ export interface OpenApiToolsOptions {
   env: Readonly<Record<string, string | undefined>>;
   allowedUrls?: readonly string[];
   maxResponseBytes?: number;
+  /** The fetch of requests to hosts no configured URL names. */
   fetch: typeof globalThis.fetch;
+  /**
+   * The fetch of requests to these URLs, fixed at load (base URLs, token URLs): one that may
+   * trust their exact hosts. Never given a URL an argument can change. Default `fetch`.
+   */
+  fetchTrusting?: (urls: readonly URL[]) => typeof globalThis.fetch;
 }
 
 type Json = Record<string, unknown>;
@@ -192,18 +205,19 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
   if (isObject(document.webhooks) && Object.keys(document.webhooks).length > 0) {
     warn("webhooks are not served: they are requests the API makes, not operations to call");
   }
-  const credentials = new CredentialStore(
-    securitySchemes(document, options, opts.env, warn),
-    opts.fetch,
-  );
+  const fetchTo = (urls: readonly URL[]) => opts.fetchTrusting?.(urls) ?? opts.fetch;
+  const schemes = securitySchemes(document, options, opts.env, warn);
+  const tokenUrls = [...schemes.values()].flatMap((c) => (c.type === "oauth2" ? [c.tokenUrl] : []));
+  const credentials = new CredentialStore(schemes, fetchTo(tokenUrls));
   const allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
-  const endpoint = (tool: string): HttpEndpoint => ({
+  /** The endpoint of one tool; its base URL is fixed here, so its host may be trusted. */
+  const endpoint = (tool: string, base: URL): HttpEndpoint => ({
     tool,
     allowed,
     credentialHeaders: credentials.headerNames(),
     secrets: credentials.secrets(),
     maxResponseBytes: opts.maxResponseBytes ?? Defaults.maxMessageBytes,
-    fetch: opts.fetch,
+    fetch: fetchTo([base]),
   });
   const tools: ToolModule[] = [];
   const names = new Set<string>();
@@ -241,7 +255,7 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
         operation.security ?? document.security,
         (message) => warn(message, name),
       );
-      const http = endpoint(name);
+      const http = endpoint(name, plan.base);
       const idempotent = IDEMPOTENT.has(upper);
       const summary = typeof operation.summary === "string" ? operation.summary.trim() : "";
       const detail = typeof operation.description === "string" ? operation.description.trim() : "";
@@ -742,8 +756,31 @@ function openApiSource(file: string, settings: ToolSourceSettings, log: LoadLog)
     origin: file,
     async load() {
       const { options, spec } = await readOpenApiSourceFile(file);
-      const fetch = settings.fetch ?? outboundFetch(settings.allowPrivateAddresses);
-      const document = await readOpenApiDocument(spec, fetch);
+      // One guarded fetch per set of trusted hosts, shared by the tools that call them.
+      const guards = new Map<string, typeof globalThis.fetch>();
+      const fetchTrusting = (urls: readonly (string | URL)[]): typeof globalThis.fetch => {
+        if (settings.fetch !== undefined) return settings.fetch;
+        const hosts = [
+          ...new Set(
+            urls.flatMap((url) =>
+              trustedHostsOf(url, options.trust_configured_host, settings.trustConfiguredHosts),
+            ),
+          ),
+        ].sort();
+        const key = hosts.join(" ");
+        let guarded = guards.get(key);
+        if (guarded === undefined) {
+          guarded = outboundFetch(settings.allowPrivateAddresses, hosts);
+          guards.set(key, guarded);
+        }
+        return guarded;
+      };
+      const fetch = fetchTrusting([]);
+      // The operator wrote spec's URL; a relative server URL resolves against it at load.
+      const document = await readOpenApiDocument(
+        spec,
+        fetchTrusting(/^https?:\/\//i.test(spec) ? [spec] : []),
+      );
       let result: OpenApiTools;
       try {
         result = openApiTools(document, {
@@ -751,6 +788,7 @@ function openApiSource(file: string, settings: ToolSourceSettings, log: LoadLog)
           location: /^https?:\/\//i.test(spec) ? spec : pathToFileURL(spec).href,
           env: settings.env,
           fetch,
+          fetchTrusting,
           ...(settings.allowedUrls === undefined ? {} : { allowedUrls: settings.allowedUrls }),
           ...(settings.maxResponseBytes === undefined
             ? {}

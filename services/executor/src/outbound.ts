@@ -111,16 +111,48 @@ export function outboundPolicy(allow: PrivateAddressAllowance = []): OutboundPol
 /** `fetch` as native tools and the MCP SDK call it. */
 export type FetchLike = typeof globalThis.fetch;
 
+const DEFAULT_PORTS: Readonly<Record<string, string>> = { "http:": "80", "https:": "443" };
+
+/** `host:port` of a connection: lower-case host without IPv6 brackets, the scheme's default port. */
+function hostKey(hostname: string, port: string, protocol: string): string {
+  const host = hostname.replace(/^\[(.*)\]$/, "$1").toLowerCase();
+  return `${host}:${port === "" ? (DEFAULT_PORTS[protocol] ?? "") : port}`;
+}
+
+/**
+ * The hosts outbound calls of one operator-configured URL (an MCP server's `url`, an HTTP or
+ * OpenAPI tool's base URL) trust: that URL's exact host and port, which the operator wrote and no
+ * model argument can change, so connections to it skip the private-address check. Redirects and
+ * every other host stay guarded. `trust` is the per-server or per-tool override
+ * (`trust_configured_host`); `trustDefault` the process-wide one
+ * (`TOOLMESH_TRUST_CONFIGURED_HOSTS`, default true). Returns `[]` when not trusted. A URL whose
+ * host a model can fill in must never be passed here.
+ */
+export function trustedHostsOf(
+  url: string | URL,
+  trust: boolean | undefined,
+  trustDefault = true,
+): string[] {
+  if (!(trust ?? trustDefault)) return [];
+  const parsed = typeof url === "string" ? new URL(url) : url;
+  return [hostKey(parsed.hostname, parsed.port, parsed.protocol)];
+}
+
 /**
  * A `fetch` whose every connection — the first request, each redirect, each reconnect — is
  * checked on the address it actually connects to, after DNS resolution, so neither a DNS name
  * pointing at a private address nor a redirect to one gets through (nor a name that resolves
- * differently on the second lookup). A refused connection rejects like an unreachable host,
+ * differently on the second lookup). Connections to `trustedHosts` (from {@link trustedHostsOf},
+ * exact `host:port`) are not checked. A refused connection rejects like an unreachable host,
  * with the {@link PrivateAddressError} as the cause (see {@link privateAddressCause}).
  */
-export function outboundFetch(allow: PrivateAddressAllowance = []): FetchLike {
+export function outboundFetch(
+  allow: PrivateAddressAllowance = [],
+  trustedHosts: readonly string[] = [],
+): FetchLike {
   if (allow === true) return globalThis.fetch;
   const policy = outboundPolicy(allow);
+  const trusted = new Set(trustedHosts);
   const guardedLookup = (
     hostname: string,
     options: LookupAllOptions | number | undefined,
@@ -142,8 +174,13 @@ export function outboundFetch(allow: PrivateAddressAllowance = []): FetchLike {
     });
   };
   const connect = buildConnector({ lookup: guardedLookup } as buildConnector.BuildOptions);
+  const connectTrusted = trusted.size === 0 ? connect : buildConnector({});
   const agent = new Agent({
     connect(options, callback) {
+      if (trusted.has(hostKey(options.hostname, options.port, options.protocol))) {
+        connectTrusted(options, callback);
+        return;
+      }
       // A literal address is connected to without a lookup: check it here.
       const host = options.hostname.replace(/^\[(.*)\]$/, "$1");
       if (isIP(host) !== 0) {

@@ -19,6 +19,12 @@ export interface ToolSourceSettings {
   readonly allowedUrls?: readonly string[];
   /** Private addresses outbound HTTP may reach (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`). */
   readonly allowPrivateAddresses?: PrivateAddressAllowance;
+  /**
+   * Whether the exact host and port of a URL the operator configured (an HTTP tool's `api_url`,
+   * an OpenAPI tool's base URL) skips the private-address check (`TOOLMESH_TRUST_CONFIGURED_HOSTS`),
+   * unless the file's `trust_configured_host` says otherwise. Default true.
+   */
+  readonly trustConfiguredHosts?: boolean;
   /** Largest successful HTTP response body accepted, in bytes. */
   readonly maxResponseBytes?: number;
   /** The fetch every outbound request goes through. Default the guarded `outboundFetch`. */

@@ -5,7 +5,7 @@ import type { StreamLimits } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import type { Executor, PrivateAddressAllowance, ToolModule } from "@toolmesh/executor";
-import { ServedTools, outboundFetch, startExecutor } from "@toolmesh/executor";
+import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/executor";
 import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import { ToolPins } from "./pins.js";
@@ -34,6 +34,11 @@ export interface BridgeOptions {
   removeGraceMs?: number;
   /** Private addresses HTTP/SSE servers may be reached at (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`). Default none. */
   allowPrivateAddresses?: PrivateAddressAllowance;
+  /**
+   * Whether each HTTP/SSE server's own `url` host is trusted (`TOOLMESH_TRUST_CONFIGURED_HOSTS`),
+   * unless its file's `trust_configured_host` says otherwise. Default true.
+   */
+  trustConfiguredHosts?: boolean;
 }
 
 /** What the bridge knows about one server right now. */
@@ -84,7 +89,14 @@ interface ServedServer {
  * and removes them at once.
  */
 export async function startBridge(options: BridgeOptions): Promise<Bridge> {
-  const fetch = outboundFetch(options.allowPrivateAddresses);
+  /** The outbound guard of one server: its own configured host trusted, unless overridden. */
+  const fetchOf = (config: McpServerConfig) =>
+    outboundFetch(
+      options.allowPrivateAddresses,
+      config.transport === "stdio"
+        ? []
+        : trustedHostsOf(config.url, config.trust_configured_host, options.trustConfiguredHosts),
+    );
   const { log } = options;
   const pins = options.servers.some((s) => s.pin_tools)
     ? await ToolPins.open(options.nc, options.subjects, options.streamLimits)
@@ -245,7 +257,7 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     const connection = new ServerConnection({
       config,
       env: options.env,
-      fetch,
+      fetch: fetchOf(config),
       log: serverLog,
       onTools: syncTools,
       refuse,

@@ -106,6 +106,11 @@ const remote = {
   url: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }),
   headers: z.record(z.string().min(1), SecretValueSchema).default({}),
   auth: AuthSchema.optional(),
+  /**
+   * Whether connections to `url`'s own host skip the private-address check (the operator wrote
+   * it; redirects to other hosts stay guarded). Default `TOOLMESH_TRUST_CONFIGURED_HOSTS` (true).
+   */
+  trust_configured_host: z.boolean().optional(),
 };
 
 const HttpServerSchema = z.strictObject({

@@ -26,6 +26,7 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     ackWaitMs: config.ackWaitMs,
     callRetentionMs: config.callRetentionMs,
     allowPrivateAddresses: config.allowPrivateAddresses,
+    trustConfiguredHosts: config.trustConfiguredHosts,
   });
   observeBridge(rt, bridge);
   return bridge;
