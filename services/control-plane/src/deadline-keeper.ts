@@ -235,8 +235,22 @@ export async function startDeadlineKeeper(
     return jsm.streams.getMessage(stream, query);
   }
 
+  // A backlog read after a restart carries only old timestamps, which put the estimate of the
+  // server's clock behind: timers armed meanwhile are re-armed once it is corrected.
+  const stopFollowingClock = clock.onChange(() => {
+    if (!stopped) arm();
+  });
+
   async function replay(): Promise<void> {
     const mark = ++generation;
+    // One fresh reading of the server's clock before the backlog comes in (and the deadlines
+    // read below are armed): without it a restarted resolver keeps them late.
+    try {
+      const { serverMs, localMs } = await plane.store.serverTime();
+      clock.anchor(serverMs, localMs);
+    } catch (err) {
+      log.warn({ err }, "cannot read the server's clock; deadlines follow message timestamps");
+    }
     for (let from = 1; !stopped;) {
       const msg = await nextMessage(from, subjects.allWork);
       if (msg === null) break;
@@ -260,6 +274,7 @@ export async function startDeadlineKeeper(
     replay,
     stop() {
       stopped = true;
+      stopFollowingClock();
       clearTimeout(timer);
       for (const sub of subscriptions) sub.unsubscribe();
     },
