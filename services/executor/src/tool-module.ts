@@ -57,6 +57,13 @@ export interface ToolModule<A = Record<string, unknown>> {
   /** Retry policy (snake_case, as on the wire). */
   retry?: z.input<typeof RetryPolicySchema>;
   handler: ToolHandler<A>;
+  /**
+   * Resolves once the tool can take a call (the MCP bridge: its server is connected, after a
+   * restart too). Each attempt waits for it before its timeout starts, so a restart does not
+   * eat the attempt; `signal` aborts at the call's deadline. A rejection ends the attempt with
+   * its error (`unavailable` retries). Default: always ready.
+   */
+  ready?: (signal: AbortSignal) => Promise<void>;
   /** Who serves it: `builtin` (default), `native` (HTTP API) or `mcp`. */
   kind?: ToolKind;
   /**
