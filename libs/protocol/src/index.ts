@@ -90,7 +90,7 @@ export type {
   ToolDefinitionInput,
   ToolKind,
 } from "./tool-definition.js";
-export { Header } from "./headers.js";
+export { Header, callKeyOfResultMsgId, resultMsgId } from "./headers.js";
 export {
   DEFAULT_PREFIX,
   DEFAULT_TENANT,

@@ -14,6 +14,7 @@ import {
   callKey,
   errorToolMessage,
   parseRequest,
+  resultMsgId,
   subjectToken,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
@@ -385,7 +386,7 @@ export async function deadLetter(
         await plane.finalize(target, message, known);
       else
         await publishDurable(js, subjects.result(address, callId), message, {
-          msgId: `result:${callKey(address, target.idempotency_key)}:${subjectToken(callId)}`,
+          msgId: resultMsgId(callKey(address, target.idempotency_key), subjectToken(callId)),
         });
     }
   }

@@ -8,6 +8,7 @@ import {
   ResolvedCallSchema,
   ToolmeshError,
   callKey,
+  callKeyOfResultMsgId,
   decodeJsonOrUndefined,
   errorToolMessage,
 } from "@toolmesh/protocol";
@@ -147,8 +148,8 @@ export async function startDeadlineKeeper(
   }
 
   function settled(msg: Msg): void {
-    const id = msg.headers?.get(Header.MsgId) ?? "";
-    if (!id.startsWith("result:") || !live.delete(id.slice("result:".length))) return;
+    const key = callKeyOfResultMsgId(msg.headers?.get(Header.MsgId) ?? "");
+    if (key === undefined || !live.delete(key)) return;
     if (heap.size > 2 * live.size + COMPACT_SLACK) heap.rebuild(live.values());
   }
 
