@@ -2,7 +2,7 @@ import type { Msg } from "@nats-io/nats-core";
 import { headers as createHeaders } from "@nats-io/nats-core";
 import type { JsMsg, StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
+import type { AbortMessage, CancelReply, ToolMessage } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   CancelRequestSchema,
@@ -192,7 +192,7 @@ export async function cancelCall(
         publishEphemeral(nc, subjects.abort, {
           call_key: callKey(address, key),
           reason: "cancelled",
-        });
+        } satisfies AbortMessage);
       return { cancelled: won, state: won ? "cancelled" : "done", idempotency_key: key };
     }
     const early = await store.accept({

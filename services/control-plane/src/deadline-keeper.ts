@@ -1,6 +1,6 @@
 import type { Msg, MsgHdrs, Subscription } from "@nats-io/nats-core";
 import type { MsgRequest, StoredMsg } from "@nats-io/jetstream";
-import type { ResolvedCall } from "@toolmesh/protocol";
+import type { AbortMessage, ResolvedCall } from "@toolmesh/protocol";
 import {
   Defaults,
   ErrorCode,
@@ -192,7 +192,7 @@ export async function startDeadlineKeeper(
         publishEphemeral(nc, subjects.abort, {
           call_key: entry.key,
           reason: "deadline_exceeded",
-        });
+        } satisfies AbortMessage);
         log.info(
           { callId: call.call_id, tool: call.tool, sessionId: call.session_id },
           "call passed its deadline",
