@@ -179,6 +179,33 @@ describe("handleWork", () => {
     expect(await workLeft()).toBe(0);
   });
 
+  it("starts an attempt's timeout only once the tool is ready, so a restart does not eat it", async () => {
+    // A tool whose backing server comes up 600 ms from now, with a 300 ms attempt timeout:
+    // counted from the start, the attempt would time out waiting for the server.
+    const up = new Promise<void>((resolve) => setTimeout(resolve, 600));
+    const restarting: ToolModule = {
+      ...module,
+      timeoutMs: 300,
+      ready: () => up,
+      handler: async () => {
+        await up;
+        return "served after the restart";
+      },
+    };
+    const served: ServedTool = {
+      module: restarting,
+      definition: toolDefinitionOf(restarting, "test"),
+      presets: {},
+    };
+    const resolved = call("restart");
+    await route(resolved);
+    await handleWork(depsWith(listening()), served, await delivered());
+    expect(await stored(resolved)).toMatchObject({
+      content: "served after the restart",
+      attempts: 1,
+    });
+  });
+
   it("does not run a call whose record already ended, and acknowledges its work", async () => {
     const deps = depsWith(listening());
     // Sent by a resolver that puts no revision on its work: the executor reads the record.

@@ -69,6 +69,9 @@ export interface CallStoreOptions {
   existing?: EnsureOptions["existing"];
 }
 
+/** Key of the calls bucket written to read the server's clock; call keys have three tokens. */
+export const CLOCK_PROBE_KEY = "_clock";
+
 /** `args_hash` of a record made by a cancellation that came before its call. */
 export const ANY_ARGUMENTS = "*";
 
@@ -172,6 +175,19 @@ export class CallStore {
       existing: options.existing ?? "update",
     });
     return new CallStore(kv);
+  }
+
+  /**
+   * A fresh reading of the NATS server's clock: writes the probe key {@link CLOCK_PROBE_KEY}
+   * (one token, so never a call's key) and reads back the time the server stored it.
+   * `localMs` is when the read returned, so `localMs - serverMs` is at least the clock offset.
+   */
+  async serverTime(): Promise<{ serverMs: number; localMs: number }> {
+    await this.#kv.put(CLOCK_PROBE_KEY, new Uint8Array(0));
+    const entry = await this.#kv.get(CLOCK_PROBE_KEY);
+    const localMs = Date.now();
+    if (entry === null) throw new Error("the clock probe was not found after writing it");
+    return { serverMs: entry.created.getTime(), localMs };
   }
 
   /** Records a new call, or reports what an earlier call with the same key became. */

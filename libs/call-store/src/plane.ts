@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
-import { callKey } from "@toolmesh/protocol";
+import { callKey, resultMsgId } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import { ServerClock, ensureStreams, publishDurable } from "@toolmesh/nats";
 import { CallStore } from "./call-store.js";
@@ -89,7 +89,7 @@ export async function openCallPlane(
       await publishFinal(
         subject,
         outcome?.result ?? message,
-        `result:${callKey(call.address, call.idempotency_key)}`,
+        resultMsgId(callKey(call.address, call.idempotency_key)),
       );
       return outcome === undefined || outcome.won;
     },

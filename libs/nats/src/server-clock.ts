@@ -9,7 +9,9 @@
 export class ServerClock {
   readonly #samples: number[] = [];
   readonly #window: number;
+  readonly #listeners = new Set<() => void>();
   #offset: number | undefined;
+  #anchor: { offset: number; at: number } | undefined;
 
   /** @param window samples kept; default 64 */
   constructor(window = 64) {
@@ -20,7 +22,24 @@ export class ServerClock {
   observe(serverMs: number, localMs: number = Date.now()): void {
     this.#samples.push(localMs - serverMs);
     if (this.#samples.length > this.#window) this.#samples.shift();
-    this.#offset = Math.min(...this.#samples);
+    this.#update();
+  }
+
+  /**
+   * Feeds a sample known to be fresh: the server timestamp of a message this process wrote
+   * and read back at once (`localMs` when the read returned). Messages delivered from a
+   * backlog all waited, and a window of them alone would put the server's clock seconds
+   * behind; a fresh sample is kept for {@link ANCHOR_KEPT_MS} whatever the window holds.
+   */
+  anchor(serverMs: number, localMs: number = Date.now()): void {
+    this.#anchor = { offset: localMs - serverMs, at: localMs };
+    this.#update();
+  }
+
+  /** Calls `listener` whenever the estimate changes; returns the function that stops it. */
+  onChange(listener: () => void): () => void {
+    this.#listeners.add(listener);
+    return () => this.#listeners.delete(listener);
   }
 
   /** Local minus server clock, in ms; 0 before any message was seen. */
@@ -37,4 +56,19 @@ export class ServerClock {
   static timestampOf(msg: { info: { timestampNanos: number } }): number {
     return Math.floor(msg.info.timestampNanos / 1_000_000);
   }
+
+  #update(): void {
+    const anchor =
+      this.#anchor !== undefined && Date.now() - this.#anchor.at < ANCHOR_KEPT_MS
+        ? this.#anchor.offset
+        : Number.POSITIVE_INFINITY;
+    const lowest = Math.min(anchor, ...this.#samples);
+    const offset = Number.isFinite(lowest) ? lowest : undefined;
+    if (offset === this.#offset) return;
+    this.#offset = offset;
+    for (const listener of this.#listeners) listener();
+  }
 }
+
+/** How long a fresh sample ({@link ServerClock.anchor}) counts, in ms: clocks drift slowly. */
+export const ANCHOR_KEPT_MS = 600_000;

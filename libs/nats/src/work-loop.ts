@@ -17,7 +17,7 @@ export interface WorkLoopOptions {
   maxMessages?: number;
   /**
    * How long one pull request lives, in ms: an idle consumer sends one pull per this long.
-   * Default `Defaults.pullExpiresMs` (30 s).
+   * Default `Defaults.pullExpiresMs` (5 s).
    */
   pullExpiresMs?: number;
   /**

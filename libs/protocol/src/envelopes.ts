@@ -499,3 +499,14 @@ export const GroupsReplySchema = z
 
 /** Reply to a groups request. */
 export type GroupsReply = z.infer<typeof GroupsReplySchema>;
+
+/** Broadcast on `{p}.v1.control.abort` to every executor: stop the call's running attempt. */
+export const AbortMessageSchema = z
+  .object({
+    call_key: z.string().min(1).describe("The call key `{t}.{s}.{k}` of the call to stop."),
+    reason: z.enum(["deadline_exceeded", "cancelled"]),
+  })
+  .meta({ id: "AbortMessage", description: "Stops a call's running attempt on every executor." });
+
+/** Stops a call's running attempt on every executor. */
+export type AbortMessage = z.infer<typeof AbortMessageSchema>;

@@ -35,6 +35,7 @@ export {
   ParamSourceSchema,
   ParamTypeSchema,
   ProgressEventSchema,
+  AbortMessageSchema,
   RejectionSchema,
   ResolveReplySchema,
   ResolvedCallSchema,
@@ -66,6 +67,7 @@ export type {
   ParamSource,
   ParamType,
   ProgressEvent,
+  AbortMessage,
   Rejection,
   ResolveReply,
   ResolvedCall,
@@ -90,7 +92,7 @@ export type {
   ToolDefinitionInput,
   ToolKind,
 } from "./tool-definition.js";
-export { Header } from "./headers.js";
+export { Header, callKeyOfResultMsgId, resultMsgId } from "./headers.js";
 export {
   DEFAULT_PREFIX,
   DEFAULT_TENANT,

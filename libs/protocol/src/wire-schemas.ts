@@ -1,6 +1,7 @@
 import type { z } from "zod";
 import { WireErrorSchema } from "./errors.js";
 import {
+  AbortMessageSchema,
   CancelReplySchema,
   CancelRequestSchema,
   CallRequestSchema,
@@ -32,6 +33,7 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "resolved-call": ResolvedCallSchema,
   "tool-message": ToolMessageSchema,
   rejection: RejectionSchema,
+  "abort-message": AbortMessageSchema,
   "progress-event": ProgressEventSchema,
   "missing-arguments-event": MissingArgumentsEventSchema,
   "resolve-reply": ResolveReplySchema,

@@ -2,7 +2,7 @@ import type { Msg } from "@nats-io/nats-core";
 import { headers as createHeaders } from "@nats-io/nats-core";
 import type { JsMsg, StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
-import type { CancelReply, ToolMessage } from "@toolmesh/protocol";
+import type { AbortMessage, CancelReply, ToolMessage } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   CancelRequestSchema,
@@ -14,6 +14,7 @@ import {
   callKey,
   errorToolMessage,
   parseRequest,
+  resultMsgId,
   subjectToken,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
@@ -191,7 +192,7 @@ export async function cancelCall(
         publishEphemeral(nc, subjects.abort, {
           call_key: callKey(address, key),
           reason: "cancelled",
-        });
+        } satisfies AbortMessage);
       return { cancelled: won, state: won ? "cancelled" : "done", idempotency_key: key };
     }
     const early = await store.accept({
@@ -385,7 +386,7 @@ export async function deadLetter(
         await plane.finalize(target, message, known);
       else
         await publishDurable(js, subjects.result(address, callId), message, {
-          msgId: `result:${callKey(address, target.idempotency_key)}:${subjectToken(callId)}`,
+          msgId: resultMsgId(callKey(address, target.idempotency_key), subjectToken(callId)),
         });
     }
   }

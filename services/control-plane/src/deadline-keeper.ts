@@ -1,6 +1,6 @@
 import type { Msg, MsgHdrs, Subscription } from "@nats-io/nats-core";
 import type { MsgRequest, StoredMsg } from "@nats-io/jetstream";
-import type { ResolvedCall } from "@toolmesh/protocol";
+import type { AbortMessage, ResolvedCall } from "@toolmesh/protocol";
 import {
   Defaults,
   ErrorCode,
@@ -8,6 +8,7 @@ import {
   ResolvedCallSchema,
   ToolmeshError,
   callKey,
+  callKeyOfResultMsgId,
   decodeJsonOrUndefined,
   errorToolMessage,
 } from "@toolmesh/protocol";
@@ -147,8 +148,8 @@ export async function startDeadlineKeeper(
   }
 
   function settled(msg: Msg): void {
-    const id = msg.headers?.get(Header.MsgId) ?? "";
-    if (!id.startsWith("result:") || !live.delete(id.slice("result:".length))) return;
+    const key = callKeyOfResultMsgId(msg.headers?.get(Header.MsgId) ?? "");
+    if (key === undefined || !live.delete(key)) return;
     if (heap.size > 2 * live.size + COMPACT_SLACK) heap.rebuild(live.values());
   }
 
@@ -191,7 +192,7 @@ export async function startDeadlineKeeper(
         publishEphemeral(nc, subjects.abort, {
           call_key: entry.key,
           reason: "deadline_exceeded",
-        });
+        } satisfies AbortMessage);
         log.info(
           { callId: call.call_id, tool: call.tool, sessionId: call.session_id },
           "call passed its deadline",
@@ -235,8 +236,22 @@ export async function startDeadlineKeeper(
     return jsm.streams.getMessage(stream, query);
   }
 
+  // A backlog read after a restart carries only old timestamps, which put the estimate of the
+  // server's clock behind: timers armed meanwhile are re-armed once it is corrected.
+  const stopFollowingClock = clock.onChange(() => {
+    if (!stopped) arm();
+  });
+
   async function replay(): Promise<void> {
     const mark = ++generation;
+    // One fresh reading of the server's clock before the backlog comes in (and the deadlines
+    // read below are armed): without it a restarted resolver keeps them late.
+    try {
+      const { serverMs, localMs } = await plane.store.serverTime();
+      clock.anchor(serverMs, localMs);
+    } catch (err) {
+      log.warn({ err }, "cannot read the server's clock; deadlines follow message timestamps");
+    }
     for (let from = 1; !stopped;) {
       const msg = await nextMessage(from, subjects.allWork);
       if (msg === null) break;
@@ -260,6 +275,7 @@ export async function startDeadlineKeeper(
     replay,
     stop() {
       stopped = true;
+      stopFollowingClock();
       clearTimeout(timer);
       for (const sub of subscriptions) sub.unsubscribe();
     },

@@ -6,6 +6,7 @@ import {
   ErrorCode,
   ToolDefinitionSchema,
   ToolmeshError,
+  AbortMessageSchema,
   decodeJsonOrUndefined,
   summarize,
 } from "@toolmesh/protocol";
@@ -151,14 +152,13 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const aborts: Subscription = nc.subscribe(subjects.abort, {
     callback: (err, msg) => {
       if (err !== null) return;
-      const body = decodeJsonOrUndefined(msg.data) as
-        { call_key?: unknown; reason?: unknown } | undefined;
-      if (typeof body?.call_key !== "string") return;
+      const body = AbortMessageSchema.safeParse(decodeJsonOrUndefined(msg.data)).data;
+      if (body === undefined) return;
       freshWork.aborted(body.call_key);
       running
         .get(body.call_key)
         ?.abort(
-          body?.reason === "deadline_exceeded"
+          body.reason === "deadline_exceeded"
             ? new ToolmeshError(ErrorCode.DeadlineExceeded, "the call passed its deadline")
             : new ToolmeshError(ErrorCode.Cancelled, "the call was cancelled by its caller"),
         );

@@ -336,6 +336,11 @@ async function runAttempt(
   callLog: Logger,
 ): Promise<AttemptOutcome> {
   const { clock } = deps.plane;
+  if (tool.module.ready !== undefined) {
+    // The attempt's clock starts once the tool can take it (a restarted MCP server).
+    const waited = await untilReady(tool.module.ready, call.deadline_at - clock.now(), call);
+    if (waited !== undefined) return { ok: false, error: waited };
+  }
   const remaining = call.deadline_at - clock.now();
   if (remaining <= 0) {
     return { ok: false, error: deadlineError(call) };
@@ -526,4 +531,23 @@ export function retryDelay(
     delay = Math.max(delay, error.retryAfterMs);
   if (now + delay >= deadlineAt) return undefined;
   return Math.round(delay);
+}
+
+/** Waits for a tool to be ready, at most until the deadline; the error that ended the wait. */
+async function untilReady(
+  ready: (signal: AbortSignal) => Promise<void>,
+  remainingMs: number,
+  call: ResolvedCall,
+): Promise<ToolmeshError | undefined> {
+  if (remainingMs <= 0) return deadlineError(call);
+  const waiting = new AbortController();
+  const timer = setTimeout(() => waiting.abort(deadlineError(call)), remainingMs);
+  try {
+    await ready(waiting.signal);
+    return undefined;
+  } catch (err) {
+    return ensureError(waiting.signal.aborted ? waiting.signal.reason : err, ErrorCode.Unavailable);
+  } finally {
+    clearTimeout(timer);
+  }
 }

@@ -58,6 +58,15 @@ export const ToolModuleSchema = z.object({
   retry: RetryPolicySchema.partial().optional(),
   /** Invokes the tool. Sync or async; any return value becomes the result's `content`. */
   handler: z.custom<ToolHandler>((v) => typeof v === "function", "handler must be a function"),
+  /**
+   * Resolves once the tool can take a call (the MCP bridge: its server is connected, after a
+   * restart too). Each attempt waits for it before its timeout starts, so a restart does not
+   * eat the attempt; `signal` aborts at the call's deadline. A rejection ends the attempt with
+   * its error (`unavailable` retries). Default: always ready.
+   */
+  ready: z
+    .custom<(signal: AbortSignal) => Promise<void>>((v) => typeof v === "function")
+    .optional(),
   /** Who serves it: `builtin` (default), `native` (HTTP API) or `mcp`. */
   kind: ToolKindSchema.optional(),
   /**

@@ -24,6 +24,7 @@ import {
   ensureError,
   errorToolMessage,
   malformedRequest,
+  resultMsgId,
   requestIssues,
   subjectToken,
   idempotencyKeyOf,
@@ -368,7 +369,7 @@ export async function routeCall(
       argsHash,
     };
     if (!(await answerKnownKey(deps, refused, resolved.address, msg.seq, callLog)))
-      await publishAnswer(error, `result:${key}`);
+      await publishAnswer(error, resultMsgId(key));
   };
 
   if (resolved.timeout_ms > callRetentionMs) {
@@ -635,7 +636,12 @@ export async function answerInvalid(
   await publishFinal(
     subjects.result(address, callId),
     message,
-    `result:${callKey(address, request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`)}`,
+    resultMsgId(
+      callKey(
+        address,
+        request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`,
+      ),
+    ),
   );
 }
 
@@ -782,8 +788,8 @@ export async function answerResubmission(
       name: submission.tool,
     },
     outcome.record.call_id === submission.call_id
-      ? `result:${key}`
-      : `result:${key}:${subjectToken(submission.call_id)}`,
+      ? resultMsgId(key)
+      : resultMsgId(key, subjectToken(submission.call_id)),
   );
   callLog.info("resubmitted call answered from its stored result");
 }
