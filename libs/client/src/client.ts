@@ -339,14 +339,15 @@ export class Session {
         },
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
+      const problem = localProblem(request);
       const pending: Pending = {
         resolve,
         timer,
         tool,
-        argsHash: argumentsHash(request.tool_call.function.arguments),
+        // Arguments the mesh could not take are never hashed (they may nest too deep to).
+        argsHash: problem === undefined ? argumentsHash(request.tool_call.function.arguments) : "",
       };
       this.#pending.set(callId, pending);
-      const problem = localProblem(request);
       if (problem !== undefined) {
         // Caught here: the mesh could not even tell which call to answer.
         this.#settle(callId, localError(callId, tool, this.id, problem));

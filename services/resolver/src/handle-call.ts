@@ -125,8 +125,11 @@ export function resolveRequest(
     return { ok: false, error: envelopeError(envelope.error), ...partialIds(body) };
   }
   const request = envelope.data;
-  // Hashed as submitted: resolution fills defaults into an arguments object in place.
-  const argsHash = argumentsHash(request.tool_call.function.arguments);
+  // Hashed as submitted, before the envelope parse drops keys such as a top-level `__proto__`
+  // and before resolution fills defaults into an arguments object in place: the client hashes
+  // the same JSON.
+  const submitted = body as { tool_call: { function: { arguments: unknown } } };
+  const argsHash = argumentsHash(submitted.tool_call.function.arguments);
   const toolCallId = request.tool_call.id;
   const name = request.tool_call.function.name;
   try {
