@@ -124,7 +124,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       TOOLMESH_ACK_WAIT_MS: String(ACK_WAIT_MS),
       TOOLMESH_CONCURRENCY: "64",
     };
-    expect((await setup(env)).changed).toBe(14);
+    expect((await setup(env)).changed).toBe(16);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
     await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(
