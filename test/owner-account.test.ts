@@ -12,6 +12,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 
 // An executor in a tool owner's account (ADR 0031), which has no JetStream, runs calls end to
 // end: it registers through the owner services, pulls and acks through its account's imports
@@ -19,48 +20,6 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 // Runs on whichever nats-server is first on the PATH (CI runs it on 2.9.10 and the current).
 const subjects = createSubjects({ prefix: "acct" });
 const log = createLogger({ service: "test", level: "silent" });
-const WORK = subjects.streams.work;
-
-function config(tools: readonly string[]): string {
-  const consumers = tools.map((t) => subjects.workConsumer(t));
-  const services = [`acct.v1.owner.acme.>`, ...consumers.map((c) => `$JS.ACK.${WORK}.${c}.>`)];
-  const api = consumers.flatMap((c) => [
-    { subject: `$JS.API.CONSUMER.MSG.NEXT.${WORK}.${c}`, stream: true },
-    { subject: `$JS.API.CONSUMER.INFO.${WORK}.${c}`, stream: false },
-  ]);
-  const exp = [
-    ...services.map((s) => `{ service: "${s}", accounts: [OWNER_acme] }`),
-    ...api.map(
-      (a) =>
-        `{ service: "${a.subject}", accounts: [OWNER_acme]${a.stream ? ", response_type: stream" : ""} }`,
-    ),
-    `{ stream: "${subjects.abort}", accounts: [OWNER_acme] }`,
-  ];
-  const imp = [
-    ...services.map((s) => `{ service: { account: TOOLMESH, subject: "${s}" } }`),
-    ...api.map(
-      (a) =>
-        `{ service: { account: TOOLMESH, subject: "${a.subject}" }, to: "${a.subject.replace("$JS.API", subjects.ownerJsApiPrefix)}" }`,
-    ),
-    `{ stream: { account: TOOLMESH, subject: "${subjects.abort}" } }`,
-  ];
-  return `accounts: {
-  TOOLMESH: {
-    jetstream: enabled
-    users: [{ user: mesh, password: mesh }]
-    exports: [
-      ${exp.join("\n      ")}
-    ]
-  }
-  OWNER_acme: {
-    users: [{ user: acme, password: acme }]
-    imports: [
-      ${imp.join("\n      ")}
-    ]
-  }
-}
-`;
-}
 
 let server: NatsServerHandle;
 let mesh: NatsConnection;
@@ -99,7 +58,9 @@ const tools: ToolModule[] = [
 ];
 
 beforeAll(async () => {
-  server = await startNatsServer({ config: config(tools.map((t) => t.name)) });
+  server = await startNatsServer({
+    config: ownerAccountsConfig(subjects, { acme: tools.map((t) => t.name) }),
+  });
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
   owner = await connect({
     servers: server.url,
