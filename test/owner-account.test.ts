@@ -3,7 +3,11 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import type { Executor, ToolModule } from "@toolmesh/executor";
+import type { Bridge } from "@toolmesh/mcp-bridge";
+import { McpServerConfigSchema, meshToolName, startBridge } from "@toolmesh/mcp-bridge";
 import { startExecutor } from "@toolmesh/executor";
 import type { Resolver } from "@toolmesh/resolver";
 import { startResolver } from "@toolmesh/resolver";
@@ -20,6 +24,31 @@ import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 // Runs on whichever nats-server is first on the PATH (CI runs it on 2.9.10 and the current).
 const subjects = createSubjects({ prefix: "acct" });
 const log = createLogger({ service: "test", level: "silent" });
+
+// The tools of the test MCP server, served by a bridge of the same owner.
+const TEST_SERVER = join(
+  fileURLToPath(new URL(".", import.meta.url)),
+  "fixtures/mcp/test-server.mjs",
+);
+const MCP_TOOLS = [
+  "echo",
+  "greet",
+  "whoami",
+  "count",
+  "slow",
+  "fail",
+  "rpc_error",
+  "crash",
+  "add_tool",
+  "remove_tool",
+  "mixed",
+  "wrapped",
+  "http_error",
+  "target",
+  "redefine",
+  "math.add",
+  "expire_session",
+];
 
 let server: NatsServerHandle;
 let mesh: NatsConnection;
@@ -59,7 +88,9 @@ const tools: ToolModule[] = [
 
 beforeAll(async () => {
   server = await startNatsServer({
-    config: ownerAccountsConfig(subjects, { acme: tools.map((t) => t.name) }),
+    config: ownerAccountsConfig(subjects, {
+      acme: [...tools.map((t) => t.name), ...MCP_TOOLS.map((t) => meshToolName("t", t))],
+    }),
   });
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
   owner = await connect({
@@ -115,5 +146,49 @@ describe("an executor in a tool owner's account", () => {
     expect(message.error?.code).toBe("cancelled");
     releaseSlow();
     session.close();
+  });
+
+  it("serves an MCP server's tools from a bridge of the same owner", async () => {
+    const bridgeNc = await connect({
+      servers: server.url,
+      user: "acme",
+      pass: "acme",
+      inboxPrefix: subjects.ownerInboxPrefix("mcp-bridge", "acme"),
+    });
+    let bridge: Bridge | undefined;
+    try {
+      bridge = await startBridge({
+        nc: bridgeNc,
+        subjects,
+        ownerAccount: "acme",
+        servers: [
+          McpServerConfigSchema.parse({
+            name: "t",
+            transport: "stdio",
+            command: process.execPath,
+            args: [TEST_SERVER],
+          }),
+        ],
+        env: {},
+        log,
+        tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
+      });
+      for (let i = 0; registry.get("t.echo")?.definition.owner !== "acme"; i++) {
+        if (i === 400) throw new Error("t.echo was never registered");
+        await new Promise((resolve) => setTimeout(resolve, 25));
+      }
+      const session = client.session("s3");
+      const message = await session.submit({
+        id: "c3",
+        name: "t.echo",
+        arguments: { text: "through the bridge" },
+      }).result;
+      expect(message.error).toBeUndefined();
+      expect(message.content).toContain("through the bridge");
+      session.close();
+    } finally {
+      await bridge?.stop(1_000);
+      await bridgeNc.close();
+    }
   });
 });
