@@ -21,6 +21,20 @@ import {
   ToolCallSchema,
   ToolMessageSchema,
 } from "./envelopes.js";
+import {
+  CallRecordSchema,
+  OwnerAckReplySchema,
+  OwnerDeadLetterRequestSchema,
+  OwnerFinalizeReplySchema,
+  OwnerFinalizeRequestSchema,
+  OwnerProgressRequestSchema,
+  OwnerRecordReplySchema,
+  OwnerRecordRequestSchema,
+  OwnerRegisterReplySchema,
+  OwnerRegisterRequestSchema,
+  OwnerUnregisterReplySchema,
+  OwnerUnregisterRequestSchema,
+} from "./owner.js";
 import { StatsReplySchema } from "./stats.js";
 import { ToolDefinitionSchema } from "./tool-definition.js";
 
@@ -48,4 +62,16 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "tool-definition": ToolDefinitionSchema,
   "wire-error": WireErrorSchema,
   "stats-reply": StatsReplySchema,
+  "call-record": CallRecordSchema,
+  "owner-register-request": OwnerRegisterRequestSchema,
+  "owner-register-reply": OwnerRegisterReplySchema,
+  "owner-unregister-request": OwnerUnregisterRequestSchema,
+  "owner-unregister-reply": OwnerUnregisterReplySchema,
+  "owner-record-request": OwnerRecordRequestSchema,
+  "owner-record-reply": OwnerRecordReplySchema,
+  "owner-finalize-request": OwnerFinalizeRequestSchema,
+  "owner-finalize-reply": OwnerFinalizeReplySchema,
+  "owner-progress-request": OwnerProgressRequestSchema,
+  "owner-dead-letter-request": OwnerDeadLetterRequestSchema,
+  "owner-ack-reply": OwnerAckReplySchema,
 };
