@@ -95,8 +95,8 @@ beforeAll(async () => {
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
   owner = await connect({
     servers: server.url,
-    user: "acme",
-    pass: "acme",
+    user: "executor-acme",
+    pass: "executor-acme",
     inboxPrefix: subjects.ownerInboxPrefix("executor", "acme"),
   });
   registry = await ToolRegistry.open(mesh, { subjects, log });
@@ -151,8 +151,8 @@ describe("an executor in a tool owner's account", () => {
   it("serves an MCP server's tools from a bridge of the same owner", async () => {
     const bridgeNc = await connect({
       servers: server.url,
-      user: "acme",
-      pass: "acme",
+      user: "mcp-bridge-acme",
+      pass: "mcp-bridge-acme",
       inboxPrefix: subjects.ownerInboxPrefix("mcp-bridge", "acme"),
     });
     let bridge: Bridge | undefined;

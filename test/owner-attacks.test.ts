@@ -17,7 +17,8 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 
 // A rogue tool owner (acme) attacks the mesh and another owner (globex) from its own account,
-// laid out as ADR 0031 lays out owners: registry shadowing, inbox snooping, consumer-filter
+// under the accounts `toolmesh auth config` generates, as a user with every right in its
+// account (so only the generated crossings confine it): registry shadowing, inbox snooping, consumer-filter
 // theft, reply-subject deputies through every answer it can trigger, and a forged final
 // result. Each attack must leave the mesh as it was, and the legitimate path must still work.
 // Runs on whichever nats-server is first on the PATH (CI runs it on 2.9.10 and the current).
@@ -81,8 +82,8 @@ beforeAll(async () => {
   rogue = await connect({ servers: server.url, user: "acme", pass: "acme" });
   globexNc = await connect({
     servers: server.url,
-    user: "globex",
-    pass: "globex",
+    user: "executor-globex",
+    pass: "executor-globex",
     inboxPrefix: subjects.ownerInboxPrefix("executor", "globex"),
   });
   jsm = await jetstreamManager(mesh);

@@ -11,37 +11,14 @@ import { ToolmeshError, createSubjects, decodeJson, encodeJson } from "@toolmesh
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 
-// The mesh's owner services (ADR 0031) against a real server laid out in accounts: the mesh in
-// TOOLMESH (JetStream), tool owners acme and globex each in an account of their own without
-// JetStream, importing only their own `{p}.v1.owner.{o}.>`.
+// The mesh's owner services (ADR 0031) against a real server laid out in the accounts
+// `toolmesh auth config` generates: the mesh in TOOLMESH (JetStream), tool owners acme and
+// globex each in an account of their own without JetStream, reaching only their own
+// `{p}.v1.owner.{o}.>` (and their own tools' work consumers).
 const subjects = createSubjects({ prefix: "own" });
 const log = createLogger({ service: "test", level: "silent" });
-
-function accountsConfig(owners: readonly string[]): string {
-  const exports = owners
-    .map((o) => `{ service: "own.v1.owner.${o}.>", accounts: [OWNER_${o}] }`)
-    .join("\n      ");
-  const accounts = owners
-    .map(
-      (o) => `  OWNER_${o}: {
-    users: [{ user: ${o}, password: ${o} }]
-    imports: [{ service: { account: TOOLMESH, subject: "own.v1.owner.${o}.>" } }]
-  }`,
-    )
-    .join("\n");
-  return `accounts: {
-  TOOLMESH: {
-    jetstream: enabled
-    users: [{ user: mesh, password: mesh }]
-    exports: [
-      ${exports}
-    ]
-  }
-${accounts}
-}
-`;
-}
 
 let server: NatsServerHandle;
 let mesh: NatsConnection;
@@ -55,7 +32,12 @@ let globex: OwnerCallPlane;
 const address = { tenant: "default", session: "s" };
 
 beforeAll(async () => {
-  server = await startNatsServer({ config: accountsConfig(["acme", "globex"]) });
+  server = await startNatsServer({
+    config: ownerAccountsConfig(subjects, {
+      acme: ["echo", "first", "gone", "acme-tool"],
+      globex: ["globex-tool"],
+    }),
+  });
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
   acmeNc = await connect({ servers: server.url, user: "acme", pass: "acme" });
   globexNc = await connect({ servers: server.url, user: "globex", pass: "globex" });

@@ -1,62 +1,41 @@
+import { MESH_ACCOUNT, ownerAccount, renderAccountConfig } from "@toolmesh/cli";
+import type { ExtraUser, Permissions } from "@toolmesh/cli";
 import type { Subjects } from "@toolmesh/protocol";
 
+/** Every subject, both ways: a user confined by its account alone. */
+const EVERYTHING: Permissions = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
+
 /**
- * A nats-server `accounts` block laid out as ADR 0031 lays out tool owners: the mesh in
- * `TOOLMESH` (JetStream, user `mesh`), each owner in `OWNER_{o}` without JetStream (user `o`,
- * password `o`), importing its owner services, the abort broadcast, and the consumer info,
- * pulls and acks of its tools' work consumers (the JetStream API ones below
- * `{prefix}.js.API`). Work consumers are named one by one: the work stream is shared.
+ * The nats-server `accounts` block `toolmesh auth config --owner OWNER=TOOLS …` generates (ADR
+ * 0031), what operators deploy: the mesh in `TOOLMESH` with JetStream, each owner in
+ * `OWNER_{o}` without it, crossing to its owner services, the abort broadcast and each of its
+ * tools' work consumers. Every user's password is its name, defined in the file. The generated
+ * users (`executor-{o}`, `mcp-bridge-{o}`, `resolver`, …) keep their generated permissions; the
+ * test adds `mesh` (every right in the mesh account) and, in each owner's account, `{o}` with
+ * every right there: an owner that ignores its users' permissions still has only its account's
+ * crossings, which is what the attack suites attack.
  */
 export function ownerAccountsConfig(
   subjects: Subjects,
   owners: Readonly<Record<string, readonly string[]>>,
+  tenants: readonly string[] = [],
 ): string {
-  const work = subjects.streams.work;
-  const exports: string[] = [];
-  const accounts: string[] = [];
-  for (const [owner, tools] of Object.entries(owners)) {
-    const account = `OWNER_${owner}`;
-    const consumers = tools.map((t) => subjects.workConsumer(t));
-    const services = [
-      `${subjects.prefix}.v1.owner.${owner}.>`,
-      ...consumers.map((c) => `$JS.ACK.${work}.${c}.>`),
-    ];
-    const api = consumers.flatMap((c) => [
-      { subject: `$JS.API.CONSUMER.MSG.NEXT.${work}.${c}`, stream: true },
-      { subject: `$JS.API.CONSUMER.INFO.${work}.${c}`, stream: false },
-    ]);
-    exports.push(
-      ...services.map((s) => `{ service: "${s}", accounts: [${account}] }`),
-      ...api.map(
-        (a) =>
-          `{ service: "${a.subject}", accounts: [${account}]${a.stream ? ", response_type: stream" : ""} }`,
-      ),
-      `{ stream: "${subjects.abort}", accounts: [${account}] }`,
-    );
-    const imports = [
-      ...services.map((s) => `{ service: { account: TOOLMESH, subject: "${s}" } }`),
-      ...api.map(
-        (a) =>
-          `{ service: { account: TOOLMESH, subject: "${a.subject}" }, to: "${a.subject.replace("$JS.API", subjects.ownerJsApiPrefix)}" }`,
-      ),
-      `{ stream: { account: TOOLMESH, subject: "${subjects.abort}" } }`,
-    ];
-    accounts.push(`  ${account}: {
-    users: [{ user: ${owner}, password: ${owner} }]
-    imports: [
-      ${imports.join("\n      ")}
-    ]
-  }`);
-  }
-  return `accounts: {
-  TOOLMESH: {
-    jetstream: enabled
-    users: [{ user: mesh, password: mesh }]
-    exports: [
-      ${exports.join("\n      ")}
-    ]
-  }
-${accounts.join("\n")}
-}
-`;
+  const extraUsers: ExtraUser[] = [
+    { account: MESH_ACCOUNT, user: "mesh", permissions: EVERYTHING },
+    ...Object.keys(owners).map((owner) => ({
+      account: ownerAccount(owner),
+      user: owner,
+      permissions: EVERYTHING,
+    })),
+  ];
+  const accounts = renderAccountConfig({
+    prefix: subjects.prefix,
+    tenants,
+    owners,
+    extraUsers,
+  });
+  const variables = [...accounts.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)].map(
+    ([, user, variable]) => `${variable}: ${JSON.stringify(user)}`,
+  );
+  return [...variables, accounts].join("\n");
 }
