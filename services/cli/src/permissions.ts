@@ -248,11 +248,19 @@ export function rolePermissions(
       return merge(
         serviceBase(s, role),
         // The deadline keeper follows work and results as they are published (core NATS).
-        sub(s.allCancel, s.allResolveRpc, s.allWork, s.allResults),
+        sub(s.allCancel, s.allResolveRpc, s.allWork, s.allResults, s.allOwnerServices),
         pub(
           ...n.replies,
           s.allWork,
           `${n.base}.sessions.*.*.result.*`,
+          // The owner services: progress relayed for an owner's executor, registry entries filed
+          // under their owner, and each registered tool's work consumer.
+          `${n.base}.sessions.*.*.progress.*`,
+          `$KV.${s.registryBucket}.>`,
+          ...["INFO", "CREATE", "DURABLE.CREATE"].map(
+            (op) => `${API}.CONSUMER.${op}.${s.streams.work}.*`,
+          ),
+          `${API}.CONSUMER.CREATE.${s.streams.work}.*.>`,
           `${n.base}.sessions.*.*.rejected.*`,
           s.allMissingArguments.replace(/>$/, "*.*"),
           s.abort,
