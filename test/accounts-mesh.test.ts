@@ -385,4 +385,16 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
       "toolmesh: --tenant must not be empty: name the tenant whose frontend this is\n",
     );
   });
+
+  it("refuses an owner's tool wildcard in the generated accounts, in one line", async () => {
+    const out = await runCli(
+      ["auth", "config", "--owner", "billing=billing.charge", "--owner", "search=web.*"],
+      {},
+    );
+    expect(out.code).not.toBe(0);
+    expect(out.stdout).toBe("");
+    expect(out.stderr).toBe(
+      'toolmesh: owner "search" names "web.*": name each tool (an MCP bridge\'s too, as server.tool), as each tool\'s work consumer is exported on its own; a new tool needs a regenerated configuration and a reload\n',
+    );
+  });
 });
