@@ -95,13 +95,6 @@ export function attackConfig(tenants: string[]): string {
         user: "observer",
         permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
       },
-      // Labelled: an executor inside the mesh account (trusted like a service), for the
-      // legitimate call path; executors of tool owners live in owner accounts.
-      {
-        account: MESH_ACCOUNT,
-        user: "executor-in-mesh",
-        permissions: rolePermissions("executor"),
-      },
     ],
   });
 }
@@ -175,15 +168,11 @@ beforeAll(async () => {
   const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
   await Promise.all([
     startService("resolver", env("resolver"), START_MS),
-    startService(
-      "executor",
-      { ...env("executor-in-mesh"), TOOLMESH_TOOLS_DIR: "tools/builtin" },
-      START_MS,
-    ),
+    startService("executor", { ...env("executor"), TOOLMESH_TOOLS_DIR: "tools/builtin" }, START_MS),
     startService(
       "executor",
       {
-        ...env("executor-in-mesh"),
+        ...env("executor"),
         TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
         TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir: ledgers }),
       },

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { PermissionViolationError, headers as createHeaders } from "@nats-io/nats-core";
 import { jetstream } from "@nats-io/jetstream";
-import { MESH_ACCOUNT, renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/cli";
+import { renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/cli";
 import type { AccountConfigOptions } from "@toolmesh/cli";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
@@ -22,9 +22,10 @@ import { createTestPki, type TestPki } from "./helpers/tls.js";
 // certificates: the services in the mesh account, each frontend in its tenant's account,
 // reaching the mesh only through the generated exports and imports.
 //
-// Labelled: the executor and the MCP bridge run here as users the test adds to the mesh
-// account (trusted like a service); executors of tool owners live in owner accounts and talk
-// to the mesh through its owner services.
+// The builtin executor and the MCP bridge run as the mesh account's generated users `executor`
+// and `mcp-bridge` (trusted like a service); tool owner `billing` runs an executor of its own
+// in its account, as the generated user `executor-billing`, serving `late.arrival` through the
+// owner services and its tool's work-consumer crossings.
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const subjects = createSubjects();
@@ -75,17 +76,12 @@ async function connectAs(user: string, extra: NatsConnectOptions = {}): Promise<
 function serverConfig(tenants: string[]): string {
   const options: AccountConfigOptions = {
     tenants,
+    owners: { billing: ["late.arrival"] },
     extraUsers: [
       {
         account: tenantAccount("acme"),
         user: "frontend-acme-s1",
         permissions: rolePermissions("frontend", { tenant: "acme", session: "s1" }),
-      },
-      { account: MESH_ACCOUNT, user: "executor-in-mesh", permissions: rolePermissions("executor") },
-      {
-        account: MESH_ACCOUNT,
-        user: "mcp-bridge-in-mesh",
-        permissions: rolePermissions("mcp-bridge"),
       },
     ],
   };
@@ -158,18 +154,23 @@ beforeAll(async () => {
   const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
   services = await Promise.all([
     startService("resolver", env("resolver"), START_MS),
-    startService(
-      "executor",
-      { ...env("executor-in-mesh"), TOOLMESH_TOOLS_DIR: "tools/builtin" },
-      START_MS,
-    ),
+    startService("executor", { ...env("executor"), TOOLMESH_TOOLS_DIR: "tools/builtin" }, START_MS),
     startService("schema-expander", env("schema-expander"), START_MS),
-    startService(
-      "mcp-bridge",
-      { ...env("mcp-bridge-in-mesh"), TOOLMESH_MCP_DIR: mcpDir },
+    startService("mcp-bridge", { ...env("mcp-bridge"), TOOLMESH_MCP_DIR: mcpDir }, START_MS),
+  ]);
+  // The owner's executor waits 30 s for the owner services, which a loaded machine can exceed
+  // while the resolver starts: it starts once the resolver is up.
+  services.push(
+    await startService(
+      "executor",
+      {
+        ...env("executor-billing"),
+        TOOLMESH_OWNER: "billing",
+        TOOLMESH_TOOLS_DIR: join(ROOT, "test", "fixtures", "tools-b"),
+      },
       START_MS,
     ),
-  ]);
+  );
 }, 3 * START_MS);
 
 afterAll(async () => {
@@ -224,6 +225,28 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     }).result;
     expect(again.content).toBe("hi");
     session.close();
+    for (const service of services) {
+      expect(JSON.stringify(service.lines) + service.stderr()).not.toMatch(/permission/i);
+    }
+  });
+
+  it("a tenant's frontend calls a tool served by an executor in a tool owner's account", async () => {
+    const nc = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    const client = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 20_000 });
+    await expect
+      .poll(async () => (await client.catalog()).tools.map((t) => t.name), { timeout: 20_000 })
+      .toContain("late.arrival");
+    const session = client.session("owned-1");
+    const result = await session.submit({ name: "late.arrival", arguments: { n: 21 } }).result;
+    expect(result.error).toBeUndefined();
+    expect(JSON.parse(result.content)).toEqual({ doubled: 42 });
+    session.close();
+    // Filed under the owner the mesh took from the owner service's subject.
+    const tool = await runCli(["tools", "show", "late.arrival", "--json"], credentials("operator"));
+    expect(tool.stderr).toBe("");
+    expect((JSON.parse(tool.stdout) as { owner?: string }).owner).toBe("billing");
     for (const service of services) {
       expect(JSON.stringify(service.lines) + service.stderr()).not.toMatch(/permission/i);
     }
@@ -360,6 +383,18 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     expect(out.stdout).toBe("");
     expect(out.stderr).toBe(
       "toolmesh: --tenant must not be empty: name the tenant whose frontend this is\n",
+    );
+  });
+
+  it("refuses an owner's tool wildcard in the generated accounts, in one line", async () => {
+    const out = await runCli(
+      ["auth", "config", "--owner", "billing=billing.charge", "--owner", "search=web.*"],
+      {},
+    );
+    expect(out.code).not.toBe(0);
+    expect(out.stdout).toBe("");
+    expect(out.stderr).toBe(
+      'toolmesh: owner "search" names "web.*": name each tool (an MCP bridge\'s too, as server.tool), as each tool\'s work consumer is exported on its own; a new tool needs a regenerated configuration and a reload\n',
     );
   });
 });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { headers as natsHeaders } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import type { CallPlane, CallRecord } from "@toolmesh/call-store";
+import type { MeshCallPlane, CallRecord } from "@toolmesh/call-store";
 import {
   ANY_ARGUMENTS,
   argumentsHash,
@@ -20,7 +20,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 // and the call plane's finalize, including the races and the winner that died before publishing.
 let server: NatsServerHandle;
 let nc: NatsConnection;
-let plane: CallPlane;
+let plane: MeshCallPlane;
 const subjects = createSubjects({ prefix: "cs" });
 const address = { tenant: "default", session: "s" };
 

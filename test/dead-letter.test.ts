@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import type { CallPlane } from "@toolmesh/call-store";
+import type { MeshCallPlane } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { ControlDeps } from "@toolmesh/control-plane";
 import { deadLetter, listDeadLetters } from "@toolmesh/control-plane";
@@ -15,7 +15,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 // resolver running: the message stays in the stream until it is dead-lettered.
 let server: NatsServerHandle;
 let nc: NatsConnection;
-let plane: CallPlane;
+let plane: MeshCallPlane;
 let deps: ControlDeps;
 const subjects = createSubjects({ prefix: "dead" });
 const address = { tenant: "default", session: "s" };

@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import type { CallPlane } from "@toolmesh/call-store";
+import type { MeshCallPlane } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { DeadlineKeeper } from "@toolmesh/control-plane";
 import { deadlineHeaders, startDeadlineKeeper } from "@toolmesh/control-plane";
@@ -17,7 +17,7 @@ import { resolvedCall } from "./helpers/calls.js";
 // and replay) and the results, with no message of its own for a call that ends in time.
 let server: NatsServerHandle;
 let nc: NatsConnection;
-let plane: CallPlane;
+let plane: MeshCallPlane;
 const subjects = createSubjects({ prefix: "keeper" });
 const log = createLogger({ service: "test", level: "silent" });
 const address = { tenant: "default", session: "s" };

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import type { JsMsg } from "@nats-io/jetstream";
-import type { CallPlane } from "@toolmesh/call-store";
+import type { MeshCallPlane } from "@toolmesh/call-store";
 import {
   argumentsHash,
   callRecordOf,
@@ -31,7 +31,7 @@ import { resolvedCall } from "./helpers/calls.js";
 // the work message carries instead of reading the record (ADR 0027).
 let server: NatsServerHandle;
 let nc: NatsConnection;
-let plane: CallPlane;
+let plane: MeshCallPlane;
 const subjects = createSubjects({ prefix: "hw" });
 const address = { tenant: "default", session: "s" };
 const ACK_WAIT_MS = 1_000;

@@ -3,7 +3,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import type { CallPlane, CallRecord } from "@toolmesh/call-store";
+import type { MeshCallPlane, CallRecord } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
 import { ensureDurableConsumer } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
@@ -79,7 +79,7 @@ async function consumers(jsm: JetStreamManager): Promise<void> {
   });
 }
 
-let plane: CallPlane;
+let plane: MeshCallPlane;
 
 beforeAll(async () => {
   server = await startNatsServer();

@@ -7,7 +7,7 @@ import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
-import type { CallPlane } from "@toolmesh/call-store";
+import type { MeshCallPlane } from "@toolmesh/call-store";
 import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
 import { ensureConsumer, meshPlan } from "@toolmesh/nats";
 import type { CallRequest, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
@@ -33,7 +33,7 @@ const log = createLogger({ service: "test", level: "silent" });
 let server: NatsServerHandle;
 let nc: NatsConnection;
 let js: JetStreamClient;
-let plane: CallPlane;
+let plane: MeshCallPlane;
 let registry: ToolRegistry;
 
 function deps(overrides: Partial<ResolverDeps> = {}): ResolverDeps {

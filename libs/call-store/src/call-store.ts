@@ -3,43 +3,24 @@ import type { KV } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
-import { z } from "zod";
-import type { ResolvedCall, SessionAddress, Subjects, ToolMessage } from "@toolmesh/protocol";
+import type {
+  CallRecord,
+  ResolvedCall,
+  SessionAddress,
+  Subjects,
+  ToolMessage,
+} from "@toolmesh/protocol";
 import {
   Defaults,
+  CallRecordSchema,
   Header,
-  SessionAddressSchema,
-  ToolMessageSchema,
   callKey,
   decodeJson,
   encodeJson,
 } from "@toolmesh/protocol";
 
-/** Where a call is in its life. */
-export const CallStateSchema = z.enum(["accepted", "done"]);
-
-/**
- * The durable record of one accepted call, keyed by its idempotency key. It makes every call
- * end in exactly one final message: whoever moves it to `done` (executor, deadline keeper,
- * dead-letter keeper, cancellation) publishes the final message; everyone else stands down.
- */
-export const CallRecordSchema = z.object({
-  idempotency_key: z.string(),
-  call_id: z.string(),
-  session_id: z.string(),
-  address: SessionAddressSchema,
-  tool: z.string(),
-  /** SHA-256 of the submitted arguments, to tell a retry from a conflicting reuse of the key. */
-  args_hash: z.string(),
-  state: CallStateSchema,
-  /** Server-clock epoch ms at which the call expires. */
-  deadline_at: z.number(),
-  /** The final message, once `done`. */
-  result: ToolMessageSchema.optional(),
-});
-
-/** The durable record of one accepted call. */
-export type CallRecord = z.infer<typeof CallRecordSchema>;
+export { CallRecordSchema, CallStateSchema } from "@toolmesh/protocol";
+export type { CallRecord } from "@toolmesh/protocol";
 
 /**
  * Names one call: its idempotency key within its session. Records are keyed by

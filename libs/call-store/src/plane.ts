@@ -1,12 +1,19 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
-import type { Subjects, ToolMessage } from "@toolmesh/protocol";
+import type { MsgHdrs } from "@nats-io/nats-core";
+import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
 import { callKey, resultMsgId } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
-import { ServerClock, ensureStreams, publishDurable } from "@toolmesh/nats";
+import {
+  ServerClock,
+  deadLetterHeaders,
+  ensureStreams,
+  publishDurable,
+  publishEphemeral,
+} from "@toolmesh/nats";
 import { CallStore } from "./call-store.js";
-import type { CallRecord } from "./call-store.js";
+import type { CallRecord, CallRef } from "./call-store.js";
 
 /** Which call a final message ends. */
 export interface CallTarget {
@@ -23,17 +30,35 @@ export interface CallPlaneOptions {
   callRetentionMs?: number | undefined;
 }
 
+/** Reads call records. */
+export interface CallRecords {
+  /** The record of a call, with its revision; undefined when there is none. */
+  get(call: CallRef): Promise<{ record: CallRecord; revision: number } | undefined>;
+}
+
+/** A work message nobody can run, on its way to the dead-letter stream. */
+export interface DeadLetterOut {
+  /** The tool whose work it was. */
+  tool: string;
+  reason: string;
+  /** Where the message was: work stream, subject, sequence, deliveries so far. */
+  stream: string;
+  subject: string;
+  seq: number;
+  deliveries: number;
+  data: Uint8Array;
+  headers?: MsgHdrs | undefined;
+}
+
 /**
- * What every actor that ends calls shares: the streams, the call store, the server clock, and
- * the one way final messages go out.
+ * What an executor's call path needs of the mesh: reading a call's record, ending a call,
+ * progress, dead letters and the server clock. Inside the mesh account it is the streams and
+ * buckets themselves ({@link openCallPlane}); from a tool owner's account it is the mesh's
+ * owner services (`ownerCallPlane`).
  */
 export interface CallPlane {
-  readonly jsm: JetStreamManager;
-  readonly js: JetStreamClient;
-  readonly store: CallStore;
+  readonly store: CallRecords;
   readonly clock: ServerClock;
-  /** Publishes a final message to the sessions stream under a message id. */
-  publishFinal: (subject: string, message: ToolMessage, msgId: string) => Promise<unknown>;
   /**
    * Ends a call with `message` unless it already ended: moves its record to `done` and
    * publishes the final message. When another party ended the call first, nothing is
@@ -46,13 +71,29 @@ export interface CallPlane {
     message: ToolMessage,
     known?: { record: CallRecord; revision: number },
   ) => Promise<boolean>;
+  /** Sends a progress event of a running call to its session (best effort, never throws). */
+  publishProgress: (call: CallTarget, event: ProgressEvent) => void;
+  /** Keeps a work message nobody can run in the dead-letter stream. */
+  deadLetter: (letter: DeadLetterOut) => Promise<void>;
+}
+
+/**
+ * What every actor of the mesh account that ends calls shares: the streams, the call store,
+ * the server clock, and the one way final messages go out.
+ */
+export interface MeshCallPlane extends CallPlane {
+  readonly jsm: JetStreamManager;
+  readonly js: JetStreamClient;
+  readonly store: CallStore;
+  /** Publishes a final message to the sessions stream under a message id. */
+  publishFinal: (subject: string, message: ToolMessage, msgId: string) => Promise<unknown>;
 }
 
 /** Creates or updates the streams and opens the call store. */
 export async function openCallPlane(
   nc: NatsConnection,
   options: CallPlaneOptions,
-): Promise<CallPlane> {
+): Promise<MeshCallPlane> {
   const { subjects } = options;
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
@@ -79,6 +120,23 @@ export async function openCallPlane(
     store,
     clock: new ServerClock(),
     publishFinal,
+    publishProgress(call, event) {
+      publishEphemeral(nc, subjects.progress(call.address, call.call_id), event);
+    },
+    async deadLetter(letter) {
+      const headers = deadLetterHeaders({
+        stream: letter.stream,
+        subject: letter.subject,
+        seq: letter.seq,
+        reason: letter.reason,
+        deliveries: letter.deliveries,
+        headers: letter.headers,
+      });
+      await js.publish(subjects.dlq(letter.tool), letter.data, {
+        headers,
+        msgID: `dlq:${letter.stream}:${letter.seq}`,
+      });
+    },
     async finalize(call, message, known) {
       const subject = subjects.result(call.address, call.call_id);
       const outcome = await store.finish(call, message, known);

@@ -154,9 +154,13 @@ export function compareVersions(a: string, b: string): number {
 
 /**
  * Refuses, with a message that says what to do, a server that is too old or runs without
- * JetStream. Returns the server version.
+ * JetStream (unless `jetstream: false`: a tool owner's account has none). Returns the server
+ * version.
  */
-export async function assertServerSupported(nc: NatsConnection): Promise<string> {
+export async function assertServerSupported(
+  nc: NatsConnection,
+  options: { jetstream?: boolean } = {},
+): Promise<string> {
   const version = nc.info?.version ?? "0.0.0";
   if (compareVersions(version, MIN_SERVER_VERSION) < 0) {
     throw new ToolmeshError(
@@ -165,6 +169,7 @@ export async function assertServerSupported(nc: NatsConnection): Promise<string>
       { retryable: false },
     );
   }
+  if (options.jetstream === false) return version;
   // A leaf node without JetStream of its own passes the API on to its hub's: ask the API.
   await (async () => (await jetstreamManager(nc)).getAccountInfo())().catch((err: unknown) => {
     throw new ToolmeshError(

@@ -121,3 +121,31 @@ export { MetricPointSchema, StatsReplySchema } from "./stats.js";
 export type { StatsReply } from "./stats.js";
 export { argumentsHash, errorToolMessage } from "./messages.js";
 export type { MessageTarget } from "./messages.js";
+export {
+  CallRecordSchema,
+  CallStateSchema,
+  OWNER_SERVICES,
+  OwnerAckReplySchema,
+  OwnerCallSchema,
+  OwnerDeadLetterRequestSchema,
+  OwnerFinalizeReplySchema,
+  OwnerFinalizeRequestSchema,
+  OwnerProgressRequestSchema,
+  OwnerRecordReplySchema,
+  OwnerRecordRequestSchema,
+  OwnerRegisterReplySchema,
+  OwnerRegisterRequestSchema,
+  OwnerUnregisterReplySchema,
+  OwnerUnregisterRequestSchema,
+} from "./owner.js";
+export type {
+  CallRecord,
+  OwnerAckReply,
+  OwnerDeadLetterRequest,
+  OwnerFinalizeReply,
+  OwnerRecordReply,
+  OwnerRegisterReply,
+  OwnerRegisterRequest,
+  OwnerService,
+  OwnerUnregisterReply,
+} from "./owner.js";

@@ -1,5 +1,7 @@
 import { createHash } from "node:crypto";
 import { ErrorCode, ToolmeshError } from "./errors.js";
+import type { OwnerService } from "./owner.js";
+import { OWNER_SERVICES } from "./owner.js";
 
 /** Wire version carried in every subject. */
 export const PROTOCOL_VERSION = "v1";
@@ -258,6 +260,27 @@ export interface Subjects {
    */
   inboxPrefix(role: string): string;
   /**
+   * A service the mesh offers tool owner `owner` (ADR 0031): `{p}.v1.owner.{owner}.{service}`.
+   * The mesh takes the owner from the subject, so an owner's account, importing only its own
+   * `{p}.v1.owner.{owner}.>`, can act for no other owner.
+   */
+  ownerService(owner: string, service: OwnerService): string;
+  /** Wildcard over every owner service of every owner (the resolver's subscription). */
+  readonly allOwnerServices: string;
+  /** Reads the owner token and service back from an owner-service subject. */
+  parseOwnerSubject(subject: string): { owner: string; service: OwnerService } | undefined;
+  /**
+   * JetStream API prefix of an executor or bridge in an owner's account: the mesh's consumer
+   * API crossings are imported below it (`{p}.js.API`), since an account without JetStream
+   * answers `$JS.API.>` itself.
+   */
+  readonly ownerJsApiPrefix: string;
+  /**
+   * Inbox prefix of an executor or bridge of tool owner `owner`
+   * (`_INBOX.{p}.{role}.{owner}`), so no owner reads another's pull deliveries.
+   */
+  ownerInboxPrefix(role: "executor" | "mcp-bridge", owner: string): string;
+  /**
    * Inbox prefix of a frontend of `tenant` (`_INBOX.{p}.frontend.{tenant}`), or of a frontend
    * confined to one session (`….{session}`). Services answer requests only below
    * `_INBOX.{p}.frontend.>` and `_INBOX.{p}.operator.>`.
@@ -379,6 +402,18 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
       return `${t(name.slice(0, dot))}.${t(name.slice(dot + 1))}`;
     },
     inboxPrefix: (role) => `_INBOX.${prefix}.${t(role)}`,
+    ownerService: (owner, service) => `${base}.owner.${t(owner)}.${service}`,
+    allOwnerServices: `${base}.owner.*.*`,
+    parseOwnerSubject(subject) {
+      const parts = subject.split(".");
+      if (parts.length !== baseParts + 3 || parts[baseParts] !== "owner") return undefined;
+      const owner = parts[baseParts + 1];
+      const service = OWNER_SERVICES.find((s) => s === parts[baseParts + 2]);
+      if (!isSubjectToken(owner) || service === undefined) return undefined;
+      return { owner, service };
+    },
+    ownerJsApiPrefix: `${prefix}.js.API`,
+    ownerInboxPrefix: (role, owner) => `_INBOX.${prefix}.${role}.${t(owner)}`,
     frontendInboxPrefix: (tenant, session) =>
       `_INBOX.${prefix}.frontend.${t(tenant)}${session === undefined ? "" : `.${t(session)}`}`,
   };

@@ -23,6 +23,20 @@ import {
   ToolMessageSchema,
 } from "./envelopes.js";
 import { QuotaSchema } from "./quotas.js";
+import {
+  CallRecordSchema,
+  OwnerAckReplySchema,
+  OwnerDeadLetterRequestSchema,
+  OwnerFinalizeReplySchema,
+  OwnerFinalizeRequestSchema,
+  OwnerProgressRequestSchema,
+  OwnerRecordReplySchema,
+  OwnerRecordRequestSchema,
+  OwnerRegisterReplySchema,
+  OwnerRegisterRequestSchema,
+  OwnerUnregisterReplySchema,
+  OwnerUnregisterRequestSchema,
+} from "./owner.js";
 import { StatsReplySchema } from "./stats.js";
 import { ToolDefinitionSchema } from "./tool-definition.js";
 
@@ -52,4 +66,16 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "wire-error": WireErrorSchema,
   "stats-reply": StatsReplySchema,
   quota: QuotaSchema,
+  "call-record": CallRecordSchema,
+  "owner-register-request": OwnerRegisterRequestSchema,
+  "owner-register-reply": OwnerRegisterReplySchema,
+  "owner-unregister-request": OwnerUnregisterRequestSchema,
+  "owner-unregister-reply": OwnerUnregisterReplySchema,
+  "owner-record-request": OwnerRecordRequestSchema,
+  "owner-record-reply": OwnerRecordReplySchema,
+  "owner-finalize-request": OwnerFinalizeRequestSchema,
+  "owner-finalize-reply": OwnerFinalizeReplySchema,
+  "owner-progress-request": OwnerProgressRequestSchema,
+  "owner-dead-letter-request": OwnerDeadLetterRequestSchema,
+  "owner-ack-reply": OwnerAckReplySchema,
 };

@@ -8,7 +8,6 @@ import {
   ErrorCode,
   ToolDefinitionSchema,
   ToolmeshError,
-  decodeJson,
   encodeJson,
   decodeJsonOrUndefined,
 } from "@toolmesh/protocol";
@@ -90,7 +89,8 @@ export class ToolRegistry {
       const entry = await this.#kv.get(key);
       if (entry === null || entry.operation !== "PUT") continue; // deleted meanwhile: create again
       const parsed = ToolDefinitionSchema.safeParse(decodeJsonOrUndefined(entry.value));
-      if (parsed.success) {
+      // An entry of another name under this key counts for nobody (see #entryDefinition).
+      if (parsed.success && parsed.data.name === definition.name) {
         const current = parsed.data;
         if (current.owner !== definition.owner) {
           this.#log.warn(
@@ -106,7 +106,7 @@ export class ToolRegistry {
         // Not a tool definition (written by something else): nobody owns it, so it is taken.
         this.#log.warn(
           { tool: definition.name, key },
-          "replacing a registry entry that is not a tool definition",
+          "replacing a registry entry that is not a definition of this tool",
         );
       }
       try {
@@ -122,7 +122,8 @@ export class ToolRegistry {
     const key = this.#subjects.registryKey(name);
     const entry = await this.#kv.get(key);
     if (entry === null || entry.operation !== "PUT") return false;
-    const current = ToolDefinitionSchema.parse(entry.json());
+    const current = this.#entryDefinition(key, entry.value);
+    if (current === undefined || current.name !== name) return false;
     if (current.owner !== owner) {
       throw new ToolmeshError(
         ErrorCode.PermissionDenied,
@@ -150,9 +151,11 @@ export class ToolRegistry {
 
   /** Reads one definition straight from the bucket (no watcher needed). */
   async fetch(name: string): Promise<ToolDefinition | undefined> {
-    const entry = await this.#kv.get(this.#subjects.registryKey(name));
+    const key = this.#subjects.registryKey(name);
+    const entry = await this.#kv.get(key);
     if (entry === null || entry.operation !== "PUT") return undefined;
-    return ToolDefinitionSchema.parse(entry.json());
+    const definition = this.#entryDefinition(key, entry.value);
+    return definition?.name === name ? definition : undefined;
   }
 
   /** Reads every definition straight from the bucket (no watcher needed). */
@@ -163,11 +166,8 @@ export class ToolRegistry {
     for (const key of keys) {
       const entry = await this.#kv.get(key);
       if (entry === null || entry.operation !== "PUT") continue;
-      try {
-        out.push(ToolDefinitionSchema.parse(decodeJson(entry.value)));
-      } catch (err) {
-        this.#log.warn({ key, err }, "ignoring registry entry that is not a valid tool definition");
-      }
+      const definition = this.#entryDefinition(key, entry.value);
+      if (definition !== undefined) out.push(definition);
     }
     return out.sort((a, b) => a.name.localeCompare(b.name));
   }
@@ -202,17 +202,19 @@ export class ToolRegistry {
   }
 
   #apply(entry: KvWatchEntry): void {
-    if (entry.operation !== "PUT") {
-      const name = this.#nameByKey.get(entry.key);
-      if (name !== undefined) {
+    const definition =
+      entry.operation === "PUT" ? this.#entryDefinition(entry.key, entry.value) : undefined;
+    const previous = this.#nameByKey.get(entry.key);
+    if (definition === undefined) {
+      // Deleted, or no longer a definition filed under its own key: the key holds no tool.
+      if (previous !== undefined) {
         this.#nameByKey.delete(entry.key);
-        this.#tools.delete(name);
-        this.#emit(name, undefined);
+        this.#tools.delete(previous);
+        this.#emit(previous, undefined);
       }
       return;
     }
     try {
-      const definition = ToolDefinitionSchema.parse(decodeJson(entry.value));
       const tool = compileTool(definition, entry.revision);
       this.#tools.set(definition.name, tool);
       this.#nameByKey.set(entry.key, definition.name);
@@ -224,6 +226,30 @@ export class ToolRegistry {
         "ignoring registry entry that is not a valid tool definition",
       );
     }
+  }
+
+  /**
+   * The definition stored under `key`, or undefined when the value is not a definition or names
+   * a tool whose key is another: an entry counts only under the key its name maps to, so
+   * whoever may write one key cannot file a definition of another tool there.
+   */
+  #entryDefinition(key: string, value: Uint8Array): ToolDefinition | undefined {
+    const parsed = ToolDefinitionSchema.safeParse(decodeJsonOrUndefined(value));
+    if (!parsed.success) {
+      this.#log.warn(
+        { key, err: parsed.error },
+        "ignoring registry entry that is not a valid tool definition",
+      );
+      return undefined;
+    }
+    if (this.#subjects.registryKey(parsed.data.name) !== key) {
+      this.#log.warn(
+        { key, tool: parsed.data.name, expected_key: this.#subjects.registryKey(parsed.data.name) },
+        "ignoring registry entry filed under a key its tool name does not map to",
+      );
+      return undefined;
+    }
+    return parsed.data;
   }
 
   #emit(name: string, tool: CompiledTool | undefined): void {

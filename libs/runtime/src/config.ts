@@ -90,6 +90,12 @@ export const EnvSchema = z.object({
   TOOLMESH_PRESETS_FILE: z.string().min(1).optional(),
   TOOLMESH_TOOLKIT_CONTEXT: jsonObject.optional(),
   TOOLMESH_EXECUTOR_OWNER: z.string().min(1).default("executor"),
+  TOOLMESH_OWNER: z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/, {
+      message: 'must be 1 to 64 letters, digits, "-" or "_", starting with a letter or digit',
+    })
+    .optional(),
   TOOLMESH_CONCURRENCY: positiveInt.default(Defaults.concurrency),
   TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(Defaults.callTimeoutMs),
   TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(Defaults.maxMessageBytes),
@@ -142,6 +148,13 @@ export interface RuntimeConfig {
   presetsFile?: string;
   toolkitContext: Record<string, unknown>;
   executorOwner: string;
+  /**
+   * The tool owner whose NATS account an executor or MCP bridge lives in (ADR 0031). Set, the
+   * process holds no JetStream rights of the mesh: it registers, reads records and ends calls
+   * through the mesh's owner services and pulls work through its account's imports. Unset, it
+   * lives in the mesh account.
+   */
+  owner?: string;
   concurrency: number;
   defaultTimeoutMs: number;
   maxMessageBytes: number;
@@ -238,6 +251,7 @@ export function loadConfig(
     ...(e.TOOLMESH_PRESETS_FILE === undefined ? {} : { presetsFile: e.TOOLMESH_PRESETS_FILE }),
     toolkitContext: e.TOOLMESH_TOOLKIT_CONTEXT ?? {},
     executorOwner: e.TOOLMESH_EXECUTOR_OWNER,
+    ...(e.TOOLMESH_OWNER === undefined ? {} : { owner: e.TOOLMESH_OWNER }),
     concurrency: e.TOOLMESH_CONCURRENCY,
     defaultTimeoutMs: e.TOOLMESH_DEFAULT_TIMEOUT_MS,
     maxMessageBytes: e.TOOLMESH_MAX_MESSAGE_BYTES,

@@ -3,8 +3,10 @@ export type { RuntimeConfig } from "./config.js";
 export {
   StartupTimeoutError,
   installShutdown,
+  meshRegistry,
   meshSettings,
   openRuntime,
+  ownerAccountOf,
   runService,
   serveActors,
   stopActor,

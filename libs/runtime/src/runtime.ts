@@ -24,7 +24,11 @@ export interface Runtime {
   readonly config: RuntimeConfig;
   readonly nc: NatsConnection;
   readonly subjects: Subjects;
-  readonly registry: ToolRegistry;
+  /**
+   * The live registry; undefined for an executor or bridge in a tool owner's account
+   * (`TOOLMESH_OWNER`), which reaches the mesh only through its owner services.
+   */
+  readonly registry: ToolRegistry | undefined;
   readonly log: Logger;
   readonly tracer: Tracer;
   readonly telemetry: Telemetry;
@@ -83,6 +87,7 @@ export async function openRuntime(
   const telemetry = initTelemetry({ serviceName, env: config.env });
   setPayloadRecording(config.tracePayloads);
   const subjects = createSubjects({ prefix: config.prefix });
+  const owner = ownerAccountOf(config, service);
   const { nc, version } = await reachNats(config, service, logger, options.retryForMs ?? 0);
   let metrics: Metrics | undefined;
   try {
@@ -91,12 +96,14 @@ export async function openRuntime(
       env: config.env,
       ...(config.metricsPort === undefined ? {} : { prometheusPort: config.metricsPort }),
     });
-    logger.info({ server: nc.getServer(), version }, "connected to NATS");
-    const registry = await ToolRegistry.open(nc, {
-      subjects,
-      log: logger,
-      replicas: config.streamReplicas,
-    });
+    logger.info(
+      { server: nc.getServer(), version, ...(owner === undefined ? {} : { owner }) },
+      "connected to NATS",
+    );
+    const registry =
+      owner === undefined
+        ? await ToolRegistry.open(nc, { subjects, log: logger, replicas: config.streamReplicas })
+        : undefined;
     let connected = true;
     void (async () => {
       for await (const status of nc.status()) {
@@ -138,7 +145,7 @@ export async function openRuntime(
       streamLimits: meshSettings(config),
       async close() {
         stats.unsubscribe();
-        registry.close();
+        registry?.close();
         await nc.drain().catch(() => undefined);
         await Promise.all([telemetry.shutdown(), processMetrics.shutdown()]);
       },
@@ -148,6 +155,14 @@ export async function openRuntime(
     await metrics?.shutdown();
     throw err;
   }
+}
+
+/**
+ * The tool owner whose account this process lives in: `TOOLMESH_OWNER`, for an executor or an
+ * MCP bridge; undefined otherwise (the mesh account).
+ */
+export function ownerAccountOf(config: RuntimeConfig, service: string): string | undefined {
+  return service === "executor" || service === "mcp-bridge" ? config.owner : undefined;
 }
 
 /**
@@ -162,16 +177,22 @@ async function reachNats(
   retryForMs: number,
 ): Promise<{ nc: NatsConnection; version: string }> {
   const servers = config.nats.servers;
+  const subjects = createSubjects({ prefix: config.prefix });
+  const owner = ownerAccountOf(config, service);
   const attempt = async (): Promise<{ nc: NatsConnection; version: string }> => {
     const nc = await connectNats({
       ...config.nats,
       name: `toolmesh-${service}`,
-      // Replies to this process arrive below its role's own prefix, which NATS permissions
-      // give to this role alone (docs/security.md).
-      inboxPrefix: createSubjects({ prefix: config.prefix }).inboxPrefix(service),
+      // Replies to this process arrive below its role's own prefix (and in an owner's account,
+      // below its owner's), which NATS permissions give to it alone (docs/security.md).
+      inboxPrefix:
+        owner === undefined
+          ? subjects.inboxPrefix(service)
+          : subjects.ownerInboxPrefix(service as "executor" | "mcp-bridge", owner),
     });
     try {
-      return { nc, version: await assertServerSupported(nc) };
+      // An owner's account has no JetStream: there is none of its own to check.
+      return { nc, version: await assertServerSupported(nc, { jetstream: owner === undefined }) };
     } catch (err) {
       await nc.close();
       throw err;
@@ -355,4 +376,14 @@ export async function runService(
     );
     process.exit(1);
   }
+}
+
+/** The runtime's registry, for the actors of the mesh account, which always open one. */
+export function meshRegistry(rt: Runtime): ToolRegistry {
+  if (rt.registry === undefined) {
+    throw new Error(
+      "this actor needs the mesh's registry, which a process in a tool owner's account (TOOLMESH_OWNER) does not open",
+    );
+  }
+  return rt.registry;
 }

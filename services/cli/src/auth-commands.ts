@@ -27,6 +27,22 @@ function list(value: string, previous: string[] = []): string[] {
   ];
 }
 
+/** `--owner OWNER=TOOL[,TOOL…]`, repeatable: each owner with the tools it serves. */
+function ownerTools(
+  value: string,
+  previous: Record<string, string[]> = {},
+): Record<string, string[]> {
+  const eq = value.indexOf("=");
+  const owner = eq < 0 ? "" : value.slice(0, eq).trim();
+  const tools = eq < 0 ? [] : list(value.slice(eq + 1));
+  if (owner === "" || tools.length === 0) {
+    throw new InvalidArgumentError(
+      "expected OWNER=TOOL[,TOOL…], e.g. billing=billing.charge,billing.refund",
+    );
+  }
+  return { ...previous, [owner]: [...(previous[owner] ?? []), ...tools] };
+}
+
 /**
  * `toolmesh auth permissions` (the permissions block of one role; a frontend's tenant is the
  * global `--tenant`, `TOOLMESH_TENANT`) and `toolmesh auth config`
@@ -49,7 +65,11 @@ export function addAuthCommands(
     )
     .option("--session <id>", "frontend: confine it to this one session too")
     .option("--owner <id>", "executor, mcp-bridge: the tool owner whose account it lives in")
-    .option("--tools <names>", "executor: tool names it may register (ns.* for a namespace)", list)
+    .option(
+      "--tools <names>",
+      "executor: tool names it may register (ns.* for a namespace); with --owner, the owner's tools whose work it pulls, each named",
+      list,
+    )
     .option("--servers <names>", "mcp-bridge: MCP server names it serves", list)
     .option("--json", "print JSON")
     .action(
@@ -91,7 +111,11 @@ export function addAuthCommands(
       "print the nats-server accounts: the mesh's, one per tenant and one per tool owner (ADR 0031)",
     )
     .option("--tenants <ids>", "tenants, an account each (default: default)", list)
-    .option("--owners <ids>", "tool owners, an account each (default: default)", list)
+    .option(
+      "--owner <owner=tools>",
+      "a tool owner's account, with the tools it serves, each named (server.tool for an MCP bridge's); repeatable (default: none, executors and bridges in the mesh account)",
+      ownerTools,
+    )
     .addOption(
       new Option("--max-connections <n>", "per tenant/owner account (default 1000)").argParser(
         positiveInt,
@@ -110,7 +134,7 @@ export function addAuthCommands(
     .action(
       (o: {
         tenants?: string[];
-        owners?: string[];
+        owner?: Record<string, string[]>;
         maxConnections?: number;
         maxSubscriptions?: number;
         maxPayload?: number;
@@ -121,7 +145,7 @@ export function addAuthCommands(
             renderAccountConfig({
               ...(prefix === "toolmesh" ? {} : { prefix }),
               ...(o.tenants === undefined ? {} : { tenants: o.tenants }),
-              ...(o.owners === undefined ? {} : { owners: o.owners }),
+              ...(o.owner === undefined ? {} : { owners: o.owner }),
               limits: {
                 ...(o.maxConnections === undefined ? {} : { maxConnections: o.maxConnections }),
                 ...(o.maxSubscriptions === undefined

@@ -5,7 +5,6 @@ export {
   MESH_ACCOUNT,
   PERMISSION_ROLES,
   ownerAccount,
-  ownerWorkStream,
   passwordVariable,
   renderAccountConfig,
   renderPermissions,

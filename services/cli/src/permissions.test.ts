@@ -67,7 +67,10 @@ describe("permissions", () => {
   });
 
   it("puts the mesh, each tenant and each owner in an account, each export for one account", () => {
-    const config = renderAccountConfig({ tenants: ["acme", "globex"], owners: ["tools-a"] });
+    const config = renderAccountConfig({
+      tenants: ["acme", "globex"],
+      owners: { "tools-a": ["a.one", "a.two"] },
+    });
     for (const account of ["TOOLMESH", "TENANT_acme", "TENANT_globex", "OWNER_tools-a"]) {
       expect(config).toContain(`\n  ${account}: {\n`);
     }
@@ -87,14 +90,22 @@ describe("permissions", () => {
       if (accounts!.startsWith("TENANT_")) expect(subject).toContain(accounts!.slice(7));
       expect(imports.filter((i) => i[1] === kind && i[2] === subject)).toHaveLength(1);
     }
+    // Each named tool's work consumer on the shared work stream, and nothing wider.
     expect(config).toContain(
-      '{ service: "$JS.API.CONSUMER.MSG.NEXT.TOOLMESH_WORK_TOOLS-A.*", accounts: [OWNER_tools-a], response_type: stream }',
+      '{ service: "$JS.API.CONSUMER.MSG.NEXT.TOOLMESH_WORK.work_a=2eone", accounts: [OWNER_tools-a], response_type: stream }',
     );
+    expect(config).toContain(
+      '{ service: "$JS.ACK.TOOLMESH_WORK.work_a=2etwo.>", accounts: [OWNER_tools-a] }',
+    );
+    const owner = config.slice(config.indexOf("OWNER_tools-a: {"));
+    expect(owner).toContain("work_a=2eone");
+    expect(owner).not.toMatch(/TOOLMESH_WORK(\.\*|\.>|_)/);
+    for (const [, , subject] of exports) expect(subject).not.toMatch(/TOOLMESH_WORK\.(\*|>)/);
     // An account without JetStream answers $JS.API itself: owners import it under {p}.js.API.
     expect(config).toContain(
-      '{ service: { account: TOOLMESH, subject: "$JS.API.CONSUMER.INFO.TOOLMESH_WORK_TOOLS-A.*" }, to: "toolmesh.js.API.CONSUMER.INFO.TOOLMESH_WORK_TOOLS-A.*" }',
+      '{ service: { account: TOOLMESH, subject: "$JS.API.CONSUMER.INFO.TOOLMESH_WORK.work_a=2eone" }, to: "toolmesh.js.API.CONSUMER.INFO.TOOLMESH_WORK.work_a=2eone" }',
     );
-    // The mesh's own users: the trusted services only.
+    // The mesh's own users: the trusted services, and an executor and bridge trusted like them.
     const mesh = config.slice(config.indexOf("TOOLMESH: {"), config.indexOf("TENANT_acme: {"));
     expect([...mesh.matchAll(/user: "([^"]+)"/g)].map((m) => m[1])).toEqual([
       "resolver",
@@ -102,17 +113,38 @@ describe("permissions", () => {
       "gateway",
       "operator",
       "setup",
+      "executor",
+      "mcp-bridge",
     ]);
     expect(tenantAccount("acme")).toBe("TENANT_acme");
-    const prefixed = renderAccountConfig({ prefix: "acme.prod", owners: ["x"] });
+    const prefixed = renderAccountConfig({ prefix: "acme.prod", owners: { x: ["t"] } });
     expect(prefixed).not.toMatch(/"toolmesh\.|TOOLMESH_(CALLS|WORK|SESSIONS)|KV_toolmesh/);
-    expect(prefixed).toContain('to: "acme.prod.js.API.CONSUMER.INFO.ACME_PROD_WORK_X.*"');
+    expect(prefixed).toContain('to: "acme.prod.js.API.CONSUMER.INFO.ACME_PROD_WORK.work_t"');
+    // Without owners, no owner account: executors and bridges are the mesh's users.
+    expect(renderAccountConfig()).not.toContain("OWNER_");
   });
 
   it("refuses tenant and owner ids that cannot name an account, saying which", () => {
     expect(() => renderAccountConfig({ tenants: ["a.b"] })).toThrow('tenant id "a.b" must be');
-    expect(() => renderAccountConfig({ owners: [""] })).toThrow('owner id "" must be');
-    expect(() => renderAccountConfig({ owners: ["x", "X"] })).toThrow("differ only in case");
+    expect(() => renderAccountConfig({ owners: { "": ["t"] } })).toThrow('owner id "" must be');
+    expect(() => renderAccountConfig({ owners: { x: ["t"], X: ["u"] } })).toThrow(
+      "differ only in case",
+    );
+  });
+
+  it("refuses an owner's tool that is not named one by one, or named by two owners", () => {
+    expect(() => renderAccountConfig({ owners: { search: ["web.*"] } })).toThrow(
+      'owner "search" names "web.*": name each tool (an MCP bridge\'s too, as server.tool)',
+    );
+    expect(() => renderAccountConfig({ owners: { search: ["web.get", ">"] } })).toThrow(
+      "a new tool needs a regenerated configuration and a reload",
+    );
+    expect(() => renderAccountConfig({ owners: { search: [] } })).toThrow(
+      'owner "search" names no tool',
+    );
+    expect(() => renderAccountConfig({ owners: { a: ["t"], b: ["t"] } })).toThrow(
+      'tool "t" is named by owners "a" and "b"',
+    );
     expect(() =>
       renderAccountConfig({
         extraUsers: [{ account: "TENANT_nope", user: "u", permissions: rolePermissions("setup") }],
@@ -121,10 +153,14 @@ describe("permissions", () => {
   });
 
   it("gives an owner's executor its owner's crossings only, and refuses an empty tenant", () => {
-    const owned = rolePermissions("executor", { owner: "acme" });
+    const owned = rolePermissions("executor", { owner: "acme", tools: ["acme.run"] });
     for (const subject of owned.publish.allow) {
-      expect(subject).toMatch(/TOOLMESH_WORK_ACME|toolmesh\.v1\.owner\.acme\./);
+      expect(subject).toMatch(/TOOLMESH_WORK\.work_acme=2erun|toolmesh\.v1\.owner\.acme\./);
     }
+    expect(() => rolePermissions("executor", { owner: "acme" })).toThrow("--owner needs --tools");
+    expect(() => rolePermissions("mcp-bridge", { owner: "acme", tools: ["fs.*"] })).toThrow(
+      'owner "acme" names "fs.*"',
+    );
     expect(() => rolePermissions("resolver", { owner: "acme" })).toThrow("--owner is for");
     expect(() => rolePermissions("frontend", { tenant: "" })).toThrow("--tenant must not be empty");
   });

@@ -34,6 +34,7 @@ export interface PermissionOptions {
   /**
    * `executor`: the tool names it may register (its registry keys); `ns.*` stands for every
    * tool of namespace `ns`. Default any tool name (ownership then rests on first-wins alone).
+   * With `owner` (executor or mcp-bridge): the owner's tools, each named, whose work it pulls.
    */
   tools?: readonly string[];
   /** `mcp-bridge`: the MCP server names it serves (tools `{server}.*`). Default any. */
@@ -215,7 +216,11 @@ export function rolePermissions(
     if (role !== "executor" && role !== "mcp-bridge") {
       bad(`--owner is for the executor and mcp-bridge roles, not ${role}`);
     }
-    return ownerPermissions(s, role, checkAccountId("owner", options.owner));
+    if (options.tools === undefined || options.tools.length === 0) {
+      bad(`--owner needs --tools: name each tool of owner "${options.owner}" whose work it pulls`);
+    }
+    const owner = checkAccountId("owner", options.owner);
+    return ownerPermissions(s, role, owner, ownerTools(owner, options.tools));
   }
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
@@ -250,11 +255,19 @@ export function rolePermissions(
       return merge(
         serviceBase(s, role),
         // The deadline keeper follows work and results as they are published (core NATS).
-        sub(s.allCancel, s.allResolveRpc, s.allWork, s.allResults),
+        sub(s.allCancel, s.allResolveRpc, s.allWork, s.allResults, s.allOwnerServices),
         pub(
           ...n.replies,
           s.allWork,
           `${n.base}.sessions.*.*.result.*`,
+          // The owner services: progress relayed for an owner's executor, registry entries filed
+          // under their owner, and each registered tool's work consumer.
+          `${n.base}.sessions.*.*.progress.*`,
+          `$KV.${s.registryBucket}.>`,
+          ...["INFO", "CREATE", "DURABLE.CREATE"].map(
+            (op) => `${API}.CONSUMER.${op}.${s.streams.work}.*`,
+          ),
+          `${API}.CONSUMER.CREATE.${s.streams.work}.*.>`,
           `${n.base}.sessions.*.*.rejected.*`,
           s.allMissingArguments.replace(/>$/, "*.*"),
           s.abort,
@@ -391,9 +404,19 @@ function checkAccountId(kind: "tenant" | "owner", id: string): string {
   return id;
 }
 
-/** The work stream of one tool owner's tools, `{P}_WORK_{O}` over `{p}.v1.work.{o}.*`. */
-export function ownerWorkStream(s: Subjects, owner: string): string {
-  return `${s.streams.work}_${owner.toUpperCase()}`;
+/**
+ * An owner's tools, each named: a work consumer of the shared work stream is exported on its
+ * own (a consumer name is one token of the API subject), so a wildcard cannot be exported.
+ */
+function ownerTools(owner: string, tools: readonly string[]): string[] {
+  for (const tool of tools) {
+    if (/[*>\s]/.test(tool) || tool === "") {
+      bad(
+        `owner "${owner}" names "${tool}": name each tool (an MCP bridge's too, as server.tool), as each tool's work consumer is exported on its own; a new tool needs a regenerated configuration and a reload`,
+      );
+    }
+  }
+  return [...new Set(tools)];
 }
 
 /** The subjects of a tenant's crossings into the mesh account (ADR 0031). */
@@ -410,34 +433,51 @@ function tenantCrossings(s: Subjects, tenant: string) {
   };
 }
 
+/** One service crossing of an owner: the mesh's subject, imported `as` another when given. */
+interface OwnerCrossing {
+  subject: string;
+  as?: string;
+  responseType?: "stream";
+}
+
 /**
- * The subjects of a tool owner's crossings into the mesh account (ADR 0031). The JetStream API
- * ones are imported under `{p}.js.API` (`as`): an account without JetStream answers every
- * `$JS.API.>` request itself, ahead of an import of the same subject.
+ * The subjects of a tool owner's crossings into the mesh account (ADR 0031): the consumer info,
+ * pulls and acks of each of its tools' work consumers on the shared work stream, its owner
+ * services, and the abort broadcast. The JetStream API ones are imported under `{p}.js.API`
+ * (`as`): an account without JetStream answers every `$JS.API.>` request itself, ahead of an
+ * import of the same subject.
  */
-function ownerCrossings(s: Subjects, owner: string) {
-  const work = ownerWorkStream(s, owner);
-  const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.prefix}.js.API.`);
-  const next = `${API}.CONSUMER.MSG.NEXT.${work}.*`;
-  const info = `${API}.CONSUMER.INFO.${work}.*`;
-  return {
-    services: [
-      { subject: next, as: local(next), responseType: "stream" as const },
-      { subject: info, as: local(info) },
-      { subject: `$JS.ACK.${work}.>` },
-      { subject: `${s.prefix}.v1.owner.${owner}.>` },
-    ],
-    streams: [s.abort],
-  };
+function ownerCrossings(s: Subjects, owner: string, tools: readonly string[]) {
+  const work = s.streams.work;
+  const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.ownerJsApiPrefix}.`);
+  const consumers = [...new Set(tools.map((tool) => s.workConsumer(tool)))];
+  const services: OwnerCrossing[] = [
+    ...consumers.flatMap((c): OwnerCrossing[] => {
+      const next = `${API}.CONSUMER.MSG.NEXT.${work}.${c}`;
+      const info = `${API}.CONSUMER.INFO.${work}.${c}`;
+      return [
+        { subject: next, as: local(next), responseType: "stream" },
+        { subject: info, as: local(info) },
+        { subject: `$JS.ACK.${work}.${c}.>` },
+      ];
+    }),
+    { subject: `${s.prefix}.v1.owner.${owner}.>` },
+  ];
+  return { consumers, services, streams: [s.abort] };
 }
 
 /**
  * An executor or MCP bridge in the account of tool owner `owner`: it pulls and acks its owner's
  * work through the imports, talks to the mesh's owner services, and hears cancellations.
  */
-function ownerPermissions(s: Subjects, role: string, owner: string): Permissions {
+function ownerPermissions(
+  s: Subjects,
+  role: string,
+  owner: string,
+  tools: readonly string[],
+): Permissions {
   return {
-    publish: { allow: ownerCrossings(s, owner).services.map((c) => c.as ?? c.subject) },
+    publish: { allow: ownerCrossings(s, owner, tools).services.map((c) => c.as ?? c.subject) },
     subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.${owner}.>`] },
   };
 }
@@ -502,16 +542,31 @@ export interface AccountConfigOptions {
   prefix?: string;
   /** One account `TENANT_{t}` with a frontend user `frontend-{t}` each. Default `["default"]`. */
   tenants?: readonly string[];
-  /** One account `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each. Default `["default"]`. */
-  owners?: readonly string[];
+  /**
+   * Tool owners, each with the tools it serves, each named (an MCP bridge's as `server.tool`):
+   * one account `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each. Default none:
+   * executors and bridges then run in the mesh account as its users `executor`, `mcp-bridge`.
+   */
+  owners?: Readonly<Record<string, readonly string[]>>;
   /** Limits of every tenant and owner account. */
   limits?: AccountLimits;
   /** More users, e.g. a frontend confined to one session. */
   extraUsers?: readonly ExtraUser[];
 }
 
-/** The users of the mesh account, one per trusted role. */
-const MESH_ROLES = ["resolver", "schema-expander", "gateway", "operator", "setup"] as const;
+/**
+ * The users of the mesh account, one per trusted role: the services, and an executor and MCP
+ * bridge trusted like them (the builtin tools, a deployment's own servers).
+ */
+const MESH_ROLES = [
+  "resolver",
+  "schema-expander",
+  "gateway",
+  "operator",
+  "setup",
+  "executor",
+  "mcp-bridge",
+] as const;
 
 interface Account {
   name: string;
@@ -546,7 +601,26 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
   const prefix = options.prefix === undefined ? {} : { prefix: options.prefix };
   const s = createSubjects(prefix);
   const tenants = uniqueIds("tenant", options.tenants ?? ["default"]);
-  const owners = uniqueIds("owner", options.owners ?? ["default"]);
+  const ownerIds = uniqueIds("owner", Object.keys(options.owners ?? {}));
+  const owners = ownerIds.map((owner) => ({
+    owner,
+    tools: ownerTools(owner, options.owners?.[owner] ?? []),
+  }));
+  // A work consumer is exported to one owner only.
+  const consumerOwner = new Map<string, string>();
+  for (const { owner, tools } of owners) {
+    if (tools.length === 0) {
+      bad(`owner "${owner}" names no tool: give it its tools, as ${owner}=TOOL[,TOOL…]`);
+    }
+    for (const tool of tools) {
+      const consumer = s.workConsumer(tool);
+      const other = consumerOwner.get(consumer);
+      if (other !== undefined && other !== owner) {
+        bad(`tool "${tool}" is named by owners "${other}" and "${owner}": a tool has one owner`);
+      }
+      consumerOwner.set(consumer, owner);
+    }
+  }
   const limits: Required<AccountLimits> = {
     maxConnections: options.limits?.maxConnections ?? 1000,
     maxSubscriptions: options.limits?.maxSubscriptions ?? 100_000,
@@ -589,9 +663,9 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       ],
     });
   }
-  for (const owner of owners) {
+  for (const { owner, tools } of owners) {
     const name = ownerAccount(owner);
-    const crossings = ownerCrossings(s, owner);
+    const crossings = ownerCrossings(s, owner, tools);
     mesh.exports.push(
       ...crossings.services.map(
         ({ subject, responseType }) =>
@@ -605,7 +679,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       limits,
       users: (["executor", "mcp-bridge"] as const).map((role) => ({
         user: `${role}-${owner}`,
-        permissions: rolePermissions(role, { ...prefix, owner }),
+        permissions: rolePermissions(role, { ...prefix, owner, tools }),
       })),
       exports: [],
       imports: [
@@ -627,7 +701,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
   const flags = [
     ...(options.prefix === undefined ? [] : [`--prefix ${options.prefix}`]),
     ...(options.tenants === undefined ? [] : [`--tenants ${tenants.join(",")}`]),
-    ...(options.owners === undefined ? [] : [`--owners ${owners.join(",")}`]),
+    ...owners.map(({ owner, tools }) => `--owner ${owner}=${tools.join(",")}`),
   ];
   const list = (items: string[]) =>
     items.length === 0 ? "[]" : `[\n${items.map((x) => `      ${x}`).join("\n")}\n    ]`;
@@ -666,7 +740,18 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     `# Generated by \`toolmesh auth config${flags.length === 0 ? "" : ` ${flags.join(" ")}`}\`. Passwords come from the`,
     "# environment (TOOLMESH_<USER>_PASSWORD); swap them for nkeys or TLS-mapped users as you like.",
     "# Include this file from the server's configuration, which enables JetStream and TLS; add a",
-    "# tenant or owner by regenerating it and `nats-server --signal reload`.",
+    "# tenant, an owner or an owner's tool by regenerating it and `nats-server --signal reload`",
+    "# (twice: the first reload leaves a new account's imports out).",
+    ...(owners.length === 0
+      ? [
+          "# No tool owner accounts: executors and MCP bridges (the builtin tools of `toolmesh dev`,",
+          "# compose and the chart) connect as the mesh account's users `executor` and `mcp-bridge`,",
+          "# trusted like the services. Give an owner an account with `--owner OWNER=TOOL[,TOOL…]`.",
+        ]
+      : [
+          "# Each owner's account crosses to the work consumers of the tools it names, one by one:",
+          "# a new tool of an owner needs this file regenerated and reloaded.",
+        ]),
     "accounts {",
     body.join("\n"),
     "}",

@@ -24,3 +24,6 @@ export type {
 // --- reconcile.ts: orphaned work-queue messages after a server restart ---
 export { reconcileOrphans } from "./reconcile.js";
 export type { ReconcileOptions, ReconcileOutcome } from "./reconcile.js";
+// --- owner-services.ts: what executors and bridges in an owner's account ask of the mesh ---
+export { answerOwner, startOwnerServices } from "./owner-services.js";
+export type { OwnerServices, OwnerServicesOptions } from "./owner-services.js";

@@ -1,5 +1,7 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
-import type { JetStreamManager } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import pRetry from "p-retry";
 import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
 import {
   Defaults,
@@ -8,9 +10,11 @@ import {
   ToolmeshError,
   AbortMessageSchema,
   decodeJsonOrUndefined,
+  ensureError,
   summarize,
 } from "@toolmesh/protocol";
-import { openCallPlane } from "@toolmesh/call-store";
+import { openCallPlane, ownerCallPlane } from "@toolmesh/call-store";
+import type { CallPlane } from "@toolmesh/call-store";
 import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
 import { Semaphore, ensureDurableConsumer, startWorkLoop } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
@@ -26,12 +30,26 @@ import type { ServedTool, WorkDeps } from "./handle-work.js";
 export interface ExecutorOptions {
   nc: NatsConnection;
   subjects: Subjects;
-  registry: ToolRegistry;
+  /** The registry, in the mesh account; unused (and may be left out) with `ownerAccount`. */
+  registry?: ToolRegistry | undefined;
   tools: readonly ToolModule[];
   log: Logger;
   tracer: Tracer;
-  /** Registry owner identity; replicas of one deployment share it. Default `executor`. */
+  /**
+   * Registry owner identity; replicas of one deployment share it. Default `executor`; with
+   * `ownerAccount`, that owner (the mesh files the tools under it whatever this says).
+   */
   owner?: string;
+  /**
+   * The tool owner whose NATS account this executor lives in (ADR 0031). Set, it registers its
+   * tools, reads records and ends calls through the mesh's owner services
+   * (`{p}.v1.owner.{owner}.*`), which create its work consumers, and pulls and acks work
+   * through its account's imports below the API prefix `{p}.js.API`. Unset, it uses the mesh's
+   * streams and buckets directly.
+   */
+  ownerAccount?: string | undefined;
+  /** With `ownerAccount`: how long registration waits for the owner services, in ms. Default 30 000. */
+  registerWaitMs?: number;
   /** Calls run at once by this process, all tools together. Default 16. */
   concurrency?: number;
   /** Toolkit-level execution context, the lowest priority. Default `{}`. */
@@ -110,15 +128,11 @@ function withoutParams(
  * its stored result and not run again.
  */
 export async function startExecutor(options: ExecutorOptions): Promise<Executor> {
-  const { nc, subjects, registry, log, tracer } = options;
-  const owner = options.owner ?? "executor";
+  const { nc, subjects, log, tracer } = options;
   const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
-  const plane = await openCallPlane(nc, {
-    subjects,
-    streamLimits: options.streamLimits,
-    callRetentionMs: options.callRetentionMs,
-  });
-  const { jsm, js } = plane;
+  const link = await linkToMesh(options, ackWaitMs);
+  const owner = options.ownerAccount ?? options.owner ?? "executor";
+  const { plane, jsm, js } = link;
   const slots = new Semaphore(options.concurrency ?? Defaults.concurrency);
   const served = new Map<string, ServedTool>();
   const metrics = toolmeshMetrics();
@@ -181,8 +195,15 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   /** Registers a tool and starts consuming its work; false when another owner has the name. */
   async function serve(module: ToolModule): Promise<boolean> {
     const definition = toolDefinitionOf(module, owner);
-    const outcome = await registry.register(definition);
-    if (outcome.status === "conflict") return false; // the registry has logged the warning
+    const outcome = await link.register(definition);
+    if (outcome.status === "conflict") {
+      if (options.ownerAccount !== undefined)
+        log.warn(
+          { tool: definition.name, owner: outcome.owner, refused: owner },
+          "tool name already registered by another owner; registration refused",
+        );
+      return false; // inside the mesh the registry has logged the warning
+    }
     const tool: ServedTool = {
       module,
       definition,
@@ -190,12 +211,9 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     };
     const previous = served.get(definition.name);
     served.set(definition.name, tool);
-    if (previous !== undefined && loops.has(definition.name)) {
-      // A new definition of a tool already served: the running loop picks it up.
-      await ensureWorkConsumer(jsm, subjects, definition, ackWaitMs);
-      return true;
-    }
-    await ensureWorkConsumer(jsm, subjects, definition, ackWaitMs);
+    await link.ensureWorkConsumer(definition);
+    // A new definition of a tool already served: the running loop picks it up.
+    if (previous !== undefined && loops.has(definition.name)) return true;
     if (previous === undefined) metrics.toolServed(definition.name, 1);
     loops.set(
       definition.name,
@@ -233,7 +251,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       loops.delete(name);
       if (served.delete(name)) metrics.toolServed(name, -1);
       await loop?.stop(graceMs);
-      await registry.unregister(name, owner).catch((err: unknown) => {
+      await link.unregister(name, owner).catch((err: unknown) => {
         log.warn({ err, tool: name }, "cannot remove the tool from the registry");
       });
     },
@@ -253,6 +271,67 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       stopObservingQueues();
       for (const name of served.keys()) metrics.toolServed(name, -1);
     },
+  };
+}
+
+/** How an executor reaches the mesh: from inside its account, or from a tool owner's. */
+interface MeshLink {
+  plane: CallPlane;
+  js: JetStreamClient;
+  jsm: JetStreamManager;
+  register(
+    definition: ToolDefinition,
+  ): Promise<
+    { status: "created" | "updated" | "unchanged" } | { status: "conflict"; owner: string }
+  >;
+  /** Creates or updates the tool's work consumer (the mesh does it for owners' accounts). */
+  ensureWorkConsumer(definition: ToolDefinition): Promise<unknown>;
+  unregister(name: string, owner: string): Promise<boolean>;
+}
+
+async function linkToMesh(options: ExecutorOptions, ackWaitMs: number): Promise<MeshLink> {
+  const { nc, subjects, ownerAccount } = options;
+  if (ownerAccount === undefined) {
+    const { registry } = options;
+    if (registry === undefined)
+      throw new Error("an executor in the mesh account needs the registry");
+    const plane = await openCallPlane(nc, {
+      subjects,
+      streamLimits: options.streamLimits,
+      callRetentionMs: options.callRetentionMs,
+    });
+    return {
+      plane,
+      js: plane.js,
+      jsm: plane.jsm,
+      register: (definition) => registry.register(definition),
+      ensureWorkConsumer: (definition) =>
+        ensureWorkConsumer(plane.jsm, subjects, definition, ackWaitMs),
+      unregister: (name, owner) => registry.unregister(name, owner),
+    };
+  }
+  // The account has no JetStream: its imports of the mesh's consumer API live below this prefix.
+  const api = { apiPrefix: subjects.ownerJsApiPrefix, checkAPI: false };
+  const plane = ownerCallPlane(nc, { subjects, owner: ownerAccount });
+  return {
+    plane,
+    js: jetstream(nc, api),
+    jsm: await jetstreamManager(nc, api),
+    // The owner services may not be up yet (a resolver starting beside this executor).
+    register: ({ owner: _owner, ...definition }) =>
+      pRetry(() => plane.register(definition, ackWaitMs), {
+        retries: Number.POSITIVE_INFINITY,
+        minTimeout: 250,
+        maxTimeout: 2_000,
+        maxRetryTime: options.registerWaitMs ?? 30_000,
+        shouldRetry: ({ error }) => ensureError(error).retryable,
+        onFailedAttempt: ({ error, attemptNumber }) => {
+          if (attemptNumber === 1)
+            options.log.warn({ err: error }, "cannot register with the mesh yet; trying again");
+        },
+      }) as ReturnType<MeshLink["register"]>,
+    ensureWorkConsumer: () => Promise.resolve(),
+    unregister: (name) => plane.unregister(name),
   };
 }
 

@@ -48,6 +48,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     nc: rt.nc,
     subjects: rt.subjects,
     registry: rt.registry,
+    ownerAccount: config.owner,
     tracer: rt.tracer,
     streamLimits: rt.streamLimits,
     log,

@@ -23,7 +23,7 @@ import {
 import pRetry from "p-retry";
 import { knownRecordOf } from "@toolmesh/call-store";
 import type { CallPlane, CallRecord } from "@toolmesh/call-store";
-import { ServerClock, deadLetterHeaders, publishEphemeral } from "@toolmesh/nats";
+import { ServerClock } from "@toolmesh/nats";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
   ATTR_TOOLMESH_ATTEMPT,
@@ -313,18 +313,15 @@ async function publishDeadLetter(
   msg: JsMsg,
   reason: string,
 ): Promise<void> {
-  const { subjects } = deps;
-  const h = deadLetterHeaders({
-    stream: subjects.streams.work,
+  await deps.plane.deadLetter({
+    tool: tool.definition.name,
+    reason,
+    stream: msg.info.stream,
     subject: msg.subject,
     seq: msg.seq,
-    reason,
     deliveries: msg.info.deliveryCount,
+    data: msg.data,
     headers: msg.headers,
-  });
-  await deps.plane.js.publish(subjects.dlq(tool.definition.name), msg.data, {
-    headers: h,
-    msgID: `dlq:${subjects.streams.work}:${msg.seq}`,
   });
 }
 
@@ -392,7 +389,7 @@ async function runAttempt(
         at: Date.now(),
       };
       try {
-        publishEphemeral(deps.nc, deps.subjects.progress(call.address, call.call_id), event);
+        deps.plane.publishProgress(call, event);
       } catch (err) {
         callLog.warn({ err }, "cannot publish progress");
       }

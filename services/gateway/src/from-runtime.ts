@@ -4,6 +4,7 @@ import { metrics } from "@opentelemetry/api";
 import { StateStore } from "@toolmesh/catalog";
 import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
+import { meshRegistry } from "@toolmesh/runtime";
 import { Authenticator } from "./auth.js";
 import type { GatewayConfig } from "./config.js";
 import type { GatewayServer } from "./gateway.js";
@@ -39,6 +40,7 @@ export async function startGatewayFromRuntime(
   config: GatewayConfig,
 ): Promise<Gateway> {
   const log = rt.log.child({ actor: "gateway" });
+  const registry = meshRegistry(rt);
   const auth = await Authenticator.create(config);
   const store = await StateStore.open(rt.nc, {
     subjects: rt.subjects,
@@ -50,7 +52,7 @@ export async function startGatewayFromRuntime(
     nc: rt.nc,
     subjects: rt.subjects,
     prefix: rt.config.prefix,
-    registry: rt.registry,
+    registry,
     calls,
     defaultTimeoutMs: rt.config.defaultTimeoutMs,
     retentionMs: rt.config.callRetentionMs,
@@ -64,7 +66,7 @@ export async function startGatewayFromRuntime(
       for (const listener of set) listener();
     }
   };
-  const stopRegistry = rt.registry.onChange(() => notify());
+  const stopRegistry = registry.onChange(() => notify());
   const groupWatch = await store.groups.watch({ include: "updates" });
   void (async () => {
     for await (const entry of groupWatch) notify(entry.key);

@@ -16,7 +16,14 @@ import { ServerConnection } from "./connection.js";
 export interface BridgeOptions {
   nc: NatsConnection;
   subjects: Subjects;
-  registry: ToolRegistry;
+  /** The registry, in the mesh account; unused (and may be left out) with `ownerAccount`. */
+  registry?: ToolRegistry | undefined;
+  /**
+   * The tool owner whose NATS account this bridge lives in (ADR 0031): see the executor's
+   * `ownerAccount`. Its tools are then that owner's in the registry. `pin_tools` needs the
+   * mesh account (the approvals bucket).
+   */
+  ownerAccount?: string | undefined;
   log: Logger;
   tracer: Tracer;
   /** The MCP servers, one per file of the MCP folder. */
@@ -98,18 +105,29 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         : trustedHostsOf(config.url, config.trust_configured_host, options.trustConfiguredHosts),
     );
   const { log } = options;
-  const pins = options.servers.some((s) => s.pin_tools)
-    ? await ToolPins.open(options.nc, options.subjects, options.streamLimits)
-    : undefined;
+  const pinning = options.servers.filter((s) => s.pin_tools).map((s) => s.name);
+  if (pinning.length > 0 && options.ownerAccount !== undefined) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `MCP servers ${pinning.join(", ")} set pin_tools, which needs the mesh account's approvals: unset TOOLMESH_OWNER or pin_tools`,
+      { retryable: false },
+    );
+  }
+  const pins =
+    pinning.length > 0
+      ? await ToolPins.open(options.nc, options.subjects, options.streamLimits)
+      : undefined;
   const servers = await Promise.all(options.servers.map((config) => startServer(config)));
 
   async function startServer(config: McpServerConfig): Promise<ServedServer> {
-    const owner = ownerOf(config.name);
+    // In an owner's account the mesh files every tool under that owner.
+    const owner = options.ownerAccount ?? ownerOf(config.name);
     const serverLog = log.child({ server: config.name });
     const executor = await startExecutor({
       nc: options.nc,
       subjects: options.subjects,
       registry: options.registry,
+      ownerAccount: options.ownerAccount,
       tracer: options.tracer,
       log: serverLog,
       tools: [],
@@ -194,7 +212,10 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
           "MCP tool definition not approved; tool disabled until approved",
         );
         const name = meshToolName(config.name, u.tool);
-        if (!served.has(name) && options.registry.get(name)?.definition.owner === owner) {
+        // Without the registry (an owner's account) the mesh refuses to remove another's tool.
+        const ours =
+          options.registry === undefined || options.registry.get(name)?.definition.owner === owner;
+        if (!served.has(name) && ours) {
           await executor.removeTool(name, 0);
         }
       }
@@ -242,7 +263,10 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     // listed), else from the file, else the server is started once to list its tools.
     let known: Tool[] | undefined;
     if (config.lazy) {
-      const cached = (await options.registry.fetchAll()).filter((d) => d.owner === owner);
+      const cached =
+        (await options.registry?.fetchAll())?.filter(
+          (d) => d.owner === owner && d.origin?.server === config.name,
+        ) ?? [];
       if (cached.length > 0) {
         known = cached.map((d) => toolFromDefinition(d, config.name));
       } else if (config.tools !== undefined) {

@@ -17,6 +17,7 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     nc: rt.nc,
     subjects: rt.subjects,
     registry: rt.registry,
+    ownerAccount: config.owner,
     tracer: rt.tracer,
     streamLimits: rt.streamLimits,
     log,

@@ -1,5 +1,6 @@
 import { AccessView, StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
+import { meshRegistry } from "@toolmesh/runtime";
 import type { Resolver } from "./resolver.js";
 import { startResolver } from "./resolver.js";
 
@@ -20,7 +21,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
   const resolver = await startResolver({
     nc: rt.nc,
     subjects: rt.subjects,
-    registry: rt.registry,
+    registry: meshRegistry(rt),
     tracer: rt.tracer,
     streamLimits: rt.streamLimits,
     log,

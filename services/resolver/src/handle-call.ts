@@ -38,7 +38,7 @@ import {
   knownRecordHeaders,
   stampArguments,
 } from "@toolmesh/call-store";
-import type { AcceptOutcome, CallPlane } from "@toolmesh/call-store";
+import type { AcceptOutcome, MeshCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import {
@@ -67,7 +67,7 @@ export interface ResolverDeps {
   log: Logger;
   tracer: Tracer;
   /** Streams, call store, server clock and the one way final messages go out. */
-  plane: CallPlane;
+  plane: MeshCallPlane;
   /** Where deadlines are armed and calls outside the call layout are dead-lettered. */
   control: Pick<ControlPlane, "deadLetter">;
   /** Calls of each session in flight through this resolver. */

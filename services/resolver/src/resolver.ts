@@ -8,7 +8,7 @@ import { openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
-import { startControlPlane } from "@toolmesh/control-plane";
+import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { dryRunRequests, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
@@ -81,7 +81,7 @@ export interface Resolver {
  * Takes calls from the calls stream, resolves them, answers invalid ones on their session at
  * once and routes valid ones to their tool's work subject, after recording them in the call
  * store. Also runs the control plane: deadline keeper, dead-letter
- * keeper, cancellation, dry-run requests.
+ * keeper, cancellation, dry-run requests, and the owner services (ADR 0031).
  */
 export async function startResolver(options: ResolverOptions): Promise<Resolver> {
   const { nc, subjects, registry, log, tracer } = options;
@@ -151,6 +151,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           queued: fairShare?.heldByTenant().get(tenant) ?? 0,
         })),
   );
+  // Executors and bridges in tool owners' accounts register and end their calls through these.
+  const owners = startOwnerServices({ nc, subjects, plane, registry, log, ackWaitMs });
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -208,6 +210,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       quotas?.close();
       stopReportingTenants();
       stopLoggingQuotas?.();
+      owners.stop();
     },
   };
 }

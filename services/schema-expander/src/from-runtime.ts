@@ -1,5 +1,6 @@
 import { StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
+import { meshRegistry } from "@toolmesh/runtime";
 import type { SchemaExpander } from "./schema-expander.js";
 import { startSchemaExpander } from "./schema-expander.js";
 
@@ -19,7 +20,7 @@ export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<Schem
   return startSchemaExpander({
     nc: rt.nc,
     subjects: rt.subjects,
-    registry: rt.registry,
+    registry: meshRegistry(rt),
     store,
     catalog,
     log,
