@@ -230,8 +230,14 @@ describe("quotas across three resolvers", () => {
     const results = await pending;
     session.close();
     const byCode = codes(results);
-    expect(byCode.ok).toBe(6);
-    expect(byCode.quota_exceeded).toBe(34);
+    // Calls the dead resolver had taken but not decided come back after their ack wait, when the
+    // first six may have ended: more than six can run in all, never more than six at once.
+    expect(byCode.ok).toBeGreaterThanOrEqual(6);
+    expect((byCode.ok ?? 0) + (byCode.quota_exceeded ?? 0)).toBe(40);
+    const seen = results
+      .filter((r) => r.error === undefined)
+      .map((r) => (JSON.parse(r.content) as { seen: number }).seen);
+    expect(Math.max(...seen)).toBeLessThanOrEqual(6);
     // What the dead resolver counted is reconciled from the call records: no leak.
     await waitForUsage("killed", 0);
     expect(codes(await flood("killed", 6, 10, "k2"))).toEqual({ ok: 6 });
