@@ -14,3 +14,4 @@ export {
 export type { OpenRuntimeOptions, Runtime, Stoppable } from "./runtime.js";
 export { Readiness, startHealthServer } from "./health.js";
 export type { CheckResult, HealthState, ReadinessReport } from "./health.js";
+export { packageVersion } from "./package-version.js";

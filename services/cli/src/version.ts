@@ -1,16 +1,9 @@
-import { readFileSync } from "node:fs";
+import { packageVersion } from "@toolmesh/runtime";
 import type { Command } from "commander";
 
 /** The CLI's version, from its package.json (beside `src/` and `dist/`). */
 export function cliVersion(): string {
-  try {
-    const manifest = JSON.parse(
-      readFileSync(new URL("../package.json", import.meta.url), "utf8"),
-    ) as { version?: unknown };
-    return typeof manifest.version === "string" ? manifest.version : "unknown";
-  } catch {
-    return "unknown";
-  }
+  return packageVersion(new URL("../package.json", import.meta.url));
 }
 
 /** Gives `command` and every command under it a `--version` option (`-V` on the root only). */

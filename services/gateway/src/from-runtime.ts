@@ -1,10 +1,9 @@
-import { readFileSync } from "node:fs";
 import { Kvm } from "@nats-io/kv";
 import { metrics } from "@opentelemetry/api";
 import { StateStore } from "@toolmesh/catalog";
 import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
-import { meshRegistry } from "@toolmesh/runtime";
+import { meshRegistry, packageVersion } from "@toolmesh/runtime";
 import { Authenticator } from "./auth.js";
 import type { GatewayConfig } from "./config.js";
 import type { GatewayServer } from "./gateway.js";
@@ -20,14 +19,7 @@ export interface Gateway extends Stoppable {
 
 /** The gateway package's version (its package.json, beside `src/` and `dist/`). */
 export function gatewayVersion(): string {
-  try {
-    const manifest = JSON.parse(
-      readFileSync(new URL("../package.json", import.meta.url), "utf8"),
-    ) as { version?: unknown };
-    return typeof manifest.version === "string" ? manifest.version : "unknown";
-  } catch {
-    return "unknown";
-  }
+  return packageVersion(new URL("../package.json", import.meta.url));
 }
 
 /**
