@@ -322,8 +322,8 @@ describe("graceful shutdown", () => {
     const session = client.session("rel-handback");
     const handle = session.submit(
       // Long enough to outlast starting the second executor on a busy machine.
-      { id: "b1", name: "sleepy", arguments: { ms: 4_000 } },
-      { timeoutMs: 20_000 },
+      { id: "b1", name: "sleepy", arguments: { ms: 10_000 } },
+      { timeoutMs: 40_000 },
     );
     await startedOn(session, "b1");
     const staying = await executor();

@@ -211,15 +211,18 @@ describe("schema expansion", () => {
     const session = client.session("s-away");
     expect((await call(session, "geo.lookup", {})).error?.code).toBe("missing_arguments");
     expect(await session.waitForSchema("geo.lookup", 10_000)).toBe(true);
-    // A consumer on the whole session is refused: progress is not stored (10093).
-    const whole = await jsm.consumers
-      .add(subjects.streams.sessions, {
-        filter_subject: subjects.sessionEvents(session.address),
-        ack_policy: AckPolicy.None,
-        deliver_policy: DeliverPolicy.LastPerSubject,
-      })
-      .catch((err: unknown) => err);
-    expect((whole as JetStreamApiError).code).toBe(10093);
+    // nats-server 2.9 refuses a consumer on the whole session, whose progress is not stored
+    // (10093); newer servers take it. One kind at a time works on both.
+    if (nc.info?.version.startsWith("2.9.") === true) {
+      const whole = await jsm.consumers
+        .add(subjects.streams.sessions, {
+          filter_subject: subjects.sessionEvents(session.address),
+          ack_policy: AckPolicy.None,
+          deliver_policy: DeliverPolicy.LastPerSubject,
+        })
+        .catch((err: unknown) => err);
+      expect((whole as JetStreamApiError).code).toBe(10093);
+    }
     // The documented way: an ordered consumer on the session's schema subjects.
     const consumer = await jetstream(nc).consumers.get(subjects.streams.sessions, {
       filter_subjects: subjects.sessionEvents(session.address).replace(/>$/, "schema.*"),
