@@ -237,7 +237,14 @@ export async function startMesh({
     gatewayUrl = `http://127.0.0.1:${port}/mcp`;
     procs.gateway = service(
       "gateway",
-      { ...env, TOOLMESH_GATEWAY_PORT: String(port), TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "default" },
+      {
+        ...env,
+        TOOLMESH_GATEWAY_PORT: String(port),
+        TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "default",
+        // The benchmark measures the gateway's cost, not its per-credential limits.
+        TOOLMESH_GATEWAY_RATE_PER_S: "0",
+        TOOLMESH_GATEWAY_MAX_CONCURRENT: "100000",
+      },
       nodeArgs,
       root,
     );
