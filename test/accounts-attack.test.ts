@@ -9,11 +9,11 @@ import { Kvm } from "@nats-io/kv";
 import { MESH_ACCOUNT, renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/cli";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
-import type { NatsConnectOptions } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
+import { accountUsers } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 // Every tenant principal of the configuration `toolmesh auth config` generates, run as an
@@ -29,41 +29,15 @@ const subjects = createSubjects();
 // Services start slowly on a loaded machine; readiness is still their log line.
 const START_MS = 120_000;
 const CONNECTION_LIMIT = 24;
-const PASSWORDS: Record<string, string> = {};
 const SESSIONS = subjects.streams.sessions;
 
 let pki: TestPki;
 let server: NatsServerHandle;
 const open: NatsConnection[] = [];
-
-function password(user: string): string {
-  return (PASSWORDS[user] ??= `pw-${user}-${Math.random().toString(36).slice(2)}`);
-}
-
-async function connectAs(user: string, extra: NatsConnectOptions = {}): Promise<NatsConnection> {
-  const nc = await connectNats({
-    servers: server.url,
-    user,
-    password: password(user),
-    tlsCa: pki.caFile,
-    tlsCert: pki.clientCert,
-    tlsKey: pki.clientKey,
-    ...extra,
-  });
-  open.push(nc);
-  return nc;
-}
-
-function credentials(user: string): Record<string, string> {
-  return {
-    NATS_URL: server.url,
-    NATS_USER: user,
-    NATS_PASSWORD: password(user),
-    NATS_CA: pki.caFile,
-    NATS_CERT: pki.clientCert,
-    NATS_KEY: pki.clientKey,
-  };
-}
+const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
+  url: server.url,
+  pki,
+}));
 
 /** The generated configuration, plus the users an attacker would be and the test's executor. */
 export function attackConfig(tenants: string[]): string {
@@ -189,6 +163,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   for (const nc of open) await nc.close().catch(() => undefined);
+  await closeAll();
   await killAllServices();
   await server?.stop();
   await stopAll();

@@ -10,11 +10,11 @@ import { renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/c
 import type { AccountConfigOptions } from "@toolmesh/cli";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
-import type { NatsConnectOptions } from "@toolmesh/nats";
 import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { killAllServices, startService, type ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
+import { accountUsers } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 // The whole mesh under the accounts `toolmesh auth config` generates (the code the shipped
@@ -31,42 +31,15 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const subjects = createSubjects();
 // Services start slowly on a loaded machine; readiness is still their log line.
 const START_MS = 120_000;
-const PASSWORDS: Record<string, string> = {};
 
 let pki: TestPki;
 let server: NatsServerHandle;
 let work: string;
-const open: NatsConnection[] = [];
+const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
+  url: server.url,
+  pki,
+}));
 let services: ServiceProcess[] = [];
-
-function password(user: string): string {
-  return (PASSWORDS[user] ??= `pw-${user}-${Math.random().toString(36).slice(2)}`);
-}
-
-function credentials(user: string): Record<string, string> {
-  return {
-    NATS_URL: server.url,
-    NATS_USER: user,
-    NATS_PASSWORD: password(user),
-    NATS_CA: pki.caFile,
-    NATS_CERT: pki.clientCert,
-    NATS_KEY: pki.clientKey,
-  };
-}
-
-async function connectAs(user: string, extra: NatsConnectOptions = {}): Promise<NatsConnection> {
-  const nc = await connectNats({
-    servers: server.url,
-    user,
-    password: password(user),
-    tlsCa: pki.caFile,
-    tlsCert: pki.clientCert,
-    tlsKey: pki.clientKey,
-    ...extra,
-  });
-  open.push(nc);
-  return nc;
-}
 
 /**
  * The server configuration: the generated accounts, the test's users, TLS, and the password of
@@ -174,7 +147,7 @@ beforeAll(async () => {
 }, 3 * START_MS);
 
 afterAll(async () => {
-  for (const nc of open) await nc.close().catch(() => undefined);
+  await closeAll();
   await killAllServices();
   await server?.stop();
   await stopAll();
