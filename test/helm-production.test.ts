@@ -186,10 +186,11 @@ describe("NATS TLS and credentials", () => {
     expect(weather.TOOLMESH_OWNER?.valueFrom).toEqual({
       secretKeyRef: { name: "weather-owner", key: "owner" },
     });
-    expect(envOf(find(ms, "Deployment", "executor-materials")).TOOLMESH_OWNER?.value).toBe(
-      "materials-team",
-    );
-    expect(envOf(find(ms, "Deployment", "mcp-bridge-github")).TOOLMESH_OWNER?.value).toBe("github");
+    // Without ownerAccount an executor keeps its registry owner name and the mesh account.
+    const materials = envOf(find(ms, "Deployment", "executor-materials"));
+    expect(materials.TOOLMESH_EXECUTOR_OWNER?.value).toBe("materials-team");
+    expect(materials.TOOLMESH_OWNER).toBeUndefined();
+    expect(envOf(find(ms, "Deployment", "mcp-bridge-github")).TOOLMESH_OWNER).toBeUndefined();
     const gateway = find(ms, "Deployment", "gateway");
     expect(podOf(gateway).volumes).toContainEqual(
       expect.objectContaining({
