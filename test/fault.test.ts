@@ -33,6 +33,11 @@ const TIMEOUT_MS = 30_000;
 const DEADLINE_GRACE_MS = 1_000;
 const MAX_DELIVERIES_PER_CALL = 1.1;
 const ACK_WAIT_MS = 2_000;
+/**
+ * How long a service may take to start. On a loaded machine a restart takes many seconds (17 s
+ * seen at a load of 20 on two cores); how long is not what this test measures.
+ */
+const START_MS = 120_000;
 const TOOL = "ledger_append";
 
 let server: NatsServerHandle;
@@ -88,10 +93,10 @@ beforeAll(async () => {
     TOOLMESH_ACK_WAIT_MS: String(ACK_WAIT_MS),
   };
   const resolvers = await Promise.all([
-    startService("resolver", env),
-    startService("resolver", env),
+    startService("resolver", env, START_MS),
+    startService("resolver", env, START_MS),
   ]);
-  const executors = await Promise.all([0, 1, 2].map(() => startService("executor", env)));
+  const executors = await Promise.all([0, 1, 2].map(() => startService("executor", env, START_MS)));
   services.push(...resolvers, ...executors);
   everStarted.push(...services);
   await Promise.all(
@@ -100,6 +105,7 @@ beforeAll(async () => {
         (l) =>
           (l.msg === "tool available" && l.tool === TOOL) ||
           (l.msg === "resolver started" && (l.tools as string[]).includes(TOOL)),
+        START_MS,
       ),
     ),
   );
@@ -111,7 +117,7 @@ beforeAll(async () => {
     noAsyncTraces: true,
   });
   client = new ToolmeshClient(nc);
-}, 60_000);
+}, 3 * START_MS);
 
 afterAll(async () => {
   await nc?.close().catch(() => undefined);
@@ -122,7 +128,7 @@ afterAll(async () => {
 });
 
 describe("fault tolerance under load", () => {
-  it(`${CALLS} calls at ${RATE_PER_S}/s survive executor kills and a NATS server kill`, async () => {
+  it(`${CALLS}+ calls at ${RATE_PER_S}/s survive executor kills and a NATS server kill`, async () => {
     const subjects = createSubjects();
     const sessions = Array.from({ length: SESSIONS }, (_, i) => client.session(`fault-s${i}`));
     const calls = new Map<string, Tracked>();
@@ -221,7 +227,7 @@ describe("fault tolerance under load", () => {
       stamp(`SIGKILL executor ${which.join("+")} holding ${held.length} call(s) (${stage})`);
     };
     const restartExecutors = async (...which: number[]): Promise<void> => {
-      const restarted = await Promise.all(which.map(() => startService("executor", env)));
+      const restarted = await Promise.all(which.map(() => startService("executor", env, START_MS)));
       which.forEach((i, n) => {
         services[2 + i] = restarted[n] as ServiceProcess;
       });
@@ -235,7 +241,7 @@ describe("fault tolerance under load", () => {
       await victim.kill();
       stamp(`SIGKILL resolver ${i}`);
       await sleep(1_000);
-      const restarted = await startService("resolver", env);
+      const restarted = await startService("resolver", env, START_MS);
       services[i] = restarted;
       everStarted.push(restarted);
       stamp(`resolver ${i} restarted`);
@@ -281,10 +287,17 @@ describe("fault tolerance under load", () => {
       await restartExecutors(2);
     })();
     faults.catch(() => undefined); // awaited (and thrown) after the submission
+    let faultsOver = false;
+    const over = (): void => {
+      faultsOver = true;
+    };
+    faults.then(over, over);
 
-    // Steady submission: call i goes out at i / rate, whatever the mesh is doing.
+    // Steady submission: call i goes out at i / rate, whatever the mesh is doing, until both
+    // CALLS are out and the last fault is over: on a slow machine, where restarts take longer
+    // and the schedule slips, every fault still strikes under load.
     const intervalMs = 1_000 / RATE_PER_S;
-    for (let i = 0; i < CALLS; i++) {
+    for (let i = 0; i < CALLS || !faultsOver; i++) {
       await at(i * intervalMs);
       const id = `f${String(i).padStart(5, "0")}`;
       const session = sessions[i % SESSIONS] as Session;
@@ -552,5 +565,5 @@ describe("fault tolerance under load", () => {
     expect(deliveriesPerCall, "handler invocations per call").toBeLessThanOrEqual(
       MAX_DELIVERIES_PER_CALL,
     );
-  }, 180_000);
+  }, 300_000);
 });
