@@ -1,16 +1,21 @@
-// The container image (deploy/Dockerfile), the docker-compose stack (docker-compose.yml) and the
-// examples of shipping tools (examples/deploy), with a real Docker engine. Skipped, loudly, when
-// no engine answers; CI starts one (.ci/run).
+// The container image (deploy/Dockerfile), the docker-compose stack (docker-compose.yml: NATS
+// with the accounts of deploy/nats/toolmesh.conf, `toolmesh setup`, every service and the MCP
+// gateway) and the examples of shipping tools (examples/deploy), with a real Docker engine.
+// Skipped, loudly, when no engine answers; CI starts one (.ci/run).
 //
 // Base images come from variables, so the tests run where no registry is reachable:
 // TOOLMESH_TEST_NODE_IMAGE (the Dockerfile's NODE_IMAGE; default its own public default) and
 // TOOLMESH_TEST_NATS_IMAGE (default nats:2.15.1-alpine, as docker-compose.yml); test/docker/build-base-images.sh makes
 // local ones. TOOLMESH_TEST_IMAGE is the tag the image is built under (default toolmesh:test).
+import { randomBytes } from "node:crypto";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { connect } from "@nats-io/transport-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { parse } from "yaml";
+import { mcpClient } from "../helpers/gateway.js";
 import {
   startOtlpReceiver,
   type CollectedSpan,
@@ -39,7 +44,20 @@ const IMAGE = process.env.TOOLMESH_TEST_IMAGE ?? "toolmesh:test";
 const NODE_IMAGE = process.env.TOOLMESH_TEST_NODE_IMAGE;
 const NATS_IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE ?? "nats:2.15.1-alpine";
 const BUILD_MS = 20 * 60_000;
-const SERVICES = ["nats", "resolver", "executor", "schema-expander", "mcp-bridge"];
+const SERVICES = ["nats", "resolver", "executor", "schema-expander", "mcp-bridge", "gateway"];
+/** The NATS users of the stack (deploy/nats/toolmesh.conf) and their password variables. */
+const USERS = {
+  resolver: "TOOLMESH_RESOLVER_PASSWORD",
+  "schema-expander": "TOOLMESH_SCHEMA_EXPANDER_PASSWORD",
+  gateway: "TOOLMESH_GATEWAY_PASSWORD",
+  operator: "TOOLMESH_OPERATOR_PASSWORD",
+  setup: "TOOLMESH_SETUP_PASSWORD",
+  executor: "TOOLMESH_EXECUTOR_PASSWORD",
+  "mcp-bridge": "TOOLMESH_MCP_BRIDGE_PASSWORD",
+  "frontend-default": "TOOLMESH_FRONTEND_DEFAULT_PASSWORD",
+} as const;
+/** A password or key no default of the compose file has: the stack must pass it through. */
+const secret = (): string => randomBytes(12).toString("hex");
 
 async function freePort(): Promise<number> {
   const server = createServer();
@@ -65,6 +83,9 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
       timeoutMs,
     });
   const cli = (args: string[]) => composeRun(["run", "--rm", "-T", "cli", ...args]);
+  const operator = (args: string[]) => composeRun(["run", "--rm", "-T", "operator", ...args]);
+  const natsUrl = () => `nats://127.0.0.1:${composeEnv.NATS_PORT}`;
+  const gatewayUrl = () => `http://127.0.0.1:${composeEnv.GATEWAY_PORT}/mcp`;
   const containerOf = async (service: string) =>
     (await composeRun(["ps", "-q", service])).stdout.trim();
   const inspect = async (container: string, format: string) =>
@@ -96,6 +117,10 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
       "/tmp",
       "-e",
       "NATS_URL=nats://nats:4222",
+      "-e",
+      "NATS_USER=executor",
+      "-e",
+      `NATS_PASSWORD=${composeEnv[USERS.executor]}`,
       "-e",
       `TOOLMESH_EXECUTOR_OWNER=${name}`,
       ...args,
@@ -141,7 +166,10 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
       override,
       JSON.stringify({
         services: Object.fromEntries(
-          ["resolver", "executor", "schema-expander", "mcp-bridge", "cli"].map((s) => [s, hosts]),
+          ["resolver", "executor", "schema-expander", "mcp-bridge", "gateway", "cli"].map((s) => [
+            s,
+            hosts,
+          ]),
         ),
       }),
     );
@@ -151,11 +179,16 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
       TOOLMESH_IMAGE: IMAGE,
       NATS_PORT: String(await freePort()),
       NATS_MONITOR_PORT: String(await freePort()),
+      GATEWAY_PORT: String(await freePort()),
+      TOOLMESH_GATEWAY_DEV_KEY: secret(),
+      ...Object.fromEntries(Object.values(USERS).map((v) => [v, secret()])),
       OTEL_EXPORTER_OTLP_ENDPOINT: `http://host.docker.internal:${new URL(receiver.url).port}`,
       ...(NODE_IMAGE ? { NODE_IMAGE } : {}),
     };
     const up = await composeRun(["up", "-d"], 300_000);
     if (up.code !== 0) throw new Error(`compose up failed:\n${up.stdout}\n${up.stderr}`);
+    const setup = await containerOf("setup");
+    expect(await inspect(setup, "{{.State.ExitCode}}"), await logsOf(setup)).toBe("0");
     for (const service of SERVICES) {
       const container = await containerOf(service);
       await waitUntil(
@@ -295,8 +328,92 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
     ]);
     const shout = await cli(["call", "shout", "--args", '{"text":"hi"}']);
     expect(shout.stdout.trim()).toBe("HI!");
-    const listed = await cli(["tools", "list"]);
+    const listed = await operator(["tools", "list"]);
     expect(listed.stdout).toContain("service_status");
+  });
+
+  it("runs NATS with the generated accounts: every role its own user, tenants kept out of the mesh", async () => {
+    // No credentials, a wrong password: refused.
+    await expect(connect({ servers: natsUrl(), reconnect: false })).rejects.toThrow(
+      /Authorization/i,
+    );
+    await expect(
+      connect({ servers: natsUrl(), reconnect: false, user: "resolver", pass: "wrong" }),
+    ).rejects.toThrow(/Authorization/i);
+    // The tenant's frontend lives in TENANT_default, without JetStream and with rights to the
+    // mesh's imports only: asking for a stream of the mesh is refused.
+    const frontend = await connect({
+      servers: natsUrl(),
+      reconnect: false,
+      user: "frontend-default",
+      pass: composeEnv[USERS["frontend-default"]],
+      inboxPrefix: "_INBOX.toolmesh.frontend.default",
+    });
+    await expect(
+      frontend.request("$JS.API.STREAM.INFO.TOOLMESH_CALLS", "", { timeout: 2_000 }),
+    ).rejects.toThrow(/Permissions Violation/);
+    await frontend.close();
+    // The operator commands need the mesh account: as the frontend, `tools list` fails.
+    const asFrontend = await cli(["tools", "list"]);
+    expect(asFrontend.code).not.toBe(0);
+    expect((await operator(["tools", "list"])).stdout).toContain("echo");
+  });
+
+  it("keeps each default password the same for NATS and the service that uses it", async () => {
+    // What `docker compose up` runs without any variable set (the README's two commands).
+    const defaults = Object.fromEntries(Object.values(USERS).map((v) => [v, ""]));
+    const config = await command(
+      compose[0],
+      [
+        ...compose.slice(1),
+        "-f",
+        join(repoRoot, "docker-compose.yml"),
+        "--profile",
+        "cli",
+        "config",
+      ],
+      { env: { ...defaults, TOOLMESH_GATEWAY_DEV_KEY: "" } },
+    );
+    expect(config.code, config.stderr).toBe(0);
+    const services = (
+      parse(config.stdout) as {
+        services: Record<string, { environment?: Record<string, string> }>;
+      }
+    ).services;
+    const natsEnv = services.nats?.environment ?? {};
+    const used = new Set<string>();
+    for (const [name, s] of Object.entries(services)) {
+      const user = s.environment?.NATS_USER as keyof typeof USERS | undefined;
+      if (user === undefined) continue;
+      used.add(user);
+      expect(s.environment?.NATS_PASSWORD, `${name} as ${user}`).toBe(natsEnv[USERS[user]]);
+      expect(natsEnv[USERS[user]], user).not.toBe("");
+    }
+    expect([...used].sort()).toEqual(Object.keys(USERS).sort());
+    expect(services.gateway?.environment?.TOOLMESH_GATEWAY_DEV_KEY).not.toBe("");
+  });
+
+  it("serves MCP clients through the gateway: the catalog and a call, with the stack's key", async () => {
+    const res = await fetch(gatewayUrl(), {
+      method: "POST",
+      headers: { authorization: "Bearer not-the-key", "content-type": "application/json" },
+      body: "{}",
+    });
+    expect(res.status).toBe(401);
+    const client = await mcpClient(gatewayUrl(), composeEnv.TOOLMESH_GATEWAY_DEV_KEY);
+    try {
+      const { tools } = await client.listTools();
+      expect(tools.map((t) => t.name)).toEqual(
+        expect.arrayContaining(["echo", "everything.get-sum"]),
+      );
+      const echoed = await client.callTool({ name: "echo", arguments: { text: "via mcp" } });
+      expect(echoed.isError ?? false).toBe(false);
+      expect(echoed.content).toEqual([{ type: "text", text: "via mcp" }]);
+      const sum = await client.callTool({ name: "everything.get-sum", arguments: { a: 2, b: 3 } });
+      expect(JSON.stringify(sum.content)).toContain("The sum of 2 and 3 is 5");
+    } finally {
+      await client.close();
+    }
   });
 
   it("stops a service with docker stop: exit 0 within its grace", async () => {
