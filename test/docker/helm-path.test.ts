@@ -1,14 +1,24 @@
 // The README's Helm path as far as a machine without a cluster can follow it: build the image
-// (deploy/Dockerfile), render the chart with that image the way the README installs it, then
+// (deploy/Dockerfile), render the chart with that image and the README's own `helm install`
+// flags (read from README.md: only the image, the NATS address and, on one NATS server rather
+// than the README's three, the stream replicas differ), then
 // run what the chart would run — the setup hook Job, every Deployment's container with its
 // args, environment and restricted security settings, and the `helm test` pod's commands —
-// as containers against nats-server in a container, and call a tool through them. Skipped,
+// as containers against nats-server in a container, and call a tool through them: with the
+// CLI, and with an MCP client through the chart's gateway (on, with its keys Secret), as the
+// README's list of what the chart deploys says. Skipped,
 // loudly, without a Docker engine. Images: TOOLMESH_TEST_NODE_IMAGE, TOOLMESH_TEST_NATS_IMAGE
 // (as in compose.test.ts), TOOLMESH_TEST_IMAGE (default toolmesh:test).
+import { randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { keyDigest } from "@toolmesh/gateway";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { parseAllDocuments } from "yaml";
+import { parse, parseAllDocuments } from "yaml";
+import { mcpClient } from "../helpers/gateway.js";
 import { helm } from "../helpers/helm.js";
-import { command, dockerEngine, mustRun, waitUntil } from "./docker.js";
+import { command, dockerEngine, mustRun, repoRoot, waitUntil } from "./docker.js";
 
 const engine = await dockerEngine();
 if (!engine.ok) console.warn(`!! HELM PATH DOCKER TEST NOT RUN: no Docker engine (${engine.why})`);
@@ -17,17 +27,60 @@ const IMAGE = process.env.TOOLMESH_TEST_IMAGE ?? "toolmesh:test";
 const NODE_IMAGE = process.env.TOOLMESH_TEST_NODE_IMAGE;
 const NATS_IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE ?? "nats:2.15.1-alpine";
 type Manifest = Record<string, any>;
+/** The gateway's API key, and the Secret an operator would make for it (docs/gateway.md). */
+const GATEWAY_KEY = randomBytes(16).toString("hex");
+const SECRETS: Record<string, Record<string, string>> = {
+  "toolmesh-gateway-keys": {
+    "keys.yaml": `keys:\n  - sha256: ${keyDigest(GATEWAY_KEY)}\n    tenant: default\n`,
+  },
+};
+
+/** The README's shell commands of "Kubernetes with Helm", continuation lines joined. */
+async function readmeHelmCommands(): Promise<string[]> {
+  const readme = await readFile(join(repoRoot, "README.md"), "utf8");
+  const section = readme.slice(readme.indexOf("### Kubernetes with Helm"));
+  const block = /```sh\n([\s\S]*?)```/.exec(section)?.[1];
+  if (block === undefined) throw new Error("README: no sh block under Kubernetes with Helm");
+  return block
+    .replace(/\\\n\s*/g, "")
+    .split("\n")
+    .filter((l) => l.trim() !== "");
+}
+
+/** `--set` values of a command line: `key=value`, shell quotes removed. */
+function setFlags(line: string): Map<string, string> {
+  const flags = new Map<string, string>();
+  for (const m of line.matchAll(/--set\s+([^=\s]+)=('[^']*'|"[^"]*"|\S+)/g)) {
+    flags.set(m[1] as string, (m[2] as string).replace(/^['"]|['"]$/g, ""));
+  }
+  return flags;
+}
 
 describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
   const network = `toolmesh-helm-path-${process.pid}`;
   const containers: string[] = [];
   let manifests: Manifest[];
+  let secretsDir: string;
+  let readmeFlags: Map<string, string>;
+  let readmeNatsTag: string | undefined;
 
-  /** `docker run` arguments of a rendered container: its env, restricted like the pod. */
+  /**
+   * `docker run` arguments of a rendered container: its env, its Secret volumes (from
+   * {@link SECRETS}, written under `secretsDir`), restricted like the pod.
+   */
   const runArgs = (c: Manifest, pod: Manifest): string[] => {
     const env = (c.env as Manifest[]).flatMap((e) => {
       if (e.value === undefined) throw new Error(`${e.name as string} comes from a Secret`);
       return ["-e", `${e.name as string}=${e.value as string}`];
+    });
+    const mounts = ((c.volumeMounts ?? []) as Manifest[]).flatMap((m) => {
+      if (m.mountPath === "/tmp") return []; // the pod's emptyDir: --tmpfs below
+      const volume = (pod.volumes as Manifest[]).find((v) => v.name === m.name)!;
+      const secret = volume.secret?.secretName as string | undefined;
+      if (secret === undefined || SECRETS[secret] === undefined) {
+        throw new Error(`volume ${m.name as string} is not a Secret of the test`);
+      }
+      return ["-v", `${join(secretsDir, secret)}:${m.mountPath as string}:ro`];
     });
     const sc = pod.securityContext as Manifest;
     return [
@@ -43,6 +96,7 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
       "--security-opt",
       "no-new-privileges",
       ...env,
+      ...mounts,
       c.image as string,
       ...(c.args as string[]),
     ];
@@ -54,20 +108,37 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
       timeoutMs: 20 * 60_000,
     });
     const [repository, tag] = IMAGE.split(":") as [string, string];
+    const commands = await readmeHelmCommands();
+    const install = commands.find((l) => l.startsWith("helm install toolmesh helm/toolmesh"));
+    const natsInstall = commands.find((l) => l.startsWith("helm install nats nats/nats"));
+    if (install === undefined || natsInstall === undefined) {
+      throw new Error(`README: no helm install of toolmesh and NATS in\n${commands.join("\n")}`);
+    }
+    readmeFlags = setFlags(install);
+    readmeNatsTag = setFlags(natsInstall).get("container.image.tag");
+    const flags = new Map([
+      ...readmeFlags,
+      ["image.repository", repository],
+      ["image.tag", tag],
+      ["nats.url", "nats://nats:4222"],
+      ["setup.streamReplicas", "1"], // one NATS server here, three in the README
+      ["gateway.enabled", "true"],
+      ["gateway.keys.existingSecret", "toolmesh-gateway-keys"],
+    ]);
+    secretsDir = await mkdtemp(join(tmpdir(), "toolmesh-helm-path-"));
+    for (const [name, files] of Object.entries(SECRETS)) {
+      await mkdir(join(secretsDir, name), { recursive: true });
+      for (const [file, text] of Object.entries(files)) {
+        await writeFile(join(secretsDir, name, file), text, { mode: 0o644 });
+      }
+    }
     const rendered = await helm([
       "template",
       "toolmesh",
       "helm/toolmesh",
-      "--set",
-      `image.repository=${repository}`,
-      "--set",
-      `image.tag=${tag}`,
-      "--set",
-      "nats.url=nats://nats:4222",
-      "--set",
-      "setup.enabled=true",
-      "--set",
-      "setup.credentials.type=none",
+      "--namespace",
+      "toolmesh",
+      ...[...flags].flatMap(([k, v]) => ["--set", `${k}=${v}`]),
     ]);
     expect(rendered.code, rendered.stderr).toBe(0);
     manifests = parseAllDocuments(rendered.stdout)
@@ -93,6 +164,22 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
   afterAll(async () => {
     for (const c of containers) await command("docker", ["rm", "-f", c]);
     await command("docker", ["network", "rm", network]);
+    if (secretsDir) await rm(secretsDir, { recursive: true, force: true });
+  });
+
+  it("follows the README: its image and NATS flags, the NATS version compose runs", async () => {
+    // The README's flags that the test replaces must be the ones it names.
+    expect([...readmeFlags.keys()]).toEqual(
+      expect.arrayContaining(["image.repository", "image.tag", "nats.url", "setup.enabled"]),
+    );
+    const compose = parse(await readFile(join(repoRoot, "docker-compose.yml"), "utf8")) as {
+      services: { nats: { image: string } };
+    };
+    const composeNats = /:-nats:([^}]+)\}/.exec(compose.services.nats.image)?.[1];
+    expect(readmeNatsTag).toBeDefined();
+    expect(composeNats, "docker-compose.yml's default NATS image").toBe(readmeNatsTag);
+    // The NATS the test runs is that version (a local image is tagged major.minor).
+    expect(readmeNatsTag?.startsWith(NATS_IMAGE.split(":")[1] ?? "none")).toBe(true);
   });
 
   it(
@@ -113,13 +200,23 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
       expect(deployments.map((d) => d.metadata.name)).toEqual([
         "toolmesh-resolver",
         "toolmesh-schema-expander",
+        "toolmesh-gateway",
         "toolmesh-executor-builtin",
       ]);
       for (const d of deployments) {
         const pod = d.spec.template.spec as Manifest;
         const name = `${network}-${d.metadata.name as string}`;
         containers.push(name);
-        await mustRun("docker", ["run", "-d", "--name", name, ...runArgs(pod.containers[0], pod)]);
+        // The gateway's port is published, as its Service would expose it.
+        const publish = d.metadata.name === "toolmesh-gateway" ? ["-p", "127.0.0.1::8787"] : [];
+        await mustRun("docker", [
+          "run",
+          "-d",
+          "--name",
+          name,
+          ...publish,
+          ...runArgs(pod.containers[0], pod),
+        ]);
       }
       for (const d of deployments) {
         const c = d.spec.template.spec.containers[0] as Manifest;
@@ -149,7 +246,8 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
         expect(out.code, out.stderr).toBe(0);
         expect(out.stdout).toContain("echo");
       }
-      const executor = deployments[2]!.spec.template.spec as Manifest;
+      const executor = deployments.find((d) => d.metadata.name === "toolmesh-executor-builtin")!
+        .spec.template.spec as Manifest;
       const call = await command(
         "docker",
         [
@@ -167,6 +265,17 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
       );
       expect(call.code, call.stderr).toBe(0);
       expect(call.stdout).toContain("through the chart");
+
+      // An MCP client through the gateway, with the key of its Secret.
+      const published = await mustRun("docker", ["port", `${network}-toolmesh-gateway`, "8787"]);
+      const port = /:(\d+)\s*$/m.exec(published)?.[1];
+      const client = await mcpClient(`http://127.0.0.1:${port}/mcp`, GATEWAY_KEY);
+      try {
+        const result = await client.callTool({ name: "echo", arguments: { text: "via mcp" } });
+        expect(result.content).toEqual([{ type: "text", text: "via mcp" }]);
+      } finally {
+        await client.close();
+      }
     },
     5 * 60_000,
   );
