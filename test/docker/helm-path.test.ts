@@ -5,8 +5,8 @@
 // run what the chart would run — the setup hook Job, every Deployment's container with its
 // args, environment and restricted security settings, and the `helm test` pod's commands —
 // as containers against nats-server in a container, and call a tool through them: with the
-// CLI, and with an MCP client through the chart's gateway (on, with its keys Secret), as the
-// README's list of what the chart deploys says. Skipped,
+// CLI, and with an MCP client through the chart's gateway, with the keys Secret the README
+// makes. Skipped,
 // loudly, without a Docker engine. Images: TOOLMESH_TEST_NODE_IMAGE, TOOLMESH_TEST_NATS_IMAGE
 // (as in compose.test.ts), TOOLMESH_TEST_IMAGE (default toolmesh:test).
 import { randomBytes } from "node:crypto";
@@ -15,7 +15,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { keyDigest } from "@toolmesh/gateway";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { parse, parseAllDocuments } from "yaml";
+import { parseAllDocuments } from "yaml";
 import { mcpClient } from "../helpers/gateway.js";
 import { helm } from "../helpers/helm.js";
 import { command, dockerEngine, mustRun, repoRoot, waitUntil } from "./docker.js";
@@ -27,13 +27,11 @@ const IMAGE = process.env.TOOLMESH_TEST_IMAGE ?? "toolmesh:test";
 const NODE_IMAGE = process.env.TOOLMESH_TEST_NODE_IMAGE;
 const NATS_IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE ?? "nats:2.15.1-alpine";
 type Manifest = Record<string, any>;
-/** The gateway's API key, and the Secret an operator would make for it (docs/gateway.md). */
+/** The gateway's API key, in the keys file the README's Secret holds (docs/gateway.md). */
 const GATEWAY_KEY = randomBytes(16).toString("hex");
-const SECRETS: Record<string, Record<string, string>> = {
-  "toolmesh-gateway-keys": {
-    "keys.yaml": `keys:\n  - sha256: ${keyDigest(GATEWAY_KEY)}\n    tenant: default\n`,
-  },
-};
+const GATEWAY_KEYS = `keys:\n  - sha256: ${keyDigest(GATEWAY_KEY)}\n    tenant: default\n`;
+/** The Secrets the README makes, by name: file name → content. */
+const SECRETS: Record<string, Record<string, string>> = {};
 
 /** The README's shell commands of "Kubernetes with Helm", continuation lines joined. */
 async function readmeHelmCommands(): Promise<string[]> {
@@ -115,6 +113,12 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
       throw new Error(`README: no helm install of toolmesh and NATS in\n${commands.join("\n")}`);
     }
     readmeFlags = setFlags(install);
+    // kubectl create secret generic NAME … --from-file=KEY=FILE: the gateway's keys file.
+    for (const line of commands.filter((l) => l.startsWith("kubectl create secret generic "))) {
+      const name = line.split(/\s+/)[4] as string;
+      const key = /--from-file=([^=\s]+)=/.exec(line)?.[1];
+      if (key !== undefined) SECRETS[name] = { [key]: GATEWAY_KEYS };
+    }
     readmeNatsTag = setFlags(natsInstall).get("container.image.tag");
     const flags = new Map([
       ...readmeFlags,
@@ -122,8 +126,6 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
       ["image.tag", tag],
       ["nats.url", "nats://nats:4222"],
       ["setup.streamReplicas", "1"], // one NATS server here, three in the README
-      ["gateway.enabled", "true"],
-      ["gateway.keys.existingSecret", "toolmesh-gateway-keys"],
     ]);
     secretsDir = await mkdtemp(join(tmpdir(), "toolmesh-helm-path-"));
     for (const [name, files] of Object.entries(SECRETS)) {
@@ -167,18 +169,17 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
     if (secretsDir) await rm(secretsDir, { recursive: true, force: true });
   });
 
-  it("follows the README: its image and NATS flags, the NATS version compose runs", async () => {
+  it("follows the README: its flags, its gateway keys Secret, its NATS version", async () => {
     // The README's flags that the test replaces must be the ones it names.
     expect([...readmeFlags.keys()]).toEqual(
       expect.arrayContaining(["image.repository", "image.tag", "nats.url", "setup.enabled"]),
     );
-    const compose = parse(await readFile(join(repoRoot, "docker-compose.yml"), "utf8")) as {
-      services: { nats: { image: string } };
-    };
-    const composeNats = /:-nats:([^}]+)\}/.exec(compose.services.nats.image)?.[1];
+    // The README runs the gateway, with the keys of the Secret it makes.
+    expect(readmeFlags.get("gateway.enabled")).toBe("true");
+    expect(Object.keys(SECRETS)).toContain(readmeFlags.get("gateway.keys.existingSecret"));
+    // The NATS the test runs is the README's version (helm-production.test.ts holds compose to
+    // it too); a local image is tagged major.minor.
     expect(readmeNatsTag).toBeDefined();
-    expect(composeNats, "docker-compose.yml's default NATS image").toBe(readmeNatsTag);
-    // The NATS the test runs is that version (a local image is tagged major.minor).
     expect(readmeNatsTag?.startsWith(NATS_IMAGE.split(":")[1] ?? "none")).toBe(true);
   });
 
