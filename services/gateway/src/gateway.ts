@@ -2,14 +2,13 @@ import { randomUUID } from "node:crypto";
 import { createServer } from "node:http";
 import type { IncomingMessage, Server as HttpServer, ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import type { JSONRPCMessage, RequestId } from "@modelcontextprotocol/sdk/types.js";
-import {
-  JSONRPCMessageSchema,
-  SUPPORTED_PROTOCOL_VERSIONS,
-  isInitializeRequest,
-  isJSONRPCNotification,
-  isJSONRPCRequest,
+import type {
+  JSONRPCMessage,
+  JSONRPCNotification,
+  JSONRPCRequest,
+  RequestId,
 } from "@modelcontextprotocol/sdk/types.js";
+import { SUPPORTED_PROTOCOL_VERSIONS } from "@modelcontextprotocol/sdk/types.js";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { SpanKind } from "@toolmesh/telemetry";
 import { ROOT_CONTEXT, propagation } from "@opentelemetry/api";
@@ -83,16 +82,16 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
   http.headersTimeout = 66_000;
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const url = new URL(req.url ?? "/", "http://gateway");
-    if (url.pathname === "/healthz") return sendJson(res, 200, { status: "ok" });
-    if (url.pathname === "/readyz") {
+    const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
+    if (path === "/healthz") return sendJson(res, 200, { status: "ok" });
+    if (path === "/readyz") {
       const ready = options.ready();
       return sendJson(res, ready.ok ? 200 : 503, {
         status: ready.ok ? "ready" : "unavailable",
         ...(ready.detail === undefined ? {} : { detail: ready.detail }),
       });
     }
-    if (url.pathname.startsWith("/.well-known/oauth-protected-resource")) {
+    if (path.startsWith("/.well-known/oauth-protected-resource")) {
       if (auth.oauth === undefined) return sendJson(res, 404, { error: "not found" });
       return sendJson(res, 200, {
         resource: resourceUrl(req),
@@ -103,7 +102,7 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
           : { scopes_supported: auth.oauth.requiredScopes }),
       });
     }
-    const match = MCP_PATH.exec(url.pathname);
+    const match = MCP_PATH.exec(path);
     if (match === null) return sendJson(res, 404, { error: "not found" });
 
     // Against DNS rebinding: a browser page may reach a local gateway, but it always sends its
@@ -177,7 +176,8 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
     // A held-open stream is not a request in flight.
     if (isStream) admitted();
 
-    let messages: JSONRPCMessage[] = [];
+    let requests: JSONRPCRequest[] = [];
+    let notifications: JSONRPCNotification[] = [];
     let batch = false;
     if (req.method === "POST") {
       const read = await readBody(req, config.maxBodyBytes);
@@ -190,10 +190,10 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
         admitted();
         return sendJson(res, 400, rpcError(parsed, -32700));
       }
-      ({ messages, batch } = parsed);
+      ({ requests, notifications, batch } = parsed);
     }
 
-    const initializing = messages.some(isInitializeRequest);
+    const initializing = requests.some((r) => r.method === "initialize");
     if (!initializing) {
       const version = headerOf(req, "mcp-protocol-version");
       if (version !== undefined && !SUPPORTED_PROTOCOL_VERSIONS.includes(version)) {
@@ -223,15 +223,12 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
       res.setHeader("mcp-session-id", `gw-${randomUUID()}`);
     }
 
-    const requests = messages.filter(isJSONRPCRequest);
-    for (const message of messages) {
-      if (isJSONRPCNotification(message)) {
-        // A cancellation names the client's request id, which the server never saw.
-        if (message.method === "notifications/cancelled") {
-          const requestId = (message.params as { requestId?: RequestId } | undefined)?.requestId;
-          void cancelRequest(options.mesh, scope, requestId);
-        } else transport.notification(message);
-      }
+    for (const message of notifications) {
+      // A cancellation names the client's request id, which the server never saw.
+      if (message.method === "notifications/cancelled") {
+        const requestId = (message.params as { requestId?: RequestId } | undefined)?.requestId;
+        void cancelRequest(options.mesh, scope, requestId);
+      } else transport.notification(message);
     }
     if (requests.length === 0) {
       admitted();
@@ -399,18 +396,36 @@ function isJsonContentType(value: string | undefined): boolean {
   return value?.split(";")[0]?.trim().toLowerCase() === "application/json";
 }
 
-/** The JSON-RPC messages of a POST body (one, or a batch of at most 100), or what is wrong. */
-function parseMessages(body: unknown): { messages: JSONRPCMessage[]; batch: boolean } | string {
+/**
+ * The requests and notifications of a POST body (one message, or a batch of at most 100), or
+ * what is wrong. Only the envelope is checked here: the server validates each request's params
+ * against its method's schema. Responses are dropped: the gateway never asks clients anything.
+ */
+function parseMessages(
+  body: unknown,
+): { requests: JSONRPCRequest[]; notifications: JSONRPCNotification[]; batch: boolean } | string {
   const batch = Array.isArray(body);
   const raw: unknown[] = batch ? body : [body];
   if (raw.length === 0 || raw.length > MAX_BATCH) return `a batch holds 1 to ${MAX_BATCH} messages`;
-  const messages: JSONRPCMessage[] = [];
+  const requests: JSONRPCRequest[] = [];
+  const notifications: JSONRPCNotification[] = [];
   for (const item of raw) {
-    const parsed = JSONRPCMessageSchema.safeParse(item);
-    if (!parsed.success) return "Parse error: Invalid JSON-RPC message";
-    messages.push(parsed.data);
+    const message = item as Partial<Record<"jsonrpc" | "method" | "id" | "params", unknown>>;
+    const invalid = "Parse error: Invalid JSON-RPC message";
+    if (typeof item !== "object" || item === null || message.jsonrpc !== "2.0") return invalid;
+    if (
+      message.params !== undefined &&
+      (typeof message.params !== "object" || message.params === null)
+    )
+      return invalid;
+    const hasId = typeof message.id === "string" || Number.isInteger(message.id);
+    if (message.id !== undefined && !hasId) return invalid;
+    if (typeof message.method === "string") {
+      if (hasId) requests.push(item as JSONRPCRequest);
+      else notifications.push(item as JSONRPCNotification);
+    } else if (!hasId || !("result" in message || "error" in message)) return invalid;
   }
-  return { messages, batch };
+  return { requests, notifications, batch };
 }
 
 const MAX_BATCH = 100;
