@@ -2,6 +2,8 @@
 // (under 2 minutes; CI runs it and it fails only on a large regression, judged by ratios to the
 // baselines measured in the same run). Writes a JSON result, a Markdown report and latency CDF
 // charts (SVG) to `--out` (default bench/results/). See CONTRIBUTING.md, "Benchmarks".
+// `--systems M,M+gateway` runs only those systems; `--compare-root DIR` adds M-before and
+// M+gateway-before, the services built in another checkout, for before/after figures of one run.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtempSync, rmSync, writeFileSync as writeFile } from "node:fs";
 import { tmpdir } from "node:os";
@@ -118,6 +120,14 @@ try {
       startMesh({
         name: "M-before",
         title: `toolmesh built in ${flags["compare-root"]}`,
+        root: flags["compare-root"],
+      }),
+    );
+    await start("M+gateway-before", () =>
+      startMesh({
+        name: "M+gateway-before",
+        title: `toolmesh through the MCP gateway built in ${flags["compare-root"]}`,
+        gateway: true,
         root: flags["compare-root"],
       }),
     );

@@ -132,6 +132,25 @@ describe("authentication", () => {
       { ...initialize, params: { ...initialize.params, padding: "x".repeat(1_100_000) } },
     );
     expect(res.status).toBe(413);
+    // Sent in chunks, with no Content-Length to refuse it by.
+    const big = new TextEncoder().encode("x".repeat(64 * 1024));
+    let sent = 0;
+    const chunked = await fetch(gateway.url, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${KEYS.acme}`,
+        "content-type": "application/json",
+        accept: "application/json, text/event-stream",
+      },
+      body: new ReadableStream({
+        pull(controller) {
+          if ((sent += big.length) > 1_200_000) controller.close();
+          else controller.enqueue(big);
+        },
+      }),
+      duplex: "half",
+    });
+    expect(chunked.status).toBe(413);
   });
 
   it("answers what the Streamable HTTP transport refuses with its status and a JSON-RPC error", async () => {

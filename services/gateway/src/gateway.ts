@@ -453,17 +453,24 @@ async function readBody(
     req.resume();
     return tooLarge;
   }
+  // Listeners rather than an async iterator: cheaper for the small bodies of most requests.
   const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    const buffer = chunk as Buffer;
-    size += buffer.length;
-    if (size > limit) {
-      req.resume();
-      return tooLarge;
-    }
-    chunks.push(buffer);
-  }
+  const complete = await new Promise<boolean>((resolve, reject) => {
+    let size = 0;
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size <= limit) {
+        chunks.push(chunk);
+        return;
+      }
+      req.off("data", onData).off("end", onEnd).off("error", reject);
+      req.resume(); // drain what is still coming
+      resolve(false);
+    };
+    const onEnd = (): void => resolve(true);
+    req.on("data", onData).once("end", onEnd).once("error", reject);
+  });
+  if (!complete) return tooLarge;
   try {
     return { status: 200, body: JSON.parse(Buffer.concat(chunks).toString("utf8")) as unknown };
   } catch {
