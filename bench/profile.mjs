@@ -1,6 +1,8 @@
-// Profiles the mesh: resolver and executor processes run with `--cpu-prof` while a closed loop
-// of `echo` calls goes through them; prints the functions with the most self time per process.
-// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing]   (`npm run build` first)
+// Profiles the mesh: resolver and executor processes (and the gateway, with `--gateway`: the calls
+// then come from MCP clients through it) run with `--cpu-prof` while a closed loop of `echo` calls
+// goes through them; prints the functions with the most self time per process.
+// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing] [--gateway]
+// (`npm run build` first)
 import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -14,14 +16,17 @@ const { values: flags } = parseArgs({
     dir: { type: "string", default: join(tmpdir(), `toolmesh-profile-${process.pid}`) },
     top: { type: "string", default: "25" },
     tracing: { type: "boolean", default: false },
+    gateway: { type: "boolean", default: false },
   },
 });
 mkdirSync(flags.dir, { recursive: true });
 const mesh = await startMesh({
   tracing: flags.tracing,
+  gateway: flags.gateway,
   nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${flags.dir}`],
 });
 let calls;
+const roles = new Map(Object.entries(mesh.pids()).map(([role, pid]) => [String(pid), role]));
 try {
   const payload = payloadOf(1024);
   await closedLoop(mesh.call, { inFlight: 64, durationMs: 2_000, payload });
@@ -53,7 +58,10 @@ for (const file of readdirSync(flags.dir).filter((f) => f.endsWith(".cpuprofile"
   const idle = [...self.entries()]
     .filter(([k]) => k.startsWith("(idle)"))
     .reduce((a, [, v]) => a + v, 0);
-  console.log(`== ${file}: ${((total - idle) / calls).toFixed(1)} µs of CPU per call (sampled)`);
+  const role = roles.get(/\.(\d+)\.\d+\.\d+\.cpuprofile$/.exec(file)?.[1] ?? "") ?? "";
+  console.log(
+    `== ${role} ${file}: ${((total - idle) / calls).toFixed(1)} µs of CPU per call (sampled)`,
+  );
   for (const [k, v] of [...self.entries()].sort((a, b) => b[1] - a[1]).slice(0, Number(flags.top)))
     console.log(`${((v / (total - idle)) * 100).toFixed(1).padStart(5)}%  ${k}`);
   console.log("");

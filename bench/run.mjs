@@ -2,6 +2,8 @@
 // (under 2 minutes; CI runs it and it fails only on a large regression, judged by ratios to the
 // baselines measured in the same run). Writes a JSON result, a Markdown report and latency CDF
 // charts (SVG) to `--out` (default bench/results/). See CONTRIBUTING.md, "Benchmarks".
+// `--systems M,M+gateway` runs only those systems; `--compare-root DIR` adds M-before and
+// M+gateway-before, the services built in another checkout, for before/after figures of one run.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtempSync, rmSync, writeFileSync as writeFile } from "node:fs";
 import { tmpdir } from "node:os";
@@ -44,8 +46,12 @@ const { values: flags } = parseArgs({
     "metrics-env": { type: "string", multiple: true, default: [] },
     // Another built checkout (e.g. a git worktree of main) whose services run as "M-before".
     "compare-root": { type: "string" },
+    // Only these systems, comma-separated (e.g. `--systems M,M+gateway`); default: all of the mode.
+    systems: { type: "string" },
   },
 });
+const only = flags.systems === undefined ? undefined : new Set(flags.systems.split(","));
+const wanted = (name) => only === undefined || only.has(name);
 
 const smoke = flags.smoke;
 const plan = smoke
@@ -71,6 +77,7 @@ const result = {
 // ---- start every system once ----
 const systems = [];
 const start = async (label, fn) => {
+  if (!wanted(label)) return undefined;
   log(`starting ${label}`);
   const t0 = performance.now();
   const s = await fn();
@@ -113,6 +120,14 @@ try {
       startMesh({
         name: "M-before",
         title: `toolmesh built in ${flags["compare-root"]}`,
+        root: flags["compare-root"],
+      }),
+    );
+    await start("M+gateway-before", () =>
+      startMesh({
+        name: "M+gateway-before",
+        title: `toolmesh through the MCP gateway built in ${flags["compare-root"]}`,
+        gateway: true,
         root: flags["compare-root"],
       }),
     );
@@ -225,8 +240,8 @@ try {
   }
 
   // ---- extras on the mesh ----
-  log("idle mesh: server messages");
-  {
+  if (mesh !== undefined) {
+    log("idle mesh: server messages");
     // Longer than a pull request's expiry (30 s) in the full run, so renewed pulls show.
     const seconds = smoke ? 5 : 35;
     const v0 = await varz(mesh.monitorUrl);
@@ -238,7 +253,7 @@ try {
       out_msgs_per_s: round((v1.out_msgs - v0.out_msgs) / seconds, 2),
     };
   }
-  if (!smoke) {
+  if (!smoke && mesh !== undefined) {
     // A failing extra is reported, not fatal: the rounds' results are worth keeping.
     const extra = async (key, fn) => {
       try {

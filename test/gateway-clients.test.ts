@@ -5,7 +5,10 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import { connect } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
 import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { createSubjects } from "@toolmesh/protocol";
 import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
 import {
   KEYS,
@@ -126,8 +129,29 @@ afterAll(async () => {
   await server?.stop();
 });
 
+/** Waits until the mesh holds a cancelled call of `tool` for tenant acme. */
+async function cancelledInMesh(tool: string): Promise<void> {
+  const nc = await connect({ servers: server.url });
+  try {
+    const kv = await new Kvm(nc).open(createSubjects().callsBucket);
+    for (const until = Date.now() + 10_000; Date.now() < until;) {
+      for await (const key of await kv.keys("acme.>")) {
+        const record = (await kv.get(key))?.json<{
+          tool: string;
+          result?: { error?: { code: string } };
+        }>();
+        if (record?.tool === tool && record.result?.error?.code === "cancelled") return;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    throw new Error(`no cancelled ${tool} call in the mesh`);
+  } finally {
+    await nc.close();
+  }
+}
+
 describe("the Python MCP SDK client", () => {
-  it.skipIf(!havePythonMcp)("lists, calls, and gets typed errors and progress", async () => {
+  it.skipIf(!havePythonMcp)("lists, calls, gets typed errors and progress, cancels", async () => {
     const { stdout } = await run("python3", [PYTHON_CLIENT, gateway.url, KEYS.acme], {
       timeout: 60_000,
     });
@@ -138,6 +162,7 @@ describe("the Python MCP SDK client", () => {
       missing: { isError: boolean; structured: { code: string; details: object } };
       unknown: { isError: boolean; structured: { code: string } };
       optimize: { isError: boolean; progress: { progress: number; total: number }[] };
+      cancelled: boolean;
     };
     expect(out.tools).toEqual(expect.arrayContaining(["echo", "strict", "t.echo"]));
     expect(Object.keys(out.schemas.slow?.properties ?? {})).toEqual(["ms", "value"]);
@@ -148,6 +173,8 @@ describe("the Python MCP SDK client", () => {
     expect(out.unknown.structured.code).toBe("unknown_tool");
     expect(out.optimize.isError).toBe(false);
     expect(out.optimize.progress.map((p) => p.progress)).toEqual([1, 2, 3, 4, 5]);
+    expect(out.cancelled).toBe(true);
+    await cancelledInMesh("slow"); // the abandoned call's notifications/cancelled reached the mesh
   });
 
   it.skipIf(!havePythonMcp)("is refused without a valid key", async () => {
@@ -196,6 +223,25 @@ describe("the MCP Inspector CLI", () => {
       "text=inspected",
     ]);
     expect(text(JSON.parse(stdout))).toBe("inspected");
+  });
+
+  it("gets missing arguments and a typed error as isError results", async () => {
+    const call = async (tool: string, args: string[]) => {
+      const { stdout } = await inspect(["--method", "tools/call", "--tool-name", tool, ...args]);
+      return JSON.parse(stdout) as CallToolResult;
+    };
+    const [missing, unknown] = await Promise.all([
+      call("strict", ["--tool-arg", "name=n"]),
+      call("ecko", []),
+    ]);
+    expect(missing.isError).toBe(true);
+    expect(missing.structuredContent).toMatchObject({
+      code: "missing_arguments",
+      details: { missing_required: ["count"] },
+    });
+    expect(text(missing)).toMatch(/Missing required arguments: count/);
+    expect(unknown.isError).toBe(true);
+    expect(unknown.structuredContent).toMatchObject({ code: "unknown_tool" });
   });
 });
 

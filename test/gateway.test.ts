@@ -132,6 +132,66 @@ describe("authentication", () => {
       { ...initialize, params: { ...initialize.params, padding: "x".repeat(1_100_000) } },
     );
     expect(res.status).toBe(413);
+    // Sent in chunks, with no Content-Length to refuse it by.
+    const big = new TextEncoder().encode("x".repeat(64 * 1024));
+    let sent = 0;
+    const chunked = await fetch(gateway.url, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${KEYS.acme}`,
+        "content-type": "application/json",
+        accept: "application/json, text/event-stream",
+      },
+      body: new ReadableStream({
+        pull(controller) {
+          if ((sent += big.length) > 1_200_000) controller.close();
+          else controller.enqueue(big);
+        },
+      }),
+      duplex: "half",
+    });
+    expect(chunked.status).toBe(413);
+  });
+
+  it("answers what the Streamable HTTP transport refuses with its status and a JSON-RPC error", async () => {
+    const auth = { authorization: `Bearer ${KEYS.acme}` };
+    const message = async (res: Response) =>
+      ((await res.json()) as { error: { message: string } }).error.message;
+    const list = { jsonrpc: "2.0", id: 7, method: "tools/list" };
+    const [accept, type, envelope, version, notification, batch, initialized] = await Promise.all([
+      post({ ...auth, accept: "application/json" }, list),
+      post({ ...auth, "content-type": "text/plain" }, list),
+      post(auth, { jsonrpc: "1.0", id: 1, method: "ping" }),
+      post({ ...auth, "mcp-protocol-version": "1999-01-01" }, list),
+      post(auth, { jsonrpc: "2.0", method: "notifications/initialized" }),
+      post(auth, [
+        { jsonrpc: "2.0", id: "a", method: "ping" },
+        { jsonrpc: "2.0", id: "b", method: "no/such" },
+      ]),
+      post(auth),
+    ]);
+    expect(accept.status).toBe(406);
+    expect(await message(accept)).toMatch(
+      /must accept both application\/json and text\/event-stream/,
+    );
+    expect(type.status).toBe(415);
+    expect(envelope.status).toBe(400);
+    expect(await message(envelope)).toMatch(/Invalid JSON-RPC message/);
+    expect(version.status).toBe(400);
+    expect(await message(version)).toMatch(/Unsupported protocol version: 1999-01-01/);
+    expect(notification.status).toBe(202);
+    // A batch is answered in order, each under its own id (ids of other clients never mix in).
+    expect(await batch.json()).toEqual([
+      { jsonrpc: "2.0", id: "a", result: {} },
+      { jsonrpc: "2.0", id: "b", error: { code: -32601, message: "Method not found" } },
+    ]);
+    expect(initialized.status).toBe(200);
+    expect(initialized.headers.get("content-type")).toBe("application/json");
+    expect(initialized.headers.get("mcp-session-id")).toMatch(/^gw-/);
+    expect(await initialized.json()).toMatchObject({
+      id: 1,
+      result: { protocolVersion: "2025-06-18" },
+    });
   });
 
   it("is ready at /readyz", async () => {
@@ -197,9 +257,19 @@ describe("tools/list", () => {
     await expect(mcpClient(`${gateway.url}/agents/chemist`, KEYS.acmeWriter)).rejects.toThrow();
   });
 
-  it("keeps two tenants apart: neither sees nor calls the other's tools", async () => {
+  it("keeps two tenants apart: neither sees nor calls the other's tools or agents", async () => {
     const globex = await client(KEYS.globex);
     expect((await globex.listTools()).tools.map((t) => t.name)).toEqual(["optimize_structure"]);
+    const asWriter = await fetch(`${gateway.url}/agents/writer`, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${KEYS.globex}`,
+        "content-type": "application/json",
+        accept: "application/json, text/event-stream",
+      },
+      body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "tools/list" }),
+    });
+    expect(asWriter.status).toBe(403);
     const refused = (await globex.callTool({
       name: "echo",
       arguments: { text: "x" },

@@ -311,6 +311,7 @@ export async function startMesh({
     monitorUrl: server.monitorUrl,
     server,
     client,
+    gatewayUrl,
     nc,
     pids: () => {
       const pids = { driver: process.pid, "nats-server": server.pid };

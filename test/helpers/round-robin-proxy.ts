@@ -31,22 +31,38 @@ export async function startRoundRobinProxy(ports: readonly number[]): Promise<Ro
     for (let tried = 0; tried < ports.length; tried++) {
       const port = ports[next++ % ports.length] as number;
       const sent = await new Promise<boolean>((resolve) => {
+        // In flight from the moment it reaches the upstream until its answer ends (a JSON answer
+        // has no headers before it is whole).
+        let counted = false;
+        const done = (): void => {
+          if (counted) calls.set(port, (calls.get(port) ?? 1) - 1);
+          counted = false;
+        };
         const upstream = request(
           { host: "127.0.0.1", port, method: req.method, path: req.url, headers: req.headers },
           (answer) => {
             hits.set(port, (hits.get(port) ?? 0) + 1);
-            if (isCall) calls.set(port, (calls.get(port) ?? 0) + 1);
             res.writeHead(answer.statusCode ?? 502, answer.headers);
             answer.pipe(res);
-            const done = (): void => {
-              if (isCall) calls.set(port, (calls.get(port) ?? 1) - 1);
-            };
             answer.once("close", done);
             answer.once("error", () => res.destroy());
             resolve(true);
           },
         );
+        upstream.once("socket", (socket) => {
+          const started = (): void => {
+            if (!isCall) return;
+            counted = true;
+            calls.set(port, (calls.get(port) ?? 0) + 1);
+          };
+          if (socket.connecting) socket.once("connect", started);
+          else started();
+        });
+        upstream.once("close", () => {
+          if (!res.headersSent) done();
+        });
         upstream.once("error", (err: NodeJS.ErrnoException) => {
+          done();
           if (err.code === "ECONNREFUSED" && !res.headersSent) resolve(false);
           else {
             res.destroy();

@@ -2,9 +2,13 @@ import { randomUUID } from "node:crypto";
 import { createServer } from "node:http";
 import type { IncomingMessage, Server as HttpServer, ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import type { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
+import type {
+  JSONRPCMessage,
+  JSONRPCNotification,
+  JSONRPCRequest,
+  RequestId,
+} from "@modelcontextprotocol/sdk/types.js";
+import { SUPPORTED_PROTOCOL_VERSIONS } from "@modelcontextprotocol/sdk/types.js";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { SpanKind } from "@toolmesh/telemetry";
 import { ROOT_CONTEXT, propagation } from "@opentelemetry/api";
@@ -12,8 +16,10 @@ import type { Authenticator, Principal } from "./auth.js";
 import { AuthError } from "./auth.js";
 import type { GatewayConfig } from "./config.js";
 import { CredentialLimits } from "./limits.js";
-import type { CallObserver } from "./mcp-server.js";
-import { createMcpServer } from "./mcp-server.js";
+import type { CallObserver, RequestScope } from "./mcp-server.js";
+import { cancelRequest, createMcpServer, requestAuthInfo } from "./mcp-server.js";
+import type { Exchange } from "./transport.js";
+import { ExchangeTransport } from "./transport.js";
 import type { MeshView } from "./mesh-view.js";
 
 /** What {@link createGatewayServer} needs. */
@@ -55,7 +61,11 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
     ratePerS: config.ratePerS,
     burst: config.rateBurst,
   });
-  const open = new Set<Server>();
+  const server = createMcpServer(options.mesh, options.version, options.observe);
+  const transport = new ExchangeTransport();
+  // Connecting an in-process transport completes at once; requests wait for nothing.
+  void server.connect(transport);
+  const streams = new Set<ServerResponse>();
   let inFlight = 0;
 
   const http = createServer((req, res) => {
@@ -72,16 +82,16 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
   http.headersTimeout = 66_000;
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const url = new URL(req.url ?? "/", "http://gateway");
-    if (url.pathname === "/healthz") return sendJson(res, 200, { status: "ok" });
-    if (url.pathname === "/readyz") {
+    const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
+    if (path === "/healthz") return sendJson(res, 200, { status: "ok" });
+    if (path === "/readyz") {
       const ready = options.ready();
       return sendJson(res, ready.ok ? 200 : 503, {
         status: ready.ok ? "ready" : "unavailable",
         ...(ready.detail === undefined ? {} : { detail: ready.detail }),
       });
     }
-    if (url.pathname.startsWith("/.well-known/oauth-protected-resource")) {
+    if (path.startsWith("/.well-known/oauth-protected-resource")) {
       if (auth.oauth === undefined) return sendJson(res, 404, { error: "not found" });
       return sendJson(res, 200, {
         resource: resourceUrl(req),
@@ -92,7 +102,7 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
           : { scopes_supported: auth.oauth.requiredScopes }),
       });
     }
-    const match = MCP_PATH.exec(url.pathname);
+    const match = MCP_PATH.exec(path);
     if (match === null) return sendJson(res, 404, { error: "not found" });
 
     // Against DNS rebinding: a browser page may reach a local gateway, but it always sends its
@@ -122,6 +132,33 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
         return sendJson(res, 403, rpcError(`this credential may not use agent ${agent}`));
     } else agent = principal.agents?.[0];
 
+    if (req.method !== "POST" && req.method !== "GET" && req.method !== "DELETE") {
+      res.setHeader("Allow", "GET, POST, DELETE");
+      return sendJson(res, 405, rpcError("method not allowed"));
+    }
+    const accept = req.headers.accept ?? "";
+    if (
+      !accept.includes("text/event-stream") ||
+      (req.method === "POST" && !accept.includes("application/json"))
+    ) {
+      return sendJson(
+        res,
+        406,
+        rpcError(
+          req.method === "POST"
+            ? "Not Acceptable: Client must accept both application/json and text/event-stream"
+            : "Not Acceptable: Client must accept text/event-stream",
+        ),
+      );
+    }
+    if (req.method === "POST" && !isJsonContentType(req.headers["content-type"])) {
+      return sendJson(
+        res,
+        415,
+        rpcError("Unsupported Media Type: Content-Type must be application/json"),
+      );
+    }
+
     const isStream = req.method === "GET";
     const admitted = limits.enter(principal.credential);
     if (typeof admitted !== "function") {
@@ -139,58 +176,113 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
     // A held-open stream is not a request in flight.
     if (isStream) admitted();
 
-    let body: unknown;
+    let requests: JSONRPCRequest[] = [];
+    let notifications: JSONRPCNotification[] = [];
+    let batch = false;
     if (req.method === "POST") {
       const read = await readBody(req, config.maxBodyBytes);
       if (read.status !== 200) {
         admitted();
         return sendJson(res, read.status, rpcError(read.message));
       }
-      body = read.body;
+      const parsed = parseMessages(read.body);
+      if (typeof parsed === "string") {
+        admitted();
+        return sendJson(res, 400, rpcError(parsed, -32700));
+      }
+      ({ requests, notifications, batch } = parsed);
     }
 
+    const initializing = requests.some((r) => r.method === "initialize");
+    if (!initializing) {
+      const version = headerOf(req, "mcp-protocol-version");
+      if (version !== undefined && !SUPPORTED_PROTOCOL_VERSIONS.includes(version)) {
+        admitted();
+        return sendJson(
+          res,
+          400,
+          rpcError(
+            `Bad Request: Unsupported protocol version: ${version} (supported versions: ${SUPPORTED_PROTOCOL_VERSIONS.join(", ")})`,
+          ),
+        );
+      }
+    }
     const mcpSession = headerOf(req, "mcp-session-id");
-    if (req.method === "POST" && isInitializeRequest(body) && mcpSession === undefined) {
+    const scope: RequestScope = { principal, agent, mcpSession };
+
+    if (req.method === "DELETE") {
+      // Nothing to end: no session is kept.
+      admitted();
+      res.writeHead(200).end();
+      return;
+    }
+    if (isStream) return openStream(res, scope);
+    if (initializing && mcpSession === undefined) {
       // Stateless, but a session id gives request ids a namespace, so a cancellation sent to
       // another replica still names the call. Nothing is stored under it.
       res.setHeader("mcp-session-id", `gw-${randomUUID()}`);
     }
 
-    const server = createMcpServer(
-      options.mesh,
-      { principal, agent, mcpSession },
-      options.version,
-      options.observe,
-    );
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
-    open.add(server);
-    inFlight += isStream ? 0 : 1;
-    let unsubscribe: (() => void) | undefined;
-    let closed = false;
-    const finish = (): void => {
-      if (closed) return;
-      closed = true;
-      open.delete(server);
-      unsubscribe?.();
-      if (!isStream) {
-        inFlight -= 1;
-        admitted();
-      }
-      void server.close().catch(() => undefined);
-    };
-    res.on("close", finish);
-    if (isStream) {
-      unsubscribe = options.onToolsChanged(principal.tenant, () => {
-        void server.sendToolListChanged().catch(() => undefined);
-      });
-      log.debug(
-        { tenant: principal.tenant, credential: principal.credential },
-        "tool-list stream opened",
-      );
+    for (const message of notifications) {
+      // A cancellation names the client's request id, which the server never saw.
+      if (message.method === "notifications/cancelled") {
+        const requestId = (message.params as { requestId?: RequestId } | undefined)?.requestId;
+        void cancelRequest(options.mesh, scope, requestId);
+      } else transport.notification(message);
     }
+    if (requests.length === 0) {
+      admitted();
+      res.writeHead(202).end();
+      return;
+    }
+
+    // A JSON answer unless a request asks for progress: an event stream costs both sides more
+    // (the server chooses, MCP 2025-03-26 "Sending Messages to the Server").
+    const events = requests.some(wantsProgress);
+    inFlight += 1;
+    const answers = new Map<RequestId, JSONRPCMessage>();
+    const served: number[] = [];
+    let ended = false;
+    let endSpan: (() => void) | undefined;
+    const end = (): void => {
+      if (ended) return;
+      ended = true;
+      inFlight -= 1;
+      admitted();
+      for (const id of served) transport.abandon(id);
+      endSpan?.();
+    };
+    res.on("close", end);
+    if (events) {
+      res.writeHead(200, {
+        "content-type": "text/event-stream",
+        "cache-control": "no-cache, no-transform",
+        connection: "keep-alive",
+      });
+      res.flushHeaders();
+    }
+    const exchange: Exchange = {
+      notify(message) {
+        if (events && !ended) res.write(sseEvent(message));
+      },
+      answer(message) {
+        if (ended) return;
+        answers.set((message as { id: RequestId }).id, message);
+        if (events) res.write(sseEvent(message));
+        if (answers.size < requests.length) return;
+        if (events) res.end();
+        else {
+          const body = batch
+            ? requests.map((r) => answers.get(r.id))
+            : answers.get(requests[0]!.id);
+          sendJson(res, 200, body);
+        }
+        end();
+      },
+    };
     // The gateway's span is the root of the call's trace, under the caller's traceparent if any.
     const parent = propagation.extract(ROOT_CONTEXT, req.headers);
-    await options.tracer.startActiveSpan(
+    options.tracer.startActiveSpan(
       `mcp ${req.method ?? ""}`,
       {
         kind: SpanKind.SERVER,
@@ -200,14 +292,35 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
         },
       },
       parent,
-      async (span) => {
-        try {
-          await server.connect(transport);
-          await transport.handleRequest(req, res, body);
-        } finally {
-          span.end();
+      (span) => {
+        endSpan = () => span.end();
+        for (const request of requests) {
+          const authInfo = requestAuthInfo({ scope, requestId: request.id });
+          served.push(transport.request(request, principal.tenant, authInfo, exchange));
         }
       },
+    );
+  }
+
+  /** A `GET` stream: `tools/list_changed` for the caller's tenant until the client leaves. */
+  function openStream(res: ServerResponse, scope: RequestScope): void {
+    res.writeHead(200, {
+      "content-type": "text/event-stream",
+      "cache-control": "no-cache, no-transform",
+      connection: "keep-alive",
+    });
+    res.flushHeaders();
+    const unsubscribe = options.onToolsChanged(scope.principal.tenant, () => {
+      res.write(TOOLS_CHANGED);
+    });
+    streams.add(res);
+    res.on("close", () => {
+      streams.delete(res);
+      unsubscribe();
+    });
+    log.debug(
+      { tenant: scope.principal.tenant, credential: scope.principal.credential },
+      "tool-list stream opened",
     );
   }
 
@@ -244,7 +357,8 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
     },
     async close() {
       const closing = new Promise<void>((resolve) => http.close(() => resolve()));
-      await Promise.all([...open].map((s) => s.close().catch(() => undefined)));
+      for (const res of streams) res.end();
+      await server.close();
       http.closeAllConnections();
       await closing;
     },
@@ -252,14 +366,69 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
   };
 }
 
+/** Whether a POST body holds a synchronous `tools/call` with a progress token. */
+function wantsProgress(body: unknown): boolean {
+  if (Array.isArray(body)) return body.some(wantsProgress);
+  if (typeof body !== "object" || body === null) return false;
+  const message = body as { method?: unknown; params?: { task?: unknown; _meta?: unknown } };
+  if (message.method !== "tools/call" || message.params?.task !== undefined) return false;
+  const meta = message.params?._meta;
+  return typeof meta === "object" && meta !== null && "progressToken" in meta;
+}
+
 function headerOf(req: IncomingMessage, name: string): string | undefined {
   const value = req.headers[name];
   return typeof value === "string" && value !== "" ? value : undefined;
 }
 
-function rpcError(message: string): unknown {
-  return { jsonrpc: "2.0", error: { code: -32000, message }, id: null };
+function rpcError(message: string, code = -32000): unknown {
+  return { jsonrpc: "2.0", error: { code, message }, id: null };
 }
+
+const TOOLS_CHANGED = sseEvent({ jsonrpc: "2.0", method: "notifications/tools/list_changed" });
+
+function sseEvent(message: JSONRPCMessage): string {
+  return `event: message\ndata: ${JSON.stringify(message)}\n\n`;
+}
+
+/** Whether a `Content-Type` is JSON (the media type itself, not a substring). */
+function isJsonContentType(value: string | undefined): boolean {
+  return value?.split(";")[0]?.trim().toLowerCase() === "application/json";
+}
+
+/**
+ * The requests and notifications of a POST body (one message, or a batch of at most 100), or
+ * what is wrong. Only the envelope is checked here: the server validates each request's params
+ * against its method's schema. Responses are dropped: the gateway never asks clients anything.
+ */
+function parseMessages(
+  body: unknown,
+): { requests: JSONRPCRequest[]; notifications: JSONRPCNotification[]; batch: boolean } | string {
+  const batch = Array.isArray(body);
+  const raw: unknown[] = batch ? body : [body];
+  if (raw.length === 0 || raw.length > MAX_BATCH) return `a batch holds 1 to ${MAX_BATCH} messages`;
+  const requests: JSONRPCRequest[] = [];
+  const notifications: JSONRPCNotification[] = [];
+  for (const item of raw) {
+    const message = item as Partial<Record<"jsonrpc" | "method" | "id" | "params", unknown>>;
+    const invalid = "Parse error: Invalid JSON-RPC message";
+    if (typeof item !== "object" || item === null || message.jsonrpc !== "2.0") return invalid;
+    if (
+      message.params !== undefined &&
+      (typeof message.params !== "object" || message.params === null)
+    )
+      return invalid;
+    const hasId = typeof message.id === "string" || Number.isInteger(message.id);
+    if (message.id !== undefined && !hasId) return invalid;
+    if (typeof message.method === "string") {
+      if (hasId) requests.push(item as JSONRPCRequest);
+      else notifications.push(item as JSONRPCNotification);
+    } else if (!hasId || !("result" in message || "error" in message)) return invalid;
+  }
+  return { requests, notifications, batch };
+}
+
+const MAX_BATCH = 100;
 
 function sendJson(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
@@ -284,17 +453,24 @@ async function readBody(
     req.resume();
     return tooLarge;
   }
+  // Listeners rather than an async iterator: cheaper for the small bodies of most requests.
   const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    const buffer = chunk as Buffer;
-    size += buffer.length;
-    if (size > limit) {
-      req.resume();
-      return tooLarge;
-    }
-    chunks.push(buffer);
-  }
+  const complete = await new Promise<boolean>((resolve, reject) => {
+    let size = 0;
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size <= limit) {
+        chunks.push(chunk);
+        return;
+      }
+      req.off("data", onData).off("end", onEnd).off("error", reject);
+      req.resume(); // drain what is still coming
+      resolve(false);
+    };
+    const onEnd = (): void => resolve(true);
+    req.on("data", onData).once("end", onEnd).once("error", reject);
+  });
+  if (!complete) return tooLarge;
   try {
     return { status: 200, body: JSON.parse(Buffer.concat(chunks).toString("utf8")) as unknown };
   } catch {

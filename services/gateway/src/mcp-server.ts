@@ -1,9 +1,9 @@
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import type { TaskStore } from "@modelcontextprotocol/sdk/experimental/tasks/interfaces.js";
-import type { Result, ServerNotification } from "@modelcontextprotocol/sdk/types.js";
+import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
+import type { RequestId, Result, ServerNotification } from "@modelcontextprotocol/sdk/types.js";
 import {
   CallToolRequestSchema,
-  CancelledNotificationSchema,
   ListToolsRequestSchema,
   McpError,
   ErrorCode as McpErrorCode,
@@ -28,7 +28,7 @@ export type CallObserver = (
   durationMs: number,
 ) => void;
 
-/** What one request's MCP server acts for. */
+/** What one request acts for. */
 export interface RequestScope {
   principal: Principal;
   /** The agent the view is narrowed to, if any. */
@@ -37,20 +37,40 @@ export interface RequestScope {
   mcpSession: string | undefined;
 }
 
+/** What a request's handler learns of it: its scope and the client's own request id. */
+export interface RequestContext {
+  scope: RequestScope;
+  requestId: RequestId;
+}
+
 /** How long a task-augmented call may wait for the mesh to accept it, in ms. */
 const ACCEPT_WAIT_MS = 10_000;
 
+/** The scope of a request, as the gateway handed it to the server. */
+function contextOf(extra: { authInfo?: AuthInfo | undefined }): RequestContext {
+  const context = extra.authInfo?.extra?.context as RequestContext | undefined;
+  if (context === undefined)
+    throw new McpError(McpErrorCode.InternalError, "a request without a scope");
+  return context;
+}
+
+/** What the server is handed with each request: its credential and its context. */
+export function requestAuthInfo(context: RequestContext): AuthInfo {
+  return {
+    token: "",
+    clientId: context.scope.principal.credential,
+    scopes: [],
+    extra: { context },
+  };
+}
+
 /**
- * An MCP server for one HTTP request (the transport is stateless: every request gets a fresh
- * one, so any replica answers any request). Tools come from the mesh; tasks from its call store.
+ * The gateway's MCP server: one per process, serving every request of every client through an
+ * {@link ExchangeTransport} (nothing about a client is kept between requests, so any replica
+ * answers any request). Each request's scope comes with it; tools come from the mesh, tasks from
+ * its call store, partitioned by tenant.
  */
-export function createMcpServer(
-  mesh: MeshView,
-  scope: RequestScope,
-  version: string,
-  observe: CallObserver,
-): Server {
-  const { tenant } = scope.principal;
+export function createMcpServer(mesh: MeshView, version: string, observe: CallObserver): Server {
   const server = new Server(
     { name: "toolmesh-gateway", version },
     {
@@ -58,35 +78,23 @@ export function createMcpServer(
         tools: { listChanged: true },
         tasks: { list: {}, cancel: {}, requests: { tools: { call: {} } } },
       },
-      taskStore: meshTaskStore(mesh, tenant),
+      taskStore: meshTaskStore(mesh),
       defaultTaskPollInterval: TASK_POLL_INTERVAL_MS,
     },
   );
 
-  // The request being cancelled may be served by another replica: its mesh call is named by the
-  // MCP session and request id, so the cancellation reaches it from here (a call with its own
-  // idempotency key is named by the key instead, and is cancelled only where it is served).
-  server.setNotificationHandler(CancelledNotificationSchema, async (notification) => {
-    const { requestId } = notification.params;
-    if (scope.mcpSession === undefined || requestId === undefined) return;
-    const served = mesh.served.get(requestKey(tenant, scope.mcpSession, requestId));
-    if (served !== undefined) {
-      await served.cancel().catch(() => undefined);
-      return;
-    }
-    const id = mesh.callId(tenant, { mcpSession: scope.mcpSession, requestId });
-    await mesh.cancel(tenant, id.id).catch(() => undefined);
-  });
-
-  server.setRequestHandler(ListToolsRequestSchema, async (request) => {
+  server.setRequestHandler(ListToolsRequestSchema, async (request, extra) => {
+    const { scope } = contextOf(extra);
     try {
-      return await mesh.listTools(tenant, scope.agent, request.params?.cursor);
+      return await mesh.listTools(scope.principal.tenant, scope.agent, request.params?.cursor);
     } catch (err) {
       throw asMcpError(err);
     }
   });
 
   server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
+    const { scope, requestId } = contextOf(extra);
+    const { tenant } = scope.principal;
     const { name } = request.params;
     const args = request.params.arguments ?? {};
     const meta = request.params._meta ?? {};
@@ -113,7 +121,7 @@ export function createMcpServer(
     const id = mesh.callId(tenant, {
       ...(typeof key === "string" ? { idempotencyKey: key } : {}),
       ...(task === undefined && scope.mcpSession !== undefined
-        ? { mcpSession: scope.mcpSession, requestId: extra.requestId }
+        ? { mcpSession: scope.mcpSession, requestId }
         : {}),
     });
     const progressToken = meta.progressToken;
@@ -166,9 +174,7 @@ export function createMcpServer(
     };
     extra.signal.addEventListener("abort", onAbort, { once: true });
     const served =
-      scope.mcpSession === undefined
-        ? undefined
-        : requestKey(tenant, scope.mcpSession, extra.requestId);
+      scope.mcpSession === undefined ? undefined : requestKey(tenant, scope.mcpSession, requestId);
     if (served !== undefined) mesh.served.set(served, handle);
     try {
       return toCallToolResult(await handle.result);
@@ -179,6 +185,28 @@ export function createMcpServer(
   });
 
   return server;
+}
+
+/**
+ * Cancels the call a client's `notifications/cancelled` names. The request may be served by
+ * another replica: its mesh call is named by the MCP session and request id, so the cancellation
+ * reaches it from here (a call with its own idempotency key is named by the key instead, and is
+ * cancelled only where it is served).
+ */
+export async function cancelRequest(
+  mesh: MeshView,
+  scope: RequestScope,
+  requestId: RequestId | undefined,
+): Promise<void> {
+  const { tenant } = scope.principal;
+  if (scope.mcpSession === undefined || requestId === undefined) return;
+  const served = mesh.served.get(requestKey(tenant, scope.mcpSession, requestId));
+  if (served !== undefined) {
+    await served.cancel().catch(() => undefined);
+    return;
+  }
+  const id = mesh.callId(tenant, { mcpSession: scope.mcpSession, requestId });
+  await mesh.cancel(tenant, id.id).catch(() => undefined);
 }
 
 function progressNotification(
@@ -206,10 +234,18 @@ function progressNotification(
   };
 }
 
-/** The SDK's task store, answered from the mesh's call store for one tenant. */
-function meshTaskStore(mesh: MeshView, tenant: string): TaskStore {
+/**
+ * The SDK's task store, answered from the mesh's call store. The SDK passes each request's
+ * `sessionId`, which the {@link ExchangeTransport} makes the request's tenant.
+ */
+function meshTaskStore(mesh: MeshView): TaskStore {
   const notFound = (id: string): McpError =>
     new McpError(McpErrorCode.InvalidParams, `Task not found: ${id}`);
+  const tenantOf = (sessionId: string | undefined): string => {
+    if (sessionId === undefined)
+      throw new McpError(McpErrorCode.InternalError, "a task request without a tenant");
+    return sessionId;
+  };
   return {
     createTask() {
       // Tasks are created by tools/call itself: the task id names the mesh call.
@@ -217,26 +253,26 @@ function meshTaskStore(mesh: MeshView, tenant: string): TaskStore {
         new McpError(McpErrorCode.InternalError, "tasks start with tools/call"),
       );
     },
-    async getTask(taskId) {
-      return (await mesh.task(tenant, taskId)) ?? null;
+    async getTask(taskId, sessionId) {
+      return (await mesh.task(tenantOf(sessionId), taskId)) ?? null;
     },
     storeTaskResult() {
       return Promise.reject(new McpError(McpErrorCode.InternalError, "the mesh stores results"));
     },
-    async getTaskResult(taskId): Promise<Result> {
-      const result = await mesh.taskResult(tenant, taskId);
+    async getTaskResult(taskId, sessionId): Promise<Result> {
+      const result = await mesh.taskResult(tenantOf(sessionId), taskId);
       if (result === undefined) throw notFound(taskId);
       return result;
     },
-    async updateTaskStatus(taskId, status) {
+    async updateTaskStatus(taskId, status, _message, sessionId) {
       if (status !== "cancelled")
         throw new McpError(McpErrorCode.InvalidParams, `a task can only be cancelled`);
-      const state = await mesh.cancel(tenant, taskId);
+      const state = await mesh.cancel(tenantOf(sessionId), taskId);
       if (state === "unknown") throw notFound(taskId);
     },
-    async listTasks(cursor) {
+    async listTasks(cursor, sessionId) {
       try {
-        return await mesh.listTasks(tenant, cursor);
+        return await mesh.listTasks(tenantOf(sessionId), cursor);
       } catch (err) {
         throw asMcpError(err);
       }
