@@ -55,8 +55,8 @@ export const Defaults = {
    * checks the consumer and, while that fails (an election), tries again every `expires`.
    */
   pullExpiresMs: 5_000,
-  /** How often the server tells a waiting pull it is alive: 2.5 s; two missed mean it is lost. */
-  pullHeartbeatMs: 2_500,
+  /** How often the server tells a waiting pull it is alive: 1 s; two missed mean it is lost. */
+  pullHeartbeatMs: 1_000,
   /** How often the control plane looks for orphaned work-queue messages while calls flow: 30 s. */
   reconcileEveryMs: 30_000,
 } as const;
