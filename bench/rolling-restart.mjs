@@ -13,8 +13,10 @@
 // pull to its result published, recording included) and delivery (to the frontend). The hops
 // come from the spans every process exports (the services' by OTLP to a receiver in this
 // process). `npm run build` first.
+// A delivery or acknowledgement in flight on a connection as it drops is seen again only after
+// the consumer's ack wait (`--ack-wait-ms`, default the product's TOOLMESH_ACK_WAIT_MS, 10 s).
 // Usage: node bench/rolling-restart.mjs [--server PATH] [--rate 40] [--phases sigterm,ldm,kill]
-//        [--slow-ms 1000] [--json FILE]
+//        [--slow-ms 1000] [--ack-wait-ms MS] [--json FILE]
 import { spawn, execFileSync } from "node:child_process";
 import { Buffer } from "node:buffer";
 import { once } from "node:events";
@@ -39,6 +41,7 @@ const { values: flags } = parseArgs({
     rate: { type: "string", default: "40" },
     phases: { type: "string", default: "sigterm,ldm,kill" },
     "slow-ms": { type: "string", default: "1000" },
+    "ack-wait-ms": { type: "string" },
     json: { type: "string" },
   },
 });
@@ -118,6 +121,7 @@ const env = {
   TOOLMESH_TOOLS_DIR: join(ROOT, "test", "fixtures", "tools-fault"),
   TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir, execDir }),
   TOOLMESH_LOG_LEVEL: "warn",
+  ...(flags["ack-wait-ms"] === undefined ? {} : { TOOLMESH_ACK_WAIT_MS: flags["ack-wait-ms"] }),
   OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${sink.address().port}`,
   OTEL_BSP_SCHEDULE_DELAY: "1000",
   OTEL_BSP_MAX_QUEUE_SIZE: "65536",
@@ -290,7 +294,9 @@ function hops(call) {
   return Object.fromEntries(HOPS.map((h, i) => [h, Math.max(0, marks[i + 1] - marks[i])]));
 }
 const report = { server: version, rate: RATE, phases: [] };
-console.log(`rolling restarts of a 3-node cluster (${version}), ${RATE} calls/s, replicas 3`);
+console.log(
+  `rolling restarts of a 3-node cluster (${version}), ${RATE} calls/s, replicas 3, ack wait ${flags["ack-wait-ms"] ?? "default"}`,
+);
 for (const l of log) console.log(`  ${l}`);
 for (let i = 0; i < phases.length - 1; i++) {
   const { name, from } = phases[i];
