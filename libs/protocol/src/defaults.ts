@@ -51,8 +51,8 @@ export const Defaults = {
   shutdownForceMs: 5_000,
   /**
    * How long one pull request of a work loop lives: 5 s. An idle consumer sends one pull per
-   * this long. It also paces nats.js's recovery: after missed heartbeats (`pullHeartbeatMs`) it
-   * checks the consumer and, while that fails (an election), tries again every `expires`.
+   * this long. A pull lost with a consumer's leader is made again at once when the new leader is
+   * announced, or after missed heartbeats (`pullHeartbeatMs`), not after this.
    */
   pullExpiresMs: 5_000,
   /** How often the server tells a waiting pull it is alive: 1 s; two missed mean it is lost. */
