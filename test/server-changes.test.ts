@@ -8,8 +8,12 @@ import { afterAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { TimeoutError } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { connectNats } from "@toolmesh/nats";
-import { STREAM_LEADER_ELECTED_ADVISORIES } from "@toolmesh/protocol";
+import { AckPolicy, RetentionPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Semaphore, connectNats, startWorkLoop } from "@toolmesh/nats";
+import {
+  STREAM_LEADER_ELECTED_ADVISORIES,
+  consumerLeaderElectedAdvisory,
+} from "@toolmesh/protocol";
 import { startNatsServer, stopAll } from "./helpers/nats-server.js";
 
 const open: NatsConnection[] = [];
@@ -88,5 +92,38 @@ describe("a toolmesh connection", () => {
     expect((await moved) - signalled).toBeLessThan(5_000);
     expect(nc.getServer()).not.toBe(start);
     await ducking.kill();
+  });
+
+  it("pulls again at once when its consumer's new leader is announced", async () => {
+    const server = await startNatsServer();
+    const nc = await connectNats({ servers: server.url });
+    const other = await connect({ servers: server.url });
+    open.push(nc, other);
+    const jsm = await jetstreamManager(other);
+    await jsm.streams.add({ name: "SC", subjects: ["sc.>"], retention: RetentionPolicy.Workqueue });
+    await jsm.consumers.add("SC", { durable_name: "work", ack_policy: AckPolicy.Explicit });
+    // Every pull request the loop makes, seen by a second subscriber of the API subject.
+    const pulls: number[] = [];
+    other.subscribe("$JS.API.CONSUMER.MSG.NEXT.SC.work", {
+      callback: () => pulls.push(performance.now()),
+    });
+    await other.flush();
+    const loop = await startWorkLoop({
+      js: jetstream(nc),
+      stream: "SC",
+      consumer: "work",
+      slots: new Semaphore(4),
+      handle: async (msg) => msg.ack(),
+      onError: () => undefined,
+    });
+    while (pulls.length === 0) await new Promise((resolve) => setTimeout(resolve, 20));
+    const before = pulls.length;
+    const announced = performance.now();
+    other.publish(consumerLeaderElectedAdvisory("SC", "work"), "{}");
+    while (pulls.length === before && performance.now() - announced < 2_000)
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    // Well before two missed heartbeats (1 s apart) or the pull's expiry (5 s).
+    expect((pulls[before] ?? Infinity) - announced).toBeLessThan(500);
+    await loop.stop();
   });
 });
