@@ -72,6 +72,15 @@ describe("a toolmesh connection", () => {
     await other.flush();
     await nc.flush();
     await expect(nc.request("slow", "x", { timeout: 5_000 })).resolves.toBeDefined();
+    // Nor is a change of a stream or consumer, which the meta leader may rightly take seconds for.
+    other.subscribe("$JS.API.STREAM.UPDATE.CALLS", {
+      callback: (_e, m) => setTimeout(() => m.respond("{}"), 600),
+    });
+    await other.flush();
+    const update = nc.request("$JS.API.STREAM.UPDATE.CALLS", "{}", { timeout: 5_000 });
+    await nc.flush();
+    other.publish(advisory, "{}");
+    await expect(update).resolves.toBeDefined();
   });
 
   it("moves to another server as soon as its server enters lame-duck mode", async () => {

@@ -119,9 +119,10 @@ const STUCK_AFTER_ELECTION_MS = 250;
  *   server that went away. nats.js would wait out each one's timeout (5 s for JetStream); they
  *   fail at once with the same `TimeoutError`, so callers retry as after a timeout, only sooner.
  * - **Requests the old leader took.** A stream leader that stopped or died does not answer what
- *   it had received; when a stream elects a new leader, requests still waiting
- *   {@link STUCK_AFTER_ELECTION_MS} later fail the same way. (This needs the right to subscribe
- *   to `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>`; without it they wait out their timeout.)
+ *   it had received; when a stream elects a new leader, publishes and message reads still
+ *   waiting {@link STUCK_AFTER_ELECTION_MS} later fail the same way. (This needs the right to
+ *   subscribe to `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>`; without it they wait out their
+ *   timeout.)
  *
  * A retry is what a timeout already led to, so idempotency is unchanged.
  */
@@ -135,14 +136,26 @@ export function followServerChanges(nc: NatsConnection): void {
   nc.subscribe(STREAM_LEADER_ELECTED_ADVISORIES, {
     callback: (err) => {
       if (err !== null) return;
-      const waiting = requestsInFlight(nc);
+      const waiting = requestsInFlight(nc).filter(answeredByStreamLeader);
       setTimeout(() => failRequests(nc, waiting), STUCK_AFTER_ELECTION_MS).unref();
     },
   });
 }
 
 interface PendingRequest {
+  requestSubject?: string;
   resolver(err: Error, msg: unknown): void;
+}
+
+/**
+ * Whether a stream's leader answers the request in milliseconds: a publish to a stream (a PubAck,
+ * a KV write) or a message read. Other JetStream API requests (creating or updating a stream or
+ * consumer) are answered by the meta leader and may rightly take seconds while replicas move.
+ */
+function answeredByStreamLeader(request: PendingRequest): boolean {
+  const subject = request.requestSubject ?? "";
+  if (!subject.startsWith("$JS.")) return true;
+  return subject.startsWith("$JS.API.DIRECT.GET.") || subject.startsWith("$JS.API.STREAM.MSG.GET.");
 }
 
 /** The requests waiting for their reply, from nats.js's request multiplexer. */
