@@ -386,10 +386,12 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     expect(duplicated).toEqual([]);
     expect(withoutEffect.map((c) => c.id)).toEqual([]);
   }, 240_000);
+
   it(`keeps calls moving through a rolling restart by SIGTERM and lame-duck mode at ${ROLLING_RATE_PER_S} calls/s`, async () => {
-    // The test before leaves a node killed: every node runs and is current first.
+    // The test before leaves a node killed: every node runs and is current first. Under heavy
+    // load a restarted node can take minutes to catch up (docs/architecture.md).
     for (const node of cluster.nodes) if (!node.running) await node.restart();
-    await cluster.waitHealthy(60_000);
+    await cluster.waitHealthy(150_000);
     const client = new ToolmeshClient(nc);
     const sessions = Array.from({ length: SESSIONS }, (_, i) => client.session(`rr-s${i}`));
     type Mode = "SIGTERM" | "lame duck";
@@ -489,5 +491,5 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       expect(f.p99, `${f.name} p99`).toBeLessThanOrEqual(ROLLING_P99_MS);
       expect(f.max, `${f.name} max`).toBeLessThanOrEqual(ROLLING_MAX_MS);
     }
-  }, 180_000);
+  }, 300_000);
 });
