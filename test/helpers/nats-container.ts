@@ -126,6 +126,26 @@ class ContainerNatsServer implements NatsServerHandle {
     this.#running = false;
   }
 
+  async terminate(): Promise<void> {
+    if (!this.#running) return;
+    const container = await this.#docker();
+    await container.stop({ t: STOP_GRACE_S });
+    this.#running = false;
+  }
+
+  async lameDuck(timeoutMs = 150_000): Promise<void> {
+    if (!this.#running) return;
+    const container = await this.#docker();
+    await container.kill({ signal: "SIGUSR2" });
+    const exited = container.wait().then(() => true);
+    const expired = new Promise<boolean>((resolve) =>
+      setTimeout(() => resolve(false), timeoutMs).unref(),
+    );
+    if (!(await Promise.race([exited, expired]))) await container.kill({ signal: "SIGKILL" });
+    await exited;
+    this.#running = false;
+  }
+
   async restart(): Promise<void> {
     if (this.#removed) throw new Error("restart() after stop(): the container is gone");
     const container = await this.#docker();

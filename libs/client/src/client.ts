@@ -418,7 +418,10 @@ export class Session {
    */
   async #publish(request: CallRequest, deadline: number, msgId: string): Promise<void> {
     const callId = request.tool_call.id;
-    for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
+    // Retries stay close together (at most 500 ms apart): a stream without a leader answers
+    // "no responders" at once while it elects one, and the call should be stored within half a
+    // second of the new leader, not up to two.
+    for (let delay = 100; ; delay = Math.min(delay * 2, 500)) {
       try {
         const ack = await publishDurable(
           this.#client.js,

@@ -49,6 +49,18 @@ export interface NatsServerHandle {
   /** SIGKILL and wait for exit; keeps the temp dir so `restart()` finds the store. */
   kill(): Promise<void>;
   /**
+   * SIGTERM (SIGKILL after 10 s) and wait for exit, as a rolling restart stops a server; keeps
+   * the temp dir so `restart()` finds the store.
+   */
+  terminate(): Promise<void>;
+  /**
+   * Lame-duck mode (SIGUSR2, what `nats-server --signal ldm=PID` sends and the NATS Helm chart's
+   * preStop hook runs): the server stops taking clients, hands its JetStream leaderships away,
+   * closes its clients over `lame_duck_duration` and exits. Resolves once it has exited (SIGKILL
+   * if it is still running `timeoutMs` later, default 150 000); keeps the temp dir.
+   */
+  lameDuck(timeoutMs?: number): Promise<void>;
+  /**
    * Start again on the same port with the same store dir and wait until healthy. A running
    * server is first stopped with SIGTERM (temp dir kept). Rejects after `stop()`.
    */
@@ -290,6 +302,21 @@ class NatsServer implements NatsServerHandle {
 
   async kill(): Promise<void> {
     if (this.running) this.#proc.child.kill("SIGKILL");
+    await this.#proc.exited;
+  }
+
+  async terminate(): Promise<void> {
+    await this.#terminate();
+  }
+
+  async lameDuck(timeoutMs = 150_000): Promise<void> {
+    if (!this.running) return;
+    this.#proc.child.kill("SIGUSR2");
+    const ac = new AbortController();
+    const expired = delay(timeoutMs, true, { signal: ac.signal }).catch(() => false);
+    const winner = await Promise.race([this.#proc.exited.then(() => false), expired]);
+    ac.abort();
+    if (winner) this.#proc.child.kill("SIGKILL");
     await this.#proc.exited;
   }
 

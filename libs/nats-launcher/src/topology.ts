@@ -22,6 +22,8 @@ export interface StartNatsClusterOptions {
   config?: string;
   /** How long to wait for the cluster to become healthy, in ms. Default 30 000. */
   startTimeoutMs?: number;
+  /** The nats-server binary of every node: a path, or a name looked up on PATH. */
+  executable?: string;
 }
 
 /** A running local cluster. */
@@ -94,6 +96,7 @@ export async function startNatsCluster(
       args.push("--cluster", route(port), "--routes", others.join(","));
       const serverOptions: StartNatsServerOptions = { args };
       if (options.config !== undefined) serverOptions.config = options.config;
+      if (options.executable !== undefined) serverOptions.executable = options.executable;
       const server = await startNatsServer(serverOptions);
       return Object.assign(server, { name });
     }),

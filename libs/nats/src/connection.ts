@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import type { Authenticator, NatsConnection } from "@nats-io/nats-core";
 import {
+  TimeoutError,
   credsAuthenticator,
   nkeyAuthenticator,
   tokenAuthenticator,
@@ -8,7 +9,7 @@ import {
 } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { ErrorCode, STREAM_LEADER_ELECTED_ADVISORIES, ToolmeshError } from "@toolmesh/protocol";
 
 /** How to reach NATS. Names follow natscli (`--server`, `--creds`, `--user`, …). */
 export interface NatsConnectOptions {
@@ -39,10 +40,10 @@ export interface NatsConnectOptions {
 export const MIN_SERVER_VERSION = "2.9.0";
 
 /**
- * Connects with reconnection forever and the options meant for throughput. Files (creds,
- * nkey seed, TLS) are read first, so a missing one is reported by its option; a failure to
- * connect is an `unavailable` error naming the servers without their credentials and never
- * carrying a secret.
+ * Connects with reconnection forever and the options meant for throughput, and follows server
+ * restarts ({@link followServerChanges}). Files (creds, nkey seed, TLS) are read first, so a
+ * missing one is reported by its option; a failure to connect is an `unavailable` error naming
+ * the servers without their credentials and never carrying a secret.
  */
 export async function connectNats(options: NatsConnectOptions = {}): Promise<NatsConnection> {
   const authenticator: Authenticator[] = [];
@@ -75,7 +76,7 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
   };
   const servers = (options.servers ?? "nats://127.0.0.1:4222").split(",").map((s) => s.trim());
   try {
-    return await connect({
+    const nc = await connect({
       servers,
       ...(options.name === undefined ? {} : { name: options.name }),
       ...(options.inboxPrefix === undefined ? {} : { inboxPrefix: options.inboxPrefix }),
@@ -86,6 +87,8 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
       reconnectTimeWait: 250,
       noAsyncTraces: true,
     });
+    followServerChanges(nc);
+    return nc;
   } catch (err) {
     const reason = err instanceof Error ? err.message : String(err);
     throw new ToolmeshError(
@@ -96,6 +99,77 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
       { retryable: !/authori[sz]ation|authentication/i.test(reason) },
     );
   }
+}
+
+/**
+ * How long a request may still be waiting after a stream elected a new leader before it is taken
+ * for one the old leader never answers, in ms. Answers of a live leader take milliseconds.
+ */
+const STUCK_AFTER_ELECTION_MS = 250;
+
+/**
+ * Keeps a connection's calls moving through a rolling restart of its servers and a lost stream
+ * leader ([ADR 0042](../../../docs/adr/0042-calls-keep-moving-through-server-restarts.md)):
+ *
+ * - **Lame duck.** A server entering lame-duck mode (`nats-server --signal ldm`, the preStop
+ *   hook of the NATS Helm chart) tells its clients so, then closes them one by one over
+ *   `lame_duck_duration`; the connection moves to another server at once instead.
+ * - **Lost replies.** Requests still waiting when the connection drops (PubAcks, KV writes,
+ *   JetStream API calls) cannot be answered any more: their reply was addressed through the
+ *   server that went away. nats.js would wait out each one's timeout (5 s for JetStream); they
+ *   fail at once with the same `TimeoutError`, so callers retry as after a timeout, only sooner.
+ * - **Requests the old leader took.** A stream leader that stopped or died does not answer what
+ *   it had received; when a stream elects a new leader, publishes and message reads still
+ *   waiting {@link STUCK_AFTER_ELECTION_MS} later fail the same way. (This needs the right to
+ *   subscribe to `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>`; without it they wait out their
+ *   timeout.)
+ *
+ * A retry is what a timeout already led to, so idempotency is unchanged.
+ */
+export function followServerChanges(nc: NatsConnection): void {
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type === "disconnect") failRequests(nc, requestsInFlight(nc));
+      else if (status.type === "ldm") await nc.reconnect().catch(() => undefined);
+    }
+  })();
+  nc.subscribe(STREAM_LEADER_ELECTED_ADVISORIES, {
+    callback: (err) => {
+      if (err !== null) return;
+      const waiting = requestsInFlight(nc).filter(answeredByStreamLeader);
+      setTimeout(() => failRequests(nc, waiting), STUCK_AFTER_ELECTION_MS).unref();
+    },
+  });
+}
+
+interface PendingRequest {
+  requestSubject?: string;
+  resolver(err: Error, msg: unknown): void;
+}
+
+/**
+ * Whether a stream's leader answers the request in milliseconds: a publish to a stream (a PubAck,
+ * a KV write) or a message read. Other JetStream API requests (creating or updating a stream or
+ * consumer) are answered by the meta leader and may rightly take seconds while replicas move.
+ */
+function answeredByStreamLeader(request: PendingRequest): boolean {
+  const subject = request.requestSubject ?? "";
+  if (!subject.startsWith("$JS.")) return true;
+  return subject.startsWith("$JS.API.DIRECT.GET.") || subject.startsWith("$JS.API.STREAM.MSG.GET.");
+}
+
+/** The requests waiting for their reply, from nats.js's request multiplexer. */
+function requestsInFlight(nc: NatsConnection): PendingRequest[] {
+  const mux = (nc as unknown as { protocol?: { muxSubscriptions?: { all?(): PendingRequest[] } } })
+    .protocol?.muxSubscriptions;
+  return mux?.all?.() ?? [];
+}
+
+/** Fails those of `requests` still waiting as their timeout would. */
+function failRequests(nc: NatsConnection, requests: PendingRequest[]): void {
+  if (requests.length === 0) return;
+  const still = new Set(requestsInFlight(nc));
+  for (const request of requests) if (still.has(request)) request.resolver(new TimeoutError(), {});
 }
 
 /** Server URL(s) as they may be shown: any `user:password@` replaced by `***@`. */

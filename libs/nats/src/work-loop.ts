@@ -1,5 +1,6 @@
-import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
-import { Defaults } from "@toolmesh/protocol";
+import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { ConsumerMessages, JetStreamClient, JsMsg } from "@nats-io/jetstream";
+import { Defaults, consumerLeaderElectedAdvisory } from "@toolmesh/protocol";
 import type { Semaphore } from "./semaphore.js";
 
 /** Options of {@link startWorkLoop}. Durations in ms. */
@@ -77,7 +78,12 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     // Ask again when a quarter is left; nats.js's default (three quarters) pulls about every
     // second call.
     threshold_messages: Math.max(1, Math.floor(maxMessages / 4)),
+    // Pull again at once after a reconnect or missed heartbeats. Without it nats.js first asks
+    // for the consumer's info, and while that fails (an election after a server left) it waits a
+    // whole `expires` before asking again: seconds in which the consumer pulls nothing.
+    bind: true,
   });
+  const leaderMoved = pullAgainOnNewLeader(options, messages);
   const running = new Set<Promise<void>>();
   let stopping = false;
   let lastArrival = 0;
@@ -155,8 +161,29 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
       // Unsubscribed only now: the server keeps an unsubscribed pull request alive until it
       // expires and (on 2.9) delivers redeliveries into it, so messages the handlers handed back
       // after an early unsubscribe would wait out the ack wait instead of going to a replica.
+      leaderMoved?.unsubscribe();
       await messages.close().catch(() => undefined);
       await pump;
     },
   };
+}
+
+/**
+ * A pull request lives on the consumer's leader: when the leader steps down, stops or dies, the
+ * pull is gone, and nats.js pulls again only after two missed heartbeats. The server announces
+ * the consumer's new leader; pull again then, at once. (Needs the right to subscribe to the
+ * advisory; without it the heartbeats still recover the pull.)
+ */
+function pullAgainOnNewLeader(
+  options: WorkLoopOptions,
+  messages: ConsumerMessages,
+): Subscription | undefined {
+  const nc = (options.js as unknown as { nc?: NatsConnection }).nc;
+  const repull = (messages as unknown as { resetPending?: () => Promise<boolean> }).resetPending;
+  if (nc === undefined || repull === undefined) return undefined;
+  return nc.subscribe(consumerLeaderElectedAdvisory(options.stream, options.consumer), {
+    callback: (err) => {
+      if (err === null) void repull.call(messages).catch(() => undefined);
+    },
+  });
 }

@@ -51,12 +51,12 @@ export const Defaults = {
   shutdownForceMs: 5_000,
   /**
    * How long one pull request of a work loop lives: 5 s. An idle consumer sends one pull per
-   * this long. It also paces nats.js's recovery: after missed heartbeats (`pullHeartbeatMs`) it
-   * checks the consumer and, while that fails (an election), tries again every `expires`.
+   * this long. A pull lost with a consumer's leader is made again at once when the new leader is
+   * announced, or after missed heartbeats (`pullHeartbeatMs`), not after this.
    */
   pullExpiresMs: 5_000,
-  /** How often the server tells a waiting pull it is alive: 2.5 s; two missed mean it is lost. */
-  pullHeartbeatMs: 2_500,
+  /** How often the server tells a waiting pull it is alive: 1 s; two missed mean it is lost. */
+  pullHeartbeatMs: 1_000,
   /** How often the control plane looks for orphaned work-queue messages while calls flow: 30 s. */
   reconcileEveryMs: 30_000,
 } as const;

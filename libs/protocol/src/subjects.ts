@@ -20,6 +20,17 @@ const HASH_CHARS = 24;
 const KEEP_CHARS = MAX_TOKEN_LENGTH - HASH_CHARS - 2;
 
 /**
+ * JetStream's advisories of a newly elected stream leader, every stream of the account (NATS's
+ * own subjects, the same under every prefix).
+ */
+export const STREAM_LEADER_ELECTED_ADVISORIES = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>";
+
+/** JetStream's advisory of a newly elected leader of one consumer. */
+export function consumerLeaderElectedAdvisory(stream: string, consumer: string): string {
+  return `$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.${stream}.${consumer}`;
+}
+
+/**
  * Maps any non-empty name (tool name, session id, tenant id, call id) to one subject token.
  *
  * Characters `A-Z a-z 0-9 _ -` are kept; every other UTF-8 byte becomes `=XX` (lower-case

@@ -22,6 +22,7 @@ describe("permissions", () => {
     expect(tenant.subscribe.allow).toEqual([
       "toolmesh.v1.sessions.acme.*.>",
       "_INBOX.toolmesh.frontend.acme.>",
+      "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.>",
     ]);
     const session = rolePermissions("frontend", { tenant: "acme corp", session: "s.1" });
     expect(session.publish.allow).toContain("toolmesh.v1.calls.acme=20corp.s=2e1");

@@ -1,5 +1,12 @@
 import type { Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  STREAM_LEADER_ELECTED_ADVISORIES,
+  ToolmeshError,
+  consumerLeaderElectedAdvisory,
+  createSubjects,
+  subjectToken,
+} from "@toolmesh/protocol";
 import { obsoleteStreams } from "@toolmesh/nats";
 
 /** The NATS users of a mesh, one per role (docs/security.md). */
@@ -113,9 +120,13 @@ function serviceBase(s: Subjects, role: string): Permissions {
         `_INBOX.${s.prefix}.operator.>`,
       ],
     },
-    subscribe: { allow: [`${s.inboxPrefix(role)}.>`, s.stats] },
+    // Leader elections: a service retries what a lost leader took, and pulls from a new one.
+    subscribe: { allow: [`${s.inboxPrefix(role)}.>`, s.stats, ...LEADER_ELECTED] },
   };
 }
+
+/** JetStream's leader-election advisories (stream and consumer names, no call data). */
+const LEADER_ELECTED = [STREAM_LEADER_ELECTED_ADVISORIES, consumerLeaderElectedAdvisory("*", "*")];
 
 /** A durable pull consumer the role reads: info, create when missing, next, acks. */
 function durable(stream: string, consumer: string): string[] {
@@ -247,6 +258,8 @@ export function rolePermissions(
           allow: [
             `${n.base}.sessions.${t}.${session}.>`,
             `${s.frontendInboxPrefix(options.tenant, options.session)}.>`,
+            // A submission a lost leader took is sent again once a new one is elected.
+            STREAM_LEADER_ELECTED_ADVISORIES,
           ],
         },
       };
