@@ -2,7 +2,6 @@ export { meshToolName, ownerOf, startBridge } from "./bridge.js";
 export type { Bridge, BridgeOptions, ServerStatus } from "./bridge.js";
 export {
   AuthSchema,
-  DEFAULT_MCP_DIR,
   DeclaredToolSchema,
   McpConfigError,
   McpServerConfigSchema,
