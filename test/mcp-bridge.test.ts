@@ -19,7 +19,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import { runCli } from "./helpers/cli.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -152,24 +152,11 @@ async function waitForRecord(
   }
 }
 
-/** Waits until the resolver sees the tools (it logs each registry change). */
-async function toolAvailable(...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
-}
-
 /** Waits until a bridge registered every tool of the servers and the resolver sees them. */
 async function serversSynced(process: ServiceProcess, ...servers: string[]): Promise<void> {
   for (const name of servers) {
     const line = await process.waitForLog((l) => l.msg === "MCP tools synced" && l.server === name);
-    await toolAvailable(...(line.tools as string[]));
+    await toolAvailable(resolver, ...(line.tools as string[]));
   }
 }
 
@@ -570,7 +557,7 @@ describe("liveness", () => {
     const added = await call("t.add_tool", { name: "fresh" });
     expect(added.content).toBe("added fresh");
     const startedAt = Date.now();
-    await toolAvailable("t.fresh");
+    await toolAvailable(resolver, "t.fresh");
     expect(Date.now() - startedAt).toBeLessThan(1_000);
     const fresh = await call("t.fresh", {});
     expect(json(fresh)).toEqual({ tool: "fresh", args: { value: "none" } });
@@ -585,7 +572,7 @@ describe("liveness", () => {
     expect((await call("lz.echo", { text: "woken" })).content).toBe("woken");
     await waitForRecord((r) => r.server === "lz" && r.event === "started");
     // Once running, the server's real list replaces the declared one.
-    await toolAvailable("lz.greet");
+    await toolAvailable(resolver, "lz.greet");
     await bridge.waitForLog((l) => l.msg === "MCP server idle; stopped" && l.server === "lz");
     expect((await call("lz.echo", { text: "again" })).content).toBe("again");
     const starts = (await readRecords()).filter((r) => r.server === "lz" && r.event === "started");
