@@ -1,4 +1,5 @@
-export { meshToolName, ownerOf, startBridge } from "./bridge.js";
+export { startBridge } from "./bridge.js";
+export { meshToolName, ownerOf } from "./served-server.js";
 export type { Bridge, BridgeOptions, ServerStatus } from "./bridge.js";
 export {
   AuthSchema,
