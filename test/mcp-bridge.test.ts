@@ -230,6 +230,11 @@ beforeAll(async () => {
   const files: Record<string, Record<string, unknown>> = {
     "t.yaml": stdio("t"),
     "lag.yaml": stdio("lag", { timeout_ms: 1_000, retry: { max_attempts: 1 } }),
+    // Starts (and restarts) in 1.5 s, more than its 2.5 s attempts leave to spare for 2 s of work.
+    "rs.yaml": stdio("rs", {
+      timeout_ms: 2_500,
+      env: { MCP_TEST_NAME: "rs", MCP_TEST_RECORD: records, MCP_TEST_START_DELAY_MS: "1500" },
+    }),
     "lz.yaml": stdio("lz", {
       lazy: true,
       idle_timeout_ms: 500,
@@ -324,7 +329,10 @@ beforeAll(async () => {
     subjects: createSubjects(),
     log: { warn: () => undefined },
   });
-  await serversSynced(bridge, "t", "h", "s", "lz", "hr", "sr", "evh", "rel", "cj", "cu", "cs");
+  await serversSynced(
+    bridge,
+    ...["t", "rs", "h", "s", "lz", "hr", "sr", "evh", "rel", "cj", "cu", "cs"],
+  );
   await serversSynced(examples, "everything");
   // A dozen server processes start at once: on a loaded machine that takes a while.
 }, 180_000);
@@ -544,6 +552,22 @@ describe("liveness", () => {
     const after = lastReady(bridge, "t")?.pid as number;
     expect(after).not.toBe(before);
     expect((await call("t.echo", { text: "still here" })).content).toBe("still here");
+  });
+
+  it("starts a retried attempt's timeout once the killed stdio server is back", async () => {
+    const before = lastReady(bridge, "rs")?.pid as number;
+    const session = client.session("s-kill-slow-restart");
+    // 2 s of work in a 2.5 s attempt, after a restart of 1.5 s: only an attempt whose clock
+    // starts when the server is ready finishes it; one that waited for the restart times out.
+    const handle = session.submit({ name: "rs.slow", arguments: { ms: 2_000 } });
+    await waitForRecord((r) => r.server === "rs" && r.event === "slow-started" && r.pid === before);
+    process.kill(before, "SIGKILL");
+    const message = await handle.result;
+    session.close();
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("slept 2000 ms");
+    expect(message.attempts).toBe(2);
+    expect(lastReady(bridge, "rs")?.pid).not.toBe(before);
   });
 
   it("answers unavailable when the server crashes on every attempt, then recovers", async () => {

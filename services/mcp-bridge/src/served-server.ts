@@ -80,11 +80,15 @@ export function serverFetch(options: ServedServerOptions, config: McpServerConfi
   );
 }
 
-/** The tool module that serves one MCP tool of a server in the mesh, invoking it by `call`. */
+/**
+ * The tool module that serves one MCP tool of a server in the mesh, invoking it by `call`;
+ * each attempt's timeout starts once `ready` resolves (the server is up after a restart).
+ */
 export function mcpToolModule(
   config: McpServerConfig,
   tool: Tool,
   call: (tool: string, args: Record<string, unknown>, ctx: ToolContext) => Promise<string>,
+  ready?: (signal: AbortSignal) => Promise<void>,
 ): ToolModule {
   const annotations: Record<string, unknown> = { ...tool.annotations };
   if (tool.title !== undefined && annotations.title === undefined) annotations.title = tool.title;
@@ -103,6 +107,7 @@ export function mcpToolModule(
     ...(config.timeout_ms === undefined ? {} : { timeoutMs: config.timeout_ms }),
     ...(config.retry === undefined ? {} : { retry: config.retry }),
     handler: (args, ctx) => call(tool.name, args, ctx),
+    ...(ready === undefined ? {} : { ready }),
   };
 }
 
@@ -245,8 +250,11 @@ export async function startServedServer(
         );
         continue;
       }
-      const module = mcpToolModule(config, tool, (name, args, ctx) =>
-        connection.call(name, args, ctx),
+      const module = mcpToolModule(
+        config,
+        tool,
+        (name, args, ctx) => connection.call(name, args, ctx),
+        (signal) => connection.ready(signal),
       );
       next.set(module.name, module);
     }
