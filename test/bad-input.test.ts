@@ -23,7 +23,7 @@ import {
 import type { Rejection, SessionAddress, ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 const TENANT = "default";
@@ -48,19 +48,6 @@ let allResults: Subscription;
 /** Every final message published on any session of the main mesh, with its subject. */
 const published: { subject: string; message: ToolMessage }[] = [];
 
-/** Waits until the resolver has seen the tools in the registry (it logs each one). */
-async function toolAvailable(...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
-}
-
 beforeAll(async () => {
   server = await startNatsServer();
   ledgerDir = await mkdtemp(join(tmpdir(), "toolmesh-bad-input-"));
@@ -81,6 +68,7 @@ beforeAll(async () => {
     }),
   ]);
   await toolAvailable(
+    resolver,
     "strict",
     "echo_any",
     "measure",

@@ -4,7 +4,7 @@ import { runCli } from "./helpers/cli.js";
 import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
 let server: NatsServerHandle;
 let env: Record<string, string>;
@@ -28,7 +28,7 @@ beforeAll(async () => {
   env = { NATS_URL: server.url, TOOLMESH_TOOLS_DIR: fixtureTools("tools-a") };
   const resolver = await startService("resolver", env);
   await startService("executor", env);
-  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "inspect");
+  await toolAvailable(resolver, "inspect");
 });
 
 afterAll(async () => {

@@ -27,7 +27,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { readLedgers } from "./helpers/ledgers.js";
 
 /**
@@ -146,15 +146,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     expect((await setup(env)).changed).toBe(16);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
     await Promise.all([0, 1].map(() => startService("executor", env)));
-    await Promise.all(
-      resolvers.map((r) =>
-        r.waitForLog(
-          (l) =>
-            (l.msg === "tool available" && l.tool === TOOL) ||
-            (l.msg === "resolver started" && (l.tools as string[]).includes(TOOL)),
-        ),
-      ),
-    );
+    await Promise.all(resolvers.map((r) => toolAvailable(r, TOOL)));
 
     // One node leads the three streams every call goes through: killing it hits all of them.
     const critical = [subjects.streams.calls, subjects.streams.work, `KV_${subjects.callsBucket}`];

@@ -11,8 +11,7 @@ import { ToolmeshClient } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
-import type { ServiceProcess } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
 const HANGING_TIMEOUT_MS = 12_000;
 const MAX_LATENESS_MS = 1_000;
@@ -22,15 +21,6 @@ let nc: NatsConnection;
 let client: ToolmeshClient;
 let env: Record<string, string>;
 const subjects = createSubjects();
-
-/** Resolves once `resolver` has the tool in its registry. */
-function toolReady(resolver: ServiceProcess, name: string): Promise<unknown> {
-  return resolver.waitForLog(
-    (l) =>
-      (l.msg === "tool available" && l.tool === name) ||
-      (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-  );
-}
 
 beforeAll(async () => {
   server = await startNatsServer();
@@ -50,7 +40,7 @@ describe("deadlines through a resolver restart", () => {
   it("ends a hanging call at most 1 s after its deadline although the new resolver read a backlog first", async () => {
     const first = await startService("resolver", env);
     const executor = await startService("executor", env);
-    await toolReady(first, "slow");
+    await toolAvailable(first, "slow");
     const session = client.session("s-restart");
     const started = new Promise<void>((resolve) => {
       const stop = session.onEvent((e) => {
@@ -76,7 +66,7 @@ describe("deadlines through a resolver restart", () => {
     }
     await sleep(1_500);
     const second = await startService("resolver", env);
-    await toolReady(second, "slow");
+    await toolAvailable(second, "slow");
     const readyAt = Date.now();
 
     const message = await hanging.result;

@@ -23,7 +23,7 @@ import { runCli } from "./helpers/cli.js";
 import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -172,15 +172,7 @@ beforeAll(async () => {
   resolver = await startService("resolver", env);
   executor = spawnExecutor();
   await executor.ready;
-  await Promise.all(
-    ["crasher", "echo"].map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
+  await toolAvailable(resolver, ...["crasher", "echo"]);
   nc = await connect({ servers: server.url });
   js = jetstream(nc);
   jsm = await jetstreamManager(nc);

@@ -4,7 +4,7 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
 let server: NatsServerHandle;
 let nc: NatsConnection;
@@ -16,7 +16,7 @@ beforeAll(async () => {
   env = { NATS_URL: server.url, TOOLMESH_TOOLS_DIR: fixtureTools("tools-c") };
   const resolver = await startService("resolver", env);
   await startService("executor", { ...env, TOOLMESH_CONCURRENCY: "2" });
-  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "concurrency");
+  await toolAvailable(resolver, "concurrency");
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc);
 });

@@ -8,7 +8,7 @@ import { QuotaStore } from "@toolmesh/resolver";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
 // One executor runs 4 calls at once; the resolvers hold calls beyond a window of 4 outstanding
 // and hand them on in round-robin order among tenants.
@@ -28,9 +28,10 @@ beforeAll(async () => {
     TOOLMESH_ACK_WAIT_MS: "2000",
     TOOLMESH_LOG_LEVEL: "debug",
   };
-  resolvers = [await startService("resolver", env)];
+  const resolver = await startService("resolver", env);
+  resolvers = [resolver];
   executor = await startService("executor", { ...env, TOOLMESH_CONCURRENCY: "4" });
-  await resolvers[0]?.waitForLog((l) => l.msg === "tool available" && l.tool === "concurrency");
+  await toolAvailable(resolver, "concurrency");
   nc = await connect({ servers: server.url });
 }, 60_000);
 

@@ -20,7 +20,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer, stopAll } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { readLedgers } from "./helpers/ledgers.js";
 
@@ -99,16 +99,7 @@ beforeAll(async () => {
   const executors = await Promise.all([0, 1, 2].map(() => startService("executor", env, START_MS)));
   services.push(...resolvers, ...executors);
   everStarted.push(...services);
-  await Promise.all(
-    resolvers.map((r) =>
-      r.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === TOOL) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(TOOL)),
-        START_MS,
-      ),
-    ),
-  );
+  await Promise.all(resolvers.map((r) => toolAvailable(r, TOOL)));
   // The frontend reconnects forever, as a real one would across a server restart.
   nc = await connect({
     servers: server.url,

@@ -18,7 +18,7 @@ import {
   startGateway,
   writeKeysFile,
 } from "./helpers/gateway.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -67,15 +67,6 @@ async function client(key: string = KEYS.acme, headers: Record<string, string> =
 
 const text = (result: unknown): string =>
   ((result as CallToolResult).content[0] as { text: string }).text;
-
-async function toolAvailable(resolver: ServiceProcess, name: string): Promise<void> {
-  await resolver.waitForLog(
-    (l) =>
-      (l.msg === "tool available" && l.tool === name) ||
-      (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-    60_000,
-  );
-}
 
 beforeAll(async () => {
   [server, receiver] = await Promise.all([startNatsServer(), startOtlpReceiver()]);

@@ -6,7 +6,7 @@ import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import type { CryptoKey, JWK } from "jose";
 import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { gatewayAgents, gatewayTools, mcpClient, startGateway } from "./helpers/gateway.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -86,11 +86,7 @@ beforeAll(async () => {
     startService("executor", env, 60_000),
     startService("schema-expander", env, 60_000),
   ]);
-  await resolver.waitForLog(
-    (l) =>
-      (l.msg === "tool available" && l.tool === "echo") ||
-      (l.msg === "resolver started" && (l.tools as string[]).includes("echo")),
-  );
+  await toolAvailable(resolver, "echo");
   gateway = await startGateway({
     ...env,
     TOOLMESH_GATEWAY_JWKS_URL: jwksUrl,

@@ -12,7 +12,7 @@ import {
   tallies,
   writeKeysFile,
 } from "./helpers/gateway.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -103,12 +103,7 @@ beforeAll(async () => {
     startService("executor", env, 60_000),
     startService("schema-expander", env, 60_000),
   ]);
-  for (const tool of ["echo", "tally"])
-    await resolver.waitForLog(
-      (l) =>
-        (l.msg === "tool available" && l.tool === tool) ||
-        (l.msg === "resolver started" && (l.tools as string[]).includes(tool)),
-    );
+  await toolAvailable(resolver, "echo", "tally");
   replicas = await Promise.all([0, 1, 2].map(() => startGateway(gatewayEnv)));
   proxy = await startRoundRobinProxy(replicas.map((r) => r.port));
 }, 180_000);

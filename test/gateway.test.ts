@@ -20,7 +20,7 @@ import {
   startGateway,
   writeKeysFile,
 } from "./helpers/gateway.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -65,12 +65,7 @@ beforeAll(async () => {
     startService("schema-expander", env, 60_000),
     startService("executor", env, 60_000),
   ]);
-  for (const tool of ["echo", "slow", "ledger", "strict", "optimize_structure", "tally"])
-    await resolver.waitForLog(
-      (l) =>
-        (l.msg === "tool available" && l.tool === tool) ||
-        (l.msg === "resolver started" && (l.tools as string[]).includes(tool)),
-    );
+  await toolAvailable(resolver, "echo", "slow", "ledger", "strict", "optimize_structure", "tally");
   gateway = await startGateway({ ...gatewayEnv, TOOLMESH_LOG_LEVEL: "debug" });
   nc = await connect({ servers: server.url });
 }, 150_000);

@@ -19,7 +19,7 @@ import {
 } from "@toolmesh/nats-launcher";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ServiceProcess } from "./helpers/mesh.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { TcpProxy } from "./helpers/tcp-proxy.js";
 import { startTcpProxy } from "./helpers/tcp-proxy.js";
 
@@ -39,11 +39,7 @@ beforeAll(async () => {
   resolver = await startService("resolver", { ...common, NATS_URL: hub.url });
   executor = await startService("executor", { ...common, NATS_URL: leaf.url });
   // The executor registered its tools through the leaf; the resolver at the hub sees them.
-  await resolver.waitForLog(
-    (l) =>
-      (l.msg === "tool available" && l.tool === "whoami") ||
-      (l.msg === "resolver started" && (l.tools as string[]).includes("whoami")),
-  );
+  await toolAvailable(resolver, "whoami");
   nc = await connect({ servers: hub.url, maxReconnectAttempts: -1 });
 }, 60_000);
 

@@ -19,7 +19,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import { runCli } from "./helpers/cli.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -152,24 +152,11 @@ async function waitForRecord(
   }
 }
 
-/** Waits until the resolver sees the tools (it logs each registry change). */
-async function toolAvailable(...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
-}
-
 /** Waits until a bridge registered every tool of the servers and the resolver sees them. */
 async function serversSynced(process: ServiceProcess, ...servers: string[]): Promise<void> {
   for (const name of servers) {
     const line = await process.waitForLog((l) => l.msg === "MCP tools synced" && l.server === name);
-    await toolAvailable(...(line.tools as string[]));
+    await toolAvailable(resolver, ...(line.tools as string[]));
   }
 }
 
@@ -243,6 +230,11 @@ beforeAll(async () => {
   const files: Record<string, Record<string, unknown>> = {
     "t.yaml": stdio("t"),
     "lag.yaml": stdio("lag", { timeout_ms: 1_000, retry: { max_attempts: 1 } }),
+    // Starts (and restarts) in 1.5 s, more than its 2.5 s attempts leave to spare for 2 s of work.
+    "rs.yaml": stdio("rs", {
+      timeout_ms: 2_500,
+      env: { MCP_TEST_NAME: "rs", MCP_TEST_RECORD: records, MCP_TEST_START_DELAY_MS: "1500" },
+    }),
     "lz.yaml": stdio("lz", {
       lazy: true,
       idle_timeout_ms: 500,
@@ -337,7 +329,10 @@ beforeAll(async () => {
     subjects: createSubjects(),
     log: { warn: () => undefined },
   });
-  await serversSynced(bridge, "t", "h", "s", "lz", "hr", "sr", "evh", "rel", "cj", "cu", "cs");
+  await serversSynced(
+    bridge,
+    ...["t", "rs", "h", "s", "lz", "hr", "sr", "evh", "rel", "cj", "cu", "cs"],
+  );
   await serversSynced(examples, "everything");
   // A dozen server processes start at once: on a loaded machine that takes a while.
 }, 180_000);
@@ -559,6 +554,22 @@ describe("liveness", () => {
     expect((await call("t.echo", { text: "still here" })).content).toBe("still here");
   });
 
+  it("starts a retried attempt's timeout once the killed stdio server is back", async () => {
+    const before = lastReady(bridge, "rs")?.pid as number;
+    const session = client.session("s-kill-slow-restart");
+    // 2 s of work in a 2.5 s attempt, after a restart of 1.5 s: only an attempt whose clock
+    // starts when the server is ready finishes it; one that waited for the restart times out.
+    const handle = session.submit({ name: "rs.slow", arguments: { ms: 2_000 } });
+    await waitForRecord((r) => r.server === "rs" && r.event === "slow-started" && r.pid === before);
+    process.kill(before, "SIGKILL");
+    const message = await handle.result;
+    session.close();
+    expect(message.error).toBeUndefined();
+    expect(message.content).toBe("slept 2000 ms");
+    expect(message.attempts).toBe(2);
+    expect(lastReady(bridge, "rs")?.pid).not.toBe(before);
+  });
+
   it("answers unavailable when the server crashes on every attempt, then recovers", async () => {
     const crashed = await call("t.crash");
     expect(crashed.error).toMatchObject({ code: "unavailable", retryable: true });
@@ -570,7 +581,7 @@ describe("liveness", () => {
     const added = await call("t.add_tool", { name: "fresh" });
     expect(added.content).toBe("added fresh");
     const startedAt = Date.now();
-    await toolAvailable("t.fresh");
+    await toolAvailable(resolver, "t.fresh");
     expect(Date.now() - startedAt).toBeLessThan(1_000);
     const fresh = await call("t.fresh", {});
     expect(json(fresh)).toEqual({ tool: "fresh", args: { value: "none" } });
@@ -585,7 +596,7 @@ describe("liveness", () => {
     expect((await call("lz.echo", { text: "woken" })).content).toBe("woken");
     await waitForRecord((r) => r.server === "lz" && r.event === "started");
     // Once running, the server's real list replaces the declared one.
-    await toolAvailable("lz.greet");
+    await toolAvailable(resolver, "lz.greet");
     await bridge.waitForLog((l) => l.msg === "MCP server idle; stopped" && l.server === "lz");
     expect((await call("lz.echo", { text: "again" })).content).toBe("again");
     const starts = (await readRecords()).filter((r) => r.server === "lz" && r.event === "started");

@@ -11,7 +11,7 @@ import { initTelemetry } from "@toolmesh/telemetry";
 import type { Telemetry } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startOtlpReceiver } from "./helpers/otlp-receiver.js";
 import type { CollectedSpan, OtlpReceiver } from "./helpers/otlp-receiver.js";
@@ -24,19 +24,6 @@ let client: ToolmeshClient;
 let resolver: ServiceProcess;
 let executors: ServiceProcess[];
 let env: Record<string, string>;
-
-/** Waits until the resolver has seen the tools in the registry (it logs each one). */
-async function toolAvailable(...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
-}
 
 const json = (message: ToolMessage): Record<string, unknown> =>
   JSON.parse(message.content) as Record<string, unknown>;
@@ -52,7 +39,7 @@ beforeAll(async () => {
   };
   resolver = await startService("resolver", env);
   executors = await Promise.all([startService("executor", env), startService("executor", env)]);
-  await toolAvailable("inspect", "misbehave", "whoami");
+  await toolAvailable(resolver, "inspect", "misbehave", "whoami");
   telemetry = initTelemetry({ serviceName: "test-frontend", env });
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc, { tracer: telemetry.tracer, defaultTimeoutMs: 15_000 });
@@ -143,7 +130,7 @@ describe("a call through separate resolver and executor processes", () => {
       TOOLMESH_TOOLS_DIR: fixtureTools("tools-b"),
       TOOLMESH_EXECUTOR_OWNER: "executor-b",
     });
-    await toolAvailable("late.arrival");
+    await toolAvailable(resolver, "late.arrival");
     const after = await session.submit({ id: "l1", name: "late.arrival", arguments: { n: 21 } })
       .result;
     session.close();

@@ -12,7 +12,7 @@ import type { ToolMessage } from "@toolmesh/protocol";
 import { stringify as toYaml } from "yaml";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 // Native HTTP tools end to end: YAML files in a folder, an executor process loading them with
@@ -197,15 +197,7 @@ beforeAll(async () => {
   resolver = await startService("resolver", env);
   executor = await startService("executor", { ...env, ORDERS_API_KEY: SECRET });
   const names = ["update_order", "flaky_503", "flaky_429", "missing", "broken", "text", "json"];
-  await Promise.all(
-    [...names, "leave", "gone"].map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
+  await toolAvailable(resolver, ...[...names, "leave", "gone"]);
   nc = await connect({ servers: nats.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 20_000 });
 });

@@ -12,7 +12,7 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -36,18 +36,6 @@ let client: ToolmeshClient;
 
 const portOf = async (service: ServiceProcess, msg: string): Promise<number> =>
   (await service.waitForLog((l) => l.msg === msg)).port as number;
-
-async function toolsAvailable(...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
-}
 
 beforeAll(async () => {
   [server, receiver] = await Promise.all([startNatsServer(), startOtlpReceiver()]);
@@ -87,7 +75,7 @@ beforeAll(async () => {
       OTEL_RESOURCE_ATTRIBUTES: "service.name=obs-bridge",
     }),
   ]);
-  await toolsAvailable("misbehave", "whoami", "t.echo", "t.count");
+  await toolAvailable(resolver, "misbehave", "whoami", "t.echo", "t.count");
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 15_000 });
 }, 60_000);
@@ -469,7 +457,7 @@ describe("toolmesh call shows what a waiting call does", () => {
       NATS_URL: server.url,
       TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
     });
-    await toolsAvailable("sleepy");
+    await toolAvailable(resolver, "sleepy");
     await gone.stop();
     const outcome = await runCli(["call", "sleepy", "--args", '{"ms":1}', "--timeout-ms", "4000"], {
       NATS_URL: server.url,

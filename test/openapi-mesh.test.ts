@@ -13,7 +13,7 @@ import type { ToolMessage } from "@toolmesh/protocol";
 import { stringify as toYaml } from "yaml";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
 
@@ -125,15 +125,7 @@ beforeAll(async () => {
   await writeFile(file, source);
   const resolver = await startService("resolver", env);
   executor = await startService("executor", { ...env, PETSTORE_KEY: KEY });
-  await Promise.all(
-    ["petstore.getPetById", "petstore.addPet"].map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-      ),
-    ),
-  );
+  await toolAvailable(resolver, ...["petstore.getPetById", "petstore.addPet"]);
   nc = await connect({ servers: nats.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 20_000 });
 });

@@ -8,7 +8,7 @@ import { QuotaStore } from "@toolmesh/resolver";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
 
 // Three resolvers share the calls: every limit must hold across them, exactly.
@@ -28,11 +28,7 @@ beforeAll(async () => {
   };
   for (let i = 0; i < 3; i++) resolvers.push(await startService("resolver", env));
   await startService("executor", { ...env, TOOLMESH_CONCURRENCY: "64" });
-  await Promise.all(
-    resolvers.map((r) =>
-      r.waitForLog((l) => l.msg === "tool available" && l.tool === "concurrency"),
-    ),
-  );
+  await Promise.all(resolvers.map((r) => toolAvailable(r, "concurrency")));
   nc = await connect({ servers: server.url });
   store = await QuotaStore.open(nc, { subjects: createSubjects() });
 }, 60_000);

@@ -6,7 +6,7 @@ import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { killAllServices, startService } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
 // The README's client example is examples/client/main.ts, compiled with the workspace and run
 // here against a real mesh, so the README cannot drift from the library.
@@ -23,8 +23,7 @@ beforeAll(async () => {
   };
   const resolver = await startService("resolver", env);
   await startService("executor", env);
-  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "optimize_structure");
-  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "get_weather");
+  await toolAvailable(resolver, "optimize_structure", "get_weather");
 });
 
 afterAll(async () => {

@@ -12,7 +12,7 @@ import { Defaults, createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 let server: NatsServerHandle;
@@ -52,7 +52,7 @@ afterAll(async () => {
 async function executor(extra: Record<string, string> = {}): Promise<ServiceProcess> {
   const e = await startService("executor", { ...env, ...extra });
   executors.push(e);
-  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "sleepy");
+  await toolAvailable(resolver, "sleepy");
   return e;
 }
 

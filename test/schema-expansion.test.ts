@@ -8,6 +8,7 @@ import { connect } from "@nats-io/transport-node";
 import type { JetStreamApiError, JetStreamManager } from "@nats-io/jetstream";
 import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { StateStore } from "@toolmesh/catalog";
+import { JsApiCode } from "@toolmesh/nats";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { Session } from "@toolmesh/client";
 import type { SchemaEvent, ToolMessage } from "@toolmesh/protocol";
@@ -212,7 +213,7 @@ describe("schema expansion", () => {
     expect((await call(session, "geo.lookup", {})).error?.code).toBe("missing_arguments");
     expect(await session.waitForSchema("geo.lookup", 10_000)).toBe(true);
     // nats-server 2.9 refuses a consumer on the whole session, whose progress is not stored
-    // (10093); newer servers take it. One kind at a time works on both.
+    // (ConsumerFilterNotSubset); newer servers take it. One kind at a time works on both.
     if (nc.info?.version.startsWith("2.9.") === true) {
       const whole = await jsm.consumers
         .add(subjects.streams.sessions, {
@@ -221,7 +222,7 @@ describe("schema expansion", () => {
           deliver_policy: DeliverPolicy.LastPerSubject,
         })
         .catch((err: unknown) => err);
-      expect((whole as JetStreamApiError).code).toBe(10093);
+      expect((whole as JetStreamApiError).code).toBe(JsApiCode.ConsumerFilterNotSubset);
     }
     // The documented way: an ordered consumer on the session's schema subjects.
     const consumer = await jetstream(nc).consumers.get(subjects.streams.sessions, {

@@ -16,7 +16,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { startNatsServer, stopAll } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 const CALLS = 1_200;
@@ -43,12 +43,9 @@ beforeAll(async () => {
     TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir: join(workDir, "ledger"), execDir }),
     TOOLMESH_ACK_WAIT_MS: "2000",
   };
-  services.push(await startService("resolver", env), await startService("executor", env));
-  await services[0]?.waitForLog(
-    (l) =>
-      (l.msg === "tool available" && l.tool === TOOL) ||
-      (l.msg === "resolver started" && (l.tools as string[]).includes(TOOL)),
-  );
+  const resolver = await startService("resolver", env);
+  services.push(resolver, await startService("executor", env));
+  await toolAvailable(resolver, TOOL);
   nc = await connect({ servers: server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
 }, 60_000);
 

@@ -8,7 +8,7 @@ import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 let server: NatsServerHandle;
@@ -29,7 +29,7 @@ beforeAll(async () => {
   };
   resolver = await startService("resolver", env);
   executor = await startService("executor", env);
-  await resolver.waitForLog((l) => l.msg === "tool available" && l.tool === "sleepy");
+  await toolAvailable(resolver, "sleepy");
   nc = await connect({ servers: server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
   client = new ToolmeshClient(nc, { deadlineGraceMs: 10_000 });
 });

@@ -138,3 +138,21 @@ export async function killAllServices(): Promise<void> {
 export function fixtureTools(name: string): string {
   return join(ROOT, "test", "fixtures", name);
 }
+
+/**
+ * Resolves once `resolver` has every named tool in its registry view: its "tool available"
+ * line for the tool, or its start line listing it. Waits up to 60 s, a loaded machine's
+ * worst case for a registration to travel from executor or bridge to resolver.
+ */
+export async function toolAvailable(resolver: ServiceProcess, ...names: string[]): Promise<void> {
+  await Promise.all(
+    names.map((name) =>
+      resolver.waitForLog(
+        (l) =>
+          (l.msg === "tool available" && l.tool === name) ||
+          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
+        60_000,
+      ),
+    ),
+  );
+}

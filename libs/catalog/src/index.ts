@@ -40,13 +40,7 @@ export {
   modelSchema,
 } from "./schema.js";
 export type { RevisedTool } from "./schema.js";
-export {
-  DEFAULT_SESSION_STATE_TTL_MS,
-  StateStore,
-  decodePolicy,
-  decodeSchemas,
-  decodeTenantGroups,
-} from "./state.js";
+export { StateStore, decodePolicy, decodeSchemas, decodeTenantGroups } from "./state.js";
 export type {
   Revised,
   SessionPolicyState,

@@ -6,9 +6,6 @@ import type { SessionAddress, Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionPolicy } from "./policy.js";
 
-/** Default time a session's state is kept after its last change, in ms: 24 h. */
-export const DEFAULT_SESSION_STATE_TTL_MS = Defaults.sessionStateTtlMs;
-
 /** What the schema expander remembers about one session (docs/protocol.md#schema-expansion-catalog-and-tool-groups). */
 export interface SessionSchemasState {
   readonly session_id: string;
@@ -84,7 +81,7 @@ export class StateStore {
     const { subjects } = options;
     const { buckets } = meshPlan(subjects, {
       replicas: options.replicas,
-      sessionStateTtlMs: options.sessionTtlMs ?? DEFAULT_SESSION_STATE_TTL_MS,
+      sessionStateTtlMs: options.sessionTtlMs ?? Defaults.sessionStateTtlMs,
     });
     const jsm = await jetstreamManager(nc);
     const [sessions, groups] = await Promise.all([

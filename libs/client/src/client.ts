@@ -24,7 +24,6 @@ import {
   CallRequestSchema,
   CancelReplySchema,
   CatalogReplySchema,
-  DEFAULT_TENANT,
   Defaults,
   DescribeReplySchema,
   ErrorCode,
@@ -138,7 +137,7 @@ export class ToolmeshClient {
   constructor(nc: NatsConnection, options: ClientOptions = {}) {
     this.nc = nc;
     this.subjects = createSubjects(options.prefix === undefined ? {} : { prefix: options.prefix });
-    this.tenant = options.tenant ?? DEFAULT_TENANT;
+    this.tenant = options.tenant ?? Defaults.tenant;
     this.js = jetstream(nc);
     this.#options = {
       defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,

@@ -17,7 +17,6 @@ import {
   AckPolicy,
   DeliverPolicy,
   DiscardPolicy,
-  JetStreamApiCodes,
   JetStreamApiError,
   RetentionPolicy,
   StorageType,
@@ -25,6 +24,7 @@ import {
 import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import { nanos } from "@nats-io/nats-core";
+import { JsApiCode } from "./api-codes.js";
 
 /** The variable that sets the replica count of every stream and bucket. */
 export const REPLICAS_SETTING = "TOOLMESH_STREAM_REPLICAS";
@@ -88,8 +88,6 @@ export class ProvisionError extends Error {
     this.resource = resource;
   }
 }
-
-const STREAM_NOT_FOUND = 10059;
 
 /** The stream name behind a KV bucket. */
 export function bucketStream(bucket: string): string {
@@ -216,7 +214,7 @@ export async function ensureStream(
   const label = `${kind} ${name}`;
   const info: StreamInfo | undefined = await readOrUndefined(
     jsm.streams.info(spec.config.name),
-    STREAM_NOT_FOUND,
+    JsApiCode.StreamNotFound,
   ).catch((err: unknown) => {
     throw new ProvisionError(
       `cannot read ${label}: ${reason(err)}; this service needs permission for $JS.API.STREAM.INFO.${spec.config.name}`,
@@ -230,7 +228,7 @@ export async function ensureStream(
         await jsm.streams.add(spec.config);
       } catch (err) {
         // Another process created it meanwhile: go through the checks again.
-        if (err instanceof JetStreamApiError && err.code === 10058)
+        if (err instanceof JetStreamApiError && err.code === JsApiCode.StreamNameExist)
           return ensureStream(jsm, spec, options);
         throw new ProvisionError(
           `${label} does not exist and cannot be created (${reason(err)}): run \`toolmesh setup\` with credentials that may manage streams${hintFor(err)}`,
@@ -289,7 +287,7 @@ export async function ensureConsumer(
   const name = `${spec.stream}/${spec.name}`;
   const info: ConsumerInfo | undefined = await readOrUndefined(
     jsm.consumers.info(spec.stream, spec.name),
-    JetStreamApiCodes.ConsumerNotFound,
+    JsApiCode.ConsumerNotFound,
   ).catch((err: unknown) => {
     throw new ProvisionError(
       `cannot read consumer ${name}: ${reason(err)}; this service needs permission for $JS.API.CONSUMER.INFO.${spec.stream}.${spec.name}`,
@@ -303,10 +301,10 @@ export async function ensureConsumer(
         await jsm.consumers.add(spec.stream, spec.config);
       } catch (err) {
         // Created meanwhile by another replica: check it like an existing one.
-        if (err instanceof JetStreamApiError && err.code !== JetStreamApiCodes.ConsumerNotFound) {
+        if (err instanceof JetStreamApiError && err.code !== JsApiCode.ConsumerNotFound) {
           const now = await readOrUndefined(
             jsm.consumers.info(spec.stream, spec.name),
-            JetStreamApiCodes.ConsumerNotFound,
+            JsApiCode.ConsumerNotFound,
           ).catch(() => undefined);
           if (now !== undefined) return ensureConsumer(jsm, spec, options);
         }

@@ -9,6 +9,7 @@ import type { JetStreamClient, PubAck } from "@nats-io/jetstream";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { ErrorCode, Header, ToolmeshError, encodeJson } from "@toolmesh/protocol";
 import { injectTraceHeaders } from "@toolmesh/telemetry";
+import { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
 
 /** Options of {@link publishDurable}. */
 export interface PublishOptions {
@@ -19,8 +20,6 @@ export interface PublishOptions {
   /** How long to wait for the stream's acknowledgement, in ms. Default 5 000. */
   timeoutMs?: number;
 }
-
-const STREAM_STORE_FULL = [10077, 10047, 10028];
 
 /** Headers carrying the active trace context, plus any given. */
 export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
@@ -44,7 +43,7 @@ export function publishError(err: unknown, subject: string): ToolmeshError {
     );
   }
   if (err instanceof JetStreamApiError) {
-    if (err.code === 10054) {
+    if (err.code === JsApiCode.StreamMessageExceedsMaximum) {
       return new ToolmeshError(
         ErrorCode.PayloadTooLarge,
         "message is larger than the stream's max_msg_size",
@@ -54,7 +53,7 @@ export function publishError(err: unknown, subject: string): ToolmeshError {
         },
       );
     }
-    if (STREAM_STORE_FULL.includes(err.code)) {
+    if (STREAM_FULL_CODES.includes(err.code)) {
       return new ToolmeshError(ErrorCode.Overloaded, `stream refused the message: ${err.message}`, {
         details: { subject, retry_after_ms: 1000 },
         cause: err,

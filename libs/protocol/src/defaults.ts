@@ -59,4 +59,18 @@ export const Defaults = {
   pullHeartbeatMs: 1_000,
   /** How often the control plane looks for orphaned work-queue messages while calls flow: 30 s. */
   reconcileEveryMs: 30_000,
+  /** First token of every subject, stream and bucket name (`TOOLMESH_PREFIX`). */
+  prefix: "toolmesh",
+  /** Tenant (frontend) id when none is configured (`TOOLMESH_TENANT`). */
+  tenant: "default",
+  /** Per-attempt timeout of a tool whose definition sets no `timeout_ms`: 30 s. */
+  toolTimeoutMs: 30_000,
+  /** Params the resolver skips unless a tool says otherwise (docs/protocol.md#what-the-resolver-checks-in-order). */
+  systemParams: ["executor", "storage"],
+  /** Folder of native tool files (`TOOLMESH_NATIVE_TOOLS_DIR`); a missing one is no tools. */
+  nativeToolsDir: "tools/native",
+  /** Folder of MCP server files (`TOOLMESH_MCP_DIR`); a missing one is no servers. */
+  mcpDir: "tools/mcp",
+  /** Dead letters one listing returns when it names no limit. */
+  deadLetterListLimit: 100,
 } as const;

@@ -9,13 +9,9 @@ import {
   isRetryableByDefault,
 } from "./errors.js";
 import type { WireError } from "./errors.js";
+import { Defaults } from "./defaults.js";
 import { CallRequestSchema, MAX_ID_LENGTH, MAX_TOOL_NAME_LENGTH } from "./envelopes.js";
-import {
-  DEFAULT_SYSTEM_PARAMS,
-  DEFAULT_TOOL_TIMEOUT_MS,
-  ToolDefinitionSchema,
-  summarize,
-} from "./tool-definition.js";
+import { ToolDefinitionSchema, summarize } from "./tool-definition.js";
 
 const RETRYABLE_CODES = new Set<string>([
   "timeout",
@@ -279,9 +275,9 @@ describe("ToolDefinitionSchema", () => {
     expect(def.description).toBe("");
     expect(def.groups).toEqual(["default"]);
     expect(def.system_params).toEqual(["executor", "storage"]);
-    expect(def.system_params).toEqual([...DEFAULT_SYSTEM_PARAMS]);
+    expect(def.system_params).toEqual([...Defaults.systemParams]);
     expect(def.preset_params).toEqual([]);
-    expect(def.timeout_ms).toBe(DEFAULT_TOOL_TIMEOUT_MS);
+    expect(def.timeout_ms).toBe(Defaults.toolTimeoutMs);
     expect(def.timeout_ms).toBe(30_000);
     expect(def.retry).toEqual({
       max_attempts: 3,
@@ -308,7 +304,7 @@ describe("ToolDefinitionSchema", () => {
     expect(b.groups).toEqual(["default"]);
     expect(b.system_params).toEqual(["executor", "storage"]);
     expect(b.retry.non_retryable_codes).toEqual([]);
-    expect(DEFAULT_SYSTEM_PARAMS).toEqual(["executor", "storage"]);
+    expect(Defaults.systemParams).toEqual(["executor", "storage"]);
   });
 
   it("rejects bad names, groups, timeouts and retry codes", () => {

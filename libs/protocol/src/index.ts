@@ -78,8 +78,6 @@ export type {
   ToolSchema,
 } from "./envelopes.js";
 export {
-  DEFAULT_SYSTEM_PARAMS,
-  DEFAULT_TOOL_TIMEOUT_MS,
   RetryPolicySchema,
   ToolDefinitionSchema,
   ToolKindSchema,
@@ -94,8 +92,6 @@ export type {
 } from "./tool-definition.js";
 export { Header, callKeyOfResultMsgId, resultMsgId } from "./headers.js";
 export {
-  DEFAULT_PREFIX,
-  DEFAULT_TENANT,
   MAX_TOKEN_LENGTH,
   PROTOCOL_VERSION,
   STREAM_LEADER_ELECTED_ADVISORIES,

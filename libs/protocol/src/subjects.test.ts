@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
+import { Defaults } from "./defaults.js";
 import { ErrorCode, ToolmeshError } from "./errors.js";
 import {
-  DEFAULT_PREFIX,
   MAX_TOKEN_LENGTH,
   PROTOCOL_VERSION,
   assertValidPrefix,
@@ -267,7 +267,7 @@ describe("createSubjects", () => {
 
   it("uses the default prefix", () => {
     const s = createSubjects();
-    expect(s.prefix).toBe(DEFAULT_PREFIX);
+    expect(s.prefix).toBe(Defaults.prefix);
     expect(s.work("get_weather")).toBe(`toolmesh.${PROTOCOL_VERSION}.work.get_weather`);
     expect(s.call(s.address("default", "s1"))).toBe("toolmesh.v1.calls.default.s1");
     expect(s.streams.calls).toBe("TOOLMESH_CALLS");
@@ -330,7 +330,7 @@ describe("createSubjects", () => {
   });
 
   it("never lets an id add a token, an empty token or a wildcard", () => {
-    for (const prefix of [DEFAULT_PREFIX, "acme.prod"]) {
+    for (const prefix of [Defaults.prefix, "acme.prod"]) {
       const s = createSubjects({ prefix });
       const baseTokens = prefix.split(".").length + 1;
       for (const id of nastyIds) {
@@ -373,7 +373,7 @@ describe("createSubjects", () => {
   });
 
   it("reads the session address back from call and cancel subjects", () => {
-    for (const prefix of [DEFAULT_PREFIX, "acme.prod.eu"]) {
+    for (const prefix of [Defaults.prefix, "acme.prod.eu"]) {
       const s = createSubjects({ prefix });
       for (const tenant of ["default", "t.1", "*"]) {
         for (const session of nastyIds) {
@@ -386,7 +386,7 @@ describe("createSubjects", () => {
   });
 
   it("reads the address and call back from a result subject", () => {
-    for (const prefix of [DEFAULT_PREFIX, "acme.prod.eu"]) {
+    for (const prefix of [Defaults.prefix, "acme.prod.eu"]) {
       const s = createSubjects({ prefix });
       for (const id of nastyIds) {
         const at = s.address("t.1", id);
@@ -411,7 +411,7 @@ describe("createSubjects", () => {
   });
 
   it("reads the tenant back from a resolve subject", () => {
-    for (const prefix of [DEFAULT_PREFIX, "a.b.c"]) {
+    for (const prefix of [Defaults.prefix, "a.b.c"]) {
       const s = createSubjects({ prefix });
       for (const tenant of ["default", "t.1", "é", "x".repeat(300)]) {
         expect(s.parseRpcTenant(s.resolveRpc(tenant))).toBe(subjectToken(tenant));
@@ -421,7 +421,7 @@ describe("createSubjects", () => {
   });
 
   it("reads the kind back from session event subjects", () => {
-    for (const prefix of [DEFAULT_PREFIX, "a.b.c"]) {
+    for (const prefix of [Defaults.prefix, "a.b.c"]) {
       const s = createSubjects({ prefix });
       const at = s.address("t.x", "s.y");
       expect(s.sessionEventKind(s.result(at, "c.1"))).toBe("result");

@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { Defaults } from "./defaults.js";
 import { ErrorCode, ToolmeshError } from "./errors.js";
 import type { OwnerService } from "./owner.js";
 import { OWNER_SERVICES } from "./owner.js";
@@ -8,12 +9,6 @@ export const PROTOCOL_VERSION = "v1";
 
 /** Longest subject token a name maps to, in characters. */
 export const MAX_TOKEN_LENGTH = 64;
-
-/** Default subject prefix. */
-export const DEFAULT_PREFIX = "toolmesh";
-
-/** Default tenant (frontend) id when none is configured. */
-export const DEFAULT_TENANT = "default";
 
 const SAFE_TOKEN = /^[A-Za-z0-9_-]+$/;
 const HASH_CHARS = 24;
@@ -318,7 +313,7 @@ export function assertValidPrefix(prefix: string): void {
 
 /** Builds every subject, stream and bucket name for a prefix. The only place subjects are made. */
 export function createSubjects(options: SubjectOptions = {}): Subjects {
-  const prefix = options.prefix ?? DEFAULT_PREFIX;
+  const prefix = options.prefix ?? Defaults.prefix;
   assertValidPrefix(prefix);
   const base = `${prefix}.${PROTOCOL_VERSION}`;
   const t = subjectToken;

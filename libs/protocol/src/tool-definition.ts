@@ -1,12 +1,7 @@
 import { z } from "zod";
+import { Defaults } from "./defaults.js";
 import { ErrorCode } from "./errors.js";
 import { MAX_TOOL_NAME_LENGTH } from "./envelopes.js";
-
-/** Params the resolver skips unless a tool says otherwise (docs/protocol.md#what-the-resolver-checks-in-order). */
-export const DEFAULT_SYSTEM_PARAMS: readonly string[] = ["executor", "storage"];
-
-/** Default per-attempt timeout of a tool, in ms. */
-export const DEFAULT_TOOL_TIMEOUT_MS = 30_000;
 
 const ERROR_CODES = Object.values(ErrorCode) as [ErrorCode, ...ErrorCode[]];
 
@@ -41,7 +36,7 @@ export const ToolDefinitionSchema = z
       .record(z.string(), z.unknown())
       .describe("JSON Schema (2020-12) of the arguments, an object schema."),
     groups: z.array(z.string().min(1)).default(["default"]),
-    system_params: z.array(z.string()).default([...DEFAULT_SYSTEM_PARAMS]),
+    system_params: z.array(z.string()).default([...Defaults.systemParams]),
     preset_params: z
       .array(z.string())
       .default([])
@@ -62,7 +57,7 @@ export const ToolDefinitionSchema = z
       .number()
       .int()
       .positive()
-      .default(DEFAULT_TOOL_TIMEOUT_MS)
+      .default(Defaults.toolTimeoutMs)
       .describe("Per attempt."),
     retry: RetryPolicySchema.prefault({}),
     annotations: z.record(z.string(), z.unknown()).optional(),

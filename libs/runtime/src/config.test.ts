@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { DEFAULT_PREFIX, DEFAULT_TENANT, Defaults } from "@toolmesh/protocol";
+import { Defaults } from "@toolmesh/protocol";
 import { ConfigError, loadConfig } from "./config.js";
 import type { RuntimeConfig } from "./config.js";
 
@@ -37,8 +37,8 @@ describe("loadConfig", () => {
     const config = loadConfig({});
     expect(config).toMatchObject({
       nats: { servers: "nats://127.0.0.1:4222" },
-      prefix: DEFAULT_PREFIX,
-      tenant: DEFAULT_TENANT,
+      prefix: Defaults.prefix,
+      tenant: Defaults.tenant,
       logLevel: "info",
       toolsDir: "tools/builtin",
       nativeToolsDir: "tools/native",
@@ -175,7 +175,7 @@ describe("loadConfig", () => {
     const config = loadConfig(env, { NATS_URL: "nats://flag:4222", TOOLMESH_TENANT: undefined });
     expect(config.ackWaitMs).toBe(Defaults.ackWaitMs);
     expect(config.nats.servers).toBe("nats://flag:4222");
-    expect(config.tenant).toBe(DEFAULT_TENANT);
+    expect(config.tenant).toBe(Defaults.tenant);
     // The raw environment stays available for libraries that read standard variables.
     expect(config.env).toBe(env);
   });

@@ -1,6 +1,6 @@
 import { isIP } from "node:net";
 import { z } from "zod";
-import { DEFAULT_PREFIX, DEFAULT_TENANT, Defaults, assertValidPrefix } from "@toolmesh/protocol";
+import { Defaults, assertValidPrefix } from "@toolmesh/protocol";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
@@ -72,7 +72,7 @@ export const EnvSchema = z.object({
   NATS_TOKEN: z.string().min(1).optional(),
   TOOLMESH_PREFIX: z
     .string()
-    .default(DEFAULT_PREFIX)
+    .default(Defaults.prefix)
     .refine(
       (p) => {
         try {
@@ -84,7 +84,7 @@ export const EnvSchema = z.object({
       },
       { message: "must be dot-separated parts of [a-z0-9-]" },
     ),
-  TOOLMESH_TENANT: z.string().min(1).max(256).default(DEFAULT_TENANT),
+  TOOLMESH_TENANT: z.string().min(1).max(256).default(Defaults.tenant),
   TOOLMESH_LOG_LEVEL: z.enum(LOG_LEVELS).default("info"),
   TOOLMESH_TOOLS_DIR: z.string().min(1).default("tools/builtin"),
   TOOLMESH_PRESETS_FILE: z.string().min(1).optional(),
@@ -111,9 +111,9 @@ export const EnvSchema = z.object({
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
   TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(Defaults.sessionStateTtlMs),
-  TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default("tools/native"),
+  TOOLMESH_NATIVE_TOOLS_DIR: z.string().min(1).default(Defaults.nativeToolsDir),
   TOOLMESH_NATIVE_ALLOWED_URLS: urlPrefixes.optional(),
-  TOOLMESH_MCP_DIR: z.string().min(1).default("tools/mcp"),
+  TOOLMESH_MCP_DIR: z.string().min(1).default(Defaults.mcpDir),
   NATS_CERT: z.string().min(1).optional(),
   NATS_KEY: z.string().min(1).optional(),
   NATS_CA: z.string().min(1).optional(),

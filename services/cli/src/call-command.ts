@@ -8,7 +8,7 @@ import type { RuntimeConfig } from "@toolmesh/runtime";
 import { initTelemetry } from "@toolmesh/telemetry";
 import { describeMessage, say } from "./print.js";
 import { progressView } from "./progress-view.js";
-import { connectCli } from "./commands.js";
+import { connectCli, withClient } from "./commands.js";
 
 /** Options of `toolmesh call` (and of `resolve`, which ignores `quiet`). */
 export interface CallOptions {
@@ -147,6 +147,27 @@ async function runCall(
     if (onSigint !== undefined) process.off("SIGINT", onSigint);
     session.close();
   }
+}
+
+/** `toolmesh resolve`: prints the resolved-call record without executing the call. */
+export async function resolveCommand(
+  config: RuntimeConfig,
+  tool: string,
+  options: CallOptions,
+): Promise<number> {
+  const submitOptions = submitOptionsOf(options);
+  return withClient(config, async (client) => {
+    const reply = await client.resolve(
+      options.session ?? newSessionId(),
+      { name: tool, arguments: options.args ?? "{}" },
+      submitOptions,
+    );
+    if (options.json === true)
+      say(JSON.stringify(reply.ok ? reply.resolved : { error: reply.error }));
+    else if (reply.ok) say(JSON.stringify(reply.resolved, null, 2));
+    else say(`${reply.error.code}: ${reply.error.message}`);
+    return reply.ok ? 0 : 1;
+  });
 }
 
 /**

@@ -5,8 +5,6 @@ import { connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
-import type { CallOptions } from "./call-command.js";
-import { newSessionId, submitOptionsOf } from "./call-command.js";
 import { say } from "./print.js";
 
 /** The role a command connects as. */
@@ -60,27 +58,6 @@ export function withClient<T>(
       ),
     "frontend",
   );
-}
-
-/** `toolmesh resolve`: prints the resolved-call record without executing the call. */
-export async function resolveCommand(
-  config: RuntimeConfig,
-  tool: string,
-  options: CallOptions,
-): Promise<number> {
-  const submitOptions = submitOptionsOf(options);
-  return withClient(config, async (client) => {
-    const reply = await client.resolve(
-      options.session ?? newSessionId(),
-      { name: tool, arguments: options.args ?? "{}" },
-      submitOptions,
-    );
-    if (options.json === true)
-      say(JSON.stringify(reply.ok ? reply.resolved : { error: reply.error }));
-    else if (reply.ok) say(JSON.stringify(reply.resolved, null, 2));
-    else say(`${reply.error.code}: ${reply.error.message}`);
-    return reply.ok ? 0 : 1;
-  });
 }
 
 /** `toolmesh tools list`: name and one line per tool. */

@@ -48,6 +48,8 @@ const MaxDeliveriesAdvisorySchema = z.object({
 
 /** Options of {@link startControlPlane}. */
 export interface ControlPlaneOptions extends ControlDeps {
+  /** The queue group of the hosting process's replicas, which share the cancel requests. */
+  queue: string;
   /**
    * How often orphaned work-queue messages are looked for while calls come and go, in ms.
    * Default 30 000.
@@ -67,7 +69,6 @@ export interface ControlPlane {
   stop(graceMs: number): Promise<void>;
 }
 
-const QUEUE = "toolmesh-resolver";
 // Long enough for the dead-letter keeper to take a call its consumer gave up on.
 const SECOND_LOOK_MS = 5_000;
 
@@ -98,7 +99,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   const cancels: RequestServer = serveRequests({
     nc,
     subject: subjects.allCancel,
-    queue: QUEUE,
+    queue: options.queue,
     ...cancelRequests(deps),
   });
 

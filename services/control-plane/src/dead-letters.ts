@@ -11,6 +11,7 @@ import {
 import type { CallRequest, ResolvedCall, Subjects } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
+  Defaults,
   ErrorCode,
   Header,
   MAX_ID_LENGTH,
@@ -105,7 +106,6 @@ export interface ReplayOutcome {
   deleted: boolean;
 }
 
-const DEFAULT_LIST_LIMIT = 100;
 const FETCH_EXPIRES_MS = 5_000;
 
 /**
@@ -118,7 +118,7 @@ export async function listDeadLetters(
   subjects: Subjects,
   options: ListDeadLettersOptions = {},
 ): Promise<DeadLetter[]> {
-  const limit = options.limit ?? DEFAULT_LIST_LIMIT;
+  const limit = options.limit ?? Defaults.deadLetterListLimit;
   if (!Number.isSafeInteger(limit) || limit <= 0) {
     throw new ToolmeshError(ErrorCode.InvalidRequest, "limit must be a positive integer", {
       details: { limit },

@@ -13,8 +13,9 @@ import {
   errorToolMessage,
 } from "@toolmesh/protocol";
 import { Semaphore, publishEphemeral, tracedHeaders } from "@toolmesh/nats";
-import { DeadlineHeap } from "./deadline-heap.js";
 import type { ControlDeps } from "./deps.js";
+import type { Watched } from "./watched-calls.js";
+import { WatchedCalls } from "./watched-calls.js";
 
 /**
  * The headers the deadline keeper reads on a work message: the call's deadline and its key.
@@ -53,22 +54,10 @@ export interface DeadlineKeeper {
   stop(): void;
 }
 
-/** One call watched: its key, deadline, work subject and (once known) work sequence. */
-interface Watched {
-  key: string;
-  deadline: number;
-  subject: string;
-  seq: number | undefined;
-  /** The replay that last saw the call's work (or a later one, for work seen live). */
-  mark: number;
-}
-
 // Timers are re-armed at least this often, so a long wait never overflows setTimeout.
 const MAX_WAIT_MS = 3_600_000;
 // A call that could not be ended (NATS trouble) is tried again this much later.
 const RETRY_MS = 500;
-// Stale heap entries (calls that ended) beyond which the heap is rebuilt from the live ones.
-const COMPACT_SLACK = 1_024;
 
 /**
  * Keeps the deadlines of the calls in the work stream, with no message of its own per call.
@@ -92,11 +81,8 @@ export async function startDeadlineKeeper(
   const { jsm, clock } = plane;
   const stream = subjects.streams.work;
   const scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
-  const live = new Map<string, Watched>();
-  const workSubjects = new Map<string, string>();
-  const heap = new DeadlineHeap<Watched>();
+  const calls = new WatchedCalls();
   const slots = new Semaphore(16);
-  let generation = 0;
   let traffic = 0;
   let stopped = false;
   let timer: NodeJS.Timeout | undefined;
@@ -130,52 +116,29 @@ export async function startDeadlineKeeper(
   await nc.flush();
 
   function watch(key: string, deadline: number, subject: string, seq: number | undefined): void {
-    const known = live.get(key);
-    if (known !== undefined) {
-      // Seen live once more (no sequence), the call's work was queued again (ADR 0030) and the
-      // sequence read earlier may be gone: its work is looked up when it is due.
-      known.seq = seq;
-      known.mark = generation;
-      return;
-    }
-    // One string per work subject (one per tool), not one per call.
-    let shared = workSubjects.get(subject);
-    if (shared === undefined) workSubjects.set(subject, (shared = subject));
-    const entry: Watched = { key, deadline, subject: shared, seq, mark: generation };
-    live.set(key, entry);
-    heap.push(entry);
-    if (deadline < timerAt) arm();
+    if (calls.watch(key, deadline, subject, seq) && deadline < timerAt) arm();
   }
 
   function settled(msg: Msg): void {
     const key = callKeyOfResultMsgId(msg.headers?.get(Header.MsgId) ?? "");
-    if (key === undefined || !live.delete(key)) return;
-    if (heap.size > 2 * live.size + COMPACT_SLACK) heap.rebuild(live.values());
+    if (key !== undefined) calls.settle(key);
   }
 
   /** Arms the one timer for the earliest deadline still watched. */
   function arm(): void {
-    for (let top = heap.peek(); top !== undefined && live.get(top.key) !== top; top = heap.peek())
-      heap.pop();
+    const next = calls.nextDeadline();
     clearTimeout(timer);
     timer = undefined;
     timerAt = Number.POSITIVE_INFINITY;
-    const top = heap.peek();
-    if (top === undefined || stopped) return;
-    timerAt = top.deadline;
-    const wait = Math.min(Math.max(0, top.deadline - clock.now()), MAX_WAIT_MS);
+    if (next === undefined || stopped) return;
+    timerAt = next;
+    const wait = Math.min(Math.max(0, next - clock.now()), MAX_WAIT_MS);
     timer = setTimeout(fire, wait);
     timer.unref();
   }
 
   function fire(): void {
-    const now = clock.now();
-    for (let top = heap.peek(); top !== undefined && top.deadline <= now; top = heap.peek()) {
-      heap.pop();
-      if (live.get(top.key) !== top) continue;
-      live.delete(top.key);
-      void expire(top);
-    }
+    for (const entry of calls.takeDue(clock.now())) void expire(entry);
     arm();
   }
 
@@ -204,7 +167,7 @@ export async function startDeadlineKeeper(
       await jsm.streams.deleteMessage(stream, stored.seq).catch(() => false);
     } catch (err) {
       log.warn({ err, key: entry.key }, "cannot end the call at its deadline yet; retrying");
-      if (!stopped && !live.has(entry.key))
+      if (!stopped && !calls.has(entry.key))
         watch(entry.key, clock.now() + RETRY_MS, entry.subject, entry.seq);
     } finally {
       slots.release();
@@ -243,7 +206,7 @@ export async function startDeadlineKeeper(
   });
 
   async function replay(): Promise<void> {
-    const mark = ++generation;
+    const mark = calls.beginReplay();
     // One fresh reading of the server's clock before the backlog comes in (and the deadlines
     // read below are armed): without it a restarted resolver keeps them late.
     try {
@@ -259,15 +222,13 @@ export async function startDeadlineKeeper(
       const work = readWork(msg.header, msg.data);
       if (work !== undefined) watch(work.key, work.deadline, msg.subject, msg.seq);
     }
-    // Calls watched before whose work the stream no longer holds ended while results were
-    // missed (a reconnect); work seen live during the read carries this mark or a later one.
-    for (const entry of live.values()) if (entry.mark < mark) live.delete(entry.key);
+    calls.endReplay(mark);
     arm();
   }
 
   return {
     get watched() {
-      return live.size;
+      return calls.size;
     },
     get traffic() {
       return traffic;

@@ -1,10 +1,10 @@
 import { readFile } from "node:fs/promises";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
+import { Defaults } from "@toolmesh/protocol";
 import type { Runtime } from "@toolmesh/runtime";
 import type { Executor } from "./executor.js";
 import { startExecutor } from "./executor.js";
-import { DEFAULT_NATIVE_TOOLS_DIR } from "./native-tools.js";
 import { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
 import { loadToolSources } from "./tool-source.js";
 
@@ -35,7 +35,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     {
       toolsDir: config.toolsDir,
       nativeToolsDir: config.nativeToolsDir,
-      nativeToolsDirOptional: config.nativeToolsDir === DEFAULT_NATIVE_TOOLS_DIR,
+      nativeToolsDirOptional: config.nativeToolsDir === Defaults.nativeToolsDir,
       env: config.env,
       maxResponseBytes: config.maxMessageBytes,
       ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),

@@ -127,19 +127,7 @@ export async function handleWork(deps: WorkDeps, tool: ServedTool, msg: JsMsg): 
       // A restart of the server can lose this process's heartbeats, and the server then
       // delivers a call again while it still runs or its outcome is being recorded here:
       // wait for that, then read the record, instead of running the call twice.
-      let waited = false;
-      for (let earlier = inHand.get(inHandKey); earlier !== undefined;) {
-        waited = true;
-        await earlier;
-        earlier = inHand.get(inHandKey);
-      }
-      let handled = (): void => undefined;
-      inHand.set(
-        inHandKey,
-        new Promise<void>((resolve) => {
-          handled = resolve;
-        }),
-      );
+      const { waited, release } = await holdCall(inHand, inHandKey);
       try {
         // A young first delivery carries its record's revision: no read (ADR 0027).
         const trusted =
@@ -171,59 +159,28 @@ export async function handleWork(deps: WorkDeps, tool: ServedTool, msg: JsMsg): 
         );
         const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
         const code = outcome.ok ? undefined : outcome.error.code;
-        if (!outcome.ok && outcome.error.details?.[ShutdownCode] === true) {
+        const next = afterAttempt(outcome, attempt, tool.definition, call.deadline_at, clock.now());
+        if (next.kind === "hand-back") {
           telemetry.attemptEnded(call, code, true);
           msg.nak(); // handed back: another executor takes it
           callLog.info("executor shutting down; call handed back");
           return;
         }
-        if (!outcome.ok) {
-          const delay = retryDelay(
-            outcome.error,
-            attempt,
-            tool.definition,
-            call.deadline_at,
-            clock.now(),
+        if (next.kind === "retry") {
+          telemetry.attemptEnded(call, code, true);
+          callLog.warn(
+            {
+              code: next.error.code,
+              err: next.error,
+              retry_in_ms: next.delayMs,
+              duration_ms: durationMs,
+            },
+            "attempt failed; retrying",
           );
-          if (delay !== undefined) {
-            telemetry.attemptEnded(call, code, true);
-            callLog.warn(
-              {
-                code: outcome.error.code,
-                err: outcome.error,
-                retry_in_ms: delay,
-                duration_ms: durationMs,
-              },
-              "attempt failed; retrying",
-            );
-            msg.nak(delay);
-            return;
-          }
+          msg.nak(next.delayMs);
+          return;
         }
-        const target = {
-          tool_call_id: call.tool_call_id,
-          name: call.tool,
-          session_id: call.session_id,
-        };
-        const extra = { attempts: attempt, duration_ms: durationMs };
-        let message: ToolMessage = outcome.ok
-          ? { role: "tool", ...target, content: outcome.content, ...extra }
-          : errorToolMessage(target, outcome.error, extra);
-        const bytes = encodeJson(message).length;
-        if (bytes > deps.maxResultBytes) {
-          message = errorToolMessage(
-            target,
-            new ToolmeshError(
-              ErrorCode.PayloadTooLarge,
-              `the result is ${bytes} bytes; results may have at most ${deps.maxResultBytes}`,
-              {
-                retryable: false,
-                details: { bytes, limit: deps.maxResultBytes },
-              },
-            ),
-            extra,
-          );
-        }
+        const message = finalMessage(call, outcome, attempt, durationMs, deps.maxResultBytes);
         telemetry.attemptEnded(call, code, false);
         const { won, retried } = await recordOutcome(deps, call, message, stored, callLog);
         msg.ack();
@@ -258,10 +215,99 @@ export async function handleWork(deps: WorkDeps, tool: ServedTool, msg: JsMsg): 
         );
         msg.nak(1_000);
       } finally {
-        inHand.delete(inHandKey);
-        handled();
+        release();
       }
     },
+  );
+}
+
+/**
+ * Waits until no other delivery of the call is in hand in this process, then holds it:
+ * `waited` says whether one was, `release` lets the next one go.
+ */
+export async function holdCall(
+  inHand: Map<string, Promise<void>>,
+  key: string,
+): Promise<{ waited: boolean; release: () => void }> {
+  let waited = false;
+  for (let earlier = inHand.get(key); earlier !== undefined;) {
+    waited = true;
+    await earlier;
+    earlier = inHand.get(key);
+  }
+  let handled = (): void => undefined;
+  inHand.set(
+    key,
+    new Promise<void>((resolve) => {
+      handled = resolve;
+    }),
+  );
+  return {
+    waited,
+    release: () => {
+      inHand.delete(key);
+      handled();
+    },
+  };
+}
+
+/** What becomes of a delivery once its attempt is over. */
+export type AfterAttempt =
+  | { kind: "hand-back" }
+  | { kind: "retry"; delayMs: number; error: ToolmeshError }
+  | { kind: "end" };
+
+/**
+ * What becomes of a delivery once its attempt is over: handed back when the executor is
+ * stopping, retried after {@link retryDelay} when the failure allows one before the deadline,
+ * else the call ends with the outcome. Times in epoch ms.
+ */
+export function afterAttempt(
+  outcome: AttemptOutcome,
+  attempt: number,
+  definition: Pick<ToolDefinition, "retry">,
+  deadlineAt: number,
+  now: number,
+): AfterAttempt {
+  if (outcome.ok) return { kind: "end" };
+  if (outcome.error.details?.[ShutdownCode] === true) return { kind: "hand-back" };
+  const delayMs = retryDelay(outcome.error, attempt, definition, deadlineAt, now);
+  return delayMs === undefined ? { kind: "end" } : { kind: "retry", delayMs, error: outcome.error };
+}
+
+/**
+ * The final message of a call that ends with this attempt's outcome; a result larger than
+ * `maxResultBytes` encoded becomes a `payload_too_large` error.
+ */
+export function finalMessage(
+  call: Pick<ResolvedCall, "tool_call_id" | "tool" | "session_id">,
+  outcome: AttemptOutcome,
+  attempt: number,
+  durationMs: number,
+  maxResultBytes: number,
+): ToolMessage {
+  const target = {
+    tool_call_id: call.tool_call_id,
+    name: call.tool,
+    session_id: call.session_id,
+  };
+  const extra = { attempts: attempt, duration_ms: durationMs };
+  const message: ToolMessage = outcome.ok
+    ? { role: "tool", ...target, content: outcome.content, ...extra }
+    : errorToolMessage(target, outcome.error, extra);
+  const bytes = encodeJson(message).length;
+  if (bytes <= maxResultBytes) return message;
+  return errorToolMessage(
+    target,
+    new ToolmeshError(
+      ErrorCode.PayloadTooLarge,
+      `the result is ${bytes} bytes; results may have at most ${maxResultBytes}`,
+      {
+        retryable: false,
+        details: { bytes, limit: maxResultBytes },
+      },
+    ),
+    extra,
   );
 }
 

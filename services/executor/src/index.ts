@@ -10,7 +10,6 @@ export { ToolModuleSchema, defineTool } from "./tool-module.js";
 export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
 export { loadPresetsFile, startExecutorFromRuntime } from "./from-runtime.js";
 export {
-  DEFAULT_NATIVE_TOOLS_DIR,
   NATIVE_METHODS,
   NativeToolFileSchema,
   httpToolSources,

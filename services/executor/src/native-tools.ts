@@ -18,9 +18,6 @@ import { outboundFetch, trustedHostsOf } from "./outbound.js";
 import type { ToolContext, ToolModule } from "./tool-module.js";
 import type { ToolSourceKind } from "./tool-source.js";
 
-/** Default folder of native tool files; `TOOLMESH_NATIVE_TOOLS_DIR`'s default must match it. */
-export const DEFAULT_NATIVE_TOOLS_DIR = "tools/native";
-
 /** HTTP methods a native tool may use. */
 export const NATIVE_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"] as const;
 

@@ -1,51 +1,14 @@
-import type { NatsConnection } from "@nats-io/nats-core";
-import type { Tool } from "@modelcontextprotocol/sdk/types.js";
-import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
-import type { StreamLimits } from "@toolmesh/nats";
-import type { ToolRegistry } from "@toolmesh/registry";
-import type { Logger, Tracer } from "@toolmesh/telemetry";
-import type { Executor, PrivateAddressAllowance, ToolModule } from "@toolmesh/executor";
-import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/executor";
 import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import { ToolPins } from "./pins.js";
 import type { ConnectionState } from "./connection.js";
-import { ServerConnection } from "./connection.js";
+import type { ServedServerOptions } from "./served-server.js";
+import { startServedServer } from "./served-server.js";
 
 /** Options of {@link startBridge}. Durations in ms. */
-export interface BridgeOptions {
-  nc: NatsConnection;
-  subjects: Subjects;
-  /** The registry, in the mesh account; unused (and may be left out) with `ownerAccount`. */
-  registry?: ToolRegistry | undefined;
-  /**
-   * The tool owner whose NATS account this bridge lives in (ADR 0031): see the executor's
-   * `ownerAccount`. Its tools are then that owner's in the registry. `pin_tools` needs the
-   * mesh account (the approvals bucket).
-   */
-  ownerAccount?: string | undefined;
-  log: Logger;
-  tracer: Tracer;
+export interface BridgeOptions extends ServedServerOptions {
   /** The MCP servers, one per file of the MCP folder. */
   servers: readonly McpServerConfig[];
-  /** The environment `{ env: VAR }` secrets and `auth.env` are read from. */
-  env: Readonly<Record<string, string | undefined>>;
-  streamLimits?: StreamLimits;
-  /** Calls one server's tools run at once in this process. Default 16. */
-  concurrency?: number;
-  /** See the executor's `ackWaitMs`. Default 10 000. */
-  ackWaitMs?: number;
-  /** See the executor's `callRetentionMs`. Default 24 h. */
-  callRetentionMs?: number;
-  /** How long a removed tool's running calls may take to finish, in ms. Default 10 000. */
-  removeGraceMs?: number;
-  /** Private addresses HTTP/SSE servers may be reached at (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`). Default none. */
-  allowPrivateAddresses?: PrivateAddressAllowance;
-  /**
-   * Whether each HTTP/SSE server's own `url` host is trusted (`TOOLMESH_TRUST_CONFIGURED_HOSTS`),
-   * unless its file's `trust_configured_host` says otherwise. Default true.
-   */
-  trustConfiguredHosts?: boolean;
 }
 
 /** What the bridge knows about one server right now. */
@@ -69,25 +32,6 @@ export interface Bridge {
   inFlight(): readonly string[];
 }
 
-/** The registry owner of a server's tools; every bridge replica uses the same one. */
-export function ownerOf(server: string): string {
-  return `mcp-bridge:${server}`;
-}
-
-/** The mesh name of an MCP tool. Dots are safe: subject tokens escape them. */
-export function meshToolName(server: string, tool: string): string {
-  return `${server}.${tool}`;
-}
-
-interface ServedServer {
-  config: McpServerConfig;
-  executor: Executor;
-  connection: ServerConnection;
-  served: ServedTools;
-  /** Stops following the server's approvals (pinned servers). */
-  unwatch: () => void;
-}
-
 /**
  * Bridges MCP servers into the mesh. Each server gets its own executor, owned by
  * `mcp-bridge:<server>` so replicas share registrations and work consumers, and its own
@@ -96,14 +40,6 @@ interface ServedServer {
  * and removes them at once.
  */
 export async function startBridge(options: BridgeOptions): Promise<Bridge> {
-  /** The outbound guard of one server: its own configured host trusted, unless overridden. */
-  const fetchOf = (config: McpServerConfig) =>
-    outboundFetch(
-      options.allowPrivateAddresses,
-      config.transport === "stdio"
-        ? []
-        : trustedHostsOf(config.url, config.trust_configured_host, options.trustConfiguredHosts),
-    );
   const { log } = options;
   const pinning = options.servers.filter((s) => s.pin_tools).map((s) => s.name);
   if (pinning.length > 0 && options.ownerAccount !== undefined) {
@@ -117,189 +53,9 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
     pinning.length > 0
       ? await ToolPins.open(options.nc, options.subjects, options.streamLimits)
       : undefined;
-  const servers = await Promise.all(options.servers.map((config) => startServer(config)));
-
-  async function startServer(config: McpServerConfig): Promise<ServedServer> {
-    // In an owner's account the mesh files every tool under that owner.
-    const owner = options.ownerAccount ?? ownerOf(config.name);
-    const serverLog = log.child({ server: config.name });
-    const executor = await startExecutor({
-      nc: options.nc,
-      subjects: options.subjects,
-      registry: options.registry,
-      ownerAccount: options.ownerAccount,
-      tracer: options.tracer,
-      log: serverLog,
-      tools: [],
-      owner,
-      ...(options.streamLimits === undefined ? {} : { streamLimits: options.streamLimits }),
-      ...(options.concurrency === undefined ? {} : { concurrency: options.concurrency }),
-      ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
-      ...(options.callRetentionMs === undefined
-        ? {}
-        : { callRetentionMs: options.callRetentionMs }),
-    });
-    const served = new ServedTools(
-      executor,
-      serverLog,
-      options.removeGraceMs ?? Defaults.shutdownGraceMs,
-    );
-    let syncing: Promise<void> = Promise.resolve();
-    const pinned = config.pin_tools ? pins : undefined;
-    /** MCP names of listed tools whose definition is not approved (pinned servers). */
-    let unapproved = new Set<string>();
-    /** The server's last tool list, checked again when its approvals change. */
-    let lastListed: Tool[] | undefined;
-
-    const moduleOf = (tool: Tool): ToolModule => {
-      const annotations: Record<string, unknown> = { ...tool.annotations };
-      if (tool.title !== undefined && annotations.title === undefined)
-        annotations.title = tool.title;
-      return {
-        name: meshToolName(config.name, tool.name),
-        description: tool.description ?? "",
-        parameters: tool.inputSchema,
-        kind: "mcp",
-        // The bridge forwards the server's progress notifications as progress events.
-        progress: true,
-        // Every param of an MCP tool is the server's; none is a toolmesh system param.
-        systemParams: [],
-        ...(Object.keys(annotations).length === 0 ? {} : { annotations }),
-        origin: { server: config.name, tool: tool.name, transport: config.transport },
-        ...(config.groups === undefined ? {} : { groups: config.groups }),
-        ...(config.timeout_ms === undefined ? {} : { timeoutMs: config.timeout_ms }),
-        ...(config.retry === undefined ? {} : { retry: config.retry }),
-        handler: (args, ctx) => connection.call(tool.name, args, ctx),
-      };
-    };
-
-    /** Makes the served tools match the server's list; one sync at a time, in order. */
-    const syncTools = (tools: Tool[], fromServer = true): Promise<void> => {
-      syncing = syncing.then(() =>
-        applyTools(fromServer ? approvedOnly(tools) : Promise.resolve(tools)).catch(
-          (err: unknown) => {
-            serverLog.error({ err }, "cannot sync MCP tools");
-          },
-        ),
-      );
-      return syncing;
-    };
-
-    /**
-     * The tools of a pinned server whose definitions are approved. Newly unapproved ones are
-     * logged, and unregistered even when an earlier run registered them.
-     */
-    const approvedOnly = async (tools: Tool[]): Promise<Tool[]> => {
-      if (pinned === undefined) return tools;
-      lastListed = tools;
-      const verdict = await pinned.check(config.name, tools);
-      if (verdict.pinnedOnFirstUse) {
-        serverLog.info({ tools: tools.length }, "MCP tool definitions pinned on first use");
-      }
-      const before = unapproved;
-      unapproved = new Set(verdict.unapproved.map((u) => u.tool));
-      for (const u of verdict.unapproved) {
-        if (before.has(u.tool)) continue;
-        serverLog.warn(
-          {
-            tool: u.tool,
-            change: u.change,
-            fields: u.fields,
-            sha256: u.sha256,
-            ...(u.approved_sha256 === undefined ? {} : { approved_sha256: u.approved_sha256 }),
-            approve: `toolmesh tools approve ${config.name} ${u.tool}`,
-          },
-          "MCP tool definition not approved; tool disabled until approved",
-        );
-        const name = meshToolName(config.name, u.tool);
-        // Without the registry (an owner's account) the mesh refuses to remove another's tool.
-        const ours =
-          options.registry === undefined || options.registry.get(name)?.definition.owner === owner;
-        if (!served.has(name) && ours) {
-          await executor.removeTool(name, 0);
-        }
-      }
-      return tools.filter((t) => verdict.approved.has(t.name));
-    };
-
-    /** A call of a tool whose definition changed since its approval is refused. */
-    const refuse = (tool: string): ToolmeshError | undefined =>
-      unapproved.has(tool)
-        ? new ToolmeshError(
-            ErrorCode.ToolDisabled,
-            `tool "${meshToolName(config.name, tool)}" is disabled: MCP server "${config.name}" changed its definition, which awaits approval (toolmesh tools approve ${config.name} ${tool})`,
-            {
-              retryable: false,
-              details: {
-                tool: meshToolName(config.name, tool),
-                server: config.name,
-                reason: "definition_not_approved",
-              },
-            },
-          )
-        : undefined;
-
-    const applyTools = async (listed: Promise<Tool[]>): Promise<void> => {
-      const tools = await listed;
-      const next = new Map<string, ToolModule>();
-      for (const tool of tools) {
-        if (tool.execution?.taskSupport === "required") {
-          serverLog.warn(
-            { tool: tool.name },
-            "MCP tool runs only as a task, which the bridge does not support; skipped",
-          );
-          continue;
-        }
-        const module = moduleOf(tool);
-        next.set(module.name, module);
-      }
-      const { added, removed } = await served.apply([...next.values()]);
-      if (added.length > 0 || removed.length > 0) {
-        serverLog.info({ added, removed, tools: served.names() }, "MCP tools synced");
-      }
-    };
-
-    // A lazy server's catalog comes from the registry (what an earlier run or another replica
-    // listed), else from the file, else the server is started once to list its tools.
-    let known: Tool[] | undefined;
-    if (config.lazy) {
-      const cached =
-        (await options.registry?.fetchAll())?.filter(
-          (d) => d.owner === owner && d.origin?.server === config.name,
-        ) ?? [];
-      if (cached.length > 0) {
-        known = cached.map((d) => toolFromDefinition(d, config.name));
-      } else if (config.tools !== undefined) {
-        known = config.tools.map((t) => ({
-          name: t.name,
-          description: t.description,
-          inputSchema: t.inputSchema as Tool["inputSchema"],
-          ...(t.annotations === undefined ? {} : { annotations: t.annotations }),
-        }));
-      }
-    }
-    const connection = new ServerConnection({
-      config,
-      env: options.env,
-      fetch: fetchOf(config),
-      log: serverLog,
-      onTools: syncTools,
-      refuse,
-      discover: config.lazy && known === undefined,
-    });
-    if (known !== undefined) await syncTools(known, false);
-    // Not awaited: the bridge is up once every server's executor is; each server connects
-    // (or keeps trying) on its own.
-    void connection.start();
-    // An approval (or a replica's finding) changes the key: check the last list again.
-    const unwatch =
-      pinned === undefined
-        ? () => undefined
-        : await pinned.watch(config.name, () => {
-            if (lastListed !== undefined) void syncTools(lastListed);
-          });
-    return { config, executor, connection, served, unwatch };
-  }
+  const servers = await Promise.all(
+    options.servers.map((config) => startServedServer(options, config, pins)),
+  );
 
   log.info(
     {
@@ -340,23 +96,5 @@ export async function startBridge(options: BridgeOptions): Promise<Bridge> {
         }),
       );
     },
-  };
-}
-
-/** A registry entry written by an earlier run, as the MCP tool it came from. */
-function toolFromDefinition(definition: ToolDefinition, server: string): Tool {
-  const origin = definition.origin as { tool?: unknown } | undefined;
-  const prefix = `${server}.`;
-  const name =
-    typeof origin?.tool === "string"
-      ? origin.tool
-      : definition.name.startsWith(prefix)
-        ? definition.name.slice(prefix.length)
-        : definition.name;
-  return {
-    name,
-    description: definition.description,
-    inputSchema: definition.parameters as Tool["inputSchema"],
-    ...(definition.annotations === undefined ? {} : { annotations: definition.annotations }),
   };
 }

@@ -4,8 +4,8 @@ import { existsSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, it } from "vitest";
+import { Defaults } from "@toolmesh/protocol";
 import {
-  DEFAULT_MCP_DIR,
   McpConfigError,
   loadMcpServers,
   parseServerFile,
@@ -227,7 +227,7 @@ describe("loadMcpServers", () => {
       /cannot read MCP server folder/,
     );
     await expect(loadMcpServers(missing, { env: {}, optional: true })).resolves.toEqual([]);
-    expect(DEFAULT_MCP_DIR).toBe("tools/mcp");
+    expect(Defaults.mcpDir).toBe("tools/mcp");
   });
 });
 

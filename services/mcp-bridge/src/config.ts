@@ -2,10 +2,7 @@ import { readFile, readdir } from "node:fs/promises";
 import { extname, isAbsolute, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { RetryPolicySchema } from "@toolmesh/protocol";
-
-/** Where server files are looked for when `TOOLMESH_MCP_DIR` is not set. */
-export const DEFAULT_MCP_DIR = "tools/mcp";
+import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
 
 const SERVER_FILE_EXTENSIONS = new Set([".yaml", ".yml", ".json"]);
 
@@ -168,7 +165,7 @@ export class McpConfigError extends Error {
 
 /** Options of {@link loadMcpServers}. */
 export interface LoadServersOptions {
-  /** A missing folder is no servers rather than an error. Default: only for {@link DEFAULT_MCP_DIR}. */
+  /** A missing folder is no servers rather than an error. Default: only for `Defaults.mcpDir`. */
   optional?: boolean;
   /** The environment `{ env: VAR }` secrets are read from; checked here so typos fail at start. */
   env: Readonly<Record<string, string | undefined>>;
@@ -186,7 +183,7 @@ export async function loadMcpServers(
   options: LoadServersOptions,
 ): Promise<LoadedServer[]> {
   const root = resolve(dir);
-  const optional = options.optional ?? dir === DEFAULT_MCP_DIR;
+  const optional = options.optional ?? dir === Defaults.mcpDir;
   let entries: string[];
   try {
     entries = (await readdir(root)).filter((f) => SERVER_FILE_EXTENSIONS.has(extname(f))).sort();

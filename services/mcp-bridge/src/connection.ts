@@ -56,6 +56,14 @@ export interface ServerConnectionOptions {
   refuse?: (tool: string) => ToolmeshError | undefined;
 }
 
+/** A connection lost while its tools were registered; its loss was counted when it closed. */
+class LostDuringStart extends Error {
+  override readonly name = "LostDuringStart";
+  constructor() {
+    super("the connection closed during start-up");
+  }
+}
+
 /** A connection that is up at least this long resets the restart backoff, in ms. */
 const STABLE_AFTER_MS = 10_000;
 /** Most `tools/list` pages followed before the list is taken as it is. */
@@ -92,6 +100,8 @@ export class ServerConnection {
   /** The client being opened, so stop() can abort a hanging `initialize`. */
   #opening: Client | undefined;
   #connecting: Promise<Client> | undefined;
+  /** Resolved, and cleared, each time a connection is up (before its tools are registered). */
+  #connected = new Set<() => void>();
   #failures = 0;
   #notBefore = 0;
   #openedAt = 0;
@@ -216,6 +226,23 @@ export class ServerConnection {
     }
   }
 
+  /**
+   * Resolves once a server that is kept connected is up, within the bound a call's own wait
+   * has (see `call`), so a tool attempt's timeout starts after a restart rather than during it
+   * (the executor's `ToolModule.ready`). Resolves at once when connected, and for a lazy
+   * server not running: its call starts it. Resolves as soon as the connection is up, before
+   * its tools are registered: that registration may wait for the very calls waiting here.
+   */
+  async ready(signal: AbortSignal): Promise<void> {
+    if (this.#client !== undefined || !this.#keepConnected || this.#state === "stopped") return;
+    await this.#bounded(signal, (resolve, reject) => {
+      const up = () => resolve(undefined);
+      this.#connected.add(up);
+      this.#connect().catch(reject);
+      return () => this.#connected.delete(up);
+    });
+  }
+
   /** Closes the connection (a stdio server is stopped) and stops reconnecting. */
   async stop(): Promise<void> {
     this.#state = "stopped";
@@ -239,9 +266,22 @@ export class ServerConnection {
         details: { server: this.#config.name },
       });
     }
-    // A server that will not even be tried again for a while, or is still down when the bound
-    // passes, is `unavailable`: the call's retry policy turns that into another attempt later,
-    // rather than the attempt waiting out its timeout.
+    return this.#bounded(signal, (resolve, reject) => {
+      this.#connect().then(resolve, reject);
+      return () => undefined;
+    });
+  }
+
+  /**
+   * Waits for `start` to resolve, bounded by the call's signal and by the connect timeout
+   * past the backoff; a server that will not even be tried again for a while, or is still
+   * down when the bound passes, is `unavailable`: the call's retry policy turns that into
+   * another attempt later, rather than the attempt waiting out its timeout.
+   */
+  async #bounded<T>(
+    signal: AbortSignal,
+    start: (resolve: (value: T) => void, reject: (err: unknown) => void) => () => void,
+  ): Promise<T> {
     const backoffLeft = Math.max(0, this.#notBefore - Date.now());
     if (backoffLeft > this.#config.connect_timeout_ms) {
       throw unavailable(this.#config.name, this.#lastError ?? "not connected", {
@@ -250,25 +290,24 @@ export class ServerConnection {
       });
     }
     const waitMs = this.#config.connect_timeout_ms + backoffLeft;
-    const connecting = this.#connect();
     let timer: NodeJS.Timeout | undefined;
     let onAbort: (() => void) | undefined;
+    let cleanUp = (): void => undefined;
     try {
-      return await Promise.race([
-        connecting,
-        new Promise<never>((_, reject) => {
-          timer = setTimeout(
-            () => reject(unavailable(this.#config.name, this.#lastError ?? "not connected yet")),
-            waitMs,
-          );
-          onAbort = () => reject(signal.reason as Error);
-          signal.addEventListener("abort", onAbort, { once: true });
-        }),
-      ]);
+      return await new Promise<T>((resolve, reject) => {
+        cleanUp = start(resolve, reject);
+        timer = setTimeout(
+          () => reject(unavailable(this.#config.name, this.#lastError ?? "not connected yet")),
+          waitMs,
+        );
+        onAbort = () => reject(signal.reason as Error);
+        signal.addEventListener("abort", onAbort, { once: true });
+      });
     } catch (err) {
       if (err instanceof ToolmeshError || signal.aborted) throw err;
       throw unavailable(this.#config.name, err);
     } finally {
+      cleanUp();
       clearTimeout(timer);
       if (onAbort !== undefined) signal.removeEventListener("abort", onAbort);
     }
@@ -336,6 +375,8 @@ export class ServerConnection {
       this.#opening = undefined;
       this.#client = client;
       this.#state = "ready";
+      for (const resolve of this.#connected) resolve();
+      this.#connected.clear();
       this.#opens++;
       this.#openedAt = Date.now();
       this.#lastError = undefined;
@@ -349,8 +390,10 @@ export class ServerConnection {
         "MCP server ready",
       );
       await this.#onTools(tools);
-      // Lost while its tools were registered: the reconnect was left to this attempt.
-      if (this.#client !== client) throw new Error("the connection closed during start-up");
+      // Lost while its tools were registered (a call may run from the moment the connection is
+      // up, see ready()): the loss was counted and logged already; the reconnect is left to
+      // this attempt's caller.
+      if (this.#client !== client) throw new LostDuringStart();
       // A lazy server started to learn its tools runs only when called from now on.
       if (this.#config.lazy) this.#keepConnected = false;
       this.#armIdle();
@@ -359,7 +402,7 @@ export class ServerConnection {
       if (this.#opening === client) this.#opening = undefined;
       if (this.#client === client) this.#client = undefined;
       await closeClient(client, { terminate: false });
-      if (this.#stopped.signal.aborted) throw err;
+      if (this.#stopped.signal.aborted || err instanceof LostDuringStart) throw err;
       const delayMs = this.#backoff();
       this.#lastError = withCause(describeError(err), this.#stderrTail);
       this.#state = this.#keepConnected ? "waiting" : "idle";

@@ -1,8 +1,8 @@
-export { meshToolName, ownerOf, startBridge } from "./bridge.js";
+export { startBridge } from "./bridge.js";
+export { meshToolName, ownerOf } from "./served-server.js";
 export type { Bridge, BridgeOptions, ServerStatus } from "./bridge.js";
 export {
   AuthSchema,
-  DEFAULT_MCP_DIR,
   DeclaredToolSchema,
   McpConfigError,
   McpServerConfigSchema,

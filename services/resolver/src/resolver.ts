@@ -17,6 +17,9 @@ import { QuotaGate } from "./quotas.js";
 import { FairShare } from "./fair-share.js";
 import type { WorkDepth } from "./fair-share.js";
 
+/** The queue group of the resolver replicas: dry runs and the control plane's cancel requests. */
+const QUEUE = "toolmesh-resolver";
+
 /** Options of {@link startResolver}. Durations in ms. */
 export interface ResolverOptions {
   nc: NatsConnection;
@@ -117,6 +120,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
         });
   const control: ControlPlane = await startControlPlane({
+    queue: QUEUE,
     nc,
     plane,
     subjects,
@@ -188,7 +192,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   const rpc: RequestServer = serveRequests({
     nc,
     subject: subjects.allResolveRpc,
-    queue: "toolmesh-resolver",
+    queue: QUEUE,
     ...dryRunRequests(deps),
   });
   const stopWatching = registry.onChange(({ name, tool }) => {
