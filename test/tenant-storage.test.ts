@@ -21,6 +21,11 @@ import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 const subjects = createSubjects();
 const START_MS = 120_000;
+/** The part of `toolmesh stats --json` this test reads (MeshStats of the CLI). */
+interface MeshStats {
+  tenants: { tenant: string; stored: { calls: number; sessions: number; max_session: number } }[];
+}
+
 const LIMITS = {
   TOOLMESH_MAX_QUEUED_CALLS: "2000",
   TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: process.env.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION ?? "100",
@@ -131,6 +136,7 @@ describe("one tenant flooding the calls stream", () => {
     while (refusals.size === 0 && accepted.length < 20_000) {
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
+    let floodSeen: MeshStats["tenants"] = [];
     const steadyRefused: WireError[] = [];
     const steadyIds: string[] = [];
     try {
@@ -141,6 +147,14 @@ describe("one tenant flooding the calls stream", () => {
         const stored = ids.filter((_, i) => refused[i] === undefined);
         steadyIds.push(...stored);
         await steady.answered(stored);
+        if (round === 0) {
+          // The operator sees who fills the calls stream, from the server: the flood's one
+          // session holds its whole share, and no more.
+          const stats = await runCli(["stats", "--tenant", "flood", "--json"], {
+            ...credentials("operator"),
+          });
+          floodSeen = (JSON.parse(stats.stdout) as MeshStats).tenants;
+        }
       }
     } finally {
       flooding = false;
@@ -154,6 +168,14 @@ describe("one tenant flooding the calls stream", () => {
       .filter(({ finals }) => finals.length !== 1 || finals[0]?.error !== undefined)
       .map(({ id, finals }) => ({ id, errors: finals.map((m) => m.error?.code ?? "ok") }));
     expect(steadyWrong).toEqual([]);
+
+    expect(floodSeen).toHaveLength(1);
+    expect(floodSeen[0]?.tenant).toBe("flood");
+    expect(floodSeen[0]?.stored.sessions).toBe(1);
+    expect(floodSeen[0]?.stored.max_session).toBeGreaterThan(0);
+    expect(floodSeen[0]?.stored.max_session).toBeLessThanOrEqual(
+      Number(LIMITS.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION),
+    );
 
     // The flood was refused by the server with the typed error, and nothing else.
     expect([...refusals.keys()]).toEqual([`${ErrorCode.Overloaded}:queued_per_session`]);
