@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { JetStreamApiError } from "@nats-io/jetstream";
 import { ErrorCode } from "@toolmesh/protocol";
 import { publishError } from "./publish.js";
 
@@ -19,5 +20,32 @@ describe("publishError", () => {
       retryable: false,
       details: { subject: "a.subject" },
     });
+  });
+
+  // The bodies nats-server 2.9.10 and 2.15.1 answer with (same on both).
+  it("tells a session's full share of the calls stream from a full stream", () => {
+    const perSession = publishError(
+      new JetStreamApiError({
+        code: 503,
+        err_code: 10077,
+        description: "maximum messages per subject exceeded",
+      }),
+      "tm.v1.calls.a.s",
+    ).toWire();
+    expect(perSession).toMatchObject({
+      code: ErrorCode.Overloaded,
+      retryable: true,
+      details: { subject: "tm.v1.calls.a.s", limit: "queued_per_session", retry_after_ms: 1000 },
+    });
+    const full = publishError(
+      new JetStreamApiError({
+        code: 503,
+        err_code: 10077,
+        description: "maximum messages exceeded",
+      }),
+      "tm.v1.calls.a.s",
+    ).toWire();
+    expect(full).toMatchObject({ code: ErrorCode.Overloaded, retryable: true });
+    expect(full.details).not.toHaveProperty("limit");
   });
 });

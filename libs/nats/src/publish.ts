@@ -21,6 +21,9 @@ export interface PublishOptions {
   timeoutMs?: number;
 }
 
+/** How the server words a refusal by `discard_new_per_subject` (store full, per subject). */
+const PER_SUBJECT_FULL = /per subject/;
+
 /** Headers carrying the active trace context, plus any given. */
 export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
   const h = createHeaders();
@@ -51,6 +54,14 @@ export function publishError(err: unknown, subject: string): ToolmeshError {
           details: { subject },
           cause: err,
         },
+      );
+    }
+    if (err.code === JsApiCode.StreamStoreFailed && PER_SUBJECT_FULL.test(err.message)) {
+      // The calls stream keeps at most TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION per session subject.
+      return new ToolmeshError(
+        ErrorCode.Overloaded,
+        "too many calls of this session are waiting to be resolved: wait for answers, then submit again",
+        { details: { subject, limit: "queued_per_session", retry_after_ms: 1000 }, cause: err },
       );
     }
     if (STREAM_FULL_CODES.includes(err.code)) {

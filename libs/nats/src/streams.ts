@@ -21,6 +21,12 @@ export interface StreamLimits {
   deadLetterRetentionMs?: number;
   /** Most calls waiting in the calls or work stream; more are refused as `overloaded`. Default 1 000 000. */
   maxQueuedCalls?: number;
+  /**
+   * Most calls of one session (one subject `{p}.v1.calls.{tenant}.{session}`) waiting in the calls
+   * stream; the server refuses more before storing them, so one session's flood cannot fill the
+   * stream for everyone. Default 1 000.
+   */
+  maxQueuedCallsPerSession?: number;
   /** Replicas of every stream and KV bucket (1, 3 or 5 on a cluster). Default 1. */
   replicas?: number;
 }
@@ -39,6 +45,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     max_msg_size: "TOOLMESH_MAX_MESSAGE_BYTES",
     duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
     max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
+    max_msgs_per_subject: "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION",
   };
   const maxMsgs = limits.maxQueuedCalls ?? Defaults.maxQueuedCalls;
   const configs: (Partial<StreamConfig> & { name: string })[] = [
@@ -49,6 +56,10 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       retention: RetentionPolicy.Workqueue,
       discard: DiscardPolicy.New,
       max_msgs: maxMsgs,
+      // A subject is one session: past its limit the server refuses the publish (10077) instead
+      // of storing it, whatever the resolvers are doing (docs/quotas.md#storage).
+      max_msgs_per_subject: limits.maxQueuedCallsPerSession ?? Defaults.maxQueuedCallsPerSession,
+      discard_new_per_subject: true,
       duplicate_window: dup,
     },
     {

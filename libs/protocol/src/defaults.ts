@@ -23,6 +23,11 @@ export const Defaults = {
   duplicateWindowMs: 120_000,
   /** Most calls waiting in the calls or work stream (`TOOLMESH_MAX_QUEUED_CALLS`). */
   maxQueuedCalls: 1_000_000,
+  /**
+   * Most calls of one session waiting in the calls stream (`TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION`);
+   * the server refuses more at once, before they are stored.
+   */
+  maxQueuedCallsPerSession: 1_000,
   /** Calls of one session in flight through one resolver (`TOOLMESH_SESSION_MAX_IN_FLIGHT`). */
   sessionMaxInFlight: 256,
   /** Calls an executor or schema expander handles at once (`TOOLMESH_CONCURRENCY`). */

@@ -28,6 +28,12 @@ const NUMBERS: [string, keyof RuntimeConfig, number, number][] = [
   ["TOOLMESH_SESSION_STATE_TTL_MS", "sessionStateTtlMs", Defaults.sessionStateTtlMs, 1],
   ["TOOLMESH_STARTUP_TIMEOUT_MS", "startupTimeoutMs", Defaults.startupTimeoutMs, 0],
   ["TOOLMESH_MAX_QUEUED_CALLS", "maxQueuedCalls", Defaults.maxQueuedCalls, 1],
+  [
+    "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION",
+    "maxQueuedCallsPerSession",
+    Defaults.maxQueuedCallsPerSession,
+    1,
+  ],
   ["TOOLMESH_SESSION_MAX_IN_FLIGHT", "sessionMaxInFlight", Defaults.sessionMaxInFlight, 1],
   ["TOOLMESH_CONCURRENCY", "concurrency", Defaults.concurrency, 1],
 ];

@@ -108,6 +108,7 @@ export const EnvSchema = z.object({
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
+  TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: positiveInt.default(Defaults.maxQueuedCallsPerSession),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
   TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(Defaults.sessionStateTtlMs),
@@ -176,6 +177,8 @@ export interface RuntimeConfig {
   duplicateWindowMs: number;
   /** Most calls waiting in the calls or work stream. */
   maxQueuedCalls: number;
+  /** Most calls of one session waiting in the calls stream; the server refuses more. */
+  maxQueuedCallsPerSession: number;
   /** Port of the `/healthz` and `/readyz` endpoints; none when unset. */
   healthPort?: number;
   /** The executor's folder of native HTTP tools (`*.yaml`); a missing default folder is none. */
@@ -264,6 +267,7 @@ export function loadConfig(
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,
+    maxQueuedCallsPerSession: e.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),
     nativeToolsDir: e.TOOLMESH_NATIVE_TOOLS_DIR,
     ...(e.TOOLMESH_NATIVE_ALLOWED_URLS === undefined

@@ -49,6 +49,7 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
     maxMessageBytes: config.maxMessageBytes,
     duplicateWindowMs: config.duplicateWindowMs,
     maxQueuedCalls: config.maxQueuedCalls,
+    maxQueuedCallsPerSession: config.maxQueuedCallsPerSession,
     replicas: config.streamReplicas,
     callRetentionMs: config.callRetentionMs,
     sessionStateTtlMs: config.sessionStateTtlMs,

@@ -1,6 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Command } from "commander";
-import { createSubjects, subjectToken } from "@toolmesh/protocol";
+import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
@@ -13,6 +13,7 @@ import { connectCli } from "./commands.js";
 export async function withStats<T>(
   config: RuntimeConfig,
   fn: (gather: () => Promise<MeshStats>) => Promise<T>,
+  options: { tenant?: string } = {},
 ): Promise<T> {
   const nc: NatsConnection = await connectCli(config, "operator");
   try {
@@ -24,7 +25,7 @@ export async function withStats<T>(
     });
     return await fn(async () => {
       const tools = (await registry.fetchAll()).map((t) => t.name);
-      return gatherStats(nc, subjects, tools);
+      return gatherStats(nc, subjects, tools, options);
     });
   } finally {
     await nc.close();
@@ -36,19 +37,17 @@ export async function statsCommand(
   config: RuntimeConfig,
   options: { json?: boolean; tenant?: string },
 ): Promise<number> {
-  return withStats(config, async (gather) => {
-    const all = await gather();
-    const stats =
-      options.tenant === undefined
-        ? all
-        : {
-            ...all,
-            tenants: all.tenants.filter((t) => t.tenant === subjectToken(options.tenant!)),
-          };
-    if (options.json === true) say(JSON.stringify(stats));
-    else for (const line of renderStats(stats, { width: process.stdout.columns ?? 120 })) say(line);
-    return 0;
-  });
+  return withStats(
+    config,
+    async (gather) => {
+      const stats = await gather();
+      if (options.json === true) say(JSON.stringify(stats));
+      else
+        for (const line of renderStats(stats, { width: process.stdout.columns ?? 120 })) say(line);
+      return 0;
+    },
+    options.tenant === undefined ? {} : { tenant: options.tenant },
+  );
 }
 
 /** Columns of the tools table, also the sort keys of `top`. */
@@ -150,17 +149,23 @@ export function renderStats(
   return lines;
 }
 
-/** Tenants with a quota: calls in flight and queued now, and what their quotas refused. */
+/**
+ * Tenants: calls in flight and queued now (counted for tenants with a quota), calls stored in the
+ * calls stream now (every tenant; `calls/sessions, most of one session`), what quotas refused.
+ */
 export function renderTenants(tenants: readonly TenantStats[]): string[] {
   const rows = tenants.map((t) => [
     t.tenant,
     String(t.in_flight),
     String(t.queued),
+    t.stored.calls === 0
+      ? "0"
+      : `${t.stored.calls}/${t.stored.sessions} max ${t.stored.max_session}`,
     Object.entries(t.refused)
       .map(([reason, n]) => `${reason} ${n}`)
       .join(", ") || "0",
   ]);
-  const header = ["TENANT", "INFLIGHT", "QUEUED", "REFUSED"];
+  const header = ["TENANT", "INFLIGHT", "QUEUED", "STORED", "REFUSED"];
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
   return [header, ...rows].map((cells) =>
     cells
@@ -190,6 +195,6 @@ export function addStatsCommand(
       "per tool: calls, error rate, p50/p99, in flight, queue depth, executors — from every service and JetStream",
     )
     .option("--json", "print one JSON object")
-    .option("--tenant <id>", "of the tenants with a quota, only this one")
+    .option("--tenant <id>", "in the tenants table, only this tenant")
     .action((o: { json?: boolean; tenant?: string }) => run(() => statsCommand(config(), o)));
 }

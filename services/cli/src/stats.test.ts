@@ -111,13 +111,34 @@ describe("tenants", () => {
           ],
         },
       ]);
-    const stats = summarize([resolverOf(2, 5), resolverOf(3, 7)], [], () => undefined);
+    // What the server's stream info lists for the calls stream: calls stored per session subject.
+    const stored = {
+      "tm.v1.calls.acme.s1": 3,
+      "tm.v1.calls.acme.s2": 40,
+      "tm.v1.calls.zeta.s1": 7,
+    };
+    const stats = summarize([resolverOf(2, 5), resolverOf(3, 7)], [], () => undefined, stored);
     expect(stats.tenants).toEqual([
-      { tenant: "acme", in_flight: 5, queued: 2, refused: { "quota_exceeded:max_in_flight": 12 } },
+      {
+        tenant: "acme",
+        in_flight: 5,
+        queued: 2,
+        refused: { "quota_exceeded:max_in_flight": 12 },
+        stored: { calls: 43, sessions: 2, max_session: 40 },
+      },
+      // A tenant without a quota shows by what it stores.
+      {
+        tenant: "zeta",
+        in_flight: 0,
+        queued: 0,
+        refused: {},
+        stored: { calls: 7, sessions: 1, max_session: 7 },
+      },
     ]);
     expect(renderTenants(stats.tenants)).toEqual([
-      "TENANT  INFLIGHT  QUEUED  REFUSED",
-      "acme           5       2  quota_exceeded:max_in_flight 12",
+      "TENANT  INFLIGHT  QUEUED       STORED  REFUSED",
+      "acme           5       2  43/2 max 40  quota_exceeded:max_in_flight 12",
+      "zeta           0       0    7/1 max 7  0",
     ]);
   });
 });

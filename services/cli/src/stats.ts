@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { ConsumerInfo } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { StatsReply, Subjects } from "@toolmesh/protocol";
-import { StatsReplySchema, decodeJsonOrUndefined } from "@toolmesh/protocol";
+import { StatsReplySchema, decodeJsonOrUndefined, subjectToken } from "@toolmesh/protocol";
 import { ATTR_TOOLMESH_QUOTA, ATTR_TOOLMESH_TENANT, MetricName } from "@toolmesh/telemetry";
 
 /** Everything `toolmesh stats` knows about one tool, summed over every process. */
@@ -43,6 +43,12 @@ export interface TenantStats {
   queued: number;
   /** Calls its quotas refused, by `{code}:{quota}` (e.g. `quota_exceeded:max_in_flight`). */
   refused: Record<string, number>;
+  /**
+   * Its calls stored in the calls stream now — not yet read by a resolver, or held for a fair
+   * turn — from the server, for every tenant (with a quota or not); in how many sessions, and
+   * the most of one session (the server refuses a session past TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION).
+   */
+  stored: { calls: number; sessions: number; max_session: number };
 }
 
 /** What `toolmesh stats --json` prints. */
@@ -53,7 +59,7 @@ export interface MeshStats {
   resolver: { resolved: number; rejected: Record<string, number> };
   dead_letters: number;
   schema: { expansions: number; sessions: number };
-  /** Tenants with a quota, by token. */
+  /** Tenants with a quota or with calls stored in the calls stream, by token. */
   tenants: TenantStats[];
   mcp_servers: {
     server: string;
@@ -84,7 +90,7 @@ export async function gatherStats(
   nc: NatsConnection,
   subjects: Subjects,
   tools: readonly string[],
-  options: { maxWaitMs?: number; stallMs?: number } = {},
+  options: { maxWaitMs?: number; stallMs?: number; tenant?: string } = {},
 ): Promise<MeshStats> {
   const replies: StatsReply[] = [];
   try {
@@ -101,7 +107,37 @@ export async function gatherStats(
     // No process answered (no responders): the stats say so by listing none.
   }
   const consumers = await readConsumers(nc, subjects);
-  return summarize(replies, tools, (tool) => consumers.get(subjects.workConsumer(tool)));
+  const stored = await readStoredCalls(nc, subjects, options.tenant);
+  const stats = summarize(
+    replies,
+    tools,
+    (tool) => consumers.get(subjects.workConsumer(tool)),
+    stored,
+  );
+  if (options.tenant === undefined) return stats;
+  const token = subjectToken(options.tenant);
+  return { ...stats, tenants: stats.tenants.filter((t) => t.tenant === token) };
+}
+
+/**
+ * Calls stored in the calls stream per session subject (`{p}.v1.calls.{tenant}.{session}`),
+ * read from the server's stream info (one tenant's subjects only when `tenant` is given).
+ */
+async function readStoredCalls(
+  nc: NatsConnection,
+  subjects: Subjects,
+  tenant: string | undefined,
+): Promise<Record<string, number>> {
+  try {
+    const jsm = await jetstreamManager(nc);
+    const info = await jsm.streams.info(subjects.streams.calls, {
+      subjects_filter: tenant === undefined ? subjects.allCalls : subjects.tenantCalls(tenant),
+    });
+    return info.state.subjects ?? {};
+  } catch {
+    // No calls stream yet: nothing stored.
+    return {};
+  }
 }
 
 async function readConsumers(
@@ -123,6 +159,7 @@ export function summarize(
   replies: readonly StatsReply[],
   registered: readonly string[],
   consumerOf: (tool: string) => ConsumerInfo | undefined,
+  storedCalls: Readonly<Record<string, number>> = {},
 ): MeshStats {
   const all = (name: string): Point[] =>
     replies.flatMap((r) => r.metrics.filter((m) => m.name === name).flatMap((m) => m.points));
@@ -193,6 +230,19 @@ export function summarize(
   ];
   for (const point of tenantPoints)
     if (typeof point.attributes[TENANT] === "string") tenantNames.add(point.attributes[TENANT]);
+  // `{p}.v1.calls.{tenant}.{session}`: the tenant is the next to last token.
+  const stored = new Map<string, TenantStats["stored"]>();
+  for (const [subject, count] of Object.entries(storedCalls)) {
+    const tenant = subject.split(".").at(-2);
+    if (tenant === undefined || count === 0) continue;
+    tenantNames.add(tenant);
+    const s = stored.get(tenant) ?? { calls: 0, sessions: 0, max_session: 0 };
+    stored.set(tenant, {
+      calls: s.calls + count,
+      sessions: s.sessions + 1,
+      max_session: Math.max(s.max_session, count),
+    });
+  }
   const tenants = [...tenantNames].sort().map((tenant): TenantStats => {
     const mine = (points: Point[]) => points.filter((p) => p.attributes[TENANT] === tenant);
     return {
@@ -203,6 +253,7 @@ export function summarize(
         mine(all(MetricName.TenantRefused)),
         (p) => `${String(p.attributes[ERROR])}:${String(p.attributes[QUOTA])}`,
       ),
+      stored: stored.get(tenant) ?? { calls: 0, sessions: 0, max_session: 0 },
     };
   });
 

@@ -8,6 +8,8 @@ import { SORT_KEYS, renderStats, withStats } from "./stats-command.js";
 export interface TopOptions {
   sort: SortKey;
   filter?: string;
+  /** Only this tenant in the tenants table. */
+  tenant?: string;
   /** Refresh period, in ms. */
   intervalMs: number;
   /** Stop after this many refreshes (for scripts); default until `q` or Ctrl-C. */
@@ -56,33 +58,37 @@ export async function topCommand(config: RuntimeConfig, options: TopOptions): Pr
   process.on("SIGINT", onSigint);
   if (live) out.write("\x1b[?1049h\x1b[?25l");
   try {
-    return await withStats(config, async (gather) => {
-      let latest = await gather();
-      redraw = () => {
-        const lines = renderStats(latest, {
-          sort,
-          reverse,
-          ...(filter === undefined ? {} : { filter }),
-          width: out.columns ?? 120,
-        });
-        const status =
-          typing !== undefined
-            ? `filter: ${typing}█`
-            : `toolmesh top · ${new Date(latest.at).toISOString().slice(11, 19)} · sort ${sort}${reverse ? " (reversed)" : ""}${filter === undefined ? "" : ` · filter "${filter}"`} · s sort  r reverse  / filter  q quit`;
-        if (live) out.write(`\x1b[H\x1b[2J${[status, "", ...lines].join("\r\n")}\r\n`);
-        else out.write(`${[status, ...lines].join("\n")}\n\n`);
-      };
-      for (let frame = 1; ; frame++) {
-        redraw();
-        if (options.iterations !== undefined && frame >= options.iterations) return 0;
-        const next = await Promise.race([
-          new Promise<"tick">((resolve) => setTimeout(() => resolve("tick"), options.intervalMs)),
-          stopped.then(() => "quit" as const),
-        ]);
-        if (next === "quit") return 0;
-        latest = await gather();
-      }
-    });
+    return await withStats(
+      config,
+      async (gather) => {
+        let latest = await gather();
+        redraw = () => {
+          const lines = renderStats(latest, {
+            sort,
+            reverse,
+            ...(filter === undefined ? {} : { filter }),
+            width: out.columns ?? 120,
+          });
+          const status =
+            typing !== undefined
+              ? `filter: ${typing}█`
+              : `toolmesh top · ${new Date(latest.at).toISOString().slice(11, 19)} · sort ${sort}${reverse ? " (reversed)" : ""}${filter === undefined ? "" : ` · filter "${filter}"`} · s sort  r reverse  / filter  q quit`;
+          if (live) out.write(`\x1b[H\x1b[2J${[status, "", ...lines].join("\r\n")}\r\n`);
+          else out.write(`${[status, ...lines].join("\n")}\n\n`);
+        };
+        for (let frame = 1; ; frame++) {
+          redraw();
+          if (options.iterations !== undefined && frame >= options.iterations) return 0;
+          const next = await Promise.race([
+            new Promise<"tick">((resolve) => setTimeout(() => resolve("tick"), options.intervalMs)),
+            stopped.then(() => "quit" as const),
+          ]);
+          if (next === "quit") return 0;
+          latest = await gather();
+        }
+      },
+      options.tenant === undefined ? {} : { tenant: options.tenant },
+    );
   } finally {
     process.off("SIGINT", onSigint);
     if (live) out.write("\x1b[?25h\x1b[?1049l");
@@ -111,6 +117,7 @@ export function addTopCommand(
     .description("the stats, refreshed live: s sorts, r reverses, / filters, q quits")
     .addOption(new Option("--sort <column>", "sort column").choices(SORT_KEYS).default("calls"))
     .option("--filter <text>", "only tools whose name contains this")
+    .option("--tenant <id>", "in the tenants table, only this tenant")
     .addOption(
       new Option("--interval-ms <n>", "refresh period in ms").argParser(positiveInt).default(2000),
     )

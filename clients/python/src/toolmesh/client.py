@@ -994,6 +994,17 @@ def _publish_error(err: Exception, subject: str) -> ToolmeshError:
             return PayloadTooLargeError(
                 "message is larger than the stream's max_msg_size", details={"subject": subject}
             )
+        if err.err_code == JS_ERR_STREAM_FULL and "per subject" in (err.description or ""):
+            # The calls stream keeps at most TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION per session.
+            return OverloadedError(
+                "too many calls of this session are waiting to be resolved: "
+                "wait for answers, then submit again",
+                details={
+                    "subject": subject,
+                    "limit": "queued_per_session",
+                    "retry_after_ms": 1000,
+                },
+            )
         if err.err_code in _STREAM_FULL_CODES:
             return OverloadedError(
                 f"stream refused the message: {err.description}",
