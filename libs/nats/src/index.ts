@@ -6,7 +6,7 @@ export {
   redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
-export { ensureStreams, streamSpecs } from "./streams.js";
+export { ensureStreams, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
   deadLetterHeaders,
@@ -41,5 +41,5 @@ export type {
   ProvisionChange,
   StreamSpec,
 } from "./provision.js";
-export { meshPlan, obsoleteStreams, provisionMesh } from "./mesh-plan.js";
+export { meshPlan, obsoleteStreams, provisionMesh, provisionOwnerWork } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

@@ -93,14 +93,29 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     {
       ...common,
       name: subjects.streams.advisories,
-      subjects: [subjects.streams.calls, subjects.streams.work].map((s) =>
-        subjects.maxDeliveriesAdvisory(s),
-      ),
+      // Every stream's: owners' work streams come and go (ADR 0041); the dead-letter keeper
+      // acts on those of the calls and work streams only.
+      subjects: [subjects.maxDeliveriesAdvisory("*")],
       retention: RetentionPolicy.Workqueue,
       discard: DiscardPolicy.Old,
     },
   ];
   return configs.map((config) => ({ kind: "stream", name: config.name, config, settings }));
+}
+
+/**
+ * The work stream of tool owner `owner` (ADR 0041): the mesh's work stream's configuration over
+ * the owner's work subjects, so `toolmesh setup` and the same variables set both.
+ */
+export function ownerWorkStreamSpec(
+  subjects: Subjects,
+  owner: string,
+  limits: StreamLimits = {},
+): StreamSpec {
+  const work = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.work);
+  if (work === undefined) throw new Error("the mesh plan has no work stream");
+  const name = subjects.workStream(owner);
+  return { ...work, name, config: { ...work.config, name, subjects: [subjects.ownerWork(owner)] } };
 }
 
 /**

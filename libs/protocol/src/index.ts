@@ -85,6 +85,7 @@ export {
   ToolKindSchema,
   modelParameters,
   summarize,
+  workOwnerOf,
 } from "./tool-definition.js";
 export type {
   RetryPolicy,
