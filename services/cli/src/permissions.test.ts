@@ -54,11 +54,18 @@ describe("permissions", () => {
       const p = rolePermissions(role, {
         prefix: "acme.prod",
         ...(role === "frontend" ? { tenant: "t" } : {}),
+        ...(["resolver", "operator", "setup"].includes(role) ? { owners: ["o"] } : {}),
       });
       for (const subject of p.publish.allow) {
         expect(subject).not.toMatch(/^toolmesh\./);
-        // The MCP bridge creates its bucket of pinned tool approvals, which setup does not.
-        if (role === "setup" || subject === "$JS.API.STREAM.CREATE.KV_acme_prod_tool_approvals") {
+        // The MCP bridge creates its bucket of pinned tool approvals, which setup does not, and
+        // the resolver an owner's work stream when the owner registers a tool (ADR 0041).
+        if (
+          role === "setup" ||
+          subject === "$JS.API.STREAM.CREATE.KV_acme_prod_tool_approvals" ||
+          (role === "resolver" &&
+            /^\$JS\.API\.STREAM\.(CREATE|UPDATE)\.ACME_PROD_WORK_o$/.test(subject))
+        ) {
           continue;
         }
         expect(subject).not.toMatch(/STREAM\.(CREATE|UPDATE|DELETE|PURGE)/);
