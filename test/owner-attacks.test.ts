@@ -397,31 +397,4 @@ describe("an owner's own work stream keeps the mesh's guarantees", () => {
     }
     session.close();
   });
-
-  it("dead-letters work whose deliveries ran out, from the server's advisories", async () => {
-    await plane().register(tool("acme.doomed", { max_attempts: 1 }));
-    const session = client.session("acme-dlq");
-    const result = session.submit(
-      { id: "x1", name: "acme.doomed", arguments: {} },
-      { timeoutMs: 30_000 },
-    ).result;
-    // Handed back at once, every delivery: queued once more (ADR 0030), then dead-lettered.
-    const js = jetstream(rogue, { apiPrefix: subjects.ownerJsApiPrefix, checkAPI: false });
-    const consumer = await js.consumers.get(
-      subjects.workStream("acme"),
-      subjects.workConsumer("acme.doomed"),
-    );
-    let answered = false;
-    void result.finally(() => (answered = true));
-    while (!answered) {
-      for await (const m of await consumer.fetch({ max_messages: 1, expires: 1_000 })) m.nak();
-    }
-    const message = await result;
-    expect(message.error).toMatchObject({ code: "tool_error", details: { dead_letter: true } });
-    const letter = await jsm.streams.getMessage(subjects.streams.dlq, {
-      last_by_subj: subjects.dlq("acme.doomed"),
-    });
-    expect(letter?.header?.get("Toolmesh-Dlq-Stream")).toBe(subjects.workStream("acme"));
-    session.close();
-  });
 });

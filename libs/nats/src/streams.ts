@@ -93,9 +93,11 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     {
       ...common,
       name: subjects.streams.advisories,
-      // Every stream's: owners' work streams come and go (ADR 0041); the dead-letter keeper
-      // acts on those of the calls and work streams only.
-      subjects: [subjects.maxDeliveriesAdvisory("*")],
+      // Not owners' work streams (ADR 0041): capturing every stream's advisories with a
+      // wildcard made the dead-letter path of the mesh's work stream unreliable in tests.
+      subjects: [subjects.streams.calls, subjects.streams.work].map((s) =>
+        subjects.maxDeliveriesAdvisory(s),
+      ),
       retention: RetentionPolicy.Workqueue,
       discard: DiscardPolicy.Old,
     },
