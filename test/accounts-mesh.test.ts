@@ -359,15 +359,22 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     );
   });
 
-  it("refuses an owner's tool wildcard in the generated accounts, in one line", async () => {
+  it("grants an owner its namespace with no list, and refuses a name granted twice, in one line", async () => {
+    const ok = await runCli(
+      ["auth", "config", "--owner", "billing", "--owner", "search=web.*"],
+      {},
+    );
+    expect(ok.code).toBe(0);
+    expect(ok.stdout).toContain('"toolmesh.v1.owner.billing.register.billing.*"');
+    expect(ok.stdout).toContain('"toolmesh.v1.owner.search.register.web.*"');
     const out = await runCli(
-      ["auth", "config", "--owner", "billing=billing.charge", "--owner", "search=web.*"],
+      ["auth", "config", "--owner", "billing", "--owner", "search=billing.charge"],
       {},
     );
     expect(out.code).not.toBe(0);
     expect(out.stdout).toBe("");
     expect(out.stderr).toBe(
-      'toolmesh: owner "search" names "web.*": name each tool (an MCP bridge\'s too, as server.tool), as each tool\'s work consumer is exported on its own; a new tool needs a regenerated configuration and a reload\n',
+      'toolmesh: owners "billing" and "search" are both granted names of registry key billing.charge: a tool name has one owner\n',
     );
   });
 });

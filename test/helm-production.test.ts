@@ -243,6 +243,34 @@ describe("autoscaling", () => {
     );
   });
 
+  it("points KEDA at the tool owner's own work stream for an executor in its owner's account", async () => {
+    const ms = await render([
+      "--set-json",
+      'executors=[{"name":"x","owner":"billing","ownerAccount":true,"autoscaling":{"mode":"keda","keda":{"tools":["billing.charge"]}}}]',
+    ]);
+    expect(find(ms, "ScaledObject", "executor-x").spec.triggers[0].metadata).toMatchObject({
+      account: "TOOLMESH",
+      stream: "TOOLMESH_WORK_billing",
+      consumer: "work_billing=2echarge",
+    });
+    const bridge = await render([
+      "--set",
+      "prefix=acme.prod",
+      "--set-json",
+      'mcpBridges=[{"name":"gh","enabled":true,"servers":{"existingConfigMap":"gh"},"ownerAccount":true,"autoscaling":{"mode":"keda","keda":{"tools":["gh.search"]}}}]',
+    ]);
+    expect(find(bridge, "ScaledObject", "mcp-bridge-gh").spec.triggers[0].metadata.stream).toBe(
+      "ACME_PROD_WORK_gh",
+    );
+    await refuse(
+      [
+        "--set-json",
+        'executors=[{"name":"x","ownerAccount":true,"ownerSecret":{"name":"s"},"autoscaling":{"mode":"keda","keda":{"tools":["x.run"]}}}]',
+      ],
+      "the chart cannot read the owner, so name its work stream (TOOLMESH_WORK_<owner>) in autoscaling.keda.stream",
+    );
+  });
+
   it("makes helm test show every tool KEDA scales on, so a misspelt name fails the test", async () => {
     const ms = await render(["-f", FULL]);
     const pod = find(ms, "Pod", "test");

@@ -16,7 +16,7 @@ import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 // The mesh's owner services (ADR 0031) against a real server laid out in the accounts
 // `toolmesh auth config` generates: the mesh in TOOLMESH (JetStream), tool owners acme and
 // globex each in an account of their own without JetStream, reaching only their own
-// `{p}.v1.owner.{o}.>` (and their own tools' work consumers).
+// `{p}.v1.owner.{o}.*`, registration of the names granted to them, and their own work streams.
 const subjects = createSubjects({ prefix: "own" });
 const log = createLogger({ service: "test", level: "silent" });
 
@@ -116,21 +116,49 @@ describe("register", () => {
     const outcome = await acme.register({ ...definition("echo"), owner: "globex" });
     expect(outcome.status).toBe("created");
     await registered("echo", "acme");
+    // On the owner's own work stream, which the mesh created with the work stream's settings.
     const consumer = await plane.jsm.consumers.info(
-      subjects.streams.work,
+      subjects.workStream("acme"),
       subjects.workConsumer("echo"),
     );
-    expect(consumer.config.filter_subject).toBe(subjects.work("echo"));
+    expect(consumer.config.filter_subject).toBe(subjects.work("echo", "acme"));
+    const stream = await plane.jsm.streams.info(subjects.workStream("acme"));
+    const work = await plane.jsm.streams.info(subjects.streams.work);
+    expect(stream.config.subjects).toEqual([subjects.ownerWork("acme")]);
+    expect({ ...stream.config, name: "", subjects: [] }).toEqual({
+      ...work.config,
+      name: "",
+      subjects: [],
+    });
+    expect(registry.get("echo")?.definition.owner_account).toBe(true);
     expect((await acme.register(definition("echo"))).status).toBe("unchanged");
   });
 
-  it("refuses a name another owner holds (first wins)", async () => {
-    await acme.register(definition("first"));
-    expect(await globex.register(definition("first"))).toEqual({
+  it("refuses a name a tool of the mesh account holds (first wins)", async () => {
+    await registry.register({ ...definition("first"), owner: "executor" });
+    expect(await acme.register(definition("first"))).toEqual({
       status: "conflict",
-      owner: "acme",
+      owner: "executor",
     });
-    await registered("first", "acme");
+  });
+
+  it("registers only names granted to the owner, or in its namespace (ADR 0041)", async () => {
+    expect((await globex.register(definition("globex.anything"))).status).toBe("created");
+    // Not granted: the register subject of that name crosses no import of globex's account.
+    for (const name of ["acme-tool", "acme.x", "other"]) {
+      const err = await refusal(globex.register(definition(name)));
+      expect(err.code).toBe("permission_denied");
+    }
+    // A granted subject with a body naming another tool is refused by the mesh.
+    for (const name of ["acme-tool", "globex-tool.x"]) {
+      const reply = await globexNc.request(
+        subjects.ownerRegister("globex", "globex-tool"),
+        encodeJson({ definition: definition(name) }),
+        { timeout: 5_000 },
+      );
+      expect(decodeJson(reply.data)).toMatchObject({ error: { code: "invalid_request" } });
+    }
+    expect(registry.get("acme-tool")).toBeUndefined();
   });
 
   it("answers a malformed definition with invalid_request", async () => {
@@ -233,7 +261,13 @@ describe("calls", () => {
       deliveries: 1,
       data: new TextEncoder().encode("junk"),
     };
-    await acme.deadLetter({ ...letter, tool: "acme-tool", subject: subjects.work("acme-tool") });
+    await acme.register(definition("acme-tool"));
+    await registered("acme-tool", "acme");
+    await acme.deadLetter({
+      ...letter,
+      tool: "acme-tool",
+      subject: subjects.work("acme-tool", "acme"),
+    });
     const kept = await plane.jsm.streams.getMessage(subjects.streams.dlq, {
       last_by_subj: subjects.dlq("acme-tool"),
     });
@@ -242,10 +276,10 @@ describe("calls", () => {
       acme.deadLetter({ ...letter, tool: "globex-tool", subject: subjects.work("globex-tool") }),
     );
     expect(refused.code).toBe("permission_denied");
-    const elsewhere = await refusal(
-      acme.deadLetter({ ...letter, tool: "acme-tool", subject: subjects.work("globex-tool") }),
-    );
-    expect(elsewhere.code).toBe("invalid_request");
+    for (const subject of [subjects.work("acme-tool"), subjects.work("acme-tool", "globex")]) {
+      const elsewhere = await refusal(acme.deadLetter({ ...letter, tool: "acme-tool", subject }));
+      expect(elsewhere.code).toBe("invalid_request");
+    }
   });
 });
 

@@ -19,6 +19,9 @@ import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ToolmeshClient } from "@toolmesh/client";
 import { startNatsServer } from "@toolmesh/nats-launcher";
+import { MESH_ACCOUNT, renderAccountConfig } from "@toolmesh/cli";
+import { meshPlan, provisionMesh } from "@toolmesh/nats";
+import { createSubjects } from "@toolmesh/protocol";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const BENCH = join(ROOT, "bench");
@@ -59,6 +62,26 @@ async function child(script, args, env, { logPrefix } = {}) {
     );
   });
   return { proc, ready, lines };
+}
+
+/**
+ * The accounts of `toolmesh auth config --owner bench=echo,hold,needs_args,work`, plus a `driver` user with every
+ * right in the mesh account (the benchmark's frontend); each password is its user's name.
+ */
+function accountUsers() {
+  const everything = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
+  const text = renderAccountConfig({
+    owners: { bench: ["echo", "hold", "needs_args", "work"] },
+    extraUsers: [{ account: MESH_ACCOUNT, user: "driver", permissions: everything }],
+  });
+  const passwords = {};
+  const variables = [...text.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)].map(
+    ([, user, variable]) => {
+      passwords[user] = user;
+      return `${variable}: ${JSON.stringify(user)}`;
+    },
+  );
+  return { config: [...variables, text].join("\n"), passwords };
 }
 
 /** A toolmesh service process (`services/<name>/dist/main.js`); ready is judged by its caller. */
@@ -200,6 +223,9 @@ export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
  * adds variables to every service (e.g. a metrics switch), `expander` also runs the schema
  * expander, `concurrency` is the executors' TOOLMESH_CONCURRENCY, `serverArgs` go to nats-server
  * and `nodeArgs` to the services' node; `root` is the checkout whose built services run.
+ * `accounts` runs the server with the NATS accounts of `toolmesh auth config --owner bench=echo,hold,needs_args,work`
+ * (docs/adr/0041): the executors then connect as the mesh account's `executor` (`"mesh"`) or
+ * in tool owner bench's account (`"owner"`), so the two paths differ in nothing else.
  */
 export async function startMesh({
   name = "M",
@@ -214,8 +240,17 @@ export async function startMesh({
   nodeArgs = [],
   root = ROOT,
   gateway = false,
+  accounts,
 } = {}) {
-  const server = await startNatsServer(serverArgs === undefined ? {} : { args: serverArgs });
+  const users = accounts === undefined ? undefined : accountUsers();
+  const server = await startNatsServer({
+    ...(serverArgs === undefined ? {} : { args: serverArgs }),
+    ...(users === undefined ? {} : { config: users.config }),
+  });
+  const as = (user) =>
+    users === undefined ? {} : { NATS_USER: user, NATS_PASSWORD: users.passwords[user] };
+  const executorEnv =
+    accounts === "owner" ? { ...as("executor-bench"), TOOLMESH_OWNER: "bench" } : as("executor");
   let sink;
   const env = {
     NATS_URL: server.url,
@@ -230,7 +265,13 @@ export async function startMesh({
     sink = await child(join(BENCH, "peers", "otlp-sink.mjs"), [], {});
     env.OTEL_EXPORTER_OTLP_ENDPOINT = `http://127.0.0.1:${sink.ready.split(" ")[1]}`;
   }
-  const procs = { resolver: service("resolver", env, nodeArgs, root) };
+  if (users !== undefined) {
+    // The generated users may not create the mesh's streams: `toolmesh setup`'s part.
+    const admin = await connect({ servers: server.url, user: "driver", pass: "driver" });
+    await provisionMesh(admin, meshPlan(createSubjects()));
+    await admin.close();
+  }
+  const procs = { resolver: service("resolver", { ...env, ...as("resolver") }, nodeArgs, root) };
   let gatewayUrl;
   if (gateway) {
     const port = await freePort();
@@ -252,12 +293,16 @@ export async function startMesh({
   for (let i = 0; i < executors; i++)
     procs[executors === 1 ? "executor" : `executor-${i + 1}`] = service(
       "executor",
-      env,
+      { ...env, ...executorEnv },
       nodeArgs,
       root,
     );
   if (expander) procs["schema-expander"] = service("schema-expander", env, nodeArgs, root);
-  const nc = await connect({ servers: server.url, noAsyncTraces: true });
+  const nc = await connect({
+    servers: server.url,
+    noAsyncTraces: true,
+    ...(users === undefined ? {} : { user: "driver", pass: users.passwords.driver }),
+  });
   const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
   const sessions = Array.from({ length: 16 }, (_, i) => client.session(`bench-${i}`));
   let next = 0;

@@ -56,16 +56,26 @@ export function ownerCallPlane(nc: NatsConnection, options: OwnerPlaneOptions): 
     service: OwnerService,
     body: unknown,
     schema: z.ZodType<T>,
+    subject = subjects.ownerService(owner, service),
   ): Promise<Exclude<T, { error: WireError }>> {
     let data: Uint8Array;
     try {
       data = (
-        await nc.request(subjects.ownerService(owner, service), encodeJson(body), {
+        await nc.request(subject, encodeJson(body), {
           timeout: timeoutMs,
         })
       ).data;
     } catch (err) {
       if (err instanceof RequestError && err.isNoResponders()) {
+        // A register subject outside the owner's grants crosses no import: nobody answers it,
+        // while the bare register subject, always imported, is answered when the mesh is up.
+        if (subject !== subjects.ownerService(owner, service) && (await meshAnswers(service))) {
+          throw new ToolmeshError(
+            ErrorCode.PermissionDenied,
+            `owner ${owner} was not granted this tool name: it may register names ${owner}.* and those granted by \`toolmesh auth config --owner ${owner}=NAME,…\``,
+            { cause: err, retryable: false, details: { subject } },
+          );
+        }
         throw new ToolmeshError(ErrorCode.Unavailable, "no resolver serves the owner services", {
           cause: err,
         });
@@ -92,6 +102,13 @@ export function ownerCallPlane(nc: NatsConnection, options: OwnerPlaneOptions): 
     if ("error" in reply) throw ToolmeshError.fromWire(reply.error as WireError);
     return reply as Exclude<T, { error: WireError }>;
   }
+
+  /** Whether the mesh answers the bare subject of `service` (whatever it answers). */
+  const meshAnswers = (service: OwnerService): Promise<boolean> =>
+    nc.request(subjects.ownerService(owner, service), encodeJson({}), { timeout: timeoutMs }).then(
+      () => true,
+      () => false,
+    );
 
   const callOf = (call: CallTarget): CallTarget => ({
     idempotency_key: call.idempotency_key,
@@ -150,6 +167,10 @@ export function ownerCallPlane(nc: NatsConnection, options: OwnerPlaneOptions): 
         "register",
         { definition, ...(ackWaitMs === undefined ? {} : { ack_wait_ms: ackWaitMs }) },
         OwnerRegisterReplySchema,
+        // A definition without a name goes to the bare subject, to be told what is wrong.
+        typeof definition.name === "string" && definition.name !== ""
+          ? subjects.ownerRegister(owner, definition.name)
+          : subjects.ownerService(owner, "register"),
       );
     },
     async unregister(name) {

@@ -7,7 +7,7 @@ export {
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
 export { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
-export { ensureStreams, streamSpecs } from "./streams.js";
+export { ensureStreams, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
   deadLetterHeaders,
@@ -42,5 +42,5 @@ export type {
   ProvisionChange,
   StreamSpec,
 } from "./provision.js";
-export { meshPlan, obsoleteStreams, provisionMesh } from "./mesh-plan.js";
+export { meshPlan, obsoleteStreams, provisionMesh, provisionOwnerWork } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

@@ -5,7 +5,7 @@ import { Defaults } from "@toolmesh/protocol";
 import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from "./provision.js";
 import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from "./provision.js";
 import type { StreamLimits } from "./streams.js";
-import { streamSpecs } from "./streams.js";
+import { ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 
 /** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
 export interface MeshSettings extends StreamLimits {
@@ -104,6 +104,30 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
       }),
     },
   };
+}
+
+/**
+ * Creates or updates the work stream of each tool owner named and of every owner that has one
+ * already (ADR 0041), with the mesh's work stream's settings (replicas, limits). What
+ * `toolmesh setup` runs after {@link provisionMesh}; the owner services create an owner's
+ * stream when it first registers a tool.
+ */
+export async function provisionOwnerWork(
+  nc: NatsConnection,
+  subjects: Subjects,
+  settings: MeshSettings,
+  owners: readonly string[] = [],
+  options: EnsureOptions = {},
+): Promise<ProvisionChange[]> {
+  const jsm = await jetstreamManager(nc);
+  const stem = `${subjects.streams.work}_`;
+  const all = new Set(owners);
+  for await (const name of jsm.streams.names(subjects.allOwnerWork))
+    if (name.startsWith(stem)) all.add(name.slice(stem.length));
+  const changes: ProvisionChange[] = [];
+  for (const owner of [...all].sort())
+    changes.push(await ensureStream(jsm, ownerWorkStreamSpec(subjects, owner, settings), options));
+  return changes;
 }
 
 /**

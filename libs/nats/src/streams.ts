@@ -104,6 +104,8 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     {
       ...common,
       name: subjects.streams.advisories,
+      // Not owners' work streams (ADR 0041): capturing every stream's advisories with a
+      // wildcard made the dead-letter path of the mesh's work stream unreliable in tests.
       subjects: [subjects.streams.calls, subjects.streams.work].map((s) =>
         subjects.maxDeliveriesAdvisory(s),
       ),
@@ -112,6 +114,21 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     },
   ];
   return configs.map((config) => ({ kind: "stream", name: config.name, config, settings }));
+}
+
+/**
+ * The work stream of tool owner `owner` (ADR 0041): the mesh's work stream's configuration over
+ * the owner's work subjects, so `toolmesh setup` and the same variables set both.
+ */
+export function ownerWorkStreamSpec(
+  subjects: Subjects,
+  owner: string,
+  limits: StreamLimits = {},
+): StreamSpec {
+  const work = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.work);
+  if (work === undefined) throw new Error("the mesh plan has no work stream");
+  const name = subjects.workStream(owner);
+  return { ...work, name, config: { ...work.config, name, subjects: [subjects.ownerWork(owner)] } };
 }
 
 /**

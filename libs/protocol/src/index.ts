@@ -83,6 +83,7 @@ export {
   ToolKindSchema,
   modelParameters,
   summarize,
+  workOwnerOf,
 } from "./tool-definition.js";
 export type {
   RetryPolicy,

@@ -53,8 +53,9 @@ export const OwnerCallSchema = z.object({
 /** `register`: the mesh files the definition under the owner of the subject. */
 export const OwnerRegisterRequestSchema = z
   .object({
-    definition: ToolDefinitionSchema.omit({ owner: true }).extend({
+    definition: ToolDefinitionSchema.omit({ owner: true, owner_account: true }).extend({
       owner: z.string().optional().describe("Ignored: the owner is the subject's."),
+      owner_account: z.boolean().optional().describe("Ignored: set by the mesh."),
     }),
     ack_wait_ms: z
       .number()

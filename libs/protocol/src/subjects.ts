@@ -147,10 +147,26 @@ export interface Subjects {
   readonly allDlq: string;
   /** Server advisory sent when a consumer of `stream` gives up on a message. */
   maxDeliveriesAdvisory(stream: string): string;
-  /** Where resolved calls wait for an executor: `{p}.v1.work.{tool}`. */
-  work(tool: string): string;
-  /** Wildcard over every work subject (the work stream). */
+  /**
+   * Where resolved calls wait for an executor: `{p}.v1.work.{tool}` on the mesh's work stream,
+   * or `{p}.v1.work.{owner}.{tool}` on the work stream of tool owner `owner` (ADR 0041).
+   */
+  work(tool: string, owner?: string): string;
+  /** Wildcard over every work subject of the mesh's work stream. */
   readonly allWork: string;
+  /** Wildcard over every work subject of every owner's work stream: `{p}.v1.work.*.*`. */
+  readonly allOwnerWork: string;
+  /** Wildcard over the work subjects of tool owner `owner`: `{p}.v1.work.{owner}.*`. */
+  ownerWork(owner: string): string;
+  /**
+   * The stream holding a tool's work: the mesh's `{P}_WORK`, or `{P}_WORK_{owner}` for a tool
+   * of owner `owner` (the owner id as it is, so distinct owners never share one).
+   */
+  workStream(owner?: string): string;
+  /** The work stream a work subject belongs to; undefined for any other subject. */
+  workStreamOf(subject: string): string | undefined;
+  /** Whether `stream` is the mesh's work stream or an owner's. */
+  isWorkStream(stream: string): boolean;
   /** Every event of one session: `{p}.v1.sessions.{tenant}.{session}.>`. */
   sessionEvents(at: SessionAddress): string;
   /** The final message of one call: `{p}.v1.sessions.{tenant}.{session}.result.{call}`. */
@@ -273,8 +289,19 @@ export interface Subjects {
   ownerService(owner: string, service: OwnerService): string;
   /** Wildcard over every owner service of every owner (the resolver's subscription). */
   readonly allOwnerServices: string;
-  /** Reads the owner token and service back from an owner-service subject. */
-  parseOwnerSubject(subject: string): { owner: string; service: OwnerService } | undefined;
+  /**
+   * Where tool owner `owner` registers tool `name`: `{p}.v1.owner.{owner}.register.{key}`, `key`
+   * being the name's {@link Subjects.registryKey}. The name is in the subject so that the
+   * owner's account can be given the names it may register, and no other (ADR 0041).
+   */
+  ownerRegister(owner: string, name: string): string;
+  /**
+   * Reads the owner token and service back from an owner-service subject, and for `register`
+   * the registry key it names (absent from a bare `….register`).
+   */
+  parseOwnerSubject(
+    subject: string,
+  ): { owner: string; service: OwnerService; key?: string } | undefined;
   /**
    * JetStream API prefix of an executor or bridge in an owner's account: the mesh's consumer
    * API crossings are imported below it (`{p}.js.API`), since an account without JetStream
@@ -320,6 +347,11 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
   const stem = prefix.replace(/\./g, "_").toUpperCase();
   const bucketStem = prefix.replace(/\./g, "_").toLowerCase();
   const baseParts = base.split(".").length;
+  const registryKey = (name: string): string => {
+    const dot = name.indexOf(".");
+    if (dot <= 0 || dot === name.length - 1) return t(name);
+    return `${t(name.slice(0, dot))}.${t(name.slice(dot + 1))}`;
+  };
 
   return {
     prefix,
@@ -332,8 +364,22 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     dlq: (tool) => `${base}.dlq.${t(tool)}`,
     allDlq: `${base}.dlq.*`,
     maxDeliveriesAdvisory: (stream) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`,
-    work: (tool) => `${base}.work.${t(tool)}`,
+    work: (tool, owner) =>
+      owner === undefined ? `${base}.work.${t(tool)}` : `${base}.work.${t(owner)}.${t(tool)}`,
     allWork: `${base}.work.*`,
+    allOwnerWork: `${base}.work.*.*`,
+    ownerWork: (owner) => `${base}.work.${t(owner)}.*`,
+    workStream: (owner) => (owner === undefined ? `${stem}_WORK` : `${stem}_WORK_${t(owner)}`),
+    workStreamOf(subject) {
+      const parts = subject.split(".");
+      if (parts[baseParts] !== "work" || !subject.startsWith(`${base}.`)) return undefined;
+      if (parts.length === baseParts + 2) return `${stem}_WORK`;
+      const owner = parts[baseParts + 1];
+      return parts.length === baseParts + 3 && isSubjectToken(owner)
+        ? `${stem}_WORK_${owner}`
+        : undefined;
+    },
+    isWorkStream: (stream) => stream === `${stem}_WORK` || stream.startsWith(`${stem}_WORK_`),
     sessionEvents: (at) => `${base}.sessions.${at.tenant}.${at.session}.>`,
     result: (at, callId) => `${base}.sessions.${at.tenant}.${at.session}.result.${t(callId)}`,
     rejected: (at, seq) => `${base}.sessions.${at.tenant}.${at.session}.rejected.${seq}`,
@@ -402,21 +448,21 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     stats: `${base}.control.stats`,
     tenantEvents: (tenant) => `${base}.sessions.${t(tenant)}.*.>`,
     tenantCalls: (tenant) => `${base}.calls.${t(tenant)}.*`,
-    registryKey(name) {
-      const dot = name.indexOf(".");
-      if (dot <= 0 || dot === name.length - 1) return t(name);
-      return `${t(name.slice(0, dot))}.${t(name.slice(dot + 1))}`;
-    },
+    registryKey,
     inboxPrefix: (role) => `_INBOX.${prefix}.${t(role)}`,
     ownerService: (owner, service) => `${base}.owner.${t(owner)}.${service}`,
-    allOwnerServices: `${base}.owner.*.*`,
+    allOwnerServices: `${base}.owner.*.>`,
+    ownerRegister: (owner, name) => `${base}.owner.${t(owner)}.register.${registryKey(name)}`,
     parseOwnerSubject(subject) {
       const parts = subject.split(".");
-      if (parts.length !== baseParts + 3 || parts[baseParts] !== "owner") return undefined;
+      if (parts.length < baseParts + 3 || parts[baseParts] !== "owner") return undefined;
       const owner = parts[baseParts + 1];
       const service = OWNER_SERVICES.find((s) => s === parts[baseParts + 2]);
       if (!isSubjectToken(owner) || service === undefined) return undefined;
-      return { owner, service };
+      const key = parts.slice(baseParts + 3);
+      if (key.length === 0) return { owner, service };
+      if (service !== "register" || key.length > 2 || !key.every(isSubjectToken)) return undefined;
+      return { owner, service, key: key.join(".") };
     },
     ownerJsApiPrefix: `${prefix}.js.API`,
     ownerInboxPrefix: (role, owner) => `_INBOX.${prefix}.${role}.${t(owner)}`,

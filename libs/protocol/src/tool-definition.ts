@@ -53,6 +53,13 @@ export const ToolDefinitionSchema = z
       .string()
       .min(1)
       .describe("Identity of the registering service; its replicas share it."),
+    owner_account: z
+      .boolean()
+      .optional()
+      .describe(
+        "Set by the mesh alone, for a tool registered from tool owner `owner`'s NATS account: " +
+          "its work waits on that owner's work stream (ADR 0041).",
+      ),
     timeout_ms: z
       .number()
       .int()
@@ -67,6 +74,14 @@ export const ToolDefinitionSchema = z
 
 /** A registry entry. */
 export type ToolDefinition = z.infer<typeof ToolDefinitionSchema>;
+
+/**
+ * The tool owner whose work stream holds a tool's work: `owner` of a tool registered from an
+ * owner's account (`owner_account`), undefined for a tool served in the mesh account.
+ */
+export function workOwnerOf(definition: Pick<ToolDefinition, "owner" | "owner_account">) {
+  return definition.owner_account === true ? definition.owner : undefined;
+}
 
 /** A registry entry as a registering service writes it (defaults not yet applied). */
 export type ToolDefinitionInput = z.input<typeof ToolDefinitionSchema>;

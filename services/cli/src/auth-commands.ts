@@ -27,20 +27,23 @@ function list(value: string, previous: string[] = []): string[] {
   ];
 }
 
-/** `--owner OWNER=TOOL[,TOOL…]`, repeatable: each owner with the tools it serves. */
-function ownerTools(
+/**
+ * `--owner OWNER[=NAME,…]`, repeatable: each owner with the names granted to it beyond its own
+ * namespace `OWNER.*` (ADR 0041).
+ */
+function ownerGrants(
   value: string,
   previous: Record<string, string[]> = {},
 ): Record<string, string[]> {
   const eq = value.indexOf("=");
-  const owner = eq < 0 ? "" : value.slice(0, eq).trim();
-  const tools = eq < 0 ? [] : list(value.slice(eq + 1));
-  if (owner === "" || tools.length === 0) {
+  const owner = (eq < 0 ? value : value.slice(0, eq)).trim();
+  const names = eq < 0 ? [] : list(value.slice(eq + 1));
+  if (owner === "" || (eq >= 0 && names.length === 0)) {
     throw new InvalidArgumentError(
-      "expected OWNER=TOOL[,TOOL…], e.g. billing=billing.charge,billing.refund",
+      "expected OWNER or OWNER=NAME[,NAME…], e.g. billing, or billing=github.*,refund",
     );
   }
-  return { ...previous, [owner]: [...(previous[owner] ?? []), ...tools] };
+  return { ...previous, [owner]: [...(previous[owner] ?? []), ...names] };
 }
 
 /**
@@ -67,10 +70,15 @@ export function addAuthCommands(
     .option("--owner <id>", "executor, mcp-bridge: the tool owner whose account it lives in")
     .option(
       "--tools <names>",
-      "executor: tool names it may register (ns.* for a namespace); with --owner, the owner's tools whose work it pulls, each named",
+      "executor: tool names it may register (ns.* for a namespace); not with --owner, whose names its account's imports grant",
       list,
     )
     .option("--servers <names>", "mcp-bridge: MCP server names it serves", list)
+    .option(
+      "--owners <ids>",
+      "resolver, operator, setup: the tool owners with accounts, whose work streams it manages",
+      list,
+    )
     .option("--json", "print JSON")
     .action(
       (o: {
@@ -79,6 +87,7 @@ export function addAuthCommands(
         owner?: string;
         tools?: string[];
         servers?: string[];
+        owners?: string[];
         json?: boolean;
       }) =>
         run(() => {
@@ -100,6 +109,7 @@ export function addAuthCommands(
             ...(o.owner === undefined ? {} : { owner: o.owner }),
             ...(o.tools === undefined ? {} : { tools: o.tools }),
             ...(o.servers === undefined ? {} : { servers: o.servers }),
+            ...(o.owners === undefined ? {} : { owners: o.owners }),
           });
           say(o.json === true ? JSON.stringify(permissions) : renderPermissions(permissions));
           return Promise.resolve(0);
@@ -112,9 +122,9 @@ export function addAuthCommands(
     )
     .option("--tenants <ids>", "tenants, an account each (default: default)", list)
     .option(
-      "--owner <owner=tools>",
-      "a tool owner's account, with the tools it serves, each named (server.tool for an MCP bridge's); repeatable (default: none, executors and bridges in the mesh account)",
-      ownerTools,
+      "--owner <owner[=names]>",
+      "a tool owner's account with its own work stream; it registers tools named OWNER.* and the names granted after = (a tool name, or ns.* such as an MCP server's tools); repeatable (default: none, executors and bridges in the mesh account)",
+      ownerGrants,
     )
     .addOption(
       new Option("--max-connections <n>", "per tenant/owner account (default 1000)").argParser(

@@ -55,11 +55,18 @@ describe("permissions", () => {
       const p = rolePermissions(role, {
         prefix: "acme.prod",
         ...(role === "frontend" ? { tenant: "t" } : {}),
+        ...(["resolver", "operator", "setup"].includes(role) ? { owners: ["o"] } : {}),
       });
       for (const subject of p.publish.allow) {
         expect(subject).not.toMatch(/^toolmesh\./);
-        // The MCP bridge creates its bucket of pinned tool approvals, which setup does not.
-        if (role === "setup" || subject === "$JS.API.STREAM.CREATE.KV_acme_prod_tool_approvals") {
+        // The MCP bridge creates its bucket of pinned tool approvals, which setup does not, and
+        // the resolver an owner's work stream when the owner registers a tool (ADR 0041).
+        if (
+          role === "setup" ||
+          subject === "$JS.API.STREAM.CREATE.KV_acme_prod_tool_approvals" ||
+          (role === "resolver" &&
+            /^\$JS\.API\.STREAM\.(CREATE|UPDATE)\.ACME_PROD_WORK_o$/.test(subject))
+        ) {
           continue;
         }
         expect(subject).not.toMatch(/STREAM\.(CREATE|UPDATE|DELETE|PURGE)/);
@@ -70,7 +77,7 @@ describe("permissions", () => {
   it("puts the mesh, each tenant and each owner in an account, each export for one account", () => {
     const config = renderAccountConfig({
       tenants: ["acme", "globex"],
-      owners: { "tools-a": ["a.one", "a.two"] },
+      owners: { "tools-a": ["a.one", "gh.*"] },
     });
     for (const account of ["TOOLMESH", "TENANT_acme", "TENANT_globex", "OWNER_tools-a"]) {
       expect(config).toContain(`\n  ${account}: {\n`);
@@ -91,20 +98,25 @@ describe("permissions", () => {
       if (accounts!.startsWith("TENANT_")) expect(subject).toContain(accounts!.slice(7));
       expect(imports.filter((i) => i[1] === kind && i[2] === subject)).toHaveLength(1);
     }
-    // Each named tool's work consumer on the shared work stream, and nothing wider.
+    // Every work consumer of the owner's own work stream, and nothing of the mesh's.
     expect(config).toContain(
-      '{ service: "$JS.API.CONSUMER.MSG.NEXT.TOOLMESH_WORK.work_a=2eone", accounts: [OWNER_tools-a], response_type: stream }',
+      '{ service: "$JS.API.CONSUMER.MSG.NEXT.TOOLMESH_WORK_tools-a.*", accounts: [OWNER_tools-a], response_type: stream }',
     );
     expect(config).toContain(
-      '{ service: "$JS.ACK.TOOLMESH_WORK.work_a=2etwo.>", accounts: [OWNER_tools-a] }',
+      '{ service: "$JS.ACK.TOOLMESH_WORK_tools-a.>", accounts: [OWNER_tools-a] }',
     );
     const owner = config.slice(config.indexOf("OWNER_tools-a: {"));
-    expect(owner).toContain("work_a=2eone");
-    expect(owner).not.toMatch(/TOOLMESH_WORK(\.\*|\.>|_)/);
-    for (const [, , subject] of exports) expect(subject).not.toMatch(/TOOLMESH_WORK\.(\*|>)/);
+    expect(owner).not.toMatch(/TOOLMESH_WORK[.]/);
+    for (const [, , subject] of exports) expect(subject).not.toMatch(/TOOLMESH_WORK\./);
+    // Registration under its own namespace and the names granted to it, one crossing each.
+    expect(exports.map((e) => e[2]).filter((subject) => subject!.includes(".register"))).toEqual([
+      "toolmesh.v1.owner.tools-a.register.tools-a.*",
+      "toolmesh.v1.owner.tools-a.register.a.one",
+      "toolmesh.v1.owner.tools-a.register.gh.*",
+    ]);
     // An account without JetStream answers $JS.API itself: owners import it under {p}.js.API.
     expect(config).toContain(
-      '{ service: { account: TOOLMESH, subject: "$JS.API.CONSUMER.INFO.TOOLMESH_WORK.work_a=2eone" }, to: "toolmesh.js.API.CONSUMER.INFO.TOOLMESH_WORK.work_a=2eone" }',
+      '{ service: { account: TOOLMESH, subject: "$JS.API.CONSUMER.INFO.TOOLMESH_WORK_tools-a.*" }, to: "toolmesh.js.API.CONSUMER.INFO.TOOLMESH_WORK_tools-a.*" }',
     );
     // The mesh's own users: the trusted services, and an executor and bridge trusted like them.
     const mesh = config.slice(config.indexOf("TOOLMESH: {"), config.indexOf("TENANT_acme: {"));
@@ -118,9 +130,16 @@ describe("permissions", () => {
       "mcp-bridge",
     ]);
     expect(tenantAccount("acme")).toBe("TENANT_acme");
-    const prefixed = renderAccountConfig({ prefix: "acme.prod", owners: { x: ["t"] } });
+    const prefixed = renderAccountConfig({ prefix: "acme.prod", owners: { x: [] } });
     expect(prefixed).not.toMatch(/"toolmesh\.|TOOLMESH_(CALLS|WORK|SESSIONS)|KV_toolmesh/);
-    expect(prefixed).toContain('to: "acme.prod.js.API.CONSUMER.INFO.ACME_PROD_WORK.work_t"');
+    expect(prefixed).toContain('to: "acme.prod.js.API.CONSUMER.INFO.ACME_PROD_WORK_x.*"');
+    // The resolver manages each owner's work stream, by name.
+    const resolver = rolePermissions("resolver", { owners: ["x"] }).publish.allow;
+    expect(resolver).toContain("$JS.API.STREAM.CREATE.TOOLMESH_WORK_x");
+    expect(resolver).toContain("$JS.API.CONSUMER.CREATE.TOOLMESH_WORK_x.*");
+    expect(resolver.filter((subject) => subject.includes("TOOLMESH_WORK_"))).not.toContainEqual(
+      expect.stringMatching(/TOOLMESH_WORK_[^x]/),
+    );
     // Without owners, no owner account: executors and bridges are the mesh's users.
     expect(renderAccountConfig()).not.toContain("OWNER_");
   });
@@ -133,18 +152,25 @@ describe("permissions", () => {
     );
   });
 
-  it("refuses an owner's tool that is not named one by one, or named by two owners", () => {
-    expect(() => renderAccountConfig({ owners: { search: ["web.*"] } })).toThrow(
-      'owner "search" names "web.*": name each tool (an MCP bridge\'s too, as server.tool)',
-    );
+  it("refuses a name granted to two owners, or a grant that is no name", () => {
     expect(() => renderAccountConfig({ owners: { search: ["web.get", ">"] } })).toThrow(
-      "a new tool needs a regenerated configuration and a reload",
+      'owner "search" is granted ">": grant a tool name, or a namespace as ns.*',
     );
-    expect(() => renderAccountConfig({ owners: { search: [] } })).toThrow(
-      'owner "search" names no tool',
+    expect(() => renderAccountConfig({ owners: { search: ["a.b.*"] } })).toThrow(
+      'tool namespace "a.b" must not contain a dot',
     );
     expect(() => renderAccountConfig({ owners: { a: ["t"], b: ["t"] } })).toThrow(
-      'tool "t" is named by owners "a" and "b"',
+      'owners "a" and "b" are both granted names of registry key t',
+    );
+    // A name within another owner's namespace, or a namespace over another's name.
+    expect(() => renderAccountConfig({ owners: { a: [], b: ["a.x"] } })).toThrow(
+      'owners "a" and "b" are both granted names of registry key a.x',
+    );
+    expect(() => renderAccountConfig({ owners: { a: ["gh.issue"], b: ["gh.*"] } })).toThrow(
+      'owners "a" and "b" are both granted names of registry key gh.*',
+    );
+    expect(renderAccountConfig({ owners: { a: ["gh.*"], b: ["ghx.*", "a"] } })).toContain(
+      "OWNER_b",
     );
     expect(() =>
       renderAccountConfig({
@@ -154,14 +180,14 @@ describe("permissions", () => {
   });
 
   it("gives an owner's executor its owner's crossings only, and refuses an empty tenant", () => {
-    const owned = rolePermissions("executor", { owner: "acme", tools: ["acme.run"] });
+    const owned = rolePermissions("executor", { owner: "acme" });
     for (const subject of owned.publish.allow) {
-      expect(subject).toMatch(/TOOLMESH_WORK\.work_acme=2erun|toolmesh\.v1\.owner\.acme\./);
+      expect(subject).toMatch(/TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\./);
     }
-    expect(() => rolePermissions("executor", { owner: "acme" })).toThrow("--owner needs --tools");
     expect(() => rolePermissions("mcp-bridge", { owner: "acme", tools: ["fs.*"] })).toThrow(
-      'owner "acme" names "fs.*"',
+      "grant them with `toolmesh auth config --owner acme=NAME,…`",
     );
+    expect(() => rolePermissions("executor", { owners: ["acme"] })).toThrow("--owners is for");
     expect(() => rolePermissions("resolver", { owner: "acme" })).toThrow("--owner is for");
     expect(() => rolePermissions("frontend", { tenant: "" })).toThrow("--tenant must not be empty");
   });

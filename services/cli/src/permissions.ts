@@ -41,9 +41,15 @@ export interface PermissionOptions {
   /**
    * `executor`: the tool names it may register (its registry keys); `ns.*` stands for every
    * tool of namespace `ns`. Default any tool name (ownership then rests on first-wins alone).
-   * With `owner` (executor or mcp-bridge): the owner's tools, each named, whose work it pulls.
+   * With `owner` (executor or mcp-bridge): names granted to the owner beyond its own namespace
+   * `{owner}.*`, which its account's imports carry (ADR 0041); its user's rights are the same.
    */
   tools?: readonly string[];
+  /**
+   * `resolver`, `operator`, `setup`: the tool owners with accounts, whose work streams
+   * (`{P}_WORK_{owner}`) these roles manage and read. Default none.
+   */
+  owners?: readonly string[];
   /** `mcp-bridge`: the MCP server names it serves (tools `{server}.*`). Default any. */
   servers?: readonly string[];
 }
@@ -227,16 +233,22 @@ export function rolePermissions(
     if (role !== "executor" && role !== "mcp-bridge") {
       bad(`--owner is for the executor and mcp-bridge roles, not ${role}`);
     }
-    if (options.tools === undefined || options.tools.length === 0) {
-      bad(`--owner needs --tools: name each tool of owner "${options.owner}" whose work it pulls`);
+    if (options.tools !== undefined || options.servers !== undefined) {
+      bad(
+        `with --owner the names come from the account's imports: grant them with \`toolmesh auth config --owner ${options.owner}=NAME,…\`, not --tools or --servers`,
+      );
     }
     const owner = checkAccountId("owner", options.owner);
-    return ownerPermissions(s, role, owner, ownerTools(owner, options.tools));
+    return ownerPermissions(s, role, owner);
   }
+  const ownerStreams = (options.owners ?? []).map((o) => s.workStream(checkAccountId("owner", o)));
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
   }
   if (options.tools !== undefined && role !== "executor") bad("--tools is for the executor role");
+  if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
+    bad("--owners is for the resolver, operator and setup roles");
+  }
   if (options.servers !== undefined && role !== "mcp-bridge") {
     bad("--servers is for the mcp-bridge role");
   }
@@ -268,10 +280,28 @@ export function rolePermissions(
       return merge(
         serviceBase(s, role),
         // The deadline keeper follows work and results as they are published (core NATS).
-        sub(s.allCancel, s.allResolveRpc, s.allWork, s.allResults, s.allOwnerServices),
+        sub(
+          s.allCancel,
+          s.allResolveRpc,
+          s.allWork,
+          s.allResults,
+          s.allOwnerServices,
+          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
+        ),
         pub(
           ...n.replies,
           s.allWork,
+          // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
+          // routed, watched for deadlines, reconciled and dead-lettered.
+          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork, `${API}.STREAM.NAMES`]),
+          ...ownerStreams.flatMap((st) => [
+            ...["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"].map(
+              (op) => `${API}.STREAM.${op}.${st}`,
+            ),
+            ...["INFO", "CREATE", "DURABLE.CREATE"].map((op) => `${API}.CONSUMER.${op}.${st}.*`),
+            `${API}.CONSUMER.CREATE.${st}.*.>`,
+            `${API}.CONSUMER.LIST.${st}`,
+          ]),
           `${n.base}.sessions.*.*.result.*`,
           // The owner services: progress relayed for an owner's executor, registry entries filed
           // under their owner, and each registered tool's work consumer.
@@ -369,7 +399,7 @@ export function rolePermissions(
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
-          ...n.streams.flatMap((st) => [
+          ...[...n.streams, ...ownerStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,
             `${API}.CONSUMER.LIST.${st}`,
@@ -392,7 +422,11 @@ export function rolePermissions(
         pub(
           `${API}.STREAM.NAMES`,
           `${API}.STREAM.LIST`,
-          ...[...n.streams, ...[...n.buckets, approvalsBucket(s)].map(n.kv)].flatMap((st) => [
+          ...[
+            ...n.streams,
+            ...ownerStreams,
+            ...[...n.buckets, approvalsBucket(s)].map(n.kv),
+          ].flatMap((st) => [
             `${API}.STREAM.*.${st}`,
             `${API}.CONSUMER.*.${st}`,
             `${API}.CONSUMER.*.${st}.>`,
@@ -418,18 +452,34 @@ function checkAccountId(kind: "tenant" | "owner", id: string): string {
 }
 
 /**
- * An owner's tools, each named: a work consumer of the shared work stream is exported on its
- * own (a consumer name is one token of the API subject), so a wildcard cannot be exported.
+ * The registry keys an owner may register tools under (ADR 0041), as patterns of
+ * `{p}.v1.owner.{o}.register.{key}`: its own namespace `{owner}.*`, and each name the operator
+ * granted it, `ns.*` granting a namespace (an MCP server's tools).
  */
-function ownerTools(owner: string, tools: readonly string[]): string[] {
-  for (const tool of tools) {
-    if (/[*>\s]/.test(tool) || tool === "") {
+function ownerGrants(s: Subjects, owner: string, grants: readonly string[]): string[] {
+  const keys = [`${owner}.*`];
+  for (const name of grants) {
+    if (name.endsWith(".*") && name.length > 2 && !/[*>\s]/.test(name.slice(0, -2))) {
+      const namespace = name.slice(0, -2);
+      if (namespace.includes(".")) bad(`tool namespace "${namespace}" must not contain a dot`);
+      keys.push(`${subjectToken(namespace)}.*`);
+    } else if (name === "" || /[*>]/.test(name)) {
       bad(
-        `owner "${owner}" names "${tool}": name each tool (an MCP bridge's too, as server.tool), as each tool's work consumer is exported on its own; a new tool needs a regenerated configuration and a reload`,
+        `owner "${owner}" is granted "${name}": grant a tool name, or a namespace as ns.* (an MCP server's tools)`,
       );
+    } else {
+      keys.push(s.registryKey(name));
     }
   }
-  return [...new Set(tools)];
+  return [...new Set(keys)];
+}
+
+/** Whether two registry-key patterns (a key, or `ns.*`) can name the same tool. */
+function grantsOverlap(a: string, b: string): boolean {
+  if (a === b) return true;
+  const within = (key: string, pattern: string) =>
+    pattern.endsWith(".*") && key.startsWith(pattern.slice(0, -1));
+  return within(a, b) || within(b, a);
 }
 
 /** The subjects of a tenant's crossings into the mesh account (ADR 0031). */
@@ -454,43 +504,47 @@ interface OwnerCrossing {
 }
 
 /**
- * The subjects of a tool owner's crossings into the mesh account (ADR 0031): the consumer info,
- * pulls and acks of each of its tools' work consumers on the shared work stream, its owner
- * services, and the abort broadcast. The JetStream API ones are imported under `{p}.js.API`
- * (`as`): an account without JetStream answers every `$JS.API.>` request itself, ahead of an
- * import of the same subject.
+ * The subjects of a tool owner's crossings into the mesh account (ADR 0031, ADR 0041): consumer
+ * info, pulls and acks of every work consumer of the owner's own work stream `{P}_WORK_{o}`, its
+ * owner services, registration under the keys `grants` (from {@link ownerGrants}) only, and the
+ * abort broadcast. The JetStream API ones are imported under `{p}.js.API` (`as`): an account
+ * without JetStream answers every `$JS.API.>` request itself, ahead of an import of the same
+ * subject. No consumer or stream management crosses: the mesh creates the stream and each
+ * tool's consumer when the owner registers the tool.
  */
-function ownerCrossings(s: Subjects, owner: string, tools: readonly string[]) {
-  const work = s.streams.work;
+function ownerCrossings(s: Subjects, owner: string, grants: readonly string[]) {
+  const work = s.workStream(owner);
   const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.ownerJsApiPrefix}.`);
-  const consumers = [...new Set(tools.map((tool) => s.workConsumer(tool)))];
+  const next = `${API}.CONSUMER.MSG.NEXT.${work}.*`;
+  const info = `${API}.CONSUMER.INFO.${work}.*`;
   const services: OwnerCrossing[] = [
-    ...consumers.flatMap((c): OwnerCrossing[] => {
-      const next = `${API}.CONSUMER.MSG.NEXT.${work}.${c}`;
-      const info = `${API}.CONSUMER.INFO.${work}.${c}`;
-      return [
-        { subject: next, as: local(next), responseType: "stream" },
-        { subject: info, as: local(info) },
-        { subject: `$JS.ACK.${work}.${c}.>` },
-      ];
-    }),
-    { subject: `${s.prefix}.v1.owner.${owner}.>` },
+    { subject: next, as: local(next), responseType: "stream" },
+    { subject: info, as: local(info) },
+    { subject: `$JS.ACK.${work}.>` },
+    { subject: `${s.prefix}.v1.owner.${owner}.*` },
+    ...grants.map((key) => ({ subject: `${s.prefix}.v1.owner.${owner}.register.${key}` })),
   ];
-  return { consumers, services, streams: [s.abort] };
+  return { services, streams: [s.abort] };
 }
 
 /**
  * An executor or MCP bridge in the account of tool owner `owner`: it pulls and acks its owner's
- * work through the imports, talks to the mesh's owner services, and hears cancellations.
+ * work through the imports, talks to the mesh's owner services, and hears cancellations. Which
+ * names it may register is its account's imports' business (a name not granted finds no
+ * responder).
  */
-function ownerPermissions(
-  s: Subjects,
-  role: string,
-  owner: string,
-  tools: readonly string[],
-): Permissions {
+function ownerPermissions(s: Subjects, role: string, owner: string): Permissions {
+  const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.ownerJsApiPrefix}.`);
+  const work = s.workStream(owner);
   return {
-    publish: { allow: ownerCrossings(s, owner, tools).services.map((c) => c.as ?? c.subject) },
+    publish: {
+      allow: [
+        local(`${API}.CONSUMER.MSG.NEXT.${work}.*`),
+        local(`${API}.CONSUMER.INFO.${work}.*`),
+        `$JS.ACK.${work}.>`,
+        `${s.prefix}.v1.owner.${owner}.>`,
+      ],
+    },
     subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.${owner}.>`] },
   };
 }
@@ -556,8 +610,9 @@ export interface AccountConfigOptions {
   /** One account `TENANT_{t}` with a frontend user `frontend-{t}` each. Default `["default"]`. */
   tenants?: readonly string[];
   /**
-   * Tool owners, each with the tools it serves, each named (an MCP bridge's as `server.tool`):
-   * one account `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each. Default none:
+   * Tool owners, each with the names granted to it beyond its own namespace `{o}.*` (a tool
+   * name, or `ns.*` for a namespace such as an MCP server's tools; often none): one account
+   * `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each (ADR 0041). Default none:
    * executors and bridges then run in the mesh account as its users `executor`, `mcp-bridge`.
    */
   owners?: Readonly<Record<string, readonly string[]>>;
@@ -617,21 +672,20 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
   const ownerIds = uniqueIds("owner", Object.keys(options.owners ?? {}));
   const owners = ownerIds.map((owner) => ({
     owner,
-    tools: ownerTools(owner, options.owners?.[owner] ?? []),
+    tools: options.owners?.[owner] ?? [],
+    grants: ownerGrants(s, owner, options.owners?.[owner] ?? []),
   }));
-  // A work consumer is exported to one owner only.
-  const consumerOwner = new Map<string, string>();
-  for (const { owner, tools } of owners) {
-    if (tools.length === 0) {
-      bad(`owner "${owner}" names no tool: give it its tools, as ${owner}=TOOL[,TOOL…]`);
-    }
-    for (const tool of tools) {
-      const consumer = s.workConsumer(tool);
-      const other = consumerOwner.get(consumer);
-      if (other !== undefined && other !== owner) {
-        bad(`tool "${tool}" is named by owners "${other}" and "${owner}": a tool has one owner`);
+  // A name is granted to one owner only: no owner may register what another was given.
+  const granted: { key: string; owner: string }[] = [];
+  for (const { owner, grants } of owners) {
+    for (const key of grants) {
+      const other = granted.find((g) => g.owner !== owner && grantsOverlap(g.key, key));
+      if (other !== undefined) {
+        bad(
+          `owners "${other.owner}" and "${owner}" are both granted names of registry key ${key}: a tool name has one owner`,
+        );
       }
-      consumerOwner.set(consumer, owner);
+      granted.push({ key, owner });
     }
   }
   const limits: Required<AccountLimits> = {
@@ -643,7 +697,13 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
   const mesh: Account = {
     name: MESH_ACCOUNT,
     jetstream: true,
-    users: MESH_ROLES.map((role) => ({ user: role, permissions: rolePermissions(role, prefix) })),
+    users: MESH_ROLES.map((role) => ({
+      user: role,
+      permissions: rolePermissions(role, {
+        ...prefix,
+        ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds } : {}),
+      }),
+    })),
     exports: [],
     imports: [],
   };
@@ -676,9 +736,9 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       ],
     });
   }
-  for (const { owner, tools } of owners) {
+  for (const { owner, grants } of owners) {
     const name = ownerAccount(owner);
-    const crossings = ownerCrossings(s, owner, tools);
+    const crossings = ownerCrossings(s, owner, grants);
     mesh.exports.push(
       ...crossings.services.map(
         ({ subject, responseType }) =>
@@ -692,7 +752,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       limits,
       users: (["executor", "mcp-bridge"] as const).map((role) => ({
         user: `${role}-${owner}`,
-        permissions: rolePermissions(role, { ...prefix, owner, tools }),
+        permissions: rolePermissions(role, { ...prefix, owner }),
       })),
       exports: [],
       imports: [
@@ -714,7 +774,9 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
   const flags = [
     ...(options.prefix === undefined ? [] : [`--prefix ${options.prefix}`]),
     ...(options.tenants === undefined ? [] : [`--tenants ${tenants.join(",")}`]),
-    ...owners.map(({ owner, tools }) => `--owner ${owner}=${tools.join(",")}`),
+    ...owners.map(({ owner, tools }) =>
+      tools.length === 0 ? `--owner ${owner}` : `--owner ${owner}=${tools.join(",")}`,
+    ),
   ];
   const list = (items: string[]) =>
     items.length === 0 ? "[]" : `[\n${items.map((x) => `      ${x}`).join("\n")}\n    ]`;
@@ -753,17 +815,18 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     `# Generated by \`toolmesh auth config${flags.length === 0 ? "" : ` ${flags.join(" ")}`}\`. Passwords come from the`,
     "# environment (TOOLMESH_<USER>_PASSWORD); swap them for nkeys or TLS-mapped users as you like.",
     "# Include this file from the server's configuration, which enables JetStream and TLS; add a",
-    "# tenant, an owner or an owner's tool by regenerating it and `nats-server --signal reload`",
+    "# tenant, an owner or an owner's granted name by regenerating it and `nats-server --signal reload`",
     "# (twice: the first reload leaves a new account's imports out).",
     ...(owners.length === 0
       ? [
           "# No tool owner accounts: executors and MCP bridges (the builtin tools of `toolmesh dev`,",
           "# compose and the chart) connect as the mesh account's users `executor` and `mcp-bridge`,",
-          "# trusted like the services. Give an owner an account with `--owner OWNER=TOOL[,TOOL…]`.",
+          "# trusted like the services. Give an owner an account with `--owner OWNER[=NAME,…]`.",
         ]
       : [
-          "# Each owner's account crosses to the work consumers of the tools it names, one by one:",
-          "# a new tool of an owner needs this file regenerated and reloaded.",
+          "# Each owner's account crosses to every work consumer of its own work stream",
+          "# {P}_WORK_{owner}, and registers tools under its namespace OWNER.* and the names",
+          "# granted to it (ADR 0041): tools added later in those names need no reload.",
         ]),
     "accounts {",
     body.join("\n"),

@@ -8,6 +8,7 @@ import {
   meshPlan,
   obsoleteStreams,
   provisionMesh,
+  provisionOwnerWork,
 } from "@toolmesh/nats";
 import type { Subjects } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
@@ -21,6 +22,8 @@ export interface SetupOptions {
   json?: boolean;
   /** Delete the streams earlier versions created that the mesh no longer uses. */
   removeObsolete?: boolean;
+  /** Tool owners whose work streams to create now (ADR 0041); existing ones are kept up to date. */
+  owners?: readonly string[];
 }
 
 function field(change: FieldChange): string {
@@ -50,8 +53,12 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
   });
   try {
     await assertServerSupported(nc);
-    const plan = meshPlan(createSubjects({ prefix: config.prefix }), meshSettings(config));
-    const changes = await provisionMesh(nc, plan, { dryRun });
+    const subjects = createSubjects({ prefix: config.prefix });
+    const settings = meshSettings(config);
+    const changes = await provisionMesh(nc, meshPlan(subjects, settings), { dryRun });
+    changes.push(
+      ...(await provisionOwnerWork(nc, subjects, settings, options.owners ?? [], { dryRun })),
+    );
     const changed = changes.filter((c) => c.action !== "unchanged");
     const obsolete = await findObsolete(nc, createSubjects({ prefix: config.prefix }));
     const remove = options.removeObsolete === true && !dryRun;
@@ -130,13 +137,29 @@ export function addSetupCommand(
       "--remove-obsolete",
       "delete the streams earlier versions created that the mesh no longer uses (TIMERS)",
     )
+    .option(
+      "--owners <ids>",
+      "tool owners with accounts whose work streams (PREFIX_WORK_OWNER) to create now; existing ones are always brought up to date",
+      (value: string) =>
+        value
+          .split(",")
+          .map((v) => v.trim())
+          .filter((v) => v !== ""),
+    )
     .action(
-      (o: { replicas?: string; dryRun?: boolean; json?: boolean; removeObsolete?: boolean }) =>
+      (o: {
+        replicas?: string;
+        dryRun?: boolean;
+        json?: boolean;
+        removeObsolete?: boolean;
+        owners?: string[];
+      }) =>
         run(() =>
           setupCommand(config({ TOOLMESH_STREAM_REPLICAS: o.replicas }), {
             dryRun: o.dryRun === true,
             json: o.json === true,
             removeObsolete: o.removeObsolete === true,
+            ...(o.owners === undefined ? {} : { owners: o.owners }),
           }),
         ),
     );

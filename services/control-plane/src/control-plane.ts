@@ -257,6 +257,11 @@ export async function onMaxDeliveries(deps: ControlDeps, msg: JsMsg): Promise<vo
     return;
   }
   const { stream, stream_seq: seq, deliveries } = advisory.data;
+  // The advisories stream keeps every stream's; only calls and work are dead-lettered.
+  if (stream !== deps.subjects.streams.calls && !deps.subjects.isWorkStream(stream)) {
+    msg.ack();
+    return;
+  }
   try {
     const stored = await deps.plane.jsm.streams.getMessage(stream, { seq });
     // Gone: another resolver handled it.
@@ -286,7 +291,7 @@ export async function requeueIfUsedUp(
 ): Promise<boolean> {
   const { plane, subjects, log } = deps;
   const { stream, consumer, stream_seq: seq, deliveries, timestamp } = advisory;
-  if (stream !== subjects.streams.work || timestamp === undefined) return false;
+  if (!subjects.isWorkStream(stream) || timestamp === undefined) return false;
   if (stored.header?.has(Header.Requeued) === true) return false;
   const { config } = await plane.jsm.consumers.info(stream, consumer);
   const ackWaitMs = (config.ack_wait ?? 30_000_000_000) / 1_000_000; // the server's default
@@ -330,7 +335,7 @@ export async function deadLetter(
   const stored = read ?? (await jsm.streams.getMessage(stream, { seq }));
   if (stored === null) return; // already handled by another resolver
   const body = decodeJsonOrUndefined(stored.data);
-  const work = stream === subjects.streams.work ? ResolvedCallSchema.safeParse(body) : undefined;
+  const work = subjects.isWorkStream(stream) ? ResolvedCallSchema.safeParse(body) : undefined;
   const request = stream === subjects.streams.calls ? CallRequestSchema.safeParse(body) : undefined;
   const tool = work?.data?.tool ?? request?.data?.tool_call.function.name ?? "_unknown";
   const h = deadLetterHeaders({

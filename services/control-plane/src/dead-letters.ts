@@ -225,7 +225,7 @@ export async function replayDeadLetter(
   const { stored, letter } = await getLetter(jsm, subjects, seq);
   const raw = decodeJsonOrUndefined(stored.data);
   let outcome: Omit<ReplayOutcome, "deleted">;
-  if (letter.stream === subjects.streams.work) {
+  if (subjects.isWorkStream(letter.stream)) {
     const parsed = ResolvedCallSchema.safeParse(raw);
     if (!parsed.success) throw notReplayable(letter, "its body is not a resolved call");
     outcome = await replayWork(parsed.data, raw as Record<string, unknown>);
@@ -255,7 +255,7 @@ export async function replayDeadLetter(
     const deadlineAt = (options.now ?? Date.now()) + call.timeout_ms;
     const common = {
       seq,
-      stream: subjects.streams.work,
+      stream: letter.stream,
       subject: letter.subject,
       msg_id: msgId,
       idempotency_key: key,
@@ -388,7 +388,7 @@ function describeLetter(
   const body = decodeJsonOrUndefined(msg.data);
   const stream = h?.get(Header.DlqStream) ?? "";
   let call: { tool: string; call_id: string; session_id: string; key: string } | undefined;
-  if (stream === subjects.streams.work) {
+  if (subjects.isWorkStream(stream)) {
     const parsed = ResolvedCallSchema.safeParse(body);
     if (parsed.success) {
       const c = parsed.data;

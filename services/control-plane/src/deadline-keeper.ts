@@ -79,7 +79,6 @@ export async function startDeadlineKeeper(
 ): Promise<DeadlineKeeper> {
   const { nc, plane, subjects, log } = deps;
   const { jsm, clock } = plane;
-  const stream = subjects.streams.work;
   const scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
   const calls = new WatchedCalls();
   const slots = new Semaphore(16);
@@ -88,18 +87,21 @@ export async function startDeadlineKeeper(
   let timer: NodeJS.Timeout | undefined;
   let timerAt = Number.POSITIVE_INFINITY;
 
+  // The mesh's work stream and every tool owner's (ADR 0041).
   const subscriptions: Subscription[] = [
-    nc.subscribe(subjects.allWork, {
-      callback: (err, msg) => {
-        if (err !== null) {
-          log.error({ err }, "deadline keeper cannot follow the work stream");
-          return;
-        }
-        traffic++;
-        const work = readWork(msg.headers, msg.data);
-        if (work !== undefined) watch(work.key, work.deadline, msg.subject, undefined);
-      },
-    }),
+    ...[subjects.allWork, subjects.allOwnerWork].map((subject) =>
+      nc.subscribe(subject, {
+        callback: (err, msg) => {
+          if (err !== null) {
+            log.error({ err }, "deadline keeper cannot follow the work stream");
+            return;
+          }
+          traffic++;
+          const work = readWork(msg.headers, msg.data);
+          if (work !== undefined) watch(work.key, work.deadline, msg.subject, undefined);
+        },
+      }),
+    ),
     nc.subscribe(subjects.allResults, {
       callback: (err, msg) => {
         if (err !== null) {
@@ -144,9 +146,12 @@ export async function startDeadlineKeeper(
 
   async function expire(entry: Watched): Promise<void> {
     await slots.acquire();
+    const stream = subjects.workStreamOf(entry.subject) ?? subjects.streams.work;
     try {
       const stored =
-        entry.seq === undefined ? await find(entry) : await messageAt(entry.seq, entry.key);
+        entry.seq === undefined
+          ? await find(stream, entry)
+          : await messageAt(stream, entry.seq, entry.key);
       if (stored === undefined) return; // gone: the call ended
       const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(stored.data)).data;
       if (call === undefined) return; // not a call: the executor dead-letters it
@@ -175,16 +180,20 @@ export async function startDeadlineKeeper(
   }
 
   /** The work message at `seq`, if it is still there and still the call's. */
-  async function messageAt(seq: number, key: string): Promise<StoredMsg | undefined> {
+  async function messageAt(
+    stream: string,
+    seq: number,
+    key: string,
+  ): Promise<StoredMsg | undefined> {
     const msg = await jsm.streams.getMessage(stream, { seq });
     return msg !== null && keyOf(msg) === key ? msg : undefined;
   }
 
   /** Looks for a call's work among the messages of its subject, oldest first. */
-  async function find(entry: Watched): Promise<StoredMsg | undefined> {
+  async function find(stream: string, entry: Watched): Promise<StoredMsg | undefined> {
     let from = 1;
     for (let scanned = 0; scanned < scanLimit; scanned++) {
-      const msg = await nextMessage(from, entry.subject);
+      const msg = await nextMessage(stream, from, entry.subject);
       if (msg === null) return undefined;
       if (keyOf(msg) === entry.key) return msg;
       from = msg.seq + 1;
@@ -193,7 +202,7 @@ export async function startDeadlineKeeper(
     return undefined;
   }
 
-  function nextMessage(from: number, filter: string): Promise<StoredMsg | null> {
+  function nextMessage(stream: string, from: number, filter: string): Promise<StoredMsg | null> {
     // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (reconcile.ts does the same).
     const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
     return jsm.streams.getMessage(stream, query);
@@ -215,12 +224,17 @@ export async function startDeadlineKeeper(
     } catch (err) {
       log.warn({ err }, "cannot read the server's clock; deadlines follow message timestamps");
     }
-    for (let from = 1; !stopped;) {
-      const msg = await nextMessage(from, subjects.allWork);
-      if (msg === null) break;
-      from = msg.seq + 1;
-      const work = readWork(msg.header, msg.data);
-      if (work !== undefined) watch(work.key, work.deadline, msg.subject, msg.seq);
+    const streams = [{ stream: subjects.streams.work, filter: subjects.allWork }];
+    for await (const stream of jsm.streams.names(subjects.allOwnerWork))
+      if (subjects.isWorkStream(stream)) streams.push({ stream, filter: subjects.allOwnerWork });
+    for (const { stream, filter } of streams) {
+      for (let from = 1; !stopped;) {
+        const msg = await nextMessage(stream, from, filter);
+        if (msg === null) break;
+        from = msg.seq + 1;
+        const work = readWork(msg.header, msg.data);
+        if (work !== undefined) watch(work.key, work.deadline, msg.subject, msg.seq);
+      }
     }
     calls.endReplay(mark);
     arm();

@@ -27,7 +27,8 @@ import {
   ensureError,
   isSubjectToken,
 } from "@toolmesh/protocol";
-import { ensureDurableConsumer } from "@toolmesh/nats";
+import type { StreamLimits } from "@toolmesh/nats";
+import { ensureDurableConsumer, ensureStream, ownerWorkStreamSpec } from "@toolmesh/nats";
 
 /** Options of {@link startOwnerServices}. Durations in ms. */
 export interface OwnerServicesOptions {
@@ -39,6 +40,8 @@ export interface OwnerServicesOptions {
   log: Logger;
   /** Ack wait of a work consumer whose registration names none, in ms. Default 10 000. */
   ackWaitMs?: number;
+  /** Limits of the mesh's streams, which each owner's work stream takes too. */
+  streamLimits?: StreamLimits | undefined;
 }
 
 /** The running owner services. */
@@ -84,7 +87,7 @@ export async function answerOwner(options: OwnerServicesOptions, msg: Msg): Prom
         { retryable: false, details: { subject: msg.subject } },
       );
     }
-    reply = await serve(options, target.owner, target.service, msg.data);
+    reply = await serve(options, target, msg.data);
   } catch (err) {
     const error = ensureError(
       err instanceof z.ZodError
@@ -104,16 +107,30 @@ export async function answerOwner(options: OwnerServicesOptions, msg: Msg): Prom
 
 async function serve(
   options: OwnerServicesOptions,
-  owner: string,
-  service: OwnerService,
+  target: { owner: string; service: OwnerService; key?: string },
   data: Uint8Array,
 ): Promise<unknown> {
   const { subjects, plane, registry } = options;
+  const { owner, service } = target;
   const body = decodeBody(data);
   switch (service) {
     case "register": {
       const request = OwnerRegisterRequestSchema.parse(body);
-      const definition = ToolDefinitionSchema.parse({ ...request.definition, owner });
+      const definition = ToolDefinitionSchema.parse({
+        ...request.definition,
+        owner,
+        owner_account: true,
+      });
+      // The subject names the registry key, and the owner's account may publish only the keys
+      // of the names its operator granted it (ADR 0041): the body must name the same tool.
+      const key = subjects.registryKey(definition.name);
+      if (target.key !== key) {
+        throw new ToolmeshError(
+          ErrorCode.InvalidRequest,
+          `"${definition.name}" is registered on ${subjects.ownerRegister(owner, definition.name)}, not on ${subjects.ownerService(owner, "register")}${target.key === undefined ? "" : `.${target.key}`}`,
+          { retryable: false, details: { name: definition.name } },
+        );
+      }
       const outcome = await registry.register(definition);
       if (outcome.status === "conflict") return outcome;
       await ensureWorkConsumer(
@@ -151,16 +168,17 @@ async function serve(
     case "dead-letter": {
       const letter = OwnerDeadLetterRequestSchema.parse(body);
       ownTool(options, owner, letter.tool);
-      if (letter.subject !== subjects.work(letter.tool)) {
+      const subject = subjects.work(letter.tool, owner);
+      if (letter.subject !== subject) {
         throw new ToolmeshError(
           ErrorCode.InvalidRequest,
-          `a dead letter of "${letter.tool}" must come from ${subjects.work(letter.tool)}, not ${letter.subject}`,
+          `a dead letter of "${letter.tool}" must come from ${subject}, not ${letter.subject}`,
           { retryable: false, details: { subject: letter.subject } },
         );
       }
       await plane.deadLetter({
         ...letter,
-        stream: subjects.streams.work,
+        stream: subjects.workStream(owner),
         data: Buffer.from(letter.data, "base64"),
       });
       return { ok: true };
@@ -253,17 +271,23 @@ function matchesCall(
   }
 }
 
-/** The tool's durable work consumer, created by the mesh: owners get no consumer-create right. */
-function ensureWorkConsumer(
+/**
+ * The owner's work stream and the tool's durable work consumer on it, both created by the mesh:
+ * owners get no stream or consumer-create right (a consumer's deliver subject comes from the
+ * request body, and would deliver into the mesh account).
+ */
+async function ensureWorkConsumer(
   options: OwnerServicesOptions,
-  definition: ToolDefinition,
+  definition: ToolDefinition & { owner_account?: boolean },
   ackWaitMs: number,
 ): Promise<unknown> {
   const { subjects, plane } = options;
+  const owner = definition.owner;
+  await ensureStream(plane.jsm, ownerWorkStreamSpec(subjects, owner, options.streamLimits));
   return ensureDurableConsumer(plane.jsm, {
-    stream: subjects.streams.work,
+    stream: subjects.workStream(owner),
     name: subjects.workConsumer(definition.name),
-    filterSubject: subjects.work(definition.name),
+    filterSubject: subjects.work(definition.name, owner),
     ackWaitMs,
     // Crash redeliveries count as deliveries too: leave room beyond the policy's attempts.
     maxDeliver: definition.retry.max_attempts + 3,

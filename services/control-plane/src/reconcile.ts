@@ -56,7 +56,11 @@ export async function reconcileOrphans(options: ReconcileOptions): Promise<Recon
   const { jsm, subjects } = options;
   const outcome: ReconcileOutcome = { found: 0, deleted: 0 };
   const seen = new Set<string>();
-  for (const stream of [subjects.streams.calls, subjects.streams.work]) {
+  const streams = [subjects.streams.calls, subjects.streams.work];
+  // Every tool owner's work stream too (ADR 0041).
+  for await (const stream of jsm.streams.names(subjects.allOwnerWork))
+    if (subjects.isWorkStream(stream)) streams.push(stream);
+  for (const stream of streams) {
     for await (const consumer of jsm.consumers.list(stream)) {
       const floor = consumer.ack_floor.stream_seq;
       if (floor === 0) continue;

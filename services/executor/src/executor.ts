@@ -133,6 +133,8 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const link = await linkToMesh(options, ackWaitMs);
   const owner = options.ownerAccount ?? options.owner ?? "executor";
   const { plane, jsm, js } = link;
+  // An owner's tools' work waits on the owner's own work stream (ADR 0041).
+  const workStream = subjects.workStream(options.ownerAccount);
   const slots = new Semaphore(options.concurrency ?? Defaults.concurrency);
   const served = new Map<string, ServedTool>();
   const metrics = toolmeshMetrics();
@@ -156,7 +158,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   const stopObservingQueues = metrics.observeQueues(() =>
     Promise.all(
       [...served.keys()].map(async (tool) => {
-        const info = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer(tool));
+        const info = await jsm.consumers.info(workStream, subjects.workConsumer(tool));
         return { tool, pending: info.num_pending, ackPending: info.num_ack_pending };
       }),
     ),
@@ -219,7 +221,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       definition.name,
       await startWorkLoop({
         js,
-        stream: subjects.streams.work,
+        stream: workStream,
         consumer: subjects.workConsumer(definition.name),
         slots,
         // Buffered messages are kept owned by heartbeats while they wait for a slot.

@@ -28,6 +28,7 @@ import {
   requestIssues,
   subjectToken,
   idempotencyKeyOf,
+  workOwnerOf,
 } from "@toolmesh/protocol";
 import type { ServeRequestsOptions } from "@toolmesh/nats";
 import { ServerClock, answerRequest, publishDurable, tracedHeaders } from "@toolmesh/nats";
@@ -448,7 +449,10 @@ export async function routeCall(
     try {
       // The record's revision goes along, so the executor need not read the record (ADR 0027),
       // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
-      routed = await publishDurable(js, subjects.work(resolved.tool), resolved, {
+      // A tool owner's tool waits on its owner's work stream (ADR 0041).
+      const definition = deps.registry.get(resolved.tool)?.definition;
+      const work = subjects.work(resolved.tool, definition && workOwnerOf(definition));
+      routed = await publishDurable(js, work, resolved, {
         msgId: key,
         headers: deadlineHeaders(resolved, tracedHeaders(knownRecordHeaders(record, accepted))),
       });

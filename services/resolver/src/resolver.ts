@@ -1,7 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { Defaults, decodeJson } from "@toolmesh/protocol";
+import { Defaults, decodeJson, workOwnerOf } from "@toolmesh/protocol";
 import type { RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
 import { Semaphore, ensureConsumer, meshPlan, serveRequests, startWorkLoop } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
@@ -67,9 +67,11 @@ function toolOf(data: Uint8Array): string | undefined {
 }
 
 /** A tool's outstanding work: its work consumer's undelivered and unacknowledged messages. */
-function workDepth(jsm: JetStreamManager, subjects: Subjects): WorkDepth {
+function workDepth(jsm: JetStreamManager, subjects: Subjects, registry: ToolRegistry): WorkDepth {
   return async (tool) => {
-    const info = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer(tool));
+    const definition = registry.get(tool)?.definition;
+    const stream = subjects.workStream(definition && workOwnerOf(definition));
+    const info = await jsm.consumers.info(stream, subjects.workConsumer(tool));
     return info.num_pending + info.num_ack_pending;
   };
 }
@@ -113,7 +115,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       ? undefined
       : new FairShare({
           window: fairShareWindow,
-          depth: workDepth(plane.jsm, subjects),
+          depth: workDepth(plane.jsm, subjects, registry),
           weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
           now: () => plane.clock.now(),
           log,
@@ -156,7 +158,15 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         })),
   );
   // Executors and bridges in tool owners' accounts register and end their calls through these.
-  const owners = startOwnerServices({ nc, subjects, plane, registry, log, ackWaitMs });
+  const owners = startOwnerServices({
+    nc,
+    subjects,
+    plane,
+    registry,
+    log,
+    ackWaitMs,
+    streamLimits: options.streamLimits,
+  });
   const deps: ResolverDeps = {
     subjects,
     registry,
