@@ -327,17 +327,23 @@ class NatsServer implements NatsServerHandle {
     await rm(join(this.#dir, `nats-server_${this.pid}.ports`), { force: true });
     const monitorPort = new URL(this.monitorUrl).port;
     const args = withPorts(this.#baseArgs, String(this.port), monitorPort);
-    this.#log = new LineRing(STDERR_TAIL_LINES);
-    this.#proc = spawnServer(this.#executable, args, this.#log);
-    try {
-      const urls = await waitForPortsFile(this.#proc, this.#dir, this.#log, this.#timeoutMs);
-      if (urls.nats !== this.url) {
-        throw new NatsServerStartError(`restarted on ${urls.nats}, expected ${this.url}`, "");
+    // Its ports were free while it was down: another process probing for a free port may hold
+    // one for a moment, so a bind refusal is tried again a few times.
+    for (let attempt = 1; ; attempt++) {
+      this.#log = new LineRing(STDERR_TAIL_LINES);
+      this.#proc = spawnServer(this.#executable, args, this.#log);
+      try {
+        const urls = await waitForPortsFile(this.#proc, this.#dir, this.#log, this.#timeoutMs);
+        if (urls.nats !== this.url) {
+          throw new NatsServerStartError(`restarted on ${urls.nats}, expected ${this.url}`, "");
+        }
+        await waitHealthy(this.#proc, this.monitorUrl, this.#jetstream, this.#log, this.#timeoutMs);
+        return;
+      } catch (err) {
+        await this.kill();
+        if (attempt >= 5 || !String(err).includes("address already in use")) throw err;
+        await delay(200);
       }
-      await waitHealthy(this.#proc, this.monitorUrl, this.#jetstream, this.#log, this.#timeoutMs);
-    } catch (err) {
-      await this.kill();
-      throw err;
     }
   }
 

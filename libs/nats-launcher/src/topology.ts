@@ -85,8 +85,24 @@ export async function startNatsCluster(
 ): Promise<NatsClusterHandle> {
   const size = options.size ?? 3;
   const clusterName = options.name ?? "toolmesh-test";
-  const ports: number[] = [];
-  for (let i = 0; i < size; i++) ports.push(await freePort());
+  // A route port is chosen free and bound by nats-server a moment later: another process may
+  // take it in between. The cluster then starts again on ports chosen afresh.
+  for (let attempt = 1; ; attempt++) {
+    const ports: number[] = [];
+    for (let i = 0; i < size; i++) ports.push(await freePort());
+    try {
+      return await startClusterOn(ports, clusterName, options);
+    } catch (err) {
+      if (attempt >= 3 || !String(err).includes("address already in use")) throw err;
+    }
+  }
+}
+
+async function startClusterOn(
+  ports: number[],
+  clusterName: string,
+  options: StartNatsClusterOptions,
+): Promise<NatsClusterHandle> {
   const route = (port: number): string => `nats-route://${HOST}:${String(port)}`;
   const started = await Promise.allSettled(
     ports.map(async (port, i) => {
