@@ -44,6 +44,9 @@ const { values: flags } = parseArgs({
     "no-redis": { type: "boolean", default: false },
     // Extra environment for a "metrics on" variant of the mesh, e.g. TOOLMESH_METRICS_PORT=0.
     "metrics-env": { type: "string", multiple: true, default: [] },
+    // Extra environment for the services of system M, e.g. TOOLMESH_STREAM_COMPRESSION=none, to
+    // compare a setting by running the suite once with it and once without.
+    "mesh-env": { type: "string", multiple: true, default: [] },
     // Another built checkout (e.g. a git worktree of main) whose services run as "M-before".
     "compare-root": { type: "string" },
     // Only these systems, comma-separated (e.g. `--systems M,M+gateway`); default: all of the mode.
@@ -94,7 +97,13 @@ try {
       result.extras.bullmq_skipped = err.message;
     });
   }
-  const mesh = await start("M", () => startMesh({ title: "toolmesh (1 executor, no tracing)" }));
+  const meshEnv = Object.fromEntries(flags["mesh-env"].map((kv) => kv.split(/=(.*)/s).slice(0, 2)));
+  const mesh = await start("M", () =>
+    startMesh({
+      title: `toolmesh (1 executor, no tracing${flags["mesh-env"].map((kv) => `, ${kv}`).join("")})`,
+      env: meshEnv,
+    }),
+  );
   // The MCP front door: the same calls from MCP clients through the gateway (Streamable HTTP).
   await start("M+gateway", () =>
     startMesh({

@@ -1,7 +1,7 @@
 import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
-import type { EnsureOptions } from "@toolmesh/nats";
+import type { EnsureOptions, StreamCompression } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import type {
   CallRecord,
@@ -46,6 +46,8 @@ export interface CallStoreOptions {
   retentionMs?: number;
   /** Replicas of the bucket when created or updated. Default 1. */
   replicas?: number;
+  /** Compression of the bucket (ADR 0044); left out, an existing bucket keeps its own. */
+  compression?: StreamCompression;
   /** What to do with an existing bucket whose settings differ. Default `"update"`. */
   existing?: EnsureOptions["existing"];
 }
@@ -150,6 +152,7 @@ export class CallStore {
     // brings it up to date (the last one started wins).
     const spec = meshPlan(options.subjects, {
       replicas: options.replicas,
+      ...(options.compression === undefined ? {} : { compression: options.compression }),
       callRetentionMs: options.retentionMs ?? Defaults.callRetentionMs,
     }).buckets.calls;
     const kv = await openBucket(nc, await jetstreamManager(nc), spec, {

@@ -103,6 +103,9 @@ export async function openCallPlane(
     ...(options.streamLimits?.replicas === undefined
       ? {}
       : { replicas: options.streamLimits.replicas }),
+    ...(options.streamLimits?.compression === undefined
+      ? {}
+      : { compression: options.streamLimits.compression }),
   });
   const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
     publishDurable(js, subject, message, { msgId });

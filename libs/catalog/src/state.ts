@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV, KvEntry } from "@nats-io/kv";
 import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import type { StreamCompression } from "@toolmesh/nats";
 import { meshPlan, openBucket } from "@toolmesh/nats";
 import type { SessionAddress, Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
@@ -53,6 +54,8 @@ export interface StateStoreOptions {
   sessionTtlMs?: number;
   /** Replicas of the buckets when created or updated. Default 1. */
   replicas?: number;
+  /** Compression of the buckets (ADR 0044); left out, existing buckets keep their own. */
+  compression?: StreamCompression;
 }
 
 const MAX_CAS_ATTEMPTS = 64;
@@ -81,6 +84,7 @@ export class StateStore {
     const { subjects } = options;
     const { buckets } = meshPlan(subjects, {
       replicas: options.replicas,
+      ...(options.compression === undefined ? {} : { compression: options.compression }),
       sessionStateTtlMs: options.sessionTtlMs ?? Defaults.sessionStateTtlMs,
     });
     const jsm = await jetstreamManager(nc);

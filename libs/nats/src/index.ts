@@ -24,9 +24,11 @@ export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { ServerClock } from "./server-clock.js";
 export { ensureDurableConsumer } from "./consumers.js";
-export type { DurableConsumerOptions } from "./provision.js";
+export type { DurableConsumerOptions, StreamCompression } from "./provision.js";
 export {
   ProvisionError,
+  COMPRESSION_SERVER_VERSION,
+  COMPRESSION_SETTING,
   REPLICAS_SETTING,
   bucketSpec,
   bucketStream,

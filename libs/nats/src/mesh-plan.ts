@@ -54,26 +54,34 @@ export function obsoleteStreams(subjects: Subjects): string[] {
 /** The streams, buckets and shared consumers for a prefix and settings. */
 export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshPlan {
   const { replicas } = settings;
+  // Stores that open one bucket pass no compression and leave it as it is (ADR 0044).
+  const { compression } = settings;
   const ackWaitMs = settings.ackWaitMs ?? Defaults.ackWaitMs;
   const ackWaitSetting = { ack_wait: "TOOLMESH_ACK_WAIT_MS" };
   return {
     streams: streamSpecs(subjects, settings),
     buckets: {
-      registry: bucketSpec(subjects.registryBucket, { replicas }),
+      registry: bucketSpec(subjects.registryBucket, { replicas, compression }),
       calls: bucketSpec(subjects.callsBucket, {
         replicas,
+        compression,
         ttlMs: settings.callRetentionMs ?? Defaults.callRetentionMs,
         ttlSetting: "TOOLMESH_CALL_RETENTION_MS",
       }),
       sessions: bucketSpec(subjects.sessionsBucket, {
         replicas,
+        compression,
         ttlMs: settings.sessionStateTtlMs ?? Defaults.sessionStateTtlMs,
         ttlSetting: "TOOLMESH_SESSION_STATE_TTL_MS",
       }),
-      groups: bucketSpec(subjects.groupsBucket, { replicas }),
-      toolApprovals: bucketSpec(subjects.toolApprovalsBucket, { replicas, history: 10 }),
-      quotas: bucketSpec(subjects.quotasBucket, { replicas, history: 5 }),
-      quotaUsage: bucketSpec(subjects.quotaUsageBucket, { replicas }),
+      groups: bucketSpec(subjects.groupsBucket, { replicas, compression }),
+      toolApprovals: bucketSpec(subjects.toolApprovalsBucket, {
+        replicas,
+        compression,
+        history: 10,
+      }),
+      quotas: bucketSpec(subjects.quotasBucket, { replicas, compression, history: 5 }),
+      quotaUsage: bucketSpec(subjects.quotaUsageBucket, { replicas, compression }),
     },
     consumers: {
       resolver: durableConsumerSpec({

@@ -25,9 +25,19 @@ import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import { nanos } from "@nats-io/nats-core";
 import { JsApiCode } from "./api-codes.js";
+import { compareVersions } from "./connection.js";
 
 /** The variable that sets the replica count of every stream and bucket. */
 export const REPLICAS_SETTING = "TOOLMESH_STREAM_REPLICAS";
+
+/** The variable that sets the compression of every stream and bucket (ADR 0044). */
+export const COMPRESSION_SETTING = "TOOLMESH_STREAM_COMPRESSION";
+
+/** How stored blocks are kept: `s2`-compressed (nats-server 2.10+) or as they are. */
+export type StreamCompression = "s2" | "none";
+
+/** The first nats-server that can compress a stream's blocks; older ones store them as they are. */
+export const COMPRESSION_SERVER_VERSION = "2.10.0";
 
 /** A stream (or the stream behind a KV bucket) as toolmesh wants it. */
 export interface StreamSpec {
@@ -97,7 +107,14 @@ export function bucketStream(bucket: string): string {
 /** The configuration of a KV bucket's stream, as `@nats-io/kv` creates it. Durations in ms. */
 export function bucketSpec(
   bucket: string,
-  options: { replicas?: number; ttlMs?: number; ttlSetting?: string; history?: number },
+  options: {
+    replicas?: number;
+    ttlMs?: number;
+    ttlSetting?: string;
+    history?: number;
+    /** Left out: a bucket is created uncompressed and an existing one kept as it is. */
+    compression?: StreamCompression;
+  },
 ): StreamSpec {
   return {
     kind: "bucket",
@@ -114,9 +131,11 @@ export function bucketSpec(
       allow_direct: true,
       num_replicas: options.replicas ?? 1,
       max_age: options.ttlMs === undefined ? 0 : nanos(options.ttlMs),
+      ...(options.compression === undefined ? {} : { compression: options.compression }),
     },
     settings: {
       num_replicas: REPLICAS_SETTING,
+      compression: COMPRESSION_SETTING,
       ...(options.ttlSetting === undefined ? {} : { max_age: options.ttlSetting }),
     },
   };
@@ -204,12 +223,30 @@ async function readOrUndefined<T>(read: Promise<T>, notFound: number): Promise<T
   }
 }
 
+/**
+ * The spec as the connected server can take it: before 2.10 it cannot compress (nats.js refuses
+ * the field), so the stream is stored as it is there (ADR 0044). The version is that of the
+ * server the connection is on.
+ */
+export function specForServer(spec: StreamSpec, serverVersion: string | undefined): StreamSpec {
+  if (spec.config.compression === undefined || serverVersion === undefined) return spec;
+  if (compareVersions(serverVersion, COMPRESSION_SERVER_VERSION) >= 0) return spec;
+  const { compression: _, ...config } = spec.config;
+  return { ...spec, config };
+}
+
+/** The version of the server a manager's connection is on (the `nc` of nats.js's manager). */
+function serverVersion(jsm: JetStreamManager): string | undefined {
+  return (jsm as Partial<{ nc: NatsConnection }>).nc?.info?.version;
+}
+
 /** Creates, updates or leaves alone one stream (or bucket stream); see the module comment. */
 export async function ensureStream(
   jsm: JetStreamManager,
-  spec: StreamSpec,
+  wanted: StreamSpec,
   options: EnsureOptions = {},
 ): Promise<ProvisionChange> {
+  const spec = specForServer(wanted, serverVersion(jsm));
   const { kind, name } = spec;
   const label = `${kind} ${name}`;
   const info: StreamInfo | undefined = await readOrUndefined(

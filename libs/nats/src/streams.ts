@@ -4,8 +4,8 @@ import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
 import { DiscardPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@nats-io/jetstream";
 import { nanos } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
-import type { StreamSpec } from "./provision.js";
-import { REPLICAS_SETTING, ensureStream } from "./provision.js";
+import type { StreamCompression, StreamSpec } from "./provision.js";
+import { COMPRESSION_SETTING, REPLICAS_SETTING, ensureStream } from "./provision.js";
 
 /** Limits of the streams toolmesh creates. Durations in ms. */
 export interface StreamLimits {
@@ -29,6 +29,11 @@ export interface StreamLimits {
   maxQueuedCallsPerSession?: number;
   /** Replicas of every stream and KV bucket (1, 3 or 5 on a cluster). Default 1. */
   replicas?: number;
+  /**
+   * Compression of every stream and KV bucket on nats-server 2.10+ (older servers store them as
+   * they are, ADR 0044). Default `s2`.
+   */
+  compression?: StreamCompression;
 }
 
 /** The streams for a prefix, each with the variables that set its fields. */
@@ -39,9 +44,11 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     storage: StorageType.File,
     num_replicas: limits.replicas ?? 1,
     max_msg_size: maxMsgSize,
+    compression: limits.compression ?? Defaults.streamCompression,
   };
   const settings = {
     num_replicas: REPLICAS_SETTING,
+    compression: COMPRESSION_SETTING,
     max_msg_size: "TOOLMESH_MAX_MESSAGE_BYTES",
     duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
     max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",

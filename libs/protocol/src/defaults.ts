@@ -21,6 +21,11 @@ export const Defaults = {
   deadLetterRetentionMs: 7 * 86_400_000,
   /** Window in which the streams drop a repeated message id (`TOOLMESH_DUPLICATE_WINDOW_MS`): 2 min. */
   duplicateWindowMs: 120_000,
+  /**
+   * Compression of every stream and KV bucket on nats-server 2.10+ (`TOOLMESH_STREAM_COMPRESSION`):
+   * `s2`. Older servers store them as they are (docs/adr/0044).
+   */
+  streamCompression: "s2" as "s2" | "none",
   /** Most calls waiting in the calls or work stream (`TOOLMESH_MAX_QUEUED_CALLS`). */
   maxQueuedCalls: 1_000_000,
   /**

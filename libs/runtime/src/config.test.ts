@@ -81,6 +81,14 @@ describe("loadConfig", () => {
     }
   });
 
+  it("compresses streams with s2 unless told none, and refuses anything else", () => {
+    expect(loadConfig({}).streamCompression).toBe("s2");
+    expect(loadConfig({ TOOLMESH_STREAM_COMPRESSION: "none" }).streamCompression).toBe("none");
+    expect(refusal({ TOOLMESH_STREAM_COMPRESSION: "gzip" }).message).toContain(
+      "TOOLMESH_STREAM_COMPRESSION",
+    );
+  });
+
   it("takes 1 to 5 stream replicas (default 1) and ports 0–65535", () => {
     expect(loadConfig({}).streamReplicas).toBe(1);
     expect(loadConfig({ TOOLMESH_STREAM_REPLICAS: "3" }).streamReplicas).toBe(3);

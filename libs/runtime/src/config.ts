@@ -121,6 +121,7 @@ export const EnvSchema = z.object({
   TOOLMESH_ALLOW_PRIVATE_ADDRESSES: privateAllowance.default([]),
   TOOLMESH_TRUST_CONFIGURED_HOSTS: z.enum(["true", "false"]).default("true"),
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
+  TOOLMESH_STREAM_COMPRESSION: z.enum(["s2", "none"]).default(Defaults.streamCompression),
   TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
   TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(Defaults.startupTimeoutMs),
@@ -200,6 +201,8 @@ export interface RuntimeConfig {
   trustConfiguredHosts: boolean;
   /** Replicas of every stream and KV bucket (1 on one server; 3 or 5 on a cluster). */
   streamReplicas: number;
+  /** Compression of every stream and KV bucket on nats-server 2.10+ (ADR 0044). */
+  streamCompression: "s2" | "none";
   /** How long a service keeps trying to reach NATS at start-up before it exits, in ms. */
   startupTimeoutMs: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
@@ -279,6 +282,7 @@ export function loadConfig(
     allowPrivateAddresses: e.TOOLMESH_ALLOW_PRIVATE_ADDRESSES,
     trustConfiguredHosts: e.TOOLMESH_TRUST_CONFIGURED_HOSTS === "true",
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
+    streamCompression: e.TOOLMESH_STREAM_COMPRESSION,
     startupTimeoutMs: e.TOOLMESH_STARTUP_TIMEOUT_MS,
     env,
     ...(e.TOOLMESH_METRICS_PORT === undefined ? {} : { metricsPort: e.TOOLMESH_METRICS_PORT }),

@@ -51,6 +51,7 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
     maxQueuedCalls: config.maxQueuedCalls,
     maxQueuedCallsPerSession: config.maxQueuedCallsPerSession,
     replicas: config.streamReplicas,
+    compression: config.streamCompression,
     callRetentionMs: config.callRetentionMs,
     sessionStateTtlMs: config.sessionStateTtlMs,
     ackWaitMs: config.ackWaitMs,

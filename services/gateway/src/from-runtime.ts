@@ -38,6 +38,7 @@ export async function startGatewayFromRuntime(
     subjects: rt.subjects,
     sessionTtlMs: rt.config.sessionStateTtlMs,
     replicas: rt.config.streamReplicas,
+    compression: rt.config.streamCompression,
   });
   const calls = await new Kvm(rt.nc).open(rt.subjects.callsBucket);
   const mesh = new MeshView({

@@ -16,6 +16,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     subjects: rt.subjects,
     sessionTtlMs: rt.config.sessionStateTtlMs,
     replicas: rt.config.streamReplicas,
+    compression: rt.config.streamCompression,
   });
   const access = await AccessView.open(rt.nc, store, { agents: catalog.agents, log });
   const resolver = await startResolver({

@@ -16,6 +16,7 @@ export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<Schem
     subjects: rt.subjects,
     sessionTtlMs: rt.config.sessionStateTtlMs,
     replicas: rt.config.streamReplicas,
+    compression: rt.config.streamCompression,
   });
   return startSchemaExpander({
     nc: rt.nc,
