@@ -104,11 +104,10 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     {
       ...common,
       name: subjects.streams.advisories,
-      // Not owners' work streams (ADR 0041): capturing every stream's advisories with a
-      // wildcard made the dead-letter path of the mesh's work stream unreliable in tests.
-      subjects: [subjects.streams.calls, subjects.streams.work].map((s) =>
-        subjects.maxDeliveriesAdvisory(s),
-      ),
+      // Every stream's: owners' work streams come with their owners (ADR 0041), and no stream
+      // configuration has to follow them. The dead-letter keeper acts on the calls and work
+      // streams' only.
+      subjects: [subjects.maxDeliveriesAdvisory("*")],
       retention: RetentionPolicy.Workqueue,
       discard: DiscardPolicy.Old,
     },

@@ -399,6 +399,8 @@ export function rolePermissions(
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
+          // Replaying an owner's dead letter puts it back on its owner's work stream.
+          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
           ...[...n.streams, ...ownerStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,
