@@ -8,32 +8,26 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { Session, SessionEvent } from "@toolmesh/client";
 import type { DeadLetter, ReplayOutcome } from "@toolmesh/control-plane";
-import type { Resolver } from "@toolmesh/resolver";
-import { startResolver } from "@toolmesh/resolver";
-import { ToolRegistry } from "@toolmesh/registry";
 import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
-import { createLogger, initTelemetry } from "@toolmesh/telemetry";
 import { runCli } from "./helpers/cli.js";
 import { killExecutors, spawnExecutor, superviseUntil } from "./helpers/crashing-executor.js";
-import { fixtureTools } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 
 // Work of an owner's tool (ADR 0041) that kills its executor every time is dead-lettered from
 // its owner's work stream like the mesh's (ADR 0009), and its replay goes back to that stream.
-// The executor lives in the owner's account (ADR 0031). Runs on whichever nats-server is first
+// The executor lives in the owner's account (ADR 0031); setup, the resolver and the CLI run as
+// the users `toolmesh auth config` generates, with their permissions. Runs on whichever nats-server is first
 // on the PATH (CI runs it on 2.9.10 and the current).
 const subjects = createSubjects({ prefix: "odlq" });
-const log = createLogger({ service: "test", level: "silent" });
 
 let server: NatsServerHandle;
 let tmp: string;
 let flagFile: string;
 let mesh: NatsConnection;
-let registry: ToolRegistry;
-let resolver: Resolver;
 let session: Session;
 const events: SessionEvent[] = [];
 /** The CLI as the generated `operator` user (`toolmesh auth config --owners acme`). */
@@ -58,10 +52,10 @@ beforeAll(async () => {
     TOOLMESH_ACK_WAIT_MS: "1000",
     TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ poison_flag: flagFile }),
   };
+  const setup = await runCli(["setup"], { ...common, NATS_USER: "setup", NATS_PASSWORD: "setup" });
+  expect(setup.code, setup.stderr).toBe(0);
+  await startService("resolver", { ...common, NATS_USER: "resolver", NATS_PASSWORD: "resolver" });
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
-  registry = await ToolRegistry.open(mesh, { subjects, log });
-  const tracer = initTelemetry({ serviceName: "test", env: {} }).tracer;
-  resolver = await startResolver({ nc: mesh, subjects, registry, log, tracer });
   await spawnExecutor(ownerEnv).ready;
   const client = new ToolmeshClient(mesh, { prefix: subjects.prefix, defaultTimeoutMs: 30_000 });
   session = client.session("s-owner");
@@ -71,8 +65,7 @@ beforeAll(async () => {
 afterAll(async () => {
   session?.close();
   await killExecutors();
-  await resolver?.stop(1_000);
-  registry?.close();
+  await killAllServices();
   await mesh?.close();
   await server?.stop();
   if (tmp !== undefined) await rm(tmp, { recursive: true, force: true });
@@ -97,7 +90,6 @@ function resultsOf(callId: string): ToolMessage[] {
 
 describe("an owner's crash-looping work", () => {
   it("is dead-lettered from the owner's stream, listed, and replayed onto it", async () => {
-    expect((await registry.fetch("crasher"))?.owner).toBe("acme");
     const handle = session.submit({ id: "p1", name: "crasher", arguments: { note: "poison" } });
     const { deaths } = await superviseUntil(handle.result, spawnExecutor(ownerEnv), ownerEnv);
     const message = await handle.result;
