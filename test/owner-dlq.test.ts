@@ -19,9 +19,9 @@ import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
 
 // Work of an owner's tool (ADR 0041) that kills its executor every time is dead-lettered from
 // its owner's work stream like the mesh's (ADR 0009), and its replay goes back to that stream.
-// The executor lives in the owner's account (ADR 0031); setup, the resolver and the CLI run as
-// the users `toolmesh auth config` generates, with their permissions. Runs on whichever nats-server is first
-// on the PATH (CI runs it on 2.9.10 and the current).
+// The executor lives in the owner's account (ADR 0031); setup, the resolver (which creates the
+// owner's stream and adds its advisories) and the CLI run as the users `toolmesh auth config`
+// generates. Runs on whichever nats-server is first on the PATH (CI: 2.9.10 and the current).
 const subjects = createSubjects({ prefix: "odlq" });
 
 let server: NatsServerHandle;
