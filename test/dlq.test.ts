@@ -1,11 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { spawn } from "node:child_process";
-import type { ChildProcess } from "node:child_process";
-import { once } from "node:events";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { headers as createHeaders } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
@@ -19,6 +15,8 @@ import { deadlineHeaders, listDeadLetters } from "@toolmesh/control-plane";
 import { ensureDurableConsumer } from "@toolmesh/nats";
 import type { DeadLetter, DeadLetterDetail, ReplayOutcome } from "@toolmesh/control-plane";
 import { resolvedCall } from "./helpers/calls.js";
+import { killExecutors, spawnExecutor, superviseUntil } from "./helpers/crashing-executor.js";
+import type { ExecutorProcess } from "./helpers/crashing-executor.js";
 import { runCli } from "./helpers/cli.js";
 import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -26,7 +24,6 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const subjects = createSubjects();
 
 let server: NatsServerHandle;
@@ -43,74 +40,6 @@ let session: Session;
 const events: SessionEvent[] = [];
 /** The crasher call's letter, found by the first test, replayed by the second. */
 let poisonLetter: DeadLetter | undefined;
-
-/**
- * An executor process that may die at any time (the poison tool kills it), so unlike
- * `startService` its start does not require the "executor started" line.
- */
-interface ExecutorProcess {
-  readonly child: ChildProcess;
-  /** Resolves with the exit code or signal when the process ends. */
-  readonly exited: Promise<string>;
-  /** Resolves on the "executor started" log line; rejects if the process ends first. */
-  readonly ready: Promise<void>;
-  readonly stderr: () => string;
-}
-
-const executors = new Set<ExecutorProcess>();
-
-function spawnExecutor(): ExecutorProcess {
-  const child = spawn(process.execPath, [join(ROOT, "services", "executor", "dist", "main.js")], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", TOOLMESH_LOG_LEVEL: "info", ...env },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  let stderr = "";
-  child.stderr.setEncoding("utf8");
-  child.stderr.on("data", (chunk: string) => {
-    stderr += chunk;
-  });
-  const exited = (once(child, "exit") as Promise<[number | null, NodeJS.Signals | null]>).then(
-    ([code, signal]) => signal ?? String(code),
-  );
-  const ready = new Promise<void>((resolve, reject) => {
-    let partial = "";
-    child.stdout.setEncoding("utf8");
-    child.stdout.on("data", (chunk: string) => {
-      const parts = (partial + chunk).split("\n");
-      partial = parts.pop() ?? "";
-      if (parts.some((line) => line.includes('"msg":"executor started"'))) resolve();
-    });
-    void exited.then((how) => reject(new Error(`executor ended (${how}) before it started`)));
-  });
-  ready.catch(() => undefined); // a crashing executor may never be ready; callers decide
-  const handle: ExecutorProcess = { child, exited, ready, stderr: () => stderr };
-  executors.add(handle);
-  void exited.then(() => executors.delete(handle));
-  return handle;
-}
-
-/**
- * Restarts the executor each time it dies (waiting on its exit, never on a timer) until
- * `ended` settles. Returns how many processes died and the one left running.
- */
-async function superviseUntil(
-  ended: Promise<unknown>,
-  first: ExecutorProcess,
-): Promise<{ deaths: number; survivor: ExecutorProcess }> {
-  let current = first;
-  let deaths = 0;
-  for (;;) {
-    const outcome = await Promise.race([
-      ended.then(() => "ended" as const),
-      current.exited.then(() => "died" as const),
-    ]);
-    if (outcome === "ended") return { deaths, survivor: current };
-    deaths++;
-    if (deaths > 10) throw new Error(`the executor died ${deaths} times:\n${current.stderr()}`);
-    current = spawnExecutor();
-  }
-}
 
 /** Runs the CLI against this file's mesh. */
 function toolmesh(args: string[]): Promise<CliOutcome> {
@@ -170,7 +99,7 @@ beforeAll(async () => {
     TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ poison_flag: flagFile }),
   };
   resolver = await startService("resolver", env);
-  executor = spawnExecutor();
+  executor = spawnExecutor(env);
   await executor.ready;
   await toolAvailable(resolver, ...["crasher", "echo"]);
   nc = await connect({ servers: server.url });
@@ -184,12 +113,7 @@ beforeAll(async () => {
 afterAll(async () => {
   session?.close();
   await nc?.close();
-  await Promise.all(
-    [...executors].map(async (e) => {
-      e.child.kill("SIGKILL");
-      await e.exited;
-    }),
-  );
+  await killExecutors();
   await killAllServices();
   await server?.stop();
   if (tmp !== undefined) await rm(tmp, { recursive: true, force: true });
@@ -198,7 +122,7 @@ afterAll(async () => {
 describe("dead letters", () => {
   it("dead-letters a call that crashes its executor every time, answering it once", async () => {
     const handle = session.submit({ id: "p1", name: "crasher", arguments: { note: "poison" } });
-    const { deaths, survivor } = await superviseUntil(handle.result, executor);
+    const { deaths, survivor } = await superviseUntil(handle.result, executor, env);
     executor = survivor;
     const message = await handle.result;
 

@@ -92,6 +92,25 @@ describe("toolmesh setup", () => {
     expect((await setup([])).changed).toBe(1);
   });
 
+  it("creates an owner's work stream with its max-deliveries advisories kept, and keeps them", async () => {
+    const advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SETUP_WORK_acme.*";
+    const owned = await setup(["--owners", "acme"]);
+    expect(owned.resources.filter((r) => r.action !== "unchanged")).toMatchObject([
+      { name: "SETUP_WORK_acme", action: "created" },
+      { name: "SETUP_ADVISORIES", action: "updated" },
+    ]);
+    // Brought up to date without --owners (as the services below check it), the stream keeps it.
+    expect((await setup([])).changed).toBe(0);
+    const nc = await connect({ servers: server.url, user: "admin", pass: "admin" });
+    const info = await (await jetstreamManager(nc)).streams.info("SETUP_ADVISORIES");
+    await nc.close();
+    expect(info.config.subjects).toEqual([
+      "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SETUP_CALLS.*",
+      "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SETUP_WORK.*",
+      advisory,
+    ]);
+  });
+
   it("names the deadline-timers stream of an older version and deletes it only when asked", async () => {
     const nc = await connect({ servers: server.url, user: "admin", pass: "admin" });
     try {

@@ -7,7 +7,7 @@ export {
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
 export { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
-export { ensureStreams, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
+export { ensureStreams, ownerAdvisoriesSpec, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
   deadLetterHeaders,

@@ -5,7 +5,7 @@ import { Defaults } from "@toolmesh/protocol";
 import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from "./provision.js";
 import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from "./provision.js";
 import type { StreamLimits } from "./streams.js";
-import { ownerWorkStreamSpec, streamSpecs } from "./streams.js";
+import { ownerAdvisoriesSpec, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 
 /** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
 export interface MeshSettings extends StreamLimits {
@@ -133,8 +133,10 @@ export async function provisionOwnerWork(
   for await (const name of jsm.streams.names(subjects.allOwnerWork))
     if (name.startsWith(stem)) all.add(name.slice(stem.length));
   const changes: ProvisionChange[] = [];
-  for (const owner of [...all].sort())
+  for (const owner of [...all].sort()) {
     changes.push(await ensureStream(jsm, ownerWorkStreamSpec(subjects, owner, settings), options));
+    changes.push(await ensureStream(jsm, ownerAdvisoriesSpec(subjects, owner, settings), options));
+  }
   return changes;
 }
 

@@ -47,6 +47,11 @@ export interface StreamSpec {
   config: Partial<StreamConfig> & { name: string };
   /** For each configured field, the variable that sets it (shown when it must change). */
   settings: Readonly<Record<string, string>>;
+  /**
+   * The stream keeps the subjects it has beyond `config.subjects`, which it must have: others
+   * add theirs (the advisories stream keeps each tool owner's, ADR 0041).
+   */
+  addsSubjects?: boolean;
 }
 
 /** A durable pull consumer as toolmesh wants it. */
@@ -275,6 +280,12 @@ export async function ensureStream(
       }
     }
     return { kind, name, action: "created", changes: [] };
+  }
+  if (spec.addsSubjects === true) {
+    const subjects = [
+      ...new Set([...(info.config.subjects ?? []), ...(spec.config.subjects ?? [])]),
+    ];
+    spec = { ...spec, config: { ...spec.config, subjects } };
   }
   const changes = differences(spec.config, info.config, spec.settings);
   if (changes.length === 0 || options.existing === "keep")

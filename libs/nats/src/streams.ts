@@ -111,8 +111,9 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     {
       ...common,
       name: subjects.streams.advisories,
-      // Not owners' work streams (ADR 0041): capturing every stream's advisories with a
-      // wildcard made the dead-letter path of the mesh's work stream unreliable in tests.
+      // Named streams, not every stream's (`…MAX_DELIVERIES.*.*`): a second mesh (prefix) of
+      // the account keeps its own. Each tool owner's work stream adds its subject
+      // ({@link ownerAdvisoriesSpec}), kept when the mesh's are brought up to date.
       subjects: [subjects.streams.calls, subjects.streams.work].map((s) =>
         subjects.maxDeliveriesAdvisory(s),
       ),
@@ -120,7 +121,13 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       discard: DiscardPolicy.Old,
     },
   ];
-  return configs.map((config) => ({ kind: "stream", name: config.name, config, settings }));
+  return configs.map((config) => ({
+    kind: "stream",
+    name: config.name,
+    config,
+    settings,
+    ...(config.name === subjects.streams.advisories ? { addsSubjects: true } : {}),
+  }));
 }
 
 /**
@@ -136,6 +143,22 @@ export function ownerWorkStreamSpec(
   if (work === undefined) throw new Error("the mesh plan has no work stream");
   const name = subjects.workStream(owner);
   return { ...work, name, config: { ...work.config, name, subjects: [subjects.ownerWork(owner)] } };
+}
+
+/**
+ * The advisories stream with the max-deliveries advisories of tool owner `owner`'s work stream
+ * among its subjects (ADR 0041), so that work is dead-lettered like the mesh's. The mesh creates
+ * it with the owner's work stream.
+ */
+export function ownerAdvisoriesSpec(
+  subjects: Subjects,
+  owner: string,
+  limits: StreamLimits = {},
+): StreamSpec {
+  const spec = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.advisories);
+  if (spec === undefined) throw new Error("the mesh plan has no advisories stream");
+  const own = subjects.maxDeliveriesAdvisory(subjects.workStream(owner));
+  return { ...spec, config: { ...spec.config, subjects: [...(spec.config.subjects ?? []), own] } };
 }
 
 /**

@@ -229,7 +229,7 @@ export interface Subjects {
     readonly sessions: string;
     readonly events: string;
     readonly dlq: string;
-    /** Keeps the server's max-deliveries advisories of the calls and work streams. */
+    /** Keeps the server's max-deliveries advisories of the calls, work and owners' work streams. */
     readonly advisories: string;
   };
   /** KV bucket holding the tool registry. */

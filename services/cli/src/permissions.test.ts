@@ -60,12 +60,14 @@ describe("permissions", () => {
       for (const subject of p.publish.allow) {
         expect(subject).not.toMatch(/^toolmesh\./);
         // The MCP bridge creates its bucket of pinned tool approvals, which setup does not, and
-        // the resolver an owner's work stream when the owner registers a tool (ADR 0041).
+        // the resolver an owner's work stream when the owner registers a tool, adding its
+        // advisories to the advisories stream (ADR 0041).
         if (
           role === "setup" ||
           subject === "$JS.API.STREAM.CREATE.KV_acme_prod_tool_approvals" ||
           (role === "resolver" &&
-            /^\$JS\.API\.STREAM\.(CREATE|UPDATE)\.ACME_PROD_WORK_o$/.test(subject))
+            /^\$JS\.API\.STREAM\.(CREATE|UPDATE)\.ACME_PROD_WORK_o$/.test(subject)) ||
+          (role === "resolver" && subject === "$JS.API.STREAM.UPDATE.ACME_PROD_ADVISORIES")
         ) {
           continue;
         }

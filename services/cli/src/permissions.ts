@@ -293,7 +293,14 @@ export function rolePermissions(
           s.allWork,
           // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
           // routed, watched for deadlines, reconciled and dead-lettered.
-          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork, `${API}.STREAM.NAMES`]),
+          ...(ownerStreams.length === 0
+            ? []
+            : [
+                s.allOwnerWork,
+                `${API}.STREAM.NAMES`,
+                // Adds each owner's max-deliveries advisories to the advisories stream.
+                `${API}.STREAM.UPDATE.${s.streams.advisories}`,
+              ]),
           ...ownerStreams.flatMap((st) => [
             ...["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"].map(
               (op) => `${API}.STREAM.${op}.${st}`,
@@ -399,6 +406,8 @@ export function rolePermissions(
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
+          // Replaying an owner's dead letter puts it back on its owner's work stream.
+          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
           ...[...n.streams, ...ownerStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,

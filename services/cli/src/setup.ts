@@ -139,7 +139,7 @@ export function addSetupCommand(
     )
     .option(
       "--owners <ids>",
-      "tool owners with accounts whose work streams (PREFIX_WORK_OWNER) to create now; existing ones are always brought up to date",
+      "tool owners with accounts whose work streams (PREFIX_WORK_OWNER) to create now, their max-deliveries advisories kept in PREFIX_ADVISORIES; existing ones are always brought up to date",
       (value: string) =>
         value
           .split(",")

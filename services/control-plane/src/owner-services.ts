@@ -28,7 +28,12 @@ import {
   isSubjectToken,
 } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
-import { ensureDurableConsumer, ensureStream, ownerWorkStreamSpec } from "@toolmesh/nats";
+import {
+  ensureDurableConsumer,
+  ensureStream,
+  ownerAdvisoriesSpec,
+  ownerWorkStreamSpec,
+} from "@toolmesh/nats";
 
 /** Options of {@link startOwnerServices}. Durations in ms. */
 export interface OwnerServicesOptions {
@@ -284,6 +289,15 @@ async function ensureWorkConsumer(
   const { subjects, plane } = options;
   const owner = definition.owner;
   await ensureStream(plane.jsm, ownerWorkStreamSpec(subjects, owner, options.streamLimits));
+  // Its max-deliveries advisories are kept, so crash-looping work is dead-lettered (ADR 0041).
+  // Without them such work still runs, and ends at its deadline: the tool is registered.
+  await ensureStream(plane.jsm, ownerAdvisoriesSpec(subjects, owner, options.streamLimits)).catch(
+    (err: unknown) =>
+      options.log.warn(
+        { err, owner },
+        "cannot keep the owner's max-deliveries advisories: its crash-looping work ends at its deadline, not as a dead letter; regenerate the resolver's NATS permissions or run `toolmesh setup --owners`",
+      ),
+  );
   return ensureDurableConsumer(plane.jsm, {
     stream: subjects.workStream(owner),
     name: subjects.workConsumer(definition.name),
