@@ -251,7 +251,7 @@ export async function ensureStream(
   wanted: StreamSpec,
   options: EnsureOptions = {},
 ): Promise<ProvisionChange> {
-  const spec = specForServer(wanted, serverVersion(jsm));
+  let spec = specForServer(wanted, serverVersion(jsm));
   const { kind, name } = spec;
   const label = `${kind} ${name}`;
   const info: StreamInfo | undefined = await readOrUndefined(
@@ -271,7 +271,7 @@ export async function ensureStream(
       } catch (err) {
         // Another process created it meanwhile: go through the checks again.
         if (err instanceof JetStreamApiError && err.code === JsApiCode.StreamNameExist)
-          return ensureStream(jsm, spec, options);
+          return ensureStream(jsm, wanted, options);
         throw new ProvisionError(
           `${label} does not exist and cannot be created (${reason(err)}): run \`toolmesh setup\` with credentials that may manage streams${hintFor(err)}`,
           name,
