@@ -395,6 +395,8 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     nc = await connectNats({ servers: cluster.urls, name: "cluster-test" });
     env = { ...env, NATS_URL: cluster.urls };
     expect((await setup(env)).changed).toBe(16);
+    // Every new stream and consumer has its leader and replicas before the services read them.
+    await cluster.waitHealthy(60_000);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
     await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(resolvers.map((r) => toolAvailable(r, TOOL)));
