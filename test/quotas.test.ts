@@ -176,7 +176,7 @@ describe("quotas across three resolvers", () => {
     expect(bad.stderr).toMatch(/--max-in-flight.*whole number/);
     const noRate = await cli("quotas", "set", "cli-t", "--burst", "3");
     expect(noRate.code).toBe(1);
-    expect(noRate.stdout.trim()).toBe("toolmesh: invalid quota: burst needs a rate");
+    expect(noRate.stdout.trim()).toBe("invalid_request: invalid quota: burst needs a rate");
     expect((await cli("quotas", "list", "cli-t")).stdout.trim()).toBe(
       "tenant cli-t tool concurrency: rate=0.01 burst=1",
     );

@@ -1,10 +1,10 @@
 import type { Command } from "commander";
 import { ToolPins } from "@toolmesh/mcp-bridge";
-import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
+import { createSubjects } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { meshSettings } from "@toolmesh/runtime";
 import { withConnection } from "./commands.js";
-import { say } from "./print.js";
+import { say, typedFailure } from "./print.js";
 
 /**
  * Adds `tools approve <server> [tools...]` under the `tools` command. `config` builds the
@@ -59,13 +59,7 @@ export async function approveToolsCommand(
       }
       return 0;
     } catch (err) {
-      if (!(err instanceof ToolmeshError)) throw err;
-      say(
-        options.json === true
-          ? JSON.stringify({ error: err.toWire() })
-          : `${err.code}: ${err.message}`,
-      );
-      return 1;
+      return typedFailure(err, options.json);
     }
   });
 }

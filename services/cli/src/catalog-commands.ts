@@ -3,10 +3,9 @@ import { Option } from "commander";
 import type { Catalog, GroupChanges } from "@toolmesh/client";
 import { renderToolPrompt, toAnthropicTools, toGeminiTools, toOpenAITools } from "@toolmesh/client";
 import type { GroupState } from "@toolmesh/protocol";
-import { ToolmeshError } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { withClient } from "./commands.js";
-import { say } from "./print.js";
+import { say, typedFailure } from "./print.js";
 
 /** Catalog output formats of `toolmesh catalog --format`. */
 export const CATALOG_FORMATS = ["text", "openai", "anthropic", "gemini", "prompt"] as const;
@@ -26,13 +25,6 @@ export interface CatalogCommandOptions {
   agent?: string;
   format?: CatalogFormat;
   json?: boolean;
-}
-
-/** Prints a typed error from the schema expander and returns exit code 1; rethrows others. */
-function failed(err: unknown, json: boolean | undefined): number {
-  if (!(err instanceof ToolmeshError)) throw err;
-  say(json === true ? JSON.stringify({ error: err.toWire() }) : `${err.code}: ${err.message}`);
-  return 1;
 }
 
 /**
@@ -57,7 +49,7 @@ export async function groupsCommand(
         }
       }
     } catch (err) {
-      return failed(err, options.json);
+      return typedFailure(err, options.json);
     }
     if (options.json === true) {
       say(JSON.stringify(groups));
@@ -99,7 +91,7 @@ export async function catalogCommand(
         }
       }
     } catch (err) {
-      return failed(err, options.json);
+      return typedFailure(err, options.json);
     }
     if (catalog.unavailable.length > 0) {
       process.stderr.write(

@@ -1,11 +1,12 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import { ToolmeshClient } from "@toolmesh/client";
 import { ErrorCode, createSubjects } from "@toolmesh/protocol";
+import type { Subjects } from "@toolmesh/protocol";
 import { connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
-import { say } from "./print.js";
+import { say, typedFailure } from "./print.js";
 
 /** The role a command connects as. */
 export type CliRole = "frontend" | "operator";
@@ -39,6 +40,24 @@ export async function withConnection<T>(
   } finally {
     await nc.close();
   }
+}
+
+/**
+ * Runs `fn` connected as the operator, then disconnects. A typed error (an unknown sequence, a
+ * quota that cannot be set, a missing stream) is printed and exits 1 (`typedFailure`).
+ */
+export function asOperator(
+  config: RuntimeConfig,
+  json: boolean | undefined,
+  fn: (nc: NatsConnection, subjects: Subjects) => Promise<number>,
+): Promise<number> {
+  return withConnection(config, async (nc) => {
+    try {
+      return await fn(nc, createSubjects({ prefix: config.prefix }));
+    } catch (err) {
+      return typedFailure(err, json);
+    }
+  });
 }
 
 /** Runs `fn` with a client connected as this configuration's frontend, then disconnects. */

@@ -1,10 +1,7 @@
-import type { NatsConnection } from "@nats-io/nats-core";
-import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
-import type { Subjects } from "@toolmesh/protocol";
-import { connectNats } from "@toolmesh/nats";
 import type { DeadLetter } from "@toolmesh/control-plane";
 import { listDeadLetters, replayDeadLetter, showDeadLetter } from "@toolmesh/control-plane";
 import type { RuntimeConfig } from "@toolmesh/runtime";
+import { asOperator } from "./commands.js";
 import { say } from "./print.js";
 
 /** Options of `toolmesh dlq list`. */
@@ -15,39 +12,12 @@ export interface DlqListOptions {
   json?: boolean;
 }
 
-/**
- * Connects, runs `fn`, closes. A typed error (unknown sequence, letter that cannot be
- * replayed, missing stream) is printed — `{"error": …}` with `--json` — and exits 1; other
- * failures propagate (exit 2).
- */
-async function withDlq(
-  config: RuntimeConfig,
-  json: boolean | undefined,
-  fn: (nc: NatsConnection, subjects: Subjects) => Promise<number>,
-): Promise<number> {
-  const subjects = createSubjects({ prefix: config.prefix });
-  const nc = await connectNats({
-    ...config.nats,
-    name: "toolmesh-cli",
-    inboxPrefix: subjects.inboxPrefix("operator"),
-  });
-  try {
-    return await fn(nc, subjects);
-  } catch (err) {
-    if (!(err instanceof ToolmeshError)) throw err;
-    say(json === true ? JSON.stringify({ error: err.toWire() }) : `${err.code}: ${err.message}`);
-    return 1;
-  } finally {
-    await nc.close();
-  }
-}
-
 /** `toolmesh dlq list`: the dead letters, oldest first, one line each. */
 export async function dlqListCommand(
   config: RuntimeConfig,
   options: DlqListOptions,
 ): Promise<number> {
-  return withDlq(config, options.json, async (nc, subjects) => {
+  return asOperator(config, options.json, async (nc, subjects) => {
     const letters = await listDeadLetters(nc, subjects, {
       ...(options.tool === undefined ? {} : { tool: options.tool }),
       ...(options.limit === undefined ? {} : { limit: options.limit }),
@@ -65,7 +35,7 @@ export async function dlqShowCommand(
   seq: number,
   options: { json?: boolean },
 ): Promise<number> {
-  return withDlq(config, options.json, async (nc, subjects) => {
+  return asOperator(config, options.json, async (nc, subjects) => {
     const letter = await showDeadLetter(nc, subjects, seq);
     say(options.json === true ? JSON.stringify(letter) : JSON.stringify(letter, null, 2));
     return 0;
@@ -81,7 +51,7 @@ export async function dlqReplayCommand(
   seq: number,
   options: { json?: boolean },
 ): Promise<number> {
-  return withDlq(config, options.json, async (nc, subjects) => {
+  return asOperator(config, options.json, async (nc, subjects) => {
     const outcome = await replayDeadLetter(nc, subjects, seq, {
       callRetentionMs: config.callRetentionMs,
     });

@@ -1,5 +1,6 @@
 import type { ToolMessage } from "@toolmesh/protocol";
 import { retryAfterMs } from "@toolmesh/client";
+import { ToolmeshError } from "@toolmesh/protocol";
 
 /** Writes a line to stdout. The CLI's only way to talk to people. */
 export function say(text = ""): void {
@@ -16,4 +17,14 @@ export function describeMessage(message: ToolMessage): string {
   const after = retryAfterMs(message);
   const retry = after === undefined ? "" : ` (retry after ${after} ms)`;
   return `${message.error.code}: ${message.error.message}${retry}${details}`;
+}
+
+/**
+ * Prints a typed error — `{"error": …}` with `--json`, else `code: message` — and returns exit
+ * code 1. Anything else is rethrown for the CLI's top level (exit 2).
+ */
+export function typedFailure(err: unknown, json: boolean | undefined): number {
+  if (!(err instanceof ToolmeshError)) throw err;
+  say(json === true ? JSON.stringify({ error: err.toWire() }) : `${err.code}: ${err.message}`);
+  return 1;
 }

@@ -1,11 +1,10 @@
 import type { Command } from "commander";
 import { InvalidArgumentError, Option } from "commander";
 import type { Quota, QuotaScope } from "@toolmesh/protocol";
-import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
-import { connectNats } from "@toolmesh/nats";
 import { QuotaStore } from "@toolmesh/resolver";
 import type { ScopedQuota } from "@toolmesh/resolver";
 import type { RuntimeConfig } from "@toolmesh/runtime";
+import { asOperator } from "./commands.js";
 import { say } from "./print.js";
 
 /** Options naming a quota's scope below a tenant. */
@@ -59,26 +58,14 @@ function limitValue(integer: boolean) {
   };
 }
 
-async function withQuotas(
+function withQuotas(
   config: RuntimeConfig,
   json: boolean | undefined,
   fn: (store: QuotaStore) => Promise<number>,
 ): Promise<number> {
-  const subjects = createSubjects({ prefix: config.prefix });
-  const nc = await connectNats({
-    ...config.nats,
-    name: "toolmesh-cli",
-    inboxPrefix: subjects.inboxPrefix("operator"),
-  });
-  try {
-    return await fn(await QuotaStore.open(nc, { subjects, replicas: config.streamReplicas }));
-  } catch (err) {
-    if (!(err instanceof ToolmeshError)) throw err;
-    say(json === true ? JSON.stringify({ error: err.toWire() }) : `toolmesh: ${err.message}`);
-    return 1;
-  } finally {
-    await nc.close();
-  }
+  return asOperator(config, json, async (nc, subjects) =>
+    fn(await QuotaStore.open(nc, { subjects, replicas: config.streamReplicas })),
+  );
 }
 
 function scopeOf(tenant: string, o: ScopeOptions): QuotaScope {
