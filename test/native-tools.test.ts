@@ -1,6 +1,6 @@
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:http";
-import type { IncomingMessage, Server, ServerResponse } from "node:http";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -10,6 +10,8 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { stringify as toYaml } from "yaml";
+import { callOnce, startHttpApi } from "./helpers/http-api.js";
+import type { HttpApi } from "./helpers/http-api.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
@@ -30,7 +32,7 @@ interface Seen {
 }
 
 let nats: NatsServerHandle;
-let api: Server;
+let api: HttpApi;
 let apiUrl: string;
 let closedPort: number;
 let toolsDir: string;
@@ -128,24 +130,13 @@ async function writeTools(dir: string, files: Record<string, string>): Promise<v
   await Promise.all(Object.entries(files).map(([name, text]) => writeFile(join(dir, name), text)));
 }
 
-async function call(name: string, args: Record<string, unknown> = {}): Promise<ToolMessage> {
-  const session = client.session(`s-${name}-${Math.random().toString(36).slice(2)}`);
-  try {
-    return await session.submit({ name, arguments: args }, { timeoutMs: 20_000 }).result;
-  } finally {
-    session.close();
-  }
+function call(name: string, args: Record<string, unknown> = {}): Promise<ToolMessage> {
+  return callOnce(client, name, args);
 }
 
 beforeAll(async () => {
-  api = createServer((req, res) => {
-    let body = "";
-    req.setEncoding("utf8");
-    req.on("data", (chunk: string) => (body += chunk));
-    req.on("end", () => answer(req, res, body));
-  });
-  await new Promise<void>((resolve) => api.listen(0, "127.0.0.1", resolve));
-  apiUrl = `http://127.0.0.1:${(api.address() as AddressInfo).port}`;
+  api = await startHttpApi(answer);
+  apiUrl = api.url;
   closedPort = await freePort();
   toolsDir = await mkdtemp(join(tmpdir(), "toolmesh-native-"));
   await writeTools(toolsDir, {
@@ -206,7 +197,7 @@ afterAll(async () => {
   await nc?.close();
   await killAllServices();
   await nats?.stop();
-  await new Promise((resolve) => (api ? api.close(resolve) : resolve(undefined)));
+  await api?.close();
   if (toolsDir !== undefined) await rm(toolsDir, { recursive: true, force: true });
 });
 

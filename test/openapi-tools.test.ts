@@ -1,7 +1,5 @@
 import { readFile, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { createServer } from "node:http";
-import type { IncomingMessage, Server, ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -22,6 +20,8 @@ import {
 } from "@toolmesh/executor";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
+import { startHttpApi } from "./helpers/http-api.js";
+import type { HttpApi } from "./helpers/http-api.js";
 
 // OpenAPI documents as tools, against a real HTTP server this test starts. The documents are
 // the published examples of @readme/oas-examples (MIT, ReadMe) and GitHub's REST API
@@ -49,7 +49,7 @@ interface Echo {
   body: unknown;
 }
 
-let api: Server;
+let api: HttpApi;
 let base: string;
 let dir: string;
 let tokenRequests = 0;
@@ -172,18 +172,12 @@ async function failure(promise: Promise<unknown>): Promise<ToolmeshError> {
 }
 
 beforeAll(async () => {
-  api = createServer((req, res) => {
-    let body = "";
-    req.setEncoding("utf8");
-    req.on("data", (chunk: string) => (body += chunk));
-    req.on("end", () => answer(req, res, body));
-  });
-  await new Promise<void>((resolve) => api.listen(0, "127.0.0.1", resolve));
-  base = `http://127.0.0.1:${(api.address() as AddressInfo).port}`;
+  api = await startHttpApi(answer);
+  base = api.url;
 });
 
 afterAll(async () => {
-  await new Promise((resolve) => api.close(resolve));
+  await api?.close();
   if (dir !== undefined) await rm(dir, { recursive: true, force: true });
 });
 
@@ -583,13 +577,12 @@ describe("an OpenAPI document as a tool source", () => {
   it("trusts a document server's host as filled at load: no argument moves it, a redirect elsewhere is refused", async () => {
     // Another private host:port (same address, other port) that nothing configured.
     let reached = 0;
-    const other = createServer((_req, res) => {
+    const other = await startHttpApi((_req, res) => {
       reached++;
       res.writeHead(200, { "content-type": "application/json" });
       res.end(JSON.stringify({ secret: "internal data" }));
     });
-    await new Promise<void>((resolve) => other.listen(0, "127.0.0.1", resolve));
-    const otherPort = (other.address() as AddressInfo).port;
+    const otherPort = new URL(other.url).port;
     movedTo = `http://127.0.0.1:${otherPort}/v2/pet/1`;
     try {
       const apiPort = new URL(base).port;
@@ -620,7 +613,7 @@ describe("an OpenAPI document as a tool source", () => {
       });
       // The model names the other port: it is a query argument, the connection stays on the
       // configured host.
-      const echo = await invoke(tools.get("v.getPet"), { petId: "1", port: String(otherPort) });
+      const echo = await invoke(tools.get("v.getPet"), { petId: "1", port: otherPort });
       expect(echo).toMatchObject({ path: "/v2/pet/1", query: `?port=${otherPort}` });
       // The trusted host redirects to the other port: guarded like any other host.
       const err = await failure(tools.get("v.moved")!.handler({}, ctx()));
@@ -630,7 +623,7 @@ describe("an OpenAPI document as a tool source", () => {
       });
       expect(reached).toBe(0);
     } finally {
-      await new Promise((resolve) => other.close(resolve));
+      await other.close();
     }
   });
 
