@@ -198,14 +198,7 @@ class ToolSchema(_ToolSchemaRequired, total=False):
     progress: bool
 
 
-class _SchemaEventRequired(TypedDict):
-    tool: str
-    revision: int
-    summary: str
-    description: str
-    parameters: dict[str, Any]
-    required: list[str]
-    groups: list[str]
+class _SchemaEventRequired(_ToolSchemaRequired):
     session_id: str
     reason: SchemaReason
     missing: list[str]
