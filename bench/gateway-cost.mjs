@@ -1,52 +1,78 @@
-// The gateway's price against the TypeScript client on one mesh, robust to a shared machine: per
-// system, sequential p50 (300 calls), then a fixed number of calls at 32 in flight whose CPU is
-// counted for every process over those calls only (no idle windows, unlike the suite's loops).
-// Usage: node bench/gateway-cost.mjs [COMPARE_ROOT]  (CALLS=3000 ROUNDS=2; `npm run build` first)
-// COMPARE_ROOT: another built checkout whose gateway runs as M+gateway-before.
+// The gateway's price against the TypeScript client on one mesh, robust to a shared machine: the
+// systems take turns in short slices (the order rotating), so a change of the machine's load
+// falls on all of them alike. Per slice and system: sequential calls (their latencies merged into
+// one histogram per system), then a fixed number of calls at 32 in flight whose wall time and CPU
+// (every process of the system, counted over those calls only) are summed per system.
+// Each gateway is driven twice: by TypeScript MCP SDK clients (`M+gateway`, what agent frameworks
+// use) and by a minimal JSON-RPC client over kept-alive HTTP (`M+gateway-http`), whose own cost is
+// small, so the gateway's price shows apart from the SDK client's. The driver's CPU is the load
+// client's.
+// Usage: node bench/gateway-cost.mjs [--compare-root DIR]  (`npm run build` first)
+//   CALLS=3000 calls at 32 in flight and SEQ=300 sequential calls per system, in SLICES=10 turns.
+// --compare-root: another built checkout whose gateway runs as M+gateway-before (and -http-before).
 import { performance } from "node:perf_hooks";
-import { cpuSeconds, sequential } from "./lib/measure.mjs";
+import { parseArgs } from "node:util";
+import { cpuSeconds, newHistogram, sequential, summarize } from "./lib/measure.mjs";
 import { payloadOf, startMesh } from "./lib/systems.mjs";
-const root = process.argv[2];
-const CALLS = Number(process.env.CALLS ?? 3000);
+const { values: flags, positionals } = parseArgs({
+  options: { "compare-root": { type: "string" } },
+  allowPositionals: true,
+});
+const root = flags["compare-root"] ?? positionals[0];
+const SLICES = Number(process.env.SLICES ?? 10);
+const CALLS = Math.ceil(Number(process.env.CALLS ?? 3000) / SLICES);
+const SEQ = Math.ceil(Number(process.env.SEQ ?? 300) / SLICES);
 const p = payloadOf(1024);
+const mesh = await startMesh({});
+const gateway = await startMesh({ name: "M+gateway", gateway: true });
+const before = root && (await startMesh({ name: "M+gateway-before", gateway: true, root }));
 const systems = [
-  ["M", await startMesh({})],
-  ["M+gateway", await startMesh({ name: "M+gateway", gateway: true })],
-  ...(root
-    ? [["M+gateway-before", await startMesh({ name: "M+gateway-before", gateway: true, root })]]
+  ["M", mesh, mesh.call],
+  ["M+gateway", gateway, gateway.call],
+  ["M+gateway-http", gateway, gateway.callHttp],
+  ...(before
+    ? [
+        ["M+gateway-before", before, before.call],
+        ["M+gateway-http-before", before, before.callHttp],
+      ]
     : []),
-];
-for (const [, s] of systems) await sequential(s.call, 300, p);
-for (let r = 0; r < Number(process.env.ROUNDS ?? 2); r++) {
-  let base;
-  for (const [name, s] of systems) {
-    const seq = await sequential(s.call, 300, p);
+].map(([name, s, call]) => ({ name, s, call, hist: newHistogram(), wall: 0, cpu: {}, calls: 0 }));
+for (const { call } of systems) await sequential(call, 300, p);
+for (let slice = 0; slice < SLICES; slice++) {
+  for (let i = 0; i < systems.length; i++) {
+    const system = systems[(i + slice) % systems.length];
+    const { s, call } = system;
+    system.hist.add((await sequential(call, SEQ, p)).hist);
     const pids = s.pids();
-    const before = Object.fromEntries(Object.entries(pids).map(([k, v]) => [k, cpuSeconds(v)]));
+    const cpuBefore = Object.fromEntries(Object.entries(pids).map(([k, v]) => [k, cpuSeconds(v)]));
     const t0 = performance.now();
     let n = 0;
     await Promise.all(
       Array.from({ length: 32 }, async () => {
-        while (n++ < CALLS) await s.call(p);
+        while (n++ < CALLS) await call(p);
       }),
     );
-    const wall = (performance.now() - t0) / 1000;
-    const cpu = Object.fromEntries(
-      Object.entries(pids).map(([k, v]) => [
-        k,
-        Math.round(((cpuSeconds(v) - before[k]) * 1e6) / CALLS),
-      ]),
-    );
-    const total = Object.values(cpu).reduce((a, b) => a + b, 0);
-    const rate = Math.round(CALLS / wall);
-    base ??= { seq: seq.p50_ms, rate, total };
-    const vs = `+${(seq.p50_ms - base.seq).toFixed(2)} ms, ${(rate / base.rate).toFixed(2)}x throughput, ${(total / base.total).toFixed(2)}x CPU`;
-    console.log(
-      name.padEnd(17),
-      `seq p50 ${seq.p50_ms} ms, ${rate}/s, cpu ${total} µs/call (vs M: ${vs})`,
-      JSON.stringify(cpu),
-    );
+    system.wall += (performance.now() - t0) / 1000;
+    system.calls += CALLS;
+    for (const [k, v] of Object.entries(pids))
+      system.cpu[k] = (system.cpu[k] ?? 0) + cpuSeconds(v) - cpuBefore[k];
   }
 }
-for (const [, s] of systems) await s.stop();
+let base;
+for (const { name, hist, wall, cpu, calls } of systems) {
+  const p50 = summarize(hist).p50_ms;
+  const rate = Math.round(calls / wall);
+  const perCall = Object.fromEntries(
+    Object.entries(cpu).map(([k, v]) => [k, Math.round((v * 1e6) / calls)]),
+  );
+  const total = Object.values(perCall).reduce((a, b) => a + b, 0);
+  base ??= { p50, rate, total };
+  const vs = `+${(p50 - base.p50).toFixed(2)} ms, ${(rate / base.rate).toFixed(2)}x throughput, ${(total / base.total).toFixed(2)}x CPU`;
+  console.log(
+    name.padEnd(21),
+    `seq p50 ${p50} ms, ${rate}/s, cpu ${total} µs/call (vs M: ${vs})`,
+    JSON.stringify(perCall),
+  );
+}
+for (const s of [mesh, gateway, before].filter(Boolean)) await s.stop();
 process.exit(0);

@@ -1,7 +1,8 @@
 // Profiles the mesh: resolver and executor processes (and the gateway, with `--gateway`: the calls
 // then come from MCP clients through it) run with `--cpu-prof` while a closed loop of `echo` calls
-// goes through them; prints the functions with the most self time per process.
-// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing] [--gateway]
+// goes through them; prints the functions with the most self time per process. `--gateway --http`
+// sends the calls from the minimal JSON-RPC client instead of MCP SDK clients.
+// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing] [--gateway [--http]]
 // (`npm run build` first)
 import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -17,6 +18,7 @@ const { values: flags } = parseArgs({
     top: { type: "string", default: "25" },
     tracing: { type: "boolean", default: false },
     gateway: { type: "boolean", default: false },
+    http: { type: "boolean", default: false },
   },
 });
 mkdirSync(flags.dir, { recursive: true });
@@ -25,12 +27,13 @@ const mesh = await startMesh({
   gateway: flags.gateway,
   nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${flags.dir}`],
 });
+const call = flags.gateway && flags.http ? mesh.callHttp : mesh.call;
 let calls;
 const roles = new Map(Object.entries(mesh.pids()).map(([role, pid]) => [String(pid), role]));
 try {
   const payload = payloadOf(1024);
-  await closedLoop(mesh.call, { inFlight: 64, durationMs: 2_000, payload });
-  ({ calls } = await closedLoop(mesh.call, {
+  await closedLoop(call, { inFlight: 64, durationMs: 2_000, payload });
+  ({ calls } = await closedLoop(call, {
     inFlight: 64,
     durationMs: Number(flags.seconds) * 1_000,
     payload,

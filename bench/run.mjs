@@ -2,8 +2,9 @@
 // (under 2 minutes; CI runs it and it fails only on a large regression, judged by ratios to the
 // baselines measured in the same run). Writes a JSON result, a Markdown report and latency CDF
 // charts (SVG) to `--out` (default bench/results/). See CONTRIBUTING.md, "Benchmarks".
-// `--systems M,M+gateway` runs only those systems; `--compare-root DIR` adds M-before and
-// M+gateway-before, the services built in another checkout, for before/after figures of one run.
+// `--systems M,M+gateway` runs only those systems; `--compare-root DIR` adds M-before,
+// M+gateway-before and M+gateway-http-before, the services built in another checkout, for
+// before/after figures of one run.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtempSync, rmSync, writeFileSync as writeFile } from "node:fs";
 import { tmpdir } from "node:os";
@@ -112,6 +113,13 @@ try {
       gateway: true,
     }),
   );
+  // The same from a minimal JSON-RPC client: the gateway's price without the SDK client's.
+  await start("M+gateway-http", () =>
+    throughHttp({
+      name: "M+gateway-http",
+      title: "toolmesh through the MCP gateway (minimal JSON-RPC client over HTTP)",
+    }),
+  );
   if (!smoke) {
     await start("M+trace", () =>
       startMesh({
@@ -137,6 +145,13 @@ try {
         name: "M+gateway-before",
         title: `toolmesh through the MCP gateway built in ${flags["compare-root"]}`,
         gateway: true,
+        root: flags["compare-root"],
+      }),
+    );
+    await start("M+gateway-http-before", () =>
+      throughHttp({
+        name: "M+gateway-http-before",
+        title: `toolmesh through the MCP gateway built in ${flags["compare-root"]} (minimal JSON-RPC client)`,
         root: flags["compare-root"],
       }),
     );
@@ -300,6 +315,12 @@ if (smoke) {
   log("smoke: within thresholds");
 }
 process.exit(0);
+
+/** A mesh behind the gateway whose calls come from the minimal JSON-RPC client. */
+async function throughHttp(options) {
+  const system = await startMesh({ ...options, gateway: true });
+  return { ...system, call: system.callHttp };
+}
 
 /** A summary without its histogram and CDF points. */
 function strip(summary) {

@@ -252,6 +252,25 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
       "$JS.API.DIRECT.GET.TOOLMESH_SESSIONS.toolmesh.v1.sessions.acme.s2.result.c1",
     );
     await expectSubscribeRefused(nc, "_INBOX.toolmesh.frontend.acme.>");
+    // One subscription for the tenant's every session is the gateway's, not this frontend's.
+    await expectSubscribeRefused(nc, subjects.tenantEvents("acme"));
+  });
+
+  it("the gateway's user follows a tenant's sessions through one subscription for the tenant", async () => {
+    const nc = await connectAs("gateway", { inboxPrefix: subjects.inboxPrefix("gateway") });
+    const seen = violations(nc);
+    const client = new ToolmeshClient(nc, {
+      tenant: "acme",
+      tenantSubscription: true,
+      defaultTimeoutMs: 20_000,
+    });
+    const sessions = ["gw-1", "gw-2"].map((id) => client.session(id));
+    const messages = await Promise.all(
+      sessions.map((s) => s.submit({ name: "echo", arguments: { text: s.id } }).result),
+    );
+    for (const s of sessions) s.close();
+    expect(messages.map((m) => m.content)).toEqual(["gw-1", "gw-2"]);
+    expect(seen).toEqual([]);
   });
 
   it("another tenant's frontend never sees acme's results", async () => {

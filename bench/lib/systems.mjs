@@ -4,11 +4,15 @@
 //   B  BullMQ on the local Redis (add, a no-op worker process, wait for the result),
 //   M  toolmesh: resolver and executor processes, `echo` calls through the TypeScript client,
 // and variants of M (tracing on, two executors, extra environment such as metrics switches, and
-// M+gateway: the same mesh reached by MCP clients through the gateway over Streamable HTTP).
+// M+gateway: the same mesh reached by MCP clients through the gateway over Streamable HTTP, and
+// M+gateway-http: the same again from a minimal JSON-RPC load client, which costs the driver far
+// less than the MCP SDK client, so the gateway's own price shows apart from the SDK's).
 // Every NATS system gets a nats-server of its own on random ports, so its counters are its own.
 import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { dirname, join } from "node:path";
+import { Buffer } from "node:buffer";
+import { Agent, request as httpRequest } from "node:http";
 import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
@@ -30,6 +34,84 @@ const BENCH = join(ROOT, "bench");
 export function payloadOf(size) {
   const text = "x".repeat(size);
   return { size, text, bytes: new TextEncoder().encode(JSON.stringify({ text })) };
+}
+
+/**
+ * The least an MCP client over Streamable HTTP must do (MCP 2025-11-25, "Transports"): `initialize`
+ * once, `notifications/initialized`, then each `tools/call` as a POST of one JSON-RPC request
+ * with the session id and protocol version the server gave, accepting JSON and event streams.
+ * The gateway answers a call without a progress token as plain JSON; anything else is an error.
+ */
+async function jsonRpcClient(url) {
+  const { hostname, port, pathname } = new URL(url);
+  const agent = new Agent({ keepAlive: true, maxSockets: 64 });
+  const base = {
+    "content-type": "application/json",
+    accept: "application/json, text/event-stream",
+  };
+  let headers = base;
+  let id = 0;
+  const post = (message) =>
+    new Promise((resolve, reject) => {
+      const body = JSON.stringify(message);
+      const req = httpRequest(
+        {
+          host: hostname,
+          port,
+          path: pathname,
+          method: "POST",
+          agent,
+          headers: { ...headers, "content-length": Buffer.byteLength(body) },
+        },
+        (res) => {
+          const chunks = [];
+          res.on("data", (c) => chunks.push(c));
+          res.on("end", () => {
+            const text = Buffer.concat(chunks).toString("utf8");
+            if (res.statusCode === 202) return resolve({ res });
+            if (
+              res.statusCode !== 200 ||
+              !String(res.headers["content-type"]).startsWith("application/json")
+            )
+              return reject(new Error(`gateway answered ${res.statusCode}: ${text.slice(0, 200)}`));
+            resolve({ res, reply: JSON.parse(text) });
+          });
+          res.on("error", reject);
+        },
+      );
+      req.on("error", reject);
+      req.end(body);
+    });
+  const init = await post({
+    jsonrpc: "2.0",
+    id: id++,
+    method: "initialize",
+    params: {
+      protocolVersion: "2025-11-25",
+      capabilities: {},
+      clientInfo: { name: "bench-http", version: "1" },
+    },
+  });
+  headers = {
+    ...base,
+    "mcp-session-id": init.res.headers["mcp-session-id"],
+    "mcp-protocol-version": init.reply.result.protocolVersion,
+  };
+  await post({ jsonrpc: "2.0", method: "notifications/initialized" });
+  return {
+    async callTool(name, args) {
+      const { reply } = await post({
+        jsonrpc: "2.0",
+        id: id++,
+        method: "tools/call",
+        params: { name, arguments: args },
+      });
+      if (reply.error !== undefined) throw new Error(`gateway call failed: ${reply.error.message}`);
+      if (reply.result.isError)
+        throw new Error(`gateway call failed: ${reply.result.content[0]?.text}`);
+    },
+    close: () => agent.destroy(),
+  };
 }
 
 /** A TCP port no one listens on right now. */
@@ -330,14 +412,17 @@ export async function startMesh({
     if (ok) break;
   }
 
-  // Through the gateway: MCP clients, as agent frameworks hold them (one per conversation).
+  // Through the gateway: MCP clients, as agent frameworks hold them (one per conversation), and
+  // for `callHttp` a minimal JSON-RPC client over kept-alive HTTP connections.
   const mcpClients = [];
+  let httpClient;
   if (gatewayUrl !== undefined) {
     for (;;) {
       const res = await globalThis.fetch(gatewayUrl.replace(/mcp$/, "readyz")).catch(() => null);
       if (res?.status === 200) break;
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
+    httpClient = await jsonRpcClient(gatewayUrl);
     for (let i = 0; i < 16; i++) {
       const c = new McpClient({ name: "bench", version: "1" });
       await c.connect(new StreamableHTTPClientTransport(new URL(gatewayUrl)));
@@ -367,9 +452,14 @@ export async function startMesh({
       if (gatewayUrl !== undefined) await callThroughGateway(payload.text);
       else await submit("echo", { text: payload.text });
     },
+    /** Through the gateway from the minimal JSON-RPC client (a mesh started with `gateway`). */
+    async callHttp(payload) {
+      await httpClient.callTool("echo", { text: payload.text });
+    },
     submit,
     async stop() {
       await Promise.all(mcpClients.map((c) => c.close().catch(() => undefined)));
+      httpClient?.close();
       for (const s of sessions) s.close();
       await nc.close();
       await Promise.all(Object.values(procs).map(stopProc));

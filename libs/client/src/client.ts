@@ -71,6 +71,15 @@ export interface ClientOptions {
   requestTimeoutMs?: number;
   /** Tracer for the call spans; default the global tracer named `toolmesh-client`. */
   tracer?: Tracer;
+  /**
+   * Follow every session through one subscription to the tenant's session events
+   * (`{p}.v1.sessions.{tenant}.*.>`), each message handed to its session in-process, instead of
+   * one subscription per session. For a process that opens a session per call, such as the MCP
+   * gateway: the server then subscribes and unsubscribes nothing per call. It needs the right to
+   * subscribe to every session of the tenant, and it receives the events of every session of the
+   * tenant, this process's or not. Default false.
+   */
+  tenantSubscription?: boolean;
 }
 
 /** A tool call as a frontend hands it over: OpenAI's shape, or just a name and arguments. */
@@ -130,9 +139,11 @@ export class ToolmeshClient {
   readonly subjects: Subjects;
   readonly tenant: string;
   readonly js: JetStreamClient;
-  readonly #options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & {
-    tracer: Tracer;
-  };
+  readonly #options: SessionOptions;
+  readonly #tenantSubscription: boolean;
+  // With `tenantSubscription`: the one subscription, and the open sessions by session token.
+  #tenantSub: Subscription | undefined;
+  readonly #routes = new Map<string, Set<(msg: Msg) => void>>();
 
   constructor(nc: NatsConnection, options: ClientOptions = {}) {
     this.nc = nc;
@@ -145,6 +156,7 @@ export class ToolmeshClient {
       requestTimeoutMs: options.requestTimeoutMs ?? Defaults.requestTimeoutMs,
       tracer: options.tracer ?? trace.getTracer("toolmesh-client"),
     };
+    this.#tenantSubscription = options.tenantSubscription ?? false;
     // Final messages published while the connection was down never reach the live
     // subscription; they are in the sessions stream, so pending calls look them up there.
     void (async () => {
@@ -156,7 +168,57 @@ export class ToolmeshClient {
 
   readonly #sessions = new Set<Session>();
 
-  /** Opens a session: one subscription that carries every answer for it. */
+  /**
+   * @internal Hands the events of the session at `at` to `onMessage` until the returned
+   * subscription is unsubscribed: its own subscription, or its route from the tenant's.
+   */
+  follow(at: SessionAddress, onMessage: (msg: Msg) => void): Pick<Subscription, "unsubscribe"> {
+    const callback = (err: Error | null, msg: Msg): void => {
+      if (err === null) onMessage(msg);
+    };
+    if (!this.#tenantSubscription)
+      return this.nc.subscribe(this.subjects.sessionEvents(at), { callback });
+    if (this.#tenantSub === undefined) {
+      this.#tenantSub = this.nc.subscribe(this.subjects.tenantEvents(this.tenant), {
+        callback: (err, msg) => {
+          if (err === null) this.#route(msg);
+        },
+      });
+    }
+    let routes = this.#routes.get(at.session);
+    if (routes === undefined) {
+      routes = new Set();
+      this.#routes.set(at.session, routes);
+    }
+    routes.add(onMessage);
+    return {
+      unsubscribe: () => {
+        routes.delete(onMessage);
+        if (routes.size === 0 && this.#routes.get(at.session) === routes)
+          this.#routes.delete(at.session);
+      },
+    };
+  }
+
+  #route(msg: Msg): void {
+    const session = this.subjects.sessionOfEvent(msg.subject);
+    const routes = session === undefined ? undefined : this.#routes.get(session);
+    if (routes === undefined) return; // a session of the tenant this process does not follow
+    for (const route of routes) {
+      // A throw out of a subscription callback would stop the connection's reader, and one
+      // session's listener must not keep the message from another session of the same id.
+      try {
+        route(msg);
+      } catch {
+        // the listener's own failure; the route goes on
+      }
+    }
+  }
+
+  /**
+   * Opens a session: one subscription that carries every answer for it (with
+   * `tenantSubscription`, the tenant's one subscription, routed to it).
+   */
   session(sessionId: string): Session {
     const session = new Session(this, sessionId, this.#options, () =>
       this.#sessions.delete(session),
@@ -224,6 +286,11 @@ export class ToolmeshClient {
   }
 }
 
+/** What a session takes from its client's options. */
+type SessionOptions = Required<
+  Omit<ClientOptions, "prefix" | "tenant" | "tracer" | "tenantSubscription">
+> & { tracer: Tracer };
+
 let generatedIds = 0;
 
 function toToolCall(call: CallInput): ToolCall {
@@ -266,10 +333,8 @@ export class Session {
   readonly id: string;
   readonly address: SessionAddress;
   readonly #client: ToolmeshClient;
-  readonly #options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & {
-    tracer: Tracer;
-  };
-  readonly #sub: Subscription;
+  readonly #options: SessionOptions;
+  readonly #sub: Pick<Subscription, "unsubscribe">;
   readonly #pending = new Map<string, Pending>();
   readonly #listeners = new Set<(event: SessionEvent) => void>();
   readonly #onClose = new Set<() => void>();
@@ -289,7 +354,7 @@ export class Session {
   constructor(
     client: ToolmeshClient,
     sessionId: string,
-    options: Required<Omit<ClientOptions, "prefix" | "tenant" | "tracer">> & { tracer: Tracer },
+    options: SessionOptions,
     onClosed: () => void = () => undefined,
   ) {
     this.#client = client;
@@ -297,11 +362,7 @@ export class Session {
     this.#onClosed = onClosed;
     this.id = sessionId;
     this.address = client.subjects.address(client.tenant, sessionId);
-    this.#sub = client.nc.subscribe(client.subjects.sessionEvents(this.address), {
-      callback: (err, msg) => {
-        if (err === null) this.#onMessage(msg);
-      },
-    });
+    this.#sub = client.follow(this.address, (msg) => this.#onMessage(msg));
   }
 
   /**

@@ -420,7 +420,7 @@ describe("createSubjects", () => {
     }
   });
 
-  it("reads the kind back from session event subjects", () => {
+  it("reads the kind and the session back from session event subjects", () => {
     for (const prefix of [Defaults.prefix, "a.b.c"]) {
       const s = createSubjects({ prefix });
       const at = s.address("t.x", "s.y");
@@ -428,6 +428,9 @@ describe("createSubjects", () => {
       expect(s.sessionEventKind(s.progress(at, "c.1"))).toBe("progress");
       expect(s.sessionEventKind(s.schema(at, "tool.name"))).toBe("schema");
       expect(s.sessionEventKind(s.call(at))).toBeUndefined();
+      expect(s.sessionOfEvent(s.result(at, "c.1"))).toBe(at.session);
+      expect(s.sessionOfEvent(s.rejected(at, 7))).toBe(at.session);
+      expect(s.sessionOfEvent(s.schema(at, "tool.name"))).toBe(at.session);
     }
   });
 

@@ -217,6 +217,8 @@ export interface Subjects {
   parseRpcTenant(subject: string): string | undefined;
   /** Reads the kind (`result`, `progress`, `schema`) back from a session event subject. */
   sessionEventKind(subject: string): string | undefined;
+  /** Reads the session token back from a session event subject. */
+  sessionOfEvent(subject: string): string | undefined;
   /**
    * Reads the session address back from a call or cancel subject; undefined when the subject
    * has another shape or a token that {@link subjectToken} cannot produce (a literal `*`).
@@ -408,6 +410,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
       return isSubjectToken(tenant) ? tenant : undefined;
     },
     sessionEventKind: (subject) => subject.split(".")[baseParts + 3],
+    sessionOfEvent: (subject) => subject.split(".")[baseParts + 2],
     allResults: `${base}.sessions.*.*.result.*`,
     parseResultSubject(subject) {
       const parts = subject.split(".");

@@ -68,6 +68,9 @@ export class MeshView {
         prefix: this.#o.prefix,
         tenant,
         defaultTimeoutMs: this.#o.defaultTimeoutMs,
+        // A session per call: one subscription per tenant spares the server a subscribe and an
+        // unsubscribe per call.
+        tenantSubscription: true,
       });
       this.#clients.set(tenant, client);
     }
