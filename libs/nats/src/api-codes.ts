@@ -7,6 +7,8 @@ import { JetStreamApiCodes } from "@nats-io/jetstream";
  */
 export const JsApiCode = {
   ...JetStreamApiCodes,
+  /** JetStream has no leader to answer right now ("JetStream system temporarily unavailable"). */
+  ClusterNotAvailable: 10008,
   /** A message is larger than the stream's `max_msg_size`. */
   StreamMessageExceedsMaximum: 10054,
   /** A stream of that name exists with another configuration (a concurrent create). */
