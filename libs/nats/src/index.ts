@@ -6,7 +6,7 @@ export {
   redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
-export { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
+export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
 export { ensureStreams, ownerAdvisoriesSpec, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
