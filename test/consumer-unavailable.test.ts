@@ -89,6 +89,22 @@ describe("an executor whose work consumer cannot be read at start", () => {
     const down = cluster.node(info.cluster.leader);
     await down.kill();
     const up = cluster.nodes.filter((n) => n !== down);
+    // Every stream and the cluster's metadata are led by the nodes still up.
+    const metaLeader = async (): Promise<string | undefined> => {
+      const jsz = (await (await fetch(`${up[0]?.monitorUrl}/jsz`)).json()) as {
+        meta_cluster?: { leader?: string };
+      };
+      return jsz.meta_cluster?.leader;
+    };
+    await expect
+      .poll(
+        async () => {
+          const leader = await metaLeader();
+          return up.some((n) => n.name === leader);
+        },
+        { timeout: 30_000 },
+      )
+      .toBe(true);
     for (const s of streams) await waitForStreamLeader(nc, s, 30_000, down.name);
     await expect(jsm.consumers.info(stream, name)).rejects.toThrow();
 
