@@ -22,15 +22,13 @@ const ENV_MESSAGE = "Parse config in services/*/src/main.ts and pass it down, no
 
 /**
  * Files that belong to no tsconfig: package tsconfigs exclude `*.test.ts` from the build, and
- * `test/` and root config files have none. They get type information from a default project
- * with the base compiler options. typescript-eslint forbids `**` here, hence the depth-limited
- * globs. A file that a tsconfig does include must NOT match these (typescript-eslint errors).
+ * root config files have none (`test/` has its own, `test/tsconfig.json`). They get type
+ * information from a default project with the base compiler options. typescript-eslint forbids
+ * `**` here, hence the depth-limited globs. A file that a tsconfig does include must NOT match
+ * these (typescript-eslint errors).
  */
 const DEFAULT_PROJECT_FILES = [
   "*.config.ts",
-  "test/*.ts",
-  "test/*/*.ts",
-  "test/*/*/*.ts",
   "libs/*/src/*.test.ts",
   "libs/*/src/*/*.test.ts",
   "libs/*/src/*/*/*.test.ts",

@@ -15,6 +15,7 @@ import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
+import { present } from "./helpers/present.js";
 
 // Every tenant principal of the configuration `toolmesh auth config` generates, run as an
 // attacker against a real server with TLS: the server answers JetStream requests to whatever
@@ -82,7 +83,11 @@ function exportPasswords(config: string): void {
 /** Everything a connection receives on `subject`, collected as it comes. */
 function collect(nc: NatsConnection, subject: string): Msg[] {
   const got: Msg[] = [];
-  nc.subscribe(subject, { callback: (err, msg) => err === null && got.push(msg) });
+  nc.subscribe(subject, {
+    callback: (err, msg) => {
+      if (err === null) got.push(msg);
+    },
+  });
   return got;
 }
 
@@ -294,7 +299,10 @@ describe("tenants in their own accounts, attacked", () => {
   it("a direct get whose body names another tenant's message answers nothing of it", async () => {
     const globex = await legitimateCall("frontend-globex", "globex", "g2", "globex-private");
     const victim = `toolmesh.v1.sessions.globex.g2.result.${globex.callId}`;
-    const { seq } = await jsm.streams.getMessage(SESSIONS, { last_by_subj: victim });
+    const { seq } = present(
+      await jsm.streams.getMessage(SESSIONS, { last_by_subj: victim }),
+      "globex's result",
+    );
     const acme = await legitimateCall("frontend-acme", "acme", "s1", "acme-own");
     const own = `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.${acme.callId}`;
     const bodies = [

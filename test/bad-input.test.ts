@@ -25,6 +25,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { present } from "./helpers/present.js";
 
 const TENANT = "default";
 /** The prefix of a second mesh on the same server whose streams take at most 64 KiB. */
@@ -425,7 +426,12 @@ describe("__proto__, constructor and prototype keys", () => {
       await call(
         "s-proto",
         { id: "p3", name: "echo_any", arguments: args },
-        { context: JSON.parse('{"__proto__":{"polluted":true},"user":"u"}') as object },
+        {
+          context: JSON.parse('{"__proto__":{"polluted":true},"user":"u"}') as Record<
+            string,
+            unknown
+          >,
+        },
       ),
     );
     expect(body.polluted).toBeNull();
@@ -487,7 +493,11 @@ describe("deep and large arguments", () => {
   it("answers an object nested 20 000 deep given to the client with a typed error", async () => {
     const message = await call(
       "s-size",
-      { id: "d4", name: "measure", arguments: JSON.parse(nested(20_000)) as object },
+      {
+        id: "d4",
+        name: "measure",
+        arguments: JSON.parse(nested(20_000)) as Record<string, unknown>,
+      },
       { timeoutMs: 1_500 },
     );
     expect(["invalid_arguments", "payload_too_large"]).toContain(message.error?.code);
@@ -927,9 +937,12 @@ describe("duplicate call ids", () => {
         "idempotency_conflict",
       );
       const jsm = await jetstreamManager(nc);
-      const stored = await jsm.streams.getMessage(subjects.streams.sessions, {
-        last_by_subj: subjects.result(address, "dup-1"),
-      });
+      const stored = present(
+        await jsm.streams.getMessage(subjects.streams.sessions, {
+          last_by_subj: subjects.result(address, "dup-1"),
+        }),
+        "the stored result",
+      );
       expect(json(stored.json<ToolMessage>())).toMatchObject({ count: 1, value: "v" });
       expect(await executions("default/s-dup/s-dup/dup-1")).toBe(1);
     } finally {
@@ -1393,7 +1406,7 @@ describe("afterwards", () => {
   it("leaves no call or work message waiting: no queue was poisoned", async () => {
     const jsm = await jetstreamManager(nc);
     // Executors acknowledge just after they publish a result: give the last acks a moment.
-    const waiting = async (): Promise<Record<string, number>> => ({
+    const waiting = async (): Promise<{ calls: number; work: number }> => ({
       calls: (await jsm.streams.info(subjects.streams.calls)).state.messages,
       work: (await jsm.streams.info(subjects.streams.work)).state.messages,
     });

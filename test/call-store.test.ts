@@ -55,7 +55,9 @@ function target(key: string) {
 function watch(key: string): { received: ToolMessage[]; flushed: () => Promise<void> } {
   const received: ToolMessage[] = [];
   nc.subscribe(subjects.result(address, `call-${key}`), {
-    callback: (_err, msg) => received.push(decodeJson(msg.data) as ToolMessage),
+    callback: (_err, msg) => {
+      received.push(decodeJson(msg.data) as ToolMessage);
+    },
   });
   return { received, flushed: () => nc.flush() };
 }

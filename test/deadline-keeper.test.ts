@@ -61,7 +61,11 @@ async function keeper(name: string): Promise<{ keeper: DeadlineKeeper; conn: Nat
 /** Every message published on a subject from now on, as it comes. */
 function collect(subject: string): Msg[] {
   const seen: Msg[] = [];
-  nc.subscribe(subject, { callback: (err, msg) => err === null && seen.push(msg) });
+  nc.subscribe(subject, {
+    callback: (err, msg) => {
+      if (err === null) seen.push(msg);
+    },
+  });
   return seen;
 }
 

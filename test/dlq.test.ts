@@ -351,7 +351,9 @@ describe("dead letters", () => {
     };
     const finals: ToolMessage[] = [];
     nc.subscribe(subjects.result(address, "st1"), {
-      callback: (err, msg) => err === null && finals.push(decodeJson(msg.data) as ToolMessage),
+      callback: (err, msg) => {
+        if (err === null) finals.push(decodeJson(msg.data) as ToolMessage);
+      },
     });
     const h = deadlineHeaders(call);
     h.set(Header.RecordRevision, "7");

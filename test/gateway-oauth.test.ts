@@ -68,7 +68,7 @@ beforeAll(async () => {
   signingKey = pair.privateKey;
   strangerKey = (await generateKeyPair("ES256")).privateKey;
   const jwk: JWK = { ...(await exportJWK(pair.publicKey)), kid: "k1", alg: "ES256", use: "sig" };
-  jwksServer = createServer((req, res) => {
+  jwksServer = createServer((_req, res) => {
     res.writeHead(200, { "content-type": "application/json" });
     res.end(JSON.stringify({ keys: [jwk] }));
   });

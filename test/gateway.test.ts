@@ -12,6 +12,7 @@ import { ToolListChangedNotificationSchema } from "@modelcontextprotocol/sdk/typ
 import { META_IDEMPOTENCY_KEY, META_TIMEOUT_MS } from "@toolmesh/gateway";
 import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
+import { createLogger } from "@toolmesh/telemetry";
 import {
   KEYS,
   gatewayAgents,
@@ -29,6 +30,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 
+const silentLog = createLogger({ service: "test", level: "silent" });
 let server: NatsServerHandle;
 let env: Record<string, string>;
 let gatewayEnv: Record<string, string>;
@@ -289,7 +291,7 @@ describe("tools/list", () => {
     );
     // The client opens its GET stream after initializing; register once it is there.
     await gateway.process.waitForLog(() => streams() > before);
-    const registry = await ToolRegistry.open(nc, { subjects: createSubjects() });
+    const registry = await ToolRegistry.open(nc, { subjects: createSubjects(), log: silentLog });
     await registry.register({
       name: "brand_new",
       description: "A tool registered while a client listens.",
@@ -445,7 +447,7 @@ describe("tools/call", () => {
   });
 
   it("pages a catalog longer than one page", async () => {
-    const registry = await ToolRegistry.open(nc, { subjects: createSubjects() });
+    const registry = await ToolRegistry.open(nc, { subjects: createSubjects(), log: silentLog });
     await Promise.all(
       Array.from({ length: 70 }, (_, i) =>
         registry.register({

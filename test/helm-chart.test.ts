@@ -219,7 +219,7 @@ describe("what the full values render", () => {
       { secretRef: { name: "weather-api" } },
     ]);
     // A role with credentials of its own mounts its own Secret; the others use nats.auth.
-    const secretOf = (d: { spec: { template: { spec: { volumes?: unknown[] } } } }) =>
+    const secretOf = (d: Manifest) =>
       (d.spec.template.spec.volumes as { name: string; secret?: { secretName: string } }[]).find(
         (v) => v.name === "nats-auth",
       )?.secret?.secretName;

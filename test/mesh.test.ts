@@ -13,6 +13,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { present } from "./helpers/present.js";
 import { startOtlpReceiver } from "./helpers/otlp-receiver.js";
 import type { CollectedSpan, OtlpReceiver } from "./helpers/otlp-receiver.js";
 
@@ -141,7 +142,7 @@ describe("a call through separate resolver and executor processes", () => {
 
   it("answers invalid calls at once with typed errors and keeps going", async () => {
     const session = client.session("s-invalid");
-    const [badJson, notObject, unknown, missing, wrongType, valid] = await session.submitAll([
+    const results = await session.submitAll([
       { id: "i1", name: "inspect", arguments: '{"query": "unterminated' },
       { id: "i2", name: "inspect", arguments: "[1,2]" },
       { id: "i3", name: "inspekt", arguments: "{}" },
@@ -149,6 +150,13 @@ describe("a call through separate resolver and executor processes", () => {
       { id: "i5", name: "inspect", arguments: '{"query": "q", "limit": "ten"}' },
       { id: "i6", name: "inspect", arguments: '{"query": "still works"}' },
     ]).results;
+    const answer = (i: number): ToolMessage => present(results[i], `the answer to call ${i + 1}`);
+    const badJson = answer(0);
+    const notObject = answer(1);
+    const unknown = answer(2);
+    const missing = answer(3);
+    const wrongType = answer(4);
+    const valid = answer(5);
     session.close();
     expect(badJson.error).toMatchObject({ code: "invalid_arguments", retryable: false });
     expect(badJson.error?.details).toMatchObject({ line: 1 });

@@ -8,13 +8,15 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
+import { createSubjects } from "@toolmesh/protocol";
+import { ToolRegistry } from "@toolmesh/registry";
+import { createLogger } from "@toolmesh/telemetry";
 import { stringify as toYaml } from "yaml";
 import { callOnce, startHttpApi } from "./helpers/http-api.js";
 import type { HttpApi } from "./helpers/http-api.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
-import type { ServiceProcess } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
 
 // OpenAPI tools end to end: the petstore document of @readme/oas-examples (MIT) served by this
@@ -40,7 +42,6 @@ let apiUrl: string;
 let toolsDir: string;
 let nc: NatsConnection;
 let client: ToolmeshClient;
-let executor: ServiceProcess;
 const seen: { method: string; url: string; key: string | undefined; body: string }[] = [];
 
 function answer(req: IncomingMessage, res: ServerResponse, body: string): void {
@@ -113,7 +114,7 @@ beforeAll(async () => {
     (await readFile(file, "utf8")) + toYaml({ auth: { api_key: { env: "PETSTORE_KEY" } } });
   await writeFile(file, source);
   const resolver = await startService("resolver", env);
-  executor = await startService("executor", { ...env, PETSTORE_KEY: KEY });
+  await startService("executor", { ...env, PETSTORE_KEY: KEY });
   await toolAvailable(resolver, ...["petstore.getPetById", "petstore.addPet"]);
   nc = await connect({ servers: nats.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 20_000 });
@@ -129,8 +130,15 @@ afterAll(async () => {
 
 describe("OpenAPI tools through the mesh", () => {
   it("registers the document's operations and runs them through resolver and executor", async () => {
-    const started = await executor.waitForLog((l) => l.msg === "executor started");
-    expect((started.tools as string[]).filter((t) => t.startsWith("petstore.")).sort()).toEqual([
+    const registry = await ToolRegistry.open(nc, {
+      subjects: createSubjects(),
+      log: createLogger({ service: "test", level: "silent" }),
+    });
+    const registered = [...registry.names()].filter((t) => t.startsWith("petstore."));
+    const owners = new Set(registered.map((t) => registry.get(t)?.definition.owner));
+    registry.close();
+    expect(owners).toEqual(new Set(["executor"]));
+    expect(registered.sort()).toEqual([
       "petstore.addPet",
       "petstore.deletePet",
       "petstore.findPetsByStatus",

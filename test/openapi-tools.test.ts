@@ -161,9 +161,9 @@ async function invoke(tool: ToolModule | undefined, args: Record<string, unknown
   return (await tool!.handler(args, ctx(tool!.name))) as Echo;
 }
 
-async function failure(promise: Promise<unknown>): Promise<ToolmeshError> {
+async function failure(result: unknown): Promise<ToolmeshError> {
   try {
-    await promise;
+    await result;
   } catch (err) {
     if (err instanceof ToolmeshError) return err;
     throw err;

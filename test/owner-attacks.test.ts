@@ -283,7 +283,7 @@ describe("a rogue tool owner", () => {
     let n = 0;
     for (const m of deliveries) {
       const kind = kinds[n++ % kinds.length] ?? "+ACK";
-      for (const reply of targets) rogue.publish(m.reply ?? "", kind, { reply });
+      for (const reply of targets) rogue.publish(ackSubject(m), kind, { reply });
     }
     expect(n).toBe(4);
     await rogue.flush();
@@ -332,7 +332,11 @@ describe("a rogue tool owner", () => {
 
   it("reads none of another owner's deliveries (inbox snooping)", async () => {
     const seen: string[] = [];
-    const sub = rogue.subscribe(">", { callback: (_, m) => seen.push(m.string()) });
+    const sub = rogue.subscribe(">", {
+      callback: (_, m) => {
+        seen.push(m.string());
+      },
+    });
     await rogue.flush();
     const session = client.session("snooped");
     const message = await session.submit({ id: "s1", name: "echo", arguments: { text: SECRET } })
@@ -398,3 +402,9 @@ describe("an owner's own work stream keeps the mesh's guarantees", () => {
     session.close();
   });
 });
+
+/** The subject a delivery is acknowledged on: nats.js keeps it on the message, not in its type. */
+function ackSubject(m: JsMsg): string {
+  if ("reply" in m && typeof m.reply === "string") return m.reply;
+  throw new Error("a delivery without its ack subject");
+}

@@ -162,6 +162,7 @@ describe("register", () => {
   });
 
   it("answers a malformed definition with invalid_request", async () => {
+    // @ts-expect-error a definition without its summary and kind, malformed on purpose
     const err = await refusal(acme.register({ name: "", description: "x", parameters: {} }));
     expect(err.code).toBe("invalid_request");
     expect(err.message).toMatch(/malformed register request/);
@@ -232,7 +233,9 @@ describe("calls", () => {
     await accept("p1", "acme-tool");
     const seen: unknown[] = [];
     const sub = mesh.subscribe(subjects.progress(address, "p1"), {
-      callback: (_, msg) => seen.push(decodeJson(msg.data)),
+      callback: (_, msg) => {
+        seen.push(decodeJson(msg.data));
+      },
     });
     await mesh.flush();
     const event = (data: string) => ({

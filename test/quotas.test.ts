@@ -101,6 +101,21 @@ async function waitForUsage(tenant: string, inFlight: number, tool?: string): Pr
 }
 
 describe("quotas across three resolvers", () => {
+  it("merges limits set at once by several writers: a lost compare-and-set reads again", async () => {
+    const writers = await Promise.all(
+      [0, 1, 2].map(async () => QuotaStore.open(nc, { subjects: createSubjects() })),
+    );
+    const limits = [{ max_in_flight: 3 }, { daily: 50 }, { weight: 2 }];
+    const scopes = Array.from({ length: 10 }, (_, i) => ({ tenant: `cas-${i}` }));
+    // Each writer reads the (missing) quota before any of them writes: all but one lose the
+    // create, read again and merge their field over the winner's.
+    await Promise.all(
+      scopes.flatMap((scope) => writers.map((writer, i) => writer.set(scope, limits[i] ?? {}))),
+    );
+    for (const scope of scopes)
+      expect((await store.get(scope))?.quota).toEqual({ max_in_flight: 3, daily: 50, weight: 2 });
+  });
+
   it("admits exactly max_in_flight calls at once and counts them out when they end", async () => {
     await setQuota({ tenant: "inflight" }, { max_in_flight: 3 });
     const results = await flood("inflight", 30, 2_000, "if");

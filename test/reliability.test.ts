@@ -309,8 +309,10 @@ describe("graceful shutdown", () => {
     const handle = session.submit({ id: "g1", name: "sleepy", arguments: { ms: 800 } });
     await startedOn(session, "g1");
     const exited = e.stop();
-    await e.waitForLog((l) => l.msg === "shutting down");
-    expect((await fetch(`http://127.0.0.1:${port}/readyz`)).status).toBe(503);
+    // Not ready from the signal on, while the call in flight finishes.
+    await expect
+      .poll(async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status)
+      .toBe(503);
     const message = await handle.result;
     session.close();
     expect(message.error).toBeUndefined();

@@ -22,10 +22,20 @@ beforeAll(async () => {
   nc = await connect({ servers: server.url });
   // Answers with what each subject's name asks for.
   nc.subscribe("rr.good", {
-    callback: (_err, msg) => msg.respond(encodeJson({ echoed: msg.json<{ text: string }>().text })),
+    callback: (_err, msg) => {
+      msg.respond(encodeJson({ echoed: msg.json<{ text: string }>().text }));
+    },
   });
-  nc.subscribe("rr.not-json", { callback: (_err, msg) => msg.respond("{half") });
-  nc.subscribe("rr.other-shape", { callback: (_err, msg) => msg.respond(encodeJson({ x: 1 })) });
+  nc.subscribe("rr.not-json", {
+    callback: (_err, msg) => {
+      msg.respond("{half");
+    },
+  });
+  nc.subscribe("rr.other-shape", {
+    callback: (_err, msg) => {
+      msg.respond(encodeJson({ x: 1 }));
+    },
+  });
   nc.subscribe("rr.silent", { callback: () => undefined });
   await nc.flush();
 });

@@ -25,6 +25,7 @@ import type { ResolverDeps } from "@toolmesh/resolver";
 import { createLogger, toolmeshMetrics, trace } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { present } from "./helpers/present.js";
 
 const subjects = createSubjects({ prefix: "hc" });
 const address = { tenant: "default", session: "s1" };
@@ -149,9 +150,12 @@ describe("handleCall", () => {
     const record = await plane.store.get({ idempotency_key: `${address.session}/ok-1`, address });
     expect(record?.record.state).toBe("accepted");
     expect(await workMessages()).toBe(1);
-    const work = await plane.jsm.streams.getMessage(subjects.streams.work, {
-      last_by_subj: subjects.work("echo"),
-    });
+    const work = present(
+      await plane.jsm.streams.getMessage(subjects.streams.work, {
+        last_by_subj: subjects.work("echo"),
+      }),
+      "the work message",
+    );
     const routed = decodeJson(work.data) as ResolvedCall;
     expect(routed).toMatchObject({ call_id: "ok-1", tool: "echo", arguments: { text: "hi" } });
     // What the deadline keeper and the executor read without touching the call record.
@@ -235,7 +239,7 @@ describe("routeCall", () => {
       const work = await plane.jsm.streams.getMessage(subjects.streams.work, {
         last_by_subj: subjects.work("echo"),
       });
-      return work.seq;
+      return present(work, "the work message").seq;
     };
     const key = (id: string) => callKey(address, `${address.session}/${id}`);
 

@@ -66,7 +66,11 @@ describe("a toolmesh connection", () => {
     expect(at - sent).toBeGreaterThanOrEqual(200);
     expect(at - sent).toBeLessThan(5_000);
     // A request made after the announcement arrived is left alone, however slow its answer.
-    other.subscribe("slow", { callback: (_e, m) => setTimeout(() => m.respond("ok"), 400) });
+    other.subscribe("slow", {
+      callback: (_e, m) => {
+        setTimeout(() => m.respond("ok"), 400);
+      },
+    });
     await other.flush();
     other.publish(advisory, "{}");
     await other.flush();
@@ -74,7 +78,9 @@ describe("a toolmesh connection", () => {
     await expect(nc.request("slow", "x", { timeout: 5_000 })).resolves.toBeDefined();
     // Nor is a change of a stream or consumer, which the meta leader may rightly take seconds for.
     other.subscribe("$JS.API.STREAM.UPDATE.CALLS", {
-      callback: (_e, m) => setTimeout(() => m.respond("{}"), 600),
+      callback: (_e, m) => {
+        setTimeout(() => m.respond("{}"), 600);
+      },
     });
     await other.flush();
     const update = nc.request("$JS.API.STREAM.UPDATE.CALLS", "{}", { timeout: 5_000 });
@@ -114,7 +120,9 @@ describe("a toolmesh connection", () => {
     // Every pull request the loop makes, seen by a second subscriber of the API subject.
     const pulls: number[] = [];
     other.subscribe("$JS.API.CONSUMER.MSG.NEXT.SC.work", {
-      callback: () => pulls.push(performance.now()),
+      callback: () => {
+        pulls.push(performance.now());
+      },
     });
     await other.flush();
     const loop = await startWorkLoop({

@@ -239,4 +239,31 @@ describe("startWorkLoop", () => {
     expect((errors[0]?.err as Error).message).toBe("handler broke");
     expect(errors[0]?.msg && payload(errors[0].msg)).toBe("0");
   });
+
+  it("waits for a consumer it cannot read yet, then consumes it", async () => {
+    const where = await queue();
+    await jsm.consumers.delete(where.stream, where.consumer);
+    await publish(where.stream, 2);
+    const handled: string[] = [];
+    const unavailable: string[] = [];
+    const starting = loop(where, {
+      handle: (msg) => {
+        handled.push(payload(msg));
+        msg.ack();
+        return Promise.resolve();
+      },
+      onConsumerUnavailable: (kind) => unavailable.push(kind),
+    });
+    await until(() => unavailable.length > 0);
+    await jsm.consumers.add(where.stream, { durable_name: "work", ack_policy: AckPolicy.Explicit });
+    await starting;
+    await until(() => handled.length === 2);
+    expect(unavailable).toEqual(["consumer not found"]);
+  });
+
+  it("gives up on a consumer of a stream that does not exist", async () => {
+    await expect(
+      loop({ stream: "WL_MISSING", consumer: "work" }, { handle: () => Promise.resolve() }),
+    ).rejects.toThrow(/stream not found/);
+  });
 });

@@ -26,15 +26,25 @@ export interface ServiceProcess {
 
 const running = new Set<ServiceProcess>();
 
+/** The services {@link startService} starts. */
+export type ServiceName = "resolver" | "executor" | "schema-expander" | "mcp-bridge" | "gateway";
+
 /**
  * Starts `services/<service>/dist/main.js` with the given environment and waits for its
  * "<service> started" log line (readiness, not a sleep).
  */
 export async function startService(
-  service: "resolver" | "executor" | "schema-expander" | "mcp-bridge" | "gateway",
+  service: ServiceName,
   env: Record<string, string>,
   timeoutMs = 20_000,
 ): Promise<ServiceProcess> {
+  const handle = spawnService(service, env);
+  await handle.waitForLog((l) => l.msg === `${service} started`, timeoutMs);
+  return handle;
+}
+
+/** Starts `services/<service>/dist/main.js` with the given environment; waits for nothing. */
+export function spawnService(service: ServiceName, env: Record<string, string>): ServiceProcess {
   const child = spawn(process.execPath, [join(ROOT, "services", service, "dist", "main.js")], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? "", TOOLMESH_LOG_LEVEL: "info", ...env },
@@ -125,7 +135,6 @@ export async function startService(
     },
   };
   running.add(handle);
-  await handle.waitForLog((l) => l.msg === `${service} started`, timeoutMs);
   return handle;
 }
 

@@ -1,8 +1,8 @@
 import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
-import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions, StreamCompression } from "@toolmesh/nats";
-import { meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
 import type {
   CallRecord,
   ResolvedCall,
@@ -132,10 +132,6 @@ export function knownRecordOf(
   if (!/^[1-9][0-9]{0,14}$/.test(revisionText) || !/^[0-9a-f]{64}$/.test(argsHash))
     return undefined;
   return { record: callRecordOf(call, argsHash), revision: Number(revisionText) };
-}
-
-function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }
 
 /** Call records in a KV bucket, changed only by compare-and-set. */

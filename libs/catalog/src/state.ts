@@ -1,8 +1,8 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV, KvEntry } from "@nats-io/kv";
-import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { StreamCompression } from "@toolmesh/nats";
-import { meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
 import type { SessionAddress, Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
 import type { SessionPolicy } from "./policy.js";
@@ -206,10 +206,7 @@ async function update<T extends { updated_at: number }>(
       else await kv.create(key, data);
       return { value: written, changed: true };
     } catch (err) {
-      if (!(
-        err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence
-      ))
-        throw err;
+      if (!isWrongLastSequence(err)) throw err;
       // Someone else wrote first: read again and re-apply.
     }
   }

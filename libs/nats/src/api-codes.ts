@@ -1,4 +1,4 @@
-import { JetStreamApiCodes } from "@nats-io/jetstream";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 
 /**
  * The JetStream API error codes toolmesh acts on (`JetStreamApiError.code`), named once: the
@@ -7,6 +7,8 @@ import { JetStreamApiCodes } from "@nats-io/jetstream";
  */
 export const JsApiCode = {
   ...JetStreamApiCodes,
+  /** JetStream has no leader to answer right now ("JetStream system temporarily unavailable"). */
+  ClusterNotAvailable: 10008,
   /** A message is larger than the stream's `max_msg_size`. */
   StreamMessageExceedsMaximum: 10054,
   /** A stream of that name exists with another configuration (a concurrent create). */
@@ -30,3 +32,16 @@ export const STREAM_FULL_CODES: readonly number[] = [
   JsApiCode.StorageResourcesExceeded,
   JsApiCode.MemoryResourcesExceeded,
 ];
+
+/**
+ * Whether a KV `create()` or `update()` (or a publish with an expected last subject sequence)
+ * lost a compare-and-set: someone else wrote the key first. Both servers answer 10071; like
+ * `@nats-io/kv`'s own `create()`, 10164 (the same refusal, newer servers) counts too.
+ */
+export function isWrongLastSequence(err: unknown): boolean {
+  return (
+    err instanceof JetStreamApiError &&
+    (err.code === JsApiCode.StreamWrongLastSequence ||
+      err.code === JsApiCode.StreamWrongLastSequenceUnknown)
+  );
+}

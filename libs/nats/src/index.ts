@@ -6,7 +6,7 @@ export {
   redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
-export { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
+export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
 export { ensureStreams, ownerAdvisoriesSpec, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
@@ -22,6 +22,8 @@ export { answerRequest, serveRequests } from "./serve-requests.js";
 export type { RequestServer, ServeRequestsOptions } from "./serve-requests.js";
 export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
+export { retryWhileUnavailable, unavailableKind } from "./unavailable.js";
+export type { RetryWhileUnavailableOptions, UnavailableKind } from "./unavailable.js";
 export { ServerClock } from "./server-clock.js";
 export { ensureDurableConsumer } from "./consumers.js";
 export type { DurableConsumerOptions, StreamCompression } from "./provision.js";

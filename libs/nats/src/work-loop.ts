@@ -2,6 +2,8 @@ import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { ConsumerMessages, JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { Defaults, consumerLeaderElectedAdvisory } from "@toolmesh/protocol";
 import type { Semaphore } from "./semaphore.js";
+import type { UnavailableKind } from "./unavailable.js";
+import { retryWhileUnavailable } from "./unavailable.js";
 
 /** Options of {@link startWorkLoop}. Durations in ms. */
 export interface WorkLoopOptions {
@@ -34,6 +36,14 @@ export interface WorkLoopOptions {
    * the consumer's ack wait; default off.
    */
   heartbeatMs?: number;
+  /**
+   * How long to keep trying to read the consumer while it cannot be read for a passing reason
+   * (a leader being elected: timeouts, 503, a consumer just created), in ms. Default
+   * `Defaults.startupTimeoutMs` (2 min).
+   */
+  consumerWaitMs?: number;
+  /** Told once per kind of passing trouble met while reading the consumer, before trying again. */
+  onConsumerUnavailable?: (kind: UnavailableKind, err: unknown) => void;
   /** Handles one message and settles it (ack, nak or term). What it throws goes to `onError`. */
   handle(msg: JsMsg): Promise<void>;
   /** Told about handler failures and consumer errors that need attention. */
@@ -69,7 +79,16 @@ export interface WorkLoop {
  * loop competes for the same messages, so adding replicas adds throughput.
  */
 export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop> {
-  const consumer = await options.js.consumers.get(options.stream, options.consumer);
+  const consumer = await retryWhileUnavailable(
+    () => options.js.consumers.get(options.stream, options.consumer),
+    {
+      what: `read consumer ${options.consumer} of stream ${options.stream}`,
+      ...(options.consumerWaitMs === undefined ? {} : { budgetMs: options.consumerWaitMs }),
+      ...(options.onConsumerUnavailable === undefined
+        ? {}
+        : { onRetry: options.onConsumerUnavailable }),
+    },
+  );
   const maxMessages = options.maxMessages ?? 8;
   const messages = await consumer.consume({
     max_messages: maxMessages,

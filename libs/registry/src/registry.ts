@@ -1,8 +1,8 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
-import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
-import { meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
 import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
 import {
   ErrorCode,
@@ -261,8 +261,4 @@ export class ToolRegistry {
       }
     }
   }
-}
-
-function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
 }

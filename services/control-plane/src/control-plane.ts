@@ -110,6 +110,16 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     slots: new Semaphore(8),
     maxMessages: 8,
     handle: (msg) => onMaxDeliveries(deps, msg),
+    onConsumerUnavailable: (kind, err) => {
+      log.warn(
+        {
+          consumer: subjects.deadLetterConsumer,
+          kind,
+          reason: err instanceof Error ? err.message : String(err),
+        },
+        `consumer cannot be read yet (${kind}); trying again`,
+      );
+    },
     onError: (err) => log.error({ err }, "dead-letter keeper error"),
   });
 

@@ -15,8 +15,13 @@ import {
 } from "@toolmesh/protocol";
 import { openCallPlane, ownerCallPlane } from "@toolmesh/call-store";
 import type { CallPlane } from "@toolmesh/call-store";
-import type { StreamLimits, WorkLoop } from "@toolmesh/nats";
-import { Semaphore, ensureDurableConsumer, startWorkLoop } from "@toolmesh/nats";
+import type { StreamLimits, UnavailableKind, WorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  ensureDurableConsumer,
+  retryWhileUnavailable,
+  startWorkLoop,
+} from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
@@ -64,6 +69,11 @@ export interface ExecutorOptions {
   ackWaitMs?: number;
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number;
+  /**
+   * How long a tool's work consumer may stay unreadable for a passing reason (a leader being
+   * elected) before serving the tool fails, in ms. Default `Defaults.startupTimeoutMs` (2 min).
+   */
+  consumerWaitMs?: number;
 }
 
 /** A running executor. */
@@ -213,7 +223,21 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     };
     const previous = served.get(definition.name);
     served.set(definition.name, tool);
-    await link.ensureWorkConsumer(definition);
+    // Right after `toolmesh setup`, or while a node restarts, the consumer's leader may be being
+    // elected: wait for it (not ready meanwhile), one line per kind of trouble.
+    const consumerWait = {
+      budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
+      onRetry: (kind: UnavailableKind, err: unknown) => {
+        log.warn(
+          { tool: definition.name, kind, reason: ensureError(err).message },
+          `work consumer cannot be read yet (${kind}); trying again`,
+        );
+      },
+    };
+    await retryWhileUnavailable(() => link.ensureWorkConsumer(definition), {
+      ...consumerWait,
+      what: `ensure the work consumer of ${definition.name}`,
+    });
     // A new definition of a tool already served: the running loop picks it up.
     if (previous !== undefined && loops.has(definition.name)) return true;
     if (previous === undefined) metrics.toolServed(definition.name, 1);
@@ -227,6 +251,8 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         // Buffered messages are kept owned by heartbeats while they wait for a slot.
         maxMessages: 8,
         heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+        consumerWaitMs: consumerWait.budgetMs,
+        onConsumerUnavailable: consumerWait.onRetry,
         handle: (msg) => handleWork(deps, served.get(definition.name) ?? tool, msg),
         onError: (err) => {
           freshWork.interrupted();

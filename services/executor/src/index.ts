@@ -5,7 +5,7 @@ export { AttemptTelemetry } from "./attempt-telemetry.js";
 export { FreshWork } from "./fresh-work.js";
 export type { Executor, ExecutorOptions } from "./executor.js";
 export { ToolLoadError, builtinToolSources, loadToolsDir } from "./load-tools.js";
-export type { LoadLog, LoadedTool } from "./load-tools.js";
+export type { LoadedTool } from "./load-tools.js";
 export { ToolModuleSchema, defineTool } from "./tool-module.js";
 export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
 export { loadPresetsFile, startExecutorFromRuntime } from "./from-runtime.js";
@@ -27,7 +27,13 @@ export {
 } from "./http-invoke.js";
 export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
 export { loadToolSources } from "./tool-source.js";
-export type { SourcedTool, ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
+export type {
+  LoadLog,
+  SourcedTool,
+  ToolSource,
+  ToolSourceKind,
+  ToolSourceSettings,
+} from "./tool-source.js";
 export { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
 export { ServedTools } from "./served-tools.js";
 export type { SyncLog, ToolSync } from "./served-tools.js";

@@ -5,7 +5,7 @@ import { afterAll, describe, expect, it, vi } from "vitest";
 import type { Mock } from "vitest";
 import { z } from "zod";
 import { ToolLoadError, loadToolsDir } from "./load-tools.js";
-import type { LoadLog } from "./load-tools.js";
+import type { LoadLog } from "./tool-source.js";
 import { ToolModuleSchema, defineTool } from "./tool-module.js";
 import type { ToolContext } from "./tool-module.js";
 

@@ -4,17 +4,12 @@ import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import type { ToolModule } from "./tool-module.js";
 import { ToolModuleSchema } from "./tool-module.js";
-import type { ToolSourceKind } from "./tool-source.js";
+import type { LoadLog, ToolSourceKind } from "./tool-source.js";
 
 /** A tool module and the file it came from. */
 export interface LoadedTool {
   module: ToolModule;
   file: string;
-}
-
-/** Something that hears about tools that were skipped (a pino logger fits). */
-export interface LoadLog {
-  warn(obj: object, msg: string): void;
 }
 
 const MODULE_EXTENSIONS = new Set([".js", ".mjs"]);

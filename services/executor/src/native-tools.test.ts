@@ -8,7 +8,7 @@ import { stringify as toYaml } from "yaml";
 import { RetryableError, TerminalError, ToolmeshError } from "@toolmesh/protocol";
 import { toolDefinitionOf } from "./executor.js";
 import { ToolLoadError } from "./load-tools.js";
-import type { LoadLog } from "./load-tools.js";
+import type { LoadLog } from "./tool-source.js";
 import { retryAfterMs } from "./http-invoke.js";
 import { loadNativeToolsDir } from "./native-tools.js";
 import type { NativeToolFile, NativeToolsOptions } from "./native-tools.js";

@@ -11,7 +11,7 @@ import {
   invokeHttp,
   textOf,
 } from "./http-invoke.js";
-import type { LoadLog } from "./load-tools.js";
+import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
 import type { PrivateAddressAllowance } from "./outbound.js";
 import { outboundFetch, trustedHostsOf } from "./outbound.js";

@@ -6,7 +6,7 @@ import { z } from "zod";
 import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
 import type { HttpEndpoint } from "./http-invoke.js";
 import { UrlAllowList, invokeHttp } from "./http-invoke.js";
-import type { LoadLog } from "./load-tools.js";
+import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
 import { isOpenApiFile } from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";

@@ -1,6 +1,10 @@
 import type { PrivateAddressAllowance } from "./outbound.js";
-import type { LoadLog } from "./load-tools.js";
 import type { ToolModule } from "./tool-module.js";
+
+/** Something that hears about tools that were skipped (a pino logger fits). */
+export interface LoadLog {
+  warn(obj: object, msg: string): void;
+}
 
 /**
  * Where an executor's tools come from, as configuration gives it. One object for every kind,

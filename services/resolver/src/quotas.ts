@@ -13,7 +13,7 @@ import {
   subjectToken,
 } from "@toolmesh/protocol";
 import type { StreamSpec } from "@toolmesh/nats";
-import { meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
 
 // Quotas are data in the mesh: limits in the bucket `{p}_quotas` (watched by every resolver),
@@ -154,11 +154,6 @@ function scopeIds(scope: QuotaScope): StoredQuota["scope"] {
     ...(scope.tool === undefined ? {} : { tool: scope.tool }),
     ...(scope.agent === undefined ? {} : { agent: scope.agent }),
   };
-}
-
-function isWrongLastSequence(err: unknown): boolean {
-  const text = err instanceof Error ? err.message : String(err);
-  return /wrong last sequence|10071|key exists/i.test(text);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -196,6 +196,16 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: (msg) => handleCall(deps, msg),
+    onConsumerUnavailable: (kind, err) => {
+      log.warn(
+        {
+          consumer: subjects.resolverConsumer,
+          kind,
+          reason: err instanceof Error ? err.message : String(err),
+        },
+        `consumer cannot be read yet (${kind}); trying again`,
+      );
+    },
     onError: (err) => log.error({ err }, "resolver loop error"),
   });
 

@@ -136,6 +136,16 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     maxMessages: 16,
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: (msg) => handleEvent(deps, msg),
+    onConsumerUnavailable: (kind, err) => {
+      log.warn(
+        {
+          consumer: subjects.schemaExpanderConsumer,
+          kind,
+          reason: err instanceof Error ? err.message : String(err),
+        },
+        `consumer cannot be read yet (${kind}); trying again`,
+      );
+    },
     onError: (err) => log.error({ err }, "schema expander loop error"),
   });
 
