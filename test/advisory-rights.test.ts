@@ -29,7 +29,11 @@ const ADVISORIES = [STREAM_LEADER_ELECTED_ADVISORIES, consumerLeaderElectedAdvis
 function hear(nc: NatsConnection): Msg[] {
   const got: Msg[] = [];
   for (const subject of [...ADVISORIES, "$JS.EVENT.>"]) {
-    nc.subscribe(subject, { callback: (err, msg) => err === null && got.push(msg) });
+    nc.subscribe(subject, {
+      callback: (err, msg) => {
+        if (err === null) got.push(msg);
+      },
+    });
   }
   return got;
 }
@@ -81,7 +85,9 @@ describe("leader-election advisories", () => {
       open.push(mesh);
       const observed: Msg[] = [];
       mesh.subscribe(STREAM_LEADER_ELECTED_ADVISORIES, {
-        callback: (err, msg) => err === null && observed.push(msg),
+        callback: (err, msg) => {
+          if (err === null) observed.push(msg);
+        },
       });
       const principals = ["frontend-acme", "executor-billing", "mcp-bridge-billing", "billing"];
       const heard = new Map<string, Msg[]>();
@@ -134,7 +140,9 @@ describe("leader-election advisories", () => {
       });
       const observed: Msg[] = [];
       mesh.subscribe(STREAM_LEADER_ELECTED_ADVISORIES, {
-        callback: (err, msg) => err === null && observed.push(msg),
+        callback: (err, msg) => {
+          if (err === null) observed.push(msg);
+        },
       });
       const got = hear(frontend);
       await frontend.flush();
