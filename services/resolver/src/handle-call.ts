@@ -401,6 +401,11 @@ export async function routeCall(
     return;
   }
   if (!limits.tryAcquire(resolved, clock.now())) {
+    deps.metrics.tenantRefused(
+      labelledTenant(deps, resolved, request),
+      ErrorCode.Overloaded,
+      "session_max_in_flight",
+    );
     await publishAnswer(
       new ToolmeshError(
         ErrorCode.Overloaded,
@@ -505,6 +510,20 @@ export async function routeCall(
   }
   await publishWork();
   return undefined;
+}
+
+/**
+ * The tenant token a refusal is counted under: only tenants with a quota are labelled, which
+ * keeps the label's values bounded.
+ */
+function labelledTenant(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+): string | undefined {
+  const { tenant } = resolved.address;
+  const scopes = deps.quotas?.view.scopesOf(tenant, resolved.tool, request.agent) ?? [];
+  return scopes.length > 0 ? tenant : undefined;
 }
 
 /**
