@@ -210,6 +210,19 @@ describe("held calls handed on as the window frees", () => {
     expect(m.dispatched).toEqual(["b.s.1", "a.s.3"]);
   });
 
+  it("hands a slot on only once its call's final message went by, even if the server counts it done first", async () => {
+    const m = mesh({ window: 1, idleMs: 0 });
+    expect(await m.call("a", 0)).toBe("started");
+    expect(await m.call("b", 0)).toBe("held");
+    // The executor's acknowledgement reached the server before the final message reached us.
+    m.running.delete("a.s.0");
+    await settle();
+    expect(m.dispatched).toEqual([]);
+    m.share.ended("a.s.0");
+    await until(() => m.dispatched.length === 1);
+    expect(m.dispatched).toEqual(["b.s.0"]);
+  });
+
   it("shares the slots by weight", async () => {
     const m = mesh({ window: 3, idleMs: 0, weightOf: (t) => (t === "heavy" ? 2 : 1) });
     for (let n = 0; n < 3; n++) expect(await m.call("x", n)).toBe("started");

@@ -94,6 +94,8 @@ class ToolQueue {
   order: string[] = [];
   cursor = 0;
   size = 0;
+  /** Calls of the tool this process published and has not seen end. */
+  running = 0;
   depth = 0;
   depthAt = -Infinity;
   reading: Promise<void> | undefined;
@@ -228,7 +230,7 @@ export class FairShare {
       state.reading ??= this.#options
         .depth(tool)
         .then((depth) => {
-          state.depth = depth;
+          state.depth = Math.max(depth, state.running);
           state.depthAt = this.#options.now();
         })
         .finally(() => (state.reading = undefined));
@@ -254,6 +256,7 @@ export class FairShare {
     const queue = this.#tools.get(tool) ?? this.#queue(tool);
     const activity = this.#seen(queue, call.tenant);
     activity.running++;
+    queue.running++;
     this.#demand(queue, call.tenant, activity);
     this.#started.set(call.id, { tool, call });
   }
@@ -284,6 +287,7 @@ export class FairShare {
       this.#started.delete(id);
       const queue = this.#tools.get(started.tool);
       const activity = queue?.activity.get(started.call.tenant);
+      if (queue !== undefined) queue.running--;
       if (activity !== undefined) {
         activity.running--;
         activity.lastAt = this.#options.now();
@@ -295,6 +299,18 @@ export class FairShare {
     if (held === undefined) return;
     this.#held.delete(id);
     if (this.#tools.get(held.tool)?.remove(held.call) === true) held.call.msg.ack();
+  }
+
+  /**
+   * Forgets the calls this process published: after a reconnect, final messages published while
+   * it was disconnected were never seen, and would hold their slots until their deadlines.
+   */
+  reconnected(): void {
+    this.#started.clear();
+    for (const queue of this.#tools.values()) {
+      queue.running = 0;
+      for (const activity of queue.activity.values()) activity.running = 0;
+    }
   }
 
   /** Hands every held call back (`nak`), so another resolver takes it. */
@@ -395,7 +411,9 @@ export class FairShare {
       }
       let read = false;
       try {
-        queue.depth = await depth(tool);
+        // A call this process has not seen end holds its slot, even when the server has its
+        // acknowledgement first: the slot is not handed on before its tenant counts it free.
+        queue.depth = Math.max(await depth(tool), queue.running);
         queue.depthAt = now();
         read = true;
       } catch (err) {

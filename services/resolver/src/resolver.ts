@@ -190,7 +190,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   };
 
   void (async () => {
-    for await (const status of nc.status()) if (status.type === "reconnect") limits.clear();
+    for await (const status of nc.status())
+      if (status.type === "reconnect") {
+        limits.clear();
+        fairShare?.reconnected();
+      }
   })();
 
   const loop: WorkLoop = await startWorkLoop({
