@@ -1,11 +1,14 @@
-// Fair share under a flood, in one run: `node bench/fair-share.mjs [--smoke] [--out DIR]`.
+// Fair share under a flood, in one run:
+// `node bench/fair-share.mjs [--smoke] [--out DIR] [--compare-root DIR]`.
 //
 // One tool whose executors serve CAPACITY calls per second. Tenant B makes steady calls alone
 // first (its baseline), then again while tenant A floods the same tool at ten times CAPACITY,
 // with A's quota (max_in_flight, max_queued) set. Once with fair share on, once with it off
 // (quota only), same run. Passes when B's p99 under the flood stays within 1.5× of B alone, none
 // of B's calls is refused or late, and every one of A's calls is answered: run, or refused by
-// its quota. Writes fair-share.json to --out (default bench/results/).
+// its quota. Writes fair-share.json to --out (default bench/results/). `--compare-root DIR` runs
+// the fair-share scenario a second time with the services built in another checkout (a built
+// `git worktree` of main), for before/after figures from one run; it does not decide the verdict.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { parseArgs } from "node:util";
@@ -22,6 +25,7 @@ const { values: flags } = parseArgs({
   options: {
     smoke: { type: "boolean", default: false },
     out: { type: "string", default: join(HERE, "results") },
+    "compare-root": { type: "string" },
   },
 });
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
@@ -104,26 +108,30 @@ async function phase(mesh, label, flood) {
   };
 }
 
-async function scenario(window) {
+async function scenario(window, root) {
   const mesh = await startMesh({
     name: `fair-${window}`,
     concurrency: CONCURRENCY,
     env: { TOOLMESH_FAIR_SHARE_WINDOW: String(window) },
+    ...(root === undefined ? {} : { root }),
   });
   try {
     const store = await QuotaStore.open(mesh.nc, { subjects: createSubjects() });
     await store.set({ tenant: "tenant-a" }, A_QUOTA);
     // Warm up the tool's consumer and the quota watch.
     await mesh.submit("work", { ms: 1 }, { timeoutMs: 5_000 });
-    const alone = await phase(mesh, `window ${window}, B alone`, false);
-    const flooded = await phase(mesh, `window ${window}, B with A's flood`, true);
+    const label = `window ${window}${root === undefined ? "" : ` (${root})`}`;
+    const alone = await phase(mesh, `${label}, B alone`, false);
+    const flooded = await phase(mesh, `${label}, B with A's flood`, true);
     return { alone, flooded };
   } finally {
     await mesh.stop();
   }
 }
 
+const compareRoot = flags["compare-root"];
 const fair = await scenario(WINDOW);
+const before = compareRoot === undefined ? undefined : await scenario(WINDOW, compareRoot);
 const fifo = await scenario(0);
 const ratio = (s) => round(s.flooded.b.latency.p99_ms / s.alone.b.latency.p99_ms, 2);
 const result = {
@@ -138,6 +146,9 @@ const result = {
     fair_share_window: WINDOW,
   },
   fair_share: { ...fair, b_p99_ratio: ratio(fair) },
+  ...(before === undefined
+    ? {}
+    : { fair_share_before: { root: compareRoot, ...before, b_p99_ratio: ratio(before) } }),
   quota_only: { ...fifo, b_p99_ratio: ratio(fifo) },
 };
 const failures = [];
@@ -158,6 +169,7 @@ writeFileSync(join(flags.out, "fair-share.json"), `${JSON.stringify(result, null
 log(
   JSON.stringify({
     fair_share: result.fair_share.b_p99_ratio,
+    ...(before === undefined ? {} : { fair_share_before: result.fair_share_before.b_p99_ratio }),
     quota_only: result.quota_only.b_p99_ratio,
     pass: result.pass,
     failures,

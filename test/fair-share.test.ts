@@ -73,7 +73,44 @@ async function heldCalls(
   await resolver?.waitForLog(() => heldSoFar(resolver) >= since + count, 20_000);
 }
 
+/** Resolves once the calls `ids` were held. */
+async function held(resolver: ServiceProcess | undefined, ids: string[]): Promise<void> {
+  const isHeld = (id: string) => resolver?.lines.some((l) => l.msg === HELD && l.callId === id);
+  await resolver?.waitForLog(() => ids.every(isHeld), 20_000);
+}
+
 describe("fair share of a busy tool", () => {
+  // First: no other tenant was seen at the tool within the idle time, so none keeps a slot.
+  it("keeps a slot free for a tenant whose call just ended, so its next call starts at once", async () => {
+    const HOLD_MS = 1_500;
+    const finished: string[] = [];
+    const mark = heldSoFar(resolvers[0]);
+    const a = submitMany("backlog", "ka", 20, HOLD_MS);
+    const aResults = a.handles.map((h) => h.result.then((m) => (finished.push("A"), m)));
+    await heldCalls(resolvers[0], mark, 8);
+    // B's first call waits for a slot; when it ends, B has nothing running and its slot is kept
+    // (for the idle time, 1 s): its second call starts at once, beside A's three, instead of
+    // after one of A's.
+    const b = new ToolmeshClient(nc, { tenant: "interactive" }).session("s-kb");
+    const call = (id: string) =>
+      b.submit({ id, name: "concurrency", arguments: { hold_ms: HOLD_MS } }).result;
+    const first = await call("kb-0");
+    // As an agent does, B thinks a little before its next call: A's calls that ended with B's
+    // have been replaced by then, so only a kept slot lets B's call start before one of A's ends.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const second = await call("kb-1");
+    const aBeforeSecond = finished.length;
+    const aMessages = await Promise.all(aResults);
+    a.session.close();
+    b.close();
+    expect([first.error, second.error]).toEqual([undefined, undefined]);
+    expect(aMessages.every((m) => m.error === undefined)).toBe(true);
+    // A's four first calls, then three slots for 2 × 1.5 s (and B's pause) while B's two calls
+    // ran: at most 4 + 3 × 2 of A's ended first. Had B's second call waited for one of A's to
+    // end, A would have had four slots meanwhile (at least 11).
+    expect(aBeforeSecond).toBeLessThanOrEqual(10);
+  });
+
   it("serves a second tenant in turn instead of after the first tenant's backlog", async () => {
     const finished: string[] = [];
     const track = (tenant: string, handles: { result: Promise<ToolMessage> }[]) =>
@@ -107,7 +144,7 @@ describe("fair share of a busy tool", () => {
     // Behind their own tenant's backlog, these wait for many rounds.
     const late = submitMany("busy", "lt", 1, 300, 600);
     const cancelled = submitMany("busy", "cc", 1, 300);
-    await heldCalls(resolvers[0], mark, 18);
+    await held(resolvers[0], ["lt-0", "cc-0"]);
     const reply = await cancelled.handles[0]?.cancel();
     expect(reply?.cancelled).toBe(true);
     const [lateMessage, cancelMessage] = await Promise.all([
@@ -130,7 +167,8 @@ describe("fair share of a busy tool", () => {
     await store.set({ tenant: "queued" }, { max_queued: 5 });
     await resolvers[0]?.waitForLog((l) => l.msg === "quota applied" && l.quota === "queued");
     const mark = heldSoFar(resolvers[0]);
-    const backlog = submitMany("other", "ob", 12, 300);
+    // Long enough that no slot frees while the flood arrives: each held call of "queued" stays held.
+    const backlog = submitMany("other", "ob", 12, 2_000);
     await heldCalls(resolvers[0], mark, 6);
     const flood = submitMany("queued", "qd", 20, 10);
     const messages = await Promise.all(flood.handles.map((h) => h.result));

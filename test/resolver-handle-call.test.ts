@@ -204,8 +204,10 @@ describe("handleCall", () => {
 });
 
 describe("routeCall", () => {
-  it("answers overloaded when the session is over its in-flight limit, and routes nothing", async () => {
-    const limited = deps({ limits: new SessionLimits(1) });
+  it("answers overloaded when the session is over its in-flight limit, counts it, and routes nothing", async () => {
+    const metrics = toolmeshMetrics();
+    const refusedCount = vi.spyOn(metrics, "tenantRefused");
+    const limited = deps({ limits: new SessionLimits(1), metrics });
     const first = await submitted(request("busy-1", "echo", { text: "a" }));
     await handleCall(limited, first);
     expect(await workMessages()).toBe(1);
@@ -222,6 +224,10 @@ describe("routeCall", () => {
     const answer = await resultFor("busy-2");
     expect(answer?.error?.code).toBe(ErrorCode.Overloaded);
     expect(answer?.error?.details).toMatchObject({ max_in_flight: 1 });
+    // In the tenants' refusals, by reason: the tenant has no quota, so it is not labelled.
+    expect(refusedCount.mock.calls).toEqual([
+      [undefined, ErrorCode.Overloaded, "session_max_in_flight"],
+    ]);
     expect(
       await plane.store.get({ idempotency_key: `${address.session}/busy-1`, address }),
     ).toBeDefined();

@@ -67,11 +67,14 @@ async function frontend(tenant: string) {
     inboxPrefix: subjects.frontendInboxPrefix(tenant),
   });
   const finals = new Map<string, ToolMessage[]>();
+  /** Told of every final message, by the waits of `answered`. */
+  const waiting = new Set<(id: string) => void>();
   nc.subscribe(subjects.sessionEvents({ tenant, session: "s1" }), {
     callback: (err, msg) => {
       if (err !== null || !msg.subject.includes(".result.")) return;
       const m = msg.json<ToolMessage>();
       finals.set(m.tool_call_id, [...(finals.get(m.tool_call_id) ?? []), m]);
+      for (const answer of waiting) answer(m.tool_call_id);
     },
   });
   await nc.flush();
@@ -96,13 +99,26 @@ async function frontend(tenant: string) {
       return publishError(err, "calls").toWire();
     }
   };
-  /** Resolves once every call of `ids` has a final message (or after a minute). */
-  const answered = async (ids: string[]): Promise<void> => {
-    const until = Date.now() + 60_000;
-    while (ids.some((id) => !finals.has(id)) && Date.now() < until) {
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
-  };
+  /**
+   * Resolves once every call of `ids` has a final message, as the session's events bring them,
+   * or after a minute without: the assertions that follow then name the calls left unanswered.
+   */
+  const answered = (ids: string[]): Promise<void> =>
+    new Promise((resolve) => {
+      const missing = new Set(ids.filter((id) => !finals.has(id)));
+      const done = (): void => {
+        clearTimeout(timer);
+        waiting.delete(answer);
+        resolve();
+      };
+      const answer = (id: string): void => {
+        missing.delete(id);
+        if (missing.size === 0) done();
+      };
+      const timer = setTimeout(done, 60_000);
+      waiting.add(answer);
+      if (missing.size === 0) done();
+    });
   return { submit, finals, answered };
 }
 

@@ -105,6 +105,7 @@ export const EnvSchema = z.object({
   TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(Defaults.sessionMaxInFlight),
   TOOLMESH_QUOTA_RECONCILE_MS: positiveInt.default(5_000),
   TOOLMESH_FAIR_SHARE_WINDOW: z.coerce.number().int().min(0).default(0),
+  TOOLMESH_FAIR_SHARE_IDLE_MS: z.coerce.number().int().min(0).default(1_000),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
@@ -171,6 +172,8 @@ export interface RuntimeConfig {
   quotaReconcileMs: number;
   /** Calls of one tool outstanding in the work stream before others are held for a fair turn; 0 = off. */
   fairShareWindow: number;
+  /** How long after its last call of a tool a tenant keeps slots of the fair-share window free, in ms; 0 = none. */
+  fairShareIdleMs: number;
 
   /** How long call records (the idempotency horizon) are kept, in ms. */
   callRetentionMs: number;
@@ -267,6 +270,7 @@ export function loadConfig(
     sessionMaxInFlight: e.TOOLMESH_SESSION_MAX_IN_FLIGHT,
     quotaReconcileMs: e.TOOLMESH_QUOTA_RECONCILE_MS,
     fairShareWindow: e.TOOLMESH_FAIR_SHARE_WINDOW,
+    fairShareIdleMs: e.TOOLMESH_FAIR_SHARE_IDLE_MS,
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,

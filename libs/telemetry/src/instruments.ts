@@ -171,7 +171,7 @@ export class ToolmeshMetrics {
     this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
       unit: "{call}",
       description:
-        "Calls a quota refused, by toolmesh.tenant, error.type (rate_limited, quota_exceeded) and toolmesh.quota",
+        "Calls a quota or the session limit refused, by toolmesh.tenant (tenants with a quota), error.type (rate_limited, quota_exceeded, overloaded) and toolmesh.quota",
       valueType: ValueType.INT,
     });
     meter
@@ -304,10 +304,13 @@ export class ToolmeshMetrics {
     });
   }
 
-  /** A quota refused a call of `tenant` (a token) with `code`, naming `quota`. */
-  tenantRefused(tenant: string, code: string, quota: string): void {
+  /**
+   * A limit refused a call of `tenant` (a token; undefined for a tenant not labelled) with
+   * `code`, naming `quota`.
+   */
+  tenantRefused(tenant: string | undefined, code: string, quota: string): void {
     this.#tenantRefused.add(1, {
-      [ATTR_TOOLMESH_TENANT]: tenant,
+      ...(tenant === undefined ? {} : { [ATTR_TOOLMESH_TENANT]: tenant }),
       [ATTR_ERROR_TYPE]: code,
       [ATTR_TOOLMESH_QUOTA]: quota,
     });

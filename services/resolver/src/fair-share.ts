@@ -4,9 +4,17 @@ import type { Logger } from "@toolmesh/telemetry";
 // Fair share of a busy tool among tenants. While a tool's work stream holds as much as its
 // executors can take (the window), further calls are not published to it: they stay unacknowledged
 // in the calls stream, held by the resolver that took them, one queue per tenant, and are
-// published in weighted round-robin order as the tool's work drains. Holding a call costs the
-// server nothing new (no subject, consumer or stream per tenant): the call is a message the
-// resolver consumer already delivered, kept owned by `working()`.
+// published as the tool's work drains. Holding a call costs the server nothing new (no subject,
+// consumer or stream per tenant): the call is a message the resolver consumer already delivered,
+// kept owned by `working()`.
+//
+// The window's slots are shared, not only the order (max-min fair share of the tool's
+// concurrency, weighted): a freed slot goes to the waiting tenant with the fewest calls running
+// for its weight, round-robin among equals. And a tenant seen at the tool within the idle time
+// keeps free as many slots as it lately had calls running and waiting at once (at least one, at
+// most its share of the window), so its next calls start at once instead of waiting for calls of
+// another tenant's backlog to end: a running call cannot be taken back. A tenant with nothing
+// running may always take a free slot, so a busy tenant always keeps one.
 
 /** One call held for its turn. */
 export interface HeldCall {
@@ -46,19 +54,48 @@ export interface FairShareOptions {
   heartbeatMs: number;
   /** Most calls this process holds; beyond, calls go to the work stream in arrival order. Default 2 000. */
   maxHeld?: number;
+  /**
+   * How long after its last call of a tool (arriving or ending) a tenant keeps slots of the window
+   * free for its next calls; 0 keeps none. Default 1 000.
+   */
+  idleMs?: number;
+}
+
+/** A call this process published to its tool's work: its tenant and deadline. */
+export interface StartedCall {
+  readonly id: string;
+  readonly tenant: string;
+  readonly deadlineAt: number;
+}
+
+/** A tenant's use of one tool through this process. */
+interface TenantActivity {
+  /** Calls published by this process and not ended. */
+  running: number;
+  /** When a call of the tenant last arrived or ended, ms on the server clock. */
+  lastAt: number;
+  /** The most calls it had running and held at once lately, and when it last had that many. */
+  peak: number;
+  peakAt: number;
 }
 
 interface TenantQueue {
   calls: HeldCall[];
-  credit: number;
 }
 
-/** The held calls of one tool, a queue per tenant served in weighted round-robin. */
+/**
+ * The held calls of one tool, a queue per tenant: the tenant with the fewest calls running for
+ * its weight goes first, in round-robin order among equals.
+ */
 class ToolQueue {
   readonly tenants = new Map<string, TenantQueue>();
+  /** Tenants with calls of the tool running, or recently seen. */
+  readonly activity = new Map<string, TenantActivity>();
   order: string[] = [];
   cursor = 0;
   size = 0;
+  /** Calls of the tool this process published and has not seen end. */
+  running = 0;
   depth = 0;
   depthAt = -Infinity;
   reading: Promise<void> | undefined;
@@ -70,7 +107,7 @@ class ToolQueue {
   push(call: HeldCall): void {
     let queue = this.tenants.get(call.tenant);
     if (queue === undefined) {
-      queue = { calls: [], credit: 0 };
+      queue = { calls: [] };
       this.tenants.set(call.tenant, queue);
       this.order.push(call.tenant);
     }
@@ -78,26 +115,40 @@ class ToolQueue {
     this.size++;
   }
 
-  /** The next call in weighted round-robin order (deficit round-robin over tenants). */
-  next(weightOf: (tenant: string) => number): HeldCall | undefined {
-    while (this.order.length > 0) {
-      if (this.cursor >= this.order.length) this.cursor = 0;
-      const tenant = this.order[this.cursor] as string;
-      const queue = this.tenants.get(tenant) as TenantQueue;
-      if (queue.credit < 1) queue.credit += weightOf(tenant);
-      if (queue.credit >= 1) {
-        queue.credit -= 1;
-        const call = queue.calls.shift() as HeldCall;
-        this.size--;
-        if (queue.calls.length === 0) {
-          this.tenants.delete(tenant);
-          this.order.splice(this.cursor, 1);
-        } else if (queue.credit < 1) this.cursor++;
-        return call;
+  /**
+   * The next call, among the tenants that `mayStart`: the first, from the cursor on, of those
+   * with the fewest calls `running` for their weight (max-min fair share of the tool's slots,
+   * weighted); undefined when no tenant may start.
+   */
+  next(
+    weightOf: (tenant: string) => number,
+    running: (tenant: string) => number,
+    mayStart: (tenant: string) => boolean,
+  ): HeldCall | undefined {
+    const n = this.order.length;
+    let best = -1;
+    let least = Infinity;
+    for (let i = 0; i < n; i++) {
+      const at = (this.cursor + i) % n;
+      const tenant = this.order[at] as string;
+      if (!mayStart(tenant)) continue;
+      const share = running(tenant) / weightOf(tenant);
+      if (share < least) {
+        least = share;
+        best = at;
       }
-      this.cursor++;
     }
-    return undefined;
+    if (best < 0) return undefined;
+    const tenant = this.order[best] as string;
+    const queue = this.tenants.get(tenant) as TenantQueue;
+    const call = queue.calls.shift() as HeldCall;
+    this.size--;
+    if (queue.calls.length === 0) {
+      this.tenants.delete(tenant);
+      this.order.splice(best, 1);
+      this.cursor = best;
+    } else this.cursor = best + 1;
+    return call;
   }
 
   remove(call: HeldCall): boolean {
@@ -126,13 +177,28 @@ export class FairShare {
   readonly #options: Required<FairShareOptions>;
   readonly #tools = new Map<string, ToolQueue>();
   readonly #held = new Map<string, { tool: string; call: HeldCall }>();
+  /** Calls this process published and has not seen end, by id. */
+  readonly #started = new Map<string, { tool: string; call: StartedCall }>();
   readonly #heartbeat: NodeJS.Timeout;
   #stopped = false;
 
   constructor(options: FairShareOptions) {
-    this.#options = { pollMs: 10, maxHeld: 2_000, ...options };
+    this.#options = {
+      ...options,
+      pollMs: options.pollMs ?? 10,
+      maxHeld: options.maxHeld ?? 2_000,
+      idleMs: options.idleMs ?? 1_000,
+    };
     this.#heartbeat = setInterval(() => {
       for (const { call } of this.#held.values()) call.msg.working();
+      // A final message this process missed (it was disconnected) ends the count at the deadline.
+      const now = this.#options.now();
+      for (const [id, { call }] of this.#started) if (call.deadlineAt < now) this.ended(id);
+      const since = now - this.#options.idleMs;
+      for (const queue of this.#tools.values())
+        for (const [tenant, { running, lastAt }] of queue.activity)
+          if (running === 0 && lastAt <= since && !queue.tenants.has(tenant))
+            queue.activity.delete(tenant);
     }, options.heartbeatMs).unref();
   }
 
@@ -150,20 +216,21 @@ export class FairShare {
   }
 
   /**
-   * Whether a call to `tool` must wait for its turn: calls of the tool are held already, or its
-   * work is at the window. Reads the depth at most once per poll interval.
+   * Whether a call of `tenant` to `tool` must wait for its turn: calls of the tool are held
+   * already, or no slot of the window is free for the tenant ({@link #mayStart}). Reads the depth
+   * at most once per poll interval.
    */
-  async busy(tool: string): Promise<boolean> {
+  async busy(tool: string, tenant: string): Promise<boolean> {
     if (this.#stopped || this.#held.size >= this.#options.maxHeld) return false;
-    const queue = this.#tools.get(tool);
-    if (queue !== undefined && queue.size > 0) return true;
-    const state = queue ?? this.#queue(tool);
+    const state = this.#tools.get(tool) ?? this.#queue(tool);
+    this.#seen(state, tenant);
+    if (state.size > 0) return true;
     if (this.#options.now() - state.depthAt > this.#options.pollMs) {
       // One read serves every call arriving meanwhile.
       state.reading ??= this.#options
         .depth(tool)
         .then((depth) => {
-          state.depth = depth;
+          state.depth = Math.max(depth, state.running);
           state.depthAt = this.#options.now();
         })
         .finally(() => (state.reading = undefined));
@@ -174,10 +241,24 @@ export class FairShare {
         return false;
       }
     }
-    if (state.depth >= this.#options.window) return true;
+    if (!this.#mayStart(state, state.depth)(tenant)) return true;
     // This call goes on to the work stream: count it until the next read sees it.
     state.depth++;
     return false;
+  }
+
+  /**
+   * A call not held goes on to its tool's work: counted as running for its tenant until its final
+   * message goes by ({@link ended}) or its deadline passes.
+   */
+  started(tool: string, call: StartedCall): void {
+    if (this.#stopped || this.#started.has(call.id)) return;
+    const queue = this.#tools.get(tool) ?? this.#queue(tool);
+    const activity = this.#seen(queue, call.tenant);
+    activity.running++;
+    queue.running++;
+    this.#demand(queue, call.tenant, activity);
+    this.#started.set(call.id, { tool, call });
   }
 
   /** Holds a call for its turn at `tool`. */
@@ -188,11 +269,12 @@ export class FairShare {
     }
     const queue = this.#tools.get(tool) ?? this.#queue(tool);
     queue.push(call);
+    this.#demand(queue, call.tenant, this.#seen(queue, call.tenant));
     this.#held.set(call.id, { tool, call });
     if (!queue.serving) {
       queue.serving = true;
       void this.#serve(tool, queue);
-    }
+    } else queue.wake?.();
   }
 
   /**
@@ -200,11 +282,35 @@ export class FairShare {
    * leaves its queue, acknowledged, and the tool's loop looks at its work again at once.
    */
   ended(id: string, tool?: string): void {
-    if (tool !== undefined) this.#tools.get(tool)?.wake?.();
+    const started = this.#started.get(id);
+    if (started !== undefined) {
+      this.#started.delete(id);
+      const queue = this.#tools.get(started.tool);
+      const activity = queue?.activity.get(started.call.tenant);
+      if (queue !== undefined) queue.running--;
+      if (activity !== undefined) {
+        activity.running--;
+        activity.lastAt = this.#options.now();
+        this.#demand(queue as ToolQueue, started.call.tenant, activity);
+      }
+      queue?.wake?.();
+    } else if (tool !== undefined) this.#tools.get(tool)?.wake?.();
     const held = this.#held.get(id);
     if (held === undefined) return;
     this.#held.delete(id);
     if (this.#tools.get(held.tool)?.remove(held.call) === true) held.call.msg.ack();
+  }
+
+  /**
+   * Forgets the calls this process published: after a reconnect, final messages published while
+   * it was disconnected were never seen, and would hold their slots until their deadlines.
+   */
+  reconnected(): void {
+    this.#started.clear();
+    for (const queue of this.#tools.values()) {
+      queue.running = 0;
+      for (const activity of queue.activity.values()) activity.running = 0;
+    }
   }
 
   /** Hands every held call back (`nak`), so another resolver takes it. */
@@ -213,6 +319,7 @@ export class FairShare {
     clearInterval(this.#heartbeat);
     for (const { call } of this.#held.values()) call.msg.nak(500);
     this.#held.clear();
+    this.#started.clear();
     this.#tools.clear();
   }
 
@@ -220,6 +327,60 @@ export class FairShare {
     const queue = new ToolQueue();
     this.#tools.set(tool, queue);
     return queue;
+  }
+
+  /** Notes a call of `tenant` arriving at the tool. */
+  #seen(queue: ToolQueue, tenant: string): TenantActivity {
+    const now = this.#options.now();
+    let activity = queue.activity.get(tenant);
+    if (activity === undefined) {
+      activity = { running: 0, lastAt: now, peak: 0, peakAt: now };
+      queue.activity.set(tenant, activity);
+    } else activity.lastAt = now;
+    return activity;
+  }
+
+  /** Notes what `tenant` runs and holds now in its peak within the idle time. */
+  #demand(queue: ToolQueue, tenant: string, activity: TenantActivity): void {
+    const now = this.#options.now();
+    const demand = activity.running + (queue.tenants.get(tenant)?.calls.length ?? 0);
+    if (demand >= activity.peak || now - activity.peakAt > this.#options.idleMs) {
+      activity.peak = demand;
+      activity.peakAt = now;
+    }
+  }
+
+  /**
+   * Which tenants may take a slot of the window with `depth` outstanding. A slot must be free. A
+   * tenant with nothing of the tool running may take it; one with calls running only if a slot
+   * then stays free for each call another tenant may claim: a tenant with calls held, or seen
+   * within the idle time, claims as many slots as it lately had calls running and held at once
+   * (at least one), up to its weighted share of the window (at least one), less what it runs.
+   * Tenants seen longer ago with nothing running or held are forgotten on the way.
+   */
+  #mayStart(queue: ToolQueue, depth: number): (tenant: string) => boolean {
+    const { window, idleMs, now, weightOf } = this.#options;
+    const free = window - depth;
+    if (free <= 0) return () => false;
+    const runs = (tenant: string) => (queue.activity.get(tenant)?.running ?? 0) > 0;
+    if (idleMs <= 0) return () => true;
+    const since = now() - idleMs;
+    let weights = 0;
+    for (const [tenant, activity] of queue.activity) {
+      if (activity.running === 0 && activity.lastAt <= since && !queue.tenants.has(tenant))
+        queue.activity.delete(tenant);
+      else weights += weightOf(tenant);
+    }
+    const claims = new Map<string, number>();
+    let claimed = 0;
+    for (const [tenant, { running, peak, peakAt }] of queue.activity) {
+      const share = Math.max(1, Math.floor((window * weightOf(tenant)) / weights));
+      const lately = peakAt > since ? peak : 0;
+      const claim = Math.max(0, Math.min(Math.max(1, lately), share) - running);
+      claims.set(tenant, claim);
+      claimed += claim;
+    }
+    return (tenant) => !runs(tenant) || claimed - (claims.get(tenant) ?? 0) < free;
   }
 
   /**
@@ -241,35 +402,44 @@ export class FairShare {
   }
 
   async #drain(tool: string, queue: ToolQueue): Promise<void> {
-    const { window, depth, pollMs, log, now } = this.#options;
+    const { depth, pollMs, log, now } = this.#options;
     let swept = now();
     while (queue.size > 0 && !this.#stopped) {
       if (now() - swept >= 100) {
         swept = now();
         await this.#expire(queue);
       }
-      let free = 0;
+      let read = false;
       try {
-        queue.depth = await depth(tool);
+        // A call this process has not seen end holds its slot, even when the server has its
+        // acknowledgement first: the slot is not handed on before its tenant counts it free.
+        queue.depth = Math.max(await depth(tool), queue.running);
         queue.depthAt = now();
-        free = window - queue.depth;
+        read = true;
       } catch (err) {
         log.warn({ err, tool }, "cannot read a tool's work depth; trying again");
       }
-      // One round: the calls that fit, in turn, handed on together.
+      // One round: the calls that fit, in turn, handed on together. Each is counted (in the
+      // depth and as its tenant's) before it is published: a read of the depth meanwhile may not
+      // include it.
       const round: HeldCall[] = [];
-      for (; free > 0; free--) {
-        const call = queue.next((t) => this.#options.weightOf(t));
+      while (read) {
+        const call = queue.next(
+          (t) => this.#options.weightOf(t),
+          (t) => queue.activity.get(t)?.running ?? 0,
+          this.#mayStart(queue, queue.depth),
+        );
         if (call === undefined) break;
         this.#held.delete(call.id);
+        this.started(tool, call);
+        queue.depth++;
         round.push(call);
       }
-      // Counted before they are published: a read of the depth meanwhile may not include them.
-      queue.depth += round.length;
       await Promise.all(
         round.map((call) =>
           call.dispatch().catch((err: unknown) => {
             log.error({ err, call: call.id }, "cannot hand a held call on; it will be redelivered");
+            this.ended(call.id);
             call.msg.nak(1_000);
           }),
         ),

@@ -34,6 +34,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     replicas: rt.config.streamReplicas,
     quotaReconcileMs: rt.config.quotaReconcileMs,
     fairShareWindow: rt.config.fairShareWindow,
+    fairShareIdleMs: rt.config.fairShareIdleMs,
   });
   return {
     async stop(graceMs) {

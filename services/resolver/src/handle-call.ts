@@ -401,6 +401,11 @@ export async function routeCall(
     return;
   }
   if (!limits.tryAcquire(resolved, clock.now())) {
+    deps.metrics.tenantRefused(
+      labelledTenant(deps, resolved, request),
+      ErrorCode.Overloaded,
+      "session_max_in_flight",
+    );
     await publishAnswer(
       new ToolmeshError(
         ErrorCode.Overloaded,
@@ -414,7 +419,8 @@ export async function routeCall(
     return;
   }
   const { fairShare } = deps;
-  const held = fairShare !== undefined && (await fairShare.busy(resolved.tool));
+  const held =
+    fairShare !== undefined && (await fairShare.busy(resolved.tool, resolved.address.tenant));
   const refusal = await admitByQuota(deps, resolved, request, key, held);
   if (refusal !== undefined) {
     limits.release(resolved);
@@ -444,6 +450,8 @@ export async function routeCall(
     if (accepted.record.call_id !== resolved.call_id)
       await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
   }
+  const { address } = resolved;
+  const fairShareId = `${address.tenant}.${address.session}.${subjectToken(resolved.call_id)}`;
   const publishWork = async (): Promise<void> => {
     let routed: { duplicate: boolean };
     try {
@@ -473,9 +481,8 @@ export async function routeCall(
     callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
   };
   if (held) {
-    const { address } = resolved;
     fairShare.hold(resolved.tool, {
-      id: `${address.tenant}.${address.session}.${subjectToken(resolved.call_id)}`,
+      id: fairShareId,
       tenant: address.tenant,
       msg,
       deadlineAt: resolved.deadline_at,
@@ -503,8 +510,33 @@ export async function routeCall(
     callLog.debug("tool busy; call held for its fair turn");
     return "held";
   }
-  await publishWork();
+  if (fairShare === undefined) {
+    await publishWork();
+    return undefined;
+  }
+  const started = { id: fairShareId, tenant: address.tenant, deadlineAt: resolved.deadline_at };
+  fairShare.started(resolved.tool, started);
+  try {
+    await publishWork();
+  } catch (err) {
+    fairShare.ended(started.id);
+    throw err;
+  }
   return undefined;
+}
+
+/**
+ * The tenant token a refusal is counted under: only tenants with a quota are labelled, which
+ * keeps the label's values bounded.
+ */
+function labelledTenant(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  request: CallRequest,
+): string | undefined {
+  const { tenant } = resolved.address;
+  const scopes = deps.quotas?.view.scopesOf(tenant, resolved.tool, request.agent) ?? [];
+  return scopes.length > 0 ? tenant : undefined;
 }
 
 /**

@@ -54,6 +54,11 @@ export interface ResolverOptions {
    * are held for a fair turn among tenants; 0 turns fair share off. Default 0.
    */
   fairShareWindow?: number;
+  /**
+   * How long after its last call of a tool a tenant keeps slots of the window free for its next
+   * calls (as many as it lately used, up to its share), in ms; 0 keeps none. Default 1 000.
+   */
+  fairShareIdleMs?: number;
 }
 
 /** The tool a final message names, or undefined when it cannot be read. */
@@ -115,6 +120,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       ? undefined
       : new FairShare({
           window: fairShareWindow,
+          idleMs: options.fairShareIdleMs,
           depth: workDepth(plane.jsm, subjects, registry),
           weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
           now: () => plane.clock.now(),
@@ -184,7 +190,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   };
 
   void (async () => {
-    for await (const status of nc.status()) if (status.type === "reconnect") limits.clear();
+    for await (const status of nc.status())
+      if (status.type === "reconnect") {
+        limits.clear();
+        fairShare?.reconnected();
+      }
   })();
 
   const loop: WorkLoop = await startWorkLoop({
