@@ -167,7 +167,8 @@ async function readConsumers(
   subjects: Subjects,
 ): Promise<Map<string, QueueFigures>> {
   const byName = new Map<string, QueueFigures>();
-  const jsm = await jetstreamManager(nc);
+  const jsm = await jetstreamManager(nc).catch(() => undefined);
+  if (jsm === undefined) return byName; // no JetStream here: no queues
   for (const stream of await workStreams(jsm, subjects)) {
     try {
       for await (const info of jsm.consumers.list(stream)) {
