@@ -223,6 +223,52 @@ describe("calls", () => {
     expect(await storedResult("f3")).toBeUndefined();
   });
 
+  it("ends a call from the record its resolver kept, with no read, and checks it all the same", async () => {
+    /** Keeps the record as the resolver does when it routes an owner's call. */
+    const remember = async (callId: string): Promise<void> => {
+      await accept(callId, "acme-tool");
+      const stored = await plane.store.get(target(callId));
+      if (stored === undefined) throw new Error(`no record of ${callId}`);
+      plane.store.remember(target(callId), stored);
+    };
+    const reads: string[] = [];
+    const tap = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
+    tap.subscribe(`$JS.API.STREAM.MSG.GET.KV_${subjects.callsBucket}`, {
+      callback: (_, msg) => reads.push(msg.subject),
+    });
+    tap.subscribe(`$JS.API.DIRECT.GET.KV_${subjects.callsBucket}.>`, {
+      callback: (_, msg) => reads.push(msg.subject),
+    });
+    await tap.flush();
+    try {
+      await remember("k1");
+      await tap.flush();
+      reads.length = 0; // the test's own read
+      expect(await acme.finalize(target("k1"), result("k1", "acme-tool", "kept"))).toBe(true);
+      await mesh.flush();
+      await tap.flush();
+      expect(reads).toEqual([]);
+      expect((await storedResult("k1"))?.content).toBe("kept");
+      // Another owner, or a message naming another call, is refused as when the record is read.
+      await remember("k2");
+      const forged = result("k2", "globex-tool", "forged");
+      expect((await refusal(globex.finalize(target("k2"), forged))).code).toBe("permission_denied");
+      await remember("k3");
+      expect((await refusal(acme.finalize(target("k3"), result("other", "acme-tool")))).code).toBe(
+        "invalid_request",
+      );
+      expect(await storedResult("k2")).toBeUndefined();
+      expect(await storedResult("k3")).toBeUndefined();
+      // A call that ended meanwhile (cancelled): the kept record is no longer the stored one.
+      await remember("k4");
+      expect(await plane.finalize(target("k4"), result("k4", "acme-tool", "cancelled"))).toBe(true);
+      expect(await acme.finalize(target("k4"), result("k4", "acme-tool", "late"))).toBe(false);
+      expect((await storedResult("k4"))?.content).toBe("cancelled");
+    } finally {
+      await tap.close();
+    }
+  });
+
   it("refuses to end a call it has no record of", async () => {
     const err = await refusal(acme.finalize(target("ghost"), result("ghost", "acme-tool")));
     expect(err.code).toBe("invalid_request");

@@ -154,7 +154,11 @@ function accountUsers() {
   const everything = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
   const text = renderAccountConfig({
     owners: { bench: ["echo", "hold", "needs_args", "work"] },
-    extraUsers: [{ account: MESH_ACCOUNT, user: "driver", permissions: everything }],
+    extraUsers: [
+      { account: MESH_ACCOUNT, user: "driver", permissions: everything },
+      // Counts the owner account's own messages by subject (`bench/owner.mjs --tap`).
+      { account: "OWNER_bench", user: "tap", permissions: everything },
+    ],
   });
   const passwords = {};
   const variables = [...text.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)].map(

@@ -134,9 +134,14 @@ export function knownRecordOf(
   return { record: callRecordOf(call, argsHash), revision: Number(revisionText) };
 }
 
+/** Most records {@link CallStore.remember} keeps; past it the oldest are forgotten. */
+const REMEMBERED_RECORDS = 10_000;
+
 /** Call records in a KV bucket, changed only by compare-and-set. */
 export class CallStore {
   readonly #kv: KV;
+  // Records this process wrote, by call key, for ending their calls without reading them.
+  readonly #remembered = new Map<string, { record: CallRecord; revision: number }>();
 
   private constructor(kv: KV) {
     this.#kv = kv;
@@ -202,19 +207,47 @@ export class CallStore {
   }
 
   /**
+   * Keeps the record this process stored for `call` at `revision` (at most
+   * {@link REMEMBERED_RECORDS}, the oldest forgotten first), until {@link recall} takes it. The
+   * mesh's own write, unlike a record a tool owner sends: a compare-and-set at its revision
+   * succeeds only while it is the stored record.
+   */
+  remember(call: CallRef, known: { record: CallRecord; revision: number }): void {
+    const key = callKey(call.address, call.idempotency_key);
+    this.#remembered.delete(key);
+    this.#remembered.set(key, known);
+    if (this.#remembered.size > REMEMBERED_RECORDS) {
+      const oldest = this.#remembered.keys().next().value;
+      if (oldest !== undefined) this.#remembered.delete(oldest);
+    }
+  }
+
+  /** Takes the record {@link remember} kept for `call`: undefined when none is kept here. */
+  recall(call: CallRef): { record: CallRecord; revision: number } | undefined {
+    const key = callKey(call.address, call.idempotency_key);
+    const known = this.#remembered.get(key);
+    this.#remembered.delete(key);
+    return known;
+  }
+
+  /**
    * Moves a call to `done` with its final message. `won` says whether this caller's message
    * became the final one; otherwise `result` is the stored one. `known` (a record just read)
-   * saves a read when it is still current. Undefined when no record exists.
+   * saves a read when it is still current. `verify` sees every record (undefined: none) before it
+   * is changed and throws to refuse it, a record read again after a lost compare-and-set too.
+   * Undefined when no record exists.
    */
   async finish(
     call: CallRef,
     result: ToolMessage,
     known?: { record: CallRecord; revision: number },
+    verify?: (record: CallRecord | undefined) => void,
   ): Promise<FinishOutcome | undefined> {
     const key = callKey(call.address, call.idempotency_key);
     let current = known;
     for (;;) {
       current ??= await this.get(call);
+      verify?.(current?.record);
       if (current === undefined) return undefined;
       const { record, revision } = current;
       if (record.state === "done" && record.result !== undefined) {

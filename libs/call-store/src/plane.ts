@@ -64,12 +64,14 @@ export interface CallPlane {
    * publishes the final message. When another party ended the call first, nothing is
    * published — unless the sessions stream does not hold that party's message (it may have
    * died between recording and publishing); then the stored message is published. Returns
-   * whether this caller's message became the final one.
+   * whether this caller's message became the final one. `verify` sees every record (undefined:
+   * none) before it is changed and throws to refuse it.
    */
   finalize: (
     call: CallTarget,
     message: ToolMessage,
     known?: { record: CallRecord; revision: number },
+    verify?: (record: CallRecord | undefined) => void,
   ) => Promise<boolean>;
   /** Sends a progress event of a running call to its session (best effort, never throws). */
   publishProgress: (call: CallTarget, event: ProgressEvent) => void;
@@ -140,9 +142,9 @@ export async function openCallPlane(
         msgID: `dlq:${letter.stream}:${letter.seq}`,
       });
     },
-    async finalize(call, message, known) {
+    async finalize(call, message, known, verify) {
       const subject = subjects.result(call.address, call.call_id);
-      const outcome = await store.finish(call, message, known);
+      const outcome = await store.finish(call, message, known, verify);
       // Live subscribers see every publication, whatever the stream keeps: a loser only
       // publishes when the winner's message is nowhere to be found. The sessions stream is
       // the record of what went out, so the success path writes no "published" mark.

@@ -52,6 +52,14 @@ export interface StreamSpec {
    * add theirs (the advisories stream keeps each tool owner's, ADR 0041).
    */
   addsSubjects?: boolean;
+  /**
+   * With `addsSubjects`: the subjects others add, one per stream over `streams` (`subject` with
+   * `{stream}` replaced by its name). Each update includes those of the streams listed just
+   * before it and is read back until every stream listed then has its subject: an update replaces
+   * the subjects and JetStream has no compare-and-set for it, so two processes adding different
+   * subjects at once would otherwise lose one.
+   */
+  addsSubjectsFor?: { streams: string; subject: string };
 }
 
 /** A durable pull consumer as toolmesh wants it. */
@@ -301,8 +309,11 @@ export async function ensureStream(
   }
   if (options.dryRun !== true) {
     try {
-      const { name: stream, ...wanted } = spec.config;
-      await jsm.streams.update(stream, wanted);
+      if (spec.addsSubjects === true) await updateAddingSubjects(jsm, spec, wanted);
+      else {
+        const { name: stream, ...config } = spec.config;
+        await jsm.streams.update(stream, config);
+      }
     } catch (err) {
       throw new ProvisionError(
         `${label} differs from the configuration (${describe(changes)}) and the server refused to update it (${reason(err)}): run \`toolmesh setup\` with credentials that may manage streams${hintFor(err)}`,
@@ -312,6 +323,52 @@ export async function ensureStream(
     }
   }
   return { kind, name, action: "updated", changes };
+}
+
+/** Updates before giving up on a stream whose added subjects others keep replacing. */
+const ADDED_SUBJECTS_ROUNDS = 10;
+
+/**
+ * Updates a stream that keeps the subjects others add ({@link StreamSpec.addsSubjects}): each
+ * round writes the subjects it has, the configuration's, and those of the streams listed now
+ * ({@link StreamSpec.addsSubjectsFor}), then reads the stream back and lists again, until nothing
+ * is missing. A concurrent update that read the stream before this one and lost a subject is
+ * caught by the read back of this one or of that one (each lists after it wrote), so the
+ * subjects converge to every stream's.
+ */
+async function updateAddingSubjects(
+  jsm: JetStreamManager,
+  spec: StreamSpec,
+  wanted: StreamSpec,
+): Promise<void> {
+  const { name: stream, ...config } = spec.config;
+  const listed = async (): Promise<string[]> => {
+    const of = wanted.addsSubjectsFor;
+    if (of === undefined) return [];
+    const names: string[] = [];
+    // Who may not list streams may not update this one either: the update says so.
+    try {
+      for await (const name of jsm.streams.names(of.streams))
+        names.push(of.subject.replace("{stream}", name));
+    } catch {
+      return [];
+    }
+    return names;
+  };
+  let has = config.subjects ?? [];
+  let others = await listed();
+  for (let round = 1; ; round++) {
+    const subjects = [...new Set([...has, ...(wanted.config.subjects ?? []), ...others])];
+    await jsm.streams.update(stream, { ...config, subjects });
+    has = (await jsm.streams.info(stream)).config.subjects ?? [];
+    others = await listed();
+    const missing = [...(wanted.config.subjects ?? []), ...others].filter((s) => !has.includes(s));
+    if (missing.length === 0) return;
+    if (round === ADDED_SUBJECTS_ROUNDS)
+      throw new Error(
+        `concurrent updates removed ${missing.join(", ")} ${ADDED_SUBJECTS_ROUNDS} times in a row`,
+      );
+  }
 }
 
 // What the operator must do when even `toolmesh setup` cannot make the change.

@@ -126,7 +126,16 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     name: config.name,
     config,
     settings,
-    ...(config.name === subjects.streams.advisories ? { addsSubjects: true } : {}),
+    ...(config.name === subjects.streams.advisories
+      ? {
+          addsSubjects: true,
+          // Every owner's work stream's max-deliveries advisories (ADR 0041).
+          addsSubjectsFor: {
+            streams: subjects.allOwnerWork,
+            subject: subjects.maxDeliveriesAdvisory("{stream}"),
+          },
+        }
+      : {}),
   }));
 }
 

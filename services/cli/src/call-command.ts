@@ -9,6 +9,7 @@ import { initTelemetry } from "@toolmesh/telemetry";
 import { describeMessage, say } from "./print.js";
 import { progressView } from "./progress-view.js";
 import { connectCli, withClient } from "./commands.js";
+import { workStreams } from "./stats.js";
 
 /** Options of `toolmesh call` (and of `resolve`, which ignores `quiet`). */
 export interface CallOptions {
@@ -188,14 +189,19 @@ export async function whatIsMissing(
     if (resolver === undefined || resolver.num_waiting === 0) {
       return "no resolver is running: the call stays queued until one starts";
     }
-    const work = await jsm.consumers
-      .info(subjects.streams.work, subjects.workConsumer(tool))
-      .catch(() => undefined);
-    if (work === undefined) {
+    // On the mesh's work stream, or on its owner's (ADR 0041).
+    const work = (
+      await Promise.all(
+        (await workStreams(jsm, subjects)).map((stream) =>
+          jsm.consumers.info(stream, subjects.workConsumer(tool)).catch(() => undefined),
+        ),
+      )
+    ).filter((info) => info !== undefined);
+    if (work.length === 0) {
       return `no executor serves "${tool}": the call stays queued until one starts`;
     }
-    if (work.num_waiting === 0) {
-      const queued = work.num_pending + work.num_ack_pending;
+    if (work.every((info) => info.num_waiting === 0)) {
+      const queued = work.reduce((n, info) => n + info.num_pending + info.num_ack_pending, 0);
       return `no executor serving "${tool}" is running: the call stays queued (${queued} waiting) until one starts`;
     }
     return undefined;

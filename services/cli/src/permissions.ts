@@ -406,8 +406,9 @@ export function rolePermissions(
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
-          // Replaying an owner's dead letter puts it back on its owner's work stream.
-          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
+          // Replaying an owner's dead letter puts it back on its owner's work stream; `stats`
+          // and `call` find the owners' work streams by listing them.
+          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork, `${API}.STREAM.NAMES`]),
           ...[...n.streams, ...ownerStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,

@@ -1,5 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { ConsumerInfo } from "@nats-io/jetstream";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { StatsReply, Subjects } from "@toolmesh/protocol";
 import { StatsReplySchema, decodeJsonOrUndefined, subjectToken } from "@toolmesh/protocol";
@@ -21,7 +22,10 @@ export interface ToolStats {
   p50_ms: number | undefined;
   p99_ms: number | undefined;
   in_flight: number;
-  /** From the tool's JetStream consumer: waiting (lag), delivered and unacknowledged. */
+  /**
+   * From the tool's JetStream consumers, on the mesh's work stream and every tool owner's (ADR
+   * 0041), summed: waiting (lag), delivered and unacknowledged.
+   */
   queue: { pending: number; ack_pending: number } | undefined;
   /** Executor processes serving the tool now. */
   executors: number;
@@ -83,7 +87,7 @@ const QUOTA = ATTR_TOOLMESH_QUOTA;
 
 /**
  * Asks every toolmesh process for its metrics on the stats subject (each answers; the request
- * ends once answers stop coming for `stallMs`) and reads each tool's work consumer from
+ * ends once answers stop coming for `stallMs`) and reads each tool's work consumers from
  * JetStream. Tools appear when any process or the registry knows them.
  */
 export async function gatherStats(
@@ -140,16 +144,43 @@ async function readStoredCalls(
   }
 }
 
+/** A work consumer's queue: waiting, and delivered but unacknowledged. */
+export type QueueFigures = Pick<ConsumerInfo, "num_pending" | "num_ack_pending">;
+
+/**
+ * The work streams: the mesh's and every tool owner's (ADR 0041). An owner's are listed only
+ * where the server lets this user list streams (`toolmesh auth config` lets the operator).
+ */
+export async function workStreams(jsm: JetStreamManager, subjects: Subjects): Promise<string[]> {
+  const streams = [subjects.streams.work];
+  try {
+    for await (const name of jsm.streams.names(subjects.allOwnerWork)) streams.push(name);
+  } catch {
+    // Not allowed to list streams: the mesh's work stream only.
+  }
+  return streams;
+}
+
+/** Every work consumer's queue by consumer name, summed over the work streams that have it. */
 async function readConsumers(
   nc: NatsConnection,
   subjects: Subjects,
-): Promise<Map<string, ConsumerInfo>> {
-  const byName = new Map<string, ConsumerInfo>();
-  try {
-    const jsm = await jetstreamManager(nc);
-    for await (const info of jsm.consumers.list(subjects.streams.work)) byName.set(info.name, info);
-  } catch {
-    // No work stream yet: no queues.
+): Promise<Map<string, QueueFigures>> {
+  const byName = new Map<string, QueueFigures>();
+  const jsm = await jetstreamManager(nc).catch(() => undefined);
+  if (jsm === undefined) return byName; // no JetStream here: no queues
+  for (const stream of await workStreams(jsm, subjects)) {
+    try {
+      for await (const info of jsm.consumers.list(stream)) {
+        const seen = byName.get(info.name) ?? { num_pending: 0, num_ack_pending: 0 };
+        byName.set(info.name, {
+          num_pending: seen.num_pending + info.num_pending,
+          num_ack_pending: seen.num_ack_pending + info.num_ack_pending,
+        });
+      }
+    } catch {
+      // No such stream yet (or none readable): no queues there.
+    }
   }
   return byName;
 }
@@ -158,7 +189,7 @@ async function readConsumers(
 export function summarize(
   replies: readonly StatsReply[],
   registered: readonly string[],
-  consumerOf: (tool: string) => ConsumerInfo | undefined,
+  consumerOf: (tool: string) => QueueFigures | undefined,
   storedCalls: Readonly<Record<string, number>> = {},
 ): MeshStats {
   const all = (name: string): Point[] =>

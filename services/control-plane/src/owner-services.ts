@@ -158,9 +158,15 @@ async function serve(
     }
     case "finalize": {
       const { call, message } = OwnerFinalizeRequestSchema.parse(body);
-      const stored = await recordOf(options, owner, call);
-      matchesCall(stored.record, message);
-      return { won: await plane.finalize(call, message, stored) };
+      checkAddress(call);
+      // The record this process stored when it routed the call saves a read: the mesh's own
+      // write, checked like a record read, and changed only while it is still the stored one.
+      const known = plane.store.recall(call);
+      const verify = (record: CallRecord | undefined): void => {
+        ownRecord(options, owner, call, record);
+        matchesCall(record, message);
+      };
+      return { won: await plane.finalize(call, message, known, verify) };
     }
     case "progress": {
       const { call, event } = OwnerProgressRequestSchema.parse(body);
@@ -202,35 +208,50 @@ function decodeBody(data: Uint8Array): unknown {
   }
 }
 
-/** The stored record of a call of one of `owner`'s tools, or a typed refusal. */
-async function recordOf(
-  options: OwnerServicesOptions,
-  owner: string,
-  call: { idempotency_key: string; call_id: string; address: SessionAddress },
-): Promise<{ record: CallRecord; revision: number }> {
+/** Refuses a call whose address does not name a tenant and a session by a token each. */
+function checkAddress(call: { address: SessionAddress }): void {
   if (!isSubjectToken(call.address.tenant) || !isSubjectToken(call.address.session)) {
     throw new ToolmeshError(ErrorCode.InvalidRequest, "the call's address holds no token", {
       retryable: false,
       details: { address: call.address },
     });
   }
+}
+
+/** The stored record of a call of one of `owner`'s tools, or a typed refusal. */
+async function recordOf(
+  options: OwnerServicesOptions,
+  owner: string,
+  call: { idempotency_key: string; call_id: string; address: SessionAddress },
+): Promise<{ record: CallRecord; revision: number }> {
+  checkAddress(call);
   const stored = await options.plane.store.get(call);
-  if (stored === undefined) {
+  ownRecord(options, owner, call, stored?.record);
+  return stored;
+}
+
+/** Refuses no record, a record of another owner's tool, or one of another call id. */
+function ownRecord(
+  options: OwnerServicesOptions,
+  owner: string,
+  call: { call_id: string },
+  record: CallRecord | undefined,
+): asserts record is CallRecord {
+  if (record === undefined) {
     // Without its record nobody can tell whose call it is: nothing is published for it.
     throw new ToolmeshError(ErrorCode.InvalidRequest, "no record of that call", {
       retryable: false,
       details: { call_id: call.call_id },
     });
   }
-  ownCall(options, owner, stored.record);
-  if (stored.record.call_id !== call.call_id) {
+  ownCall(options, owner, record);
+  if (record.call_id !== call.call_id) {
     throw new ToolmeshError(
       ErrorCode.InvalidRequest,
-      `the idempotency key names call ${stored.record.call_id}, not ${call.call_id}`,
+      `the idempotency key names call ${record.call_id}, not ${call.call_id}`,
       { retryable: false, details: { call_id: call.call_id } },
     );
   }
-  return stored;
 }
 
 /** Refuses a record whose tool is not `owner`'s. */

@@ -459,10 +459,15 @@ export async function routeCall(
       // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
       // A tool owner's tool waits on its owner's work stream (ADR 0041).
       const definition = deps.registry.get(resolved.tool)?.definition;
-      const work = subjects.work(resolved.tool, definition && workOwnerOf(definition));
-      routed = await publishDurable(js, work, resolved, {
+      const owner = definition && workOwnerOf(definition);
+      const known = knownRecordHeaders(record, accepted);
+      // An owner's executor ends the call through the owner services, which must not take the
+      // record from it: kept here, it spares them a read when this process answers.
+      if (owner !== undefined && known !== undefined)
+        store.remember(resolved, { record, revision: accepted.revision });
+      routed = await publishDurable(js, subjects.work(resolved.tool, owner), resolved, {
         msgId: key,
-        headers: deadlineHeaders(resolved, tracedHeaders(knownRecordHeaders(record, accepted))),
+        headers: deadlineHeaders(resolved, tracedHeaders(known)),
       });
     } catch (err) {
       const error = ensureError(err);
