@@ -234,10 +234,14 @@ describe("calls", () => {
     const reads: string[] = [];
     const tap = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
     tap.subscribe(`$JS.API.STREAM.MSG.GET.KV_${subjects.callsBucket}`, {
-      callback: (_, msg) => reads.push(msg.subject),
+      callback: (_, msg) => {
+        reads.push(msg.subject);
+      },
     });
     tap.subscribe(`$JS.API.DIRECT.GET.KV_${subjects.callsBucket}.>`, {
-      callback: (_, msg) => reads.push(msg.subject),
+      callback: (_, msg) => {
+        reads.push(msg.subject);
+      },
     });
     await tap.flush();
     try {
