@@ -57,7 +57,7 @@ describe("summarize", () => {
     const stats = summarize(
       [replicaOf(3, 1, [4, 0, 0, 0]), replicaOf(5, 1, [0, 6, 0, 0])],
       ["echo", "idle"],
-      (name) => (name === "echo" ? ({ num_pending: 2, num_ack_pending: 1 }) : undefined),
+      (name) => (name === "echo" ? { num_pending: 2, num_ack_pending: 1 } : undefined),
     );
     expect(stats.tools).toEqual([
       {
