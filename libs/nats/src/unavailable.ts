@@ -76,3 +76,19 @@ export async function retryWhileUnavailable<T>(
     }
   }
 }
+
+/**
+ * An `onRetry` / `onConsumerUnavailable` that says once per kind of trouble, as a warning on
+ * `log`, that `consumer` cannot be read yet.
+ */
+export function warnConsumerUnavailable(
+  log: { warn(fields: Record<string, unknown>, message: string): void },
+  consumer: string,
+): (kind: UnavailableKind, err: unknown) => void {
+  return (kind, err) => {
+    log.warn(
+      { consumer, kind, reason: err instanceof Error ? err.message : String(err) },
+      `consumer cannot be read yet (${kind}); trying again`,
+    );
+  };
+}

@@ -23,13 +23,14 @@ import type { RequestServer, ServeRequestsOptions, WorkLoop } from "@toolmesh/na
 import {
   Semaphore,
   answerRequest,
-  serveRequests,
   deadLetterHeaders,
   ensureConsumer,
   meshPlan,
   publishDurable,
   publishEphemeral,
+  serveRequests,
   startWorkLoop,
+  warnConsumerUnavailable,
 } from "@toolmesh/nats";
 import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
@@ -110,16 +111,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     slots: new Semaphore(8),
     maxMessages: 8,
     handle: (msg) => onMaxDeliveries(deps, msg),
-    onConsumerUnavailable: (kind, err) => {
-      log.warn(
-        {
-          consumer: subjects.deadLetterConsumer,
-          kind,
-          reason: err instanceof Error ? err.message : String(err),
-        },
-        `consumer cannot be read yet (${kind}); trying again`,
-      );
-    },
+    onConsumerUnavailable: warnConsumerUnavailable(log, subjects.deadLetterConsumer),
     onError: (err) => log.error({ err }, "dead-letter keeper error"),
   });
 

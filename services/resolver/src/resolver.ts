@@ -3,7 +3,14 @@ import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, workOwnerOf } from "@toolmesh/protocol";
 import type { RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
-import { Semaphore, ensureConsumer, meshPlan, serveRequests, startWorkLoop } from "@toolmesh/nats";
+import {
+  Semaphore,
+  ensureConsumer,
+  meshPlan,
+  serveRequests,
+  startWorkLoop,
+  warnConsumerUnavailable,
+} from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
@@ -206,16 +213,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: (msg) => handleCall(deps, msg),
-    onConsumerUnavailable: (kind, err) => {
-      log.warn(
-        {
-          consumer: subjects.resolverConsumer,
-          kind,
-          reason: err instanceof Error ? err.message : String(err),
-        },
-        `consumer cannot be read yet (${kind}); trying again`,
-      );
-    },
+    onConsumerUnavailable: warnConsumerUnavailable(log, subjects.resolverConsumer),
     onError: (err) => log.error({ err }, "resolver loop error"),
   });
 

@@ -32,12 +32,13 @@ import type { RequestServer, ServeRequestsOptions, StreamLimits, WorkLoop } from
 import {
   Semaphore,
   answerRequest,
-  serveRequests,
   ensureConsumer,
-  meshPlan,
   ensureStreams,
+  meshPlan,
   publishDurable,
+  serveRequests,
   startWorkLoop,
+  warnConsumerUnavailable,
 } from "@toolmesh/nats";
 import type { CompiledTool, ToolRegistry } from "@toolmesh/registry";
 import type {
@@ -136,16 +137,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     maxMessages: 16,
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: (msg) => handleEvent(deps, msg),
-    onConsumerUnavailable: (kind, err) => {
-      log.warn(
-        {
-          consumer: subjects.schemaExpanderConsumer,
-          kind,
-          reason: err instanceof Error ? err.message : String(err),
-        },
-        `consumer cannot be read yet (${kind}); trying again`,
-      );
-    },
+    onConsumerUnavailable: warnConsumerUnavailable(log, subjects.schemaExpanderConsumer),
     onError: (err) => log.error({ err }, "schema expander loop error"),
   });
 
