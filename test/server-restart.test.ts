@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync, readdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
@@ -8,7 +7,7 @@ import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { killAllServices, startLedgerMesh } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 let server: NatsServerHandle;
@@ -20,16 +19,7 @@ let ledgerDir: string;
 
 beforeAll(async () => {
   server = await startNatsServer();
-  ledgerDir = mkdtempSync(join(tmpdir(), "toolmesh-ledger-"));
-  const env = {
-    NATS_URL: server.url,
-    TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
-    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir }),
-    TOOLMESH_ACK_WAIT_MS: "1000",
-  };
-  resolver = await startService("resolver", env);
-  executor = await startService("executor", env);
-  await toolAvailable(resolver, "sleepy");
+  ({ resolver, executor, ledgerDir } = await startLedgerMesh(server.url, "sleepy"));
   nc = await connect({ servers: server.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
   client = new ToolmeshClient(nc, { deadlineGraceMs: 10_000 });
 });

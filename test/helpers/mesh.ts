@@ -1,5 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
+import { mkdtemp } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -164,4 +166,30 @@ export async function toolAvailable(resolver: ServiceProcess, ...names: string[]
       ),
     ),
   );
+}
+
+/** A resolver and an executor of the `tools-rel` fixture tools, their ledger in a folder of its own. */
+export interface LedgerMesh {
+  resolver: ServiceProcess;
+  executor: ServiceProcess;
+  /** Where the ledger tools record their side effects; the caller removes it. */
+  ledgerDir: string;
+}
+
+/**
+ * Starts a {@link LedgerMesh} on the server at `natsUrl` with a 1 s ack wait, and waits until the
+ * resolver has `tool`.
+ */
+export async function startLedgerMesh(natsUrl: string, tool: string): Promise<LedgerMesh> {
+  const ledgerDir = await mkdtemp(join(tmpdir(), "toolmesh-ledger-"));
+  const env = {
+    NATS_URL: natsUrl,
+    TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
+    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir }),
+    TOOLMESH_ACK_WAIT_MS: "1000",
+  };
+  const resolver = await startService("resolver", env);
+  const executor = await startService("executor", env);
+  await toolAvailable(resolver, tool);
+  return { resolver, executor, ledgerDir };
 }
