@@ -22,7 +22,7 @@ export { answerRequest, serveRequests } from "./serve-requests.js";
 export type { RequestServer, ServeRequestsOptions } from "./serve-requests.js";
 export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
-export { retryWhileUnavailable, unavailableKind, warnConsumerUnavailable } from "./unavailable.js";
+export { retryWhileUnavailable, unavailableKind, warnUnavailable } from "./unavailable.js";
 export type { RetryWhileUnavailableOptions, UnavailableKind } from "./unavailable.js";
 export { ServerClock } from "./server-clock.js";
 export { ensureDurableConsumer } from "./consumers.js";

@@ -79,16 +79,17 @@ export async function retryWhileUnavailable<T>(
 
 /**
  * An `onRetry` / `onConsumerUnavailable` that says once per kind of trouble, as a warning on
- * `log`, that `consumer` cannot be read yet.
+ * `log`, that the consumer or bucket `name` cannot be read yet.
  */
-export function warnConsumerUnavailable(
+export function warnUnavailable(
   log: { warn(fields: Record<string, unknown>, message: string): void },
-  consumer: string,
+  name: string,
+  what: "consumer" | "bucket" = "consumer",
 ): (kind: UnavailableKind, err: unknown) => void {
   return (kind, err) => {
     log.warn(
-      { consumer, kind, reason: err instanceof Error ? err.message : String(err) },
-      `consumer cannot be read yet (${kind}); trying again`,
+      { [what]: name, kind, reason: err instanceof Error ? err.message : String(err) },
+      `${what} cannot be read yet (${kind}); trying again`,
     );
   };
 }

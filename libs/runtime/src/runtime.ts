@@ -4,7 +4,12 @@ import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
 import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
 import type { MeshSettings, StreamLimits } from "@toolmesh/nats";
-import { assertServerSupported, connectNats } from "@toolmesh/nats";
+import {
+  assertServerSupported,
+  connectNats,
+  retryWhileUnavailable,
+  warnUnavailable,
+} from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Metrics, Telemetry, Tracer } from "@toolmesh/telemetry";
 import {
@@ -104,7 +109,15 @@ export async function openRuntime(
     );
     const registry =
       owner === undefined
-        ? await ToolRegistry.open(nc, { subjects, log: logger, replicas: config.streamReplicas })
+        ? // Right after `toolmesh setup`, or while a node restarts, the bucket's leader may be
+          // being elected: wait for it, as for a consumer.
+          await retryWhileUnavailable(
+            () => ToolRegistry.open(nc, { subjects, log: logger, replicas: config.streamReplicas }),
+            {
+              what: "open the tool registry",
+              onRetry: warnUnavailable(logger, subjects.registryBucket, "bucket"),
+            },
+          )
         : undefined;
     let connected = true;
     void (async () => {

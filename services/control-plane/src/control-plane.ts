@@ -30,7 +30,7 @@ import {
   publishEphemeral,
   serveRequests,
   startWorkLoop,
-  warnConsumerUnavailable,
+  warnUnavailable,
 } from "@toolmesh/nats";
 import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
@@ -111,7 +111,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     slots: new Semaphore(8),
     maxMessages: 8,
     handle: (msg) => onMaxDeliveries(deps, msg),
-    onConsumerUnavailable: warnConsumerUnavailable(log, subjects.deadLetterConsumer),
+    onConsumerUnavailable: warnUnavailable(log, subjects.deadLetterConsumer),
     onError: (err) => log.error({ err }, "dead-letter keeper error"),
   });
 

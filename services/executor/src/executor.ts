@@ -21,6 +21,7 @@ import {
   ensureDurableConsumer,
   retryWhileUnavailable,
   startWorkLoop,
+  warnUnavailable,
 } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
@@ -207,7 +208,12 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   /** Registers a tool and starts consuming its work; false when another owner has the name. */
   async function serve(module: ToolModule): Promise<boolean> {
     const definition = toolDefinitionOf(module, owner);
-    const outcome = await link.register(definition);
+    // A registration is idempotent: one whose answer was lost in an election is made again.
+    const outcome = await retryWhileUnavailable(() => link.register(definition), {
+      what: `register ${definition.name}`,
+      budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
+      onRetry: warnUnavailable(log, subjects.registryBucket, "bucket"),
+    });
     if (outcome.status === "conflict") {
       if (options.ownerAccount !== undefined)
         log.warn(
@@ -323,11 +329,20 @@ async function linkToMesh(options: ExecutorOptions, ackWaitMs: number): Promise<
     const { registry } = options;
     if (registry === undefined)
       throw new Error("an executor in the mesh account needs the registry");
-    const plane = await openCallPlane(nc, {
-      subjects,
-      streamLimits: options.streamLimits,
-      callRetentionMs: options.callRetentionMs,
-    });
+    // Its buckets' leaders may be being elected (right after setup, a node restarting).
+    const plane = await retryWhileUnavailable(
+      () =>
+        openCallPlane(nc, {
+          subjects,
+          streamLimits: options.streamLimits,
+          callRetentionMs: options.callRetentionMs,
+        }),
+      {
+        what: "open the call store",
+        budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
+        onRetry: warnUnavailable(options.log, subjects.callsBucket, "bucket"),
+      },
+    );
     return {
       plane,
       js: plane.js,

@@ -9,7 +9,7 @@ import {
   meshPlan,
   serveRequests,
   startWorkLoop,
-  warnConsumerUnavailable,
+  warnUnavailable,
 } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
@@ -213,7 +213,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: (msg) => handleCall(deps, msg),
-    onConsumerUnavailable: warnConsumerUnavailable(log, subjects.resolverConsumer),
+    onConsumerUnavailable: warnUnavailable(log, subjects.resolverConsumer),
     onError: (err) => log.error({ err }, "resolver loop error"),
   });
 

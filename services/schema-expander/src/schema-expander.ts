@@ -38,7 +38,7 @@ import {
   publishDurable,
   serveRequests,
   startWorkLoop,
-  warnConsumerUnavailable,
+  warnUnavailable,
 } from "@toolmesh/nats";
 import type { CompiledTool, ToolRegistry } from "@toolmesh/registry";
 import type {
@@ -137,7 +137,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     maxMessages: 16,
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
     handle: (msg) => handleEvent(deps, msg),
-    onConsumerUnavailable: warnConsumerUnavailable(log, subjects.schemaExpanderConsumer),
+    onConsumerUnavailable: warnUnavailable(log, subjects.schemaExpanderConsumer),
     onError: (err) => log.error({ err }, "schema expander loop error"),
   });
 
