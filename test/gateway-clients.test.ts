@@ -284,8 +284,12 @@ describe("edges", () => {
     const parent = "00f067aa0ba902b7";
     const c = await client(KEYS.acme, { traceparent: `00-${traceId}-${parent}-01` });
     await c.callTool({ name: "echo", arguments: { text: "traced" } });
-    const spans = await receiver.waitFor((all) =>
-      all.some((s) => s.traceId === traceId && s.service === "gw-resolver"),
+    // Each process exports its spans in its own batches: wait for the gateway's and the
+    // resolver's.
+    const spans = await receiver.waitFor(
+      (all) =>
+        all.some((s) => s.traceId === traceId && s.service === "gw-resolver") &&
+        all.some((s) => s.traceId === traceId && s.service === "gw-gateway" && s.kind === 2),
     );
     const mine = spans.filter((s) => s.traceId === traceId);
     const gatewaySpans = mine.filter((s) => s.service === "gw-gateway" && s.kind === 2);
