@@ -25,6 +25,9 @@ beforeAll(async () => {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: fixtureTools("tools-c"),
     TOOLMESH_FAIR_SHARE_WINDOW: "4",
+    // Twice the default: on a loaded machine a tenant's next call may reach the resolver more
+    // than the default second after its last call ended, and the kept slot would be gone.
+    TOOLMESH_FAIR_SHARE_IDLE_MS: "2000",
     TOOLMESH_ACK_WAIT_MS: "2000",
     TOOLMESH_LOG_LEVEL: "debug",
   };
@@ -89,7 +92,7 @@ describe("fair share of a busy tool", () => {
     const aResults = a.handles.map((h) => h.result.then((m) => (finished.push("A"), m)));
     await heldCalls(resolvers[0], mark, 8);
     // B's first call waits for a slot; when it ends, B has nothing running and its slot is kept
-    // (for the idle time, 1 s): its second call starts at once, beside A's three, instead of
+    // (for the idle time, 2 s here): its second call starts at once, beside A's three, instead of
     // after one of A's.
     const b = new ToolmeshClient(nc, { tenant: "interactive" }).session("s-kb");
     const call = (id: string) =>
