@@ -1,10 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createServer } from "node:net";
 import { runCli } from "./helpers/cli.js";
 import type { CliOutcome } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { freePort } from "@toolmesh/nats-launcher";
 
 let server: NatsServerHandle;
 let env: Record<string, string>;
@@ -12,15 +12,6 @@ let env: Record<string, string>;
 /** Runs the CLI against this file's mesh, with extra variables. */
 function toolmesh(args: string[], extraEnv: Record<string, string> = {}): Promise<CliOutcome> {
   return runCli(args, { ...env, ...extraEnv });
-}
-
-/** A port nothing listens on: bind one, note it, close it. */
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", resolve));
-  const { port } = srv.address() as { port: number };
-  await new Promise<void>((resolve) => srv.close(() => resolve()));
-  return port;
 }
 
 beforeAll(async () => {

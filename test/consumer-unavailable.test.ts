@@ -3,13 +3,12 @@
  * node is down, as during a consumer's leader election or a node's restart) keeps trying, not
  * ready, and serves calls once the consumer is back, without a restart.
  */
-import { createServer } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
-import { startNatsCluster, stopAll, waitForStreamLeader } from "@toolmesh/nats-launcher";
+import { freePort, startNatsCluster, stopAll, waitForStreamLeader } from "@toolmesh/nats-launcher";
 import { createSubjects } from "@toolmesh/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli.js";
@@ -35,15 +34,6 @@ afterAll(async () => {
   await cluster?.stop();
   await stopAll();
 });
-
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
-  const address = probe.address();
-  await new Promise((resolve) => probe.close(resolve));
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
 
 const readyz = async (port: number): Promise<number> =>
   (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.status ?? 0;

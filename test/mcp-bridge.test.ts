@@ -3,7 +3,6 @@ import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
@@ -23,6 +22,7 @@ import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js"
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { freePort } from "@toolmesh/nats-launcher";
 
 // resolver → mcp-bridge → real MCP servers (the repository's SDK test server over stdio,
 // streamable HTTP and SSE, and the npm package @modelcontextprotocol/server-everything run
@@ -96,15 +96,6 @@ async function stopChild(child: ChildProcess): Promise<void> {
   const exited = once(child, "exit");
   child.kill("SIGKILL");
   await exited;
-}
-
-/** A port no one listens on right now. */
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
-  const { port } = probe.address() as { port: number };
-  await new Promise((resolve) => probe.close(resolve));
-  return port;
 }
 
 /** server-everything over streamable HTTP, as `node dist/index.js streamableHttp` runs it. */

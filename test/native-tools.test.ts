@@ -1,7 +1,5 @@
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
-import { createServer } from "node:http";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -16,6 +14,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { freePort } from "@toolmesh/nats-launcher";
 
 // Native HTTP tools end to end: YAML files in a folder, an executor process loading them with
 // a secret from its environment, and a real HTTP server (this test's) behind them.
@@ -101,15 +100,6 @@ function answer(req: IncomingMessage, res: ServerResponse, body: string): void {
       res.writeHead(418);
       res.end();
   }
-}
-
-/** A port nothing listens on: bound, then released. */
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
-  const { port } = probe.address() as AddressInfo;
-  await new Promise((resolve) => probe.close(resolve));
-  return port;
 }
 
 function tool(name: string, path: string, extra: Record<string, unknown> = {}): string {

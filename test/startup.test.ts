@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createServer } from "node:net";
 import { startNatsServer, stopAll } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
+import { freePort } from "@toolmesh/nats-launcher";
 
 let server: NatsServerHandle;
 
@@ -17,16 +17,6 @@ afterAll(async () => {
   await server?.stop();
   await stopAll();
 });
-
-/** A port nothing listens on right now. */
-async function freePort(): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
-  const address = probe.address();
-  await new Promise((resolve) => probe.close(resolve));
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
 
 const status = async (port: number, path: string): Promise<number> =>
   (await fetch(`http://127.0.0.1:${port}${path}`)).status;
