@@ -222,6 +222,11 @@ export class CallStore {
     }
   }
 
+  /** The record {@link remember} kept for `call`, left kept: undefined when none is kept here. */
+  peek(call: CallRef): { record: CallRecord; revision: number } | undefined {
+    return this.#remembered.get(callKey(call.address, call.idempotency_key));
+  }
+
   /** Takes the record {@link remember} kept for `call`: undefined when none is kept here. */
   recall(call: CallRef): { record: CallRecord; revision: number } | undefined {
     const key = callKey(call.address, call.idempotency_key);

@@ -170,7 +170,17 @@ async function serve(
     }
     case "progress": {
       const { call, event } = OwnerProgressRequestSchema.parse(body);
-      const stored = await recordOf(options, owner, call);
+      // As for finalize, the record this process stored saves a read; without it a progress
+      // event sent before its call's final message could be published after it. A call ended
+      // here has no kept record any more: it is read, and found done.
+      const known = plane.store.peek(call);
+      let stored: { record: CallRecord; revision: number };
+      if (known === undefined) stored = await recordOf(options, owner, call);
+      else {
+        checkAddress(call);
+        ownRecord(options, owner, call, known.record);
+        stored = known;
+      }
       matchesCall(stored.record, event);
       if (stored.record.state === "done") return { ok: true }; // ended: nobody waits for it
       plane.publishProgress(call, event);
