@@ -38,17 +38,32 @@ function hear(nc: NatsConnection): Msg[] {
   return got;
 }
 
-/** Steps the calls stream's leader down until `observer` has heard a new one elected. */
-async function electAgain(mesh: NatsConnection, observed: Msg[]): Promise<void> {
-  const before = observed.length;
-  const deadline = Date.now() + 30_000;
-  while (observed.length === before) {
-    if (Date.now() > deadline) throw new Error("no leader election was heard by the mesh");
+/**
+ * Steps the calls stream's leader down until the mesh hears a new one elected (its advisory,
+ * returned), then makes a round trip on each of `others`: the server queued the same advisory to
+ * every subscriber at once, so whatever it sent them arrives before their round trip ends.
+ */
+async function electAgain(mesh: NatsConnection, others: NatsConnection[]): Promise<Msg> {
+  const sub = mesh.subscribe(`$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.${subjects.streams.calls}`, {
+    max: 1,
+  });
+  await mesh.flush();
+  const elected = (async () => {
+    for await (const msg of sub) return msg;
+    throw new Error("the advisory subscription closed");
+  })();
+  for (let attempt = 1; ; attempt++) {
     await stepDownStreamLeader(mesh, subjects.streams.calls).catch(() => undefined);
-    await new Promise((resolve) => setTimeout(resolve, 500));
+    const timeout = new Promise<undefined>((resolve) => {
+      setTimeout(() => resolve(undefined), 5_000).unref();
+    });
+    const msg = await Promise.race([elected, timeout]);
+    if (msg !== undefined) {
+      for (const nc of others) await nc.flush();
+      return msg;
+    }
+    if (attempt === 6) throw new Error("no leader election was heard by the mesh");
   }
-  // The other principals' subscriptions had the same time and a round trip more to hear it.
-  await new Promise((resolve) => setTimeout(resolve, 500));
 }
 
 async function meshReady(cluster: NatsClusterHandle, user: string): Promise<NatsConnection> {
@@ -61,8 +76,10 @@ describe("leader-election advisories", () => {
   describe("with tenants and owners in their own accounts", () => {
     let cluster: NatsClusterHandle;
     const open: NatsConnection[] = [];
-    const as = async (user: string): Promise<NatsConnection> => {
-      const nc = await connect({ servers: cluster.urls, user, pass: user });
+    // Every principal on the mesh connection's server: an advisory routed there once is queued to
+    // all of its subscribers together, so one round trip each shows what reached them.
+    const as = async (user: string, server: string): Promise<NatsConnection> => {
+      const nc = await connect({ servers: server, user, pass: user });
       open.push(nc);
       return nc;
     };
@@ -83,24 +100,17 @@ describe("leader-election advisories", () => {
     it("reach the mesh's account and no tenant's or owner's principal", async () => {
       const mesh = await meshReady(cluster, "mesh");
       open.push(mesh);
-      const observed: Msg[] = [];
-      mesh.subscribe(STREAM_LEADER_ELECTED_ADVISORIES, {
-        callback: (err, msg) => {
-          if (err === null) observed.push(msg);
-        },
-      });
       const principals = ["frontend-acme", "executor-billing", "mcp-bridge-billing", "billing"];
       const heard = new Map<string, Msg[]>();
+      const connections: NatsConnection[] = [];
       for (const user of principals) {
-        const nc = await as(user);
+        const nc = await as(user, mesh.getServer());
         heard.set(user, hear(nc));
         await nc.flush();
+        connections.push(nc);
       }
-      await mesh.flush();
-      await electAgain(mesh, observed);
-      expect(observed.map((m) => m.subject)).toContain(
-        `$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.${subjects.streams.calls}`,
-      );
+      const advisory = await electAgain(mesh, connections);
+      expect(advisory.json<{ stream: string }>().stream).toBe(subjects.streams.calls);
       for (const [user, got] of heard)
         expect({ user, heard: got.map((m) => m.subject) }).toEqual({ user, heard: [] });
     });
@@ -134,20 +144,13 @@ describe("leader-election advisories", () => {
     it("reach a frontend of the mesh's account: names of streams and servers, no call data", async () => {
       mesh = await meshReady(cluster, "mesh");
       frontend = await connect({
-        servers: cluster.urls,
+        servers: mesh.getServer(),
         user: "frontend-acme",
         pass: "frontend-acme",
       });
-      const observed: Msg[] = [];
-      mesh.subscribe(STREAM_LEADER_ELECTED_ADVISORIES, {
-        callback: (err, msg) => {
-          if (err === null) observed.push(msg);
-        },
-      });
       const got = hear(frontend);
       await frontend.flush();
-      await mesh.flush();
-      await electAgain(mesh, observed);
+      await electAgain(mesh, [frontend]);
       const streams = got
         .filter((m) => m.subject.startsWith("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED."))
         .map((m) => m.json<{ stream: string; leader: string }>());
