@@ -7,7 +7,14 @@ export {
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
 export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
-export { ensureStreams, ownerAdvisoriesSpec, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
+export {
+  advisoriesSpecWith,
+  ensureStreams,
+  ownerAdvisoriesSpec,
+  ownerWorkStreamSpec,
+  streamSpecs,
+  tenantCallsStreamSpec,
+} from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {
   deadLetterHeaders,
@@ -46,5 +53,12 @@ export type {
   ProvisionChange,
   StreamSpec,
 } from "./provision.js";
-export { meshPlan, obsoleteStreams, provisionMesh, provisionOwnerWork } from "./mesh-plan.js";
+export {
+  meshPlan,
+  obsoleteStreams,
+  provisionMesh,
+  provisionOwnerWork,
+  provisionTenantCalls,
+  tenantIntakeSpec,
+} from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";

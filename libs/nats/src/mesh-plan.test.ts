@@ -1,6 +1,7 @@
 import { createSubjects } from "@toolmesh/protocol";
 import { describe, expect, it } from "vitest";
-import { meshPlan } from "./mesh-plan.js";
+import { meshPlan, tenantIntakeSpec } from "./mesh-plan.js";
+import { tenantCallsStreamSpec } from "./streams.js";
 
 describe("meshPlan", () => {
   const subjects = createSubjects({ prefix: "acme.prod" });
@@ -38,5 +39,39 @@ describe("meshPlan", () => {
     // Deadlines are kept by watching the work stream, with no stream or consumer of their own.
     expect(Object.keys(plan.consumers)).not.toContain("deadlines");
     expect(plan.streams.map((s) => s.config.name)).not.toContain("ACME_PROD_TIMERS");
+  });
+
+  it("gives a tenant a calls stream bounded per tenant and per session, read by a push consumer of the resolvers' group", () => {
+    const stream = tenantCallsStreamSpec(subjects, "globex", {
+      maxQueuedCallsPerTenant: 500,
+      maxQueuedCallsPerSession: 50,
+      replicas: 3,
+    });
+    expect(stream.name).toBe("ACME_PROD_CALLS_globex");
+    expect(stream.config).toMatchObject({
+      subjects: ["acme.prod.v1.tenant-calls.globex.*"],
+      retention: "workqueue",
+      discard: "new",
+      max_msgs: 500,
+      max_msgs_per_subject: 50,
+      discard_new_per_subject: true,
+      num_replicas: 3,
+    });
+    expect(stream.settings.max_msgs).toBe("TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT");
+    const intake = tenantIntakeSpec(subjects, "globex", { ackWaitMs: 2_000 });
+    expect(intake.stream).toBe("ACME_PROD_CALLS_globex");
+    expect(intake.config).toMatchObject({
+      durable_name: "resolver",
+      deliver_subject: "acme.prod.v1.intake",
+      deliver_group: "resolver",
+      ack_wait: 2_000 * 1e6,
+    });
+    expect(subjects.isCallsStream("ACME_PROD_CALLS_globex")).toBe(true);
+    expect(subjects.isCallsStream("ACME_PROD_WORK")).toBe(false);
+    // The advisories stream adds every tenant's calls stream's max-deliveries advisories.
+    const advisories = meshPlan(subjects).streams.find((s) => s.addsSubjects === true);
+    expect(advisories?.addsSubjectsFor?.map((of) => of.streams)).toContain(
+      "acme.prod.v1.tenant-calls.*.*",
+    );
   });
 });

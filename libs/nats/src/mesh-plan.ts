@@ -5,7 +5,13 @@ import { Defaults } from "@toolmesh/protocol";
 import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from "./provision.js";
 import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from "./provision.js";
 import type { StreamLimits } from "./streams.js";
-import { ownerAdvisoriesSpec, ownerWorkStreamSpec, streamSpecs } from "./streams.js";
+import {
+  advisoriesSpecWith,
+  ownerAdvisoriesSpec,
+  ownerWorkStreamSpec,
+  streamSpecs,
+  tenantCallsStreamSpec,
+} from "./streams.js";
 
 /** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
 export interface MeshSettings extends StreamLimits {
@@ -136,6 +142,71 @@ export async function provisionOwnerWork(
   for (const owner of [...all].sort()) {
     changes.push(await ensureStream(jsm, ownerWorkStreamSpec(subjects, owner, settings), options));
     changes.push(await ensureStream(jsm, ownerAdvisoriesSpec(subjects, owner, settings), options));
+  }
+  return changes;
+}
+
+/**
+ * The resolvers' consumer of tenant `tenant`'s calls stream (ADR 0048): the mesh's resolver
+ * consumer's settings, pushing to `{p}.v1.intake` (one subject for every tenant) for the resolvers' one queue group, so
+ * a resolver reads every tenant through one subscription each and no pull per tenant.
+ */
+export function tenantIntakeSpec(
+  subjects: Subjects,
+  tenant: string,
+  settings: MeshSettings = {},
+): ConsumerSpec {
+  const shared = meshPlan(subjects, settings).consumers.resolver;
+  return {
+    ...shared,
+    stream: subjects.callsStream(tenant),
+    config: {
+      ...shared.config,
+      deliver_subject: subjects.intake,
+      deliver_group: subjects.resolverConsumer,
+      // What the resolvers hold of one tenant at once, waiting for a slot or a fair turn.
+      max_ack_pending: 1_000,
+    },
+  };
+}
+
+/**
+ * Creates or updates the calls stream and the resolvers' consumer of each tenant named and of
+ * every tenant that has a calls stream already (ADR 0048), with the mesh's settings. What
+ * `toolmesh setup --tenants` runs after {@link provisionMesh}: a tenant's stream must exist
+ * before its account's first call, which otherwise finds no stream.
+ */
+export async function provisionTenantCalls(
+  nc: NatsConnection,
+  subjects: Subjects,
+  settings: MeshSettings,
+  tenants: readonly string[] = [],
+  options: EnsureOptions = {},
+): Promise<ProvisionChange[]> {
+  const jsm = await jetstreamManager(nc);
+  const stem = `${subjects.streams.calls}_`;
+  const all = new Set(tenants.map((tenant) => subjects.callsStream(tenant).slice(stem.length)));
+  for await (const name of jsm.streams.names(subjects.allTenantStreamCalls))
+    if (name.startsWith(stem)) all.add(name.slice(stem.length));
+  const changes: ProvisionChange[] = [];
+  for (const tenant of [...all].sort()) {
+    const stream = await ensureStream(
+      jsm,
+      tenantCallsStreamSpec(subjects, tenant, settings),
+      options,
+    );
+    changes.push(stream);
+    const advisories = advisoriesSpecWith(subjects, subjects.callsStream(tenant), settings);
+    changes.push(await ensureStream(jsm, advisories, options));
+    const intake = tenantIntakeSpec(subjects, tenant, settings);
+    if (options.dryRun === true && stream.action === "created")
+      changes.push({
+        kind: "consumer",
+        name: `${intake.stream}/${intake.name}`,
+        action: "created",
+        changes: [],
+      });
+    else changes.push(await ensureConsumer(jsm, intake, options));
   }
   return changes;
 }

@@ -53,13 +53,13 @@ export interface StreamSpec {
    */
   addsSubjects?: boolean;
   /**
-   * With `addsSubjects`: the subjects others add, one per stream over `streams` (`subject` with
+   * With `addsSubjects`: the subjects others add, one per stream over each `streams` (`subject` with
    * `{stream}` replaced by its name). Each update includes those of the streams listed just
    * before it and is read back until every stream listed then has its subject: an update replaces
    * the subjects and JetStream has no compare-and-set for it, so two processes adding different
    * subjects at once would otherwise lose one.
    */
-  addsSubjectsFor?: { streams: string; subject: string };
+  addsSubjectsFor?: readonly { streams: string; subject: string }[];
 }
 
 /** A durable pull consumer as toolmesh wants it. */
@@ -343,15 +343,15 @@ async function updateAddingSubjects(
 ): Promise<void> {
   const { name: stream, ...config } = spec.config;
   const listed = async (): Promise<string[]> => {
-    const of = wanted.addsSubjectsFor;
-    if (of === undefined) return [];
     const names: string[] = [];
-    // Who may not list streams may not update this one either: the update says so.
-    try {
-      for await (const name of jsm.streams.names(of.streams))
-        names.push(of.subject.replace("{stream}", name));
-    } catch {
-      return [];
+    for (const of of wanted.addsSubjectsFor ?? []) {
+      // Who may not list streams may not update this one either: the update says so.
+      try {
+        for await (const name of jsm.streams.names(of.streams))
+          names.push(of.subject.replace("{stream}", name));
+      } catch {
+        return [];
+      }
     }
     return names;
   };

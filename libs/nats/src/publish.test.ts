@@ -45,7 +45,16 @@ describe("publishError", () => {
       }),
       "tm.v1.calls.a.s",
     ).toWire();
-    expect(full).toMatchObject({ code: ErrorCode.Overloaded, retryable: true });
-    expect(full.details).not.toHaveProperty("limit");
+    expect(full).toMatchObject({
+      code: ErrorCode.Overloaded,
+      retryable: true,
+      details: { subject: "tm.v1.calls.a.s", limit: "queued", retry_after_ms: 1000 },
+    });
+    const bytes = publishError(
+      new JetStreamApiError({ code: 503, err_code: 10077, description: "maximum bytes exceeded" }),
+      "tm.v1.calls.a.s",
+    ).toWire();
+    expect(bytes).toMatchObject({ code: ErrorCode.Overloaded, retryable: true });
+    expect(bytes.details).not.toHaveProperty("limit");
   });
 });

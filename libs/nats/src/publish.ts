@@ -23,6 +23,8 @@ export interface PublishOptions {
 
 /** How the server words a refusal by `discard_new_per_subject` (store full, per subject). */
 const PER_SUBJECT_FULL = /per subject/;
+/** How the server words a refusal by `max_msgs` with discard new (the stream is full). */
+const MESSAGES_FULL = /^maximum messages exceeded/;
 
 /** Headers carrying the active trace context, plus any given. */
 export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
@@ -62,6 +64,15 @@ export function publishError(err: unknown, subject: string): ToolmeshError {
         ErrorCode.Overloaded,
         "too many calls of this session are waiting to be resolved: wait for answers, then submit again",
         { details: { subject, limit: "queued_per_session", retry_after_ms: 1000 }, cause: err },
+      );
+    }
+    if (err.code === JsApiCode.StreamStoreFailed && MESSAGES_FULL.test(err.message)) {
+      // A calls stream at its `max_msgs`: a tenant's own (TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT,
+      // ADR 0048) or the mesh's (TOOLMESH_MAX_QUEUED_CALLS); a publisher cannot tell which.
+      return new ToolmeshError(
+        ErrorCode.Overloaded,
+        "too many calls are waiting to be resolved (of this tenant, or in the whole mesh): wait for answers, then submit again",
+        { details: { subject, limit: "queued", retry_after_ms: 1000 }, cause: err },
       );
     }
     if (STREAM_FULL_CODES.includes(err.code)) {

@@ -27,6 +27,11 @@ export interface StreamLimits {
    * stream for everyone. Default 1 000.
    */
   maxQueuedCallsPerSession?: number;
+  /**
+   * Most calls of one tenant waiting in its own calls stream `{P}_CALLS_{tenant}` (ADR 0048),
+   * over all its sessions; the server refuses more before storing them. Default 10 000.
+   */
+  maxQueuedCallsPerTenant?: number;
   /** Replicas of every stream and KV bucket (1, 3 or 5 on a cluster). Default 1. */
   replicas?: number;
   /**
@@ -129,11 +134,11 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     ...(config.name === subjects.streams.advisories
       ? {
           addsSubjects: true,
-          // Every owner's work stream's max-deliveries advisories (ADR 0041).
-          addsSubjectsFor: {
-            streams: subjects.allOwnerWork,
-            subject: subjects.maxDeliveriesAdvisory("{stream}"),
-          },
+          // The max-deliveries advisories of every owner's work stream (ADR 0041) and of every
+          // tenant's calls stream (ADR 0048).
+          addsSubjectsFor: [subjects.allOwnerWork, subjects.allTenantStreamCalls].map(
+            (streams) => ({ streams, subject: subjects.maxDeliveriesAdvisory("{stream}") }),
+          ),
         }
       : {}),
   }));
@@ -155,6 +160,48 @@ export function ownerWorkStreamSpec(
 }
 
 /**
+ * The calls stream of tenant `tenant` (ADR 0048): the mesh's calls stream's configuration over
+ * the subjects its account's import renames its calls to, holding at most
+ * `TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT` calls (and the same per session as the mesh's).
+ */
+export function tenantCallsStreamSpec(
+  subjects: Subjects,
+  tenant: string,
+  limits: StreamLimits = {},
+): StreamSpec {
+  const calls = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.calls);
+  if (calls === undefined) throw new Error("the mesh plan has no calls stream");
+  const name = subjects.callsStream(tenant);
+  return {
+    ...calls,
+    name,
+    config: {
+      ...calls.config,
+      name,
+      subjects: [subjects.tenantStreamCalls(tenant)],
+      max_msgs: limits.maxQueuedCallsPerTenant ?? Defaults.maxQueuedCallsPerTenant,
+    },
+    settings: { ...calls.settings, max_msgs: "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT" },
+  };
+}
+
+/**
+ * The advisories stream with the max-deliveries advisories of `stream` (a tool owner's work
+ * stream, a tenant's calls stream) among its subjects, so its messages are dead-lettered like
+ * the mesh's. Made with that stream.
+ */
+export function advisoriesSpecWith(
+  subjects: Subjects,
+  stream: string,
+  limits: StreamLimits = {},
+): StreamSpec {
+  const spec = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.advisories);
+  if (spec === undefined) throw new Error("the mesh plan has no advisories stream");
+  const own = subjects.maxDeliveriesAdvisory(stream);
+  return { ...spec, config: { ...spec.config, subjects: [...(spec.config.subjects ?? []), own] } };
+}
+
+/**
  * The advisories stream with the max-deliveries advisories of tool owner `owner`'s work stream
  * among its subjects (ADR 0041), so that work is dead-lettered like the mesh's. The mesh creates
  * it with the owner's work stream.
@@ -164,10 +211,7 @@ export function ownerAdvisoriesSpec(
   owner: string,
   limits: StreamLimits = {},
 ): StreamSpec {
-  const spec = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.advisories);
-  if (spec === undefined) throw new Error("the mesh plan has no advisories stream");
-  const own = subjects.maxDeliveriesAdvisory(subjects.workStream(owner));
-  return { ...spec, config: { ...spec.config, subjects: [...(spec.config.subjects ?? []), own] } };
+  return advisoriesSpecWith(subjects, subjects.workStream(owner), limits);
 }
 
 /**

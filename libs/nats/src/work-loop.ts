@@ -11,6 +11,14 @@ export interface WorkLoopOptions {
   stream: string;
   /** Durable pull consumer shared by every replica. */
   consumer: string;
+  /**
+   * Read push consumers instead of pulling `consumer`: every consumer delivering to
+   * `deliverSubject` (a wildcard covers several, such as every tenant's calls stream, ADR 0048)
+   * in queue group `deliverGroup`, so every replica running the same loop shares their messages.
+   * One subscription, whatever the number of consumers; `stream` and `consumer` then only name
+   * the loop.
+   */
+  push?: { deliverSubject: string; deliverGroup: string };
   /** Bounds how many messages run at once; may be shared by several loops. */
   slots: Semaphore;
   /**
@@ -79,30 +87,17 @@ export interface WorkLoop {
  * loop competes for the same messages, so adding replicas adds throughput.
  */
 export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop> {
-  const consumer = await retryWhileUnavailable(
-    () => options.js.consumers.get(options.stream, options.consumer),
-    {
-      what: `read consumer ${options.consumer} of stream ${options.stream}`,
-      ...(options.consumerWaitMs === undefined ? {} : { budgetMs: options.consumerWaitMs }),
-      ...(options.onConsumerUnavailable === undefined
-        ? {}
-        : { onRetry: options.onConsumerUnavailable }),
-    },
-  );
-  const maxMessages = options.maxMessages ?? 8;
-  const messages = await consumer.consume({
-    max_messages: maxMessages,
-    expires: options.pullExpiresMs ?? Defaults.pullExpiresMs,
-    idle_heartbeat: options.pullHeartbeatMs ?? Defaults.pullHeartbeatMs,
-    // Ask again when a quarter is left; nats.js's default (three quarters) pulls about every
-    // second call.
-    threshold_messages: Math.max(1, Math.floor(maxMessages / 4)),
-    // Pull again at once after a reconnect or missed heartbeats. Without it nats.js first asks
-    // for the consumer's info, and while that fails (an election after a server left) it waits a
-    // whole `expires` before asking again: seconds in which the consumer pulls nothing.
-    bind: true,
-  });
-  const leaderMoved = pullAgainOnNewLeader(options, messages);
+  const messages =
+    options.push === undefined
+      ? await pullMessages(options)
+      : await options.js.consumers
+          .getBoundPushConsumer({
+            deliver_subject: options.push.deliverSubject,
+            deliver_group: options.push.deliverGroup,
+          })
+          .then((consumer) => consumer.consume());
+  const leaderMoved =
+    options.push === undefined ? pullAgainOnNewLeader(options, messages) : undefined;
   const running = new Set<Promise<void>>();
   let stopping = false;
   let lastArrival = 0;
@@ -185,6 +180,33 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
       await pump;
     },
   };
+}
+
+/** The messages of the durable pull consumer `options.consumer`, waiting out elections. */
+async function pullMessages(options: WorkLoopOptions): Promise<ConsumerMessages> {
+  const consumer = await retryWhileUnavailable(
+    () => options.js.consumers.get(options.stream, options.consumer),
+    {
+      what: `read consumer ${options.consumer} of stream ${options.stream}`,
+      ...(options.consumerWaitMs === undefined ? {} : { budgetMs: options.consumerWaitMs }),
+      ...(options.onConsumerUnavailable === undefined
+        ? {}
+        : { onRetry: options.onConsumerUnavailable }),
+    },
+  );
+  const maxMessages = options.maxMessages ?? 8;
+  return consumer.consume({
+    max_messages: maxMessages,
+    expires: options.pullExpiresMs ?? Defaults.pullExpiresMs,
+    idle_heartbeat: options.pullHeartbeatMs ?? Defaults.pullHeartbeatMs,
+    // Ask again when a quarter is left; nats.js's default (three quarters) pulls about every
+    // second call.
+    threshold_messages: Math.max(1, Math.floor(maxMessages / 4)),
+    // Pull again at once after a reconnect or missed heartbeats. Without it nats.js first asks
+    // for the consumer's info, and while that fails (an election after a server left) it waits a
+    // whole `expires` before asking again: seconds in which the consumer pulls nothing.
+    bind: true,
+  });
 }
 
 /**

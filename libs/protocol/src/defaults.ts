@@ -33,6 +33,11 @@ export const Defaults = {
    * the server refuses more at once, before they are stored.
    */
   maxQueuedCallsPerSession: 1_000,
+  /**
+   * Most calls of one tenant waiting in its own calls stream (`TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT`,
+   * ADR 0048): the server refuses more, over all its sessions, before they are stored.
+   */
+  maxQueuedCallsPerTenant: 10_000,
   /** Calls of one session in flight through one resolver (`TOOLMESH_SESSION_MAX_IN_FLIGHT`). */
   sessionMaxInFlight: 256,
   /** Calls an executor or schema expander handles at once (`TOOLMESH_CONCURRENCY`). */

@@ -135,6 +135,30 @@ export interface Subjects {
   call(at: SessionAddress): string;
   /** Wildcard over every call subject (the calls stream). */
   readonly allCalls: string;
+  /**
+   * Where a call of tenant `at.tenant` is stored when the tenant has a calls stream of its own
+   * (ADR 0048): `{p}.v1.tenant-calls.{tenant}.{session}`. A tenant account publishes on
+   * {@link call} and its import renames it to this.
+   */
+  tenantStreamCall(at: SessionAddress): string;
+  /** Wildcard over the calls of tenant `tenant`'s own stream: `{p}.v1.tenant-calls.{tenant}.*`. */
+  tenantStreamCalls(tenant: string): string;
+  /** Wildcard over the calls of every tenant's own stream: `{p}.v1.tenant-calls.*.*`. */
+  readonly allTenantStreamCalls: string;
+  /**
+   * The stream holding calls: the mesh's `{P}_CALLS`, or `{P}_CALLS_{tenant}` for a tenant with a
+   * calls stream of its own (ADR 0048).
+   */
+  callsStream(tenant?: string): string;
+  /** Whether `stream` is the mesh's calls stream or a tenant's. */
+  isCallsStream(stream: string): boolean;
+  /**
+   * Where the resolvers' push consumer of every tenant's calls stream delivers (ADR 0048):
+   * `{p}.v1.intake`, read by every resolver in one queue group. One literal subject for every
+   * tenant: the server counts a push consumer's interest by its deliver subject as written, so
+   * a wildcard subscription would leave every consumer idle.
+   */
+  readonly intake: string;
   /** Request-reply: cancel a call of a session, `{p}.v1.cancel.{tenant}.{session}`. */
   cancel(at: SessionAddress): string;
   /** Wildcard over every cancel subject (the resolver's subscription). */
@@ -360,6 +384,13 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     address: (tenant, session) => ({ tenant: t(tenant), session: t(session) }),
     call: (at) => `${base}.calls.${at.tenant}.${at.session}`,
     allCalls: `${base}.calls.*.*`,
+    tenantStreamCall: (at) => `${base}.tenant-calls.${at.tenant}.${at.session}`,
+    tenantStreamCalls: (tenant) => `${base}.tenant-calls.${t(tenant)}.*`,
+    allTenantStreamCalls: `${base}.tenant-calls.*.*`,
+    callsStream: (tenant) =>
+      tenant === undefined ? `${stem}_CALLS` : `${stem}_CALLS_${t(tenant)}`,
+    isCallsStream: (stream) => stream === `${stem}_CALLS` || stream.startsWith(`${stem}_CALLS_`),
+    intake: `${base}.intake`,
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,
     abort: `${base}.control.abort`,

@@ -34,6 +34,12 @@ const NUMBERS: [string, keyof RuntimeConfig, number, number][] = [
     Defaults.maxQueuedCallsPerSession,
     1,
   ],
+  [
+    "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT",
+    "maxQueuedCallsPerTenant",
+    Defaults.maxQueuedCallsPerTenant,
+    1,
+  ],
   ["TOOLMESH_SESSION_MAX_IN_FLIGHT", "sessionMaxInFlight", Defaults.sessionMaxInFlight, 1],
   ["TOOLMESH_CONCURRENCY", "concurrency", Defaults.concurrency, 1],
 ];

@@ -110,6 +110,7 @@ export const EnvSchema = z.object({
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
   TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: positiveInt.default(Defaults.maxQueuedCallsPerSession),
+  TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT: positiveInt.default(Defaults.maxQueuedCallsPerTenant),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
   TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(Defaults.sessionStateTtlMs),
@@ -183,6 +184,8 @@ export interface RuntimeConfig {
   maxQueuedCalls: number;
   /** Most calls of one session waiting in the calls stream; the server refuses more. */
   maxQueuedCallsPerSession: number;
+  /** Most calls of one tenant waiting in its own calls stream (ADR 0048); the server refuses more. */
+  maxQueuedCallsPerTenant: number;
   /** Port of the `/healthz` and `/readyz` endpoints; none when unset. */
   healthPort?: number;
   /** The executor's folder of native HTTP tools (`*.yaml`); a missing default folder is none. */
@@ -275,6 +278,7 @@ export function loadConfig(
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,
     maxQueuedCallsPerSession: e.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION,
+    maxQueuedCallsPerTenant: e.TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),
     nativeToolsDir: e.TOOLMESH_NATIVE_TOOLS_DIR,
     ...(e.TOOLMESH_NATIVE_ALLOWED_URLS === undefined

@@ -55,6 +55,7 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
     duplicateWindowMs: config.duplicateWindowMs,
     maxQueuedCalls: config.maxQueuedCalls,
     maxQueuedCallsPerSession: config.maxQueuedCallsPerSession,
+    maxQueuedCallsPerTenant: config.maxQueuedCallsPerTenant,
     replicas: config.streamReplicas,
     compression: config.streamCompression,
     callRetentionMs: config.callRetentionMs,
