@@ -11,11 +11,11 @@ import { accountUsers } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 // Tenant `flood` publishes calls from its own account as fast as the server takes them, into one
-// session; tenant `steady` keeps calling. The calls stream holds at most 2 000 calls, so without
-// the per-session limit the flood fills it and `steady` is refused `overloaded` (run with
-// TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION=2000 to see it): with it, the server refuses the flood's
-// excess before storing it, `steady` is never refused, and every call of `flood` the server took
-// ends in exactly one final message. docs/quotas.md#storage; ADR 0043.
+// session and then spread over many; tenant `steady` keeps calling. Each tenant's calls are stored
+// in its own calls stream (ADR 0048), which holds at most TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT,
+// and at most TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION of one session (ADR 0043): the server refuses
+// the flood's excess before storing it, `steady` is never refused, and every call of `flood` the
+// server took ends in exactly one final message. docs/quotas.md#storage.
 //
 // Run on both server versions: TOOLMESH_TEST_NATS_SERVER=/opt/nats-server-current/usr/sbin/nats-server.
 
@@ -28,7 +28,8 @@ interface MeshStats {
 
 const LIMITS = {
   TOOLMESH_MAX_QUEUED_CALLS: "2000",
-  TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: process.env.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION ?? "100",
+  TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: "100",
+  TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT: "300",
 };
 
 let pki: TestPki;
@@ -45,7 +46,10 @@ beforeAll(async () => {
     process.env[m[2]!] = password(m[1]!);
   }
   server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
-  const setup = await runCli(["setup"], { ...credentials("setup"), ...LIMITS });
+  const setup = await runCli(["setup", "--tenants", "flood,steady"], {
+    ...credentials("setup"),
+    ...LIMITS,
+  });
   expect(setup.stderr).toBe("");
   const env = (user: string) => ({ ...credentials(user), ...LIMITS });
   await Promise.all([
@@ -61,7 +65,7 @@ afterAll(async () => {
   await stopAll();
 });
 
-/** A tenant's frontend: raw publishes of `echo` calls, and the final messages of its session. */
+/** A tenant's frontend: raw publishes of `echo` calls, and the final messages of its sessions. */
 async function frontend(tenant: string) {
   const nc = await connectAs(`frontend-${tenant}`, {
     inboxPrefix: subjects.frontendInboxPrefix(tenant),
@@ -69,7 +73,7 @@ async function frontend(tenant: string) {
   const finals = new Map<string, ToolMessage[]>();
   /** Told of every final message, by the waits of `answered`. */
   const waiting = new Set<(id: string) => void>();
-  nc.subscribe(subjects.sessionEvents({ tenant, session: "s1" }), {
+  nc.subscribe(subjects.tenantEvents(tenant), {
     callback: (err, msg) => {
       if (err !== null || !msg.subject.includes(".result.")) return;
       const m = msg.json<ToolMessage>();
@@ -80,18 +84,18 @@ async function frontend(tenant: string) {
   await nc.flush();
   const js = jetstream(nc);
   /** Publishes one call; resolves with the typed refusal, or undefined when it was stored. */
-  const submit = async (id: string): Promise<WireError | undefined> => {
+  const submit = async (id: string, session = "s1"): Promise<WireError | undefined> => {
     const request = {
       tool_call: {
         id,
         type: "function",
         function: { name: "echo", arguments: JSON.stringify({ text: id }) },
       },
-      session_id: "s1",
+      session_id: session,
       timeout_ms: 60_000,
     };
     try {
-      await js.publish(subjects.call({ tenant, session: "s1" }), encodeJson(request), {
+      await js.publish(subjects.call({ tenant, session }), encodeJson(request), {
         msgID: id,
       });
       return undefined;
@@ -122,86 +126,109 @@ async function frontend(tenant: string) {
   return { submit, finals, answered };
 }
 
-describe("one tenant flooding the calls stream", () => {
-  it("is refused before its calls are stored; another tenant's calls are all accepted and answered", async () => {
-    const flood = await frontend("flood");
-    const steady = await frontend("steady");
-
-    // The flood: 512 publishes in flight at all times until the steady tenant is done.
-    const accepted: string[] = [];
-    const refusals = new Map<string, number>();
-    let next = 0;
-    let flooding = true;
-    const worker = async (): Promise<void> => {
-      while (flooding) {
-        const id = `a-${next++}`;
-        const refusal = await flood.submit(id);
-        if (refusal === undefined) accepted.push(id);
-        else {
-          const limit = refusal.details?.limit;
-          const key = `${refusal.code}:${typeof limit === "string" ? limit : ""}`;
-          refusals.set(key, (refusals.get(key) ?? 0) + 1);
-        }
+/**
+ * Tenant `flood` publishes with 512 calls in flight, into `sessions` sessions in turn, while
+ * tenant `steady` submits three rounds of 20 calls once the flood is refused, each round after the
+ * last is answered. Returns what each saw; `floodSeen` is `toolmesh stats --tenant flood` read
+ * while the flood was refused.
+ */
+async function floodWhileSteadyCalls(sessions: number, prefix: string) {
+  const flood = await frontend("flood");
+  const steady = await frontend("steady");
+  const accepted: string[] = [];
+  const refusals = new Map<string, number>();
+  let next = 0;
+  let flooding = true;
+  const worker = async (): Promise<void> => {
+    while (flooding) {
+      const n = next++;
+      const id = `${prefix}-a-${n}`;
+      const refusal = await flood.submit(id, `s${n % sessions}`);
+      if (refusal === undefined) accepted.push(id);
+      else {
+        const limit = refusal.details?.limit;
+        const key = `${refusal.code}:${typeof limit === "string" ? limit : ""}`;
+        refusals.set(key, (refusals.get(key) ?? 0) + 1);
       }
-    };
-    const floodDone = Promise.all(Array.from({ length: 512 }, () => worker()));
-
-    // Once the flood is being refused (its session's share of the stream is full), the steady
-    // tenant submits three rounds of 20 calls, each round after the last is answered: every
-    // submission must be stored at its first publish.
-    while (refusals.size === 0 && accepted.length < 20_000) {
-      await new Promise((resolve) => setTimeout(resolve, 20));
     }
-    let floodSeen: MeshStats["tenants"] = [];
-    const steadyRefused: WireError[] = [];
-    const steadyIds: string[] = [];
-    try {
-      for (let round = 0; round < 3; round++) {
-        const ids = Array.from({ length: 20 }, (_, i) => `b-${round}-${i}`);
-        const refused = await Promise.all(ids.map((id) => steady.submit(id)));
-        steadyRefused.push(...refused.filter((r) => r !== undefined));
-        const stored = ids.filter((_, i) => refused[i] === undefined);
-        steadyIds.push(...stored);
-        await steady.answered(stored);
-        if (round === 0) {
-          // The operator sees who fills the calls stream, from the server: the flood's one
-          // session holds its whole share, and no more.
-          // The resolver drains the stream as the flood fills it: a sample may catch a moment
-          // with nothing stored, so the operator looks again, as `toolmesh top` would.
-          for (let look = 0; look < 5 && floodSeen.length === 0; look++) {
-            const stats = await runCli(["stats", "--tenant", "flood", "--json"], {
-              ...credentials("operator"),
-            });
-            floodSeen = (JSON.parse(stats.stdout) as MeshStats).tenants;
-          }
-        }
+  };
+  const floodDone = Promise.all(Array.from({ length: 512 }, () => worker()));
+
+  // Once the flood is being refused, every submission of the steady tenant must be stored at its
+  // first publish.
+  while (refusals.size === 0 && accepted.length < 20_000) {
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  let floodSeen: MeshStats["tenants"] = [];
+  const steadyRefused: WireError[] = [];
+  const steadyIds: string[] = [];
+  try {
+    for (let round = 0; round < 3; round++) {
+      const ids = Array.from({ length: 20 }, (_, i) => `${prefix}-b-${round}-${i}`);
+      const refused = await Promise.all(ids.map((id) => steady.submit(id)));
+      steadyRefused.push(...refused.filter((r) => r !== undefined));
+      const stored = ids.filter((_, i) => refused[i] === undefined);
+      steadyIds.push(...stored);
+      await steady.answered(stored);
+      // The operator sees who fills the calls streams, from the server. The resolver drains
+      // them as the flood fills them: a sample may catch a moment with nothing stored, so the
+      // operator looks again, as `toolmesh top` would.
+      for (let look = 0; look < 5 && floodSeen.length === 0; look++) {
+        const stats = await runCli(["stats", "--tenant", "flood", "--json"], {
+          ...credentials("operator"),
+        });
+        floodSeen = (JSON.parse(stats.stdout) as MeshStats).tenants;
       }
-    } finally {
-      flooding = false;
-      await floodDone;
     }
+  } finally {
+    flooding = false;
+    await floodDone;
+  }
+  const steadyWrong = steadyIds
+    .map((id) => ({ id, finals: steady.finals.get(id) ?? [] }))
+    .filter(({ finals }) => finals.length !== 1 || finals[0]?.error !== undefined)
+    .map(({ id, finals }) => ({ id, errors: finals.map((m) => m.error?.code ?? "ok") }));
+  // Every call of the flood the server stored ends in exactly one final message.
+  await flood.answered(accepted);
+  const floodUnanswered = accepted.filter((id) => flood.finals.get(id)?.length !== 1);
+  return { steadyRefused, steadyIds, steadyWrong, floodSeen, refusals, floodUnanswered };
+}
 
-    expect(steadyRefused).toEqual([]);
-    expect(steadyIds).toHaveLength(60);
-    const steadyWrong = steadyIds
-      .map((id) => ({ id, finals: steady.finals.get(id) ?? [] }))
-      .filter(({ finals }) => finals.length !== 1 || finals[0]?.error !== undefined)
-      .map(({ id, finals }) => ({ id, errors: finals.map((m) => m.error?.code ?? "ok") }));
-    expect(steadyWrong).toEqual([]);
+describe("one tenant flooding its calls stream", () => {
+  it("into one session is refused past the session's share; another tenant's calls are all accepted and answered", async () => {
+    const seen = await floodWhileSteadyCalls(1, "one");
+    expect(seen.steadyRefused).toEqual([]);
+    expect(seen.steadyIds).toHaveLength(60);
+    expect(seen.steadyWrong).toEqual([]);
 
-    expect(floodSeen).toHaveLength(1);
-    expect(floodSeen[0]?.tenant).toBe("flood");
-    expect(floodSeen[0]?.stored.sessions).toBe(1);
-    expect(floodSeen[0]?.stored.max_session).toBeGreaterThan(0);
-    expect(floodSeen[0]?.stored.max_session).toBeLessThanOrEqual(
+    expect(seen.floodSeen).toHaveLength(1);
+    expect(seen.floodSeen[0]?.tenant).toBe("flood");
+    expect(seen.floodSeen[0]?.stored.sessions).toBe(1);
+    expect(seen.floodSeen[0]?.stored.max_session).toBeGreaterThan(0);
+    expect(seen.floodSeen[0]?.stored.max_session).toBeLessThanOrEqual(
       Number(LIMITS.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION),
     );
-
     // The flood was refused by the server with the typed error, and nothing else.
-    expect([...refusals.keys()]).toEqual([`${ErrorCode.Overloaded}:queued_per_session`]);
+    expect([...seen.refusals.keys()]).toEqual([`${ErrorCode.Overloaded}:queued_per_session`]);
+    expect(seen.floodUnanswered).toEqual([]);
+  }, 120_000);
 
-    // Every call of the flood the server stored ends in exactly one final message.
-    await flood.answered(accepted);
-    expect(accepted.filter((id) => flood.finals.get(id)?.length !== 1)).toEqual([]);
+  it("over many sessions is refused past the tenant's bound; another tenant's calls are all accepted and answered", async () => {
+    // 20 sessions of 100 could hold 2 000 calls, the whole mesh's calls stream: the tenant's
+    // bound (300) stops the flood first.
+    const seen = await floodWhileSteadyCalls(20, "many");
+    expect(seen.steadyRefused).toEqual([]);
+    expect(seen.steadyIds).toHaveLength(60);
+    expect(seen.steadyWrong).toEqual([]);
+
+    expect(seen.floodSeen).toHaveLength(1);
+    expect(seen.floodSeen[0]?.stored.sessions).toBeGreaterThan(1);
+    expect(seen.floodSeen[0]?.stored.calls).toBeGreaterThan(0);
+    expect(seen.floodSeen[0]?.stored.calls).toBeLessThanOrEqual(
+      Number(LIMITS.TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT),
+    );
+    // Refused by its own stream's bound, as `overloaded` the client retries later.
+    expect([...seen.refusals.keys()]).toEqual([`${ErrorCode.Overloaded}:queued`]);
+    expect(seen.floodUnanswered).toEqual([]);
   }, 120_000);
 });

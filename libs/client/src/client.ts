@@ -57,6 +57,9 @@ import { requestReply } from "./request.js";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 
+/** How long a tenant's calls stream, looked up for `tenantStream`, is taken to exist or not, in ms. */
+const STREAM_LOOKUP_MS = 60_000;
+
 /** Options of {@link ToolmeshClient}. Durations in ms. */
 export interface ClientOptions {
   /** Subject prefix. Default `toolmesh`. */
@@ -80,6 +83,15 @@ export interface ClientOptions {
    * tenant, this process's or not. Default false.
    */
   tenantSubscription?: boolean;
+  /**
+   * Store calls in the tenant's own calls stream (`{p}.v1.tenant-calls.{tenant}.{session}`,
+   * ADR 0048) when it has one, as the calls of a tenant account are: for a process in the mesh
+   * account that publishes for tenants, such as the MCP gateway, so they count against the
+   * tenant's bound like its own frontends' calls. Whether the tenant has one is looked up (a
+   * stream listing, `$JS.API.STREAM.NAMES`) at most once a minute; without one, calls go to the
+   * mesh's calls stream. Default false.
+   */
+  tenantStream?: boolean;
 }
 
 /** A tool call as a frontend hands it over: OpenAI's shape, or just a name and arguments. */
@@ -144,6 +156,9 @@ export class ToolmeshClient {
   // With `tenantSubscription`: the one subscription, and the open sessions by session token.
   #tenantSub: Subscription | undefined;
   readonly #routes = new Map<string, Set<(msg: Msg) => void>>();
+  readonly #tenantStream: boolean;
+  // With `tenantStream`: when the tenant's calls stream was last looked up, and whether it has one.
+  #streamLookup: { at: number; has: Promise<boolean> } | undefined;
 
   constructor(nc: NatsConnection, options: ClientOptions = {}) {
     this.nc = nc;
@@ -157,6 +172,7 @@ export class ToolmeshClient {
       tracer: options.tracer ?? trace.getTracer("toolmesh-client"),
     };
     this.#tenantSubscription = options.tenantSubscription ?? false;
+    this.#tenantStream = options.tenantStream ?? false;
     // Final messages published while the connection was down never reach the live
     // subscription; they are in the sessions stream, so pending calls look them up there.
     void (async () => {
@@ -167,6 +183,29 @@ export class ToolmeshClient {
   }
 
   readonly #sessions = new Set<Session>();
+
+  /**
+   * @internal Where a call of the session at `at` is published: the tenant's own calls stream's
+   * subject when `tenantStream` is set and the tenant has one, else {@link Subjects.call}.
+   */
+  async callSubject(at: SessionAddress): Promise<string> {
+    if (!this.#tenantStream) return this.subjects.call(at);
+    const now = Date.now();
+    if (this.#streamLookup === undefined || now - this.#streamLookup.at >= STREAM_LOOKUP_MS) {
+      const before = this.#streamLookup?.has ?? Promise.resolve(false);
+      this.#streamLookup = { at: now, has: this.#hasTenantStream().catch(() => before) };
+    }
+    return (await this.#streamLookup.has)
+      ? this.subjects.tenantStreamCall(at)
+      : this.subjects.call(at);
+  }
+
+  async #hasTenantStream(): Promise<boolean> {
+    const jsm = await jetstreamManager(this.nc, { checkAPI: false });
+    for await (const name of jsm.streams.names(this.subjects.tenantStreamCalls(this.tenant)))
+      if (name === this.subjects.callsStream(this.tenant)) return true;
+    return false;
+  }
 
   /**
    * @internal Hands the events of the session at `at` to `onMessage` until the returned
@@ -288,7 +327,7 @@ export class ToolmeshClient {
 
 /** What a session takes from its client's options. */
 type SessionOptions = Required<
-  Omit<ClientOptions, "prefix" | "tenant" | "tracer" | "tenantSubscription">
+  Omit<ClientOptions, "prefix" | "tenant" | "tracer" | "tenantSubscription" | "tenantStream">
 > & { tracer: Tracer };
 
 let generatedIds = 0;
@@ -485,7 +524,7 @@ export class Session {
       try {
         const ack = await publishDurable(
           this.#client.js,
-          this.#client.subjects.call(this.address),
+          await this.#client.callSubject(this.address),
           request,
           {
             msgId,

@@ -146,6 +146,41 @@ describe("permissions", () => {
     expect(renderAccountConfig()).not.toContain("OWNER_");
   });
 
+  it("stores each tenant account's calls in its own calls stream, which only the mesh's services reach", () => {
+    const config = renderAccountConfig({ tenants: ["acme", "globex"] });
+    // The tenant publishes on the wire's call subjects; the import renames them to its stream's.
+    expect(config).toContain(
+      '{ service: "toolmesh.v1.tenant-calls.acme.*", accounts: [TENANT_acme] }',
+    );
+    expect(config).toContain(
+      '{ service: { account: TOOLMESH, subject: "toolmesh.v1.tenant-calls.acme.*" }, to: "toolmesh.v1.calls.acme.*" }',
+    );
+    expect(config).not.toContain('service: "toolmesh.v1.calls.');
+    expect(rolePermissions("frontend", { tenant: "acme" }).publish.allow).toContain(
+      "toolmesh.v1.calls.acme.*",
+    );
+    // The resolver reads and acks every listed tenant's stream through its intake, by name.
+    const resolver = rolePermissions("resolver", { tenants: ["acme"] });
+    expect(resolver.subscribe.allow).toContain("toolmesh.v1.intake");
+    expect(resolver.publish.allow).toContain("$JS.ACK.TOOLMESH_CALLS_acme.resolver.>");
+    expect(resolver.publish.allow).toContain("$JS.API.STREAM.MSG.DELETE.TOOLMESH_CALLS_acme");
+    expect(resolver.publish.allow).not.toContainEqual(
+      expect.stringMatching(/STREAM\.(CREATE|UPDATE|DELETE|PURGE)\.TOOLMESH_CALLS_acme/),
+    );
+    // Setup creates them; the operator reads them and replays their dead letters.
+    const setup = rolePermissions("setup", { tenants: ["acme"] }).publish.allow;
+    expect(setup).toContain("$JS.API.STREAM.*.TOOLMESH_CALLS_acme");
+    const operator = rolePermissions("operator", { tenants: ["acme"] }).publish.allow;
+    expect(operator).toContain("toolmesh.v1.tenant-calls.*.*");
+    expect(operator).toContain("$JS.API.STREAM.INFO.TOOLMESH_CALLS_acme");
+    // The generated mesh users are given every tenant's stream.
+    const mesh = config.slice(config.indexOf("TOOLMESH: {"), config.indexOf("TENANT_acme: {"));
+    expect(mesh).toContain('"$JS.ACK.TOOLMESH_CALLS_globex.resolver.>"');
+    expect(() => rolePermissions("gateway", { tenants: ["acme"] })).toThrow(
+      "--tenants is for the resolver, operator and setup roles",
+    );
+  });
+
   it("refuses tenant and owner ids that cannot name an account, saying which", () => {
     expect(() => renderAccountConfig({ tenants: ["a.b"] })).toThrow('tenant id "a.b" must be');
     expect(() => renderAccountConfig({ owners: { "": ["t"] } })).toThrow('owner id "" must be');

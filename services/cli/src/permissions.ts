@@ -50,6 +50,11 @@ export interface PermissionOptions {
    * (`{P}_WORK_{owner}`) these roles manage and read. Default none.
    */
   owners?: readonly string[];
+  /**
+   * `resolver`, `operator`, `setup`: the tenants with accounts, whose calls streams
+   * (`{P}_CALLS_{tenant}`, ADR 0048) these roles manage and read. Default none.
+   */
+  tenants?: readonly string[];
   /** `mcp-bridge`: the MCP server names it serves (tools `{server}.*`). Default any. */
   servers?: readonly string[];
 }
@@ -242,12 +247,18 @@ export function rolePermissions(
     return ownerPermissions(s, role, owner);
   }
   const ownerStreams = (options.owners ?? []).map((o) => s.workStream(checkAccountId("owner", o)));
+  const tenantStreams = (options.tenants ?? []).map((t) =>
+    s.callsStream(checkAccountId("tenant", t)),
+  );
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
   }
   if (options.tools !== undefined && role !== "executor") bad("--tools is for the executor role");
   if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
     bad("--owners is for the resolver, operator and setup roles");
+  }
+  if (options.tenants !== undefined && !["resolver", "operator", "setup"].includes(role)) {
+    bad("--tenants is for the resolver, operator and setup roles");
   }
   if (options.servers !== undefined && role !== "mcp-bridge") {
     bad("--servers is for the mcp-bridge role");
@@ -287,6 +298,8 @@ export function rolePermissions(
           s.allResults,
           s.allOwnerServices,
           ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
+          // Every tenant's own calls stream pushes to the resolvers' queue group (ADR 0048).
+          s.intake,
         ),
         pub(
           ...n.replies,
@@ -297,7 +310,6 @@ export function rolePermissions(
             ? []
             : [
                 s.allOwnerWork,
-                `${API}.STREAM.NAMES`,
                 // Adds each owner's max-deliveries advisories to the advisories stream.
                 `${API}.STREAM.UPDATE.${s.streams.advisories}`,
               ]),
@@ -307,6 +319,14 @@ export function rolePermissions(
             ),
             ...["INFO", "CREATE", "DURABLE.CREATE"].map((op) => `${API}.CONSUMER.${op}.${st}.*`),
             `${API}.CONSUMER.CREATE.${st}.*.>`,
+            `${API}.CONSUMER.LIST.${st}`,
+          ]),
+          // Reconciliation and dead letters find owners' and tenants' streams by listing them.
+          `${API}.STREAM.NAMES`,
+          ...tenantStreams.flatMap((st) => [
+            `$JS.ACK.${st}.${s.resolverConsumer}.>`,
+            `${API}.CONSUMER.INFO.${st}.${s.resolverConsumer}`,
+            ...["INFO", "MSG.GET", "MSG.DELETE"].map((op) => `${API}.STREAM.${op}.${st}`),
             `${API}.CONSUMER.LIST.${st}`,
           ]),
           `${n.base}.sessions.*.*.result.*`,
@@ -351,6 +371,10 @@ export function rolePermissions(
         sub(`${n.base}.sessions.>`),
         pub(
           s.allCalls,
+          // A tenant with a calls stream of its own has its calls stored there (ADR 0048); the
+          // gateway lists streams to learn which tenants have one.
+          s.allTenantStreamCalls,
+          `${API}.STREAM.NAMES`,
           `${n.base}.cancel.*.*`,
           `${n.base}.rpc.*.*`,
           `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
@@ -399,17 +423,20 @@ export function rolePermissions(
       return merge(
         serviceBase(s, role),
         // `toolmesh watch` follows calls and session events.
-        sub(`${n.base}.sessions.>`, `${n.base}.calls.>`),
+        sub(`${n.base}.sessions.>`, `${n.base}.calls.>`, s.allTenantStreamCalls),
         pub(
           s.stats,
           `${n.base}.rpc.*.*`,
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
-          // Replaying an owner's dead letter puts it back on its owner's work stream; `stats`
-          // and `call` find the owners' work streams by listing them.
-          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork, `${API}.STREAM.NAMES`]),
-          ...[...n.streams, ...ownerStreams].flatMap((st) => [
+          // Replaying an owner's dead letter puts it back on its owner's work stream, a tenant's
+          // on its tenant's calls stream; `stats` and `call` find those streams by listing them.
+          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
+          ...(tenantStreams.length === 0 ? [] : [s.allTenantStreamCalls]),
+          ...(ownerStreams.length + tenantStreams.length === 0 ? [] : [`${API}.STREAM.NAMES`]),
+          ...tenantStreams.map((st) => `${API}.STREAM.INFO.${st}`),
+          ...[...n.streams, ...ownerStreams, ...tenantStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,
             `${API}.CONSUMER.LIST.${st}`,
@@ -435,6 +462,7 @@ export function rolePermissions(
           ...[
             ...n.streams,
             ...ownerStreams,
+            ...tenantStreams,
             ...[...n.buckets, approvalsBucket(s)].map(n.kv),
           ].flatMap((st) => [
             `${API}.STREAM.*.${st}`,
@@ -492,22 +520,24 @@ function grantsOverlap(a: string, b: string): boolean {
   return within(a, b) || within(b, a);
 }
 
-/** The subjects of a tenant's crossings into the mesh account (ADR 0031). */
+/**
+ * The subjects of a tenant's crossings into the mesh account (ADR 0031): its calls reach the
+ * mesh renamed to its own calls stream's subjects (ADR 0048), what it publishes on
+ * `{p}.v1.calls.{t}.{s}` being stored as `{p}.v1.tenant-calls.{t}.{s}`.
+ */
 function tenantCrossings(s: Subjects, tenant: string) {
   const base = `${s.prefix}.v1`;
-  return {
-    services: [
-      `${base}.calls.${tenant}.*`,
-      `${base}.cancel.${tenant}.*`,
-      `${base}.rpc.${tenant}.*`,
-      `${API}.DIRECT.GET.${s.streams.sessions}.${base}.sessions.${tenant}.>`,
-    ],
-    streams: [`${base}.sessions.${tenant}.>`],
-  };
+  const services: Crossing[] = [
+    { subject: s.tenantStreamCalls(tenant), as: `${base}.calls.${tenant}.*` },
+    { subject: `${base}.cancel.${tenant}.*` },
+    { subject: `${base}.rpc.${tenant}.*` },
+    { subject: `${API}.DIRECT.GET.${s.streams.sessions}.${base}.sessions.${tenant}.>` },
+  ];
+  return { services, streams: [`${base}.sessions.${tenant}.>`] };
 }
 
-/** One service crossing of an owner: the mesh's subject, imported `as` another when given. */
-interface OwnerCrossing {
+/** One service crossing: the mesh's subject, imported `as` another when given. */
+interface Crossing {
   subject: string;
   as?: string;
   responseType?: "stream";
@@ -527,7 +557,7 @@ function ownerCrossings(s: Subjects, owner: string, grants: readonly string[]) {
   const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.ownerJsApiPrefix}.`);
   const next = `${API}.CONSUMER.MSG.NEXT.${work}.*`;
   const info = `${API}.CONSUMER.INFO.${work}.*`;
-  const services: OwnerCrossing[] = [
+  const services: Crossing[] = [
     { subject: next, as: local(next), responseType: "stream" },
     { subject: info, as: local(info) },
     { subject: `$JS.ACK.${work}.>` },
@@ -711,7 +741,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       user: role,
       permissions: rolePermissions(role, {
         ...prefix,
-        ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds } : {}),
+        ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds, tenants } : {}),
       }),
     })),
     exports: [],
@@ -722,7 +752,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     const name = tenantAccount(tenant);
     const crossings = tenantCrossings(s, tenant);
     mesh.exports.push(
-      ...crossings.services.map((subject) => `{ service: ${q(subject)}, accounts: [${name}] }`),
+      ...crossings.services.map(({ subject }) => `{ service: ${q(subject)}, accounts: [${name}] }`),
       ...crossings.streams.map((subject) => `{ stream: ${q(subject)}, accounts: [${name}] }`),
     );
     accounts.push({
@@ -738,7 +768,8 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       exports: [],
       imports: [
         ...crossings.services.map(
-          (subject) => `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+          ({ subject, as }) =>
+            `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} }${as === undefined ? "" : `, to: ${q(as)}`} }`,
         ),
         ...crossings.streams.map(
           (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,

@@ -9,6 +9,7 @@ import {
   obsoleteStreams,
   provisionMesh,
   provisionOwnerWork,
+  provisionTenantCalls,
 } from "@toolmesh/nats";
 import type { Subjects } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
@@ -24,6 +25,11 @@ export interface SetupOptions {
   removeObsolete?: boolean;
   /** Tool owners whose work streams to create now (ADR 0041); existing ones are kept up to date. */
   owners?: readonly string[];
+  /**
+   * Tenants with accounts whose calls streams to create now (ADR 0048); existing ones are kept
+   * up to date.
+   */
+  tenants?: readonly string[];
 }
 
 function field(change: FieldChange): string {
@@ -58,6 +64,7 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
     const changes = await provisionMesh(nc, meshPlan(subjects, settings), { dryRun });
     changes.push(
       ...(await provisionOwnerWork(nc, subjects, settings, options.owners ?? [], { dryRun })),
+      ...(await provisionTenantCalls(nc, subjects, settings, options.tenants ?? [], { dryRun })),
     );
     const changed = changes.filter((c) => c.action !== "unchanged");
     const obsolete = await findObsolete(nc, createSubjects({ prefix: config.prefix }));
@@ -140,11 +147,12 @@ export function addSetupCommand(
     .option(
       "--owners <ids>",
       "tool owners with accounts whose work streams (PREFIX_WORK_OWNER) to create now, their max-deliveries advisories kept in PREFIX_ADVISORIES; existing ones are always brought up to date",
-      (value: string) =>
-        value
-          .split(",")
-          .map((v) => v.trim())
-          .filter((v) => v !== ""),
+      idList,
+    )
+    .option(
+      "--tenants <ids>",
+      "tenants with accounts whose calls streams (PREFIX_CALLS_TENANT, at most TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT calls each) to create now: run it before a new tenant's first call; existing ones are always brought up to date",
+      idList,
     )
     .action(
       (o: {
@@ -153,6 +161,7 @@ export function addSetupCommand(
         json?: boolean;
         removeObsolete?: boolean;
         owners?: string[];
+        tenants?: string[];
       }) =>
         run(() =>
           setupCommand(config({ TOOLMESH_STREAM_REPLICAS: o.replicas }), {
@@ -160,7 +169,16 @@ export function addSetupCommand(
             json: o.json === true,
             removeObsolete: o.removeObsolete === true,
             ...(o.owners === undefined ? {} : { owners: o.owners }),
+            ...(o.tenants === undefined ? {} : { tenants: o.tenants }),
           }),
         ),
     );
+}
+
+/** A comma-separated list of ids. */
+function idList(value: string): string[] {
+  return value
+    .split(",")
+    .map((v) => v.trim())
+    .filter((v) => v !== "");
 }

@@ -124,24 +124,43 @@ export async function gatherStats(
 }
 
 /**
- * Calls stored in the calls stream per session subject (`{p}.v1.calls.{tenant}.{session}`),
- * read from the server's stream info (one tenant's subjects only when `tenant` is given).
+ * Calls stored per session subject, read from the servers' stream info: the mesh's calls stream
+ * (`{p}.v1.calls.{tenant}.{session}`) and every tenant's own (`{p}.v1.tenant-calls.…`, ADR 0048,
+ * listed where this user may list streams); one tenant's subjects only when `tenant` is given.
  */
 async function readStoredCalls(
   nc: NatsConnection,
   subjects: Subjects,
   tenant: string | undefined,
 ): Promise<Record<string, number>> {
-  try {
-    const jsm = await jetstreamManager(nc);
-    const info = await jsm.streams.info(subjects.streams.calls, {
-      subjects_filter: tenant === undefined ? subjects.allCalls : subjects.tenantCalls(tenant),
-    });
-    return info.state.subjects ?? {};
-  } catch {
-    // No calls stream yet: nothing stored.
-    return {};
+  const jsm = await jetstreamManager(nc).catch(() => undefined);
+  if (jsm === undefined) return {};
+  const read = async (stream: string, filter: string): Promise<Record<string, number>> => {
+    try {
+      return (await jsm.streams.info(stream, { subjects_filter: filter })).state.subjects ?? {};
+    } catch {
+      // No such stream (yet): nothing stored.
+      return {};
+    }
+  };
+  const tenantStreams: string[] = [];
+  if (tenant !== undefined) tenantStreams.push(subjects.callsStream(tenant));
+  else {
+    try {
+      for await (const name of jsm.streams.names(subjects.allTenantStreamCalls))
+        tenantStreams.push(name);
+    } catch {
+      // Not allowed to list streams: the mesh's calls stream only.
+    }
   }
+  const stored = await Promise.all([
+    read(
+      subjects.streams.calls,
+      tenant === undefined ? subjects.allCalls : subjects.tenantCalls(tenant),
+    ),
+    ...tenantStreams.map((stream) => read(stream, subjects.allTenantStreamCalls)),
+  ]);
+  return Object.assign({}, ...stored) as Record<string, number>;
 }
 
 /** A work consumer's queue: waiting, and delivered but unacknowledged. */
@@ -261,7 +280,8 @@ export function summarize(
   ];
   for (const point of tenantPoints)
     if (typeof point.attributes[TENANT] === "string") tenantNames.add(point.attributes[TENANT]);
-  // `{p}.v1.calls.{tenant}.{session}`: the tenant is the next to last token.
+  // `{p}.v1.calls.{tenant}.{session}`, `{p}.v1.tenant-calls.{tenant}.{session}`: the tenant is
+  // the next to last token.
   const stored = new Map<string, TenantStats["stored"]>();
   for (const [subject, count] of Object.entries(storedCalls)) {
     const tenant = subject.split(".").at(-2);

@@ -260,7 +260,7 @@ export async function onMaxDeliveries(deps: ControlDeps, msg: JsMsg): Promise<vo
   }
   const { stream, stream_seq: seq, deliveries } = advisory.data;
   // The advisories stream keeps every stream's; only calls and work are dead-lettered.
-  if (stream !== deps.subjects.streams.calls && !deps.subjects.isWorkStream(stream)) {
+  if (!deps.subjects.isCallsStream(stream) && !deps.subjects.isWorkStream(stream)) {
     msg.ack();
     return;
   }
@@ -338,7 +338,7 @@ export async function deadLetter(
   if (stored === null) return; // already handled by another resolver
   const body = decodeJsonOrUndefined(stored.data);
   const work = subjects.isWorkStream(stream) ? ResolvedCallSchema.safeParse(body) : undefined;
-  const request = stream === subjects.streams.calls ? CallRequestSchema.safeParse(body) : undefined;
+  const request = subjects.isCallsStream(stream) ? CallRequestSchema.safeParse(body) : undefined;
   const tool = work?.data?.tool ?? request?.data?.tool_call.function.name ?? "_unknown";
   const h = deadLetterHeaders({
     stream,

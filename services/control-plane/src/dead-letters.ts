@@ -229,7 +229,7 @@ export async function replayDeadLetter(
     const parsed = ResolvedCallSchema.safeParse(raw);
     if (!parsed.success) throw notReplayable(letter, "its body is not a resolved call");
     outcome = await replayWork(parsed.data, raw as Record<string, unknown>);
-  } else if (letter.stream === subjects.streams.calls) {
+  } else if (subjects.isCallsStream(letter.stream)) {
     const parsed = CallRequestSchema.safeParse(raw);
     if (!parsed.success) throw notReplayable(letter, "its body is not a call request");
     if (subjects.parseSessionSubject(letter.subject) === undefined)
@@ -326,7 +326,7 @@ export async function replayDeadLetter(
     return {
       seq,
       status: "replayed",
-      stream: subjects.streams.calls,
+      stream: letter.stream,
       subject: letter.subject,
       msg_id: msgId,
       idempotency_key: key,
@@ -394,7 +394,7 @@ function describeLetter(
       const c = parsed.data;
       call = { tool: c.tool, call_id: c.call_id, session_id: c.session_id, key: c.idempotency_key };
     }
-  } else if (stream === subjects.streams.calls) {
+  } else if (subjects.isCallsStream(stream)) {
     const parsed = CallRequestSchema.safeParse(body);
     if (parsed.success) {
       const r = parsed.data;

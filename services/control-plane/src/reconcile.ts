@@ -57,9 +57,11 @@ export async function reconcileOrphans(options: ReconcileOptions): Promise<Recon
   const outcome: ReconcileOutcome = { found: 0, deleted: 0 };
   const seen = new Set<string>();
   const streams = [subjects.streams.calls, subjects.streams.work];
-  // Every tool owner's work stream too (ADR 0041).
+  // Every tool owner's work stream (ADR 0041) and every tenant's calls stream (ADR 0048) too.
   for await (const stream of jsm.streams.names(subjects.allOwnerWork))
     if (subjects.isWorkStream(stream)) streams.push(stream);
+  for await (const stream of jsm.streams.names(subjects.allTenantStreamCalls))
+    if (subjects.isCallsStream(stream)) streams.push(stream);
   for (const stream of streams) {
     for await (const consumer of jsm.consumers.list(stream)) {
       const floor = consumer.ack_floor.stream_seq;
@@ -102,7 +104,7 @@ async function scan(
       continue;
     }
     seen.add(id);
-    if (stream === subjects.streams.calls) {
+    if (subjects.isCallsStream(stream)) {
       if (options.suspects?.delete(id) === true) {
         if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
         log.warn({ stream, seq: msg.seq }, "call left below its consumer's ack floor; removed");
@@ -117,7 +119,7 @@ async function scan(
 /** The call a message belongs to; undefined when the message does not say. */
 function keyOf(subjects: Subjects, stream: string, msg: StoredMsg): CallRef | undefined {
   const body = decodeJsonOrUndefined(msg.data);
-  if (stream !== subjects.streams.calls) return KeyedSchema.safeParse(body).data;
+  if (!subjects.isCallsStream(stream)) return KeyedSchema.safeParse(body).data;
   const request = CallRequestSchema.safeParse(body).data;
   const address = subjects.parseSessionSubject(msg.subject);
   if (request === undefined || address === undefined) return undefined;

@@ -71,6 +71,8 @@ export class MeshView {
         // A session per call: one subscription per tenant spares the server a subscribe and an
         // unsubscribe per call.
         tenantSubscription: true,
+        // Calls count against the tenant's own bound when it has a calls stream (ADR 0048).
+        tenantStream: true,
       });
       this.#clients.set(tenant, client);
     }

@@ -275,7 +275,7 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
       { subject: msg.subject },
       "call on a subject outside the call layout (or with a token no id maps to); dead-lettered",
     );
-    await control.deadLetter(subjects.streams.calls, msg.seq, "not a call subject");
+    await control.deadLetter(msg.info.stream, msg.seq, "not a call subject");
     msg.ack();
     return;
   }

@@ -1,5 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { JetStreamManager } from "@nats-io/jetstream";
+import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, workOwnerOf } from "@toolmesh/protocol";
 import type { RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
@@ -204,18 +204,32 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       }
   })();
 
-  const loop: WorkLoop = await startWorkLoop({
+  const intake = {
     js: plane.js,
-    stream: subjects.streams.calls,
     consumer: subjects.resolverConsumer,
+    // Shared by both loops: a flood of one tenant's own stream and the mesh's calls stream
+    // compete for the same slots.
     slots: new Semaphore(options.concurrency ?? Defaults.resolverConcurrency),
-    maxMessages: 32,
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
     heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
-    handle: (msg) => handleCall(deps, msg),
-    onConsumerUnavailable: warnUnavailable(log, subjects.resolverConsumer),
-    onError: (err) => log.error({ err }, "resolver loop error"),
-  });
+    handle: (msg: JsMsg) => handleCall(deps, msg),
+    onError: (err: unknown) => log.error({ err }, "resolver loop error"),
+  };
+  const loops: WorkLoop[] = await Promise.all([
+    startWorkLoop({
+      ...intake,
+      stream: subjects.streams.calls,
+      maxMessages: 32,
+      onConsumerUnavailable: warnUnavailable(log, subjects.resolverConsumer),
+    }),
+    // Every tenant's own calls stream (ADR 0048) pushes into one queue group: one subscription
+    // however many tenants, and a tenant's stream made later is read with no restart.
+    startWorkLoop({
+      ...intake,
+      stream: `${subjects.streams.calls}_*`,
+      push: { deliverSubject: subjects.intake, deliverGroup: subjects.resolverConsumer },
+    }),
+  ]);
 
   const rpc: RequestServer = serveRequests({
     nc,
@@ -237,7 +251,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       fairShare?.stop();
-      await Promise.all([rpc.stop(graceMs), loop.stop(graceMs)]);
+      await Promise.all([rpc.stop(graceMs), ...loops.map((loop) => loop.stop(graceMs))]);
       await control.stop(graceMs);
       quotas?.close();
       stopReportingTenants();

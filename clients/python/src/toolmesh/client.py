@@ -1005,6 +1005,15 @@ def _publish_error(err: Exception, subject: str) -> ToolmeshError:
                     "retry_after_ms": 1000,
                 },
             )
+        if err.err_code == JS_ERR_STREAM_FULL and (err.description or "").startswith(
+            "maximum messages exceeded"
+        ):
+            # A calls stream at its max_msgs: the tenant's own or the mesh's (ADR 0048).
+            return OverloadedError(
+                "too many calls are waiting to be resolved (of this tenant, or in the whole "
+                "mesh): wait for answers, then submit again",
+                details={"subject": subject, "limit": "queued", "retry_after_ms": 1000},
+            )
         if err.err_code in _STREAM_FULL_CODES:
             return OverloadedError(
                 f"stream refused the message: {err.description}",
