@@ -86,6 +86,8 @@ const matrix: [string, string[]][] = [
       "--set",
       "setup.credentials.existingSecret=admin-cert",
       "--set",
+      "setup.tenants={a,b}",
+      "--set",
       "networkPolicy.enabled=true",
     ],
   ],
@@ -380,6 +382,26 @@ describe("setup, rollouts and names", () => {
       expect(envOf(d).TOOLMESH_STREAM_REPLICAS?.value).toBe("3");
     expect(job.metadata.annotations["helm.sh/hook"]).toBe("pre-install,pre-upgrade,pre-rollback");
     await refuse(["--set", "env.TOOLMESH_STREAM_REPLICAS=3"], "set setup.streamReplicas instead");
+  });
+
+  it("passes setup.tenants to the setup Job as --tenants a,b, and refuses an id with a comma", async () => {
+    const setup = [
+      "--set",
+      "setup.enabled=true",
+      "--set",
+      "setup.credentials.existingSecret=admin",
+    ];
+    const args = async (extra: string[]) =>
+      podOf(find(await render([...setup, ...extra]), "Job", "setup")).containers[0]
+        .args as string[];
+    expect(await args([])).toEqual(["setup"]);
+    expect(await args(["--set", "setup.tenants={a,b}"])).toEqual(["setup", "--tenants", "a,b"]);
+    expect(await args(["--set-json", 'setup.tenants=["acme"]'])).toEqual([
+      "setup",
+      "--tenants",
+      "acme",
+    ]);
+    await refuse([...setup, "--set-json", 'setup.tenants=["a,b"]'], "/setup/tenants/0");
   });
 
   it("changes no pod's checksum when only replicas change, and changes it when a file does", async () => {
