@@ -266,4 +266,58 @@ describe("startWorkLoop", () => {
       loop({ stream: "WL_MISSING", consumer: "work" }, { handle: () => Promise.resolve() }),
     ).rejects.toThrow(/stream not found/);
   });
+
+  it("reads push consumers sharing one deliver subject, keeping every message it holds owned until its turn", async () => {
+    // Two streams whose consumers push to one literal subject, as every tenant's calls stream
+    // does (ADR 0048), with an ack wait shorter than the queue of messages the loop holds.
+    const deliver = `wl.push.${++nextQueue}`;
+    const streams = [`WLP_${nextQueue}_A`, `WLP_${nextQueue}_B`];
+    for (const [i, stream] of streams.entries()) {
+      await jsm.streams.add({
+        name: stream,
+        subjects: [`wlp.${nextQueue}.${i}`],
+        retention: RetentionPolicy.Workqueue,
+      });
+      await jsm.consumers.add(stream, {
+        durable_name: "work",
+        ack_policy: AckPolicy.Explicit,
+        ack_wait: nanos(1_000),
+        deliver_subject: deliver,
+        deliver_group: "work",
+      });
+    }
+    const deliveries: { stream: string; payload: string; redelivered: boolean }[] = [];
+    const handle = async (msg: JsMsg): Promise<void> => {
+      deliveries.push({
+        stream: msg.info.stream,
+        payload: payload(msg),
+        redelivered: msg.info.redelivered,
+      });
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      msg.ack();
+    };
+    // One slot: the last of 12 messages waits about 3 s, three ack waits, for its turn.
+    await loop(
+      { stream: "WLP_*", consumer: "work" },
+      {
+        handle,
+        slots: new Semaphore(1),
+        heartbeatMs: 300,
+        push: { deliverSubject: deliver, deliverGroup: "work" },
+      },
+    );
+    for (const [i] of streams.entries()) {
+      await Promise.all(
+        Array.from({ length: 6 }, (_, n) => js.publish(`wlp.${nextQueue}.${i}`, `${i}-${n}`)),
+      );
+    }
+    await until(() => deliveries.length >= 12, 20_000);
+    await until(async () => {
+      const states = await Promise.all(streams.map((st) => jsm.streams.info(st)));
+      return states.every((info) => info.state.messages === 0);
+    }, 20_000);
+    expect(deliveries.filter((d) => d.redelivered)).toEqual([]);
+    expect(deliveries).toHaveLength(12);
+    expect(new Set(deliveries.map((d) => d.stream))).toEqual(new Set(streams));
+  });
 });

@@ -164,8 +164,9 @@ export function tenantIntakeSpec(
       ...shared.config,
       deliver_subject: subjects.intake,
       deliver_group: subjects.resolverConsumer,
-      // What the resolvers hold of one tenant at once, waiting for a slot or a fair turn.
-      max_ack_pending: 1_000,
+      // What the resolvers hold of one tenant at once, waiting for a slot or a fair turn: each
+      // is kept owned by a heartbeat, and a tenant past it waits in its own stream.
+      max_ack_pending: 256,
     },
   };
 }

@@ -12,11 +12,13 @@ export interface WorkLoopOptions {
   /** Durable pull consumer shared by every replica. */
   consumer: string;
   /**
-   * Read push consumers instead of pulling `consumer`: every consumer delivering to
-   * `deliverSubject` (a wildcard covers several, such as every tenant's calls stream, ADR 0048)
-   * in queue group `deliverGroup`, so every replica running the same loop shares their messages.
-   * One subscription, whatever the number of consumers; `stream` and `consumer` then only name
-   * the loop.
+   * Read push consumers instead of pulling `consumer`: every consumer delivering to the literal
+   * subject `deliverSubject` (several may share it, such as every tenant's calls stream's,
+   * ADR 0048; the server matches a push consumer's interest by its subject as written, so a
+   * wildcard subscription would receive nothing) in queue group `deliverGroup`, so every
+   * replica running the same loop shares their messages. One subscription, whatever the number
+   * of consumers; `stream` and `consumer` then only name the loop. Each message is kept owned
+   * (`heartbeatMs`) from its arrival while it waits for a slot.
    */
   push?: { deliverSubject: string; deliverGroup: string };
   /** Bounds how many messages run at once; may be shared by several loops. */
@@ -118,6 +120,27 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
     return won;
   };
 
+  /** Waits for a slot and starts handling `msg`; resolves once it started or was handed back. */
+  const start = async (msg: JsMsg, stopBeating: () => void): Promise<void> => {
+    const slot = await slotUnlessStopping();
+    if (!slot || stopping) {
+      if (slot) options.slots.release();
+      stopBeating();
+      msg.nak(HAND_BACK_DELAY_MS);
+      return;
+    }
+    // Even a handler that throws before returning its promise only reaches onError.
+    const task: Promise<void> = Promise.resolve()
+      .then(() => options.handle(msg))
+      .catch((err: unknown) => options.onError(err, msg))
+      .finally(() => {
+        stopBeating();
+        options.slots.release();
+        running.delete(task);
+      });
+    running.add(task);
+  };
+
   const pump = (async () => {
     for await (const msg of messages) {
       // Stopping: whatever did not start goes back at once, so another replica can run it.
@@ -127,23 +150,12 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
         continue;
       }
       const stopBeating = heartbeat(msg);
-      const slot = await slotUnlessStopping();
-      if (!slot || stopping) {
-        if (slot) options.slots.release();
-        stopBeating();
-        msg.nak(HAND_BACK_DELAY_MS);
-        continue;
-      }
-      // Even a handler that throws before returning its promise only reaches onError.
-      const task: Promise<void> = Promise.resolve()
-        .then(() => options.handle(msg))
-        .catch((err: unknown) => options.onError(err, msg))
-        .finally(() => {
-          stopBeating();
-          options.slots.release();
-          running.delete(task);
-        });
-      running.add(task);
+      // A pull asks for more only as this loop takes messages: wait for the slot before taking
+      // the next. A push consumer sends up to its max_ack_pending whatever this loop does: each
+      // message waits for its slot on its own, owned (heartbeat) from its arrival, so none waits
+      // out its ack wait in a buffer.
+      if (options.push === undefined) await start(msg, stopBeating);
+      else void start(msg, stopBeating);
     }
   })().catch((err: unknown) => options.onError(err));
 
