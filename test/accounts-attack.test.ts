@@ -101,7 +101,10 @@ async function settle(...ncs: NatsConnection[]): Promise<void> {
 }
 
 interface MeshSnapshot {
-  streams: Map<string, { created: string; first: number; messages: number; workQueue: boolean }>;
+  streams: Map<
+    string,
+    { created: string; first: number; last: number; messages: number; workQueue: boolean }
+  >;
   consumers: string[];
   groupsRevision: number | undefined;
   toolRevision: number | undefined;
@@ -113,12 +116,19 @@ async function snapshot(jsm: JetStreamManager, nc: NatsConnection): Promise<Mesh
     streams.set(info.config.name, {
       created: info.created,
       first: info.state.first_seq,
+      last: info.state.last_seq,
       messages: info.state.messages,
       workQueue: info.config.retention === "workqueue",
     });
   }
   const consumers: string[] = [];
-  for (const stream of [subjects.streams.calls, subjects.streams.work, subjects.streams.events]) {
+  for (const stream of [
+    subjects.streams.calls,
+    subjects.callsStream("acme"),
+    subjects.callsStream("globex"),
+    subjects.streams.work,
+    subjects.streams.events,
+  ]) {
     for await (const c of jsm.consumers.list(stream)) consumers.push(`${stream}/${c.name}`);
   }
   const kvm = new Kvm(nc);
@@ -142,7 +152,7 @@ beforeAll(async () => {
   const config = attackConfig(["acme", "globex"]);
   exportPasswords(config);
   server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
-  const setup = await runCli(["setup"], credentials("setup"));
+  const setup = await runCli(["setup", "--tenants", "acme,globex"], credentials("setup"));
   expect(setup.stderr).toBe("");
   const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
   await Promise.all([
@@ -239,6 +249,12 @@ describe("tenants in their own accounts, attacked", () => {
       "toolmesh.v1.sessions.globex.g1.result.forged",
       "toolmesh.v1.calls.globex.g1",
       "toolmesh.v1.rpc.globex.groups",
+      // each tenant's own calls stream, its consumer and the resolvers' intake (ADR 0048)
+      `$JS.API.STREAM.DELETE.${subjects.callsStream("globex")}`,
+      `$JS.API.STREAM.PURGE.${subjects.callsStream("acme")}`,
+      `$JS.API.CONSUMER.DELETE.${subjects.callsStream("globex")}.resolver`,
+      "toolmesh.v1.tenant-calls.globex.g1",
+      subjects.intake,
       // crossings of its own account: a second request whose body is the first answer
       `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.x`,
     ];
@@ -279,8 +295,11 @@ describe("tenants in their own accounts, attacked", () => {
     expect(after.consumers).toEqual(before.consumers);
     expect(after.groupsRevision).toBe(before.groupsRevision);
     expect(after.toolRevision).toBe(before.toolRevision);
-    // No junk work: the deputy's PubAcks never reached the work stream.
+    // No junk work: the deputy's PubAcks never reached the work stream, nor another tenant's
+    // calls stream.
     expect(after.streams.get(subjects.streams.work)?.messages).toBe(0);
+    const globexCalls = subjects.callsStream("globex");
+    expect(after.streams.get(globexCalls)?.last).toBe(before.streams.get(globexCalls)?.last);
     expect(globexSees.map((m) => m.subject)).toEqual([]);
 
     // The legitimate path still works for both tenants.
@@ -294,6 +313,62 @@ describe("tenants in their own accounts, attacked", () => {
       (await acmeAgain.submit({ name: "echo", arguments: { text: "ok" } }).result).content,
     ).toBe("ok");
     acmeAgain.close();
+  });
+
+  it("a tenant stores calls in its own calls stream only, and never reads the resolvers' intake", async () => {
+    const acme = await legitimateCall("frontend-acme", "acme", "s3", "mine");
+    const globex = await legitimateCall("frontend-globex", "globex", "g3", "theirs");
+    const stored = async (tenant: string) =>
+      (await jsm.streams.info(subjects.callsStream(tenant))).state.last_seq;
+    const before = { acme: await stored("acme"), globex: await stored("globex") };
+    const sharedBefore = (await jsm.streams.info(subjects.streams.calls)).state.last_seq;
+    const root = await connectAs("acme-root", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    const intake = collect(root, subjects.intake);
+    // What reaches the mesh on globex's stored subjects: only globex's own call, below.
+    const reachesGlobex = collect(mesh, "toolmesh.v1.tenant-calls.globex.>");
+    await mesh.flush();
+    const call = JSON.stringify({
+      tool_call: { id: "forged", type: "function", function: { name: "echo", arguments: "{}" } },
+      session_id: "g3",
+    });
+    // Its account-wide principal publishes on the stored subjects of both tenants, on another
+    // tenant's wire subject and on the intake, plain and as JetStream requests.
+    for (const subject of [
+      "toolmesh.v1.tenant-calls.globex.g3",
+      "toolmesh.v1.tenant-calls.acme.s3",
+      "toolmesh.v1.calls.globex.g3",
+      subjects.intake,
+    ]) {
+      root.publish(subject, call);
+      await expect(root.request(subject, call, { timeout: 1_000 })).rejects.toThrow(
+        /no responders|timeout/i,
+      );
+    }
+    // Its frontend may not even name the stored subject of its own calls.
+    const frontend = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    await expect(
+      frontend.request("toolmesh.v1.tenant-calls.acme.s3", call, { timeout: 1_000 }),
+    ).rejects.toThrow(/permissions violation/i);
+    // Meanwhile both tenants' own calls go on.
+    const again = [
+      await acme.client.session("s3").submit({ name: "echo", arguments: { text: "a" } }).result,
+      await globex.client.session("g3").submit({ name: "echo", arguments: { text: "g" } }).result,
+    ];
+    await settle(root, frontend, mesh);
+    expect(again.map((m) => m.content)).toEqual(["a", "g"]);
+    // Each tenant's stream took exactly its own new call; the mesh's took none of theirs.
+    expect(await stored("acme")).toBe(before.acme + 1);
+    expect(await stored("globex")).toBe(before.globex + 1);
+    expect((await jsm.streams.info(subjects.streams.calls)).state.last_seq).toBe(sharedBefore);
+    // Its own account echoes its own publishes; no delivery of the mesh's (acked by $JS.ACK) arrives.
+    expect(intake.filter((m) => m.reply?.startsWith("$JS.ACK") === true)).toEqual([]);
+    expect(reachesGlobex.map((m) => m.subject)).toEqual(["toolmesh.v1.tenant-calls.globex.g3"]);
+    await frontend.close();
+    await root.close();
   });
 
   it("a direct get whose body names another tenant's message answers nothing of it", async () => {

@@ -121,7 +121,7 @@ beforeAll(async () => {
     ].join("\n"),
   );
   server = await startNatsServer({ jetstream: false, config: serverConfig(["acme", "globex"]) });
-  const setup = await runCli(["setup"], credentials("setup"));
+  const setup = await runCli(["setup", "--tenants", "acme,globex"], credentials("setup"));
   expect(setup.stderr).toBe("");
   expect(setup.code).toBe(0);
   const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
@@ -351,6 +351,9 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     // (nats-server 2.9.10 and 2.15.1 alike; docs/security.md).
     await server.reload(serverConfig(["acme", "globex", "initech"]));
     await server.reload(serverConfig(["acme", "globex", "initech"]));
+    // Its calls stream, before its first call (docs/security.md#adding-a-tenant-or-a-tool-owner).
+    const setup = await runCli(["setup", "--tenants", "initech"], credentials("setup"));
+    expect(setup.stderr).toBe("");
     const initech = await connectAs("frontend-initech", {
       inboxPrefix: subjects.frontendInboxPrefix("initech"),
     });

@@ -184,7 +184,7 @@ async def accounts_mesh() -> AsyncIterator[AccountsMesh]:
             "NATS_KEY": str(pki / "client.key"),
         }
 
-    await toolmesh_cli("setup", env=as_user("setup"))
+    await toolmesh_cli("setup", "--tenants", "acme,globex", env=as_user("setup"))
     services = list(
         await asyncio.gather(
             start_mesh(as_user("resolver"), roles=("resolver",)),
