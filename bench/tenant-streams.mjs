@@ -1,8 +1,9 @@
-// What 1,000 tenants cost one nats-server, for ADR 0043:
+// What 1,000 tenants cost one nats-server, for ADR 0043 and ADR 0048:
 //   node bench/tenant-streams.mjs NATS_SERVER_BINARY subjects|streams [TENANTS]
 // `subjects`: one calls stream, a subject per tenant's session, max_msgs_per_subject 1 000 with
-// discard_new_per_subject. `streams`: a work-queue stream per tenant (max_msgs 1 000), each with
-// a push consumer into one queue group. Prints one JSON line: set-up time, the server's RSS (MB)
+// discard_new_per_subject. `streams`: a work-queue stream per tenant as ADR 0048 makes them
+// (max_msgs 10 000, 1 000 per session), each with a push consumer to one literal deliver subject
+// in one queue group. Prints one JSON line: set-up time, the server's RSS (MB)
 // at start, idle and under load, and its CPU (%) idle for 10 s and while one publisher sends up
 // to 1,000 calls/s (waiting for each PubAck) spread over the tenants for 10 s.
 import { spawn } from "node:child_process";
@@ -55,20 +56,24 @@ if (mode === "subjects") {
   });
 } else {
   for (let i = 0; i < N; i++) {
+    // As `toolmesh setup --tenants` makes them (ADR 0048).
     await jsm.streams.add({
       name: `C_${i}`,
       subjects: [`c.t${i}.*`],
       retention: "workqueue",
       discard: "new",
-      max_msgs: 1000,
+      max_msgs: 10000,
+      max_msgs_per_subject: 1000,
+      discard_new_per_subject: true,
     });
     await jsm.consumers.add(`C_${i}`, {
       durable_name: "r",
       ack_policy: AckPolicy.Explicit,
       deliver_subject: "deliver.calls",
       deliver_group: "resolvers",
-      max_ack_pending: 64,
-      ack_wait: 30e9,
+      max_ack_pending: 256,
+      ack_wait: 10e9,
+      max_deliver: 20,
     });
   }
 }
