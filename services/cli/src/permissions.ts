@@ -297,7 +297,9 @@ export function rolePermissions(
           s.allWork,
           s.allResults,
           s.allOwnerServices,
-          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
+          // Owners' work too, though none has an account yet: the deadline keeper follows every
+          // owner's work stream, whichever are made later.
+          s.allOwnerWork,
           // Every tenant's own calls stream pushes to the resolvers' queue group (ADR 0048).
           s.intake,
         ),
@@ -748,38 +750,12 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     imports: [],
   };
   const accounts: Account[] = [mesh];
-  for (const tenant of tenants) {
-    const name = tenantAccount(tenant);
-    const crossings = tenantCrossings(s, tenant);
-    mesh.exports.push(
-      ...crossings.services.map(({ subject }) => `{ service: ${q(subject)}, accounts: [${name}] }`),
-      ...crossings.streams.map((subject) => `{ stream: ${q(subject)}, accounts: [${name}] }`),
-    );
-    accounts.push({
-      name,
-      jetstream: false,
-      limits,
-      users: [
-        {
-          user: `frontend-${tenant}`,
-          permissions: rolePermissions("frontend", { ...prefix, tenant }),
-        },
-      ],
-      exports: [],
-      imports: [
-        ...crossings.services.map(
-          ({ subject, as }) =>
-            `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} }${as === undefined ? "" : `, to: ${q(as)}`} }`,
-        ),
-        ...crossings.streams.map(
-          (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
-        ),
-      ],
-    });
-  }
-  for (const { owner, grants } of owners) {
-    const name = ownerAccount(owner);
-    const crossings = ownerCrossings(s, owner, grants);
+  /** An account whose users reach the mesh through `crossings` only, each exported to it alone. */
+  const crossInto = (
+    name: string,
+    users: Account["users"],
+    crossings: { services: Crossing[]; streams: string[] },
+  ): void => {
     mesh.exports.push(
       ...crossings.services.map(
         ({ subject, responseType }) =>
@@ -791,10 +767,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       name,
       jetstream: false,
       limits,
-      users: (["executor", "mcp-bridge"] as const).map((role) => ({
-        user: `${role}-${owner}`,
-        permissions: rolePermissions(role, { ...prefix, owner }),
-      })),
+      users,
       exports: [],
       imports: [
         ...crossings.services.map(
@@ -806,6 +779,28 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
         ),
       ],
     });
+  };
+  for (const tenant of tenants) {
+    crossInto(
+      tenantAccount(tenant),
+      [
+        {
+          user: `frontend-${tenant}`,
+          permissions: rolePermissions("frontend", { ...prefix, tenant }),
+        },
+      ],
+      tenantCrossings(s, tenant),
+    );
+  }
+  for (const { owner, grants } of owners) {
+    crossInto(
+      ownerAccount(owner),
+      (["executor", "mcp-bridge"] as const).map((role) => ({
+        user: `${role}-${owner}`,
+        permissions: rolePermissions(role, { ...prefix, owner }),
+      })),
+      ownerCrossings(s, owner, grants),
+    );
   }
   for (const extra of options.extraUsers ?? []) {
     const account = accounts.find((a) => a.name === extra.account);
