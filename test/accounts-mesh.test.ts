@@ -5,7 +5,7 @@ import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { PermissionViolationError, headers as createHeaders } from "@nats-io/nats-core";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/cli";
 import type { AccountConfigOptions } from "@toolmesh/cli";
 import { ToolmeshClient } from "@toolmesh/client";
@@ -259,17 +259,25 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
   it("the gateway's user follows a tenant's sessions through one subscription for the tenant", async () => {
     const nc = await connectAs("gateway", { inboxPrefix: subjects.inboxPrefix("gateway") });
     const seen = violations(nc);
+    // As the gateway's clients are: its calls for acme go to acme's own calls stream (ADR 0048).
     const client = new ToolmeshClient(nc, {
       tenant: "acme",
       tenantSubscription: true,
+      tenantStream: true,
       defaultTimeoutMs: 20_000,
     });
+    const operator = await connectAs("operator", { inboxPrefix: subjects.inboxPrefix("operator") });
+    const jsm = await jetstreamManager(operator);
+    const stored = async () =>
+      (await jsm.streams.info(subjects.callsStream("acme"))).state.last_seq;
+    const before = await stored();
     const sessions = ["gw-1", "gw-2"].map((id) => client.session(id));
     const messages = await Promise.all(
       sessions.map((s) => s.submit({ name: "echo", arguments: { text: s.id } }).result),
     );
     for (const s of sessions) s.close();
     expect(messages.map((m) => m.content)).toEqual(["gw-1", "gw-2"]);
+    expect(await stored()).toBe(before + 2);
     expect(seen).toEqual([]);
   });
 

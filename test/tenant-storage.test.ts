@@ -6,6 +6,7 @@ import { ErrorCode, createSubjects, encodeJson } from "@toolmesh/protocol";
 import type { ToolMessage, WireError } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { killAllServices, startService } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
@@ -34,6 +35,7 @@ const LIMITS = {
 
 let pki: TestPki;
 let server: NatsServerHandle;
+let resolver: ServiceProcess;
 const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
   url: server.url,
   pki,
@@ -52,7 +54,7 @@ beforeAll(async () => {
   });
   expect(setup.stderr).toBe("");
   const env = (user: string) => ({ ...credentials(user), ...LIMITS });
-  await Promise.all([
+  [resolver] = await Promise.all([
     startService("resolver", env("resolver"), START_MS),
     startService("executor", { ...env("executor"), TOOLMESH_TOOLS_DIR: "tools/builtin" }, START_MS),
   ]);
@@ -230,5 +232,7 @@ describe("one tenant flooding its calls stream", () => {
     // Refused by its own stream's bound, as `overloaded` the client retries later.
     expect([...seen.refusals.keys()]).toEqual([`${ErrorCode.Overloaded}:queued`]);
     expect(seen.floodUnanswered).toEqual([]);
+    // The generated resolver user had every right it used (no owner account in this mesh).
+    expect(JSON.stringify(resolver.lines)).not.toMatch(/Permissions Violation/);
   }, 120_000);
 });
