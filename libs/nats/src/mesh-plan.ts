@@ -1,5 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults } from "@toolmesh/protocol";
 import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from "./provision.js";
@@ -120,6 +121,14 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
   };
 }
 
+/** The ids `x` of the streams `{base}_x` over `filter`: the owners' or tenants' that exist. */
+async function streamsOf(jsm: JetStreamManager, base: string, filter: string): Promise<string[]> {
+  const ids: string[] = [];
+  for await (const name of jsm.streams.names(filter))
+    if (name.startsWith(`${base}_`)) ids.push(name.slice(base.length + 1));
+  return ids;
+}
+
 /**
  * Creates or updates the work stream of each tool owner named and of every owner that has one
  * already (ADR 0041), with the mesh's work stream's settings (replicas, limits). What
@@ -134,10 +143,9 @@ export async function provisionOwnerWork(
   options: EnsureOptions = {},
 ): Promise<ProvisionChange[]> {
   const jsm = await jetstreamManager(nc);
-  const stem = `${subjects.streams.work}_`;
   const all = new Set(owners);
-  for await (const name of jsm.streams.names(subjects.allOwnerWork))
-    if (name.startsWith(stem)) all.add(name.slice(stem.length));
+  for (const owner of await streamsOf(jsm, subjects.streams.work, subjects.allOwnerWork))
+    all.add(owner);
   const changes: ProvisionChange[] = [];
   for (const owner of [...all].sort()) {
     changes.push(await ensureStream(jsm, ownerWorkStreamSpec(subjects, owner, settings), options));
@@ -187,8 +195,8 @@ export async function provisionTenantCalls(
   const jsm = await jetstreamManager(nc);
   const stem = `${subjects.streams.calls}_`;
   const all = new Set(tenants.map((tenant) => subjects.callsStream(tenant).slice(stem.length)));
-  for await (const name of jsm.streams.names(subjects.allTenantStreamCalls))
-    if (name.startsWith(stem)) all.add(name.slice(stem.length));
+  for (const tenant of await streamsOf(jsm, subjects.streams.calls, subjects.allTenantStreamCalls))
+    all.add(tenant);
   const changes: ProvisionChange[] = [];
   for (const tenant of [...all].sort()) {
     const stream = await ensureStream(

@@ -144,6 +144,13 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
   }));
 }
 
+/** The spec of the mesh's stream `name`. */
+function meshStream(subjects: Subjects, limits: StreamLimits, name: string): StreamSpec {
+  const spec = streamSpecs(subjects, limits).find((s) => s.name === name);
+  if (spec === undefined) throw new Error(`the mesh plan has no stream ${name}`);
+  return spec;
+}
+
 /**
  * The work stream of tool owner `owner` (ADR 0041): the mesh's work stream's configuration over
  * the owner's work subjects, so `toolmesh setup` and the same variables set both.
@@ -153,8 +160,7 @@ export function ownerWorkStreamSpec(
   owner: string,
   limits: StreamLimits = {},
 ): StreamSpec {
-  const work = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.work);
-  if (work === undefined) throw new Error("the mesh plan has no work stream");
+  const work = meshStream(subjects, limits, subjects.streams.work);
   const name = subjects.workStream(owner);
   return { ...work, name, config: { ...work.config, name, subjects: [subjects.ownerWork(owner)] } };
 }
@@ -169,8 +175,7 @@ export function tenantCallsStreamSpec(
   tenant: string,
   limits: StreamLimits = {},
 ): StreamSpec {
-  const calls = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.calls);
-  if (calls === undefined) throw new Error("the mesh plan has no calls stream");
+  const calls = meshStream(subjects, limits, subjects.streams.calls);
   const name = subjects.callsStream(tenant);
   return {
     ...calls,
@@ -195,8 +200,7 @@ export function advisoriesSpecWith(
   stream: string,
   limits: StreamLimits = {},
 ): StreamSpec {
-  const spec = streamSpecs(subjects, limits).find((s) => s.name === subjects.streams.advisories);
-  if (spec === undefined) throw new Error("the mesh plan has no advisories stream");
+  const spec = meshStream(subjects, limits, subjects.streams.advisories);
   const own = subjects.maxDeliveriesAdvisory(stream);
   return { ...spec, config: { ...spec.config, subjects: [...(spec.config.subjects ?? []), own] } };
 }
