@@ -852,7 +852,9 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     "# environment (TOOLMESH_<USER>_PASSWORD); swap them for nkeys or TLS-mapped users as you like.",
     "# Include this file from the server's configuration, which enables JetStream and TLS; add a",
     "# tenant, an owner or an owner's granted name by regenerating it and `nats-server --signal reload`",
-    "# (twice: the first reload leaves a new account's imports out).",
+    "# (twice: the first reload leaves a new account's imports out). Each tenant's calls are stored",
+    "# in its own calls stream {P}_CALLS_{tenant} (ADR 0048): create a new tenant's before its first",
+    "# call with `toolmesh setup --tenants TENANT`.",
     ...(owners.length === 0
       ? [
           "# No tool owner accounts: executors and MCP bridges (the builtin tools of `toolmesh dev`,",
