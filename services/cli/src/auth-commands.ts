@@ -10,21 +10,12 @@ import {
 } from "./permissions.js";
 import { say } from "./print.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { commaList } from "./comma-list.js";
 
 function positiveInt(value: string): number {
   const n = Number(value);
   if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
   return n;
-}
-
-function list(value: string, previous: string[] = []): string[] {
-  return [
-    ...previous,
-    ...value
-      .split(",")
-      .map((v) => v.trim())
-      .filter((v) => v !== ""),
-  ];
 }
 
 /**
@@ -37,7 +28,7 @@ function ownerGrants(
 ): Record<string, string[]> {
   const eq = value.indexOf("=");
   const owner = (eq < 0 ? value : value.slice(0, eq)).trim();
-  const names = eq < 0 ? [] : list(value.slice(eq + 1));
+  const names = eq < 0 ? [] : commaList(value.slice(eq + 1));
   if (owner === "" || (eq >= 0 && names.length === 0)) {
     throw new InvalidArgumentError(
       "expected OWNER or OWNER=NAME[,NAME…], e.g. billing, or billing=github.*,refund",
@@ -71,13 +62,18 @@ export function addAuthCommands(
     .option(
       "--tools <names>",
       "executor: tool names it may register (ns.* for a namespace); not with --owner, whose names its account's imports grant",
-      list,
+      commaList,
     )
-    .option("--servers <names>", "mcp-bridge: MCP server names it serves", list)
+    .option("--servers <names>", "mcp-bridge: MCP server names it serves", commaList)
     .option(
       "--owners <ids>",
       "resolver, operator, setup: the tool owners with accounts, whose work streams it manages",
-      list,
+      commaList,
+    )
+    .option(
+      "--tenants <ids>",
+      "resolver, operator, setup: the tenants with accounts, whose calls streams it reads or manages",
+      commaList,
     )
     .option("--json", "print JSON")
     .action(
@@ -88,6 +84,7 @@ export function addAuthCommands(
         tools?: string[];
         servers?: string[];
         owners?: string[];
+        tenants?: string[];
         json?: boolean;
       }) =>
         run(() => {
@@ -110,6 +107,7 @@ export function addAuthCommands(
             ...(o.tools === undefined ? {} : { tools: o.tools }),
             ...(o.servers === undefined ? {} : { servers: o.servers }),
             ...(o.owners === undefined ? {} : { owners: o.owners }),
+            ...(o.tenants === undefined ? {} : { tenants: o.tenants }),
           });
           say(o.json === true ? JSON.stringify(permissions) : renderPermissions(permissions));
           return Promise.resolve(0);
@@ -120,7 +118,7 @@ export function addAuthCommands(
     .description(
       "print the nats-server accounts: the mesh's, one per tenant and one per tool owner (ADR 0031)",
     )
-    .option("--tenants <ids>", "tenants, an account each (default: default)", list)
+    .option("--tenants <ids>", "tenants, an account each (default: default)", commaList)
     .option(
       "--owner <owner[=names]>",
       "a tool owner's account with its own work stream; it registers tools named OWNER.* and the names granted after = (a tool name, or ns.* such as an MCP server's tools); repeatable (default: none, executors and bridges in the mesh account)",

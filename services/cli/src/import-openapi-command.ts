@@ -14,6 +14,7 @@ import {
 } from "@toolmesh/executor";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
+import { commaList } from "./comma-list.js";
 
 /** Options of `toolmesh tools import-openapi`. */
 export interface ImportOpenApiOptions {
@@ -24,14 +25,6 @@ export interface ImportOpenApiOptions {
   dryRun?: boolean;
   json?: boolean;
 }
-
-const list = (value: string, previous: string[] = []): string[] => [
-  ...previous,
-  ...value
-    .split(",")
-    .map((v) => v.trim())
-    .filter((v) => v !== ""),
-];
 
 /** Adds `tools import-openapi SPEC` under the `tools` command. */
 export function addImportOpenApiCommand(
@@ -49,9 +42,9 @@ export function addImportOpenApiCommand(
     .option(
       "--include-tags <tags>",
       "only operations with one of these tags (comma-separated)",
-      list,
+      commaList,
     )
-    .option("--exclude-tags <tags>", "leave out operations with one of these tags", list)
+    .option("--exclude-tags <tags>", "leave out operations with one of these tags", commaList)
     .option("--base-url <url>", "base URL of the API instead of the document's first server")
     .option("--dry-run", "print the tools and warnings; write nothing")
     .option("--json", "print JSON")

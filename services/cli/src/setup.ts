@@ -16,6 +16,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { meshSettings } from "@toolmesh/runtime";
 import { say } from "./print.js";
+import { commaList } from "./comma-list.js";
 
 /** Options of `toolmesh setup`. */
 export interface SetupOptions {
@@ -147,12 +148,12 @@ export function addSetupCommand(
     .option(
       "--owners <ids>",
       "tool owners with accounts whose work streams (PREFIX_WORK_OWNER) to create now, their max-deliveries advisories kept in PREFIX_ADVISORIES; existing ones are always brought up to date",
-      idList,
+      commaList,
     )
     .option(
       "--tenants <ids>",
       "tenants with accounts whose calls streams (PREFIX_CALLS_TENANT, at most TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT calls each) to create now: run it before a new tenant's first call; existing ones are always brought up to date",
-      idList,
+      commaList,
     )
     .action(
       (o: {
@@ -173,12 +174,4 @@ export function addSetupCommand(
           }),
         ),
     );
-}
-
-/** A comma-separated list of ids. */
-function idList(value: string): string[] {
-  return value
-    .split(",")
-    .map((v) => v.trim())
-    .filter((v) => v !== "");
 }
