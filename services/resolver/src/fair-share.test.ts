@@ -259,4 +259,19 @@ describe("held calls handed on as the window frees", () => {
     await until(() => m.dispatched.length === 3);
     expect(m.dispatched).toEqual(["b.s.0", "b.s.1", "a.s.2"]);
   });
+
+  it("counts the calls it let through until they start, so a read of the depth meanwhile lets no more through than the window", async () => {
+    const { share, advance } = mesh();
+    const held: boolean[] = [];
+    // Eight calls arrive while none has started (their quotas and records are being written):
+    // the server's depth reads 0 each time.
+    for (let n = 0; n < 8; n++) {
+      advance();
+      held.push(await share.busy(TOOL, "a"));
+    }
+    expect(held).toEqual([false, false, false, false, true, true, true, true]);
+    // Let through long ago and never started (refused, say): no longer counted.
+    advance(10_000);
+    expect(await share.busy(TOOL, "a")).toBe(false);
+  });
 });

@@ -87,6 +87,9 @@ interface TenantQueue {
  * The held calls of one tool, a queue per tenant: the tenant with the fewest calls running for
  * its weight goes first, in round-robin order among equals.
  */
+/** How long a call let through may take to start before it is no longer counted, in ms. */
+const ADMITTING_MS = 5_000;
+
 class ToolQueue {
   readonly tenants = new Map<string, TenantQueue>();
   /** Tenants with calls of the tool running, or recently seen. */
@@ -96,6 +99,12 @@ class ToolQueue {
   size = 0;
   /** Calls of the tool this process published and has not seen end. */
   running = 0;
+  /**
+   * When each call let through by {@link FairShare.busy} and not started yet was let through:
+   * between the two its quota and record are written, and it is in neither the server's depth
+   * nor `running`, so a read of the depth meanwhile must add it.
+   */
+  admitting: number[] = [];
   depth = 0;
   depthAt = -Infinity;
   reading: Promise<void> | undefined;
@@ -230,7 +239,7 @@ export class FairShare {
       state.reading ??= this.#options
         .depth(tool)
         .then((depth) => {
-          state.depth = Math.max(depth, state.running);
+          state.depth = Math.max(depth, state.running) + this.#admitting(state);
           state.depthAt = this.#options.now();
         })
         .finally(() => (state.reading = undefined));
@@ -242,8 +251,10 @@ export class FairShare {
       }
     }
     if (!this.#mayStart(state, state.depth)(tenant)) return true;
-    // This call goes on to the work stream: count it until the next read sees it.
+    // This call goes on to the work stream: count it until the next read sees it, and until it
+    // starts in every read.
     state.depth++;
+    state.admitting.push(this.#options.now());
     return false;
   }
 
@@ -257,6 +268,7 @@ export class FairShare {
     const activity = this.#seen(queue, call.tenant);
     activity.running++;
     queue.running++;
+    queue.admitting.shift();
     this.#demand(queue, call.tenant, activity);
     this.#started.set(call.id, { tool, call });
   }
@@ -401,6 +413,16 @@ export class FairShare {
     }
   }
 
+  /**
+   * Calls let through and not started yet, forgetting those let through too long ago (refused
+   * by a quota, answered from the store, or handed back by a failure: they never start).
+   */
+  #admitting(queue: ToolQueue): number {
+    const since = this.#options.now() - ADMITTING_MS;
+    while (queue.admitting.length > 0 && (queue.admitting[0] ?? 0) < since) queue.admitting.shift();
+    return queue.admitting.length;
+  }
+
   async #drain(tool: string, queue: ToolQueue): Promise<void> {
     const { depth, pollMs, log, now } = this.#options;
     let swept = now();
@@ -413,7 +435,7 @@ export class FairShare {
       try {
         // A call this process has not seen end holds its slot, even when the server has its
         // acknowledgement first: the slot is not handed on before its tenant counts it free.
-        queue.depth = Math.max(await depth(tool), queue.running);
+        queue.depth = Math.max(await depth(tool), queue.running) + this.#admitting(queue);
         queue.depthAt = now();
         read = true;
       } catch (err) {
