@@ -359,9 +359,6 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     // (nats-server 2.9.10 and 2.15.1 alike; docs/security.md).
     await server.reload(serverConfig(["acme", "globex", "initech"]));
     await server.reload(serverConfig(["acme", "globex", "initech"]));
-    // Its calls stream, before its first call (docs/security.md#adding-a-tenant-or-a-tool-owner).
-    const setup = await runCli(["setup", "--tenants", "initech"], credentials("setup"));
-    expect(setup.stderr).toBe("");
     const initech = await connectAs("frontend-initech", {
       inboxPrefix: subjects.frontendInboxPrefix("initech"),
     });
@@ -369,6 +366,18 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
       tenant: "initech",
       defaultTimeoutMs: 20_000,
     }).session("i1");
+    // Without its calls stream, nothing of it is stored: published again until its deadline,
+    // then answered `unavailable`.
+    const unstored = await session.submit(
+      { name: "echo", arguments: { text: "early" } },
+      {
+        timeoutMs: 1_500,
+      },
+    ).result;
+    expect(unstored.error?.code).toBe("unavailable");
+    // Its calls stream, before its first call (docs/security.md#adding-a-tenant-or-a-tool-owner).
+    const setup = await runCli(["setup", "--tenants", "initech"], credentials("setup"));
+    expect(setup.stderr).toBe("");
     expect(
       (await session.submit({ name: "echo", arguments: { text: "new" } }).result).content,
     ).toBe("new");

@@ -92,6 +92,20 @@ describe("toolmesh setup", () => {
     expect((await setup([])).changed).toBe(1);
   });
 
+  it("refuses a tenant or owner id no account can have, in one line, before making anything", async () => {
+    for (const [flag, kind] of [
+      ["--tenants", "tenant"],
+      ["--owners", "owner"],
+    ] as const) {
+      const out = await runCli(["setup", flag, "ok,a.b"], admin);
+      expect(out.code).not.toBe(0);
+      expect(out.stdout).toBe("");
+      expect(out.stderr).toBe(
+        `toolmesh: ${kind} id "a.b" must be 1 to 64 letters, digits, "-" or "_", starting with a letter or digit\n`,
+      );
+    }
+  });
+
   it("creates an owner's work stream with its max-deliveries advisories kept, and keeps them", async () => {
     const advisory = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SETUP_WORK_acme.*";
     const owned = await setup(["--owners", "acme"]);

@@ -482,7 +482,8 @@ export function rolePermissions(
 /** Tenant and owner ids name accounts, streams and subject tokens alike. */
 const ACCOUNT_ID = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
 
-function checkAccountId(kind: "tenant" | "owner", id: string): string {
+/** Checks that a tenant or owner id can name an account, a stream and a subject token; throws `invalid_request` saying why. */
+export function checkAccountId(kind: "tenant" | "owner", id: string): string {
   if (!ACCOUNT_ID.test(id)) {
     bad(
       `${kind} id "${id}" must be 1 to 64 letters, digits, "-" or "_", starting with a letter or digit`,

@@ -17,6 +17,7 @@ import type { RuntimeConfig } from "@toolmesh/runtime";
 import { meshSettings } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { commaList } from "./comma-list.js";
+import { checkAccountId } from "./permissions.js";
 
 /** Options of `toolmesh setup`. */
 export interface SetupOptions {
@@ -53,6 +54,9 @@ function line(change: ProvisionChange, dryRun: boolean): string {
  */
 export async function setupCommand(config: RuntimeConfig, options: SetupOptions): Promise<number> {
   const dryRun = options.dryRun === true;
+  // The ids `toolmesh auth config` accepts, before anything is made for them.
+  for (const owner of options.owners ?? []) checkAccountId("owner", owner);
+  for (const tenant of options.tenants ?? []) checkAccountId("tenant", tenant);
   const nc = await connectNats({
     ...config.nats,
     name: "toolmesh-setup",
