@@ -49,6 +49,37 @@ describe("a toolmesh connection", () => {
     expect(at - stopped).toBeLessThan(5_000);
   });
 
+  it("fails a request made while disconnected once it is back, as its timeout would: it was never sent", async () => {
+    const server = await startNatsServer({ jetstream: false });
+    const nc = await connectNats({ servers: server.url });
+    open.push(nc);
+    const disconnected = new Promise<void>((resolve) => {
+      void (async () => {
+        for await (const s of nc.status()) if (s.type === "disconnect") return resolve();
+      })();
+    });
+    await server.kill();
+    await disconnected;
+    // Written while no server was there: nats.js discards it when it dials again.
+    const lost = nc.request("echo", "x", { timeout: 20_000 }).then(
+      () => ({ at: performance.now(), err: undefined as unknown }),
+      (err: unknown) => ({ at: performance.now(), err }),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 600));
+    await server.restart();
+    const responder = await connect({ servers: server.url });
+    open.push(responder);
+    responder.subscribe("echo", { callback: (_e, m) => m.respond(m.data) });
+    await responder.flush();
+    const back = performance.now();
+    const { at, err } = await lost;
+    expect(err).toBeInstanceOf(TimeoutError);
+    expect(at - back).toBeLessThan(5_000);
+    // What is asked once it is back is answered.
+    await nc.flush();
+    await expect(nc.request("echo", "y", { timeout: 5_000 })).resolves.toBeDefined();
+  });
+
   it("fails requests still waiting shortly after a stream elected a new leader", async () => {
     const server = await startNatsServer({ jetstream: false });
     const nc = await connectNats({ servers: server.url });

@@ -118,6 +118,9 @@ const STUCK_AFTER_ELECTION_MS = 250;
  *   JetStream API calls) cannot be answered any more: their reply was addressed through the
  *   server that went away. nats.js would wait out each one's timeout (5 s for JetStream); they
  *   fail at once with the same `TimeoutError`, so callers retry as after a timeout, only sooner.
+ * - **Lost requests.** Requests made while disconnected are not sent when the connection is
+ *   back: nats.js discards what was written before each dial attempt. They fail as soon as it
+ *   is back, the same way.
  * - **Requests the old leader took.** A stream leader that stopped or died does not answer what
  *   it had received; when a stream elects a new leader, publishes and message reads still
  *   waiting {@link STUCK_AFTER_ELECTION_MS} later fail the same way. (This needs the right to
@@ -128,8 +131,13 @@ const STUCK_AFTER_ELECTION_MS = 250;
  */
 export function followServerChanges(nc: NatsConnection): void {
   void (async () => {
+    // Requests made while disconnected, as of the latest dial attempt: nats.js discards what was
+    // written before each attempt, so these were never sent.
+    let unsent: PendingRequest[] = [];
     for await (const status of nc.status()) {
       if (status.type === "disconnect") failRequests(nc, requestsInFlight(nc));
+      else if (status.type === "reconnecting") unsent = requestsInFlight(nc);
+      else if (status.type === "reconnect") failRequests(nc, unsent.splice(0));
       else if (status.type === "ldm") await nc.reconnect().catch(() => undefined);
     }
   })();
