@@ -69,7 +69,11 @@ describe("a toolmesh connection", () => {
     await server.restart();
     const responder = await connect({ servers: server.url });
     open.push(responder);
-    responder.subscribe("echo", { callback: (_e, m) => m.respond(m.data) });
+    responder.subscribe("echo", {
+      callback: (_e, m) => {
+        m.respond(m.data);
+      },
+    });
     await responder.flush();
     const back = performance.now();
     const { at, err } = await lost;
