@@ -9,6 +9,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { TimeoutError } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { AckPolicy, RetentionPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { ToolmeshClient } from "@toolmesh/client";
 import { Semaphore, connectNats, startWorkLoop } from "@toolmesh/nats";
 import {
   STREAM_LEADER_ELECTED_ADVISORIES,
@@ -82,6 +83,44 @@ describe("a toolmesh connection", () => {
     // What is asked once it is back is answered.
     await nc.flush();
     await expect(nc.request("echo", "y", { timeout: 5_000 })).resolves.toBeDefined();
+  });
+
+  it("has a client fail only its own calls' publishes made while disconnected, not its user's requests", async () => {
+    const server = await startNatsServer();
+    const nc = await connect({
+      servers: server.url,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 100,
+    });
+    open.push(nc);
+    const jsm = await jetstreamManager(nc);
+    await jsm.streams.add({ name: "CALLS_HERE", subjects: ["toolmesh.v1.calls.>"] });
+    const client = new ToolmeshClient(nc);
+    const disconnected = new Promise<void>((resolve) => {
+      void (async () => {
+        for await (const s of nc.status()) if (s.type === "disconnect") return resolve();
+      })();
+    });
+    await server.kill();
+    await disconnected;
+    const session = client.session("while-down");
+    session.submit({ id: "c1", name: "anything", arguments: {} }, { timeoutMs: 60_000 });
+    const made = performance.now();
+    const own = nc.request("echo", "x", { timeout: 3_000 }).then(
+      () => ({ at: performance.now(), err: undefined as unknown }),
+      (err: unknown) => ({ at: performance.now(), err }),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 600));
+    await server.restart();
+    // The call, published again once the connection is back, is stored.
+    await expect
+      .poll(async () => (await jsm.streams.info("CALLS_HERE")).state.messages, { timeout: 10_000 })
+      .toBe(1);
+    // The user's own request is left to its own timeout.
+    const { at, err } = await own;
+    expect(err).toBeInstanceOf(TimeoutError);
+    expect(at - made).toBeGreaterThanOrEqual(2_900);
+    session.close();
   });
 
   it("fails requests still waiting shortly after a stream elected a new leader", async () => {

@@ -45,7 +45,7 @@ import {
   nestsDeeperThan,
   argumentsHash,
 } from "@toolmesh/protocol";
-import { publishDurable, tracedHeaders } from "@toolmesh/nats";
+import { failUnsentRequests, publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { SpanContext, Tracer } from "@toolmesh/telemetry";
 import { linkableContext, withSpan } from "@toolmesh/telemetry";
 import { trace } from "@opentelemetry/api";
@@ -173,6 +173,13 @@ export class ToolmeshClient {
     };
     this.#tenantSubscription = options.tenantSubscription ?? false;
     this.#tenantStream = options.tenantStream ?? false;
+    // A submission made while the connection was down was never sent (nats.js discards what
+    // was written then): it fails once the connection is back and is published again at once,
+    // not after its attempt's timeout. Only the calls' publishes: the connection is the user's.
+    const callPrefixes = [this.subjects.allCalls, this.subjects.allTenantStreamCalls].map((all) =>
+      all.replace(/\*\.\*$/, ""),
+    );
+    failUnsentRequests(nc, (subject) => callPrefixes.some((prefix) => subject.startsWith(prefix)));
     // Final messages published while the connection was down never reach the live
     // subscription; they are in the sessions stream, so pending calls look them up there.
     void (async () => {

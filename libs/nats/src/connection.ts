@@ -130,14 +130,10 @@ const STUCK_AFTER_ELECTION_MS = 250;
  * A retry is what a timeout already led to, so idempotency is unchanged.
  */
 export function followServerChanges(nc: NatsConnection): void {
+  failUnsentRequests(nc);
   void (async () => {
-    // Requests made while disconnected, as of the latest dial attempt: nats.js discards what was
-    // written before each attempt, so these were never sent.
-    let unsent: PendingRequest[] = [];
     for await (const status of nc.status()) {
       if (status.type === "disconnect") failRequests(nc, requestsInFlight(nc));
-      else if (status.type === "reconnecting") unsent = requestsInFlight(nc);
-      else if (status.type === "reconnect") failRequests(nc, unsent.splice(0));
       else if (status.type === "ldm") await nc.reconnect().catch(() => undefined);
     }
   })();
@@ -148,6 +144,26 @@ export function followServerChanges(nc: NatsConnection): void {
       setTimeout(() => failRequests(nc, waiting), STUCK_AFTER_ELECTION_MS).unref();
     },
   });
+}
+
+/**
+ * Fails, as their timeout would, the requests made while the connection was down, once it is
+ * back: nats.js discards what was written before each dial attempt, so they were never sent.
+ * `only` keeps it to requests on some subjects (a library working on its user's connection).
+ */
+export function failUnsentRequests(
+  nc: NatsConnection,
+  only: (subject: string) => boolean = () => true,
+): void {
+  void (async () => {
+    // Requests waiting as of the latest dial attempt: made before it, so discarded by it.
+    let unsent: PendingRequest[] = [];
+    for await (const status of nc.status()) {
+      if (status.type === "reconnecting")
+        unsent = requestsInFlight(nc).filter((r) => only(r.requestSubject ?? ""));
+      else if (status.type === "reconnect") failRequests(nc, unsent.splice(0));
+    }
+  })();
 }
 
 interface PendingRequest {

@@ -3,6 +3,7 @@ export {
   assertServerSupported,
   compareVersions,
   connectNats,
+  failUnsentRequests,
   redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
