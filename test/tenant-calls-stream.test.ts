@@ -47,7 +47,7 @@ async function lastSeq(stream: string): Promise<number> {
 }
 
 describe("a tenant's own calls stream", () => {
-  it("takes the calls of a client for that tenant, and the mesh's stream those of a tenant without one", async () => {
+  it("takes the calls of a client for that tenant, the mesh's stream those of a tenant without one until it has one", async () => {
     const shared = await lastSeq(subjects.streams.calls);
     const acme = new ToolmeshClient(nc, { tenant: "acme", tenantStream: true });
     const other = new ToolmeshClient(nc, { tenant: "other", tenantStream: true });
@@ -68,6 +68,20 @@ describe("a tenant's own calls stream", () => {
     const consumer = await jsm.consumers.info(subjects.callsStream("acme"), "resolver");
     expect(consumer.config.deliver_subject).toBe(subjects.intake);
     expect(consumer.num_ack_pending).toBe(0);
+
+    // A stream made for the other tenant while its client runs takes its calls within seconds.
+    await provisionTenantCalls(nc, subjects, { ackWaitMs: 1_000 }, ["other"]);
+    const session = other.session("later");
+    await expect
+      .poll(
+        async () => {
+          await session.submit({ name: "sleepy", arguments: { ms: 1 } }).result;
+          return lastSeq(subjects.callsStream("other"));
+        },
+        { timeout: 15_000, interval: 500 },
+      )
+      .toBeGreaterThan(0);
+    session.close();
   });
 
   it("dead-letters a call on a subject no session maps to, naming the tenant's stream", async () => {

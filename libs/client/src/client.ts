@@ -57,8 +57,13 @@ import { requestReply } from "./request.js";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 
-/** How long a tenant's calls stream, looked up for `tenantStream`, is taken to exist or not, in ms. */
-const STREAM_LOOKUP_MS = 60_000;
+/** How long a tenant's calls stream, looked up for `tenantStream`, is taken to exist, in ms. */
+const STREAM_FOUND_MS = 60_000;
+/**
+ * How long it is taken not to exist, in ms: briefly, so a tenant's stream made while the client
+ * runs (`toolmesh setup --tenants`) takes its calls within seconds.
+ */
+const STREAM_MISSING_MS = 5_000;
 
 /** Options of {@link ToolmeshClient}. Durations in ms. */
 export interface ClientOptions {
@@ -88,8 +93,8 @@ export interface ClientOptions {
    * ADR 0048) when it has one, as the calls of a tenant account are: for a process in the mesh
    * account that publishes for tenants, such as the MCP gateway, so they count against the
    * tenant's bound like its own frontends' calls. Whether the tenant has one is looked up (a
-   * stream listing, `$JS.API.STREAM.NAMES`) at most once a minute; without one, calls go to the
-   * mesh's calls stream. Default false.
+   * stream listing, `$JS.API.STREAM.NAMES`) at most once a minute while it has one, every 5 s
+   * while it has none; without one, calls go to the mesh's calls stream. Default false.
    */
   tenantStream?: boolean;
 }
@@ -157,8 +162,8 @@ export class ToolmeshClient {
   #tenantSub: Subscription | undefined;
   readonly #routes = new Map<string, Set<(msg: Msg) => void>>();
   readonly #tenantStream: boolean;
-  // With `tenantStream`: when the tenant's calls stream was last looked up, and whether it has one.
-  #streamLookup: { at: number; has: Promise<boolean> } | undefined;
+  // With `tenantStream`: whether the tenant has a calls stream, and until when that holds.
+  #streamLookup: { until: number; has: Promise<boolean> } | undefined;
 
   constructor(nc: NatsConnection, options: ClientOptions = {}) {
     this.nc = nc;
@@ -198,9 +203,19 @@ export class ToolmeshClient {
   async callSubject(at: SessionAddress): Promise<string> {
     if (!this.#tenantStream) return this.subjects.call(at);
     const now = Date.now();
-    if (this.#streamLookup === undefined || now - this.#streamLookup.at >= STREAM_LOOKUP_MS) {
+    if (this.#streamLookup === undefined || now >= this.#streamLookup.until) {
       const before = this.#streamLookup?.has ?? Promise.resolve(false);
-      this.#streamLookup = { at: now, has: this.#hasTenantStream().catch(() => before) };
+      const lookup = {
+        // Not looked up again while the answer is on its way.
+        until: Number.POSITIVE_INFINITY,
+        has: this.#hasTenantStream()
+          .catch(() => before)
+          .then((has) => {
+            lookup.until = now + (has ? STREAM_FOUND_MS : STREAM_MISSING_MS);
+            return has;
+          }),
+      };
+      this.#streamLookup = lookup;
     }
     return (await this.#streamLookup.has)
       ? this.subjects.tenantStreamCall(at)
