@@ -274,4 +274,25 @@ describe("held calls handed on as the window frees", () => {
     advance(10_000);
     expect(await share.busy(TOOL, "a")).toBe(false);
   });
+
+  it("keeps counting the calls it let through when a held call is handed on meanwhile", async () => {
+    const m = mesh();
+    expect(await m.call("a", 0)).toBe("started");
+    // Two let through, their quotas and records still being written: not started yet.
+    for (let n = 1; n <= 2; n++) {
+      m.advance();
+      expect(await m.share.busy(TOOL, "a")).toBe(false);
+    }
+    expect(await m.call("a", 3)).toBe("started");
+    expect(await m.call("a", 4)).toBe("held");
+    // a.s.0 and a.s.3 end: the held call is handed on, into one of the two free slots.
+    m.end("a", 0);
+    m.end("a", 3);
+    await until(() => m.dispatched.length === 1);
+    // The window holds a.s.4 and the two let through: one slot is left, then none.
+    m.advance();
+    expect(await m.share.busy(TOOL, "a")).toBe(false);
+    m.advance();
+    expect(await m.share.busy(TOOL, "a")).toBe(true);
+  });
 });

@@ -259,16 +259,21 @@ export class FairShare {
   }
 
   /**
-   * A call not held goes on to its tool's work: counted as running for its tenant until its final
-   * message goes by ({@link ended}) or its deadline passes.
+   * A call {@link busy} let through goes on to its tool's work: counted as running for its tenant
+   * until its final message goes by ({@link ended}) or its deadline passes.
    */
   started(tool: string, call: StartedCall): void {
     if (this.#stopped || this.#started.has(call.id)) return;
     const queue = this.#tools.get(tool) ?? this.#queue(tool);
+    // It is running now, no longer being let through.
+    queue.admitting.shift();
+    this.#start(tool, queue, call);
+  }
+
+  #start(tool: string, queue: ToolQueue, call: StartedCall): void {
     const activity = this.#seen(queue, call.tenant);
     activity.running++;
     queue.running++;
-    queue.admitting.shift();
     this.#demand(queue, call.tenant, activity);
     this.#started.set(call.id, { tool, call });
   }
@@ -453,7 +458,8 @@ export class FairShare {
         );
         if (call === undefined) break;
         this.#held.delete(call.id);
-        this.started(tool, call);
+        // A held call was never let through by busy(): it leaves the let-through count alone.
+        if (!this.#started.has(call.id)) this.#start(tool, queue, call);
         queue.depth++;
         round.push(call);
       }
