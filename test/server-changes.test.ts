@@ -36,6 +36,13 @@ async function unanswered(
   return { settled };
 }
 
+/** Resolves at the connection's next status event of `type`. */
+function nextStatus(nc: NatsConnection, type: string): Promise<void> {
+  return (async () => {
+    for await (const s of nc.status()) if (s.type === type) return;
+  })();
+}
+
 describe("a toolmesh connection", () => {
   it("fails a request waiting when its server goes away at once, as its timeout would", async () => {
     const server = await startNatsServer({ jetstream: false });
@@ -54,11 +61,7 @@ describe("a toolmesh connection", () => {
     const server = await startNatsServer({ jetstream: false });
     const nc = await connectNats({ servers: server.url });
     open.push(nc);
-    const disconnected = new Promise<void>((resolve) => {
-      void (async () => {
-        for await (const s of nc.status()) if (s.type === "disconnect") return resolve();
-      })();
-    });
+    const disconnected = nextStatus(nc, "disconnect");
     await server.kill();
     await disconnected;
     // Written while no server was there: nats.js discards it when it dials again.
@@ -66,7 +69,8 @@ describe("a toolmesh connection", () => {
       () => ({ at: performance.now(), err: undefined as unknown }),
       (err: unknown) => ({ at: performance.now(), err }),
     );
-    await new Promise((resolve) => setTimeout(resolve, 600));
+    // nats.js discards what was written while disconnected at its next dial attempt.
+    await nextStatus(nc, "reconnecting");
     await server.restart();
     const responder = await connect({ servers: server.url });
     open.push(responder);
@@ -96,11 +100,7 @@ describe("a toolmesh connection", () => {
     const jsm = await jetstreamManager(nc);
     await jsm.streams.add({ name: "CALLS_HERE", subjects: ["toolmesh.v1.calls.>"] });
     const client = new ToolmeshClient(nc);
-    const disconnected = new Promise<void>((resolve) => {
-      void (async () => {
-        for await (const s of nc.status()) if (s.type === "disconnect") return resolve();
-      })();
-    });
+    const disconnected = nextStatus(nc, "disconnect");
     await server.kill();
     await disconnected;
     const session = client.session("while-down");
@@ -110,8 +110,11 @@ describe("a toolmesh connection", () => {
       () => ({ at: performance.now(), err: undefined as unknown }),
       (err: unknown) => ({ at: performance.now(), err }),
     );
-    await new Promise((resolve) => setTimeout(resolve, 600));
+    // nats.js discards what was written while disconnected at its next dial attempt.
+    await nextStatus(nc, "reconnecting");
+    const back = nextStatus(nc, "reconnect");
     await server.restart();
+    await back;
     // The call, published again once the connection is back, is stored.
     await expect
       .poll(async () => (await jsm.streams.info("CALLS_HERE")).state.messages, { timeout: 10_000 })

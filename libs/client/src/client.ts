@@ -180,11 +180,14 @@ export class ToolmeshClient {
     this.#tenantStream = options.tenantStream ?? false;
     // A submission made while the connection was down was never sent (nats.js discards what
     // was written then): it fails once the connection is back and is published again at once,
-    // not after its attempt's timeout. Only the calls' publishes: the connection is the user's.
-    const callPrefixes = [this.subjects.allCalls, this.subjects.allTenantStreamCalls].map((all) =>
-      all.replace(/\*\.\*$/, ""),
+    // not after its attempt's timeout. Only this tenant's calls: the connection is the user's.
+    failUnsentRequests(
+      nc,
+      // `{p}.v1.calls.{t}.` and `{p}.v1.tenant-calls.{t}.`: the wildcards without their last `*`.
+      [this.subjects.tenantCalls(this.tenant), this.subjects.tenantStreamCalls(this.tenant)].map(
+        (wildcard) => wildcard.slice(0, -1),
+      ),
     );
-    failUnsentRequests(nc, (subject) => callPrefixes.some((prefix) => subject.startsWith(prefix)));
     // Final messages published while the connection was down never reach the live
     // subscription; they are in the sessions stream, so pending calls look them up there.
     void (async () => {

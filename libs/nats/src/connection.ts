@@ -146,24 +146,35 @@ export function followServerChanges(nc: NatsConnection): void {
   });
 }
 
+/** Per connection: the subject prefixes whose unsent requests fail on reconnect (`all`: every one). */
+const unsentWatches = new WeakMap<NatsConnection, { all: boolean; prefixes: Set<string> }>();
+
 /**
  * Fails, as their timeout would, the requests made while the connection was down, once it is
  * back: nats.js discards what was written before each dial attempt, so they were never sent.
- * `only` keeps it to requests on some subjects (a library working on its user's connection).
+ * `prefixes` keeps it to requests on subjects starting with one of them (a library working on
+ * its user's connection); without, every request. One watch per connection, however many ask.
  */
-export function failUnsentRequests(
-  nc: NatsConnection,
-  only: (subject: string) => boolean = () => true,
-): void {
-  void (async () => {
-    // Requests waiting as of the latest dial attempt: made before it, so discarded by it.
-    let unsent: PendingRequest[] = [];
-    for await (const status of nc.status()) {
-      if (status.type === "reconnecting")
-        unsent = requestsInFlight(nc).filter((r) => only(r.requestSubject ?? ""));
-      else if (status.type === "reconnect") failRequests(nc, unsent.splice(0));
-    }
-  })();
+export function failUnsentRequests(nc: NatsConnection, prefixes?: readonly string[]): void {
+  let watch = unsentWatches.get(nc);
+  if (watch === undefined) {
+    const watching = { all: false, prefixes: new Set<string>() };
+    unsentWatches.set(nc, watching);
+    watch = watching;
+    const watched = (subject: string): boolean =>
+      watching.all || [...watching.prefixes].some((prefix) => subject.startsWith(prefix));
+    void (async () => {
+      // Requests waiting as of the latest dial attempt: made before it, so discarded by it.
+      let unsent: PendingRequest[] = [];
+      for await (const status of nc.status()) {
+        if (status.type === "reconnecting")
+          unsent = requestsInFlight(nc).filter((r) => watched(r.requestSubject ?? ""));
+        else if (status.type === "reconnect") failRequests(nc, unsent.splice(0));
+      }
+    })();
+  }
+  if (prefixes === undefined) watch.all = true;
+  else for (const prefix of prefixes) watch.prefixes.add(prefix);
 }
 
 interface PendingRequest {
