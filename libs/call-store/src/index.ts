@@ -20,5 +20,5 @@ export type {
   DeadLetterOut,
   MeshCallPlane,
 } from "./plane.js";
-export { ownerCallPlane } from "./owner-plane.js";
-export type { OwnerCallPlane, OwnerPlaneOptions } from "./owner-plane.js";
+export { OwnerCallPlane, ownerCallPlane } from "./owner-plane.js";
+export type { OwnerPlaneOptions } from "./owner-plane.js";

@@ -45,7 +45,7 @@ import {
   nestsDeeperThan,
   argumentsHash,
 } from "@toolmesh/protocol";
-import { failUnsentRequests, publishDurable, tracedHeaders } from "@toolmesh/nats";
+import { failUnsentRequests, publishDurable, requestReply, tracedHeaders } from "@toolmesh/nats";
 import type { SpanContext, Tracer } from "@toolmesh/telemetry";
 import { linkableContext, withSpan } from "@toolmesh/telemetry";
 import { trace } from "@opentelemetry/api";
@@ -53,7 +53,6 @@ import { recordReceipt, sendSpanOptions } from "./call-spans.js";
 import type { z } from "zod";
 import type { GroupChanges } from "./expansion.js";
 import { SchemaInbox, requestSchemaExpander } from "./expansion.js";
-import { requestReply } from "./request.js";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 

@@ -1,8 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { z } from "zod";
 import type { SchemaEvent, ToolSchema, WireError } from "@toolmesh/protocol";
-import { ToolmeshError } from "@toolmesh/protocol";
-import { requestReply } from "./request.js";
+import { requestOk } from "@toolmesh/nats";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 
@@ -25,12 +24,7 @@ export async function requestSchemaExpander<T extends { ok: true }>(
   schema: z.ZodType<T | { ok: false; error: WireError }>,
   timeoutMs: number,
 ): Promise<T> {
-  const reply = await requestReply(nc, subject, body, schema, {
-    timeoutMs,
-    service: "schema expander",
-  });
-  if (reply.ok) return reply;
-  throw ToolmeshError.fromWire(reply.error);
+  return requestOk(nc, subject, body, schema, { timeoutMs, service: "schema expander" });
 }
 
 interface Waiter {

@@ -8,9 +8,9 @@ export type {
   SubmitOptions,
 } from "./client.js";
 export type { GroupChanges } from "./expansion.js";
-export { requestReply } from "./request.js";
+export { requestReply } from "@toolmesh/nats";
 export { retryAfterMs } from "./retry-after.js";
-export type { RequestReplyOptions } from "./request.js";
+export type { RequestReplyOptions } from "@toolmesh/nats";
 
 // ---- Output strategies: catalog formats, provider tools, structured-output fallback ----
 // Pure functions, no NATS (formats/).

@@ -26,8 +26,16 @@ export {
 } from "./publish.js";
 export type { DeadLetterOrigin, PublishOptions } from "./publish.js";
 export { Semaphore } from "./semaphore.js";
-export { answerRequest, serveRequests } from "./serve-requests.js";
-export type { RequestServer, ServeRequestsOptions } from "./serve-requests.js";
+export { answerRequest, requestFailure, rpcTenantScope, serveRequests } from "./serve-requests.js";
+export type {
+  RequestFailure,
+  RequestKind,
+  RequestServer,
+  ServeRequestsOptions,
+} from "./serve-requests.js";
+export { requestOk, requestReply } from "./request-reply.js";
+export type { RequestReplyOptions } from "./request-reply.js";
+export { isNatsError } from "./nats-errors.js";
 export { startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { retryWhileUnavailable, unavailableKind, warnUnavailable } from "./unavailable.js";

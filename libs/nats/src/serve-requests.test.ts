@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { Msg } from "@nats-io/nats-core";
+import { TimeoutError } from "@nats-io/nats-core";
 import { z } from "zod";
 import { ErrorCode, ToolmeshError, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
@@ -63,7 +64,7 @@ describe("answerRequest", () => {
     ]);
   });
 
-  it("passes typed errors through and makes anything else unavailable", async () => {
+  it("passes typed errors through, makes NATS failures unavailable and bugs internal", async () => {
     const typed = request("{}");
     await answerRequest(typed.msg, {
       log,
@@ -75,15 +76,120 @@ describe("answerRequest", () => {
     expect(typed.replies).toEqual([
       { refused: { code: "permission_denied", message: "no", retryable: false } },
     ]);
+    const nats = request("{}");
+    await answerRequest(nats.msg, {
+      log,
+      refusal,
+      handle: () => Promise.reject(new TimeoutError()),
+    });
+    expect(nats.replies).toEqual([
+      { refused: { code: "unavailable", message: "timeout", retryable: true } },
+    ]);
+    const thrown = request("{}");
+    await answerRequest(thrown.msg, {
+      log,
+      refusal,
+      handle: () => {
+        throw new TypeError("x is undefined");
+      },
+    });
+    const rejected = request("{}");
+    await answerRequest(rejected.msg, {
+      log,
+      refusal,
+      handle: () => Promise.reject(new Error("bug")),
+    });
+    expect([...thrown.replies, ...rejected.replies]).toEqual([
+      { refused: { code: "internal", message: "x is undefined", retryable: true } },
+      { refused: { code: "internal", message: "bug", retryable: true } },
+    ]);
+  });
+
+  it("answers a failure in the one envelope, { ok: false, error }, unless told otherwise", async () => {
+    const { msg, replies } = request("{not json");
+    await answerRequest(msg, { log, handle: () => ({}) });
+    expect(replies).toEqual([
+      {
+        ok: false,
+        error: { code: "invalid_request", message: "request is not JSON", retryable: false },
+      },
+    ]);
+  });
+
+  it("hands the handler the scope its hook read, and refuses what the hook refuses", async () => {
+    const scope = (m: Msg): string => {
+      const token = m.subject.split(".")[3];
+      if (token === "acme") return token;
+      throw new ToolmeshError(ErrorCode.InvalidRequest, "no tenant");
+    };
+    const { msg, replies } = request("{}");
+    await answerRequest(msg, { log, refusal, scope, handle: (_b, _m, tenant) => ({ tenant }) });
     const other = request("{}");
+    other.msg.subject = "t.v1.rpc.globex.thing";
+    let handled = false;
     await answerRequest(other.msg, {
       log,
       refusal,
-      handle: () => Promise.reject(new Error("kv down")),
+      scope,
+      handle: () => (handled = true),
     });
+    expect(replies).toEqual([{ tenant: "acme" }]);
     expect(other.replies).toEqual([
-      { refused: { code: "unavailable", message: "kv down", retryable: true } },
+      { refused: { code: "invalid_request", message: "no tenant", retryable: false } },
     ]);
+    expect(handled).toBe(false);
+  });
+
+  it("refuses a request over its limit with payload_too_large before the handler runs", async () => {
+    const { msg, replies } = request(JSON.stringify({ text: "x".repeat(100) }));
+    let handled = false;
+    await answerRequest(msg, {
+      log,
+      refusal,
+      what: "dry-run request",
+      maxRequestBytes: 64,
+      handle: () => (handled = true),
+    });
+    expect(handled).toBe(false);
+    expect(replies).toEqual([
+      {
+        refused: {
+          code: "payload_too_large",
+          message: "the dry-run request is 111 bytes; it may have at most 64",
+          retryable: false,
+          details: { field: "request", bytes: 111, limit: 64 },
+        },
+      },
+    ]);
+  });
+
+  it("replaces a reply over the limit by payload_too_large naming its size", async () => {
+    const { msg, replies } = request("{}");
+    await answerRequest(msg, {
+      log,
+      refusal,
+      maxReplyBytes: 1_000,
+      handle: () => ({ text: "x".repeat(2_000) }),
+    });
+    expect(replies).toEqual([
+      {
+        refused: {
+          code: "payload_too_large",
+          message:
+            "the answer to this request would be 2011 bytes; the server carries at most 1000",
+          retryable: false,
+          details: { field: "reply", bytes: 2011, limit: 1000 },
+        },
+      },
+    ]);
+  });
+
+  it("never rejects, even when the reply cannot be sent", async () => {
+    const { msg } = request("{}");
+    (msg as { respond: unknown }).respond = () => {
+      throw new Error("connection closed");
+    };
+    await expect(answerRequest(msg, { log, refusal, handle: () => ({}) })).resolves.toBeUndefined();
   });
 
   it("sends nothing for a message without a reply subject", async () => {

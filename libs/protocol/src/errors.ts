@@ -212,10 +212,30 @@ export function parseRequest<T>(
 
 /**
  * The typed error a failed request is answered with: a `ZodError` (a `.parse()` of the body)
- * is {@link malformedRequest}, a typed error passes as it is, anything else (NATS or KV
- * trouble) is `unavailable`.
+ * is {@link malformedRequest}, a typed error passes as it is, anything else is `fallback`
+ * (default `unavailable`: NATS or KV trouble).
  */
-export function requestError(err: unknown, what = "request"): ToolmeshError {
+export function requestError(
+  err: unknown,
+  what = "request",
+  fallback: ErrorCode = ErrorCode.Unavailable,
+): ToolmeshError {
   if (err instanceof z.ZodError) return malformedRequest(err, `malformed ${what}`);
-  return ensureError(err, ErrorCode.Unavailable);
+  return ensureError(err, fallback);
+}
+
+/**
+ * The `payload_too_large` error of something over its size limit: `details.bytes` is its size
+ * and `details.limit` the most allowed, both in bytes, and `details.field` names what was
+ * measured (`"request"`, `"reply"`, `"description"`, …). Not retryable: the same thing is as
+ * large next time.
+ */
+export function payloadTooLarge(
+  message: string,
+  size: { bytes: number; limit: number; field: string; [key: string]: unknown },
+): ToolmeshError {
+  return new ToolmeshError(ErrorCode.PayloadTooLarge, message, {
+    retryable: false,
+    details: size,
+  });
 }

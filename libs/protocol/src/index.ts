@@ -9,6 +9,7 @@ export {
   isRetryableByDefault,
   malformedRequest,
   parseRequest,
+  payloadTooLarge,
   requestError,
   requestIssues,
 } from "./errors.js";

@@ -70,7 +70,11 @@ export const OwnerRegisterRequestSchema = z
 /** `register` request. */
 export type OwnerRegisterRequest = z.input<typeof OwnerRegisterRequestSchema>;
 
-const ErrorReply = z.object({ error: WireErrorSchema });
+/** A refusal, `{ ok: false, error }` like every request's (`ok` absent from older meshes). */
+const ErrorReply = z.object({
+  ok: z.literal(false).optional().describe("Present from meshes that send it: always false."),
+  error: WireErrorSchema,
+});
 
 /** `register` reply: what happened, or why not. */
 export const OwnerRegisterReplySchema = z

@@ -19,7 +19,7 @@ import {
   decodeJsonOrUndefined,
   idempotencyKeyOf,
 } from "@toolmesh/protocol";
-import type { RequestServer, ServeRequestsOptions, WorkLoop } from "@toolmesh/nats";
+import type { RequestServer, RequestKind, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   answerRequest,
@@ -215,9 +215,7 @@ export async function cancelCall(
 }
 
 /** How cancel requests are served (`{p}.v1.cancel.{tenant}.{session}`, queue group of the resolvers). */
-export function cancelRequests(
-  deps: ControlDeps,
-): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
+export function cancelRequests(deps: ControlDeps): RequestKind<undefined> {
   const { subjects, log } = deps;
   return {
     log,

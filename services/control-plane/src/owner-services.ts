@@ -1,4 +1,4 @@
-import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { MeshCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
@@ -22,13 +22,13 @@ import {
   OwnerUnregisterRequestSchema,
   ToolDefinitionSchema,
   ToolmeshError,
-  decodeJson,
-  encodeJson,
-  ensureError,
   isSubjectToken,
+  malformedRequest,
 } from "@toolmesh/protocol";
-import type { StreamLimits } from "@toolmesh/nats";
+import type { RequestKind, RequestServer, StreamLimits } from "@toolmesh/nats";
 import {
+  answerRequest,
+  serveRequests,
   ensureDurableConsumer,
   ensureStream,
   ownerAdvisoriesSpec,
@@ -47,11 +47,21 @@ export interface OwnerServicesOptions {
   ackWaitMs?: number;
   /** Limits of the mesh's streams, which each owner's work stream takes too. */
   streamLimits?: StreamLimits | undefined;
+  /**
+   * Largest request of each owner service, in bytes (ADR 0049); a larger one is refused with
+   * `payload_too_large` before it is read. Default: no limit of its own.
+   */
+  maxRequestBytes?: ((service: OwnerService) => number) | undefined;
 }
 
 /** The running owner services. */
-export interface OwnerServices {
-  stop(): void;
+export type OwnerServices = RequestServer;
+
+/** An owner-service request's scope: the owner and service its subject names. */
+interface OwnerTarget {
+  owner: string;
+  service: OwnerService;
+  key?: string;
 }
 
 const QUEUE = "toolmesh-owner-services";
@@ -62,62 +72,57 @@ const QUEUE = "toolmesh-owner-services";
  * here. The owner is the subject's, never the body's: an owner's account imports only its own
  * subjects, so what an owner may do is decided here, against the registry: a call may be read,
  * progressed or ended only when its tool is the owner's, and a final message must name the
- * call it ends. Every request gets a typed answer (`{ error }` for bad input).
+ * call it ends. Every request gets a typed answer (`{ ok: false, error }` for bad input).
  */
 export function startOwnerServices(options: OwnerServicesOptions): OwnerServices {
-  const { nc, subjects, log } = options;
-  const sub: Subscription = nc.subscribe(subjects.allOwnerServices, {
+  return serveRequests({
+    nc: options.nc,
+    subject: options.subjects.allOwnerServices,
     queue: QUEUE,
-    callback: (err, msg) => {
-      if (err !== null) {
-        log.error({ err }, "owner services subscription failed");
-        return;
-      }
-      void answerOwner(options, msg);
-    },
+    ...ownerRequests(options),
   });
-  return { stop: () => sub.unsubscribe() };
 }
 
-/** Answers one owner-service request. */
-export async function answerOwner(options: OwnerServicesOptions, msg: Msg): Promise<void> {
-  const { subjects, log } = options;
-  const target = subjects.parseOwnerSubject(msg.subject);
-  let reply: unknown;
-  try {
-    if (target === undefined) {
+/** How owner-service requests are served: the scope is the owner and service of the subject. */
+export function ownerRequests(options: OwnerServicesOptions): RequestKind<OwnerTarget> {
+  const { subjects } = options;
+  return {
+    log: options.log,
+    what: "owner service request",
+    maxRequestBytes: (target) => options.maxRequestBytes?.(target.service),
+    scope: (msg) => {
+      const target = subjects.parseOwnerSubject(msg.subject);
+      if (target !== undefined) return target;
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
         `"${msg.subject}" names no owner service (${subjects.ownerService("{owner}", "register").replace(".register", "")}.{register,unregister,record,finalize,progress,dead-letter})`,
         { retryable: false, details: { subject: msg.subject } },
       );
-    }
-    reply = await serve(options, target, msg.data);
-  } catch (err) {
-    const error = ensureError(
-      err instanceof z.ZodError
-        ? new ToolmeshError(
-            ErrorCode.InvalidRequest,
-            `malformed ${target?.service ?? "owner"} request: ${z.prettifyError(err)}`,
-            { retryable: false },
-          )
-        : err,
-    );
-    if (error.code === ErrorCode.Internal || error.code === ErrorCode.Unavailable)
-      log.warn({ err: error, subject: msg.subject }, "owner service request failed");
-    reply = { error: error.toWire() };
-  }
-  if (msg.reply) msg.respond(encodeJson(reply));
+    },
+    handle: async (body, _msg, target) => {
+      try {
+        return await serve(options, target, body);
+      } catch (err) {
+        throw err instanceof z.ZodError
+          ? malformedRequest(err, `malformed ${target.service} request`)
+          : err;
+      }
+    },
+  };
+}
+
+/** Answers one owner-service request (see {@link ownerRequests}). */
+export function answerOwner(options: OwnerServicesOptions, msg: Msg): Promise<void> {
+  return answerRequest(msg, ownerRequests(options));
 }
 
 async function serve(
   options: OwnerServicesOptions,
-  target: { owner: string; service: OwnerService; key?: string },
-  data: Uint8Array,
+  target: OwnerTarget,
+  body: unknown,
 ): Promise<unknown> {
   const { subjects, plane, registry } = options;
   const { owner, service } = target;
-  const body = decodeBody(data);
   switch (service) {
     case "register": {
       const request = OwnerRegisterRequestSchema.parse(body);
@@ -204,17 +209,6 @@ async function serve(
       });
       return { ok: true };
     }
-  }
-}
-
-function decodeBody(data: Uint8Array): unknown {
-  try {
-    return decodeJson(data);
-  } catch (err) {
-    throw new ToolmeshError(ErrorCode.InvalidRequest, "the request body is not JSON", {
-      retryable: false,
-      cause: err,
-    });
   }
 }
 

@@ -30,8 +30,14 @@ import {
   idempotencyKeyOf,
   workOwnerOf,
 } from "@toolmesh/protocol";
-import type { ServeRequestsOptions } from "@toolmesh/nats";
-import { ServerClock, answerRequest, publishDurable, tracedHeaders } from "@toolmesh/nats";
+import type { RequestKind } from "@toolmesh/nats";
+import {
+  ServerClock,
+  answerRequest,
+  publishDurable,
+  rpcTenantScope,
+  tracedHeaders,
+} from "@toolmesh/nats";
 import {
   ANY_ARGUMENTS,
   argumentsHash,
@@ -221,23 +227,13 @@ function bodyError(err: unknown): ToolmeshError {
  * How dry-run requests (`rpc.{tenant}.resolve`) are served: the call resolved as it would be,
  * or the typed error it would get. Nothing is recorded or routed.
  */
-export function dryRunRequests(
-  deps: ResolverDeps,
-): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
+export function dryRunRequests(deps: ResolverDeps): RequestKind<string> {
   const { subjects, registry, plane, log } = deps;
   return {
     log,
     what: "dry-run request",
-    refusal: (error): ResolveReply => ({ ok: false, error }),
-    handle: (body, msg): ResolveReply => {
-      const tenant = subjects.parseRpcTenant(msg.subject);
-      if (tenant === undefined) {
-        throw new ToolmeshError(
-          ErrorCode.InvalidRequest,
-          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
-          { details: { subject: msg.subject } },
-        );
-      }
+    scope: rpcTenantScope(subjects),
+    handle: (body, _msg, tenant): ResolveReply => {
       const sessionId = (body as { session_id?: unknown } | null)?.session_id;
       const session =
         typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";

@@ -251,12 +251,15 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       fairShare?.stop();
-      await Promise.all([rpc.stop(graceMs), ...loops.map((loop) => loop.stop(graceMs))]);
+      await Promise.all([
+        rpc.stop(graceMs),
+        owners.stop(graceMs),
+        ...loops.map((loop) => loop.stop(graceMs)),
+      ]);
       await control.stop(graceMs);
       quotas?.close();
       stopReportingTenants();
       stopLoggingQuotas?.();
-      owners.stop();
     },
   };
 }

@@ -12,7 +12,6 @@ import type {
   SessionAddress,
   Subjects,
   ToolSchema,
-  WireError,
 } from "@toolmesh/protocol";
 import {
   CatalogRequestSchema,
@@ -28,7 +27,7 @@ import {
   parseRequest,
   subjectToken,
 } from "@toolmesh/protocol";
-import type { RequestServer, ServeRequestsOptions, StreamLimits, WorkLoop } from "@toolmesh/nats";
+import type { RequestKind, RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   answerRequest,
@@ -36,6 +35,7 @@ import {
   ensureStreams,
   meshPlan,
   publishDurable,
+  rpcTenantScope,
   serveRequests,
   startWorkLoop,
   warnUnavailable,
@@ -307,25 +307,11 @@ export type RequestHandler = (
 ) => Promise<unknown>;
 
 /** How a request kind is served: `handler`'s reply, or `{ ok: false, error }`. */
-export function expanderRequests(
-  deps: ExpanderDeps,
-  handler: RequestHandler,
-): Pick<ServeRequestsOptions, "handle" | "refusal" | "log" | "what"> {
-  const { subjects, log } = deps;
+export function expanderRequests(deps: ExpanderDeps, handler: RequestHandler): RequestKind<string> {
   return {
-    log,
-    refusal: (error: WireError) => ({ ok: false, error }),
-    handle: (body, msg) => {
-      const tenant = subjects.parseRpcTenant(msg.subject);
-      if (tenant === undefined) {
-        throw new ToolmeshError(
-          ErrorCode.InvalidRequest,
-          `request subject "${msg.subject}" holds a tenant token no tenant id maps to`,
-          { details: { subject: msg.subject } },
-        );
-      }
-      return handler(deps, tenant, body);
-    },
+    log: deps.log,
+    scope: rpcTenantScope(deps.subjects),
+    handle: (body, _msg, tenant) => handler(deps, tenant, body),
   };
 }
 
