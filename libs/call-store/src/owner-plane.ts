@@ -19,7 +19,7 @@ import {
   ToolmeshError,
   encodeJson,
 } from "@toolmesh/protocol";
-import { ServerClock, requestOk } from "@toolmesh/nats";
+import { ServerClock, publishEphemeral, requestOk } from "@toolmesh/nats";
 import type { CallPlane, CallRecords, CallTarget, DeadLetterOut } from "./plane.js";
 
 /** Options of {@link OwnerCallPlane}. Durations in ms. */
@@ -78,10 +78,10 @@ export class OwnerCallPlane implements CallPlane {
 
   /** Sends a progress event of a running call; the mesh publishes it to the session. */
   publishProgress(call: CallTarget, event: ProgressEvent): void {
-    this.#nc.publish(
-      this.#subjects.ownerService(this.#owner, "progress"),
-      encodeJson({ call: callOf(call), event }),
-    );
+    publishEphemeral(this.#nc, this.#subjects.ownerService(this.#owner, "progress"), {
+      call: callOf(call),
+      event,
+    });
   }
 
   /** Hands a work message nobody can run to the mesh's dead letters. */

@@ -52,7 +52,7 @@ import { trace } from "@opentelemetry/api";
 import { recordReceipt, sendSpanOptions } from "./call-spans.js";
 import type { z } from "zod";
 import type { GroupChanges } from "./expansion.js";
-import { SchemaInbox, requestSchemaExpander } from "./expansion.js";
+import { SchemaInbox, readCatalog, requestSchemaExpander } from "./expansion.js";
 import type { CatalogEntry } from "./formats/catalog.js";
 import type { SupplementedSchema } from "./formats/supplemented.js";
 
@@ -318,7 +318,13 @@ export class ToolmeshClient {
    * schema expander runs).
    */
   catalog(options: { agent?: string } = {}): Promise<Catalog> {
-    return this.schemaRequest(this.subjects.catalogRpc(this.tenant), options, CatalogReplySchema);
+    return readCatalog((cursor) =>
+      this.schemaRequest(
+        this.subjects.catalogRpc(this.tenant),
+        { ...options, ...(cursor === undefined ? {} : { cursor }) },
+        CatalogReplySchema,
+      ),
+    );
   }
 
   /** Every tool group and whether it is active for the tenant's sessions. */
@@ -713,10 +719,12 @@ export class Session {
       ...(options.agent === undefined ? {} : { agent: options.agent }),
       ...(options.bindAgent === true ? { bind_agent: true } : {}),
     };
-    return this.#client.schemaRequest(
-      this.#client.subjects.catalogRpc(this.#client.tenant),
-      request,
-      CatalogReplySchema,
+    return readCatalog((cursor) =>
+      this.#client.schemaRequest(
+        this.#client.subjects.catalogRpc(this.#client.tenant),
+        { ...request, ...(cursor === undefined ? {} : { cursor }) },
+        CatalogReplySchema,
+      ),
     );
   }
 

@@ -27,6 +27,40 @@ export async function requestSchemaExpander<T extends { ok: true }>(
   return requestOk(nc, subject, body, schema, { timeoutMs, service: "schema expander" });
 }
 
+/** A page of the catalog, as the schema expander answers a catalog request. */
+interface CatalogPage {
+  ok: true;
+  tools: unknown[];
+  next_cursor?: string | undefined;
+}
+
+/**
+ * The whole catalog, read page by page: `ask` requests the page at `cursor` (none for the
+ * first) until a page names no `next_cursor`. A tool on two pages (the registry changed between
+ * them) is kept once. What comes back names no cursor.
+ */
+export async function readCatalog<T extends CatalogPage>(
+  ask: (cursor: string | undefined) => Promise<T>,
+): Promise<T> {
+  const first = await ask(undefined);
+  const tools = [...first.tools];
+  const seen = new Set(tools.map(nameOf));
+  for (let page = first; page.next_cursor !== undefined;) {
+    page = await ask(page.next_cursor);
+    for (const tool of page.tools) {
+      if (seen.has(nameOf(tool))) continue;
+      seen.add(nameOf(tool));
+      tools.push(tool);
+    }
+  }
+  const { next_cursor: _last, ...whole } = first;
+  return { ...whole, tools } as T;
+}
+
+function nameOf(entry: unknown): unknown {
+  return (entry as { name?: unknown }).name;
+}
+
 interface Waiter {
   tool: string;
   resolve(schema: SchemaEvent | undefined): void;

@@ -7,7 +7,7 @@ import {
 } from "@nats-io/nats-core";
 import type { JetStreamClient, PubAck } from "@nats-io/jetstream";
 import { JetStreamApiError } from "@nats-io/jetstream";
-import { ErrorCode, Header, ToolmeshError, encodeJson } from "@toolmesh/protocol";
+import { ErrorCode, Header, ToolmeshError, encodeJson, payloadTooLarge } from "@toolmesh/protocol";
 import { injectTraceHeaders } from "@toolmesh/telemetry";
 import { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
 
@@ -34,15 +34,22 @@ export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
   return h;
 }
 
-/** Maps a NATS publish failure to a typed error. */
-export function publishError(err: unknown, subject: string): ToolmeshError {
+/**
+ * Maps a NATS publish failure to a typed error; `size` (the message's `bytes` and the
+ * server's `limit`) goes into the details of a `payload_too_large`.
+ */
+export function publishError(
+  err: unknown,
+  subject: string,
+  size: { bytes?: number; limit?: number } = {},
+): ToolmeshError {
   if (err instanceof ToolmeshError) return err;
   if (err instanceof InvalidArgumentError && /max_payload/.test(err.message)) {
     return new ToolmeshError(
       ErrorCode.PayloadTooLarge,
       "message is larger than the server's max_payload",
       {
-        details: { subject },
+        details: { subject, ...size },
         cause: err,
       },
     );
@@ -117,25 +124,46 @@ export async function publishDurable(
   options: PublishOptions = {},
 ): Promise<PubAck> {
   const headers = options.headers ?? tracedHeaders();
+  const data = encodeJson(value);
   try {
-    return await js.publish(subject, encodeJson(value), {
+    return await js.publish(subject, data, {
       headers,
       ...(options.msgId === undefined ? {} : { msgID: options.msgId }),
       ...(options.timeoutMs === undefined ? {} : { timeout: options.timeoutMs }),
     });
   } catch (err) {
-    throw publishError(err, subject);
+    const limit = (js as { nc?: NatsConnection }).nc?.info?.max_payload;
+    throw publishError(err, subject, {
+      bytes: data.length,
+      ...(limit === undefined ? {} : { limit }),
+    });
   }
 }
 
-/** Publishes JSON on core NATS (no ack); for ephemeral events such as progress. */
+/**
+ * Publishes JSON on core NATS (no ack); for ephemeral events such as progress. A message
+ * larger than the server's `max_payload` is refused with `payload_too_large` (`details.bytes`,
+ * `details.limit`) before it is sent.
+ */
 export function publishEphemeral(
   nc: NatsConnection,
   subject: string,
   value: unknown,
   headers?: MsgHdrs,
 ): void {
-  nc.publish(subject, encodeJson(value), { headers: headers ?? tracedHeaders() });
+  const data = encodeJson(value);
+  const limit = nc.info?.max_payload;
+  if (limit !== undefined && data.length > limit) {
+    throw payloadTooLarge(
+      `the message to ${subject} is ${data.length} bytes; the server carries at most ${limit}`,
+      { field: "message", bytes: data.length, limit, subject },
+    );
+  }
+  try {
+    nc.publish(subject, data, { headers: headers ?? tracedHeaders() });
+  } catch (err) {
+    throw publishError(err, subject, { bytes: data.length });
+  }
 }
 
 /** Where a dead letter came from and why it was given up. */

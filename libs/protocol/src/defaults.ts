@@ -15,6 +15,34 @@ export const Defaults = {
   sessionStateTtlMs: 86_400_000,
   /** Largest message the streams accept (`TOOLMESH_MAX_MESSAGE_BYTES`): 1 MiB. */
   maxMessageBytes: 1024 * 1024,
+  /**
+   * Largest tool result (`TOOLMESH_MAX_RESULT_BYTES`): 512 KiB, the final message's JSON. A
+   * larger one ends its call with `payload_too_large`; it is also held under the streams'
+   * `max_msg_size` less 4 KiB, the room the call record needs around it (ADR 0049).
+   */
+  maxResultBytes: 512 * 1024,
+  /**
+   * Largest request of a kind that carries no arguments, results or definitions (catalog,
+   * describe, expand, groups, cancel; an owner's record, unregister and progress): 64 KiB.
+   */
+  maxSmallRequestBytes: 64 * 1024,
+  /** Largest `description` of a registered tool, UTF-8: 16 KiB (ADR 0049). */
+  maxToolDescriptionBytes: 16 * 1024,
+  /** Largest `parameters` schema (and output schema) of a registered tool, as JSON: 64 KiB. */
+  maxToolSchemaBytes: 64 * 1024,
+  /** Largest `annotations` of a registered tool, as JSON: 4 KiB. */
+  maxToolAnnotationsBytes: 4 * 1024,
+  /** Largest definition of a registered tool, as JSON: 128 KiB. */
+  maxToolDefinitionBytes: 128 * 1024,
+  /** Most tools one owner may register: 512. */
+  maxToolsPerOwner: 512,
+  /** Most bytes of definitions one owner may register, as JSON: 4 MiB. */
+  maxOwnerRegistryBytes: 4 * 1024 * 1024,
+  /**
+   * The most of the server's `max_payload` one catalog page fills (ADR 0049): 3/4 of it, room
+   * for the envelope, headers and a proxy in between.
+   */
+  catalogPageShare: 0.75,
   /** How long missing-arguments events are kept: 24 h. */
   eventRetentionMs: 86_400_000,
   /** How long dead letters are kept: 7 days. */

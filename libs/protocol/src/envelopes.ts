@@ -375,6 +375,11 @@ export const CatalogRequestSchema = z
       .boolean()
       .default(false)
       .describe("Bind the session to `agent`: from then on it may call only the agent's tools."),
+    cursor: z
+      .string()
+      .regex(/^\d{1,9}$/)
+      .optional()
+      .describe("The `next_cursor` of the previous page; absent for the first page."),
   })
   .meta({ id: "CatalogRequest", description: "Asks for the compact catalog." });
 
@@ -394,6 +399,12 @@ export const CatalogReplySchema = z
       unavailable: z
         .array(z.string())
         .describe("Tools the agent lists that no executor has registered."),
+      next_cursor: z
+        .string()
+        .optional()
+        .describe(
+          "Present when more tools follow than fit in one message: ask again with `cursor` set to it.",
+        ),
     }),
     RpcFailureSchema,
   ])

@@ -15,3 +15,5 @@ export type {
   RegistryLog,
   RegistryOptions,
 } from "./registry.js";
+export { DEFAULT_REGISTRATION_LIMITS, checkOwnerRoom, checkToolSize } from "./limits.js";
+export type { RegistrationLimits } from "./limits.js";

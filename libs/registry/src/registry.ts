@@ -13,6 +13,8 @@ import {
 } from "@toolmesh/protocol";
 import type { CompiledTool } from "./compile.js";
 import { compileTool } from "./compile.js";
+import type { RegistrationLimits } from "./limits.js";
+import { DEFAULT_REGISTRATION_LIMITS, checkOwnerRoom, checkToolSize } from "./limits.js";
 
 /** What happened to a registration. */
 export type RegisterOutcome =
@@ -37,6 +39,8 @@ export interface RegistryOptions {
   replicas?: number;
   /** What to do with an existing bucket whose settings differ. Default `"update"`. */
   existing?: EnsureOptions["existing"];
+  /** What one registration may hold (ADR 0049). Default {@link DEFAULT_REGISTRATION_LIMITS}. */
+  limits?: Partial<RegistrationLimits>;
 }
 
 /**
@@ -51,12 +55,14 @@ export class ToolRegistry {
   readonly #tools = new Map<string, CompiledTool>();
   readonly #nameByKey = new Map<string, string>();
   readonly #listeners = new Set<RegistryListener>();
+  readonly #limits: RegistrationLimits;
   #watcher: QueuedIterator<KvWatchEntry> | undefined;
 
-  private constructor(kv: KV, log: RegistryLog, subjects: Subjects) {
+  private constructor(kv: KV, log: RegistryLog, subjects: Subjects, limits: RegistrationLimits) {
     this.#kv = kv;
     this.#log = log;
     this.#subjects = subjects;
+    this.#limits = limits;
   }
 
   /** Opens (creating when needed) the bucket and, unless told not to, loads and watches it. */
@@ -65,7 +71,8 @@ export class ToolRegistry {
     const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
       existing: options.existing ?? "update",
     });
-    const registry = new ToolRegistry(kv, options.log, options.subjects);
+    const limits = { ...DEFAULT_REGISTRATION_LIMITS, ...options.limits };
+    const registry = new ToolRegistry(kv, options.log, options.subjects, limits);
     if (options.watch !== false) await registry.#startWatch();
     return registry;
   }
@@ -74,9 +81,16 @@ export class ToolRegistry {
    * Registers a tool. The first registration of a name wins; a later claim by another
    * owner is refused with a warning (`conflict`). The owner may publish a new definition
    * (rolling upgrades); its replicas re-registering the same definition change nothing.
+   * A definition over a per-tool limit is refused with `payload_too_large`; one that would take
+   * its owner over its tools or bytes (counted on the live copy: a registry opened with
+   * `watch: false` checks per tool only) with `quota_exceeded` (ADR 0049).
    */
   async register(input: ToolDefinitionInput): Promise<RegisterOutcome> {
     const definition = ToolDefinitionSchema.parse(input);
+    const bytes = checkToolSize(definition, this.#limits);
+    if (this.#watcher !== undefined) {
+      checkOwnerRoom(definition.owner, this.#ownerSizes(definition), bytes, this.#limits);
+    }
     compileTool(definition, 0); // a schema that cannot compile is refused before it is stored
     const key = this.#subjects.registryKey(definition.name);
     const data = encodeJson(definition);
@@ -132,6 +146,17 @@ export class ToolRegistry {
     }
     await this.#kv.delete(key, { previousSeq: entry.revision });
     return true;
+  }
+
+  /** Encoded sizes of the other tools of `definition`'s owner, from the live copy. */
+  #ownerSizes(definition: ToolDefinition): number[] {
+    const sizes: number[] = [];
+    for (const tool of this.#tools.values()) {
+      const other = tool.definition;
+      if (other.owner === definition.owner && other.name !== definition.name)
+        sizes.push(encodeJson(other).length);
+    }
+    return sizes;
   }
 
   /** The compiled tool of that name, from the live copy. */

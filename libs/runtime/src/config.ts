@@ -99,6 +99,7 @@ export const EnvSchema = z.object({
   TOOLMESH_CONCURRENCY: positiveInt.default(Defaults.concurrency),
   TOOLMESH_DEFAULT_TIMEOUT_MS: positiveInt.default(Defaults.callTimeoutMs),
   TOOLMESH_MAX_MESSAGE_BYTES: positiveInt.default(Defaults.maxMessageBytes),
+  TOOLMESH_MAX_RESULT_BYTES: positiveInt.default(Defaults.maxResultBytes),
   TOOLMESH_SHUTDOWN_GRACE_MS: positiveInt.default(Defaults.shutdownGraceMs),
   TOOLMESH_SHUTDOWN_FORCE_MS: positiveInt.default(Defaults.shutdownForceMs),
   TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
@@ -162,6 +163,8 @@ export interface RuntimeConfig {
   concurrency: number;
   defaultTimeoutMs: number;
   maxMessageBytes: number;
+  /** Largest tool result (the final message's JSON), in bytes; larger ends the call. */
+  maxResultBytes: number;
   shutdownGraceMs: number;
   /** How long shutdown waits past the grace time before it abandons handlers, in ms. */
   shutdownForceMs: number;
@@ -267,6 +270,7 @@ export function loadConfig(
     concurrency: e.TOOLMESH_CONCURRENCY,
     defaultTimeoutMs: e.TOOLMESH_DEFAULT_TIMEOUT_MS,
     maxMessageBytes: e.TOOLMESH_MAX_MESSAGE_BYTES,
+    maxResultBytes: e.TOOLMESH_MAX_RESULT_BYTES,
     shutdownGraceMs: e.TOOLMESH_SHUTDOWN_GRACE_MS,
     shutdownForceMs: e.TOOLMESH_SHUTDOWN_FORCE_MS,
     ackWaitMs: e.TOOLMESH_ACK_WAIT_MS,

@@ -220,6 +220,7 @@ export function cancelRequests(deps: ControlDeps): RequestKind<undefined> {
   return {
     log,
     what: "cancel request",
+    maxRequestBytes: Defaults.maxSmallRequestBytes,
     refusal: (error): CancelReply => ({ cancelled: false, state: "unknown", error }),
     handle: async (body, msg): Promise<CancelReply> => {
       const address = subjects.parseSessionSubject(msg.subject);

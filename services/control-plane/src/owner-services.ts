@@ -48,10 +48,37 @@ export interface OwnerServicesOptions {
   /** Limits of the mesh's streams, which each owner's work stream takes too. */
   streamLimits?: StreamLimits | undefined;
   /**
-   * Largest request of each owner service, in bytes (ADR 0049); a larger one is refused with
-   * `payload_too_large` before it is read. Default: no limit of its own.
+   * Largest result an owner may end a call with, in bytes (`TOOLMESH_MAX_RESULT_BYTES`): a
+   * larger `finalize` request is refused with `payload_too_large` before it is read (ADR 0049).
+   * Default 512 KiB.
    */
-  maxRequestBytes?: ((service: OwnerService) => number) | undefined;
+  maxResultBytes?: number | undefined;
+}
+
+/** Room for what a request carries besides its payload (envelope, call, error details). */
+const ENVELOPE_BYTES = 4 * 1024;
+
+/**
+ * The largest request of each owner service, in bytes (ADR 0049): a definition for
+ * `register`, a final message for `finalize`, a work message (base64) for `dead-letter`, and
+ * small requests for the rest.
+ */
+export function ownerRequestLimit(
+  service: OwnerService,
+  options: Pick<OwnerServicesOptions, "maxResultBytes" | "streamLimits">,
+): number {
+  switch (service) {
+    case "register":
+      return Defaults.maxToolDefinitionBytes + ENVELOPE_BYTES;
+    case "finalize":
+      return (options.maxResultBytes ?? Defaults.maxResultBytes) + ENVELOPE_BYTES;
+    case "dead-letter": {
+      const message = options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes;
+      return Math.ceil(message / 3) * 4 + ENVELOPE_BYTES;
+    }
+    default:
+      return Defaults.maxSmallRequestBytes;
+  }
 }
 
 /** The running owner services. */
@@ -89,7 +116,7 @@ export function ownerRequests(options: OwnerServicesOptions): RequestKind<OwnerT
   return {
     log: options.log,
     what: "owner service request",
-    maxRequestBytes: (target) => options.maxRequestBytes?.(target.service),
+    maxRequestBytes: (target) => ownerRequestLimit(target.service, options),
     scope: (msg) => {
       const target = subjects.parseOwnerSubject(msg.subject);
       if (target !== undefined) return target;

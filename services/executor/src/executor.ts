@@ -71,6 +71,12 @@ export interface ExecutorOptions {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number;
   /**
+   * Largest result, the final message's JSON, in bytes (`TOOLMESH_MAX_RESULT_BYTES`); a larger
+   * one ends its call with `payload_too_large`. Held under the streams' `max_msg_size` and the
+   * server's `max_payload` less 4 KiB. Default 512 KiB.
+   */
+  maxResultBytes?: number;
+  /**
    * How long a tool's work consumer may stay unreadable for a passing reason (a leader being
    * elected) before serving the tool fails, in ms. Default `Defaults.startupTimeoutMs` (2 min).
    */
@@ -158,8 +164,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     telemetry: new AttemptTelemetry(tracer, metrics),
     toolkitContext: options.toolkitContext ?? {},
     ackWaitMs,
-    // The call record stores the final message too: leave room for it within one message.
-    maxResultBytes: (options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes) - 4096,
+    maxResultBytes: resultLimit(nc, options),
     running: new Map(),
     inHand: new Map(),
     shutdown: new AbortController(),
@@ -394,4 +399,20 @@ function ensureWorkConsumer(
     maxDeliver: definition.retry.max_attempts + 3,
     maxAckPending: 1_000,
   });
+}
+
+/**
+ * The largest result a call may end with: the configured limit, held under what one message
+ * carries (the stream's `max_msg_size`, the server's `max_payload`) less the room the call
+ * record needs around it, since the record stores the final message too.
+ */
+function resultLimit(
+  nc: NatsConnection,
+  options: Pick<ExecutorOptions, "maxResultBytes" | "streamLimits">,
+): number {
+  const carried = Math.min(
+    options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes,
+    nc.info?.max_payload ?? Number.POSITIVE_INFINITY,
+  );
+  return Math.min(options.maxResultBytes ?? Defaults.maxResultBytes, carried - 4096);
 }

@@ -57,6 +57,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     concurrency: config.concurrency,
     ackWaitMs: config.ackWaitMs,
     callRetentionMs: config.callRetentionMs,
+    maxResultBytes: config.maxResultBytes,
     consumerWaitMs: config.startupTimeoutMs,
     toolkitContext: config.toolkitContext,
     ...(config.presetsFile === undefined

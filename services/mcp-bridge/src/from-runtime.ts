@@ -26,6 +26,7 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     concurrency: config.concurrency,
     ackWaitMs: config.ackWaitMs,
     callRetentionMs: config.callRetentionMs,
+    maxResultBytes: config.maxResultBytes,
     allowPrivateAddresses: config.allowPrivateAddresses,
     trustConfiguredHosts: config.trustConfiguredHosts,
   });

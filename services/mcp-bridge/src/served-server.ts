@@ -39,6 +39,8 @@ export interface ServedServerOptions {
   ackWaitMs?: number;
   /** See the executor's `callRetentionMs`. Default 24 h. */
   callRetentionMs?: number;
+  /** See the executor's `maxResultBytes`. Default 512 KiB. */
+  maxResultBytes?: number;
   /** How long a removed tool's running calls may take to finish, in ms. Default 10 000. */
   removeGraceMs?: number;
   /** Private addresses HTTP/SSE servers may be reached at (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`). Default none. */
@@ -173,6 +175,7 @@ export async function startServedServer(
     ...(options.concurrency === undefined ? {} : { concurrency: options.concurrency }),
     ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
     ...(options.callRetentionMs === undefined ? {} : { callRetentionMs: options.callRetentionMs }),
+    ...(options.maxResultBytes === undefined ? {} : { maxResultBytes: options.maxResultBytes }),
   });
   const served = new ServedTools(
     executor,

@@ -30,6 +30,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     sessionMaxInFlight: rt.config.sessionMaxInFlight,
     ackWaitMs: rt.config.ackWaitMs,
     callRetentionMs: rt.config.callRetentionMs,
+    maxResultBytes: rt.config.maxResultBytes,
     access,
     replicas: rt.config.streamReplicas,
     quotaReconcileMs: rt.config.quotaReconcileMs,

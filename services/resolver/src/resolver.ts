@@ -48,6 +48,11 @@ export interface ResolverOptions {
   streamLimits?: StreamLimits;
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number;
+  /**
+   * Largest result an owner's executor may end a call with, in bytes (`TOOLMESH_MAX_RESULT_BYTES`):
+   * the owner services refuse a larger final message. Default 512 KiB.
+   */
+  maxResultBytes?: number;
   /** Who may call what: tool groups and agents. Default: every tool open to every session. */
   access?: ToolAccessPolicy;
   /** Whether tenants' quotas are applied (the buckets are created when missing). Default true. */
@@ -179,6 +184,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     log,
     ackWaitMs,
     streamLimits: options.streamLimits,
+    maxResultBytes: options.maxResultBytes,
   });
   const deps: ResolverDeps = {
     subjects,
@@ -236,6 +242,8 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     subject: subjects.allResolveRpc,
     queue: QUEUE,
     ...dryRunRequests(deps),
+    // A dry run carries a call: it may be as large as a call the calls stream takes.
+    maxRequestBytes: options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes,
   });
   const stopWatching = registry.onChange(({ name, tool }) => {
     if (tool === undefined) log.info({ tool: name }, "tool removed");

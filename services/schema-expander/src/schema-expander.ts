@@ -23,6 +23,7 @@ import {
   MissingArgumentsEventSchema,
   ToolmeshError,
   decodeJson,
+  encodeJson,
   ensureError,
   parseRequest,
   subjectToken,
@@ -97,6 +98,11 @@ export interface ExpanderDeps {
   catalog: CatalogConfig;
   log: Logger;
   tracer: Tracer;
+  /**
+   * Most bytes of catalog entries one catalog reply carries (ADR 0049); more tools follow on
+   * pages. Default 3/4 of the server's `max_payload`.
+   */
+  pageBytes?: number;
 }
 
 /** Queue group of the schema expanders' request-reply subscriptions. */
@@ -127,7 +133,10 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   const js = jetstream(nc);
   const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
   await ensureConsumer(jsm, meshPlan(subjects, { ackWaitMs }).consumers.schemaExpander);
-  const deps: ExpanderDeps = { js, subjects, registry, store, catalog, log, tracer };
+  const pageBytes = Math.floor(
+    (nc.info?.max_payload ?? Defaults.maxMessageBytes) * Defaults.catalogPageShare,
+  );
+  const deps: ExpanderDeps = { js, subjects, registry, store, catalog, log, tracer, pageBytes };
 
   const loop: WorkLoop = await startWorkLoop({
     js,
@@ -311,6 +320,7 @@ export function expanderRequests(deps: ExpanderDeps, handler: RequestHandler): R
   return {
     log: deps.log,
     scope: rpcTenantScope(deps.subjects),
+    maxRequestBytes: Defaults.maxSmallRequestBytes,
     handle: (body, _msg, tenant) => handler(deps, tenant, body),
   };
 }
@@ -365,14 +375,44 @@ export async function answerCatalog(
     agents: catalog.agents,
     expanded: expanded === undefined ? undefined : new Set(expanded.keys()),
   });
-  return {
+  const reply: CatalogReply = {
     ok: true,
-    tools: built.tools,
+    tools: [],
     ...(built.agent === undefined ? {} : { agent: built.agent }),
     ...(built.outputStrategy === undefined ? {} : { output_strategy: built.outputStrategy }),
     unavailable: built.unavailable,
   };
+  return catalogPage(reply, built.tools, Number(request.cursor ?? 0), deps.pageBytes);
 }
+
+/**
+ * One page of a catalog: the entries from `start` on while they fit in `pageBytes` with the
+ * rest of the reply (at least one), and `next_cursor` when more follow.
+ */
+export function catalogPage(
+  reply: CatalogPage,
+  entries: CatalogPage["tools"],
+  start: number,
+  pageBytes = Number.POSITIVE_INFINITY,
+): CatalogReply {
+  let room = pageBytes - encodeJson(reply).length - NEXT_CURSOR_BYTES;
+  let end = start;
+  for (; end < entries.length; end++) {
+    const bytes = encodeJson(entries[end]).length + 1;
+    if (bytes > room && end > start) break;
+    room -= bytes;
+  }
+  return {
+    ...reply,
+    tools: entries.slice(start, end),
+    ...(end < entries.length ? { next_cursor: String(end) } : {}),
+  };
+}
+
+type CatalogPage = Extract<CatalogReply, { ok: true }>;
+
+/** Room for `"next_cursor":"123456789",` in a page. */
+const NEXT_CURSOR_BYTES = 32;
 
 async function bindAgent(
   deps: Pick<ExpanderDeps, "store" | "catalog" | "log">,

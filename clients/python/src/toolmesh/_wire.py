@@ -264,6 +264,7 @@ class CatalogRequest(TypedDict, total=False):
     session_id: str
     agent: str
     bind_agent: bool
+    cursor: str
 
 
 class _CatalogRequired(TypedDict):
@@ -277,6 +278,7 @@ class Catalog(_CatalogRequired, total=False):
 
     agent: str
     output_strategy: OutputStrategy
+    next_cursor: str
 
 
 class _DescribeRequestRequired(TypedDict):

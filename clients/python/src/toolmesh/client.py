@@ -248,7 +248,7 @@ class Mesh:
     async def catalog(self, *, agent: str | None = None) -> Catalog:
         """The tenant's compact catalog (every tool, or an agent's), filtered by its groups."""
         body: CatalogRequest = {} if agent is None else {"agent": agent}
-        return cast(Catalog, await self._schema_request("catalog", body))
+        return await self._catalog(body)
 
     async def groups(self) -> list[GroupState]:
         """Every tool group and whether it is active for the tenant's sessions."""
@@ -264,6 +264,22 @@ class Mesh:
         """Switches groups for every session of the tenant; returns every group afterwards."""
         body = _group_changes(enable, disable, reset)
         return cast(Groups, await self._schema_request("groups", body))["groups"]
+
+    async def _catalog(self, body: CatalogRequest) -> Catalog:
+        """The whole catalog, page by page: a large one comes in pages, each naming the
+        ``next_cursor`` of the next; a tool on two pages is kept once."""
+        first = await self._schema_request("catalog", body)
+        tools = list(first["tools"])
+        seen = {tool["name"] for tool in tools}
+        page = first
+        while page.get("next_cursor") is not None:
+            page = await self._schema_request("catalog", {**body, "cursor": page["next_cursor"]})
+            for tool in page["tools"]:
+                if tool["name"] not in seen:
+                    seen.add(tool["name"])
+                    tools.append(tool)
+        whole = {key: value for key, value in first.items() if key != "next_cursor"}
+        return cast(Catalog, {**whole, "tools": tools})
 
     async def _schema_request(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
         reply = await self._request(self.subjects.rpc(kind), body, "schema expander")
@@ -588,7 +604,7 @@ class Session:
             body["agent"] = chosen
         if bind_agent:
             body["bind_agent"] = True
-        return cast(Catalog, await self.mesh._schema_request("catalog", body))
+        return await self.mesh._catalog(body)
 
     async def describe(self, tools: Sequence[str], *, agent: str | None = None) -> Described:
         """The full schemas of some tools, now (at most 64); they count as sent to the session.
