@@ -233,7 +233,7 @@ export function dryRunRequests(deps: ResolverDeps): RequestKind<string> {
     log,
     what: "dry-run request",
     scope: rpcTenantScope(subjects),
-    handle: (body, _msg, tenant): ResolveReply => {
+    handle: (body, msg, tenant): ResolveReply => {
       const sessionId = (body as { session_id?: unknown } | null)?.session_id;
       const session =
         typeof sessionId === "string" && sessionId.length > 0 ? subjectToken(sessionId) : "_";
@@ -243,9 +243,11 @@ export function dryRunRequests(deps: ResolverDeps): RequestKind<string> {
         { tenant, session },
         { now: plane.clock.now(), defaultTimeoutMs: deps.defaultTimeoutMs, access: deps.access },
       );
-      return resolution.ok
-        ? { ok: true, resolved: resolution.resolved }
-        : { ok: false, error: resolution.error.toWire() };
+      if (resolution.ok) return { ok: true, resolved: resolution.resolved };
+      // A failure of ours, answered like the call would be: logged as the server would log it.
+      if (resolution.error.code === ErrorCode.Internal)
+        log.error({ err: resolution.error, subject: msg.subject }, "dry-run request failed");
+      return { ok: false, error: resolution.error.toWire() };
     },
   };
 }

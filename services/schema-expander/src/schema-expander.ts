@@ -459,7 +459,9 @@ export async function answerDescribe(
     try {
       schemas.push(modelSchema(callableTool(deps, name, state, request.agent)));
     } catch (err) {
-      errors.push({ tool: name, error: ensureError(err).toWire() });
+      // Unknown, disabled or not allowed: that tool's refusal. Anything else fails the request.
+      if (!(err instanceof ToolmeshError)) throw err;
+      errors.push({ tool: name, error: err.toWire() });
     }
   }
   if (schemas.length > 0) await recordSent(deps, at, request.session_id, schemas);
