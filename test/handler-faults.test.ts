@@ -60,7 +60,7 @@ function failing<T extends object>(
         throw new Error("a bug rejected");
       };
     },
-  }) as T;
+  });
 }
 
 let server: NatsServerHandle;
