@@ -101,6 +101,8 @@ describe("registration limits", () => {
     for (const name of ["few.a", "few.b", "few.c"]) {
       await registry.register(tool(name, "few", { summary: name }));
     }
+    // An owner's tools are counted on the registry's live copy: wait until it holds them.
+    await waitFor(() => ["few.a", "few.b", "few.c"].every((n) => registry.get(n) !== undefined));
     await expect(registry.register(tool("few.d", "few", { summary: "d" }))).rejects.toMatchObject({
       code: ErrorCode.QuotaExceeded,
       retryable: false,
@@ -112,6 +114,7 @@ describe("registration limits", () => {
     ).resolves.toMatchObject({ status: "updated" });
 
     await registry.register(tool("heavy.a", "heavy", { description: "h".repeat(10_000) }));
+    await waitFor(() => registry.get("heavy.a") !== undefined);
     await expect(
       registry.register(tool("heavy.b", "heavy", { description: "h".repeat(10_000) })),
     ).rejects.toMatchObject({

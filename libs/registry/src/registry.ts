@@ -82,8 +82,9 @@ export class ToolRegistry {
    * owner is refused with a warning (`conflict`). The owner may publish a new definition
    * (rolling upgrades); its replicas re-registering the same definition change nothing.
    * A definition over a per-tool limit is refused with `payload_too_large`; one that would take
-   * its owner over its tools or bytes (counted on the live copy: a registry opened with
-   * `watch: false` checks per tool only) with `quota_exceeded` (ADR 0049).
+   * its owner over its tools or bytes with `quota_exceeded` (ADR 0049), counted on the live
+   * copy: a registry opened with `watch: false` checks per tool only, and registrations racing
+   * the watch may pass the count by as many as are in flight.
    */
   async register(input: ToolDefinitionInput): Promise<RegisterOutcome> {
     const definition = ToolDefinitionSchema.parse(input);
