@@ -95,7 +95,10 @@ export function serveRequests<S = undefined>(options: ServeRequestsOptions<S>): 
   const running = new Set<Promise<void>>();
   const kind: RequestKind<S> = {
     ...options,
-    maxReplyBytes: options.maxReplyBytes ?? nc.info?.max_payload,
+    // Read per answer: a reconnect may land on a server with another max_payload.
+    get maxReplyBytes() {
+      return options.maxReplyBytes ?? nc.info?.max_payload;
+    },
   };
 
   const sub: Subscription = nc.subscribe(subject, {
