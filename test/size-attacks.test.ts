@@ -221,7 +221,7 @@ describe("a rogue tool owner's oversized tools", () => {
     expectAllRunning();
   });
 
-  it("definitions stored before the limits make describe answer payload_too_large, not die", async () => {
+  it("definitions stored before the limits are described one answer at a time, not the expander's end", async () => {
     // What an older mesh let an owner store: two definitions a describe answer cannot carry.
     const registry = await new Kvm(mesh).open(subjects.registryBucket);
     for (const name of ["rogue.old1", "rogue.old2"]) {
@@ -233,13 +233,17 @@ describe("a rogue tool owner's oversized tools", () => {
       await registry.put(subjects.registryKey(name), JSON.stringify(definition));
     }
     const session = globex.session("describer");
-    await expect(session.describe(["rogue.old1", "rogue.old2"])).rejects.toMatchObject({
-      code: ErrorCode.PayloadTooLarge,
-      details: { field: "reply" },
-    });
-    // One of them fits: it is described.
-    const one = await session.describe(["rogue.old1"]);
-    expect(one.schemas.map((s) => s.tool)).toEqual(["rogue.old1"]);
+    // Both do not fit in one answer: the first is described, the second refused, to ask again.
+    const both = await session.describe(["rogue.old1", "rogue.old2"]);
+    expect(both.schemas.map((s) => s.tool)).toEqual(["rogue.old1"]);
+    expect(both.errors).toMatchObject([
+      {
+        tool: "rogue.old2",
+        error: { code: ErrorCode.PayloadTooLarge, details: { field: "reply", tool: "rogue.old2" } },
+      },
+    ]);
+    const second = await session.describe(["rogue.old2"]);
+    expect(second.schemas.map((s) => s.tool)).toEqual(["rogue.old2"]);
     session.close();
     const catalog = await globex.catalog();
     expect(catalog.tools.map((t) => t.name)).toEqual(

@@ -26,6 +26,7 @@ import {
   encodeJson,
   ensureError,
   parseRequest,
+  payloadTooLarge,
   subjectToken,
 } from "@toolmesh/protocol";
 import type { RequestKind, RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
@@ -455,9 +456,15 @@ export async function answerDescribe(
   const state = await accessState(deps, tenant, at);
   const schemas: ToolSchema[] = [];
   const errors: Extract<DescribeReply, { ok: true }>["errors"] = [];
+  // The schemas that fit in one answer (at least one); the rest are refused, to ask for again.
+  let room = deps.pageBytes ?? Number.POSITIVE_INFINITY;
   for (const name of new Set(request.tools)) {
     try {
-      schemas.push(modelSchema(callableTool(deps, name, state, request.agent)));
+      const schema = modelSchema(callableTool(deps, name, state, request.agent));
+      const bytes = encodeJson(schema).length;
+      if (bytes > room && schemas.length > 0) throw describeTooLarge(name, bytes, room);
+      room -= bytes;
+      schemas.push(schema);
     } catch (err) {
       // Unknown, disabled or not allowed: that tool's refusal. Anything else fails the request.
       if (!(err instanceof ToolmeshError)) throw err;
@@ -466,6 +473,14 @@ export async function answerDescribe(
   }
   if (schemas.length > 0) await recordSent(deps, at, request.session_id, schemas);
   return { ok: true, schemas, errors };
+}
+
+/** The refusal of a tool whose schema no longer fits in a describe answer. */
+function describeTooLarge(tool: string, bytes: number, room: number): ToolmeshError {
+  return payloadTooLarge(
+    `the schema of "${tool}" (${bytes} bytes) does not fit in this answer with the others (${Math.max(room, 0)} bytes left): describe it in a request of its own`,
+    { field: "reply", bytes, limit: Math.max(room, 0), tool },
+  );
 }
 
 /** Records schemas given to a session on request: requested, and expanded at their revision. */
