@@ -50,7 +50,7 @@ beforeAll(async () => {
 }, 30_000);
 
 afterAll(async () => {
-  services?.stop();
+  await services?.stop(1_000);
   registry?.close();
   await Promise.all([mesh?.close(), acmeNc?.close(), globexNc?.close()]);
   await server?.stop();
