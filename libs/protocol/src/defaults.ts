@@ -23,7 +23,7 @@ export const Defaults = {
   maxResultBytes: 512 * 1024,
   /**
    * Largest request of a kind that carries no arguments, results or definitions (catalog,
-   * describe, expand, groups, cancel; an owner's record, unregister and progress): 64 KiB.
+   * describe, expand, groups, cancel; an owner's record and unregister): 64 KiB.
    */
   maxSmallRequestBytes: 64 * 1024,
   /** Largest `description` of a registered tool, UTF-8: 16 KiB (ADR 0049). */

@@ -60,8 +60,8 @@ const ENVELOPE_BYTES = 4 * 1024;
 
 /**
  * The largest request of each owner service, in bytes (ADR 0049): a definition for
- * `register`, a final message for `finalize`, a work message (base64) for `dead-letter`, and
- * small requests for the rest.
+ * `register`, a final message for `finalize` (and a progress event, as large as a result may
+ * be), a work message (base64) for `dead-letter`, and small requests for the rest.
  */
 export function ownerRequestLimit(
   service: OwnerService,
@@ -71,6 +71,7 @@ export function ownerRequestLimit(
     case "register":
       return Defaults.maxToolDefinitionBytes + ENVELOPE_BYTES;
     case "finalize":
+    case "progress":
       return (options.maxResultBytes ?? Defaults.maxResultBytes) + ENVELOPE_BYTES;
     case "dead-letter": {
       const message = options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes;
