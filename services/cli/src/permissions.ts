@@ -461,6 +461,8 @@ export function rolePermissions(
         pub(
           `${API}.STREAM.NAMES`,
           `${API}.STREAM.LIST`,
+          // The account's storage limit and use, which `setup` prints beside the streams' budget.
+          `${API}.INFO`,
           ...[
             ...n.streams,
             ...ownerStreams,
