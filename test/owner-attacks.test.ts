@@ -10,7 +10,9 @@ import type { Resolver } from "@toolmesh/resolver";
 import { startResolver } from "@toolmesh/resolver";
 import { ToolRegistry } from "@toolmesh/registry";
 import { ownerCallPlane } from "@toolmesh/call-store";
+import type { ResolvedCall } from "@toolmesh/protocol";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
+import { listDeadLetters, replayDeadLetter } from "@toolmesh/control-plane";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -327,6 +329,81 @@ describe("a rogue tool owner", () => {
     const second = await session.submit({ id: "v2", name: "echo", arguments: { text: "two" } })
       .result;
     expect(JSON.parse(second.content)).toEqual({ echoed: "two" });
+    session.close();
+  });
+
+  it("plants no dead letter that a replay turns into a call in another tenant's session", async () => {
+    const plane = ownerCallPlane(rogue, { subjects, owner: "acme" });
+    const session = client.session("planted");
+    const real = await session.submit({ id: "p1", name: "echo", arguments: { text: "mine" } })
+      .result;
+    expect(JSON.parse(real.content)).toEqual({ echoed: "mine" });
+    const seen: string[] = [];
+    const watch = mesh.subscribe(subjects.sessionEvents(subjects.address("default", "planted")), {
+      callback: (_, m) => {
+        seen.push(m.subject);
+      },
+    });
+    await mesh.flush();
+    // A resolved call of the rogue's own tool naming the victim's session and call (the call
+    // exists, of another tool), and one naming a call the victim never made.
+    const forged = (call_id: string): ResolvedCall => ({
+      call_id,
+      tool_call_id: call_id,
+      idempotency_key: `planted/${call_id}`,
+      session_id: "planted",
+      address: subjects.address("default", "planted"),
+      tool: "acme.tool",
+      arguments: {},
+      missing_required: [],
+      missing_optional: [],
+      input_parameters: [],
+      context: {},
+      agent_context: {},
+      timeout_ms: 10_000,
+      deadline_at: Date.now() + 10_000,
+      resolved_at: Date.now(),
+      tool_revision: 1,
+    });
+    for (const [seq, id] of [
+      [901, "p1"],
+      [902, "never-made"],
+    ] as const) {
+      await plane.deadLetter({
+        tool: "acme.tool",
+        reason: "max_deliveries",
+        stream: subjects.workStream("acme"),
+        subject: subjects.work("acme.tool", "acme"),
+        seq,
+        deliveries: 4,
+        data: encodeJson(forged(id)),
+      });
+    }
+    const letters = (await listDeadLetters(mesh, subjects, { tool: "acme.tool" })).filter(
+      (l) => l.session_id === "planted",
+    );
+    expect(letters.map((l) => [l.call_id, l.tenant])).toEqual([
+      ["p1", "default"],
+      ["never-made", "default"],
+    ]);
+    expect(letters[0]?.suspect).toMatch(/names call p1 of tool "echo", not p1 of "acme.tool"/);
+    expect(letters[1]?.suspect).toBe("the mesh has no record of its call");
+    for (const letter of letters) {
+      await expect(replayDeadLetter(mesh, subjects, letter.seq)).rejects.toMatchObject({
+        code: "permission_denied",
+        details: { seq: letter.seq, tenant: "default" },
+      });
+    }
+    // Nothing reached the victim's session, and the letters stay as evidence.
+    await mesh.flush();
+    watch.unsubscribe();
+    expect(seen).toEqual([]);
+    const kept = await listDeadLetters(mesh, subjects, { tool: "acme.tool" });
+    expect(kept.filter((l) => l.session_id === "planted")).toHaveLength(2);
+    // The victim's calls keep working.
+    const after = await session.submit({ id: "p2", name: "echo", arguments: { text: "ok" } })
+      .result;
+    expect(JSON.parse(after.content)).toEqual({ echoed: "ok" });
     session.close();
   });
 

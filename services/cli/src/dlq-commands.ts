@@ -79,9 +79,10 @@ function table(letters: readonly DeadLetter[]): string[] {
     l.reason,
     String(l.deliveries),
     l.original_seq === undefined ? l.stream : `${l.stream}:${l.original_seq}`,
-    l.call_id === undefined ? "-" : `${l.session_id ?? ""}/${l.call_id}`,
+    l.call_id === undefined ? "-" : `${l.tenant ?? "?"}/${l.session_id ?? ""}/${l.call_id}`,
+    l.suspect === undefined ? "" : `SUSPECT: ${l.suspect}`,
   ]);
-  const header = ["SEQ", "TIME", "TOOL", "REASON", "DELIVERIES", "FROM", "CALL"];
+  const header = ["SEQ", "TIME", "TOOL", "REASON", "DELIVERIES", "FROM", "CALL", ""];
   const all = [header, ...rows];
   const widths = header.map((_, i) => Math.max(...all.map((r) => (r[i] ?? "").length)));
   return all.map((r) =>
