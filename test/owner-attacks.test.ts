@@ -40,11 +40,30 @@ let globex: Executor;
 let client: ToolmeshClient;
 const stop: (() => Promise<unknown>)[] = [];
 
+/** Calls of echo with text "hold" that are running, until their attempt is aborted. */
+const held = new Map<string, { started: Promise<void>; start: () => void; aborted: boolean }>();
+const holding = (callId: string) => {
+  let entry = held.get(callId);
+  if (entry === undefined) {
+    let start = () => {};
+    const started = new Promise<void>((resolve) => (start = resolve));
+    entry = { started, start, aborted: false };
+    held.set(callId, entry);
+  }
+  return entry;
+};
 const echo: ToolModule = {
   name: "echo",
   description: "Echoes its text.",
   parameters: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
-  handler: (args: Record<string, unknown>) => ({ echoed: args.text }),
+  handler: async (args: Record<string, unknown>, ctx) => {
+    if (args.text !== "hold") return { echoed: args.text };
+    const entry = holding(ctx.callId);
+    entry.start();
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+    entry.aborted = true;
+    return { echoed: "aborted" };
+  },
 };
 const acmeTool: ToolModule = {
   name: "acme.tool",
@@ -404,6 +423,42 @@ describe("a rogue tool owner", () => {
     const after = await session.submit({ id: "p2", name: "echo", arguments: { text: "ok" } })
       .result;
     expect(JSON.parse(after.content)).toEqual({ echoed: "ok" });
+    session.close();
+  });
+
+  it("hears the aborts of its own calls only, never another owner's", async () => {
+    const heard: string[] = [];
+    const sub = rogue.subscribe(">", {
+      callback: (_, m) => {
+        heard.push(`${m.subject} ${m.string()}`);
+      },
+    });
+    await rogue.flush();
+    // Another owner's running call is cancelled: its executor hears the abort, the rogue not.
+    const session = client.session("victim-abort");
+    const handle = session.submit({ id: "h1", name: "echo", arguments: { text: "hold" } });
+    await holding("h1").started;
+    expect(await handle.cancel()).toMatchObject({ cancelled: true });
+    expect((await handle.result).error).toMatchObject({ code: "cancelled" });
+    await expect.poll(() => holding("h1").aborted, { timeout: 5_000 }).toBe(true);
+    // The rogue's own call, which nobody takes, ends at its deadline: that abort it hears.
+    const own = await session.submit(
+      { id: "h2", name: "acme.tool", arguments: {} },
+      { timeoutMs: 1_500 },
+    ).result;
+    expect(own.error?.code).toBe("deadline_exceeded");
+    await expect
+      .poll(() => heard.filter((h) => h.startsWith(subjects.ownerAbort("acme"))).length, {
+        timeout: 10_000,
+      })
+      .toBe(1);
+    sub.unsubscribe();
+    expect(heard.filter((h) => h.includes("h1"))).toEqual([]);
+    expect(
+      heard.filter(
+        (h) => h.startsWith(subjects.abort) && !h.startsWith(subjects.ownerAbort("acme")),
+      ),
+    ).toEqual([]);
     session.close();
   });
 

@@ -343,6 +343,7 @@ export function rolePermissions(
           `${n.base}.sessions.*.*.rejected.*`,
           s.allMissingArguments.replace(/>$/, "*.*"),
           s.abort,
+          `${s.abort}.*`,
           s.allDlq,
           ...durable(s.streams.calls, s.resolverConsumer),
           ...durable(s.streams.advisories, s.deadLetterConsumer),
@@ -552,7 +553,7 @@ interface Crossing {
  * The subjects of a tool owner's crossings into the mesh account (ADR 0031, ADR 0041): consumer
  * info, pulls and acks of every work consumer of the owner's own work stream `{P}_WORK_{o}`, its
  * owner services, registration under the keys `grants` (from {@link ownerGrants}) only, and the
- * abort broadcast. The JetStream API ones are imported under `{p}.js.API` (`as`): an account
+ * abort broadcast of its own calls (`{p}.v1.control.abort.{o}`). The JetStream API ones are imported under `{p}.js.API` (`as`): an account
  * without JetStream answers every `$JS.API.>` request itself, ahead of an import of the same
  * subject. No consumer or stream management crosses: the mesh creates the stream and each
  * tool's consumer when the owner registers the tool.
@@ -569,7 +570,7 @@ function ownerCrossings(s: Subjects, owner: string, grants: readonly string[]) {
     { subject: `${s.prefix}.v1.owner.${owner}.*` },
     ...grants.map((key) => ({ subject: `${s.prefix}.v1.owner.${owner}.register.${key}` })),
   ];
-  return { services, streams: [s.abort] };
+  return { services, streams: [s.ownerAbort(owner)] };
 }
 
 /**
@@ -590,7 +591,7 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
         `${s.prefix}.v1.owner.${owner}.>`,
       ],
     },
-    subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.${owner}.>`] },
+    subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },
   };
 }
 
