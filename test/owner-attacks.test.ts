@@ -13,6 +13,7 @@ import { ownerCallPlane } from "@toolmesh/call-store";
 import type { ResolvedCall } from "@toolmesh/protocol";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { listDeadLetters, replayDeadLetter } from "@toolmesh/control-plane";
+import { deadLetterHeaders } from "@toolmesh/nats";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -384,18 +385,33 @@ describe("a rogue tool owner", () => {
       resolved_at: Date.now(),
       tool_revision: 1,
     });
-    for (const [seq, id] of [
-      [901, "p1"],
-      [902, "never-made"],
-    ] as const) {
-      await plane.deadLetter({
+    // The rogue's own letter is refused: the mesh takes a letter's body from the owner's work
+    // stream, and that holds no such message.
+    await expect(
+      plane.deadLetter({
         tool: "acme.tool",
         reason: "max_deliveries",
         stream: subjects.workStream("acme"),
         subject: subjects.work("acme.tool", "acme"),
-        seq,
+        seq: 901,
         deliveries: 4,
-        data: encodeJson(forged(id)),
+        data: encodeJson(forged("p1")),
+      }),
+    ).rejects.toMatchObject({ code: "invalid_request", details: { seq: 901 } });
+    // Letters already stored (by an older mesh that took the owner's word) are shown as suspect
+    // and never replayed.
+    for (const [seq, id] of [
+      [901, "p1"],
+      [902, "never-made"],
+    ] as const) {
+      await jetstream(mesh).publish(subjects.dlq("acme.tool"), encodeJson(forged(id)), {
+        headers: deadLetterHeaders({
+          stream: subjects.workStream("acme"),
+          subject: subjects.work("acme.tool", "acme"),
+          seq,
+          reason: "max_deliveries",
+          deliveries: 4,
+        }),
       });
     }
     const letters = (await listDeadLetters(mesh, subjects, { tool: "acme.tool" })).filter(

@@ -309,15 +309,18 @@ describe("calls", () => {
   });
 
   it("keeps a dead letter of the owner's tool, and refuses one of another owner's", async () => {
+    await acme.register(definition("acme-tool"));
+    await registered("acme-tool", "acme");
+    // Foreign bytes in the owner's work stream: the work its executor gives up on.
+    const work = await plane.js.publish(subjects.work("acme-tool", "acme"), "junk");
     const letter = {
       reason: "not a resolved call",
       stream: subjects.streams.work,
-      seq: 7,
+      seq: work.seq,
       deliveries: 1,
-      data: new TextEncoder().encode("junk"),
+      // Not what is kept: the letter is the message the work stream holds.
+      data: new TextEncoder().encode("what the owner says"),
     };
-    await acme.register(definition("acme-tool"));
-    await registered("acme-tool", "acme");
     await acme.deadLetter({
       ...letter,
       tool: "acme-tool",
@@ -327,6 +330,18 @@ describe("calls", () => {
       last_by_subj: subjects.dlq("acme-tool"),
     });
     expect(new TextDecoder().decode(kept?.data)).toBe("junk");
+    // Taken out of the work stream, so it is dead-lettered once.
+    expect(await plane.jsm.streams.getMessage(subjects.workStream("acme"), { seq: work.seq })).toBe(
+      null,
+    );
+    const again = await refusal(
+      acme.deadLetter({
+        ...letter,
+        tool: "acme-tool",
+        subject: subjects.work("acme-tool", "acme"),
+      }),
+    );
+    expect(again.code).toBe("invalid_request");
     const refused = await refusal(
       acme.deadLetter({ ...letter, tool: "globex-tool", subject: subjects.work("globex-tool") }),
     );
