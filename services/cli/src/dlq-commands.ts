@@ -1,5 +1,10 @@
 import type { DeadLetter } from "@toolmesh/control-plane";
-import { listDeadLetters, replayDeadLetter, showDeadLetter } from "@toolmesh/control-plane";
+import {
+  listDeadLetters,
+  purgeDeadLetters,
+  replayDeadLetter,
+  showDeadLetter,
+} from "@toolmesh/control-plane";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { asOperator } from "./commands.js";
 import { say } from "./print.js";
@@ -66,6 +71,27 @@ export async function dlqReplayCommand(
         `dead letter ${seq} replayed on ${outcome.subject} as ${outcome.idempotency_key}; ` +
           `call ${outcome.call_id} of session ${outcome.session_id} will get a new final ` +
           `message${outcome.deleted ? "; letter deleted" : ""}`,
+      );
+    return 0;
+  });
+}
+
+/** `toolmesh dlq purge`: removes the letters (of one tool) and says what space it gave back. */
+export async function dlqPurgeCommand(
+  config: RuntimeConfig,
+  options: { tool?: string; json?: boolean },
+): Promise<number> {
+  return asOperator(config, options.json, async (nc, subjects) => {
+    const outcome = await purgeDeadLetters(
+      nc,
+      subjects,
+      options.tool === undefined ? {} : { tool: options.tool },
+    );
+    if (options.json === true) say(JSON.stringify(outcome));
+    else
+      say(
+        `purged ${outcome.purged} dead letters; the dead-letter stream holds ` +
+          `${outcome.bytes_after} bytes (was ${outcome.bytes_before}), ${outcome.letters_after} letters`,
       );
     return 0;
   });

@@ -446,6 +446,8 @@ export function rolePermissions(
             `${API}.CONSUMER.INFO.${st}.>`,
           ]),
           `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
+          // `toolmesh dlq purge`.
+          `${API}.STREAM.PURGE.${s.streams.dlq}`,
           ...orderedReader(s.streams.dlq),
           ...[...n.buckets, approvalsBucket(s)].flatMap(bucketRead),
           `$KV.${approvalsBucket(s)}.>`,
