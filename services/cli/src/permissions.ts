@@ -438,7 +438,8 @@ export function rolePermissions(
           ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
           ...(tenantStreams.length === 0 ? [] : [s.allTenantStreamCalls]),
           ...(ownerStreams.length + tenantStreams.length === 0 ? [] : [`${API}.STREAM.NAMES`]),
-          ...tenantStreams.map((st) => `${API}.STREAM.INFO.${st}`),
+          // `stats` shows what each owner's and tenant's stream holds against its bound.
+          ...[...tenantStreams, ...ownerStreams].map((st) => `${API}.STREAM.INFO.${st}`),
           ...[...n.streams, ...ownerStreams, ...tenantStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,
