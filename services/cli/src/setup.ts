@@ -123,9 +123,9 @@ export interface StorageBudget {
   streams: { stream: string; max_bytes: number; setting: string }[];
   /** The sum of every stream's `max_bytes`. */
   total_bytes: number;
-  /** The account's JetStream file storage limit; -1 when the server sets none. */
+  /** The account's JetStream file storage limit; -1 when the server sets none (or it is unknown). */
   account_max_bytes: number;
-  /** What the account stores now, in bytes. */
+  /** What the account stores now, in bytes; -1 when these credentials may not read it. */
   account_used_bytes: number;
 }
 
@@ -159,12 +159,13 @@ async function storageBudget(
         setting: "TOOLMESH_OWNER_STORE_BYTES",
       });
   }
-  const info = await (await jetstreamManager(nc)).getAccountInfo();
+  // Credentials that may not read the account's JetStream info still get the streams' budget.
+  const info = await (await jetstreamManager(nc)).getAccountInfo().catch(() => undefined);
   return {
     streams,
     total_bytes: streams.reduce((sum, s) => sum + s.max_bytes, 0),
-    account_max_bytes: info.limits.max_storage,
-    account_used_bytes: info.storage,
+    account_max_bytes: info?.limits.max_storage ?? -1,
+    account_used_bytes: info?.storage ?? -1,
   };
 }
 
@@ -181,8 +182,10 @@ function budgetLines(budget: StorageBudget): string[] {
     budget.account_max_bytes < 0
       ? "the account has no JetStream storage limit of its own"
       : `the account may store ${mib(budget.account_max_bytes)}`;
+  const used =
+    budget.account_used_bytes < 0 ? "" : `, stores ${mib(budget.account_used_bytes)} now`;
   lines.push(
-    `budget total: ${mib(budget.total_bytes)} of streams (${budget.streams.length}), ${limit}, stores ${mib(budget.account_used_bytes)} now`,
+    `budget total: ${mib(budget.total_bytes)} of streams (${budget.streams.length}), ${limit}${used}`,
   );
   if (budget.account_max_bytes >= 0 && budget.total_bytes > budget.account_max_bytes)
     lines.push(
