@@ -179,9 +179,11 @@ function budgetLines(budget: StorageBudget): string[] {
     (s) => `budget ${s.stream}: at most ${mib(s.max_bytes)} (${s.setting})`,
   );
   const limit =
-    budget.account_max_bytes < 0
-      ? "the account has no JetStream storage limit of its own"
-      : `the account may store ${mib(budget.account_max_bytes)}`;
+    budget.account_used_bytes < 0
+      ? "the account's storage limit is not readable with these credentials"
+      : budget.account_max_bytes < 0
+        ? "the account has no JetStream storage limit of its own"
+        : `the account may store ${mib(budget.account_max_bytes)}`;
   const used =
     budget.account_used_bytes < 0 ? "" : `, stores ${mib(budget.account_used_bytes)} now`;
   lines.push(
