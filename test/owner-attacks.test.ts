@@ -10,7 +10,10 @@ import type { Resolver } from "@toolmesh/resolver";
 import { startResolver } from "@toolmesh/resolver";
 import { ToolRegistry } from "@toolmesh/registry";
 import { ownerCallPlane } from "@toolmesh/call-store";
+import type { ResolvedCall } from "@toolmesh/protocol";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
+import { listDeadLetters, replayDeadLetter } from "@toolmesh/control-plane";
+import { deadLetterHeaders } from "@toolmesh/nats";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -38,11 +41,30 @@ let globex: Executor;
 let client: ToolmeshClient;
 const stop: (() => Promise<unknown>)[] = [];
 
+/** Calls of echo with text "hold" that are running, until their attempt is aborted. */
+const held = new Map<string, { started: Promise<void>; start: () => void; aborted: boolean }>();
+const holding = (callId: string) => {
+  let entry = held.get(callId);
+  if (entry === undefined) {
+    let start = () => {};
+    const started = new Promise<void>((resolve) => (start = resolve));
+    entry = { started, start, aborted: false };
+    held.set(callId, entry);
+  }
+  return entry;
+};
 const echo: ToolModule = {
   name: "echo",
   description: "Echoes its text.",
   parameters: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
-  handler: (args: Record<string, unknown>) => ({ echoed: args.text }),
+  handler: async (args: Record<string, unknown>, ctx) => {
+    if (args.text !== "hold") return { echoed: args.text };
+    const entry = holding(ctx.callId);
+    entry.start();
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+    entry.aborted = true;
+    return { echoed: "aborted" };
+  },
 };
 const acmeTool: ToolModule = {
   name: "acme.tool",
@@ -327,6 +349,132 @@ describe("a rogue tool owner", () => {
     const second = await session.submit({ id: "v2", name: "echo", arguments: { text: "two" } })
       .result;
     expect(JSON.parse(second.content)).toEqual({ echoed: "two" });
+    session.close();
+  });
+
+  it("plants no dead letter that a replay turns into a call in another tenant's session", async () => {
+    const plane = ownerCallPlane(rogue, { subjects, owner: "acme" });
+    const session = client.session("planted");
+    const real = await session.submit({ id: "p1", name: "echo", arguments: { text: "mine" } })
+      .result;
+    expect(JSON.parse(real.content)).toEqual({ echoed: "mine" });
+    const seen: string[] = [];
+    const watch = mesh.subscribe(subjects.sessionEvents(subjects.address("default", "planted")), {
+      callback: (_, m) => {
+        seen.push(m.subject);
+      },
+    });
+    await mesh.flush();
+    // A resolved call of the rogue's own tool naming the victim's session and call (the call
+    // exists, of another tool), and one naming a call the victim never made.
+    const forged = (call_id: string): ResolvedCall => ({
+      call_id,
+      tool_call_id: call_id,
+      idempotency_key: `planted/${call_id}`,
+      session_id: "planted",
+      address: subjects.address("default", "planted"),
+      tool: "acme.tool",
+      arguments: {},
+      missing_required: [],
+      missing_optional: [],
+      input_parameters: [],
+      context: {},
+      agent_context: {},
+      timeout_ms: 10_000,
+      deadline_at: Date.now() + 10_000,
+      resolved_at: Date.now(),
+      tool_revision: 1,
+    });
+    // The rogue's own letter is refused: the mesh takes a letter's body from the owner's work
+    // stream, and that holds no such message.
+    await expect(
+      plane.deadLetter({
+        tool: "acme.tool",
+        reason: "max_deliveries",
+        stream: subjects.workStream("acme"),
+        subject: subjects.work("acme.tool", "acme"),
+        seq: 901,
+        deliveries: 4,
+        data: encodeJson(forged("p1")),
+      }),
+    ).rejects.toMatchObject({ code: "invalid_request", details: { seq: 901 } });
+    // Letters already stored (by an older mesh that took the owner's word) are shown as suspect
+    // and never replayed.
+    for (const [seq, id] of [
+      [901, "p1"],
+      [902, "never-made"],
+    ] as const) {
+      await jetstream(mesh).publish(subjects.dlq("acme.tool"), encodeJson(forged(id)), {
+        headers: deadLetterHeaders({
+          stream: subjects.workStream("acme"),
+          subject: subjects.work("acme.tool", "acme"),
+          seq,
+          reason: "max_deliveries",
+          deliveries: 4,
+        }),
+      });
+    }
+    const letters = (await listDeadLetters(mesh, subjects, { tool: "acme.tool" })).filter(
+      (l) => l.session_id === "planted",
+    );
+    expect(letters.map((l) => [l.call_id, l.tenant])).toEqual([
+      ["p1", "default"],
+      ["never-made", "default"],
+    ]);
+    expect(letters[0]?.suspect).toMatch(/names call p1 of tool "echo", not p1 of "acme.tool"/);
+    expect(letters[1]?.suspect).toBe("the mesh has no record of its call");
+    for (const letter of letters) {
+      await expect(replayDeadLetter(mesh, subjects, letter.seq)).rejects.toMatchObject({
+        code: "permission_denied",
+        details: { seq: letter.seq, tenant: "default" },
+      });
+    }
+    // Nothing reached the victim's session, and the letters stay as evidence.
+    await mesh.flush();
+    watch.unsubscribe();
+    expect(seen).toEqual([]);
+    const kept = await listDeadLetters(mesh, subjects, { tool: "acme.tool" });
+    expect(kept.filter((l) => l.session_id === "planted")).toHaveLength(2);
+    // The victim's calls keep working.
+    const after = await session.submit({ id: "p2", name: "echo", arguments: { text: "ok" } })
+      .result;
+    expect(JSON.parse(after.content)).toEqual({ echoed: "ok" });
+    session.close();
+  });
+
+  it("hears the aborts of its own calls only, never another owner's", async () => {
+    const heard: string[] = [];
+    const sub = rogue.subscribe(">", {
+      callback: (_, m) => {
+        heard.push(`${m.subject} ${m.string()}`);
+      },
+    });
+    await rogue.flush();
+    // Another owner's running call is cancelled: its executor hears the abort, the rogue not.
+    const session = client.session("victim-abort");
+    const handle = session.submit({ id: "h1", name: "echo", arguments: { text: "hold" } });
+    await holding("h1").started;
+    expect(await handle.cancel()).toMatchObject({ cancelled: true });
+    expect((await handle.result).error).toMatchObject({ code: "cancelled" });
+    await expect.poll(() => holding("h1").aborted, { timeout: 5_000 }).toBe(true);
+    // The rogue's own call, which nobody takes, ends at its deadline: that abort it hears.
+    const own = await session.submit(
+      { id: "h2", name: "acme.tool", arguments: {} },
+      { timeoutMs: 1_500 },
+    ).result;
+    expect(own.error?.code).toBe("deadline_exceeded");
+    await expect
+      .poll(() => heard.filter((h) => h.startsWith(subjects.ownerAbort("acme"))).length, {
+        timeout: 10_000,
+      })
+      .toBe(1);
+    sub.unsubscribe();
+    expect(heard.filter((h) => h.includes("h1"))).toEqual([]);
+    expect(
+      heard.filter(
+        (h) => h.startsWith(subjects.abort) && !h.startsWith(subjects.ownerAbort("acme")),
+      ),
+    ).toEqual([]);
     session.close();
   });
 

@@ -71,17 +71,31 @@ describe("an owner's tool with no executor", () => {
     });
     // Its work waits on acme's work stream until the call's deadline.
     let pending: number | undefined;
+    let storage: {
+      stream: string;
+      of: string;
+      id?: string;
+      messages: number;
+      max_bytes: number;
+    }[] = [];
     for (let i = 0; pending !== 1; i++) {
       if (i === 50) throw new Error(`the stats never counted the call's work (${pending})`);
       const stats = await runCli(["stats", "--json"], operator);
       expect(stats.stderr).toBe("");
-      const tool = (
-        JSON.parse(stats.stdout) as {
-          tools: { tool: string; queue?: { pending: number; ack_pending: number } }[];
-        }
-      ).tools.find((t) => t.tool === TOOL);
-      pending = tool?.queue?.pending;
+      const parsed = JSON.parse(stats.stdout) as {
+        tools: { tool: string; queue?: { pending: number; ack_pending: number } }[];
+        storage: typeof storage;
+      };
+      pending = parsed.tools.find((t) => t.tool === TOOL)?.queue?.pending;
+      storage = parsed.storage;
     }
+    // What the owner's work stream holds, against its own bound (TOOLMESH_OWNER_STORE_BYTES).
+    expect(storage.find((u) => u.of === "owner")).toMatchObject({
+      id: "acme",
+      messages: 1,
+      max_bytes: 256 * 1024 ** 2,
+    });
+    expect(storage.filter((u) => u.of === "mesh").every((u) => u.max_bytes > 0)).toBe(true);
     const outcome = await call;
     expect(outcome.code).toBe(1);
     expect(outcome.stderr).toContain(

@@ -125,10 +125,12 @@ describe("register", () => {
     const stream = await plane.jsm.streams.info(subjects.workStream("acme"));
     const work = await plane.jsm.streams.info(subjects.streams.work);
     expect(stream.config.subjects).toEqual([subjects.ownerWork("acme")]);
+    // The mesh's work stream's settings, but its own byte bound (TOOLMESH_OWNER_STORE_BYTES).
     expect({ ...stream.config, name: "", subjects: [] }).toEqual({
       ...work.config,
       name: "",
       subjects: [],
+      max_bytes: 256 * 1024 ** 2,
     });
     expect(registry.get("echo")?.definition.owner_account).toBe(true);
     expect((await acme.register(definition("echo"))).status).toBe("unchanged");
@@ -307,15 +309,18 @@ describe("calls", () => {
   });
 
   it("keeps a dead letter of the owner's tool, and refuses one of another owner's", async () => {
+    await acme.register(definition("acme-tool"));
+    await registered("acme-tool", "acme");
+    // Foreign bytes in the owner's work stream: the work its executor gives up on.
+    const work = await plane.js.publish(subjects.work("acme-tool", "acme"), "junk");
     const letter = {
       reason: "not a resolved call",
       stream: subjects.streams.work,
-      seq: 7,
+      seq: work.seq,
       deliveries: 1,
-      data: new TextEncoder().encode("junk"),
+      // Not what is kept: the letter is the message the work stream holds.
+      data: new TextEncoder().encode("what the owner says"),
     };
-    await acme.register(definition("acme-tool"));
-    await registered("acme-tool", "acme");
     await acme.deadLetter({
       ...letter,
       tool: "acme-tool",
@@ -325,6 +330,18 @@ describe("calls", () => {
       last_by_subj: subjects.dlq("acme-tool"),
     });
     expect(new TextDecoder().decode(kept?.data)).toBe("junk");
+    // Taken out of the work stream, so it is dead-lettered once.
+    expect(await plane.jsm.streams.getMessage(subjects.workStream("acme"), { seq: work.seq })).toBe(
+      null,
+    );
+    const again = await refusal(
+      acme.deadLetter({
+        ...letter,
+        tool: "acme-tool",
+        subject: subjects.work("acme-tool", "acme"),
+      }),
+    );
+    expect(again.code).toBe("invalid_request");
     const refused = await refusal(
       acme.deadLetter({ ...letter, tool: "globex-tool", subject: subjects.work("globex-tool") }),
     );

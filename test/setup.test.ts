@@ -16,6 +16,12 @@ interface SetupReport {
   changed: number;
   resources: { kind: string; name: string; action: string; changes: { setting?: string }[] }[];
   obsolete?: { kind: string; name: string; action: string }[];
+  budget: {
+    streams: { stream: string; max_bytes: number; setting: string }[];
+    total_bytes: number;
+    account_max_bytes: number;
+    account_used_bytes: number;
+  };
 }
 
 // Services may read and use streams but neither create nor change them: what `toolmesh setup`
@@ -123,6 +129,37 @@ describe("toolmesh setup", () => {
       "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SETUP_WORK.*",
       advisory,
     ]);
+  });
+
+  it("bounds every stream's bytes by the configured budget and prints it", async () => {
+    const env = { TOOLMESH_STORE_BYTES: String(100 * 1024 ** 2), TOOLMESH_MAX_DEAD_LETTERS: "500" };
+    const report = await setup(["--owners", "acme"], env);
+    const byStream = new Map(report.budget.streams.map((s) => [s.stream, s.max_bytes]));
+    expect(byStream.get("SETUP_SESSIONS")).toBe(40 * 1024 ** 2);
+    expect(byStream.get("SETUP_DLQ")).toBe(10 * 1024 ** 2);
+    expect(byStream.get("SETUP_WORK_acme")).toBe(256 * 1024 ** 2);
+    expect(report.budget.total_bytes).toBe([...byStream.values()].reduce((a, b) => a + b, 0));
+    const nc = await connect({ servers: server.url, user: "admin", pass: "admin" });
+    try {
+      const jsm = await jetstreamManager(nc);
+      // What the server holds, not only what setup says: every stream has a byte bound.
+      for (const [stream, bytes] of byStream)
+        expect((await jsm.streams.info(stream)).config.max_bytes, stream).toBe(bytes);
+      const dlq = (await jsm.streams.info("SETUP_DLQ")).config;
+      expect(dlq).toMatchObject({ max_msgs: 500, discard: "old" });
+    } finally {
+      await nc.close();
+    }
+    const human = await runCli(["setup"], { ...admin, ...env });
+    expect(human.stdout).toMatch(
+      /budget SETUP_SESSIONS: at most 40\.0 MiB \(TOOLMESH_STORE_BYTES\)/,
+    );
+    expect(human.stdout).toMatch(
+      /budget SETUP_WORK_acme: at most 256\.0 MiB \(TOOLMESH_OWNER_STORE_BYTES\)/,
+    );
+    expect(human.stdout).toMatch(/budget total: .* of streams \(7\)/);
+    // Back to the defaults for the next tests .
+    await setup([]);
   });
 
   it("names the deadline-timers stream of an older version and deletes it only when asked", async () => {

@@ -31,6 +31,8 @@ const LIMITS = {
   TOOLMESH_MAX_QUEUED_CALLS: "2000",
   TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: "100",
   TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT: "300",
+  // 300 small calls take far less; ten large ones fill it (ADR 0050).
+  TOOLMESH_TENANT_STORE_BYTES: String(1024 * 1024),
 };
 
 let pki: TestPki;
@@ -86,12 +88,16 @@ async function frontend(tenant: string) {
   await nc.flush();
   const js = jetstream(nc);
   /** Publishes one call; resolves with the typed refusal, or undefined when it was stored. */
-  const submit = async (id: string, session = "s1"): Promise<WireError | undefined> => {
+  const submit = async (
+    id: string,
+    session = "s1",
+    padding = "",
+  ): Promise<WireError | undefined> => {
     const request = {
       tool_call: {
         id,
         type: "function",
-        function: { name: "echo", arguments: JSON.stringify({ text: id }) },
+        function: { name: "echo", arguments: JSON.stringify({ text: `${id}${padding}` }) },
       },
       session_id: session,
       timeout_ms: 60_000,
@@ -129,12 +135,17 @@ async function frontend(tenant: string) {
 }
 
 /**
- * Tenant `flood` publishes with 512 calls in flight, into `sessions` sessions in turn, while
+ * Tenant `flood` publishes with 512 calls in flight (or `workers`; each call's text padded with
+ * `padding`), into `sessions` sessions in turn, while
  * tenant `steady` submits three rounds of 20 calls once the flood is refused, each round after the
  * last is answered. Returns what each saw; `floodSeen` is `toolmesh stats --tenant flood` read
  * while the flood was refused.
  */
-async function floodWhileSteadyCalls(sessions: number, prefix: string) {
+async function floodWhileSteadyCalls(
+  sessions: number,
+  prefix: string,
+  options: { padding?: string; workers?: number } = {},
+) {
   const flood = await frontend("flood");
   const steady = await frontend("steady");
   const accepted: string[] = [];
@@ -145,7 +156,7 @@ async function floodWhileSteadyCalls(sessions: number, prefix: string) {
     while (flooding) {
       const n = next++;
       const id = `${prefix}-a-${n}`;
-      const refusal = await flood.submit(id, `s${n % sessions}`);
+      const refusal = await flood.submit(id, `s${n % sessions}`, options.padding);
       if (refusal === undefined) accepted.push(id);
       else {
         const limit = refusal.details?.limit;
@@ -154,7 +165,7 @@ async function floodWhileSteadyCalls(sessions: number, prefix: string) {
       }
     }
   };
-  const floodDone = Promise.all(Array.from({ length: 512 }, () => worker()));
+  const floodDone = Promise.all(Array.from({ length: options.workers ?? 512 }, () => worker()));
 
   // Once the flood is being refused, every submission of the steady tenant must be stored at its
   // first publish.
@@ -234,5 +245,28 @@ describe("one tenant flooding its calls stream", () => {
     expect(seen.floodUnanswered).toEqual([]);
     // The generated resolver user had every right it used (no owner account in this mesh).
     expect(JSON.stringify(resolver.lines)).not.toMatch(/Permissions Violation/);
+  }, 120_000);
+
+  it("with large calls is refused past the tenant's byte bound; another tenant's calls are all accepted and answered", async () => {
+    // 64 calls of 100 kB in flight: ten of them fill the tenant's 1 MiB, long before its 300.
+    const seen = await floodWhileSteadyCalls(20, "big", {
+      padding: "x".repeat(100_000),
+      workers: 64,
+    });
+    expect(seen.steadyRefused).toEqual([]);
+    expect(seen.steadyIds).toHaveLength(60);
+    expect(seen.steadyWrong).toEqual([]);
+    expect(seen.refusals.get(`${ErrorCode.Overloaded}:stored_bytes`)).toBeGreaterThan(0);
+    expect([...seen.refusals.keys()]).toEqual([`${ErrorCode.Overloaded}:stored_bytes`]);
+    expect(seen.floodUnanswered).toEqual([]);
+    // The operator sees the tenant's stream against its bound.
+    const stats = await runCli(["stats", "--tenant", "flood", "--json"], credentials("operator"));
+    const storage = (
+      JSON.parse(stats.stdout) as { storage: { of: string; id?: string; max_bytes: number }[] }
+    ).storage;
+    expect(storage.find((u) => u.of === "tenant")).toMatchObject({
+      id: "flood",
+      max_bytes: 1024 * 1024,
+    });
   }, 120_000);
 });

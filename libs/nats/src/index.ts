@@ -14,6 +14,8 @@ export {
   ownerAdvisoriesSpec,
   ownerWorkStreamSpec,
   streamSpecs,
+  storeBudget,
+  STORE_SHARES,
   tenantCallsStreamSpec,
 } from "./streams.js";
 export type { StreamLimits } from "./streams.js";

@@ -54,7 +54,10 @@ describe("publishError", () => {
       new JetStreamApiError({ code: 503, err_code: 10077, description: "maximum bytes exceeded" }),
       "tm.v1.calls.a.s",
     ).toWire();
-    expect(bytes).toMatchObject({ code: ErrorCode.Overloaded, retryable: true });
-    expect(bytes.details).not.toHaveProperty("limit");
+    expect(bytes).toMatchObject({
+      code: ErrorCode.Overloaded,
+      retryable: true,
+      details: { subject: "tm.v1.calls.a.s", limit: "stored_bytes", retry_after_ms: 1000 },
+    });
   });
 });

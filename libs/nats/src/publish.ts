@@ -25,6 +25,8 @@ export interface PublishOptions {
 const PER_SUBJECT_FULL = /per subject/;
 /** How the server words a refusal by `max_msgs` with discard new (the stream is full). */
 const MESSAGES_FULL = /^maximum messages exceeded/;
+/** How the server words a refusal by `max_bytes` with discard new (the stream's bytes are used up). */
+const BYTES_FULL = /^maximum bytes exceeded/;
 
 /** Headers carrying the active trace context, plus any given. */
 export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
@@ -80,6 +82,15 @@ export function publishError(
         ErrorCode.Overloaded,
         "too many calls are waiting to be resolved (of this tenant, or in the whole mesh): wait for answers, then submit again",
         { details: { subject, limit: "queued", retry_after_ms: 1000 }, cause: err },
+      );
+    }
+    if (err.code === JsApiCode.StreamStoreFailed && BYTES_FULL.test(err.message)) {
+      // A stream at its `max_bytes`: a tenant's calls stream (TOOLMESH_TENANT_STORE_BYTES), an
+      // owner's work stream, or the mesh's share of TOOLMESH_STORE_BYTES (ADR 0050).
+      return new ToolmeshError(
+        ErrorCode.Overloaded,
+        "the stream holding this message has used up its bytes: wait for answers, then submit again",
+        { details: { subject, limit: "stored_bytes", retry_after_ms: 1000 }, cause: err },
       );
     }
     if (STREAM_FULL_CODES.includes(err.code)) {

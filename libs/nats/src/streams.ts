@@ -32,6 +32,17 @@ export interface StreamLimits {
    * over all its sessions; the server refuses more before storing them. Default 10 000.
    */
   maxQueuedCallsPerTenant?: number;
+  /**
+   * Bytes the mesh's own streams may hold together, shared out by {@link STORE_SHARES}, so no one
+   * stream can take the whole JetStream store. Default 8 GiB.
+   */
+  storeBytes?: number;
+  /** Bytes each tenant's own calls stream `{P}_CALLS_{t}` may hold. Default 256 MiB. */
+  tenantStoreBytes?: number;
+  /** Bytes each tool owner's work stream `{P}_WORK_{o}` may hold. Default 256 MiB. */
+  ownerStoreBytes?: number;
+  /** Most dead letters kept in `{P}_DLQ`; past it (or its byte share) the oldest go. Default 100 000. */
+  maxDeadLetters?: number;
   /** Replicas of every stream and KV bucket (1, 3 or 5 on a cluster). Default 1. */
   replicas?: number;
   /**
@@ -41,9 +52,36 @@ export interface StreamLimits {
   compression?: StreamCompression;
 }
 
+/**
+ * The share of `TOOLMESH_STORE_BYTES` each of the mesh's streams may hold (`max_bytes`). The
+ * rest (14 %) is left for the KV buckets, whose growth the quotas and retention bound. Results
+ * get the most: every accepted call leaves one for an hour.
+ */
+export const STORE_SHARES = {
+  calls: 0.15,
+  work: 0.15,
+  sessions: 0.4,
+  events: 0.05,
+  dlq: 0.1,
+  advisories: 0.01,
+} as const;
+
+/** What the mesh's streams may hold, by stream, in bytes, for `limits`. */
+export function storeBudget(
+  subjects: Subjects,
+  limits: StreamLimits = {},
+): { stream: string; maxBytes: number }[] {
+  const total = limits.storeBytes ?? Defaults.storeBytes;
+  return (Object.keys(STORE_SHARES) as (keyof typeof STORE_SHARES)[]).map((key) => ({
+    stream: subjects.streams[key],
+    maxBytes: Math.floor(total * STORE_SHARES[key]),
+  }));
+}
+
 /** The streams for a prefix, each with the variables that set its fields. */
 export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): StreamSpec[] {
   const maxMsgSize = limits.maxMessageBytes ?? Defaults.maxMessageBytes;
+  const budget = new Map(storeBudget(subjects, limits).map((b) => [b.stream, b.maxBytes]));
   const dup = nanos(limits.duplicateWindowMs ?? Defaults.duplicateWindowMs);
   const common = {
     storage: StorageType.File,
@@ -58,6 +96,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
     max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
     max_msgs_per_subject: "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION",
+    max_bytes: "TOOLMESH_STORE_BYTES",
   };
   const maxMsgs = limits.maxQueuedCalls ?? Defaults.maxQueuedCalls;
   const configs: (Partial<StreamConfig> & { name: string })[] = [
@@ -109,7 +148,10 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       name: subjects.streams.dlq,
       subjects: [subjects.allDlq],
       retention: RetentionPolicy.Limits,
+      // Past its bounds the oldest letters go, never a new one: the mesh dead-letters work to
+      // take it out of a work queue, and a refused letter would leave it there (ADR 0051).
       discard: DiscardPolicy.Old,
+      max_msgs: limits.maxDeadLetters ?? Defaults.maxDeadLetters,
       max_age: nanos(limits.deadLetterRetentionMs ?? Defaults.deadLetterRetentionMs),
       duplicate_window: dup,
     },
@@ -129,8 +171,11 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
   return configs.map((config) => ({
     kind: "stream",
     name: config.name,
-    config,
-    settings,
+    config: { ...config, max_bytes: budget.get(config.name) ?? -1 },
+    settings:
+      config.name === subjects.streams.dlq
+        ? { ...settings, max_msgs: "TOOLMESH_MAX_DEAD_LETTERS" }
+        : settings,
     ...(config.name === subjects.streams.advisories
       ? {
           addsSubjects: true,
@@ -162,7 +207,17 @@ export function ownerWorkStreamSpec(
 ): StreamSpec {
   const work = meshStream(subjects, limits, subjects.streams.work);
   const name = subjects.workStream(owner);
-  return { ...work, name, config: { ...work.config, name, subjects: [subjects.ownerWork(owner)] } };
+  return {
+    ...work,
+    name,
+    config: {
+      ...work.config,
+      name,
+      subjects: [subjects.ownerWork(owner)],
+      max_bytes: limits.ownerStoreBytes ?? Defaults.ownerStoreBytes,
+    },
+    settings: { ...work.settings, max_bytes: "TOOLMESH_OWNER_STORE_BYTES" },
+  };
 }
 
 /**
@@ -185,8 +240,13 @@ export function tenantCallsStreamSpec(
       name,
       subjects: [subjects.tenantStreamCalls(tenant)],
       max_msgs: limits.maxQueuedCallsPerTenant ?? Defaults.maxQueuedCallsPerTenant,
+      max_bytes: limits.tenantStoreBytes ?? Defaults.tenantStoreBytes,
     },
-    settings: { ...calls.settings, max_msgs: "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT" },
+    settings: {
+      ...calls.settings,
+      max_msgs: "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT",
+      max_bytes: "TOOLMESH_TENANT_STORE_BYTES",
+    },
   };
 }
 

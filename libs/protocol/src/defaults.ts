@@ -54,6 +54,18 @@ export const Defaults = {
    * `s2`. Older servers store them as they are (docs/adr/0044).
    */
   streamCompression: "s2" as "s2" | "none",
+  /**
+   * Bytes the mesh's own streams may hold together (`TOOLMESH_STORE_BYTES`): 8 GiB, shared out
+   * among them by fixed shares (`STORE_SHARES` in `@toolmesh/nats`), so no one stream can take the
+   * whole JetStream store.
+   */
+  storeBytes: 8 * 1024 ** 3,
+  /** Bytes each tenant's own calls stream may hold (`TOOLMESH_TENANT_STORE_BYTES`): 256 MiB. */
+  tenantStoreBytes: 256 * 1024 ** 2,
+  /** Bytes each tool owner's work stream may hold (`TOOLMESH_OWNER_STORE_BYTES`): 256 MiB. */
+  ownerStoreBytes: 256 * 1024 ** 2,
+  /** Most dead letters kept in all (`TOOLMESH_MAX_DEAD_LETTERS`); past it the oldest go. */
+  maxDeadLetters: 100_000,
   /** Most calls waiting in the calls or work stream (`TOOLMESH_MAX_QUEUED_CALLS`). */
   maxQueuedCalls: 1_000_000,
   /**

@@ -145,9 +145,19 @@ export const OwnerDeadLetterRequestSchema = z
     tool: z.string().min(1),
     reason: z.string().min(1).max(1_000),
     subject: z.string().min(1),
-    seq: z.number().int().positive().describe("The message's sequence in its work stream."),
+    seq: z
+      .number()
+      .int()
+      .positive()
+      .describe(
+        "The message's sequence in the owner's work stream: the mesh dead-letters the message stored there, on `subject`, and refuses a letter for any other.",
+      ),
     deliveries: z.number().int().nonnegative(),
-    data: z.base64().describe("The message's body, base64."),
+    data: z
+      .base64()
+      .describe(
+        "The message's body, base64. Not what is kept: the letter holds the body the work stream stores.",
+      ),
   })
   .meta({ id: "OwnerDeadLetterRequest", description: "A work message nobody can run." });
 

@@ -163,8 +163,18 @@ export interface Subjects {
   cancel(at: SessionAddress): string;
   /** Wildcard over every cancel subject (the resolver's subscription). */
   readonly allCancel: string;
-  /** Core broadcast telling every executor to abort a running call: `{p}.v1.control.abort`. */
+  /**
+   * Core broadcast telling the mesh account's executors to abort a running call of a mesh tool:
+   * `{p}.v1.control.abort`.
+   */
   readonly abort: string;
+  /**
+   * The abort broadcast of the calls of tool owner `owner`'s tools, `{p}.v1.control.abort.{owner}`:
+   * exported to that owner's account alone, so an owner hears of its own calls only.
+   */
+  ownerAbort(owner: string): string;
+  /** The abort subject of a call in work stream `stream` (the mesh's, or an owner's). */
+  abortOf(stream: string): string;
   /** Dead letters of a tool: `{p}.v1.dlq.{tool}`. */
   dlq(tool: string): string;
   /** Wildcard over every dead letter (the dead-letter stream). */
@@ -394,6 +404,11 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,
     abort: `${base}.control.abort`,
+    ownerAbort: (owner) => `${base}.control.abort.${t(owner)}`,
+    abortOf: (stream) =>
+      stream.startsWith(`${stem}_WORK_`)
+        ? `${base}.control.abort.${stream.slice(stem.length + 6)}`
+        : `${base}.control.abort`,
     dlq: (tool) => `${base}.dlq.${t(tool)}`,
     allDlq: `${base}.dlq.*`,
     maxDeliveriesAdvisory: (stream) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`,

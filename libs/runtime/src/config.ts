@@ -112,6 +112,10 @@ export const EnvSchema = z.object({
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
   TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION: positiveInt.default(Defaults.maxQueuedCallsPerSession),
   TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT: positiveInt.default(Defaults.maxQueuedCallsPerTenant),
+  TOOLMESH_STORE_BYTES: positiveInt.default(Defaults.storeBytes),
+  TOOLMESH_TENANT_STORE_BYTES: positiveInt.default(Defaults.tenantStoreBytes),
+  TOOLMESH_OWNER_STORE_BYTES: positiveInt.default(Defaults.ownerStoreBytes),
+  TOOLMESH_MAX_DEAD_LETTERS: positiveInt.default(Defaults.maxDeadLetters),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
   TOOLMESH_SESSION_STATE_TTL_MS: positiveInt.default(Defaults.sessionStateTtlMs),
@@ -189,6 +193,14 @@ export interface RuntimeConfig {
   maxQueuedCallsPerSession: number;
   /** Most calls of one tenant waiting in its own calls stream (ADR 0048); the server refuses more. */
   maxQueuedCallsPerTenant: number;
+  /** Bytes the mesh's own streams may hold together, shared out among them (ADR 0050). */
+  storeBytes: number;
+  /** Bytes each tenant's own calls stream may hold. */
+  tenantStoreBytes: number;
+  /** Bytes each tool owner's work stream may hold. */
+  ownerStoreBytes: number;
+  /** Most dead letters kept; past it the oldest go (ADR 0051). */
+  maxDeadLetters: number;
   /** Port of the `/healthz` and `/readyz` endpoints; none when unset. */
   healthPort?: number;
   /** The executor's folder of native HTTP tools (`*.yaml`); a missing default folder is none. */
@@ -283,6 +295,10 @@ export function loadConfig(
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,
     maxQueuedCallsPerSession: e.TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION,
     maxQueuedCallsPerTenant: e.TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT,
+    storeBytes: e.TOOLMESH_STORE_BYTES,
+    tenantStoreBytes: e.TOOLMESH_TENANT_STORE_BYTES,
+    ownerStoreBytes: e.TOOLMESH_OWNER_STORE_BYTES,
+    maxDeadLetters: e.TOOLMESH_MAX_DEAD_LETTERS,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),
     nativeToolsDir: e.TOOLMESH_NATIVE_TOOLS_DIR,
     ...(e.TOOLMESH_NATIVE_ALLOWED_URLS === undefined

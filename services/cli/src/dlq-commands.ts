@@ -1,5 +1,10 @@
 import type { DeadLetter } from "@toolmesh/control-plane";
-import { listDeadLetters, replayDeadLetter, showDeadLetter } from "@toolmesh/control-plane";
+import {
+  listDeadLetters,
+  purgeDeadLetters,
+  replayDeadLetter,
+  showDeadLetter,
+} from "@toolmesh/control-plane";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { asOperator } from "./commands.js";
 import { say } from "./print.js";
@@ -71,6 +76,27 @@ export async function dlqReplayCommand(
   });
 }
 
+/** `toolmesh dlq purge`: removes the letters (of one tool) and says what space it gave back. */
+export async function dlqPurgeCommand(
+  config: RuntimeConfig,
+  options: { tool?: string; json?: boolean },
+): Promise<number> {
+  return asOperator(config, options.json, async (nc, subjects) => {
+    const outcome = await purgeDeadLetters(
+      nc,
+      subjects,
+      options.tool === undefined ? {} : { tool: options.tool },
+    );
+    if (options.json === true) say(JSON.stringify(outcome));
+    else
+      say(
+        `purged ${outcome.purged} dead letters; the dead-letter stream holds ` +
+          `${outcome.bytes_after} bytes (was ${outcome.bytes_before}), ${outcome.letters_after} letters`,
+      );
+    return 0;
+  });
+}
+
 function table(letters: readonly DeadLetter[]): string[] {
   const rows = letters.map((l) => [
     String(l.seq),
@@ -79,9 +105,10 @@ function table(letters: readonly DeadLetter[]): string[] {
     l.reason,
     String(l.deliveries),
     l.original_seq === undefined ? l.stream : `${l.stream}:${l.original_seq}`,
-    l.call_id === undefined ? "-" : `${l.session_id ?? ""}/${l.call_id}`,
+    l.call_id === undefined ? "-" : `${l.tenant ?? "?"}/${l.session_id ?? ""}/${l.call_id}`,
+    l.suspect === undefined ? "" : `SUSPECT: ${l.suspect}`,
   ]);
-  const header = ["SEQ", "TIME", "TOOL", "REASON", "DELIVERIES", "FROM", "CALL"];
+  const header = ["SEQ", "TIME", "TOOL", "REASON", "DELIVERIES", "FROM", "CALL", ""];
   const all = [header, ...rows];
   const widths = header.map((_, i) => Math.max(...all.map((r) => (r[i] ?? "").length)));
   return all.map((r) =>

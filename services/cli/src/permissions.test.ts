@@ -61,13 +61,15 @@ describe("permissions", () => {
         expect(subject).not.toMatch(/^toolmesh\./);
         // The MCP bridge creates its bucket of pinned tool approvals, which setup does not, and
         // the resolver an owner's work stream when the owner registers a tool, adding its
-        // advisories to the advisories stream (ADR 0041).
+        // advisories to the advisories stream (ADR 0041); the operator purges dead letters.
         if (
           role === "setup" ||
           subject === "$JS.API.STREAM.CREATE.KV_acme_prod_tool_approvals" ||
           (role === "resolver" &&
             /^\$JS\.API\.STREAM\.(CREATE|UPDATE)\.ACME_PROD_WORK_o$/.test(subject)) ||
-          (role === "resolver" && subject === "$JS.API.STREAM.UPDATE.ACME_PROD_ADVISORIES")
+          (role === "resolver" && subject === "$JS.API.STREAM.UPDATE.ACME_PROD_ADVISORIES") ||
+          // `toolmesh dlq purge` (ADR 0051): the dead letters only.
+          (role === "operator" && subject === "$JS.API.STREAM.PURGE.ACME_PROD_DLQ")
         ) {
           continue;
         }

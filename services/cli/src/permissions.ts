@@ -343,6 +343,7 @@ export function rolePermissions(
           `${n.base}.sessions.*.*.rejected.*`,
           s.allMissingArguments.replace(/>$/, "*.*"),
           s.abort,
+          `${s.abort}.*`,
           s.allDlq,
           ...durable(s.streams.calls, s.resolverConsumer),
           ...durable(s.streams.advisories, s.deadLetterConsumer),
@@ -437,7 +438,8 @@ export function rolePermissions(
           ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
           ...(tenantStreams.length === 0 ? [] : [s.allTenantStreamCalls]),
           ...(ownerStreams.length + tenantStreams.length === 0 ? [] : [`${API}.STREAM.NAMES`]),
-          ...tenantStreams.map((st) => `${API}.STREAM.INFO.${st}`),
+          // `stats` shows what each owner's and tenant's stream holds against its bound.
+          ...[...tenantStreams, ...ownerStreams].map((st) => `${API}.STREAM.INFO.${st}`),
           ...[...n.streams, ...ownerStreams, ...tenantStreams].flatMap((st) => [
             `${API}.STREAM.MSG.GET.${st}`,
             `${API}.DIRECT.GET.${st}.>`,
@@ -445,6 +447,8 @@ export function rolePermissions(
             `${API}.CONSUMER.INFO.${st}.>`,
           ]),
           `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
+          // `toolmesh dlq purge`.
+          `${API}.STREAM.PURGE.${s.streams.dlq}`,
           ...orderedReader(s.streams.dlq),
           ...[...n.buckets, approvalsBucket(s)].flatMap(bucketRead),
           `$KV.${approvalsBucket(s)}.>`,
@@ -461,6 +465,8 @@ export function rolePermissions(
         pub(
           `${API}.STREAM.NAMES`,
           `${API}.STREAM.LIST`,
+          // The account's storage limit and use, which `setup` prints beside the streams' budget.
+          `${API}.INFO`,
           ...[
             ...n.streams,
             ...ownerStreams,
@@ -550,7 +556,7 @@ interface Crossing {
  * The subjects of a tool owner's crossings into the mesh account (ADR 0031, ADR 0041): consumer
  * info, pulls and acks of every work consumer of the owner's own work stream `{P}_WORK_{o}`, its
  * owner services, registration under the keys `grants` (from {@link ownerGrants}) only, and the
- * abort broadcast. The JetStream API ones are imported under `{p}.js.API` (`as`): an account
+ * abort broadcast of its own calls (`{p}.v1.control.abort.{o}`). The JetStream API ones are imported under `{p}.js.API` (`as`): an account
  * without JetStream answers every `$JS.API.>` request itself, ahead of an import of the same
  * subject. No consumer or stream management crosses: the mesh creates the stream and each
  * tool's consumer when the owner registers the tool.
@@ -567,7 +573,7 @@ function ownerCrossings(s: Subjects, owner: string, grants: readonly string[]) {
     { subject: `${s.prefix}.v1.owner.${owner}.*` },
     ...grants.map((key) => ({ subject: `${s.prefix}.v1.owner.${owner}.register.${key}` })),
   ];
-  return { services, streams: [s.abort] };
+  return { services, streams: [s.ownerAbort(owner)] };
 }
 
 /**
@@ -588,7 +594,7 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
         `${s.prefix}.v1.owner.${owner}.>`,
       ],
     },
-    subscribe: { allow: [s.abort, `${s.inboxPrefix(role)}.${owner}.>`] },
+    subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },
   };
 }
 

@@ -16,7 +16,12 @@ import { addTopCommand } from "./top-command.js";
 import { addWatchCommand } from "./watch-command.js";
 import { addVersionEverywhere, cliVersion } from "./version.js";
 import { devCommand } from "./dev.js";
-import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
+import {
+  dlqListCommand,
+  dlqPurgeCommand,
+  dlqReplayCommand,
+  dlqShowCommand,
+} from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
@@ -208,6 +213,12 @@ export function buildProgram(
     )
     .option("--json", "print JSON")
     .action((seq: number, o: { json?: boolean }) => run(() => dlqReplayCommand(config(), seq, o)));
+  dlq
+    .command("purge")
+    .description("remove the dead letters (of one tool) and give their space back")
+    .option("--tool <name>", "only the letters of this tool")
+    .option("--json", "print JSON")
+    .action((o: { tool?: string; json?: boolean }) => run(() => dlqPurgeCommand(config(), o)));
 
   addCatalogCommands(program, () => config(), run);
   addSetupCommand(program, config, run);

@@ -10,6 +10,7 @@ import {
   provisionMesh,
   provisionOwnerWork,
   provisionTenantCalls,
+  storeBudget,
 } from "@toolmesh/nats";
 import type { Subjects } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
@@ -72,6 +73,7 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
       ...(await provisionTenantCalls(nc, subjects, settings, options.tenants ?? [], { dryRun })),
     );
     const changed = changes.filter((c) => c.action !== "unchanged");
+    const budget = await storageBudget(nc, subjects, config, changes);
     const obsolete = await findObsolete(nc, createSubjects({ prefix: config.prefix }));
     const remove = options.removeObsolete === true && !dryRun;
     if (remove) {
@@ -86,6 +88,7 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
           replicas: config.streamReplicas,
           changed: changed.length,
           resources: changes,
+          budget,
           obsolete: obsolete.map((name) => ({
             kind: "stream",
             name,
@@ -96,6 +99,7 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
       return 0;
     }
     for (const change of changes) say(line(change, dryRun));
+    for (const text of budgetLines(budget)) say(text);
     for (const name of obsolete)
       say(
         remove
@@ -111,6 +115,85 @@ export async function setupCommand(config: RuntimeConfig, options: SetupOptions)
   } finally {
     await nc.close();
   }
+}
+
+/** What the streams may hold, by stream and together, against what the account may store. */
+export interface StorageBudget {
+  /** Each stream the mesh bounds, with its `max_bytes`. */
+  streams: { stream: string; max_bytes: number; setting: string }[];
+  /** The sum of every stream's `max_bytes`. */
+  total_bytes: number;
+  /** The account's JetStream file storage limit; -1 when the server sets none (or it is unknown). */
+  account_max_bytes: number;
+  /** What the account stores now, in bytes; -1 when these credentials may not read it. */
+  account_used_bytes: number;
+}
+
+/** The byte bound of every stream `setup` made or checked (ADR 0050). */
+async function storageBudget(
+  nc: NatsConnection,
+  subjects: Subjects,
+  config: RuntimeConfig,
+  changes: readonly ProvisionChange[],
+): Promise<StorageBudget> {
+  const settings = meshSettings(config);
+  const streams = storeBudget(subjects, settings).map((b) => ({
+    stream: b.stream,
+    max_bytes: b.maxBytes,
+    setting: "TOOLMESH_STORE_BYTES",
+  }));
+  for (const change of changes) {
+    if (change.kind !== "stream") continue;
+    const tenant = subjects.isCallsStream(change.name) && change.name !== subjects.streams.calls;
+    const owner = subjects.isWorkStream(change.name) && change.name !== subjects.streams.work;
+    if (tenant)
+      streams.push({
+        stream: change.name,
+        max_bytes: config.tenantStoreBytes,
+        setting: "TOOLMESH_TENANT_STORE_BYTES",
+      });
+    if (owner)
+      streams.push({
+        stream: change.name,
+        max_bytes: config.ownerStoreBytes,
+        setting: "TOOLMESH_OWNER_STORE_BYTES",
+      });
+  }
+  // Credentials that may not read the account's JetStream info still get the streams' budget.
+  const info = await (await jetstreamManager(nc)).getAccountInfo().catch(() => undefined);
+  return {
+    streams,
+    total_bytes: streams.reduce((sum, s) => sum + s.max_bytes, 0),
+    account_max_bytes: info?.limits.max_storage ?? -1,
+    account_used_bytes: info?.storage ?? -1,
+  };
+}
+
+function mib(bytes: number): string {
+  return `${(bytes / 1024 ** 2).toFixed(1)} MiB`;
+}
+
+/** The budget as `setup` prints it, one line a stream, then the total. */
+function budgetLines(budget: StorageBudget): string[] {
+  const lines = budget.streams.map(
+    (s) => `budget ${s.stream}: at most ${mib(s.max_bytes)} (${s.setting})`,
+  );
+  const limit =
+    budget.account_used_bytes < 0
+      ? "the account's storage limit is not readable with these credentials"
+      : budget.account_max_bytes < 0
+        ? "the account has no JetStream storage limit of its own"
+        : `the account may store ${mib(budget.account_max_bytes)}`;
+  const used =
+    budget.account_used_bytes < 0 ? "" : `, stores ${mib(budget.account_used_bytes)} now`;
+  lines.push(
+    `budget total: ${mib(budget.total_bytes)} of streams (${budget.streams.length}), ${limit}${used}`,
+  );
+  if (budget.account_max_bytes >= 0 && budget.total_bytes > budget.account_max_bytes)
+    lines.push(
+      "budget warning: the streams may hold more than the account may store; lower TOOLMESH_STORE_BYTES, TOOLMESH_TENANT_STORE_BYTES or TOOLMESH_OWNER_STORE_BYTES",
+    );
+  return lines;
 }
 
 /** The obsolete streams that exist on the server. */

@@ -7,6 +7,7 @@ import { createLogger } from "@toolmesh/telemetry";
 import { say } from "./print.js";
 import type { MeshStats, TenantStats, ToolStats } from "./stats.js";
 import { gatherStats } from "./stats.js";
+import { renderStorage } from "./storage-stats.js";
 import { connectCli } from "./commands.js";
 
 /** Connects and gathers the mesh's stats once per call of `gather` until `fn` resolves. */
@@ -105,7 +106,10 @@ export function selectTools(
 
 const ms = (v: number | undefined): string => (v === undefined ? "-" : v.toFixed(v < 10 ? 1 : 0));
 
-/** The stats as text lines: a tools table, then services, resolvers and MCP servers. */
+/**
+ * The stats as text lines: a tools table, then services, resolvers, tenants, what each stream
+ * holds against its bound, and MCP servers.
+ */
 export function renderStats(
   stats: MeshStats,
   options: { sort?: SortKey; filter?: string; reverse?: boolean; width?: number } = {},
@@ -138,6 +142,7 @@ export function renderStats(
     `resolved ${stats.resolver.resolved}, rejected ${rejected === "" ? "0" : rejected}; dead letters ${stats.dead_letters}; schemas sent ${stats.schema.expansions} (to ${stats.schema.sessions} sessions)`,
   );
   if (stats.tenants.length > 0) lines.push("", ...renderTenants(stats.tenants));
+  if (stats.storage.length > 0) lines.push("", ...renderStorage(stats.storage));
   for (const s of stats.mcp_servers) {
     const states = Object.entries(s.states)
       .map(([state, n]) => `${state} ${n}`)

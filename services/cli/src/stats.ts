@@ -5,6 +5,8 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import type { StatsReply, Subjects } from "@toolmesh/protocol";
 import { StatsReplySchema, decodeJsonOrUndefined, subjectToken } from "@toolmesh/protocol";
 import { ATTR_TOOLMESH_QUOTA, ATTR_TOOLMESH_TENANT, MetricName } from "@toolmesh/telemetry";
+import type { StreamUsage } from "./storage-stats.js";
+import { readStorage } from "./storage-stats.js";
 
 /** Everything `toolmesh stats` knows about one tool, summed over every process. */
 export interface ToolStats {
@@ -65,6 +67,8 @@ export interface MeshStats {
   schema: { expansions: number; sessions: number };
   /** Tenants with a quota or with calls stored in the calls stream, by token. */
   tenants: TenantStats[];
+  /** Every stream's bytes against its bound: the mesh's, each tenant's and each owner's. */
+  storage: StreamUsage[];
   mcp_servers: {
     server: string;
     /** The state each replica reports, e.g. `{ "ready": 2 }`. */
@@ -112,15 +116,19 @@ export async function gatherStats(
   }
   const consumers = await readConsumers(nc, subjects);
   const stored = await readStoredCalls(nc, subjects, options.tenant);
-  const stats = summarize(
-    replies,
-    tools,
-    (tool) => consumers.get(subjects.workConsumer(tool)),
-    stored,
-  );
+  const jsm = await jetstreamManager(nc).catch(() => undefined);
+  const storage = jsm === undefined ? [] : await readStorage(jsm, subjects);
+  const stats = {
+    ...summarize(replies, tools, (tool) => consumers.get(subjects.workConsumer(tool)), stored),
+    storage,
+  };
   if (options.tenant === undefined) return stats;
   const token = subjectToken(options.tenant);
-  return { ...stats, tenants: stats.tenants.filter((t) => t.tenant === token) };
+  return {
+    ...stats,
+    tenants: stats.tenants.filter((t) => t.tenant === token),
+    storage: storage.filter((u) => u.of === "mesh" || (u.of === "tenant" && u.id === token)),
+  };
 }
 
 /**
@@ -311,6 +319,8 @@ export function summarize(
   return {
     at: Date.now(),
     tenants,
+    // Read from the server by gatherStats, not from the processes' metrics.
+    storage: [],
     services: replies
       .map((r) => ({ service: r.service, instance: r.instance, started_at: r.started_at }))
       .sort((a, b) => a.service.localeCompare(b.service) || a.instance.localeCompare(b.instance)),

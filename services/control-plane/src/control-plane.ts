@@ -81,8 +81,14 @@ const SECOND_LOOK_MS = 5_000;
  * every deadline (the call store's compare-and-set lets one of them end a call).
  */
 export async function startControlPlane(options: ControlPlaneOptions): Promise<ControlPlane> {
-  const { nc, plane, subjects, log } = options;
-  const deps: ControlDeps = { nc, plane, subjects, log };
+  const { nc, plane, subjects, log, workStreamOf } = options;
+  const deps: ControlDeps = {
+    nc,
+    plane,
+    subjects,
+    log,
+    ...(workStreamOf === undefined ? {} : { workStreamOf }),
+  };
   const { js, jsm, store } = plane;
   const { consumers } = meshPlan(subjects);
   // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
@@ -191,8 +197,10 @@ export async function cancelCall(
         cancelled(record.call_id, record.session_id, record.tool),
         current,
       );
+      // Heard only by the executors of the tool's owner: its account imports its own aborts.
+      const stream = deps.workStreamOf?.(record.tool) ?? subjects.streams.work;
       if (won)
-        publishEphemeral(nc, subjects.abort, {
+        publishEphemeral(nc, subjects.abortOf(stream), {
           call_key: callKey(address, key),
           reason: "cancelled",
         } satisfies AbortMessage);

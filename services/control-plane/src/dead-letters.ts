@@ -25,6 +25,8 @@ import {
 import { publishDurable } from "@toolmesh/nats";
 import { deadlineHeaders } from "./deadline-keeper.js";
 import { CallStore, argumentsHash } from "@toolmesh/call-store";
+import type { LetterEvidence } from "./letter-evidence.js";
+import { letterEvidence } from "./letter-evidence.js";
 
 /** One message of the dead-letter stream `{P}_DLQ`, as operators see it. */
 export interface DeadLetter {
@@ -50,6 +52,14 @@ export interface DeadLetter {
   session_id?: string;
   /** The call's idempotency key, when the body holds a call. */
   idempotency_key?: string;
+  /** The tenant (subject token) of the call it names, when the body holds a call. */
+  tenant?: string;
+  /**
+   * Set when the letter names a call the mesh never routed to the work it came from (no record,
+   * or a record of another call or tool): why. Such a letter is evidence of its writer only and
+   * is never replayed (ADR 0051).
+   */
+  suspect?: string;
 }
 
 /** A dead letter with its body. */
@@ -133,6 +143,7 @@ export async function listDeadLetters(
       throw streamError(err, stream);
     });
   const letters: DeadLetter[] = [];
+  const evidence = new EvidenceReader(nc, subjects);
   try {
     let pending = (await reader.info()).num_pending;
     while (pending > 0 && letters.length < limit) {
@@ -143,15 +154,14 @@ export async function listDeadLetters(
       let received = 0;
       for await (const msg of batch) {
         received++;
-        letters.push(
-          describeLetter(subjects, {
-            seq: msg.seq,
-            subject: msg.subject,
-            time: msg.time,
-            headers: msg.headers,
-            data: msg.data,
-          }),
-        );
+        const letter = describeLetter(subjects, {
+          seq: msg.seq,
+          subject: msg.subject,
+          time: msg.time,
+          headers: msg.headers,
+          data: msg.data,
+        });
+        letters.push(await evidence.mark(letter, msg.data));
         pending = msg.info.pending;
         if (pending === 0 || letters.length >= limit) break;
       }
@@ -228,7 +238,37 @@ export async function replayDeadLetter(
   if (subjects.isWorkStream(letter.stream)) {
     const parsed = ResolvedCallSchema.safeParse(raw);
     if (!parsed.success) throw notReplayable(letter, "its body is not a resolved call");
-    outcome = await replayWork(parsed.data, raw as Record<string, unknown>);
+    const checked = await new EvidenceReader(nc, subjects, options.callRetentionMs).check(
+      letter,
+      parsed.data,
+    );
+    if (checked.status === "suspect") {
+      throw new ToolmeshError(
+        ErrorCode.PermissionDenied,
+        `dead letter ${seq} is not replayed: ${checked.why}`,
+        {
+          retryable: false,
+          details: {
+            seq,
+            stream: letter.stream,
+            tenant: parsed.data.address.tenant,
+            suspect: checked.why,
+          },
+        },
+      );
+    }
+    // The call is the mesh's own record of it, not what the letter says (ADR 0051); only the
+    // resolved arguments come from the letter, which the record does not keep.
+    const { record } = checked;
+    const call: ResolvedCall = {
+      ...parsed.data,
+      idempotency_key: record.idempotency_key,
+      call_id: record.call_id,
+      session_id: record.session_id,
+      address: record.address,
+      tool: record.tool,
+    };
+    outcome = await replayWork(call, { ...(raw as Record<string, unknown>), ...call });
   } else if (subjects.isCallsStream(letter.stream)) {
     const parsed = CallRequestSchema.safeParse(raw);
     if (!parsed.success) throw notReplayable(letter, "its body is not a call request");
@@ -387,12 +427,19 @@ function describeLetter(
   const h = msg.headers;
   const body = decodeJsonOrUndefined(msg.data);
   const stream = h?.get(Header.DlqStream) ?? "";
-  let call: { tool: string; call_id: string; session_id: string; key: string } | undefined;
+  let call:
+    { tool: string; call_id: string; session_id: string; key: string; tenant?: string } | undefined;
   if (subjects.isWorkStream(stream)) {
     const parsed = ResolvedCallSchema.safeParse(body);
     if (parsed.success) {
       const c = parsed.data;
-      call = { tool: c.tool, call_id: c.call_id, session_id: c.session_id, key: c.idempotency_key };
+      call = {
+        tool: c.tool,
+        call_id: c.call_id,
+        session_id: c.session_id,
+        key: c.idempotency_key,
+        tenant: c.address.tenant,
+      };
     }
   } else if (subjects.isCallsStream(stream)) {
     const parsed = CallRequestSchema.safeParse(body);
@@ -403,6 +450,7 @@ function describeLetter(
         call_id: r.tool_call.id,
         session_id: r.session_id,
         key: idempotencyKeyOf(r, r.tool_call.id),
+        ...withTenant(subjects.parseSessionSubject(h?.get(Header.DlqSubject) ?? "")?.tenant),
       };
     }
   }
@@ -418,8 +466,53 @@ function describeLetter(
     ...(originalSeq === undefined ? {} : { original_seq: originalSeq }),
     ...(call === undefined
       ? {}
-      : { call_id: call.call_id, session_id: call.session_id, idempotency_key: call.key }),
+      : {
+          call_id: call.call_id,
+          session_id: call.session_id,
+          idempotency_key: call.key,
+          ...withTenant(call.tenant),
+        }),
   };
+}
+
+function withTenant(tenant: string | undefined): { tenant?: string } {
+  return tenant === undefined ? {} : { tenant };
+}
+
+/**
+ * Reads the call records dead letters are checked against, opening the calls bucket once, on
+ * the first work-stream letter.
+ */
+class EvidenceReader {
+  #store: Promise<CallStore> | undefined;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly subjects: Subjects,
+    private readonly callRetentionMs?: number,
+  ) {}
+
+  /** The letter, marked `suspect` when the mesh never routed the call it names to its work. */
+  async mark(letter: DeadLetter, data: Uint8Array): Promise<DeadLetter> {
+    if (!this.subjects.isWorkStream(letter.stream)) return letter;
+    const parsed = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(data));
+    if (!parsed.success) return letter;
+    const checked = await this.check(letter, parsed.data);
+    return checked.status === "suspect" ? { ...letter, suspect: checked.why } : letter;
+  }
+
+  async check(letter: DeadLetter, call: ResolvedCall): Promise<LetterEvidence> {
+    this.#store ??= withNatsErrors(() =>
+      CallStore.open(this.nc, {
+        subjects: this.subjects,
+        // An operator's tool: the bucket is used as the services set it up.
+        existing: "keep",
+        ...(this.callRetentionMs === undefined ? {} : { retentionMs: this.callRetentionMs }),
+      }),
+    );
+    const store = await this.#store;
+    return withNatsErrors(() => letterEvidence(store, this.subjects, letter, call));
+  }
 }
 
 function notReplayable(letter: DeadLetter, why: string): ToolmeshError {

@@ -157,7 +157,7 @@ export async function startDeadlineKeeper(
       if (call === undefined) return; // not a call: the executor dead-letters it
       const won = await plane.finalize(call, deadlineMessage(call));
       if (won) {
-        publishEphemeral(nc, subjects.abort, {
+        publishEphemeral(nc, subjects.abortOf(stream), {
           call_key: entry.key,
           reason: "deadline_exceeded",
         } satisfies AbortMessage);

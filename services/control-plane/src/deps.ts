@@ -9,4 +9,9 @@ export interface ControlDeps {
   plane: MeshCallPlane;
   subjects: Subjects;
   log: Logger;
+  /**
+   * The work stream of a tool's calls as routed now (the mesh's, or its owner's): where its
+   * cancellations are broadcast ({@link Subjects.abortOf}). Default the mesh's.
+   */
+  workStreamOf?: (tool: string) => string;
 }

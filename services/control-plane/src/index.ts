@@ -21,6 +21,9 @@ export type {
   ReplayDeadLetterOptions,
   ReplayOutcome,
 } from "./dead-letters.js";
+// --- purge-letters.ts: `toolmesh dlq purge`, which gives the space back ---
+export { purgeDeadLetters } from "./purge-letters.js";
+export type { PurgeDeadLettersOptions, PurgeOutcome } from "./purge-letters.js";
 // --- reconcile.ts: orphaned work-queue messages after a server restart ---
 export { reconcileOrphans } from "./reconcile.js";
 export type { ReconcileOptions, ReconcileOutcome } from "./reconcile.js";

@@ -14,6 +14,7 @@ import type {
 import {
   Defaults,
   ErrorCode,
+  type OwnerDeadLetterRequest,
   OwnerDeadLetterRequestSchema,
   OwnerFinalizeRequestSchema,
   OwnerProgressRequestSchema,
@@ -230,14 +231,44 @@ async function serve(
           { retryable: false, details: { subject: letter.subject } },
         );
       }
-      await plane.deadLetter({
-        ...letter,
-        stream: subjects.workStream(owner),
-        data: Buffer.from(letter.data, "base64"),
-      });
+      await deadLetterOwnWork(options, owner, letter);
       return { ok: true };
     }
   }
+}
+
+/**
+ * Dead-letters a work message the owner really holds (ADR 0051): the letter is the message as
+ * the mesh stored it in the owner's work stream, never the body the owner sent, so an owner can
+ * neither plant a call it never received nor write more letters than the work it was given.
+ * The message is deleted from the work stream once its letter is stored.
+ */
+async function deadLetterOwnWork(
+  options: OwnerServicesOptions,
+  owner: string,
+  letter: OwnerDeadLetterRequest,
+): Promise<void> {
+  const { plane, subjects } = options;
+  const stream = subjects.workStream(owner);
+  const stored = await plane.jsm.streams.getMessage(stream, { seq: letter.seq });
+  if (stored === null || stored.subject !== letter.subject) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `${stream} holds no work message ${letter.seq} on ${letter.subject}: only work the owner was given can be dead-lettered`,
+      { retryable: false, details: { seq: letter.seq, subject: letter.subject } },
+    );
+  }
+  await plane.deadLetter({
+    tool: letter.tool,
+    reason: letter.reason,
+    stream,
+    subject: stored.subject,
+    seq: stored.seq,
+    deliveries: letter.deliveries,
+    data: stored.data,
+    headers: stored.header,
+  });
+  await plane.jsm.streams.deleteMessage(stream, stored.seq).catch(() => false);
 }
 
 /** Refuses a call whose address does not name a tenant and a session by a token each. */

@@ -181,7 +181,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   );
 
   // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
-  const aborts: Subscription = nc.subscribe(subjects.abort, {
+  const aborts: Subscription = nc.subscribe(subjects.abortOf(workStream), {
     callback: (err, msg) => {
       if (err !== null) return;
       const body = AbortMessageSchema.safeParse(decodeJsonOrUndefined(msg.data)).data;

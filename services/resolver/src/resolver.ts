@@ -145,6 +145,10 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     plane,
     subjects,
     log,
+    workStreamOf: (tool) => {
+      const definition = registry.get(tool)?.definition;
+      return subjects.workStream(definition && workOwnerOf(definition));
+    },
     // The deadline keeper follows every result already: count the sessions' calls from it.
     onResult: (msg) => {
       const settled = subjects.parseResultSubject(msg.subject);

@@ -1030,6 +1030,15 @@ def _publish_error(err: Exception, subject: str) -> ToolmeshError:
                 "mesh): wait for answers, then submit again",
                 details={"subject": subject, "limit": "queued", "retry_after_ms": 1000},
             )
+        if err.err_code == JS_ERR_STREAM_FULL and (err.description or "").startswith(
+            "maximum bytes exceeded"
+        ):
+            # A stream at its max_bytes: the tenant's calls stream or the mesh's share (ADR 0050).
+            return OverloadedError(
+                "the stream holding this message has used up its bytes: "
+                "wait for answers, then submit again",
+                details={"subject": subject, "limit": "stored_bytes", "retry_after_ms": 1000},
+            )
         if err.err_code in _STREAM_FULL_CODES:
             return OverloadedError(
                 f"stream refused the message: {err.description}",

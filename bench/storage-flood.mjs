@@ -1,0 +1,182 @@
+// One tenant flooding the store with large results, in one run:
+// `node bench/storage-flood.mjs [--smoke] [--out DIR]` (after `npm run build`).
+//
+// Tenant B makes small echo calls at a steady rate alone (its baseline), then again while tenant
+// A, within any call quota, keeps FLOOD_IN_FLIGHT echo calls in flight whose results are of
+// random sizes up to RESULT_MAX (half of them at the largest). The mesh runs with
+// TOOLMESH_STORE_BYTES = STORE_BYTES, so each stream has its byte bound (ADR 0050). Reports B's
+// p99 flooded/alone, B's calls lost (any answer but a result), what A was answered, and the
+// store: the sessions stream's and the call records' bytes against their bounds and what the
+// account stores, sampled through the flood. Writes storage-flood.json to --out (default
+// bench/results/). Passes when B lost nothing and its p99 under the flood stays within 1.5× of B
+// alone; the store figures say what a tenant's results still occupy, bounded per stream but not
+// per tenant.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { parseArgs } from "node:util";
+import { fileURLToPath } from "node:url";
+import { performance } from "node:perf_hooks";
+import { clearInterval, setInterval } from "node:timers";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { ToolmeshClient } from "@toolmesh/client";
+import { createSubjects } from "@toolmesh/protocol";
+import { newHistogram, round, summarize } from "./lib/measure.mjs";
+import { startMesh } from "./lib/systems.mjs";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const { values: flags } = parseArgs({
+  options: {
+    smoke: { type: "boolean", default: false },
+    out: { type: "string", default: join(HERE, "results") },
+  },
+});
+const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
+
+const STORE_BYTES = 256 * 1024 * 1024;
+const RESULT_MAX = 500 * 1024;
+const FLOOD_IN_FLIGHT = 16;
+const B_RATE = 20;
+const DURATION_MS = flags.smoke ? 10_000 : 30_000;
+const B_TIMEOUT_MS = 10_000;
+const subjects = createSubjects();
+
+/** B's open loop of small calls; resolves with its histogram and what it was answered. */
+async function steady(nc) {
+  const client = new ToolmeshClient(nc, { tenant: "tenant-b" });
+  const sessions = Array.from({ length: 4 }, (_, i) => client.session(`b-${i}`));
+  const h = newHistogram();
+  const b = { ok: 0, lost: 0, errors: {} };
+  const n = Math.round((B_RATE * DURATION_MS) / 1000);
+  const started = performance.now();
+  const pending = [];
+  for (let i = 0; i < n; i++) {
+    const wait = started + (i * 1000) / B_RATE - performance.now();
+    if (wait > 1) await new Promise((r) => setTimeout(r, wait));
+    const sentAt = performance.now();
+    const handle = sessions[i % sessions.length].submit(
+      { id: `b-${Date.now()}-${i}`, name: "echo", arguments: { text: "hi" } },
+      { timeoutMs: B_TIMEOUT_MS },
+    );
+    pending.push(
+      handle.result.then(
+        (m) => {
+          if (m.error === undefined) {
+            b.ok++;
+            h.record(Math.max(1, Math.round((performance.now() - sentAt) * 1000)));
+          } else {
+            b.lost++;
+            b.errors[m.error.code] = (b.errors[m.error.code] ?? 0) + 1;
+          }
+        },
+        (err) => {
+          b.lost++;
+          b.errors[err.code ?? "thrown"] = (b.errors[err.code ?? "thrown"] ?? 0) + 1;
+        },
+      ),
+    );
+  }
+  await Promise.all(pending);
+  for (const s of sessions) s.close();
+  const latency = summarize(h);
+  delete latency.cdf;
+  return { latency, ...b };
+}
+
+/** A's closed loop of FLOOD_IN_FLIGHT large-result calls until `until()` says stop. */
+async function flood(nc, until) {
+  const client = new ToolmeshClient(nc, { tenant: "tenant-a" });
+  const sessions = Array.from({ length: 16 }, (_, i) => client.session(`a-${i}`));
+  const a = { calls: 0, result_bytes: 0, by_code: {} };
+  let next = 0;
+  const worker = async () => {
+    while (!until()) {
+      const i = next++;
+      const size = Math.random() < 0.5 ? RESULT_MAX : Math.floor(Math.random() * RESULT_MAX);
+      const m = await sessions[i % sessions.length]
+        .submit(
+          { id: `a-${i}`, name: "echo", arguments: { text: "x".repeat(Math.max(1, size)) } },
+          { timeoutMs: 30_000 },
+        )
+        .result.catch((err) => ({ error: { code: err.code ?? "thrown" } }));
+      a.calls++;
+      const code = m.error === undefined ? "ok" : `${m.error.code}:${m.error.details?.limit ?? ""}`;
+      a.by_code[code] = (a.by_code[code] ?? 0) + 1;
+      if (m.error === undefined) a.result_bytes += m.content.length;
+    }
+  };
+  await Promise.all(Array.from({ length: FLOOD_IN_FLIGHT }, worker));
+  for (const s of sessions) s.close();
+  return a;
+}
+
+/** What the store holds now: the sessions stream, the call records, the account. */
+async function store(jsm) {
+  const info = async (name) => {
+    const i = await jsm.streams.info(name).catch(() => undefined);
+    return i === undefined ? undefined : { bytes: i.state.bytes, max_bytes: i.config.max_bytes };
+  };
+  return {
+    sessions: await info(subjects.streams.sessions),
+    records: await info(`KV_${subjects.callsBucket}`),
+    account_bytes: (await jsm.getAccountInfo()).storage,
+  };
+}
+
+const mesh = await startMesh({
+  name: "storage-flood",
+  concurrency: 64,
+  env: { TOOLMESH_STORE_BYTES: String(STORE_BYTES) },
+});
+let result;
+try {
+  const jsm = await jetstreamManager(mesh.nc);
+  const alone = await steady(mesh.nc);
+  log(`B alone: ${JSON.stringify(alone)}`);
+  let stop = false;
+  const samples = [];
+  const sampler = setInterval(() => {
+    void store(jsm).then((s) => samples.push(s));
+  }, 1_000);
+  const floodRun = flood(mesh.nc, () => stop);
+  const flooded = await steady(mesh.nc);
+  stop = true;
+  const a = await floodRun;
+  clearInterval(sampler);
+  const after = await store(jsm);
+  log(`B flooded: ${JSON.stringify(flooded)}; A ${JSON.stringify(a)}`);
+  const most = (key) => Math.max(...samples.map((s) => s[key]?.bytes ?? s[key] ?? 0));
+  const ratio = round(flooded.latency.p99_ms / alone.latency.p99_ms, 2);
+  result = {
+    setup: {
+      store_bytes: STORE_BYTES,
+      result_max_bytes: RESULT_MAX,
+      flood_in_flight: FLOOD_IN_FLIGHT,
+      b_rate_per_s: B_RATE,
+      duration_ms: DURATION_MS,
+    },
+    b_alone: alone,
+    b_flooded: flooded,
+    b_p99_ratio: ratio,
+    a,
+    store: {
+      sessions_max_bytes: after.sessions?.max_bytes,
+      sessions_most_bytes: most("sessions"),
+      records_most_bytes: most("records"),
+      account_most_bytes: most("account_bytes"),
+      after,
+    },
+  };
+  const failures = [];
+  if (flooded.lost > 0) failures.push(`B lost ${flooded.lost} calls`);
+  if (ratio > 1.5) failures.push(`B's p99 ratio ${ratio} > 1.5`);
+  if (result.store.sessions_most_bytes > (after.sessions?.max_bytes ?? Infinity))
+    failures.push("the sessions stream outgrew its bound");
+  result.pass = failures.length === 0;
+  result.failures = failures;
+} finally {
+  await mesh.stop();
+}
+mkdirSync(flags.out, { recursive: true });
+writeFileSync(join(flags.out, "storage-flood.json"), `${JSON.stringify(result, null, 2)}\n`);
+log(JSON.stringify({ b_p99_ratio: result.b_p99_ratio, store: result.store, pass: result.pass }));
+process.exit(result.pass ? 0 : 1);
