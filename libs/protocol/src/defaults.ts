@@ -46,6 +46,12 @@ export const Defaults = {
   resolverConcurrency: 64,
   /** How long a service keeps trying to reach NATS at start-up (`TOOLMESH_STARTUP_TIMEOUT_MS`): 2 min. */
   startupTimeoutMs: 120_000,
+  /**
+   * How long a running service may stay disconnected from NATS before `/healthz` reports it dead
+   * (`TOOLMESH_LIVENESS_DISCONNECTED_MS`), in ms: one that cannot reconnect (an expired
+   * certificate, a revoked credential) is restarted by Kubernetes instead of idling forever.
+   */
+  livenessDisconnectedMs: 60_000,
   /** How long the sessions stream keeps final messages and events: 1 h. */
   sessionRetentionMs: 3_600_000,
   /** How long the client's request-reply exchanges (dry runs, cancellations) wait: 5 s. */
