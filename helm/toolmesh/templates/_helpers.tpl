@@ -236,9 +236,17 @@ others must be listed as consumers.
 {{- else }}[]{{ end }}
 {{- end }}
 
+{{/*
+The TLS settings of a pod: its role's `natsTls` (a Secret of its own, such as the role's
+cert-manager Certificate) over nats.tls; call with (dict "root" $ "tls" $v.natsTls).
+*/}}
+{{- define "toolmesh.natsTls" -}}
+{{- toJson (merge (deepCopy (default dict .tls)) (deepCopy .root.Values.nats.tls)) }}
+{{- end }}
+
 {{/* NATS_CA (and the client certificate of nats.tls) of every pod with nats.tls set. */}}
 {{- define "toolmesh.natsTlsEnv" -}}
-{{- $tls := .root.Values.nats.tls }}
+{{- $tls := include "toolmesh.natsTls" . | fromJson }}
 {{- if $tls.existingSecret }}
 - name: NATS_CA
   value: /etc/toolmesh/nats-tls/{{ $tls.caKey }}
@@ -264,7 +272,7 @@ others must be listed as consumers.
         path: {{ . }}
       {{- end }}
 {{- end }}
-{{- with .root.Values.nats.tls }}
+{{- with include "toolmesh.natsTls" . | fromJson }}
 {{- if .existingSecret }}
 - name: nats-tls
   secret:
@@ -288,7 +296,7 @@ others must be listed as consumers.
   mountPath: /etc/toolmesh/nats
   readOnly: true
 {{- end }}
-{{- if .root.Values.nats.tls.existingSecret }}
+{{- if (include "toolmesh.natsTls" . | fromJson).existingSecret }}
 - name: nats-tls
   mountPath: /etc/toolmesh/nats-tls
   readOnly: true
