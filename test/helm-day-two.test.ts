@@ -157,6 +157,10 @@ describe("the mesh settings", () => {
       ],
       "set setup.streamReplicas instead",
     );
+    await refuse(
+      ["--set", "executors[0].env.TOOLMESH_STORE_BYTES=1000"],
+      "set mesh.storeBytes instead",
+    );
     await refuse(["--set", "mesh.ackWait=5"], "additional properties 'ackWait' not allowed");
   });
 });

@@ -318,7 +318,11 @@ they are set once, in `mesh`, and rendered into every pod and the Job alike.
   "maxQueuedCalls" "TOOLMESH_MAX_QUEUED_CALLS"
   "maxQueuedCallsPerSession" "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION"
   "maxQueuedCallsPerTenant" "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT"
-  "streamCompression" "TOOLMESH_STREAM_COMPRESSION") }}
+  "streamCompression" "TOOLMESH_STREAM_COMPRESSION"
+  "storeBytes" "TOOLMESH_STORE_BYTES"
+  "tenantStoreBytes" "TOOLMESH_TENANT_STORE_BYTES"
+  "ownerStoreBytes" "TOOLMESH_OWNER_STORE_BYTES"
+  "maxDeadLetters" "TOOLMESH_MAX_DEAD_LETTERS") }}
 {{- end }}
 
 {{/*
