@@ -5,8 +5,13 @@
 export const Defaults = {
   /** Budget of a call that sets no `timeout_ms` (`TOOLMESH_DEFAULT_TIMEOUT_MS`): 60 s. */
   callTimeoutMs: 60_000,
-  /** How long a delivered message stays owned without a sign of life (`TOOLMESH_ACK_WAIT_MS`): 10 s. */
-  ackWaitMs: 10_000,
+  /**
+   * How long a delivered message stays owned without a sign of life (`TOOLMESH_ACK_WAIT_MS`): 2 s.
+   * A delivery lost with a connection (a server restarting) is delivered again after it, so it
+   * bounds the slowest call through a rolling restart; heartbeats every third of it keep running
+   * and waiting calls owned (docs/adr/0042).
+   */
+  ackWaitMs: 2_000,
   /** How long running work may finish once a service stops (`TOOLMESH_SHUTDOWN_GRACE_MS`): 10 s. */
   shutdownGraceMs: 10_000,
   /** How long call records are kept, the idempotency horizon (`TOOLMESH_CALL_RETENTION_MS`): 24 h. */
