@@ -14,7 +14,7 @@
 // come from the spans every process exports (the services' by OTLP to a receiver in this
 // process). `npm run build` first.
 // A delivery or acknowledgement in flight on a connection as it drops is seen again only after
-// the consumer's ack wait (`--ack-wait-ms`, default the product's TOOLMESH_ACK_WAIT_MS, 10 s).
+// the consumer's ack wait (`--ack-wait-ms`, default the product's TOOLMESH_ACK_WAIT_MS, 2 s).
 // Usage: node bench/rolling-restart.mjs [--server PATH] [--rate 40] [--phases sigterm,ldm,kill]
 //        [--slow-ms 1000] [--ack-wait-ms MS] [--json FILE]
 import { spawn, execFileSync } from "node:child_process";

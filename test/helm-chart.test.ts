@@ -267,9 +267,17 @@ describe("what the full values render", () => {
     const manifests = await render(["-f", file]);
     const materials = byName(manifests, "ScaledObject", "executor-materials");
     expect(materials.spec).toMatchObject({ minReplicaCount: 0, maxReplicaCount: 20 });
+    // The sum of the tools' lags, not the busiest tool's alone.
+    expect(materials.spec.advanced.scalingModifiers).toEqual({
+      formula: "lag0 + lag1",
+      target: "5",
+      activationTarget: "1",
+      metricType: "AverageValue",
+    });
     expect(materials.spec.triggers).toEqual(
-      ["optimize_structure", "relax.structure"].map((tool) => ({
+      ["optimize_structure", "relax.structure"].map((tool, i) => ({
         type: "nats-jetstream",
+        name: `lag${i}`,
         metadata: {
           natsServerMonitoringEndpoint: "nats-headless.nats.svc.cluster.local:8222",
           account: "TOOLMESH",

@@ -225,13 +225,16 @@ describe("autoscaling", () => {
     );
   });
 
-  it("points KEDA at the headless monitoring service and the TOOLMESH account by default", async () => {
+  it("points KEDA at the headless monitoring service, qualified by namespace, and the TOOLMESH account by default", async () => {
     const ms = await render([
+      "--namespace",
+      "tools",
       "--set-json",
       'executors=[{"name":"x","autoscaling":{"mode":"keda","keda":{"tools":["echo"]}}}]',
     ]);
+    // KEDA's operator resolves names in its own namespace: a short name would not reach NATS.
     expect(find(ms, "ScaledObject", "executor-x").spec.triggers[0].metadata).toMatchObject({
-      natsServerMonitoringEndpoint: "nats-headless:8222",
+      natsServerMonitoringEndpoint: "nats-headless.tools.svc:8222",
       account: "TOOLMESH",
       stream: "TOOLMESH_WORK",
       consumer: "work_echo",
@@ -554,11 +557,13 @@ describe("network policies and notes", () => {
     const ms = await render(["-f", FULL]);
     const resolver = find(ms, "NetworkPolicy", "resolver").spec;
     expect(resolver.policyTypes).toEqual(["Ingress", "Egress"]);
-    expect(resolver.egress).toHaveLength(2);
+    // DNS, NATS, and the OTLP endpoint's port (otel.endpoint is http://…:4318).
+    expect(resolver.egress).toHaveLength(3);
     expect(resolver.egress[1]).toEqual({
       to: [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "nats" } } }],
       ports: [{ port: 4222, protocol: "TCP" }],
     });
+    expect(resolver.egress[2]).toEqual({ ports: [{ port: 4318, protocol: "TCP" }] });
     expect(find(ms, "NetworkPolicy", "executor-weather").spec.egress).toContainEqual({});
     expect(find(ms, "NetworkPolicy", "gateway").spec.ingress[0].ports).toContainEqual({
       port: "http",

@@ -5,7 +5,7 @@
 #   toolmesh-local/node:<major>  this machine's Node + npm (tagged with its major version, 20 on
 #                            CI's Node 20.20), a POSIX shell and a few coreutils, with their
 #                            shared libraries; stands in for the public node image as the
-#                            Dockerfile's NODE_IMAGE (whose default is node:22-bookworm-slim: the
+#                            Dockerfile's NODE_IMAGE (whose default is node:24-bookworm-slim: the
 #                            build works on any Node the root package.json's engines accept). It trusts the certificate
 #                            authorities this machine trusts (its CA bundle and
 #                            NODE_EXTRA_CA_CERTS), so `npm ci` in a build reaches the registry

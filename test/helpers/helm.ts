@@ -75,14 +75,21 @@ export interface HelmResult {
   stderr: string;
 }
 
-/** Runs helm with `args`; never throws for a non-zero exit (the result says). */
-export async function helm(args: string[]): Promise<HelmResult> {
+/**
+ * Runs helm with `args` (and `env` added to the environment, e.g. a KUBECONFIG); never throws for
+ * a non-zero exit (the result says).
+ */
+export async function helm(args: string[], env: Record<string, string> = {}): Promise<HelmResult> {
   const binary = await helmBinary();
   try {
     const { stdout, stderr } = await run(binary, args, {
       cwd: repoRoot,
       maxBuffer: 64 * 1024 * 1024,
-      env: { ...process.env, HELM_CACHE_HOME: join(repoRoot, "node_modules", ".cache", "helm") },
+      env: {
+        ...process.env,
+        HELM_CACHE_HOME: join(repoRoot, "node_modules", ".cache", "helm"),
+        ...env,
+      },
     });
     return { code: 0, stdout, stderr };
   } catch (err) {

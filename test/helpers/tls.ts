@@ -91,3 +91,12 @@ export async function createTestPki(): Promise<TestPki> {
     remove: () => rm(dir, { recursive: true, force: true }),
   };
 }
+
+/** Issues another client certificate (`/CN=<name>`) from the PKI's CA, as a renewal would. */
+export async function issueClientCertificate(
+  pki: TestPki,
+  name: string,
+): Promise<{ cert: string; key: string }> {
+  await signed(pki.dir, "ca", name, "extendedKeyUsage=clientAuth\n");
+  return { cert: join(pki.dir, `${name}.pem`), key: join(pki.dir, `${name}.key`) };
+}

@@ -17,7 +17,7 @@
 {{- end }}
 
 {{- define "toolmesh.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "toolmesh.imageRef" (dict "img" .Values.image "root" .) }}
 {{- end }}
 
 {{/* Labels of a component; call with (dict "root" $ "c" $component). */}}
@@ -96,10 +96,29 @@ a long release name collide.
 {{- toJson $out }}
 {{- end }}
 
-{{/* The image of a component: its own `image` fields winning over the global ones. */}}
+{{/*
+The image of a component: its own `image` fields winning over the global ones. A digest pins
+the image (`repository@digest`, or `repository:tag@digest` with a tag); a role naming another
+repository never inherits the global tag's digest.
+*/}}
 {{- define "toolmesh.componentImage" -}}
-{{- $img := merge (deepCopy (default dict .c.v.image)) (deepCopy .root.Values.image) }}
+{{- $own := default dict .c.v.image }}
+{{- $global := deepCopy .root.Values.image }}
+{{- if and $own.repository (ne $own.repository $global.repository) }}
+{{- $_ := unset $global "digest" }}
+{{- end }}
+{{- $img := merge (deepCopy $own) $global }}
+{{- include "toolmesh.imageRef" (dict "img" $img "root" .root) }}
+{{- end }}
+
+{{/* repository[:tag][@digest] of an image dict; the tag defaults to the appVersion unless a digest pins it. */}}
+{{- define "toolmesh.imageRef" -}}
+{{- $img := .img }}
+{{- if $img.digest }}
+{{- if $img.tag }}{{ printf "%s:%s@%s" $img.repository $img.tag $img.digest }}{{ else }}{{ printf "%s@%s" $img.repository $img.digest }}{{ end }}
+{{- else }}
 {{- printf "%s:%s" $img.repository (default .root.Chart.AppVersion $img.tag) }}
+{{- end }}
 {{- end }}
 
 {{- define "toolmesh.componentPullPolicy" -}}
@@ -217,9 +236,17 @@ others must be listed as consumers.
 {{- else }}[]{{ end }}
 {{- end }}
 
+{{/*
+The TLS settings of a pod: its role's `natsTls` (a Secret of its own, such as the role's
+cert-manager Certificate) over nats.tls; call with (dict "root" $ "tls" $v.natsTls).
+*/}}
+{{- define "toolmesh.natsTls" -}}
+{{- toJson (merge (deepCopy (default dict .tls)) (deepCopy .root.Values.nats.tls)) }}
+{{- end }}
+
 {{/* NATS_CA (and the client certificate of nats.tls) of every pod with nats.tls set. */}}
 {{- define "toolmesh.natsTlsEnv" -}}
-{{- $tls := .root.Values.nats.tls }}
+{{- $tls := include "toolmesh.natsTls" . | fromJson }}
 {{- if $tls.existingSecret }}
 - name: NATS_CA
   value: /etc/toolmesh/nats-tls/{{ $tls.caKey }}
@@ -245,7 +272,7 @@ others must be listed as consumers.
         path: {{ . }}
       {{- end }}
 {{- end }}
-{{- with .root.Values.nats.tls }}
+{{- with include "toolmesh.natsTls" . | fromJson }}
 {{- if .existingSecret }}
 - name: nats-tls
   secret:
@@ -269,20 +296,140 @@ others must be listed as consumers.
   mountPath: /etc/toolmesh/nats
   readOnly: true
 {{- end }}
-{{- if .root.Values.nats.tls.existingSecret }}
+{{- if (include "toolmesh.natsTls" . | fromJson).existingSecret }}
 - name: nats-tls
   mountPath: /etc/toolmesh/nats-tls
   readOnly: true
 {{- end }}
 {{- end }}
 
-{{/* TOOLMESH_STREAM_REPLICAS of every pod and the setup Job, so the services match setup. */}}
-{{- define "toolmesh.streamReplicasEnv" -}}
-{{- if hasKey .Values.env "TOOLMESH_STREAM_REPLICAS" }}
-{{- fail "env.TOOLMESH_STREAM_REPLICAS: set setup.streamReplicas instead (it reaches the setup Job and every pod)" }}
+{{/*
+The settings that shape the mesh's streams and consumers: `mesh` key → variable. The setup Job
+creates the streams with them and every service checks the streams against them at start, so
+they are set once, in `mesh`, and rendered into every pod and the Job alike.
+*/}}
+{{- define "toolmesh.meshVars" -}}
+{{- toJson (dict
+  "ackWaitMs" "TOOLMESH_ACK_WAIT_MS"
+  "maxMessageBytes" "TOOLMESH_MAX_MESSAGE_BYTES"
+  "duplicateWindowMs" "TOOLMESH_DUPLICATE_WINDOW_MS"
+  "callRetentionMs" "TOOLMESH_CALL_RETENTION_MS"
+  "sessionStateTtlMs" "TOOLMESH_SESSION_STATE_TTL_MS"
+  "maxQueuedCalls" "TOOLMESH_MAX_QUEUED_CALLS"
+  "maxQueuedCallsPerSession" "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION"
+  "maxQueuedCallsPerTenant" "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT"
+  "streamCompression" "TOOLMESH_STREAM_COMPRESSION"
+  "storeBytes" "TOOLMESH_STORE_BYTES"
+  "tenantStoreBytes" "TOOLMESH_TENANT_STORE_BYTES"
+  "ownerStoreBytes" "TOOLMESH_OWNER_STORE_BYTES"
+  "maxDeadLetters" "TOOLMESH_MAX_DEAD_LETTERS") }}
 {{- end }}
+
+{{/*
+Fails when `env` (a name → value map) or `extraEnv` (EnvVars) sets a mesh-shaping variable;
+call with (dict "root" $ "where" "resolver" "env" $map "extraEnv" $list).
+*/}}
+{{- define "toolmesh.checkMeshEnv" -}}
+{{- $vars := include "toolmesh.meshVars" .root | fromJson }}
+{{- $_ := set $vars "streamReplicas" "TOOLMESH_STREAM_REPLICAS" }}
+{{- $names := concat (keys (default dict .env)) (list) }}
+{{- range (default list .extraEnv) }}{{ $names = append $names .name }}{{ end }}
+{{- range $key := keys $vars | sortAlpha }}
+{{- $var := get $vars $key }}
+{{- if has $var $names }}
+{{- $where := eq $key "streamReplicas" | ternary "setup.streamReplicas" (printf "mesh.%s" $key) }}
+{{- fail (printf "%s sets %s, which shapes the mesh's streams: set %s instead, so the setup Job and every pod agree (a service whose settings differ from the streams' refuses to start)" $.where $var $where) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The mesh settings of every pod and the setup Job (`mesh`, setup.streamReplicas). */}}
+{{- define "toolmesh.meshEnv" -}}
+{{- $vars := include "toolmesh.meshVars" . | fromJson }}
 - name: TOOLMESH_STREAM_REPLICAS
   value: {{ .Values.setup.streamReplicas | default 1 | int | quote }}
+{{- range $key := keys $vars | sortAlpha }}
+{{- if hasKey $.Values.mesh $key }}
+{{- $value := get $.Values.mesh $key }}
+- name: {{ get $vars $key }}
+  value: {{ kindIs "float64" $value | ternary (int64 $value) $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A probe of a component: the chart's handler and timings, then `probes.<kind>` of the values, then
+of the role; call with (dict "root" $ "c" $c "kind" "liveness" "base" $dict).
+*/}}
+{{- define "toolmesh.probe" -}}
+{{- $global := get (default dict .root.Values.probes) .kind | default dict }}
+{{- $own := get (default dict .c.v.probes) .kind | default dict }}
+{{- toYaml (mergeOverwrite (deepCopy .base) (deepCopy $global) (deepCopy $own)) }}
+{{- end }}
+
+{{/*
+Egress rules derived from the endpoints a component calls: the OTLP endpoint (every role) and,
+for the gateway, its JWKS URL, each to its port (`networkPolicy.otelPeers`/`oauthPeers`, default
+any address). Returns JSON: {"rules": [...], "endpoints": [{"what", "url", "port"}]}.
+*/}}
+{{- define "toolmesh.endpointEgress" -}}
+{{- $root := .root }}
+{{- $v := .c.v }}
+{{- $np := $root.Values.networkPolicy }}
+{{- $env := merge (deepCopy (default dict $v.env)) (deepCopy $root.Values.env) }}
+{{- $endpoints := list }}
+{{- with (get $env "OTEL_EXPORTER_OTLP_ENDPOINT" | default $root.Values.otel.endpoint) }}
+{{- $endpoints = append $endpoints (dict "what" "otel.endpoint" "url" (toString .) "peers" (default list $np.otelPeers)) }}
+{{- end }}
+{{- if eq .c.role "gateway" }}
+{{- with get $env "TOOLMESH_GATEWAY_JWKS_URL" }}
+{{- $endpoints = append $endpoints (dict "what" "the gateway's JWKS URL (TOOLMESH_GATEWAY_JWKS_URL)" "url" (toString .) "peers" (default list $np.oauthPeers)) }}
+{{- end }}
+{{- end }}
+{{- $rules := list }}
+{{- $out := list }}
+{{- range $endpoints }}
+{{- $u := urlParse .url }}
+{{- $port := 0 }}
+{{- $hostPort := splitList ":" $u.host }}
+{{- if gt (len $hostPort) 1 }}{{ $port = last $hostPort | atoi }}
+{{- else if eq $u.scheme "https" }}{{ $port = 443 }}
+{{- else if eq $u.scheme "http" }}{{ $port = 80 }}
+{{- end }}
+{{- $out = append $out (dict "what" .what "url" .url "port" $port) }}
+{{- if and $port (ne (toString $np.deriveEgress) "false") }}
+{{- $rule := dict "ports" (list (dict "port" $port "protocol" "TCP")) }}
+{{- with .peers }}{{ $_ := set $rule "to" . }}{{ end }}
+{{- $rules = append $rules $rule }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "rules" $rules "endpoints" $out) }}
+{{- end }}
+
+{{/*
+Endpoints a component calls that its NetworkPolicy lets no traffic reach, as lines for NOTES:
+an endpoint is reached by a derived rule, or by a rule (the role's `networkPolicy.egress`,
+`extraEgress`, executors' and bridges' `toolEgress`) without ports or with its port.
+*/}}
+{{- define "toolmesh.unreachedEndpoints" -}}
+{{- $root := .root }}
+{{- $c := .c }}
+{{- $np := $root.Values.networkPolicy }}
+{{- $derived := include "toolmesh.endpointEgress" . | fromJson }}
+{{- $rules := concat $derived.rules (default list $np.extraEgress) (dig "networkPolicy" "egress" list $c.v) }}
+{{- if has $c.role (list "executor" "mcp-bridge") }}{{ $rules = concat $rules (default list $np.toolEgress) }}{{ end }}
+{{- range $e := $derived.endpoints }}
+{{- $reached := false }}
+{{- range $r := $rules }}
+{{- if not $r.ports }}{{ $reached = true }}{{ end }}
+{{- range $p := (default list $r.ports) }}
+{{- if eq (toString $p.port) (toString $e.port) }}{{ $reached = true }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if not $reached }}
+  - {{ $c.fullname }}: {{ $e.what }} {{ $e.url }} has no egress rule{{ if not $e.port }} (no port could be read from it){{ end }}: add one under {{ $c.name }} networkPolicy.egress (or networkPolicy.extraEgress)
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -336,5 +483,17 @@ where it makes the manifest unparsable, which lint reports as an error.
 {{- define "toolmesh.nameTooLong" -}}
 {{- if gt (len .fullname) 63 }}
 {{- printf "the Deployment name %q is %d characters, above the 63 Kubernetes allows: shorten the release name or set fullnameOverride (or nameOverride), or the %s name" .fullname (len .fullname) .role }}
+{{- end }}
+{{- end }}
+
+{{/*
+nats.monitoringEndpoint as KEDA's operator, in its own namespace, can resolve it: a short Service
+name (no dot) is qualified with the release's namespace.
+*/}}
+{{- define "toolmesh.monitoringEndpoint" -}}
+{{- $endpoint := .Values.nats.monitoringEndpoint }}
+{{- $host := first (splitList ":" $endpoint) }}
+{{- if contains "." $host }}{{ $endpoint }}
+{{- else }}{{ printf "%s.%s.svc%s" $host .Release.Namespace (trimPrefix $host $endpoint) }}
 {{- end }}
 {{- end }}

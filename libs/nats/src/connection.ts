@@ -10,6 +10,7 @@ import {
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { ErrorCode, STREAM_LEADER_ELECTED_ADVISORIES, ToolmeshError } from "@toolmesh/protocol";
+import { ReloadingFile } from "./reloading-file.js";
 
 /** How to reach NATS. Names follow natscli (`--server`, `--creds`, `--user`, …). */
 export interface NatsConnectOptions {
@@ -42,16 +43,19 @@ export const MIN_SERVER_VERSION = "2.9.0";
 /**
  * Connects with reconnection forever and the options meant for throughput, and follows server
  * restarts ({@link followServerChanges}). Files (creds, nkey seed, TLS) are read first, so a
- * missing one is reported by its option; a failure to connect is an `unavailable` error naming
- * the servers without their credentials and never carrying a secret.
+ * missing one is reported by its option, and read again at every reconnection, so a rotated
+ * file is used without a restart; a failure to connect is an `unavailable` error naming the
+ * servers without their credentials and never carrying a secret.
  */
 export async function connectNats(options: NatsConnectOptions = {}): Promise<NatsConnection> {
   const authenticator: Authenticator[] = [];
-  if (options.creds !== undefined)
-    authenticator.push(credsAuthenticator(await readSecretFile(options.creds, "creds")));
+  if (options.creds !== undefined) {
+    const creds = new ReloadingFile(options.creds, await readSecretFile(options.creds, "creds"));
+    authenticator.push(credsAuthenticator(() => creds.read()));
+  }
   if (options.nkey !== undefined) {
-    const seed = new TextDecoder().decode(await readSecretFile(options.nkey, "nkey")).trim();
-    authenticator.push(nkeyAuthenticator(new TextEncoder().encode(seed)));
+    const seed = new ReloadingFile(options.nkey, await readSecretFile(options.nkey, "nkey"));
+    authenticator.push(nkeyAuthenticator(() => new TextEncoder().encode(seed.text())));
   }
   if (options.user !== undefined)
     authenticator.push(usernamePasswordAuthenticator(options.user, options.password));
@@ -63,17 +67,21 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
       { retryable: false },
     );
   }
-  const tls = {
-    ...(options.tlsCert === undefined
-      ? {}
-      : { cert: await readSecretFile(options.tlsCert, "tlscert", "utf8") }),
-    ...(options.tlsKey === undefined
-      ? {}
-      : { key: await readSecretFile(options.tlsKey, "tlskey", "utf8") }),
-    ...(options.tlsCa === undefined
-      ? {}
-      : { ca: await readSecretFile(options.tlsCa, "tlsca", "utf8") }),
-  };
+  // Read once here to report a missing file by its option; the transport reads the files again
+  // for every connection attempt, so a renewed certificate is presented at the next reconnect.
+  const tls: { certFile?: string; keyFile?: string; caFile?: string } = {};
+  if (options.tlsCert !== undefined) {
+    await readSecretFile(options.tlsCert, "tlscert");
+    tls.certFile = options.tlsCert;
+  }
+  if (options.tlsKey !== undefined) {
+    await readSecretFile(options.tlsKey, "tlskey");
+    tls.keyFile = options.tlsKey;
+  }
+  if (options.tlsCa !== undefined) {
+    await readSecretFile(options.tlsCa, "tlsca");
+    tls.caFile = options.tlsCa;
+  }
   const servers = (options.servers ?? "nats://127.0.0.1:4222").split(",").map((s) => s.trim());
   try {
     const nc = await connect({
@@ -85,6 +93,10 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
       ...(options.connectTimeoutMs === undefined ? {} : { timeout: options.connectTimeoutMs }),
       maxReconnectAttempts: -1,
       reconnectTimeWait: 250,
+      // nats.js gives up after the same authentication error twice; a credential or certificate
+      // refused now may be renewed in its file, which the next attempt reads, so keep trying
+      // (liveness reports a process that stays refused: TOOLMESH_LIVENESS_DISCONNECTED_MS).
+      ignoreAuthErrorAbort: true,
       noAsyncTraces: true,
     });
     followServerChanges(nc);
@@ -232,15 +244,9 @@ const OPTION_VARIABLES: Record<string, string> = {
   tlsca: "NATS_CA",
 };
 
-async function readSecretFile(path: string, option: string): Promise<Uint8Array>;
-async function readSecretFile(path: string, option: string, encoding: "utf8"): Promise<string>;
-async function readSecretFile(
-  path: string,
-  option: string,
-  encoding?: "utf8",
-): Promise<Uint8Array | string> {
+async function readSecretFile(path: string, option: string): Promise<Uint8Array> {
   try {
-    return encoding === undefined ? await readFile(path) : await readFile(path, encoding);
+    return await readFile(path);
   } catch (err) {
     throw new ToolmeshError(
       ErrorCode.InvalidRequest,

@@ -5,8 +5,13 @@
 export const Defaults = {
   /** Budget of a call that sets no `timeout_ms` (`TOOLMESH_DEFAULT_TIMEOUT_MS`): 60 s. */
   callTimeoutMs: 60_000,
-  /** How long a delivered message stays owned without a sign of life (`TOOLMESH_ACK_WAIT_MS`): 10 s. */
-  ackWaitMs: 10_000,
+  /**
+   * How long a delivered message stays owned without a sign of life (`TOOLMESH_ACK_WAIT_MS`): 2 s.
+   * A delivery lost with a connection (a server restarting) is delivered again after it, so it
+   * bounds the slowest call through a rolling restart; heartbeats every third of it keep running
+   * and waiting calls owned (docs/adr/0042).
+   */
+  ackWaitMs: 2_000,
   /** How long running work may finish once a service stops (`TOOLMESH_SHUTDOWN_GRACE_MS`): 10 s. */
   shutdownGraceMs: 10_000,
   /** How long call records are kept, the idempotency horizon (`TOOLMESH_CALL_RETENTION_MS`): 24 h. */
@@ -86,6 +91,12 @@ export const Defaults = {
   resolverConcurrency: 64,
   /** How long a service keeps trying to reach NATS at start-up (`TOOLMESH_STARTUP_TIMEOUT_MS`): 2 min. */
   startupTimeoutMs: 120_000,
+  /**
+   * How long a running service may stay disconnected from NATS before `/healthz` reports it dead
+   * (`TOOLMESH_LIVENESS_DISCONNECTED_MS`), in ms: one that cannot reconnect (an expired
+   * certificate, a revoked credential) is restarted by Kubernetes instead of idling forever.
+   */
+  livenessDisconnectedMs: 60_000,
   /** How long the sessions stream keeps final messages and events: 1 h. */
   sessionRetentionMs: 3_600_000,
   /** How long the client's request-reply exchanges (dry runs, cancellations) wait: 5 s. */

@@ -132,6 +132,7 @@ export const EnvSchema = z.object({
   TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
   TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(Defaults.startupTimeoutMs),
+  TOOLMESH_LIVENESS_DISCONNECTED_MS: positiveInt.default(Defaults.livenessDisconnectedMs),
 });
 
 /** The parsed configuration of a toolmesh process. Durations in ms. */
@@ -226,6 +227,8 @@ export interface RuntimeConfig {
   streamCompression: "s2" | "none";
   /** How long a service keeps trying to reach NATS at start-up before it exits, in ms. */
   startupTimeoutMs: number;
+  /** How long a running service may stay disconnected from NATS and still be alive, in ms. */
+  livenessDisconnectedMs: number;
   /** The raw environment, for libraries that follow standard variables (OTEL_*). */
   env: Readonly<Record<string, string | undefined>>;
   /** Port of the Prometheus scrape endpoint `GET /metrics`; none when unset. */
@@ -312,6 +315,7 @@ export function loadConfig(
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
     streamCompression: e.TOOLMESH_STREAM_COMPRESSION,
     startupTimeoutMs: e.TOOLMESH_STARTUP_TIMEOUT_MS,
+    livenessDisconnectedMs: e.TOOLMESH_LIVENESS_DISCONNECTED_MS,
     env,
     ...(e.TOOLMESH_METRICS_PORT === undefined ? {} : { metricsPort: e.TOOLMESH_METRICS_PORT }),
     tracePayloads: e.TOOLMESH_TRACE_PAYLOADS === "true",

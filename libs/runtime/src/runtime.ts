@@ -21,6 +21,7 @@ import {
 } from "@toolmesh/telemetry";
 import type { RuntimeConfig } from "./config.js";
 import { loadConfig } from "./config.js";
+import { ConnectionWatch } from "./connection-watch.js";
 import { Readiness, startHealthServer } from "./health.js";
 import { answerStats } from "./stats.js";
 
@@ -44,6 +45,11 @@ export interface Runtime {
   readonly streamLimits: StreamLimits;
   /** Whether the NATS connection is up right now (false while reconnecting). */
   connected(): boolean;
+  /**
+   * Whether the process is alive: its connection is open and has not been down for longer than
+   * `livenessDisconnectedMs` (`/healthz`).
+   */
+  alive(): boolean;
   /** Drains the connection and flushes telemetry. */
   close(): Promise<void>;
 }
@@ -124,18 +130,11 @@ export async function openRuntime(
             },
           )
         : undefined;
-    let connected = true;
-    void (async () => {
-      for await (const status of nc.status()) {
-        if (status.type === "disconnect") {
-          connected = false;
-          logger.warn({ server: status.server }, "disconnected from NATS; reconnecting");
-        } else if (status.type === "reconnect") {
-          connected = true;
-          logger.info({ server: status.server }, "reconnected to NATS");
-        }
-      }
-    })();
+    const watch = new ConnectionWatch(config.livenessDisconnectedMs);
+    watch.follow(nc, (up, server) => {
+      if (up) logger.info({ server }, "reconnected to NATS");
+      else logger.warn({ server }, "disconnected from NATS; reconnecting");
+    });
     const stats = answerStats({
       nc,
       subjects,
@@ -146,7 +145,7 @@ export async function openRuntime(
     if (metrics.prometheusPort !== undefined)
       logger.info({ port: metrics.prometheusPort }, "metrics served at /metrics");
     const readiness = options.readiness ?? new Readiness();
-    const isConnected = (): boolean => connected && !nc.isClosed();
+    const isConnected = (): boolean => watch.connected() && !nc.isClosed();
     readiness.set("nats", () =>
       isConnected() ? { ok: true } : { ok: false, detail: "not connected; reconnecting" },
     );
@@ -162,6 +161,7 @@ export async function openRuntime(
       metrics: processMetrics,
       readiness,
       connected: isConnected,
+      alive: () => !nc.isClosed() && watch.alive(),
       streamLimits: meshSettings(config),
       async close() {
         stats.unsubscribe();
@@ -348,7 +348,7 @@ export async function serveActors(
     config.healthPort === undefined
       ? undefined
       : await startHealthServer(config.healthPort, {
-          live: () => rt === undefined || !rt.nc.isClosed(),
+          live: () => rt === undefined || rt.alive(),
           readiness,
         });
   try {

@@ -4,8 +4,10 @@ import { errors as joseErrors, createRemoteJWKSet, jwtVerify } from "jose";
 import type { JWTPayload } from "jose";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
+import type { Logger } from "@toolmesh/telemetry";
 import type { GatewayConfig, JwtSettings } from "./config.js";
 import { GatewayConfigError } from "./config.js";
+import { KeysFileWatcher } from "./keys-file-watcher.js";
 
 /** Who a request acts for, as its credential says. */
 export interface Principal {
@@ -104,19 +106,22 @@ export async function loadKeysFile(
 
 /** Checks bearer credentials: static keys, JWTs from a JWKS, or none (an anonymous tenant). */
 export class Authenticator {
-  readonly #keys: Map<string, Principal>;
+  readonly #keys: () => Map<string, Principal>;
+  readonly #watcher: KeysFileWatcher | undefined;
   readonly #jwt: JwtSettings | undefined;
   readonly #jwks: ReturnType<typeof createRemoteJWKSet> | undefined;
   readonly #audience: string | undefined;
   readonly #anonymous: Principal | undefined;
 
   private constructor(
-    keys: Map<string, Principal>,
+    watcher: KeysFileWatcher | undefined,
     jwt: JwtSettings | undefined,
     audience: string | undefined,
     anonymousTenant: string | undefined,
   ) {
-    this.#keys = keys;
+    this.#watcher = watcher;
+    const none = new Map<string, Principal>();
+    this.#keys = watcher === undefined ? () => none : () => watcher.current();
     this.#jwt = jwt;
     this.#jwks = jwt === undefined ? undefined : createRemoteJWKSet(new URL(jwt.jwksUrl));
     this.#audience = audience;
@@ -126,18 +131,29 @@ export class Authenticator {
         : { tenant: anonymousTenant, credential: "anonymous" };
   }
 
-  /** Builds the authenticator the configuration describes (reads the keys file). */
-  static async create(config: GatewayConfig): Promise<Authenticator> {
-    const keys =
+  /**
+   * Builds the authenticator the configuration describes: reads the keys file, and reads it
+   * again whenever it changes ({@link KeysFileWatcher}).
+   */
+  static async create(config: GatewayConfig, log?: Logger): Promise<Authenticator> {
+    const watcher =
       config.keysFile === undefined
-        ? new Map<string, Principal>()
-        : await loadKeysFile(config.keysFile, config.env);
+        ? undefined
+        : await KeysFileWatcher.open(config.keysFile, {
+            env: config.env,
+            ...(log === undefined ? {} : { log }),
+          });
     return new Authenticator(
-      keys,
+      watcher,
       config.jwt,
       config.jwt?.audience ?? config.resourceUrl,
       config.anonymousTenant,
     );
+  }
+
+  /** Stops following the keys file. */
+  close(): void {
+    this.#watcher?.close();
   }
 
   /** Whether OAuth (JWT) is configured: then the protected-resource metadata is served. */
@@ -154,7 +170,7 @@ export class Authenticator {
     const match = /^Bearer +([^ ]+) *$/i.exec(authorization);
     if (match === null) throw new AuthError(401, "invalid_token", "not a Bearer credential");
     const token = match[1] ?? "";
-    const byKey = this.#keys.get(keyDigest(token));
+    const byKey = this.#keys().get(keyDigest(token));
     if (byKey !== undefined) return byKey;
     if (this.#jwt !== undefined && token.split(".").length === 3) return this.#verifyJwt(token);
     throw new AuthError(401, "invalid_token", "unknown key");

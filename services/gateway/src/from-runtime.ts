@@ -33,7 +33,7 @@ export async function startGatewayFromRuntime(
 ): Promise<Gateway> {
   const log = rt.log.child({ actor: "gateway" });
   const registry = meshRegistry(rt);
-  const auth = await Authenticator.create(config);
+  const auth = await Authenticator.create(config, log);
   const store = await StateStore.open(rt.nc, {
     subjects: rt.subjects,
     sessionTtlMs: rt.config.sessionStateTtlMs,
@@ -83,6 +83,7 @@ export async function startGatewayFromRuntime(
     log,
     tracer: rt.tracer,
     version: gatewayVersion(),
+    alive: () => rt.alive(),
     ready: () => {
       if (draining) return { ok: false, detail: "shutting down" };
       if (!rt.connected()) return { ok: false, detail: "NATS connection down" };
@@ -131,6 +132,7 @@ export async function startGatewayFromRuntime(
         await new Promise((resolve) => setTimeout(resolve, 50));
       stopRegistry();
       groupWatch.stop();
+      auth.close();
       await server.close();
     },
   };

@@ -30,6 +30,8 @@ export interface GatewayServerOptions {
   log: Logger;
   tracer: Tracer;
   version: string;
+  /** Whether this replica is alive (`/healthz`); default always. */
+  alive?: () => boolean;
   /** Whether this replica can serve (NATS up, not draining). */
   ready: () => { ok: boolean; detail?: string };
   observe: CallObserver;
@@ -83,7 +85,10 @@ export function createGatewayServer(options: GatewayServerOptions): GatewayServe
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = (req.url ?? "/").split("?", 1)[0] ?? "/";
-    if (path === "/healthz") return sendJson(res, 200, { status: "ok" });
+    if (path === "/healthz") {
+      const alive = options.alive?.() ?? true;
+      return sendJson(res, alive ? 200 : 503, { status: alive ? "ok" : "unavailable" });
+    }
     if (path === "/readyz") {
       const ready = options.ready();
       return sendJson(res, ready.ok ? 200 : 503, {
