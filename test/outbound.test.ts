@@ -8,13 +8,9 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { PrivateAddressAllowance, ToolContext } from "@toolmesh/executor";
-import {
-  loadNativeToolsDir,
-  outboundFetch,
-  privateAddressCause,
-  trustedHostsOf,
-} from "@toolmesh/executor";
+import { loadNativeToolsDir } from "@toolmesh/executor";
+import type { PrivateAddressAllowance, ToolContext } from "@toolmesh/tool-host";
+import { outboundFetch, privateAddressCause, trustedHostsOf } from "@toolmesh/tool-host";
 import { McpServerConfigSchema, ServerConnection } from "@toolmesh/mcp-bridge";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";

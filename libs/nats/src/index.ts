@@ -63,3 +63,22 @@ export {
   tenantIntakeSpec,
 } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";
+export {
+  MESH_ACCOUNT,
+  PERMISSION_ROLES,
+  checkAccountId,
+  ownerAccount,
+  passwordVariable,
+  renderAccountConfig,
+  renderPermissions,
+  rolePermissions,
+  tenantAccount,
+} from "./permissions.js";
+export type {
+  AccountConfigOptions,
+  AccountLimits,
+  ExtraUser,
+  PermissionOptions,
+  PermissionRole,
+  Permissions,
+} from "./permissions.js";

@@ -9,8 +9,8 @@ import type {
   PrivateAddressAllowance,
   ToolContext,
   ToolModule,
-} from "@toolmesh/executor";
-import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/executor";
+} from "@toolmesh/tool-host";
+import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/tool-host";
 import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import type { ToolPins } from "./pins.js";
