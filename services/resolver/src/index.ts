@@ -17,12 +17,6 @@ export {
 } from "./handle-call.js";
 export type { Resolution, ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 export { SessionLimits } from "./session-limits.js";
-export { QuotaGate, QuotaStore, QuotaView } from "./quotas.js";
-export type {
-  CountedCall,
-  QuotaGateOptions,
-  QuotaName,
-  ScopedQuota,
-  UsageSummary,
-} from "./quotas.js";
+export { QuotaGate, QuotaView } from "./quotas.js";
+export type { CountedCall, QuotaGateOptions, QuotaName } from "./quotas.js";
 export { startResolverFromRuntime } from "./from-runtime.js";
