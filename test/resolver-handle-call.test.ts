@@ -20,8 +20,8 @@ import {
   encodeJson,
 } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
-import { SessionLimits, handleCall, resolveRequest, routeCall } from "@toolmesh/resolver";
-import type { ResolverDeps } from "@toolmesh/resolver";
+import { SessionLimits, handleCall, resolveRequest, routeCall } from "@toolmesh/resolver/internal";
+import type { ResolverDeps } from "@toolmesh/resolver/internal";
 import { createLogger, toolmeshMetrics, trace } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";

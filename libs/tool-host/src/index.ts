@@ -1,30 +1,20 @@
-export { startExecutor, toolDefinitionOf } from "./executor.js";
-export { handleWork, handlerError, retryDelay, toContent } from "./handle-work.js";
-export type { ServedTool, WorkDeps } from "./handle-work.js";
-export { AttemptTelemetry } from "./attempt-telemetry.js";
-export { FreshWork } from "./fresh-work.js";
+// --- executor.ts: serves tool modules from their work queues ---
+export { startExecutor } from "./executor.js";
 export type { Executor, ExecutorOptions } from "./executor.js";
+export { ServedTools } from "./served-tools.js";
+export type { SyncLog, ToolSync } from "./served-tools.js";
+// --- tool-module.ts: what a tool is written against ---
 export { ToolModuleSchema, defineTool } from "./tool-module.js";
 export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
+// --- http-invoke.ts: a tool call made as an HTTP request ---
 export {
   DEFAULT_ACCEPT,
-  ERROR_BODY_BYTES,
   UrlAllowList,
   invalidParameter,
   invokeHttp,
-  retryAfterMs,
   textOf,
 } from "./http-invoke.js";
 export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
-export { ServedTools } from "./served-tools.js";
-export type { SyncLog, ToolSync } from "./served-tools.js";
-export {
-  PrivateAddressError,
-  outboundFetch,
-  trustedHostsOf,
-  outboundPolicy,
-  privateAddressCause,
-  privateAddressDenied,
-  privateRangeOf,
-} from "./outbound.js";
-export type { FetchLike, OutboundPolicy, PrivateAddressAllowance } from "./outbound.js";
+// --- outbound.ts: the guard every outbound HTTP request of a tool goes through ---
+export { outboundFetch, privateAddressCause, trustedHostsOf } from "./outbound.js";
+export type { FetchLike, PrivateAddressAllowance } from "./outbound.js";
