@@ -2,3 +2,5 @@
 export { handleCall, resolveRequest, routeCall } from "./handle-call.js";
 export type { ResolverDeps } from "./handle-call.js";
 export { SessionLimits } from "./session-limits.js";
+export { Admission, AdmissionTicket, admissionId } from "./admission.js";
+export type { AdmissionCall, AdmissionOptions, AdmissionVerdict } from "./admission.js";

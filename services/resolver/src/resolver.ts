@@ -22,6 +22,7 @@ import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
 import { FairShare } from "./fair-share.js";
+import { Admission } from "./admission.js";
 import type { WorkDepth } from "./fair-share.js";
 
 /** The queue group of the resolver replicas: dry runs and the control plane's cancel requests. */
@@ -134,33 +135,25 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           log,
           heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
         });
+  const metrics = toolmeshMetrics();
+  const admission = new Admission({ limits, quotas, fairShare, metrics });
   const control: ControlPlane = await startControlPlane({
     queue: QUEUE,
     nc,
     plane,
     subjects,
     log,
-    // The deadline keeper follows every result already: count the sessions' calls from it.
+    // The deadline keeper follows every result already: settle admitted calls from it.
     onResult: (msg) => {
       const settled = subjects.parseResultSubject(msg.subject);
-      if (settled === undefined) return;
-      limits.settled(settled.address, settled.call);
-      quotas?.ended(settled.address.tenant, settled.address.session, settled.call);
-      if (fairShare !== undefined) {
-        // While calls are held, an ending call may have freed its tool's executor: say which.
-        const tool = fairShare.held > 0 ? toolOf(msg.data) : undefined;
-        fairShare.ended(
-          `${settled.address.tenant}.${settled.address.session}.${settled.call}`,
-          tool,
-        );
-      }
+      if (settled !== undefined)
+        admission.settle(settled.address, settled.call, () => toolOf(msg.data));
     },
   });
   const stopLoggingQuotas = quotas?.view.onChange((key) => {
     const current = quotas.view.get(key);
     log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
   });
-  const metrics = toolmeshMetrics();
   const stopReportingTenants = metrics.observeTenants(() =>
     quotas === undefined
       ? []
@@ -187,9 +180,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     tracer,
     plane,
     control,
-    limits,
-    quotas,
-    fairShare,
+    admission,
     metrics,
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
@@ -198,10 +189,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   void (async () => {
     for await (const status of nc.status())
-      if (status.type === "reconnect") {
-        limits.clear();
-        fairShare?.reconnected();
-      }
+      if (status.type === "reconnect") admission.reconnected();
   })();
 
   const intake = {
