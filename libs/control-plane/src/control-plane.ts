@@ -18,6 +18,8 @@ import {
   subjectToken,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
+  deadLetterMsgId,
+  requeueMsgId,
 } from "@toolmesh/protocol";
 import type { RequestServer, ServeRequestsOptions, WorkLoop } from "@toolmesh/nats";
 import {
@@ -308,7 +310,7 @@ export async function requeueIfUsedUp(
   headers.set(Header.Requeued, String(deliveries));
   await plane.js.publish(stored.subject, stored.data, {
     headers,
-    msgID: `requeue:${stream}:${seq}`,
+    msgID: requeueMsgId(stream, seq),
   });
   await plane.jsm.streams.deleteMessage(stream, seq).catch(() => false);
   log.warn(
@@ -350,7 +352,7 @@ export async function deadLetter(
   });
   await js.publish(subjects.dlq(tool), stored.data, {
     headers: h,
-    msgID: `dlq:${stream}:${seq}`,
+    msgID: deadLetterMsgId(stream, seq),
   });
   toolmeshMetrics().deadLettered(stream);
 

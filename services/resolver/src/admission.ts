@@ -1,6 +1,12 @@
 import type { JsMsg } from "@nats-io/jetstream";
 import type { CallRequest, ResolvedCall, SessionAddress } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, subjectToken } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  ToolmeshError,
+  overloadedMsgId,
+  refusedMsgId,
+  subjectToken,
+} from "@toolmesh/protocol";
 import type { ToolmeshMetrics } from "@toolmesh/telemetry";
 import type { SessionLimits } from "./session-limits.js";
 import type { QuotaGate } from "./quotas.js";
@@ -196,7 +202,7 @@ export class Admission {
     return {
       decision: "refuse",
       error,
-      msgId: `${msgIdKind}:${call.key}:${call.seq}`,
+      msgId: (msgIdKind === "overloaded" ? overloadedMsgId : refusedMsgId)(call.key, call.seq),
       logged: msgIdKind === "refused",
     };
   }

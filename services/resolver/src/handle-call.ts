@@ -29,6 +29,9 @@ import {
   subjectToken,
   idempotencyKeyOf,
   workOwnerOf,
+  deliveryResultMsgId,
+  missingArgumentsMsgId,
+  rejectedMsgId,
 } from "@toolmesh/protocol";
 import type { ServeRequestsOptions } from "@toolmesh/nats";
 import { ServerClock, answerRequest, publishDurable, tracedHeaders } from "@toolmesh/nats";
@@ -588,7 +591,7 @@ async function answerVanishedRecord(
   await plane.publishFinal(
     subject,
     outcome?.result ?? message,
-    `result:${callKey(resolved.address, resolved.idempotency_key)}:${seq}`,
+    deliveryResultMsgId(callKey(resolved.address, resolved.idempotency_key), seq),
   );
   callLog.warn(
     { answered_from_store: earlier?.success === true },
@@ -623,7 +626,7 @@ export async function answerInvalid(
       at: Date.now(),
     };
     await publishDurable(js, subjects.missingArguments(address, event.tool), event, {
-      msgId: `missing:${callKey(address, idempotencyKeyOf(request, callId))}`,
+      msgId: missingArgumentsMsgId(callKey(address, idempotencyKeyOf(request, callId))),
     });
   }
   const message = errorToolMessage(
@@ -775,7 +778,7 @@ export async function answerResubmission(
       seq,
     };
     await publishDurable(js, subjects.rejected(submission.address, seq), rejection, {
-      msgId: `rejected:${key}:${seq}`,
+      msgId: rejectedMsgId(key, seq),
     });
     callLog.info({ seq, code: error.code }, "submission under a key another call holds refused");
     return;

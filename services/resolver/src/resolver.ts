@@ -10,6 +10,7 @@ import {
   serveRequests,
   startWorkLoop,
   warnUnavailable,
+  heartbeatMsFor,
 } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
@@ -133,7 +134,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
           now: () => plane.clock.now(),
           log,
-          heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+          heartbeatMs: heartbeatMsFor(ackWaitMs),
         });
   const metrics = toolmeshMetrics();
   const admission = new Admission({ limits, quotas, fairShare, metrics });
@@ -199,7 +200,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // compete for the same slots.
     slots: new Semaphore(options.concurrency ?? Defaults.resolverConcurrency),
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
-    heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+    heartbeatMs: heartbeatMsFor(ackWaitMs),
     handle: (msg: JsMsg) => handleCall(deps, msg),
     onError: (err: unknown) => log.error({ err }, "resolver loop error"),
   };
