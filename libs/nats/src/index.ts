@@ -28,7 +28,7 @@ export type { DeadLetterOrigin, PublishOptions } from "./publish.js";
 export { Semaphore } from "./semaphore.js";
 export { answerRequest, serveRequests } from "./serve-requests.js";
 export type { RequestServer, ServeRequestsOptions } from "./serve-requests.js";
-export { startWorkLoop } from "./work-loop.js";
+export { heartbeatMsFor, startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { retryWhileUnavailable, unavailableKind, warnUnavailable } from "./unavailable.js";
 export type { RetryWhileUnavailableOptions, UnavailableKind } from "./unavailable.js";

@@ -22,6 +22,7 @@ import {
   retryWhileUnavailable,
   startWorkLoop,
   warnUnavailable,
+  heartbeatMsFor,
 } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
@@ -256,7 +257,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
         slots,
         // Buffered messages are kept owned by heartbeats while they wait for a slot.
         maxMessages: 8,
-        heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+        heartbeatMs: heartbeatMsFor(ackWaitMs),
         consumerWaitMs: consumerWait.budgetMs,
         onConsumerUnavailable: consumerWait.onRetry,
         handle: (msg) => handleWork(deps, served.get(definition.name) ?? tool, msg),
