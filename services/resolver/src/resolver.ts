@@ -13,8 +13,9 @@ import {
   heartbeatMsFor,
 } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
+import type { MeshCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
-import type { Logger, Tracer } from "@toolmesh/telemetry";
+import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
@@ -110,34 +111,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     streamLimits: options.streamLimits,
     callRetentionMs: options.callRetentionMs,
   });
-  const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
-  const quotas =
-    options.quotas === false
-      ? undefined
-      : await QuotaGate.open(nc, {
-          subjects,
-          log,
-          replicas: options.replicas,
-          reconcileMs: options.quotaReconcileMs,
-          now: () => plane.clock.now(),
-        });
-
-  const fairShareWindow = options.fairShareWindow ?? 0;
-  const fairShare =
-    fairShareWindow <= 0
-      ? undefined
-      : new FairShare({
-          window: fairShareWindow,
-          idleMs: options.fairShareIdleMs,
-          depth: workDepth(plane.jsm, subjects, registry),
-          weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
-          now: () => plane.clock.now(),
-          log,
-          heartbeatMs: heartbeatMsFor(ackWaitMs),
-        });
   const metrics = toolmeshMetrics();
-  const admission = new Admission({ limits, quotas, fairShare, metrics });
+  const admission = await openAdmission(options, plane, ackWaitMs, metrics);
   const control: ControlPlane = await startControlPlane({
     queue: QUEUE,
     nc,
@@ -151,19 +127,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         admission.settle(settled.address, settled.call, () => toolOf(msg.data));
     },
   });
-  const stopLoggingQuotas = quotas?.view.onChange((key) => {
-    const current = quotas.view.get(key);
-    log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
-  });
-  const stopReportingTenants = metrics.observeTenants(() =>
-    quotas === undefined
-      ? []
-      : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
-          tenant,
-          inFlight,
-          queued: fairShare?.heldByTenant().get(tenant) ?? 0,
-        })),
-  );
+  const stopReportingQuotas = reportQuotas(admission, metrics, log);
   // Executors and bridges in tool owners' accounts register and end their calls through these.
   const owners = startOwnerServices({
     nc,
@@ -193,6 +157,94 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       if (status.type === "reconnect") admission.reconnected();
   })();
 
+  const loops = await startIntake(deps, options, ackWaitMs);
+
+  const rpc: RequestServer = serveRequests({
+    nc,
+    subject: subjects.allResolveRpc,
+    queue: QUEUE,
+    ...dryRunRequests(deps),
+  });
+  const stopWatching = logToolChanges(registry, log);
+  log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
+
+  return {
+    async stop(graceMs: number = Defaults.shutdownGraceMs) {
+      stopWatching();
+      admission.fairShare?.stop();
+      await Promise.all([rpc.stop(graceMs), ...loops.map((loop) => loop.stop(graceMs))]);
+      await control.stop(graceMs);
+      admission.quotas?.close();
+      stopReportingQuotas();
+      owners.stop();
+    },
+  };
+}
+
+/** The session slots, quota gate and fair share of this resolver, as one {@link Admission}. */
+async function openAdmission(
+  options: ResolverOptions,
+  plane: MeshCallPlane,
+  ackWaitMs: number,
+  metrics: ToolmeshMetrics,
+): Promise<Admission> {
+  const { nc, subjects, registry, log } = options;
+  const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
+  const quotas =
+    options.quotas === false
+      ? undefined
+      : await QuotaGate.open(nc, {
+          subjects,
+          log,
+          replicas: options.replicas,
+          reconcileMs: options.quotaReconcileMs,
+          now: () => plane.clock.now(),
+        });
+  const fairShareWindow = options.fairShareWindow ?? 0;
+  const fairShare =
+    fairShareWindow <= 0
+      ? undefined
+      : new FairShare({
+          window: fairShareWindow,
+          idleMs: options.fairShareIdleMs,
+          depth: workDepth(plane.jsm, subjects, registry),
+          weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
+          now: () => plane.clock.now(),
+          log,
+          heartbeatMs: heartbeatMsFor(ackWaitMs),
+        });
+  return new Admission({ limits, quotas, fairShare, metrics });
+}
+
+/** Logs every quota applied and reports the tenants' calls in flight; returns how to stop. */
+function reportQuotas(admission: Admission, metrics: ToolmeshMetrics, log: Logger): () => void {
+  const { quotas, fairShare } = admission;
+  const stopLogging = quotas?.view.onChange((key) => {
+    const current = quotas.view.get(key);
+    log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
+  });
+  const stopReporting = metrics.observeTenants(() =>
+    quotas === undefined
+      ? []
+      : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
+          tenant,
+          inFlight,
+          queued: fairShare?.heldByTenant().get(tenant) ?? 0,
+        })),
+  );
+  return () => {
+    stopReporting();
+    stopLogging?.();
+  };
+}
+
+/** The two loops that take calls: the mesh's calls stream, and every tenant's own. */
+function startIntake(
+  deps: ResolverDeps,
+  options: ResolverOptions,
+  ackWaitMs: number,
+): Promise<WorkLoop[]> {
+  const { subjects, log, plane } = deps;
   const intake = {
     js: plane.js,
     consumer: subjects.resolverConsumer,
@@ -204,7 +256,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     handle: (msg: JsMsg) => handleCall(deps, msg),
     onError: (err: unknown) => log.error({ err }, "resolver loop error"),
   };
-  const loops: WorkLoop[] = await Promise.all([
+  return Promise.all([
     startWorkLoop({
       ...intake,
       stream: subjects.streams.calls,
@@ -219,14 +271,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       push: { deliverSubject: subjects.intake, deliverGroup: subjects.resolverConsumer },
     }),
   ]);
+}
 
-  const rpc: RequestServer = serveRequests({
-    nc,
-    subject: subjects.allResolveRpc,
-    queue: QUEUE,
-    ...dryRunRequests(deps),
-  });
-  const stopWatching = registry.onChange(({ name, tool }) => {
+/** Logs every tool that becomes available or is removed; returns how to stop. */
+function logToolChanges(registry: ToolRegistry, log: Logger): () => void {
+  return registry.onChange(({ name, tool }) => {
     if (tool === undefined) log.info({ tool: name }, "tool removed");
     else
       log.info(
@@ -234,18 +283,4 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         "tool available",
       );
   });
-  log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
-
-  return {
-    async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      stopWatching();
-      fairShare?.stop();
-      await Promise.all([rpc.stop(graceMs), ...loops.map((loop) => loop.stop(graceMs))]);
-      await control.stop(graceMs);
-      quotas?.close();
-      stopReportingTenants();
-      stopLoggingQuotas?.();
-      owners.stop();
-    },
-  };
 }
