@@ -183,20 +183,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   /** Registers a tool and starts consuming its work; false when another owner has the name. */
   async function serve(module: ToolModule): Promise<boolean> {
     const definition = toolDefinitionOf(module, owner);
-    // A registration is idempotent: one whose answer was lost in an election is made again.
-    const outcome = await retryWhileUnavailable(() => link.register(definition), {
-      what: `register ${definition.name}`,
-      budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
-      onRetry: warnUnavailable(log, subjects.registryBucket, "bucket"),
-    });
-    if (outcome.status === "conflict") {
-      if (options.ownerAccount !== undefined)
-        log.warn(
-          { tool: definition.name, owner: outcome.owner, refused: owner },
-          "tool name already registered by another owner; registration refused",
-        );
-      return false; // inside the mesh the registry has logged the warning
-    }
+    if (!(await registerTool(link, options, definition, owner))) return false;
     const tool: ServedTool = {
       module,
       definition,
@@ -431,4 +418,29 @@ function handBackAll({ shutdown, running }: WorkDeps): void {
       }),
     );
   }
+}
+
+/**
+ * Registers a tool's definition; false when another owner has the name. A registration is
+ * idempotent: one whose answer was lost in an election is made again.
+ */
+async function registerTool(
+  link: MeshLink,
+  options: ExecutorOptions,
+  definition: ToolDefinition,
+  owner: string,
+): Promise<boolean> {
+  const { log, subjects } = options;
+  const outcome = await retryWhileUnavailable(() => link.register(definition), {
+    what: `register ${definition.name}`,
+    budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
+    onRetry: warnUnavailable(log, subjects.registryBucket, "bucket"),
+  });
+  if (outcome.status !== "conflict") return true;
+  if (options.ownerAccount !== undefined)
+    log.warn(
+      { tool: definition.name, owner: outcome.owner, refused: owner },
+      "tool name already registered by another owner; registration refused",
+    );
+  return false; // inside the mesh the registry has logged the warning
 }
