@@ -18,7 +18,7 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import { runCli } from "./helpers/cli.js";
-import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable, toolKnown } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -575,7 +575,7 @@ describe("liveness", () => {
     const fresh = await call("t.fresh", {});
     expect(json(fresh)).toEqual({ tool: "fresh", args: { value: "none" } });
     await call("t.remove_tool", { name: "fresh" });
-    await resolver.waitForLog((l) => l.msg === "tool removed" && l.tool === "t.fresh");
+    await toolKnown(client, "t.fresh", false);
     expect((await call("t.fresh", {})).error?.code).toBe("unknown_tool");
   });
 
@@ -719,19 +719,15 @@ describe("tool pinning", () => {
       fields: ["description"],
       approve: "toolmesh tools approve rel target",
     });
-    await resolver.waitForLog((l) => l.msg === "tool removed" && l.tool === "rel.target");
+    await toolKnown(client, "rel.target", false);
     expect((await call("rel.target", { value: "b" })).error?.code).toBe("unknown_tool");
 
-    const mark = resolver.lines.length;
     const approved = await runCli(["tools", "approve", "rel", "target"], { NATS_URL: server.url });
     expect(approved.code).toBe(0);
     expect(approved.stdout).toMatch(
       /^approved rel\.target \(sha256 [0-9a-f]{12}, was [0-9a-f]{12}; changed: description\)\n$/,
     );
-    await resolver.waitForLog(
-      (l) =>
-        l.msg === "tool available" && l.tool === "rel.target" && resolver.lines.indexOf(l) >= mark,
-    );
+    await toolKnown(client, "rel.target", true);
     expect((await call("rel.target", { value: "c" })).content).toBe("target got c");
     const entry = (await registry.fetchAll()).find((d) => d.name === "rel.target");
     expect(entry?.description).toBe(changed);
