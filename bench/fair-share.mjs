@@ -15,7 +15,7 @@ import { parseArgs } from "node:util";
 import { fileURLToPath } from "node:url";
 import { performance } from "node:perf_hooks";
 import { createSubjects } from "@toolmesh/protocol";
-import { QuotaStore } from "@toolmesh/resolver";
+import { QuotaStore } from "@toolmesh/catalog";
 import { ToolmeshClient } from "@toolmesh/client";
 import { newHistogram, round, summarize } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { renderPermissions, rolePermissions } from "@toolmesh/cli";
+import { renderPermissions, rolePermissions } from "@toolmesh/nats";
 import {
   STREAM_LEADER_ELECTED_ADVISORIES,
   consumerLeaderElectedAdvisory,

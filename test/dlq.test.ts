@@ -23,6 +23,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { eventually } from "./helpers/eventually.js";
 
 const subjects = createSubjects();
 
@@ -46,21 +47,6 @@ function toolmesh(args: string[]): Promise<CliOutcome> {
   return runCli(args, env);
 }
 
-/** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
-async function eventually<T>(
-  what: string,
-  probe: () => Promise<T | undefined>,
-  timeoutMs = 15_000,
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
-
 /** The first session event matching `predicate`, already seen or future. */
 function nextResult(
   predicate: (m: ToolMessage) => boolean,
@@ -70,9 +56,9 @@ function nextResult(
     "a result on the session",
     () => {
       const found = events.find((e) => e.type === "result" && predicate(e.message));
-      return Promise.resolve(found?.type === "result" ? found.message : undefined);
+      return found?.type === "result" ? found.message : undefined;
     },
-    timeoutMs,
+    { timeoutMs },
   );
 }
 

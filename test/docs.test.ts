@@ -1,11 +1,13 @@
+import { execFileSync } from "node:child_process";
 import { readFileSync, readdirSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { ErrorCode } from "@toolmesh/protocol";
+import { ErrorCode, subjectToken } from "@toolmesh/protocol";
 import { EnvSchema } from "@toolmesh/runtime";
 import { describe, expect, it } from "vitest";
 
-// Keeps the documentation in step with the code it describes. Reads files only; no network.
+// Keeps the documentation in step with the code it describes. Reads files (and runs the
+// documented Python with python3); no network.
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -49,6 +51,38 @@ describe("docs/protocol.md", () => {
   it("links every file in schemas/", () => {
     expect(schemaFiles.length).toBeGreaterThan(0);
     expect(schemaFiles.filter((file) => !protocol.includes(`](../schemas/${file})`))).toEqual([]);
+  });
+
+  it("shows a Python subject_token that gives the tokens subjectToken gives", () => {
+    const snippet = /A Python version[\s\S]*?```python\n([\s\S]*?)```/.exec(protocol)?.[1];
+    expect(snippet).toContain("def subject_token(");
+    const names = [
+      "default",
+      "acme corp",
+      "s.1",
+      "a*b>c",
+      "tab\there",
+      "=",
+      "a==b",
+      "é",
+      "日本語",
+      "🙂 emoji",
+      "\ud800 lone high",
+      "lone low \udfff",
+      "x".repeat(64),
+      "x".repeat(65),
+      "é".repeat(40),
+      "\ud83d".repeat(30),
+    ];
+    const program = `${snippet ?? ""}
+import json, sys
+print(json.dumps([subject_token(n) for n in json.loads(sys.stdin.read())]))
+`;
+    const out = execFileSync("python3", ["-c", program], {
+      input: JSON.stringify(names),
+      encoding: "utf8",
+    });
+    expect(JSON.parse(out)).toEqual(names.map((name) => subjectToken(name)));
   });
 
   it("links no schema file that does not exist", () => {

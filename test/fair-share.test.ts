@@ -4,7 +4,7 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
-import { QuotaStore } from "@toolmesh/resolver";
+import { QuotaStore } from "@toolmesh/catalog";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";

@@ -9,8 +9,14 @@ import {
   knownRecordHeaders,
   openCallPlane,
 } from "@toolmesh/call-store";
-import { AttemptTelemetry, FreshWork, handleWork, toolDefinitionOf } from "@toolmesh/executor";
-import type { ServedTool, ToolModule, WorkDeps } from "@toolmesh/executor";
+import {
+  AttemptTelemetry,
+  FreshWork,
+  handleWork,
+  toolDefinitionOf,
+} from "@toolmesh/tool-host/internal";
+import type { ToolModule } from "@toolmesh/tool-host";
+import type { ServedTool, WorkDeps } from "@toolmesh/tool-host/internal";
 import { ensureDurableConsumer, publishDurable, tracedHeaders } from "@toolmesh/nats";
 import type { ResolvedCall, ToolMessage } from "@toolmesh/protocol";
 import {

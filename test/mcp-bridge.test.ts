@@ -18,11 +18,12 @@ import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import { runCli } from "./helpers/cli.js";
-import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { killAllServices, startService, toolAvailable, toolKnown } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { freePort } from "@toolmesh/nats-launcher";
+import { eventually } from "./helpers/eventually.js";
 
 // resolver → mcp-bridge → real MCP servers (the repository's SDK test server over stdio,
 // streamable HTTP and SSE, and the npm package @modelcontextprotocol/server-everything run
@@ -134,13 +135,10 @@ async function waitForRecord(
   predicate: (r: ServerRecord) => boolean,
   timeoutMs = 10_000,
 ): Promise<ServerRecord> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    const found = (await readRecords()).find(predicate);
-    if (found !== undefined) return found;
-    if (Date.now() > until) throw new Error(`no matching server record within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
+  return eventually("a matching server record", async () => (await readRecords()).find(predicate), {
+    timeoutMs,
+    everyMs: 25,
+  });
 }
 
 /** Waits until a bridge registered every tool of the servers and the resolver sees them. */
@@ -577,7 +575,7 @@ describe("liveness", () => {
     const fresh = await call("t.fresh", {});
     expect(json(fresh)).toEqual({ tool: "fresh", args: { value: "none" } });
     await call("t.remove_tool", { name: "fresh" });
-    await resolver.waitForLog((l) => l.msg === "tool removed" && l.tool === "t.fresh");
+    await toolKnown(client, "t.fresh", false);
     expect((await call("t.fresh", {})).error?.code).toBe("unknown_tool");
   });
 
@@ -642,16 +640,28 @@ describe("paths and start-up", () => {
     expect(String(warning.err)).toContain(
       `Cannot find module '${join(mcpDir, "no-such-server.mjs")}'`,
     );
-    const ready = await fetch(`http://127.0.0.1:${healthPort}/readyz`);
-    // A server that cannot start keeps the bridge not ready, and the body says why.
-    expect(ready.status).toBe(503);
-    const body = (await ready.json()) as {
+    // The bridge retries the server: between two attempts its check says `waiting` (with the
+    // cause), during one `connecting`. Read /readyz until it shows the state between attempts
+    // (and the other server that cannot start has failed once).
+    type Readiness = {
       status: string;
       checks: Record<
         string,
         { ok: boolean; detail?: { state: string; tools: number; error?: string } }
       >;
     };
+    let code = 0;
+    const body = await eventually("/readyz to show the missing server waiting", async () => {
+      const ready = await fetch(`http://127.0.0.1:${healthPort}/readyz`);
+      code = ready.status;
+      const read = (await ready.json()) as Readiness;
+      const settled =
+        read.checks["mcp:missing"]?.detail?.state === "waiting" &&
+        read.checks["mcp:nocmd"]?.detail?.error !== undefined;
+      return settled ? read : undefined;
+    });
+    // A server that cannot start keeps the bridge not ready, and the body says why.
+    expect(code).toBe(503);
     expect(body.status).toBe("unavailable");
     expect(body.checks["mcp:t"]).toEqual({ ok: true, detail: { state: "ready", tools: 17 } });
     expect(body.checks["mcp:missing"]?.ok).toBe(false);
@@ -709,19 +719,15 @@ describe("tool pinning", () => {
       fields: ["description"],
       approve: "toolmesh tools approve rel target",
     });
-    await resolver.waitForLog((l) => l.msg === "tool removed" && l.tool === "rel.target");
+    await toolKnown(client, "rel.target", false);
     expect((await call("rel.target", { value: "b" })).error?.code).toBe("unknown_tool");
 
-    const mark = resolver.lines.length;
     const approved = await runCli(["tools", "approve", "rel", "target"], { NATS_URL: server.url });
     expect(approved.code).toBe(0);
     expect(approved.stdout).toMatch(
       /^approved rel\.target \(sha256 [0-9a-f]{12}, was [0-9a-f]{12}; changed: description\)\n$/,
     );
-    await resolver.waitForLog(
-      (l) =>
-        l.msg === "tool available" && l.tool === "rel.target" && resolver.lines.indexOf(l) >= mark,
-    );
+    await toolKnown(client, "rel.target", true);
     expect((await call("rel.target", { value: "c" })).content).toBe("target got c");
     const entry = (await registry.fetchAll()).find((d) => d.name === "rel.target");
     expect(entry?.description).toBe(changed);

@@ -5,19 +5,15 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { stringify as toYaml } from "yaml";
-import type {
-  OpenApiSourceFile,
-  ToolContext,
-  ToolModule,
-  ToolSourceSettings,
-} from "@toolmesh/executor";
+import type { OpenApiSourceFile, ToolContext, ToolModule } from "@toolmesh/executor";
+import type { ToolSourceSettings } from "@toolmesh/executor/internal";
 import {
   OpenApiSourceFileSchema,
   ToolLoadError,
-  openApiToolSources,
   openApiTools,
   readOpenApiDocument,
 } from "@toolmesh/executor";
+import { openApiToolSources } from "@toolmesh/executor/internal";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { startHttpApi } from "./helpers/http-api.js";

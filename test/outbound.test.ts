@@ -8,14 +8,11 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { PrivateAddressAllowance, ToolContext } from "@toolmesh/executor";
-import {
-  loadNativeToolsDir,
-  outboundFetch,
-  privateAddressCause,
-  trustedHostsOf,
-} from "@toolmesh/executor";
-import { McpServerConfigSchema, ServerConnection } from "@toolmesh/mcp-bridge";
+import { loadNativeToolsDir } from "@toolmesh/executor/internal";
+import type { PrivateAddressAllowance, ToolContext } from "@toolmesh/tool-host";
+import { outboundFetch, privateAddressCause, trustedHostsOf } from "@toolmesh/tool-host";
+import { McpServerConfigSchema } from "@toolmesh/mcp-bridge";
+import { ServerConnection } from "@toolmesh/mcp-bridge/internal";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
 

@@ -16,6 +16,7 @@ import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
+import { eventually } from "./helpers/eventually.js";
 
 // Work of an owner's tool (ADR 0041) that kills its executor every time is dead-lettered from
 // its owner's work stream like the mesh's (ADR 0009), and its replay goes back to that stream.
@@ -71,17 +72,6 @@ afterAll(async () => {
   if (tmp !== undefined) await rm(tmp, { recursive: true, force: true });
 });
 
-/** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
-async function eventually<T>(what: string, probe: () => T | undefined, timeoutMs = 30_000) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-}
-
 function resultsOf(callId: string): ToolMessage[] {
   return events.flatMap((e) =>
     e.type === "result" && e.message.tool_call_id === callId ? [e.message] : [],
@@ -132,8 +122,10 @@ describe("an owner's crash-looping work", () => {
       subject: subjects.work("crasher", "acme"),
       deleted: true,
     });
-    const healed = await eventually("the replay's result", () =>
-      resultsOf("p1").find((m) => m.error === undefined),
+    const healed = await eventually(
+      "the replay's result",
+      () => resultsOf("p1").find((m) => m.error === undefined),
+      { timeoutMs: 30_000 },
     );
     expect(JSON.parse(healed.content)).toMatchObject({ healed: true, args: { note: "poison" } });
     expect(resultsOf("p1")).toHaveLength(2);

@@ -4,12 +4,13 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
-import { QuotaStore } from "@toolmesh/resolver";
+import { QuotaStore } from "@toolmesh/catalog";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
+import { until } from "./helpers/eventually.js";
 
 // Three resolvers share the calls: every limit must hold across them, exactly.
 
@@ -90,14 +91,10 @@ function codes(results: ToolMessage[]): Record<string, number> {
 }
 
 async function waitForUsage(tenant: string, inFlight: number, tool?: string): Promise<void> {
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    const usage = await store.usage({ tenant, tool });
-    if (usage.in_flight === inFlight) return;
-    if (Date.now() > deadline)
-      throw new Error(`tenant ${tenant} still counts ${usage.in_flight} calls in flight`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  await until(
+    `tenant ${tenant} to count ${inFlight} calls in flight`,
+    async () => (await store.usage({ tenant, tool })).in_flight === inFlight,
+  );
 }
 
 describe("quotas across three resolvers", () => {

@@ -8,7 +8,7 @@ import { openCallPlane } from "@toolmesh/call-store";
 import { ensureDurableConsumer } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import type { CallRequest, ResolvedCall } from "@toolmesh/protocol";
-import { reconcileOrphans, startDeadlineKeeper } from "@toolmesh/control-plane";
+import { reconcileOrphans, startDeadlineKeeper } from "@toolmesh/control-plane/internal";
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";

@@ -14,6 +14,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { until } from "./helpers/eventually.js";
 
 let server: NatsServerHandle;
 let nc: NatsConnection;
@@ -83,16 +84,30 @@ async function timed(result: Promise<ToolMessage>): Promise<{ message: ToolMessa
 }
 
 /** Waits until the newest work message of `tool` holds the call `callId`: it waits, accepted. */
-async function queuedInWork(tool: string, callId: string): Promise<void> {
+/** The call id of the last work message of `tool` still in the work stream, if any. */
+async function lastWorkOf(tool: string): Promise<string | undefined> {
   const jsm = await jetstreamManager(nc);
   const subjects = createSubjects();
-  for (;;) {
-    const last = await jsm.streams.getMessage(subjects.streams.work, {
-      last_by_subj: subjects.work(tool),
-    });
-    if (last?.json<{ call_id: string }>().call_id === callId) return;
-    await delay(20);
-  }
+  const last = await jsm.streams.getMessage(subjects.streams.work, {
+    last_by_subj: subjects.work(tool),
+  });
+  return last?.json<{ call_id: string }>().call_id;
+}
+
+async function queuedInWork(tool: string, callId: string): Promise<void> {
+  await until(
+    `${callId} to wait in the work stream`,
+    async () => (await lastWorkOf(tool)) === callId,
+    { timeoutMs: 30_000, everyMs: 20 },
+  );
+}
+
+/** Waits until an executor took `callId`'s work and acknowledged it: it left the work stream. */
+async function takenFromWork(tool: string, callId: string): Promise<void> {
+  await until(
+    `${callId} to leave the work stream`,
+    async () => (await lastWorkOf(tool)) !== callId,
+  );
 }
 
 describe("deadlines", () => {
@@ -222,7 +237,7 @@ describe("cancellation", () => {
   });
 
   it("never starts a cancelled call that was still queued", async () => {
-    const e = await executor({ TOOLMESH_CONCURRENCY: "1" });
+    await executor({ TOOLMESH_CONCURRENCY: "1" });
     const session = client.session("rel-cancel-queued");
     const busy = session.submit({ id: "q0", name: "sleepy", arguments: { ms: 600 } });
     await startedOn(session, "q0");
@@ -233,15 +248,13 @@ describe("cancellation", () => {
     expect(reply).toMatchObject({ cancelled: true, state: "cancelled" });
     expect((await queued.result).error).toMatchObject({ code: "cancelled" });
     expect((await busy.result).error).toBeUndefined();
-    await e.waitForLog(
-      (l) => l.callId === "q1" && l.msg === "call already ended; answered from its stored result",
-    );
+    await takenFromWork("sleepy", "q1");
     session.close();
     expect(executions("default/rel-cancel-queued/rel-cancel-queued/q1")).toBe(0);
   });
 
   it("never starts a cancelled queued call whose work is young enough to skip the record read", async () => {
-    const e = await executor({ TOOLMESH_CONCURRENCY: "1" });
+    await executor({ TOOLMESH_CONCURRENCY: "1" });
     const session = client.session("rel-cancel-fresh");
     // A first call drains the tool's work consumer; a long one then keeps the only slot busy
     // until the executor has listened to aborts for longer than the window (ADR 0027).
@@ -256,9 +269,7 @@ describe("cancellation", () => {
     expect(await queued.cancel()).toMatchObject({ cancelled: true, state: "cancelled" });
     expect((await queued.result).error).toMatchObject({ code: "cancelled" });
     expect((await busy.result).error).toBeUndefined();
-    await e.waitForLog(
-      (l) => l.callId === "f2" && l.msg === "call already ended; answered from its stored result",
-    );
+    await takenFromWork("sleepy", "f2");
     session.close();
     expect(executions("default/rel-cancel-fresh/rel-cancel-fresh/f2")).toBe(0);
   });

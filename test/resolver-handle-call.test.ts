@@ -20,8 +20,14 @@ import {
   encodeJson,
 } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
-import { SessionLimits, handleCall, resolveRequest, routeCall } from "@toolmesh/resolver";
-import type { ResolverDeps } from "@toolmesh/resolver";
+import {
+  Admission,
+  SessionLimits,
+  handleCall,
+  resolveRequest,
+  routeCall,
+} from "@toolmesh/resolver/internal";
+import type { ResolverDeps } from "@toolmesh/resolver/internal";
 import { createLogger, toolmeshMetrics, trace } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -47,7 +53,7 @@ function deps(overrides: Partial<ResolverDeps> = {}): ResolverDeps {
     control: {
       deadLetter: () => Promise.reject(new Error("no call here is dead-lettered")),
     },
-    limits: new SessionLimits(256),
+    admission: new Admission({ limits: new SessionLimits(256), metrics: toolmeshMetrics() }),
     metrics: toolmeshMetrics(),
     defaultTimeoutMs: 60_000,
     callRetentionMs: 86_400_000,
@@ -207,7 +213,10 @@ describe("routeCall", () => {
   it("answers overloaded when the session is over its in-flight limit, counts it, and routes nothing", async () => {
     const metrics = toolmeshMetrics();
     const refusedCount = vi.spyOn(metrics, "tenantRefused");
-    const limited = deps({ limits: new SessionLimits(1), metrics });
+    const limited = deps({
+      admission: new Admission({ limits: new SessionLimits(1), metrics }),
+      metrics,
+    });
     const first = await submitted(request("busy-1", "echo", { text: "a" }));
     await handleCall(limited, first);
     expect(await workMessages()).toBe(1);

@@ -7,7 +7,7 @@ import {
   renderAccountConfig,
   rolePermissions,
   tenantAccount,
-} from "@toolmesh/cli";
+} from "@toolmesh/nats";
 import { ToolmeshClient } from "@toolmesh/client";
 import { ownerCallPlane } from "@toolmesh/call-store";
 import { Defaults, ErrorCode, ToolDefinitionSchema, createSubjects } from "@toolmesh/protocol";

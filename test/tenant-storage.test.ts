@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { jetstream } from "@nats-io/jetstream";
-import { renderAccountConfig } from "@toolmesh/cli";
+import { renderAccountConfig } from "@toolmesh/nats";
 import { publishError } from "@toolmesh/nats";
 import { ErrorCode, createSubjects, encodeJson } from "@toolmesh/protocol";
 import type { ToolMessage, WireError } from "@toolmesh/protocol";

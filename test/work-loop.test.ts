@@ -8,6 +8,7 @@ import { Semaphore, startWorkLoop } from "@toolmesh/nats";
 import type { WorkLoop, WorkLoopOptions } from "@toolmesh/nats";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { until } from "./helpers/eventually.js";
 
 // The loop every executor and the schema expander consume work with: bounded concurrency over
 // a durable pull consumer on a work-queue stream, heartbeats, and stop with grace and hand-back.
@@ -53,14 +54,8 @@ async function loop(where: { stream: string; consumer: string }, opts: LoopOptio
   return started;
 }
 
-/** Resolves when `check` holds, polling; fails the test after `ms`. */
-async function until(check: () => boolean | Promise<boolean>, ms = 10_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error("condition not met in time");
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}
+/** Polls often: the work loop's states last milliseconds. */
+const POLL = { timeoutMs: 10_000, everyMs: 20 };
 
 /** A promise with its resolver: a gate a handler waits on. */
 function gate(): { opened: Promise<void>; open: () => void } {
@@ -104,7 +99,7 @@ describe("startWorkLoop", () => {
     await loop(where, { slots, handle });
     await loop(where, { slots, handle });
     await publish(where.stream, 24);
-    await until(() => handled.length === 24);
+    await until("handled.length === 24", () => handled.length === 24, POLL);
     expect(most).toBe(3);
     expect(new Set(handled).size).toBe(24);
   });
@@ -121,7 +116,11 @@ describe("startWorkLoop", () => {
     await loop(where, { handle, heartbeatMs: 300 });
     await loop(where, { handle, heartbeatMs: 300 });
     await publish(where.stream, 2);
-    await until(async () => (await jsm.streams.info(where.stream)).state.messages === 0);
+    await until(
+      "the work stream to hold 0 messages",
+      async () => (await jsm.streams.info(where.stream)).state.messages === 0,
+      POLL,
+    );
     expect(deliveries.map((d) => d.payload).sort()).toEqual(["0", "1"]);
     expect(deliveries.every((d) => !d.redelivered)).toBe(true);
   });
@@ -138,7 +137,7 @@ describe("startWorkLoop", () => {
       },
     });
     await publish(where.stream, 2);
-    await until(() => worker.inFlight === 2);
+    await until("worker.inFlight === 2", () => worker.inFlight === 2, POLL);
     let stopped = false;
     const stopping = worker.stop(30_000).then(() => (stopped = true));
     await publish(where.stream, 1);
@@ -149,7 +148,11 @@ describe("startWorkLoop", () => {
     await stopping;
     expect(handled.sort()).toEqual(["0", "1"]);
     // The two acks reach the server; the third message stays for another replica.
-    await until(async () => (await jsm.streams.info(where.stream)).state.messages === 1);
+    await until(
+      "the work stream to hold 1 message",
+      async () => (await jsm.streams.info(where.stream)).state.messages === 1,
+      POLL,
+    );
   });
 
   it("calls onGraceExpired when the grace passes, then waits for the handlers to hand back", async () => {
@@ -165,7 +168,7 @@ describe("startWorkLoop", () => {
       },
     });
     await publish(where.stream, 2);
-    await until(() => worker.inFlight === 2);
+    await until("worker.inFlight === 2", () => worker.inFlight === 2, POLL);
     const other = new Map<string, boolean>();
     await loop(where, {
       handle: async (msg) => {
@@ -182,7 +185,7 @@ describe("startWorkLoop", () => {
     expect(expiredAfter).toBeGreaterThanOrEqual(290);
     expect(returned).toBe(2);
     // Handed back to the other loop, well inside the 30 s ack wait.
-    await until(() => other.size === 2, 5_000);
+    await until("other.size === 2", () => other.size === 2, { ...POLL, timeoutMs: 5_000 });
     expect([...other.values()]).toEqual([true, true]);
   });
 
@@ -199,10 +202,14 @@ describe("startWorkLoop", () => {
     });
     await publish(where.stream, 5);
     // One runs, four wait in the loop's buffer for its only slot.
-    await until(async () => {
-      const info = await jsm.consumers.info(where.stream, where.consumer);
-      return first.inFlight === 1 && info.num_ack_pending === 5;
-    });
+    await until(
+      "one call running and four waiting",
+      async () => {
+        const info = await jsm.consumers.info(where.stream, where.consumer);
+        return first.inFlight === 1 && info.num_ack_pending === 5;
+      },
+      POLL,
+    );
     const stopping = first.stop(30_000);
     const other: string[] = [];
     await loop(where, {
@@ -212,7 +219,7 @@ describe("startWorkLoop", () => {
       },
     });
     // Well inside the 30 s ack wait, and while the first loop's handler still runs.
-    await until(() => other.length === 4, 5_000);
+    await until("other.length === 4", () => other.length === 4, { ...POLL, timeoutMs: 5_000 });
     expect(first.inFlight).toBe(1);
     release.open();
     await stopping;
@@ -234,7 +241,7 @@ describe("startWorkLoop", () => {
       onError: (err, msg) => errors.push({ err, msg }),
     });
     await publish(where.stream, 3);
-    await until(() => handled.length === 2);
+    await until("handled.length === 2", () => handled.length === 2, POLL);
     expect(errors).toHaveLength(1);
     expect((errors[0]?.err as Error).message).toBe("handler broke");
     expect(errors[0]?.msg && payload(errors[0].msg)).toBe("0");
@@ -254,10 +261,10 @@ describe("startWorkLoop", () => {
       },
       onConsumerUnavailable: (kind) => unavailable.push(kind),
     });
-    await until(() => unavailable.length > 0);
+    await until("unavailable.length > 0", () => unavailable.length > 0, POLL);
     await jsm.consumers.add(where.stream, { durable_name: "work", ack_policy: AckPolicy.Explicit });
     await starting;
-    await until(() => handled.length === 2);
+    await until("handled.length === 2", () => handled.length === 2, POLL);
     expect(unavailable).toEqual(["consumer not found"]);
   });
 
@@ -311,11 +318,18 @@ describe("startWorkLoop", () => {
         Array.from({ length: 6 }, (_, n) => js.publish(`wlp.${nextQueue}.${i}`, `${i}-${n}`)),
       );
     }
-    await until(() => deliveries.length >= 12, 20_000);
-    await until(async () => {
-      const states = await Promise.all(streams.map((st) => jsm.streams.info(st)));
-      return states.every((info) => info.state.messages === 0);
-    }, 20_000);
+    await until("deliveries.length >= 12", () => deliveries.length >= 12, {
+      ...POLL,
+      timeoutMs: 20_000,
+    });
+    await until(
+      "every stream to be empty",
+      async () => {
+        const states = await Promise.all(streams.map((st) => jsm.streams.info(st)));
+        return states.every((info) => info.state.messages === 0);
+      },
+      { ...POLL, timeoutMs: 20_000 },
+    );
     expect(deliveries.filter((d) => d.redelivered)).toEqual([]);
     expect(deliveries).toHaveLength(12);
     expect(new Set(deliveries.map((d) => d.stream))).toEqual(new Set(streams));

@@ -23,7 +23,7 @@ import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ToolmeshClient } from "@toolmesh/client";
 import { startNatsServer } from "@toolmesh/nats-launcher";
-import { MESH_ACCOUNT, renderAccountConfig } from "@toolmesh/cli";
+import { MESH_ACCOUNT, renderAccountConfig } from "@toolmesh/nats";
 import { meshPlan, provisionMesh } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 

@@ -4,6 +4,9 @@ import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import type { ToolmeshClient } from "@toolmesh/client";
+import { ErrorCode } from "@toolmesh/protocol";
+import { eventually } from "./eventually.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 
@@ -166,6 +169,22 @@ export async function toolAvailable(resolver: ServiceProcess, ...names: string[]
       ),
     ),
   );
+}
+
+/**
+ * Waits until the resolvers know `name` (`known`) or no longer do, as a call would find it: a
+ * dry run of it is answered `unknown_tool` or not. Reads the resolvers' state, not their logs.
+ */
+export async function toolKnown(
+  client: ToolmeshClient,
+  name: string,
+  known: boolean,
+): Promise<void> {
+  await eventually(`${name} to be ${known ? "known" : "unknown"} to the resolvers`, async () => {
+    const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
+    const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
+    return unknown === !known ? true : undefined;
+  });
 }
 
 /** A resolver and an executor of the `tools-rel` fixture tools, their ledger in a folder of its own. */

@@ -1,5 +1,5 @@
-import { MESH_ACCOUNT, ownerAccount, renderAccountConfig } from "@toolmesh/cli";
-import type { ExtraUser, Permissions } from "@toolmesh/cli";
+import { MESH_ACCOUNT, ownerAccount, renderAccountConfig } from "@toolmesh/nats";
+import type { ExtraUser, Permissions } from "@toolmesh/nats";
 import type { Subjects } from "@toolmesh/protocol";
 
 /** Every subject, both ways: a user confined by its account alone. */

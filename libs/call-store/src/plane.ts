@@ -3,7 +3,7 @@ import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { MsgHdrs } from "@nats-io/nats-core";
 import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
-import { callKey, resultMsgId } from "@toolmesh/protocol";
+import { callKey, resultMsgId, deadLetterMsgId } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import {
   ServerClock,
@@ -139,7 +139,7 @@ export async function openCallPlane(
       });
       await js.publish(subjects.dlq(letter.tool), letter.data, {
         headers,
-        msgID: `dlq:${letter.stream}:${letter.seq}`,
+        msgID: deadLetterMsgId(letter.stream, letter.seq),
       });
     },
     async finalize(call, message, known, verify) {

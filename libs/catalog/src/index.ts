@@ -49,3 +49,5 @@ export type {
   TenantGroupsState,
   UpdateOutcome,
 } from "./state.js";
+export { QuotaStore } from "./quota-store.js";
+export type { ScopedQuota, UsageSummary } from "./quota-store.js";

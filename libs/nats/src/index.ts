@@ -38,7 +38,7 @@ export type {
 export { requestOk, requestReply } from "./request-reply.js";
 export type { RequestReplyOptions } from "./request-reply.js";
 export { isNatsError } from "./nats-errors.js";
-export { startWorkLoop } from "./work-loop.js";
+export { heartbeatMsFor, startWorkLoop } from "./work-loop.js";
 export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { retryWhileUnavailable, unavailableKind, warnUnavailable } from "./unavailable.js";
 export type { RetryWhileUnavailableOptions, UnavailableKind } from "./unavailable.js";
@@ -73,3 +73,22 @@ export {
   tenantIntakeSpec,
 } from "./mesh-plan.js";
 export type { MeshPlan, MeshSettings } from "./mesh-plan.js";
+export {
+  MESH_ACCOUNT,
+  PERMISSION_ROLES,
+  checkAccountId,
+  ownerAccount,
+  passwordVariable,
+  renderAccountConfig,
+  renderPermissions,
+  rolePermissions,
+  tenantAccount,
+} from "./permissions.js";
+export type {
+  AccountConfigOptions,
+  AccountLimits,
+  ExtraUser,
+  PermissionOptions,
+  PermissionRole,
+  Permissions,
+} from "./permissions.js";

@@ -5,6 +5,15 @@ import type { Semaphore } from "./semaphore.js";
 import type { UnavailableKind } from "./unavailable.js";
 import { retryWhileUnavailable } from "./unavailable.js";
 
+/**
+ * How often a work loop tells the server a message it holds is still owned (`heartbeatMs`) for
+ * a consumer whose ack wait is `ackWaitMs`: a third of it, so two beats may be lost before the
+ * server redelivers, and at least 250 ms. In ms.
+ */
+export function heartbeatMsFor(ackWaitMs: number): number {
+  return Math.max(250, Math.floor(ackWaitMs / 3));
+}
+
 /** Options of {@link startWorkLoop}. Durations in ms. */
 export interface WorkLoopOptions {
   js: JetStreamClient;

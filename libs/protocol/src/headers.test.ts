@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { callKeyOfResultMsgId, resultMsgId } from "./headers.js";
+import { callKeyOfResultMsgId, resultMsgId } from "./msg-ids.js";
 
 describe("result message ids", () => {
   it("builds the final message's id from the call key, and another call id's from its token", () => {

@@ -37,20 +37,3 @@ export const Header = {
    */
   Requeued: "Toolmesh-Requeued",
 } as const;
-
-const RESULT_PREFIX = "result:";
-
-/**
- * `Nats-Msg-Id` of a call's final message: `result:{call key}`. A resubmission answered under
- * another call id (`callToken`, the token of that id) gets `result:{call key}:{call token}`.
- */
-export function resultMsgId(callKey: string, callToken?: string): string {
-  return callToken === undefined
-    ? `${RESULT_PREFIX}${callKey}`
-    : `${RESULT_PREFIX}${callKey}:${callToken}`;
-}
-
-/** The call key a final message's `Nats-Msg-Id` names; undefined for any other message id. */
-export function callKeyOfResultMsgId(msgId: string): string | undefined {
-  return msgId.startsWith(RESULT_PREFIX) ? msgId.slice(RESULT_PREFIX.length) : undefined;
-}

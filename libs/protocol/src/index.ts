@@ -92,7 +92,20 @@ export type {
   ToolDefinitionInput,
   ToolKind,
 } from "./tool-definition.js";
-export { Header, callKeyOfResultMsgId, resultMsgId } from "./headers.js";
+export { Header } from "./headers.js";
+export {
+  callKeyOfResultMsgId,
+  deadLetterMsgId,
+  deliveryResultMsgId,
+  missingArgumentsMsgId,
+  overloadedMsgId,
+  refusedMsgId,
+  rejectedMsgId,
+  replayMsgId,
+  requeueMsgId,
+  resultMsgId,
+  schemaMsgId,
+} from "./msg-ids.js";
 export {
   MAX_TOKEN_LENGTH,
   PROTOCOL_VERSION,

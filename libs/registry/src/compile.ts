@@ -348,64 +348,9 @@ function toRe2Syntax(pattern: string): string {
   while (i < pattern.length) {
     const ch = pattern[i] as string;
     if (ch === "\\") {
-      const next = pattern[i + 1] ?? "";
-      i += 2;
-      switch (next) {
-        case "u": {
-          let codePoint: number;
-          if (pattern[i] === "{") {
-            const end = pattern.indexOf("}", i);
-            codePoint = Number.parseInt(pattern.slice(i + 1, end), 16);
-            i = end + 1;
-          } else {
-            codePoint = Number.parseInt(pattern.slice(i, i + 4), 16);
-            i += 4;
-            const low = /^\\u([dD][c-fC-F][0-9a-fA-F]{2})/.exec(pattern.slice(i));
-            if (codePoint >= 0xd800 && codePoint <= 0xdbff && low?.[1] !== undefined) {
-              codePoint =
-                0x10000 + ((codePoint - 0xd800) << 10) + (Number.parseInt(low[1], 16) - 0xdc00);
-              i += 6;
-            }
-          }
-          if (codePoint >= 0xd800 && codePoint <= 0xdfff) refuse("it matches a lone surrogate");
-          out += hex(codePoint);
-          break;
-        }
-        case "x":
-          out += hex(Number.parseInt(pattern.slice(i, i + 2), 16));
-          i += 2;
-          break;
-        case "c":
-          out += hex((pattern.codePointAt(i) ?? 0) % 32);
-          i += 1;
-          break;
-        case "0":
-          out += hex(0);
-          break;
-        case "k":
-          refuse("backreferences are not supported");
-          break;
-        case "b":
-          out += inClass ? hex(8) : "\\b"; // `[\b]` is a backspace
-          break;
-        case "s":
-          out += inClass ? JS_SPACE : `[${JS_SPACE}]`;
-          break;
-        case "S":
-          out += inClass ? "\\S" : `[^${JS_SPACE}]`;
-          break;
-        case "p":
-        case "P": {
-          const end = pattern.indexOf("}", i);
-          out += `\\${next}{${re2Property(pattern.slice(i + 1, end), refuse)}}`;
-          i = end + 1;
-          break;
-        }
-        default:
-          if (next >= "1" && next <= "9") refuse("backreferences are not supported");
-          // \d \D \w \W \B \f \n \r \t \v and escaped syntax characters mean the same in RE2.
-          out += `\\${next}`;
-      }
+      const escape = re2Escape(pattern, i, inClass, refuse);
+      out += escape.text;
+      i = escape.end;
       continue;
     }
     if (inClass) {
@@ -460,6 +405,78 @@ function toRe2Syntax(pattern: string): string {
     }
   }
   return out;
+}
+
+/**
+ * The RE2 form of the escape at `start` (a backslash) of an ECMAScript pattern, and where the
+ * pattern goes on after it; `inClass` when it stands inside a character class.
+ */
+function re2Escape(
+  pattern: string,
+  start: number,
+  inClass: boolean,
+  refuse: (reason: string) => never,
+): { text: string; end: number } {
+  const next = pattern[start + 1] ?? "";
+  let i = start + 2;
+  let text = "";
+  switch (next) {
+    case "u": {
+      let codePoint: number;
+      if (pattern[i] === "{") {
+        const end = pattern.indexOf("}", i);
+        codePoint = Number.parseInt(pattern.slice(i + 1, end), 16);
+        i = end + 1;
+      } else {
+        codePoint = Number.parseInt(pattern.slice(i, i + 4), 16);
+        i += 4;
+        const low = /^\\u([dD][c-fC-F][0-9a-fA-F]{2})/.exec(pattern.slice(i));
+        if (codePoint >= 0xd800 && codePoint <= 0xdbff && low?.[1] !== undefined) {
+          codePoint =
+            0x10000 + ((codePoint - 0xd800) << 10) + (Number.parseInt(low[1], 16) - 0xdc00);
+          i += 6;
+        }
+      }
+      if (codePoint >= 0xd800 && codePoint <= 0xdfff) refuse("it matches a lone surrogate");
+      text = hex(codePoint);
+      break;
+    }
+    case "x":
+      text = hex(Number.parseInt(pattern.slice(i, i + 2), 16));
+      i += 2;
+      break;
+    case "c":
+      text = hex((pattern.codePointAt(i) ?? 0) % 32);
+      i += 1;
+      break;
+    case "0":
+      text = hex(0);
+      break;
+    case "k":
+      refuse("backreferences are not supported");
+      break;
+    case "b":
+      text = inClass ? hex(8) : "\\b"; // `[\b]` is a backspace
+      break;
+    case "s":
+      text = inClass ? JS_SPACE : `[${JS_SPACE}]`;
+      break;
+    case "S":
+      text = inClass ? "\\S" : `[^${JS_SPACE}]`;
+      break;
+    case "p":
+    case "P": {
+      const end = pattern.indexOf("}", i);
+      text = `\\${next}{${re2Property(pattern.slice(i + 1, end), refuse)}}`;
+      i = end + 1;
+      break;
+    }
+    default:
+      if (next >= "1" && next <= "9") refuse("backreferences are not supported");
+      // \d \D \w \W \B \f \n \r \t \v and escaped syntax characters mean the same in RE2.
+      text = `\\${next}`;
+  }
+  return { text, end: i };
 }
 
 /** An ECMAScript Unicode property expression (`L`, `Letter`, `sc=Greek`, …) in RE2 terms. */

@@ -1,13 +1,13 @@
 import type { Command } from "commander";
 import { InvalidArgumentError, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import type { PermissionRole } from "./permissions.js";
+import type { PermissionRole } from "@toolmesh/nats";
 import {
   PERMISSION_ROLES,
   renderAccountConfig,
   renderPermissions,
   rolePermissions,
-} from "./permissions.js";
+} from "@toolmesh/nats";
 import { say } from "./print.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { commaList } from "./comma-list.js";

@@ -6,10 +6,19 @@ import { connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
+import type { Logger } from "@toolmesh/telemetry";
 import { say, typedFailure } from "./print.js";
 
 /** The role a command connects as. */
 export type CliRole = "frontend" | "operator";
+
+/**
+ * The log of a command's own NATS helpers (a registry read, stats): warnings and errors only,
+ * on stderr, so that a command's output stays what it prints.
+ */
+export function commandLog(): Logger {
+  return createLogger({ service: "cli", level: "warn", destination: process.stderr });
+}
 
 /**
  * Connects as the CLI. Replies arrive below the inbox prefix of the role the command acts as:
@@ -130,7 +139,7 @@ export async function toolsShowCommand(
 async function openForReading(nc: NatsConnection, config: RuntimeConfig): Promise<ToolRegistry> {
   return ToolRegistry.open(nc, {
     subjects: createSubjects({ prefix: config.prefix }),
-    log: createLogger({ service: "cli", level: "warn", destination: process.stderr }),
+    log: commandLog(),
     watch: false,
     existing: "keep",
   });

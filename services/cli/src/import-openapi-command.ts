@@ -8,10 +8,9 @@ import {
   OpenApiSourceFileSchema,
   ToolLoadError,
   openApiTools,
-  outboundFetch,
   readOpenApiDocument,
-  trustedHostsOf,
 } from "@toolmesh/executor";
+import { outboundFetch, trustedHostsOf } from "@toolmesh/tool-host";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { commaList } from "./comma-list.js";

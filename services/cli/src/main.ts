@@ -1,4 +1,4 @@
-import { buildProgram } from "./program.js";
+import { buildProgram, chosenLogLevel } from "./program.js";
 import { describeFailure, exitQuietlyOnClosedPipe } from "./failure.js";
 
 exitQuietlyOnClosedPipe();
@@ -12,8 +12,8 @@ const program = buildProgram(process.env, (command) => {
         setTimeout(() => process.exit(c), 250).unref();
       },
       (err: unknown) => {
-        const o = program.opts<{ server?: string; logLevel?: string }>();
-        const level = o.logLevel ?? process.env.TOOLMESH_LOG_LEVEL ?? "info";
+        const o = program.opts<{ server?: string }>();
+        const level = chosenLogLevel(program, process.env);
         const natsUrl = o.server ?? process.env.NATS_URL ?? "nats://127.0.0.1:4222";
         process.stderr.write(
           `toolmesh: ${describeFailure(err, natsUrl, level === "debug" || level === "trace")}\n`,

@@ -26,6 +26,14 @@ import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 
+/** The log level asked for: `--log-level`, else `TOOLMESH_LOG_LEVEL`; undefined when neither. */
+export function chosenLogLevel(
+  program: Command,
+  env: Readonly<Record<string, string | undefined>>,
+): string | undefined {
+  return program.opts<{ logLevel?: string }>().logLevel ?? env.TOOLMESH_LOG_LEVEL;
+}
+
 interface GlobalOptions {
   server?: string;
   creds?: string;
@@ -125,8 +133,7 @@ export function buildProgram(
           config({
             TOOLMESH_TOOLS_DIR: o.toolsDir,
             // The demo's output is the point of `dev`: quiet logs unless asked.
-            TOOLMESH_LOG_LEVEL:
-              program.opts<GlobalOptions>().logLevel ?? env.TOOLMESH_LOG_LEVEL ?? "warn",
+            TOOLMESH_LOG_LEVEL: chosenLogLevel(program, env) ?? "warn",
           }),
           { demo: o.demo, exitAfterDemo: o.exitAfterDemo === true, env },
         ),

@@ -1,8 +1,8 @@
 import type { Command } from "commander";
 import { InvalidArgumentError, Option } from "commander";
 import type { Quota, QuotaScope } from "@toolmesh/protocol";
-import { QuotaStore } from "@toolmesh/resolver";
-import type { ScopedQuota } from "@toolmesh/resolver";
+import { QuotaStore } from "@toolmesh/catalog";
+import type { ScopedQuota } from "@toolmesh/catalog";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { asOperator } from "./commands.js";
 import { say } from "./print.js";

@@ -18,7 +18,7 @@ import type { RuntimeConfig } from "@toolmesh/runtime";
 import { meshSettings } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { commaList } from "./comma-list.js";
-import { checkAccountId } from "./permissions.js";
+import { checkAccountId } from "@toolmesh/nats";
 
 /** Options of `toolmesh setup`. */
 export interface SetupOptions {

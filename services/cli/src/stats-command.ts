@@ -3,12 +3,11 @@ import type { Command } from "commander";
 import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import { createLogger } from "@toolmesh/telemetry";
 import { say } from "./print.js";
 import type { MeshStats, TenantStats, ToolStats } from "./stats.js";
 import { gatherStats } from "./stats.js";
 import { renderStorage } from "./storage-stats.js";
-import { connectCli } from "./commands.js";
+import { commandLog, connectCli } from "./commands.js";
 
 /** Connects and gathers the mesh's stats once per call of `gather` until `fn` resolves. */
 export async function withStats<T>(
@@ -21,7 +20,7 @@ export async function withStats<T>(
     const subjects = createSubjects({ prefix: config.prefix });
     const registry = await ToolRegistry.open(nc, {
       subjects,
-      log: createLogger({ service: "cli", level: "warn", destination: process.stderr }),
+      log: commandLog(),
       watch: false,
     });
     return await fn(async () => {

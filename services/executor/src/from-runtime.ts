@@ -3,8 +3,8 @@ import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { Defaults } from "@toolmesh/protocol";
 import type { Runtime } from "@toolmesh/runtime";
-import type { Executor } from "./executor.js";
-import { startExecutor } from "./executor.js";
+import type { Executor } from "@toolmesh/tool-host";
+import { startExecutor } from "@toolmesh/tool-host";
 import { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
 import { loadToolSources } from "./tool-source.js";
 

@@ -6,8 +6,8 @@ import type { Mock } from "vitest";
 import { z } from "zod";
 import { ToolLoadError, loadToolsDir } from "./load-tools.js";
 import type { LoadLog } from "./tool-source.js";
-import { ToolModuleSchema, defineTool } from "./tool-module.js";
-import type { ToolContext } from "./tool-module.js";
+import { ToolModuleSchema, defineTool } from "@toolmesh/tool-host";
+import type { ToolContext } from "@toolmesh/tool-host";
 
 const dirs: string[] = [];
 

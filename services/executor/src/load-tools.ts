@@ -2,8 +2,8 @@ import { readdir } from "node:fs/promises";
 import { extname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { z } from "zod";
-import type { ToolModule } from "./tool-module.js";
-import { ToolModuleSchema } from "./tool-module.js";
+import type { ToolModule } from "@toolmesh/tool-host";
+import { ToolModuleSchema } from "@toolmesh/tool-host";
 import type { LoadLog, ToolSourceKind } from "./tool-source.js";
 
 /** A tool module and the file it came from. */

@@ -6,13 +6,13 @@ import { afterAll, describe, expect, it, vi } from "vitest";
 import type { Mock } from "vitest";
 import { stringify as toYaml } from "yaml";
 import { RetryableError, TerminalError, ToolmeshError } from "@toolmesh/protocol";
-import { toolDefinitionOf } from "./executor.js";
+import { toolDefinitionOf } from "@toolmesh/tool-host/internal";
 import { ToolLoadError } from "./load-tools.js";
 import type { LoadLog } from "./tool-source.js";
-import { retryAfterMs } from "./http-invoke.js";
+import { retryAfterMs } from "@toolmesh/tool-host/internal";
 import { loadNativeToolsDir } from "./native-tools.js";
 import type { NativeToolFile, NativeToolsOptions } from "./native-tools.js";
-import type { ToolContext, ToolModule } from "./tool-module.js";
+import type { ToolContext, ToolModule } from "@toolmesh/tool-host";
 
 const SECRET = "s3cret-native-key";
 const ENV = { WEATHER_API_KEY: SECRET };

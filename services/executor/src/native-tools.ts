@@ -3,19 +3,19 @@ import { extname, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
-import type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
+import type { HttpEndpoint, HttpRequest } from "@toolmesh/tool-host";
 import {
   DEFAULT_ACCEPT,
   UrlAllowList,
   invalidParameter,
   invokeHttp,
   textOf,
-} from "./http-invoke.js";
+} from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
-import type { PrivateAddressAllowance } from "./outbound.js";
-import { outboundFetch, trustedHostsOf } from "./outbound.js";
-import type { ToolContext, ToolModule } from "./tool-module.js";
+import type { PrivateAddressAllowance } from "@toolmesh/tool-host";
+import { outboundFetch, trustedHostsOf } from "@toolmesh/tool-host";
+import type { ToolContext, ToolModule } from "@toolmesh/tool-host";
 import type { ToolSourceKind } from "./tool-source.js";
 
 /** HTTP methods a native tool may use. */

@@ -1,7 +1,7 @@
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import type { HttpRequest } from "./http-invoke.js";
-import { DEFAULT_ACCEPT, invalidParameter, invokeHttp, textOf } from "./http-invoke.js";
-import type { ToolContext } from "./tool-module.js";
+import type { HttpRequest } from "@toolmesh/tool-host";
+import { DEFAULT_ACCEPT, invalidParameter, invokeHttp, textOf } from "@toolmesh/tool-host";
+import type { ToolContext } from "@toolmesh/tool-host";
 
 /** Where one parameter of an operation goes, and how it is serialised (OpenAPI `style`). */
 export interface ParamPlan {

@@ -4,15 +4,15 @@ import { pathToFileURL } from "node:url";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
-import type { HttpEndpoint } from "./http-invoke.js";
-import { UrlAllowList, invokeHttp } from "./http-invoke.js";
+import type { HttpEndpoint } from "@toolmesh/tool-host";
+import { UrlAllowList, invokeHttp } from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
 import { isOpenApiFile } from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";
 import { CredentialStore, buildOperationRequest } from "./openapi-request.js";
-import { outboundFetch, privateAddressCause, trustedHostsOf } from "./outbound.js";
-import type { ToolModule } from "./tool-module.js";
+import { outboundFetch, privateAddressCause, trustedHostsOf } from "@toolmesh/tool-host";
+import type { ToolModule } from "@toolmesh/tool-host";
 import type { ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
@@ -342,8 +342,12 @@ function planOperation(
 ): OperationPlan | undefined {
   const openapi30 = String(document.openapi).startsWith("3.0");
   const pruned = new Set<string>();
-  const schemaOf = (value: unknown, drop: "readOnly" | "none"): Json =>
-    inputSchema(value, { openapi30, drop, pruned });
+  const input: InputSchema = {
+    properties: {},
+    required: [],
+    schemaOf: (value, drop) => inputSchema(value, { openapi30, drop, pruned }),
+    warn: (message) => warn(message, name),
+  };
   const byKey = new Map<string, Json>();
   for (const p of [
     ...(Array.isArray(item.parameters) ? (item.parameters as unknown[]) : []),
@@ -353,113 +357,19 @@ function planOperation(
       byKey.set(`${p.in}:${p.name}`, p);
     }
   }
-  const properties: Json = {};
-  const required: string[] = [];
   const params: ParamPlan[] = [];
   for (const p of byKey.values()) {
-    const location = p.in as string;
-    const paramName = p.name as string;
-    if (!["path", "query", "header", "cookie"].includes(location)) {
-      warn(`parameter ${paramName} is in "${location}", which OpenAPI 3 does not define`, name);
-      return undefined;
-    }
-    if (
-      location === "header" &&
-      ["accept", "content-type", "authorization"].includes(paramName.toLowerCase())
-    ) {
-      continue; // OpenAPI says such parameters are ignored: toolmesh sets these headers
-    }
-    let raw: unknown = p.schema;
-    let json = false;
-    if (raw === undefined && isObject(p.content)) {
-      const [mediaType, media] = Object.entries(p.content)[0] ?? [];
-      if (mediaType === undefined || !isJsonMediaType(mediaType)) {
-        warn(
-          `parameter ${paramName} is sent as ${String(mediaType)}, which is not supported; operation skipped`,
-          name,
-        );
-        return undefined;
-      }
-      raw = isObject(media) ? media.schema : undefined;
-      json = true;
-    }
-    const property = unusedName(paramName, location, properties);
-    const schema = schemaOf(raw ?? {}, "none");
-    if (typeof p.description === "string" && schema.description === undefined) {
-      schema.description = p.description;
-    }
-    if (p.deprecated === true) schema.deprecated = true;
-    properties[property] = schema;
-    if (p.required === true || location === "path") required.push(property);
-    params.push({
-      property,
-      name: paramName,
-      in: location as ParamPlan["in"],
-      style:
-        typeof p.style === "string"
-          ? p.style
-          : location === "query" || location === "cookie"
-            ? "form"
-            : "simple",
-      explode:
-        typeof p.explode === "boolean"
-          ? p.explode
-          : (p.style ?? (location === "query" || location === "cookie" ? "form" : "simple")) ===
-            "form",
-      json,
-    });
+    const param = planParameter(p, input);
+    if (param === undefined) return undefined;
+    if (param !== "ignored") params.push(param);
   }
-  let body: OperationPlan["body"];
-  const requestBody = operation.requestBody;
-  if (isObject(requestBody) && isObject(requestBody.content)) {
-    const mediaTypes = Object.keys(requestBody.content);
-    const mediaType = mediaTypes.find(isJsonMediaType);
-    if (mediaType === undefined) {
-      const what = mediaTypes.join(", ") || "no media type";
-      if (requestBody.required === true) {
-        warn(
-          `the request body is ${what}, which is not supported (JSON only); operation skipped`,
-          name,
-        );
-        return undefined;
-      }
-      warn(
-        `the request body is ${what}, which is not supported (JSON only); the operation is served without a body`,
-        name,
-      );
-    } else {
-      const media = requestBody.content[mediaType];
-      const schema = schemaOf(isObject(media) ? (media.schema ?? {}) : {}, "readOnly");
-      const bodyRequired = requestBody.required === true;
-      const flat =
-        schema.type === "object" &&
-        isObject(schema.properties) &&
-        !["allOf", "anyOf", "oneOf", "additionalProperties", "patternProperties"].some(
-          (k) => k in schema,
-        ) &&
-        Object.keys(schema.properties).every((k) => !(k in properties));
-      if (flat) {
-        const bodyProps = schema.properties as Json;
-        Object.assign(properties, bodyProps);
-        if (bodyRequired && Array.isArray(schema.required)) {
-          required.push(...(schema.required as string[]).filter((r) => r in bodyProps));
-        }
-        body = { mediaType, properties: Object.keys(bodyProps) };
-      } else {
-        const property = unusedName("body", "body", properties);
-        if (typeof requestBody.description === "string" && schema.description === undefined) {
-          schema.description = requestBody.description;
-        }
-        properties[property] = schema;
-        if (bodyRequired) required.push(property);
-        body = { mediaType, property };
-      }
-    }
-  }
+  const body = planBody(operation.requestBody, input);
+  if (body === "unserved") return undefined;
   for (const ref of pruned) {
     warn(`the schema ${ref} refers to itself; below that point any JSON value is accepted`, name);
   }
   const base = serverUrl(document, item, operation, opts, name);
+  const { properties, required } = input;
   return {
     method,
     base,
@@ -472,6 +382,126 @@ function planOperation(
       ...(required.length === 0 ? {} : { required: [...new Set(required)] }),
     },
   };
+}
+
+/** The tool's input schema as an operation's parameters and body are added to it. */
+interface InputSchema {
+  properties: Json;
+  required: string[];
+  schemaOf(value: unknown, drop: "readOnly" | "none"): Json;
+  /** Warns about the operation being planned. */
+  warn(message: string): void;
+}
+
+/**
+ * Adds one parameter to the input schema and says where its argument goes: `ignored` for a
+ * header toolmesh sets itself, undefined (warned) when the operation cannot be served.
+ */
+function planParameter(p: Json, input: InputSchema): ParamPlan | "ignored" | undefined {
+  const { properties, required } = input;
+  const location = p.in as string;
+  const paramName = p.name as string;
+  if (!["path", "query", "header", "cookie"].includes(location)) {
+    input.warn(`parameter ${paramName} is in "${location}", which OpenAPI 3 does not define`);
+    return undefined;
+  }
+  if (
+    location === "header" &&
+    ["accept", "content-type", "authorization"].includes(paramName.toLowerCase())
+  ) {
+    return "ignored"; // OpenAPI says such parameters are ignored: toolmesh sets these headers
+  }
+  let raw: unknown = p.schema;
+  let json = false;
+  if (raw === undefined && isObject(p.content)) {
+    const [mediaType, media] = Object.entries(p.content)[0] ?? [];
+    if (mediaType === undefined || !isJsonMediaType(mediaType)) {
+      input.warn(
+        `parameter ${paramName} is sent as ${String(mediaType)}, which is not supported; operation skipped`,
+      );
+      return undefined;
+    }
+    raw = isObject(media) ? media.schema : undefined;
+    json = true;
+  }
+  const property = unusedName(paramName, location, properties);
+  const schema = input.schemaOf(raw ?? {}, "none");
+  if (typeof p.description === "string" && schema.description === undefined) {
+    schema.description = p.description;
+  }
+  if (p.deprecated === true) schema.deprecated = true;
+  properties[property] = schema;
+  if (p.required === true || location === "path") required.push(property);
+  return {
+    property,
+    name: paramName,
+    in: location as ParamPlan["in"],
+    style:
+      typeof p.style === "string"
+        ? p.style
+        : location === "query" || location === "cookie"
+          ? "form"
+          : "simple",
+    explode:
+      typeof p.explode === "boolean"
+        ? p.explode
+        : (p.style ?? (location === "query" || location === "cookie" ? "form" : "simple")) ===
+          "form",
+    json,
+  };
+}
+
+/**
+ * Adds the request body to the input schema: its properties when it is a plain object whose
+ * names are free, else one `body` property. Undefined when there is none (or it is not JSON and
+ * optional, warned), `unserved` (warned) when a required body is not JSON.
+ */
+function planBody(
+  requestBody: unknown,
+  input: InputSchema,
+): OperationPlan["body"] | "unserved" | undefined {
+  if (!isObject(requestBody) || !isObject(requestBody.content)) return undefined;
+  const { properties, required } = input;
+  const mediaTypes = Object.keys(requestBody.content);
+  const mediaType = mediaTypes.find(isJsonMediaType);
+  if (mediaType === undefined) {
+    const what = mediaTypes.join(", ") || "no media type";
+    if (requestBody.required === true) {
+      input.warn(
+        `the request body is ${what}, which is not supported (JSON only); operation skipped`,
+      );
+      return "unserved";
+    }
+    input.warn(
+      `the request body is ${what}, which is not supported (JSON only); the operation is served without a body`,
+    );
+    return undefined;
+  }
+  const media = requestBody.content[mediaType];
+  const schema = input.schemaOf(isObject(media) ? (media.schema ?? {}) : {}, "readOnly");
+  const bodyRequired = requestBody.required === true;
+  const flat =
+    schema.type === "object" &&
+    isObject(schema.properties) &&
+    !["allOf", "anyOf", "oneOf", "additionalProperties", "patternProperties"].some(
+      (k) => k in schema,
+    ) &&
+    Object.keys(schema.properties).every((k) => !(k in properties));
+  if (flat) {
+    const bodyProps = schema.properties as Json;
+    Object.assign(properties, bodyProps);
+    if (bodyRequired && Array.isArray(schema.required)) {
+      required.push(...(schema.required as string[]).filter((r) => r in bodyProps));
+    }
+    return { mediaType, properties: Object.keys(bodyProps) };
+  }
+  const property = unusedName("body", "body", properties);
+  if (typeof requestBody.description === "string" && schema.description === undefined) {
+    schema.description = requestBody.description;
+  }
+  properties[property] = schema;
+  if (bodyRequired) required.push(property);
+  return { mediaType, property };
 }
 
 /** The property name of a parameter: its own, else `{in}_{name}` when a name is taken. */

@@ -1,5 +1,5 @@
-import type { PrivateAddressAllowance } from "./outbound.js";
-import type { ToolModule } from "./tool-module.js";
+import type { PrivateAddressAllowance } from "@toolmesh/tool-host";
+import type { ToolModule } from "@toolmesh/tool-host";
 
 /** Something that hears about tools that were skipped (a pino logger fits). */
 export interface LoadLog {

@@ -12,7 +12,7 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 import type { Progress, Tool } from "@modelcontextprotocol/sdk/types.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import type { FetchLike, ToolContext } from "@toolmesh/executor";
+import type { FetchLike, ToolContext } from "@toolmesh/tool-host";
 import type { Logger } from "@toolmesh/telemetry";
 import type { McpServerConfig } from "./config.js";
 import { traceToolCall } from "./request-telemetry.js";

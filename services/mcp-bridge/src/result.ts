@@ -5,7 +5,7 @@ import { StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamable
 import { SseError } from "@modelcontextprotocol/sdk/client/sse.js";
 import { UnauthorizedError } from "@modelcontextprotocol/sdk/client/auth.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import { privateAddressCause } from "@toolmesh/executor";
+import { privateAddressCause } from "@toolmesh/tool-host";
 
 /** Longest error text taken from a server's content into an error message, in characters. */
 const MAX_MESSAGE_CHARS = 500;

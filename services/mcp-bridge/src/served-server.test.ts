@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { Tool } from "@modelcontextprotocol/sdk/types.js";
-import type { ToolContext } from "@toolmesh/executor";
+import type { ToolContext } from "@toolmesh/tool-host";
 import { ToolDefinitionSchema, ToolmeshError } from "@toolmesh/protocol";
 import type { ToolDefinition } from "@toolmesh/protocol";
 import { parseServerFile } from "./config.js";

@@ -9,8 +9,8 @@ import type {
   PrivateAddressAllowance,
   ToolContext,
   ToolModule,
-} from "@toolmesh/executor";
-import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/executor";
+} from "@toolmesh/tool-host";
+import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/tool-host";
 import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import type { ToolPins } from "./pins.js";
@@ -60,16 +60,6 @@ export function ownerOf(server: string): string {
 /** The mesh name of an MCP tool. Dots are safe: subject tokens escape them. */
 export function meshToolName(server: string, tool: string): string {
   return `${server}.${tool}`;
-}
-
-/** One bridged MCP server: its executor, connection and served tools. */
-export interface ServedServer {
-  config: McpServerConfig;
-  executor: Executor;
-  connection: ServerConnection;
-  served: ServedTools;
-  /** Stops following the server's approvals (pinned servers). */
-  unwatch: () => void;
 }
 
 /** The outbound guard of one server: its own configured host trusted, unless overridden. */
@@ -154,69 +144,152 @@ export function lazyCatalog(
  * once the executor is) and keeps the served tools in step with the server's list and, for
  * pinned servers, its approvals.
  */
-export async function startServedServer(
+export function startServedServer(
   options: ServedServerOptions,
   config: McpServerConfig,
   pins: ToolPins | undefined,
 ): Promise<ServedServer> {
-  // In an owner's account the mesh files every tool under that owner.
-  const owner = options.ownerAccount ?? ownerOf(config.name);
-  const serverLog = options.log.child({ server: config.name });
-  const executor = await startExecutor({
-    nc: options.nc,
-    subjects: options.subjects,
-    registry: options.registry,
-    ownerAccount: options.ownerAccount,
-    tracer: options.tracer,
-    log: serverLog,
-    tools: [],
-    owner,
-    ...(options.streamLimits === undefined ? {} : { streamLimits: options.streamLimits }),
-    ...(options.concurrency === undefined ? {} : { concurrency: options.concurrency }),
-    ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
-    ...(options.callRetentionMs === undefined ? {} : { callRetentionMs: options.callRetentionMs }),
-    ...(options.maxResultBytes === undefined ? {} : { maxResultBytes: options.maxResultBytes }),
-  });
-  const served = new ServedTools(
-    executor,
-    serverLog,
-    options.removeGraceMs ?? Defaults.shutdownGraceMs,
-  );
-  let syncing: Promise<void> = Promise.resolve();
-  const pinned = config.pin_tools ? pins : undefined;
+  return ServedServer.start(options, config, pins);
+}
+
+/** One bridged MCP server: its executor, connection and served tools. */
+export class ServedServer {
+  readonly config: McpServerConfig;
+  readonly executor: Executor;
+  readonly served: ServedTools;
+  readonly #options: ServedServerOptions;
+  readonly #owner: string;
+  readonly #log: Logger;
+  readonly #pinned: ToolPins | undefined;
+  #connection: ServerConnection | undefined;
+  #syncing: Promise<void> = Promise.resolve();
   /** MCP names of listed tools whose definition is not approved (pinned servers). */
-  let unapproved = new Set<string>();
+  #unapproved = new Set<string>();
   /** The server's last tool list, checked again when its approvals change. */
-  let lastListed: Tool[] | undefined;
+  #lastListed: Tool[] | undefined;
+  #unwatch: () => void = () => undefined;
+
+  private constructor(
+    options: ServedServerOptions,
+    config: McpServerConfig,
+    pins: ToolPins | undefined,
+    owner: string,
+    log: Logger,
+    executor: Executor,
+  ) {
+    this.#options = options;
+    this.config = config;
+    this.#owner = owner;
+    this.#log = log;
+    this.executor = executor;
+    this.#pinned = config.pin_tools ? pins : undefined;
+    this.served = new ServedTools(executor, log, options.removeGraceMs ?? Defaults.shutdownGraceMs);
+  }
+
+  /** See {@link startServedServer}. */
+  static async start(
+    options: ServedServerOptions,
+    config: McpServerConfig,
+    pins: ToolPins | undefined,
+  ): Promise<ServedServer> {
+    // In an owner's account the mesh files every tool under that owner.
+    const owner = options.ownerAccount ?? ownerOf(config.name);
+    const log = options.log.child({ server: config.name });
+    const executor = await startExecutor({
+      nc: options.nc,
+      subjects: options.subjects,
+      registry: options.registry,
+      ownerAccount: options.ownerAccount,
+      tracer: options.tracer,
+      log,
+      tools: [],
+      owner,
+      ...(options.streamLimits === undefined ? {} : { streamLimits: options.streamLimits }),
+      ...(options.concurrency === undefined ? {} : { concurrency: options.concurrency }),
+      ...(options.ackWaitMs === undefined ? {} : { ackWaitMs: options.ackWaitMs }),
+      ...(options.callRetentionMs === undefined
+        ? {}
+        : { callRetentionMs: options.callRetentionMs }),
+      ...(options.maxResultBytes === undefined ? {} : { maxResultBytes: options.maxResultBytes }),
+    });
+    const server = new ServedServer(options, config, pins, owner, log, executor);
+    await server.#connect();
+    return server;
+  }
+
+  /** The connection to the server. */
+  get connection(): ServerConnection {
+    if (this.#connection === undefined) throw new Error("the served server is not started");
+    return this.#connection;
+  }
+
+  /** Stops following the server's approvals (pinned servers). */
+  unwatch(): void {
+    this.#unwatch();
+  }
+
+  /**
+   * Connects to the server in the background, serving a lazy server's known catalog meanwhile,
+   * and follows a pinned server's approvals.
+   */
+  async #connect(): Promise<void> {
+    const { config } = this;
+    // A lazy server's catalog comes from the registry (what an earlier run or another replica
+    // listed), else from the file, else the server is started once to list its tools.
+    const known = config.lazy
+      ? lazyCatalog(config, (await this.#options.registry?.fetchAll()) ?? [], this.#owner)
+      : undefined;
+    this.#connection = new ServerConnection({
+      config,
+      env: this.#options.env,
+      fetch: serverFetch(this.#options, config),
+      log: this.#log,
+      onTools: (tools) => this.#syncTools(tools),
+      refuse: (tool) => this.#refuse(tool),
+      discover: config.lazy && known === undefined,
+    });
+    if (known !== undefined) await this.#syncTools(known, false);
+    // Not awaited: the bridge is up once every server's executor is; each server connects
+    // (or keeps trying) on its own.
+    void this.#connection.start();
+    // An approval (or a replica's finding) changes the key: check the last list again.
+    const pinned = this.#pinned;
+    if (pinned !== undefined)
+      this.#unwatch = await pinned.watch(config.name, () => {
+        if (this.#lastListed !== undefined) void this.#syncTools(this.#lastListed);
+      });
+  }
 
   /** Makes the served tools match the server's list; one sync at a time, in order. */
-  const syncTools = (tools: Tool[], fromServer = true): Promise<void> => {
-    syncing = syncing.then(() =>
-      applyTools(fromServer ? approvedOnly(tools) : Promise.resolve(tools)).catch(
+  #syncTools(tools: Tool[], fromServer = true): Promise<void> {
+    this.#syncing = this.#syncing.then(() =>
+      this.#applyTools(fromServer ? this.#approvedOnly(tools) : Promise.resolve(tools)).catch(
         (err: unknown) => {
-          serverLog.error({ err }, "cannot sync MCP tools");
+          this.#log.error({ err }, "cannot sync MCP tools");
         },
       ),
     );
-    return syncing;
-  };
+    return this.#syncing;
+  }
 
   /**
    * The tools of a pinned server whose definitions are approved. Newly unapproved ones are
    * logged, and unregistered even when an earlier run registered them.
    */
-  const approvedOnly = async (tools: Tool[]): Promise<Tool[]> => {
+  async #approvedOnly(tools: Tool[]): Promise<Tool[]> {
+    const pinned = this.#pinned;
     if (pinned === undefined) return tools;
-    lastListed = tools;
+    const { config } = this;
+    this.#lastListed = tools;
     const verdict = await pinned.check(config.name, tools);
     if (verdict.pinnedOnFirstUse) {
-      serverLog.info({ tools: tools.length }, "MCP tool definitions pinned on first use");
+      this.#log.info({ tools: tools.length }, "MCP tool definitions pinned on first use");
     }
-    const before = unapproved;
-    unapproved = new Set(verdict.unapproved.map((u) => u.tool));
+    const before = this.#unapproved;
+    this.#unapproved = new Set(verdict.unapproved.map((u) => u.tool));
     for (const u of verdict.unapproved) {
       if (before.has(u.tool)) continue;
-      serverLog.warn(
+      this.#log.warn(
         {
           tool: u.tool,
           change: u.change,
@@ -229,70 +302,44 @@ export async function startServedServer(
       );
       const name = meshToolName(config.name, u.tool);
       // Without the registry (an owner's account) the mesh refuses to remove another's tool.
-      const ours =
-        options.registry === undefined || options.registry.get(name)?.definition.owner === owner;
-      if (!served.has(name) && ours) {
-        await executor.removeTool(name, 0);
+      const { registry } = this.#options;
+      const ours = registry === undefined || registry.get(name)?.definition.owner === this.#owner;
+      if (!this.served.has(name) && ours) {
+        await this.executor.removeTool(name, 0);
       }
     }
     return tools.filter((t) => verdict.approved.has(t.name));
-  };
+  }
 
   /** A call of a tool whose definition changed since its approval is refused. */
-  const refuse = (tool: string): ToolmeshError | undefined =>
-    unapproved.has(tool) ? definitionNotApproved(config.name, tool) : undefined;
+  #refuse(tool: string): ToolmeshError | undefined {
+    return this.#unapproved.has(tool) ? definitionNotApproved(this.config.name, tool) : undefined;
+  }
 
-  const applyTools = async (listed: Promise<Tool[]>): Promise<void> => {
+  async #applyTools(listed: Promise<Tool[]>): Promise<void> {
     const tools = await listed;
     const next = new Map<string, ToolModule>();
     for (const tool of tools) {
       if (tool.execution?.taskSupport === "required") {
-        serverLog.warn(
+        this.#log.warn(
           { tool: tool.name },
           "MCP tool runs only as a task, which the bridge does not support; skipped",
         );
         continue;
       }
       const module = mcpToolModule(
-        config,
+        this.config,
         tool,
-        (name, args, ctx) => connection.call(name, args, ctx),
-        (signal) => connection.ready(signal),
+        (name, args, ctx) => this.connection.call(name, args, ctx),
+        (signal) => this.connection.ready(signal),
       );
       next.set(module.name, module);
     }
-    const { added, removed } = await served.apply([...next.values()]);
+    const { added, removed } = await this.served.apply([...next.values()]);
     if (added.length > 0 || removed.length > 0) {
-      serverLog.info({ added, removed, tools: served.names() }, "MCP tools synced");
+      this.#log.info({ added, removed, tools: this.served.names() }, "MCP tools synced");
     }
-  };
-
-  // A lazy server's catalog comes from the registry (what an earlier run or another replica
-  // listed), else from the file, else the server is started once to list its tools.
-  const known = config.lazy
-    ? lazyCatalog(config, (await options.registry?.fetchAll()) ?? [], owner)
-    : undefined;
-  const connection = new ServerConnection({
-    config,
-    env: options.env,
-    fetch: serverFetch(options, config),
-    log: serverLog,
-    onTools: syncTools,
-    refuse,
-    discover: config.lazy && known === undefined,
-  });
-  if (known !== undefined) await syncTools(known, false);
-  // Not awaited: the bridge is up once every server's executor is; each server connects
-  // (or keeps trying) on its own.
-  void connection.start();
-  // An approval (or a replica's finding) changes the key: check the last list again.
-  const unwatch =
-    pinned === undefined
-      ? () => undefined
-      : await pinned.watch(config.name, () => {
-          if (lastListed !== undefined) void syncTools(lastListed);
-        });
-  return { config, executor, connection, served, unwatch };
+  }
 }
 
 /** A registry entry written by an earlier run, as the MCP tool it came from. */

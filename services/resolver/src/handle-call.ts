@@ -29,6 +29,9 @@ import {
   subjectToken,
   idempotencyKeyOf,
   workOwnerOf,
+  deliveryResultMsgId,
+  missingArgumentsMsgId,
+  rejectedMsgId,
 } from "@toolmesh/protocol";
 import type { RequestKind } from "@toolmesh/nats";
 import {
@@ -45,7 +48,7 @@ import {
   knownRecordHeaders,
   stampArguments,
 } from "@toolmesh/call-store";
-import type { AcceptOutcome, MeshCallPlane } from "@toolmesh/call-store";
+import type { AcceptOutcome, CallRecord, MeshCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import {
@@ -59,9 +62,7 @@ import {
 import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
-import type { SessionLimits } from "./session-limits.js";
-import type { QuotaGate } from "./quotas.js";
-import type { FairShare } from "./fair-share.js";
+import type { Admission, AdmissionTicket } from "./admission.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -77,12 +78,8 @@ export interface ResolverDeps {
   plane: MeshCallPlane;
   /** Where deadlines are armed and calls outside the call layout are dead-lettered. */
   control: Pick<ControlPlane, "deadLetter">;
-  /** Calls of each session in flight through this resolver. */
-  limits: SessionLimits;
-  /** The quotas of tenants, tenants' tools and agents; none are checked when undefined. */
-  quotas?: QuotaGate | undefined;
-  /** Holds calls to busy tools for a fair turn among tenants; calls go straight on when undefined. */
-  fairShare?: FairShare | undefined;
+  /** Session slots, fair turns and quotas: whether a resolved call goes on, waits or is refused. */
+  admission: Admission;
   metrics: ToolmeshMetrics;
   /** Budget of a call that sets none, in ms. */
   defaultTimeoutMs: number;
@@ -332,11 +329,12 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
 
 /**
  * Routes a resolved call: refuses it when it could outlive its record or is past its deadline,
- * answers `overloaded` when its session is over its in-flight limit, accepts it in the call
- * store (a known key is answered as a resubmission), publishes it on its tool's work subject and
- * arms its deadline — or, when the tool is busy, holds it for its fair turn ("held": the message
- * is acknowledged then, not by the caller). Throws when a publish fails in a way that may pass:
- * the caller hands the call back.
+ * asks admission whether it goes on (a session over its in-flight limit or a quota refuses it,
+ * a busy tool holds it), accepts it in the call store (a known key is answered as a
+ * resubmission), then publishes it on its tool's work subject and arms its deadline — or, when
+ * admission holds it, does that at its fair turn ("held": the message is acknowledged then, not
+ * by the caller). Throws when a publish fails in a way that may pass: the caller hands the call
+ * back.
  */
 export async function routeCall(
   deps: ResolverDeps,
@@ -344,251 +342,215 @@ export async function routeCall(
   msg: JsMsg,
   callLog: Logger,
 ): Promise<"held" | undefined> {
-  const { subjects, plane, limits, callRetentionMs } = deps;
-  const { js, store, clock, publishFinal } = plane;
-  const { resolved, request } = resolution;
-  const key = callKey(resolved.address, resolved.idempotency_key);
-  const target = {
-    tool_call_id: resolved.call_id,
-    name: resolved.tool,
-    session_id: resolved.session_id,
-  };
-  const { argsHash } = resolution;
-  const publishAnswer = (error: ToolmeshError, msgId: string): Promise<unknown> =>
-    publishFinal(
-      subjects.result(resolved.address, resolved.call_id),
-      { ...errorToolMessage(target, error, { attempts: 0 }), args_hash: argsHash },
-      msgId,
-    );
-  // A refusal before acceptance must not take the place of a known call's result either.
-  const refuse = async (error: ToolmeshError): Promise<void> => {
-    const refused = {
-      ok: false as const,
-      error,
-      toolCallId: resolved.call_id,
-      tool: resolved.tool,
-      request,
-      argsHash,
-    };
-    if (!(await answerKnownKey(deps, refused, resolved.address, msg.seq, callLog)))
-      await publishAnswer(error, resultMsgId(key));
-  };
+  const route = routeOf(deps, resolution, msg, callLog);
+  const { resolved, request, key } = route;
+  const now = deps.plane.clock.now();
+  const unfit = unroutable(resolved, deps.callRetentionMs, now);
+  if (unfit !== undefined) {
+    await refuseUnaccepted(route, unfit);
+    return undefined;
+  }
+  const admitted = await deps.admission.admit({ resolved, request, key, seq: msg.seq }, now);
+  if (admitted.decision === "refuse") {
+    const { error } = admitted;
+    await publishRefusal(route, error, admitted.msgId);
+    if (admitted.logged)
+      callLog.info({ code: error.code, details: error.details }, "call refused by a quota");
+    return undefined;
+  }
+  const { ticket } = admitted;
+  const accepted = await acceptCall(route, ticket);
+  if (accepted === undefined) return undefined;
+  const work = (): Promise<void> => publishWork(route, accepted);
+  if (admitted.decision === "hold") {
+    holdForTurn(route, ticket, work);
+    return "held";
+  }
+  await ticket.publish(work);
+  return undefined;
+}
 
+/** One resolved call on its way to its tool's work, and what answers it on the way. */
+interface Route {
+  deps: ResolverDeps;
+  resolved: ResolvedCall;
+  request: CallRequest;
+  /** Its call key: the work message's id and what quotas count it by. */
+  key: string;
+  argsHash: string;
+  target: { tool_call_id: string; name: string; session_id: string };
+  msg: JsMsg;
+  callLog: Logger;
+}
+
+function routeOf(
+  deps: ResolverDeps,
+  resolution: Extract<Resolution, { ok: true }>,
+  msg: JsMsg,
+  callLog: Logger,
+): Route {
+  const { resolved, request, argsHash } = resolution;
+  return {
+    deps,
+    resolved,
+    request,
+    key: callKey(resolved.address, resolved.idempotency_key),
+    argsHash,
+    target: {
+      tool_call_id: resolved.call_id,
+      name: resolved.tool,
+      session_id: resolved.session_id,
+    },
+    msg,
+    callLog,
+  };
+}
+
+/** Why a call cannot be routed at all: it would outlive its record, or its deadline passed. */
+function unroutable(
+  resolved: ResolvedCall,
+  callRetentionMs: number,
+  now: number,
+): ToolmeshError | undefined {
   if (resolved.timeout_ms > callRetentionMs) {
     // Its record would expire while it runs, and with it the guarantee of one final message.
-    await refuse(
-      new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        `timeout_ms ${resolved.timeout_ms} is longer than calls are remembered (${callRetentionMs} ms)`,
-        { details: { timeout_ms: resolved.timeout_ms, max_timeout_ms: callRetentionMs } },
-      ),
+    return new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `timeout_ms ${resolved.timeout_ms} is longer than calls are remembered (${callRetentionMs} ms)`,
+      { details: { timeout_ms: resolved.timeout_ms, max_timeout_ms: callRetentionMs } },
     );
-    return;
   }
-  if (clock.now() >= resolved.deadline_at) {
+  if (now >= resolved.deadline_at) {
     // It waited in the calls stream past its deadline (no resolver was running).
-    await refuse(
-      new ToolmeshError(
-        ErrorCode.DeadlineExceeded,
-        `call ${resolved.call_id} passed its deadline before it was resolved`,
-        {
-          details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms },
-        },
-      ),
+    return new ToolmeshError(
+      ErrorCode.DeadlineExceeded,
+      `call ${resolved.call_id} passed its deadline before it was resolved`,
+      { details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms } },
     );
-    return;
   }
-  if (!limits.tryAcquire(resolved, clock.now())) {
-    deps.metrics.tenantRefused(
-      labelledTenant(deps, resolved, request),
-      ErrorCode.Overloaded,
-      "session_max_in_flight",
-    );
-    await publishAnswer(
-      new ToolmeshError(
-        ErrorCode.Overloaded,
-        `session ${resolved.session_id} has too many calls in flight`,
-        {
-          details: { max_in_flight: limits.max, retry_after_ms: 1_000 },
-        },
-      ),
-      `overloaded:${key}:${msg.seq}`,
-    );
-    return;
-  }
-  const { fairShare } = deps;
-  const held =
-    fairShare !== undefined && (await fairShare.busy(resolved.tool, resolved.address.tenant));
-  const refusal = await admitByQuota(deps, resolved, request, key, held);
-  if (refusal !== undefined) {
-    limits.release(resolved);
-    deps.metrics.tenantRefused(
-      resolved.address.tenant,
-      refusal.code,
-      typeof refusal.details?.quota === "string" ? refusal.details.quota : "unknown",
-    );
-    await publishAnswer(refusal, `refused:${key}:${msg.seq}`);
-    callLog.info({ code: refusal.code, details: refusal.details }, "call refused by a quota");
-    return;
-  }
+  return undefined;
+}
+
+/** Answers a call on its session with `error` as its final message, under `msgId`. */
+async function publishRefusal(route: Route, error: ToolmeshError, msgId: string): Promise<void> {
+  const { deps, resolved, target, argsHash } = route;
+  await deps.plane.publishFinal(
+    deps.subjects.result(resolved.address, resolved.call_id),
+    { ...errorToolMessage(target, error, { attempts: 0 }), args_hash: argsHash },
+    msgId,
+  );
+}
+
+/** Refuses a call before acceptance, which must not take the place of a known call's result. */
+async function refuseUnaccepted(route: Route, error: ToolmeshError): Promise<void> {
+  const { deps, resolved, request, argsHash, msg, callLog } = route;
+  const refused = {
+    ok: false as const,
+    error,
+    toolCallId: resolved.call_id,
+    tool: resolved.tool,
+    request,
+    argsHash,
+  };
+  if (!(await answerKnownKey(deps, refused, resolved.address, msg.seq, callLog)))
+    await publishRefusal(route, error, resultMsgId(route.key));
+}
+
+/** A call's record as accepted in the call store. */
+interface Accepted {
+  record: CallRecord;
+  /** Accepted now (`new`) or before (`in_flight`): a call to route either way. */
+  outcome: Exclude<AcceptOutcome, { status: "conflict" | "done" }>;
+}
+
+/**
+ * Accepts the call in the call store. A known key's call (another call id, or one that ended)
+ * is answered as a resubmission and gives its admission back: `undefined`, nothing to route.
+ */
+async function acceptCall(route: Route, ticket: AdmissionTicket): Promise<Accepted | undefined> {
+  const { deps, resolved, request, argsHash, msg, callLog } = route;
   const record = callRecordOf(resolved, argsHash);
-  const accepted = await store.accept(record);
-  if (accepted.status === "conflict" || accepted.status === "done") {
-    limits.release(resolved);
-    await releaseQuota(deps, resolved, request, key);
-    await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
-    return;
+  const outcome = await deps.plane.store.accept(record);
+  if (outcome.status === "conflict" || outcome.status === "done") {
+    await ticket.withdraw();
+    await answerResubmission(deps, outcome, resolved, request, msg.seq, callLog);
+    return undefined;
   }
-  if (accepted.status === "in_flight") {
+  if (outcome.status === "in_flight") {
     // Accepted before but maybe never routed: a crash between accepting and routing, or a
     // killed server that forgot the first delivery (it comes back as delivery 1). Route
     // again: the work's message id makes a repeat harmless within the window.
     callLog.info("call accepted before; routing it again");
     // Its final message goes to the call id accepted first: another id is told so.
-    if (accepted.record.call_id !== resolved.call_id)
-      await answerResubmission(deps, accepted, resolved, request, msg.seq, callLog);
+    if (outcome.record.call_id !== resolved.call_id)
+      await answerResubmission(deps, outcome, resolved, request, msg.seq, callLog);
   }
-  const { address } = resolved;
-  const fairShareId = `${address.tenant}.${address.session}.${subjectToken(resolved.call_id)}`;
-  const publishWork = async (): Promise<void> => {
-    let routed: { duplicate: boolean };
-    try {
-      // The record's revision goes along, so the executor need not read the record (ADR 0027),
-      // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
-      // A tool owner's tool waits on its owner's work stream (ADR 0041).
-      const definition = deps.registry.get(resolved.tool)?.definition;
-      const owner = definition && workOwnerOf(definition);
-      const known = knownRecordHeaders(record, accepted);
-      // An owner's executor ends the call through the owner services, which must not take the
-      // record from it: kept here, it spares them a read when this process answers.
-      if (owner !== undefined && known !== undefined)
-        store.remember(resolved, { record, revision: accepted.revision });
-      routed = await publishDurable(js, subjects.work(resolved.tool, owner), resolved, {
-        msgId: key,
-        headers: deadlineHeaders(resolved, tracedHeaders(known)),
-      });
-    } catch (err) {
-      const error = ensureError(err);
-      if (error.retryable) throw err;
-      // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
-      await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
-      return;
-    }
-    if (routed.duplicate && accepted.status === "new") {
-      // The work stream remembers routing this key, but its record was gone (expired or
-      // purged): the work was dropped as a duplicate and no executor will see it, nor will the
-      // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
-      await answerVanishedRecord(deps, resolved, target, msg.seq, callLog);
-      return;
-    }
-    callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
-  };
-  if (held) {
-    fairShare.hold(resolved.tool, {
-      id: fairShareId,
-      tenant: address.tenant,
-      msg,
-      deadlineAt: resolved.deadline_at,
-      dispatch: async () => {
-        await dequeueQuota(deps, resolved, request, key);
-        await publishWork();
-        msg.ack();
-      },
-      expire: async () => {
-        await plane.finalize(
-          resolved,
-          errorToolMessage(
-            target,
-            new ToolmeshError(
-              ErrorCode.DeadlineExceeded,
-              `call ${resolved.call_id} passed its deadline while waiting for its turn at a busy tool`,
-              { details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms } },
-            ),
-            { attempts: 0 },
-          ),
-        );
-        msg.ack();
-      },
-    });
-    callLog.debug("tool busy; call held for its fair turn");
-    return "held";
-  }
-  if (fairShare === undefined) {
-    await publishWork();
-    return undefined;
-  }
-  const started = { id: fairShareId, tenant: address.tenant, deadlineAt: resolved.deadline_at };
-  fairShare.started(resolved.tool, started);
+  return { record, outcome };
+}
+
+/** Publishes an accepted call on its tool's work subject, which arms its deadline. */
+async function publishWork(route: Route, { record, outcome }: Accepted): Promise<void> {
+  const { deps, resolved, target, msg, callLog } = route;
+  const { plane, subjects } = deps;
+  let routed: { duplicate: boolean };
   try {
-    await publishWork();
+    // The record's revision goes along, so the executor need not read the record (ADR 0027),
+    // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
+    // A tool owner's tool waits on its owner's work stream (ADR 0041).
+    const definition = deps.registry.get(resolved.tool)?.definition;
+    const owner = definition && workOwnerOf(definition);
+    const known = knownRecordHeaders(record, outcome);
+    // An owner's executor ends the call through the owner services, which must not take the
+    // record from it: kept here, it spares them a read when this process answers.
+    if (owner !== undefined && known !== undefined)
+      plane.store.remember(resolved, { record, revision: outcome.revision });
+    routed = await publishDurable(plane.js, subjects.work(resolved.tool, owner), resolved, {
+      msgId: route.key,
+      headers: deadlineHeaders(resolved, tracedHeaders(known)),
+    });
   } catch (err) {
-    fairShare.ended(started.id);
-    throw err;
+    const error = ensureError(err);
+    if (error.retryable) throw err;
+    // The record itself cannot be sent (defaults made it outgrow the limit): answer now.
+    await plane.finalize(resolved, errorToolMessage(target, error, { attempts: 0 }));
+    return;
   }
-  return undefined;
+  if (routed.duplicate && outcome.status === "new") {
+    // The work stream remembers routing this key, but its record was gone (expired or
+    // purged): the work was dropped as a duplicate and no executor will see it, nor will the
+    // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
+    await answerVanishedRecord(deps, resolved, target, msg.seq, callLog);
+    return;
+  }
+  callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
 }
 
-/**
- * The tenant token a refusal is counted under: only tenants with a quota are labelled, which
- * keeps the label's values bounded.
- */
-function labelledTenant(
-  deps: ResolverDeps,
-  resolved: ResolvedCall,
-  request: CallRequest,
-): string | undefined {
-  const { tenant } = resolved.address;
-  const scopes = deps.quotas?.view.scopesOf(tenant, resolved.tool, request.agent) ?? [];
-  return scopes.length > 0 ? tenant : undefined;
-}
-
-/**
- * Counts a call into the quotas of its tenant, tool and agent, or says which refused it. Free
- * for tenants without a quota (one map lookup).
- */
-async function admitByQuota(
-  deps: ResolverDeps,
-  resolved: ResolvedCall,
-  request: CallRequest,
-  key: string,
-  queued: boolean,
-): Promise<ToolmeshError | undefined> {
-  const { quotas } = deps;
-  if (quotas === undefined) return undefined;
-  const scopes = quotas.view.scopesOf(resolved.address.tenant, resolved.tool, request.agent);
-  if (scopes.length === 0) return undefined;
-  return quotas.admit(
-    { key, deadline_at: resolved.deadline_at },
-    { ...resolved.address, callToken: subjectToken(resolved.call_id) },
-    scopes,
-    queued,
+/** Holds a call for its fair turn at a busy tool: routed then, or answered at its deadline. */
+function holdForTurn(route: Route, ticket: AdmissionTicket, work: () => Promise<void>): void {
+  const { deps, resolved, target, msg, callLog } = route;
+  ticket.hold(
+    msg,
+    async () => {
+      await work();
+      msg.ack();
+    },
+    async () => {
+      await deps.plane.finalize(
+        resolved,
+        errorToolMessage(
+          target,
+          new ToolmeshError(
+            ErrorCode.DeadlineExceeded,
+            `call ${resolved.call_id} passed its deadline while waiting for its turn at a busy tool`,
+            { details: { deadline_at: resolved.deadline_at, timeout_ms: resolved.timeout_ms } },
+          ),
+          { attempts: 0 },
+        ),
+      );
+      msg.ack();
+    },
   );
-}
-
-async function dequeueQuota(
-  deps: ResolverDeps,
-  resolved: ResolvedCall,
-  request: CallRequest,
-  key: string,
-): Promise<void> {
-  const { quotas } = deps;
-  if (quotas === undefined) return;
-  const scopes = quotas.view.scopesOf(resolved.address.tenant, resolved.tool, request.agent);
-  if (scopes.length > 0) await quotas.dequeued({ key, deadline_at: resolved.deadline_at }, scopes);
-}
-
-async function releaseQuota(
-  deps: ResolverDeps,
-  resolved: ResolvedCall,
-  request: CallRequest,
-  key: string,
-): Promise<void> {
-  const { quotas } = deps;
-  if (quotas === undefined) return;
-  const { address } = resolved;
-  quotas.ended(address.tenant, address.session, subjectToken(resolved.call_id));
-  const scopes = quotas.view.scopesOf(address.tenant, resolved.tool, request.agent);
-  if (scopes.length > 0) await quotas.release(key, scopes);
+  callLog.debug("tool busy; call held for its fair turn");
 }
 
 /**
@@ -627,7 +589,7 @@ async function answerVanishedRecord(
   await plane.publishFinal(
     subject,
     outcome?.result ?? message,
-    `result:${callKey(resolved.address, resolved.idempotency_key)}:${seq}`,
+    deliveryResultMsgId(callKey(resolved.address, resolved.idempotency_key), seq),
   );
   callLog.warn(
     { answered_from_store: earlier?.success === true },
@@ -662,7 +624,7 @@ export async function answerInvalid(
       at: Date.now(),
     };
     await publishDurable(js, subjects.missingArguments(address, event.tool), event, {
-      msgId: `missing:${callKey(address, idempotencyKeyOf(request, callId))}`,
+      msgId: missingArgumentsMsgId(callKey(address, idempotencyKeyOf(request, callId))),
     });
   }
   const message = errorToolMessage(
@@ -814,7 +776,7 @@ export async function answerResubmission(
       seq,
     };
     await publishDurable(js, subjects.rejected(submission.address, seq), rejection, {
-      msgId: `rejected:${key}:${seq}`,
+      msgId: rejectedMsgId(key, seq),
     });
     callLog.info({ seq, code: error.code }, "submission under a key another call holds refused");
     return;

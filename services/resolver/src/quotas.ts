@@ -1,160 +1,23 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
-import { jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
-import type { Quota, QuotaScope, Subjects } from "@toolmesh/protocol";
-import {
-  ErrorCode,
-  ToolmeshError,
-  decodeJson,
-  encodeJson,
-  parseQuota,
-  quotaKey,
-  subjectToken,
-} from "@toolmesh/protocol";
-import type { StreamSpec } from "@toolmesh/nats";
-import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
+import type { Quota, Subjects } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
+import { isWrongLastSequence } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
+import type { ScopedQuota } from "@toolmesh/catalog";
+import type { Usage, UsageEntry } from "@toolmesh/catalog/internal";
+import {
+  decodeStoredQuota,
+  decodeUsage,
+  emptyUsage,
+  openQuotaBucket,
+  quotaBucketSpecs,
+  utcDay,
+} from "@toolmesh/catalog/internal";
 
-// Quotas are data in the mesh: limits in the bucket `{p}_quotas` (watched by every resolver),
-// what each scope uses in `{p}_quota_usage`, changed only by compare-and-set so that any number
-// of resolvers together never let a scope past its limits.
-
-/** A quota with the scope it applies to, as `toolmesh quotas list` shows it. */
-export interface ScopedQuota {
-  /** Its key in the quotas bucket (`{tenant}`, `{tenant}.tool.{tool}`, `{tenant}.agent.{agent}`). */
-  key: string;
-  scope: QuotaScope;
-  quota: Quota;
-}
-
-/** What is stored under a quota key: the ids of the scope (keys hold tokens) and the limits. */
-interface StoredQuota {
-  scope: { tenant: string; tool?: string; agent?: string };
-  quota: Quota;
-}
-
-function decodeStored(value: Uint8Array): StoredQuota {
-  const raw = decodeJson(value) as { scope?: unknown; quota?: unknown } | null;
-  const scope = raw?.scope as StoredQuota["scope"] | undefined;
-  if (typeof scope?.tenant !== "string") {
-    throw new ToolmeshError(ErrorCode.InvalidRequest, "stored quota names no tenant");
-  }
-  return { scope, quota: parseQuota(raw?.quota) };
-}
-
-function bucketSpecs(subjects: Subjects, replicas: number | undefined) {
-  const { quotas, quotaUsage } = meshPlan(subjects, { replicas }).buckets;
-  return { quotas, quotaUsage };
-}
-
-async function open(nc: NatsConnection, spec: StreamSpec): Promise<KV> {
-  return openBucket(nc, await jetstreamManager(nc), spec, { existing: "keep" });
-}
-
-/** Reads and writes quotas: what `toolmesh quotas` uses. */
-export class QuotaStore {
-  readonly #kv: KV;
-  readonly #usage: KV;
-
-  private constructor(kv: KV, usage: KV) {
-    this.#kv = kv;
-    this.#usage = usage;
-  }
-
-  /** Opens (creating when missing) the quotas and usage buckets. */
-  static async open(
-    nc: NatsConnection,
-    options: { subjects: Subjects; replicas?: number },
-  ): Promise<QuotaStore> {
-    const specs = bucketSpecs(options.subjects, options.replicas);
-    return new QuotaStore(await open(nc, specs.quotas), await open(nc, specs.quotaUsage));
-  }
-
-  /**
-   * Sets the limits of a scope, merged over what it had (`undefined` fields keep their value,
-   * `null` ones are removed). Returns what is stored now.
-   */
-  async set(
-    scope: QuotaScope,
-    limits: { [K in keyof Quota]?: Quota[K] | null },
-  ): Promise<ScopedQuota> {
-    const key = quotaKey(scope);
-    if (limits.weight != null && (scope.tool !== undefined || scope.agent !== undefined)) {
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        "a weight applies to a whole tenant, not to one of its tools or agents",
-      );
-    }
-    for (;;) {
-      const entry = await this.#kv.get(key);
-      const current = entry?.operation === "PUT" ? decodeStored(entry.value).quota : {};
-      const merged: Record<string, unknown> = { ...current };
-      for (const [field, value] of Object.entries(limits)) {
-        if (value === null) delete merged[field];
-        else if (value !== undefined) merged[field] = value;
-      }
-      const quota = parseQuota(merged);
-      const stored: StoredQuota = { scope: scopeIds(scope), quota };
-      try {
-        if (entry === null) await this.#kv.create(key, encodeJson(stored));
-        else await this.#kv.update(key, encodeJson(stored), entry.revision);
-        return { key, scope: stored.scope, quota };
-      } catch (err) {
-        if (!isWrongLastSequence(err)) throw err;
-      }
-    }
-  }
-
-  /** The quota of a scope, or undefined. */
-  async get(scope: QuotaScope): Promise<ScopedQuota | undefined> {
-    const key = quotaKey(scope);
-    const entry = await this.#kv.get(key);
-    if (entry?.operation !== "PUT") return undefined;
-    const stored = decodeStored(entry.value);
-    return { key, ...stored };
-  }
-
-  /** Every quota, or a tenant's, ordered by key. */
-  async list(tenant?: string): Promise<ScopedQuota[]> {
-    const keys: string[] = [];
-    // One filter per listing: several at once (`filter_subjects`) need nats-server 2.10.
-    const filters =
-      tenant === undefined ? [">"] : [subjectToken(tenant), `${subjectToken(tenant)}.>`];
-    for (const filter of filters)
-      for await (const key of await this.#kv.keys(filter)) keys.push(key);
-    const found: ScopedQuota[] = [];
-    for (const key of keys.sort()) {
-      const entry = await this.#kv.get(key);
-      if (entry?.operation === "PUT") found.push({ key, ...decodeStored(entry.value) });
-    }
-    return found;
-  }
-
-  /** Removes a scope's quota (and what it counted); false when it had none. */
-  async remove(scope: QuotaScope): Promise<boolean> {
-    const key = quotaKey(scope);
-    const entry = await this.#kv.get(key);
-    if (entry?.operation !== "PUT") return false;
-    await this.#kv.delete(key);
-    await this.#usage.delete(key);
-    return true;
-  }
-
-  /** What a scope uses now: calls in flight, of which queued, and the day's count. */
-  async usage(scope: QuotaScope): Promise<UsageSummary> {
-    const entry = await this.#usage.get(quotaKey(scope));
-    return summarize(entry?.operation === "PUT" ? decodeUsage(entry.value) : emptyUsage());
-  }
-}
-
-function scopeIds(scope: QuotaScope): StoredQuota["scope"] {
-  return {
-    tenant: scope.tenant,
-    ...(scope.tool === undefined ? {} : { tool: scope.tool }),
-    ...(scope.agent === undefined ? {} : { agent: scope.agent }),
-  };
-}
+// Quotas are data in the mesh (the catalog's QuotaStore reads and writes them); here every
+// resolver watches them and counts calls against them by compare-and-set.
 
 // ---------------------------------------------------------------------------------------------
 // The watched view: every resolver holds every quota in memory.
@@ -240,67 +103,12 @@ export class QuotaView {
         else this.#tenants.set(tenant, left);
       }
     } else {
-      const stored = decodeStored(entry.value);
+      const stored = decodeStoredQuota(entry.value);
       this.#byKey.set(entry.key, { key: entry.key, ...stored });
       if (!had) this.#tenants.set(tenant, (this.#tenants.get(tenant) ?? 0) + 1);
     }
     for (const listener of this.#changes) listener(entry.key);
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Usage, kept by compare-and-set.
-
-/** One counted call: its deadline and when it was counted (ms), and whether it is queued. */
-interface UsageEntry {
-  d: number;
-  t: number;
-  q?: 1;
-}
-
-/** What one scope uses. Calls are counted by call key, so counting one twice is impossible. */
-interface Usage {
-  in_flight: Record<string, UsageEntry>;
-  /** Tokens left in the bucket, as of `at` (ms). */
-  tokens?: number;
-  at?: number;
-  /** The UTC day (`YYYY-MM-DD`) `count` counts. */
-  day?: string;
-  count?: number;
-}
-
-/** What `toolmesh quotas get` shows of a scope's use. */
-export interface UsageSummary {
-  in_flight: number;
-  queued: number;
-  /** Calls counted today (UTC). */
-  today: number;
-  /** Tokens left, when the scope has a rate. */
-  tokens?: number;
-}
-
-function emptyUsage(): Usage {
-  return { in_flight: {} };
-}
-
-function decodeUsage(value: Uint8Array): Usage {
-  const usage = decodeJson(value) as Usage | null;
-  if (usage === null || typeof usage.in_flight !== "object") return emptyUsage();
-  return usage;
-}
-
-function summarize(usage: Usage): UsageSummary {
-  const entries = Object.values(usage.in_flight);
-  return {
-    in_flight: entries.length,
-    queued: entries.filter((e) => e.q === 1).length,
-    today: usage.day === utcDay(Date.now()) ? (usage.count ?? 0) : 0,
-    ...(usage.tokens === undefined ? {} : { tokens: Math.floor(usage.tokens * 100) / 100 }),
-  };
-}
-
-function utcDay(ms: number): string {
-  return new Date(ms).toISOString().slice(0, 10);
 }
 
 function msToNextUtcDay(ms: number): number {
@@ -366,9 +174,9 @@ export class QuotaGate {
 
   /** Opens the buckets, loads the quotas and starts reconciling. */
   static async open(nc: NatsConnection, options: QuotaGateOptions): Promise<QuotaGate> {
-    const specs = bucketSpecs(options.subjects, options.replicas);
-    const quotas = await open(nc, specs.quotas);
-    const usage = await open(nc, specs.quotaUsage);
+    const specs = quotaBucketSpecs(options.subjects, options.replicas);
+    const quotas = await openQuotaBucket(nc, specs.quotas);
+    const usage = await openQuotaBucket(nc, specs.quotaUsage);
     const calls = await new Kvm(nc).open(options.subjects.callsBucket, { allow_direct: false });
     const view = await QuotaView.open(quotas, options.log);
     const gate = new QuotaGate(view, usage, calls, options);

@@ -10,10 +10,12 @@ import {
   serveRequests,
   startWorkLoop,
   warnUnavailable,
+  heartbeatMsFor,
 } from "@toolmesh/nats";
 import { openCallPlane } from "@toolmesh/call-store";
+import type { MeshCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
-import type { Logger, Tracer } from "@toolmesh/telemetry";
+import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
@@ -22,6 +24,7 @@ import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
 import { FairShare } from "./fair-share.js";
+import { Admission } from "./admission.js";
 import type { WorkDepth } from "./fair-share.js";
 
 /** The queue group of the resolver replicas: dry runs and the control plane's cancel requests. */
@@ -113,32 +116,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     streamLimits: options.streamLimits,
     callRetentionMs: options.callRetentionMs,
   });
-  const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
-  const quotas =
-    options.quotas === false
-      ? undefined
-      : await QuotaGate.open(nc, {
-          subjects,
-          log,
-          replicas: options.replicas,
-          reconcileMs: options.quotaReconcileMs,
-          now: () => plane.clock.now(),
-        });
-
-  const fairShareWindow = options.fairShareWindow ?? 0;
-  const fairShare =
-    fairShareWindow <= 0
-      ? undefined
-      : new FairShare({
-          window: fairShareWindow,
-          idleMs: options.fairShareIdleMs,
-          depth: workDepth(plane.jsm, subjects, registry),
-          weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
-          now: () => plane.clock.now(),
-          log,
-          heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
-        });
+  const metrics = toolmeshMetrics();
+  const admission = await openAdmission(options, plane, ackWaitMs, metrics);
   const control: ControlPlane = await startControlPlane({
     queue: QUEUE,
     nc,
@@ -149,36 +129,14 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       const definition = registry.get(tool)?.definition;
       return subjects.workStream(definition && workOwnerOf(definition));
     },
-    // The deadline keeper follows every result already: count the sessions' calls from it.
+    // The deadline keeper follows every result already: settle admitted calls from it.
     onResult: (msg) => {
       const settled = subjects.parseResultSubject(msg.subject);
-      if (settled === undefined) return;
-      limits.settled(settled.address, settled.call);
-      quotas?.ended(settled.address.tenant, settled.address.session, settled.call);
-      if (fairShare !== undefined) {
-        // While calls are held, an ending call may have freed its tool's executor: say which.
-        const tool = fairShare.held > 0 ? toolOf(msg.data) : undefined;
-        fairShare.ended(
-          `${settled.address.tenant}.${settled.address.session}.${settled.call}`,
-          tool,
-        );
-      }
+      if (settled !== undefined)
+        admission.settle(settled.address, settled.call, () => toolOf(msg.data));
     },
   });
-  const stopLoggingQuotas = quotas?.view.onChange((key) => {
-    const current = quotas.view.get(key);
-    log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
-  });
-  const metrics = toolmeshMetrics();
-  const stopReportingTenants = metrics.observeTenants(() =>
-    quotas === undefined
-      ? []
-      : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
-          tenant,
-          inFlight,
-          queued: fairShare?.heldByTenant().get(tenant) ?? 0,
-        })),
-  );
+  const stopReportingQuotas = reportQuotas(admission, metrics, log);
   // Executors and bridges in tool owners' accounts register and end their calls through these.
   const owners = startOwnerServices({
     nc,
@@ -197,9 +155,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     tracer,
     plane,
     control,
-    limits,
-    quotas,
-    fairShare,
+    admission,
     metrics,
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
@@ -208,12 +164,102 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   void (async () => {
     for await (const status of nc.status())
-      if (status.type === "reconnect") {
-        limits.clear();
-        fairShare?.reconnected();
-      }
+      if (status.type === "reconnect") admission.reconnected();
   })();
 
+  const loops = await startIntake(deps, options, ackWaitMs);
+
+  const rpc: RequestServer = serveRequests({
+    nc,
+    subject: subjects.allResolveRpc,
+    queue: QUEUE,
+    ...dryRunRequests(deps),
+    // A dry run carries a call: it may be as large as a call the calls stream takes.
+    maxRequestBytes: options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes,
+  });
+  const stopWatching = logToolChanges(registry, log);
+  log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
+
+  return {
+    async stop(graceMs: number = Defaults.shutdownGraceMs) {
+      stopWatching();
+      admission.fairShare?.stop();
+      await Promise.all([
+        rpc.stop(graceMs),
+        owners.stop(graceMs),
+        ...loops.map((loop) => loop.stop(graceMs)),
+      ]);
+      await control.stop(graceMs);
+      admission.quotas?.close();
+      stopReportingQuotas();
+    },
+  };
+}
+
+/** The session slots, quota gate and fair share of this resolver, as one {@link Admission}. */
+async function openAdmission(
+  options: ResolverOptions,
+  plane: MeshCallPlane,
+  ackWaitMs: number,
+  metrics: ToolmeshMetrics,
+): Promise<Admission> {
+  const { nc, subjects, registry, log } = options;
+  const limits = new SessionLimits(options.sessionMaxInFlight ?? Defaults.sessionMaxInFlight);
+  const quotas =
+    options.quotas === false
+      ? undefined
+      : await QuotaGate.open(nc, {
+          subjects,
+          log,
+          replicas: options.replicas,
+          reconcileMs: options.quotaReconcileMs,
+          now: () => plane.clock.now(),
+        });
+  const fairShareWindow = options.fairShareWindow ?? 0;
+  const fairShare =
+    fairShareWindow <= 0
+      ? undefined
+      : new FairShare({
+          window: fairShareWindow,
+          idleMs: options.fairShareIdleMs,
+          depth: workDepth(plane.jsm, subjects, registry),
+          weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
+          now: () => plane.clock.now(),
+          log,
+          heartbeatMs: heartbeatMsFor(ackWaitMs),
+        });
+  return new Admission({ limits, quotas, fairShare, metrics });
+}
+
+/** Logs every quota applied and reports the tenants' calls in flight; returns how to stop. */
+function reportQuotas(admission: Admission, metrics: ToolmeshMetrics, log: Logger): () => void {
+  const { quotas, fairShare } = admission;
+  const stopLogging = quotas?.view.onChange((key) => {
+    const current = quotas.view.get(key);
+    log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
+  });
+  const stopReporting = metrics.observeTenants(() =>
+    quotas === undefined
+      ? []
+      : [...quotas.countedByTenant()].map(([tenant, inFlight]) => ({
+          tenant,
+          inFlight,
+          queued: fairShare?.heldByTenant().get(tenant) ?? 0,
+        })),
+  );
+  return () => {
+    stopReporting();
+    stopLogging?.();
+  };
+}
+
+/** The two loops that take calls: the mesh's calls stream, and every tenant's own. */
+function startIntake(
+  deps: ResolverDeps,
+  options: ResolverOptions,
+  ackWaitMs: number,
+): Promise<WorkLoop[]> {
+  const { subjects, log, plane } = deps;
   const intake = {
     js: plane.js,
     consumer: subjects.resolverConsumer,
@@ -221,11 +267,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // compete for the same slots.
     slots: new Semaphore(options.concurrency ?? Defaults.resolverConcurrency),
     // Calls wait in the buffer for a slot: keep them owned so a live resolver keeps them.
-    heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+    heartbeatMs: heartbeatMsFor(ackWaitMs),
     handle: (msg: JsMsg) => handleCall(deps, msg),
     onError: (err: unknown) => log.error({ err }, "resolver loop error"),
   };
-  const loops: WorkLoop[] = await Promise.all([
+  return Promise.all([
     startWorkLoop({
       ...intake,
       stream: subjects.streams.calls,
@@ -240,16 +286,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       push: { deliverSubject: subjects.intake, deliverGroup: subjects.resolverConsumer },
     }),
   ]);
+}
 
-  const rpc: RequestServer = serveRequests({
-    nc,
-    subject: subjects.allResolveRpc,
-    queue: QUEUE,
-    ...dryRunRequests(deps),
-    // A dry run carries a call: it may be as large as a call the calls stream takes.
-    maxRequestBytes: options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes,
-  });
-  const stopWatching = registry.onChange(({ name, tool }) => {
+/** Logs every tool that becomes available or is removed; returns how to stop. */
+function logToolChanges(registry: ToolRegistry, log: Logger): () => void {
+  return registry.onChange(({ name, tool }) => {
     if (tool === undefined) log.info({ tool: name }, "tool removed");
     else
       log.info(
@@ -257,21 +298,4 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
         "tool available",
       );
   });
-  log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
-
-  return {
-    async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      stopWatching();
-      fairShare?.stop();
-      await Promise.all([
-        rpc.stop(graceMs),
-        owners.stop(graceMs),
-        ...loops.map((loop) => loop.stop(graceMs)),
-      ]);
-      await control.stop(graceMs);
-      quotas?.close();
-      stopReportingTenants();
-      stopLoggingQuotas?.();
-    },
-  };
 }

@@ -28,6 +28,7 @@ import {
   parseRequest,
   payloadTooLarge,
   subjectToken,
+  schemaMsgId,
 } from "@toolmesh/protocol";
 import type { RequestKind, RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
@@ -41,6 +42,7 @@ import {
   serveRequests,
   startWorkLoop,
   warnUnavailable,
+  heartbeatMsFor,
 } from "@toolmesh/nats";
 import type { CompiledTool, ToolRegistry } from "@toolmesh/registry";
 import type {
@@ -145,7 +147,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     consumer: subjects.schemaExpanderConsumer,
     slots: new Semaphore(options.concurrency ?? Defaults.concurrency),
     maxMessages: 16,
-    heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
+    heartbeatMs: heartbeatMsFor(ackWaitMs),
     handle: (msg) => handleEvent(deps, msg),
     onConsumerUnavailable: warnUnavailable(log, subjects.schemaExpanderConsumer),
     onError: (err) => log.error({ err }, "schema expander loop error"),
@@ -267,7 +269,7 @@ export async function expandOnce(
       reason: "missing_arguments",
       missing: event.missing_required,
       toolCallId: event.tool_call_id,
-      msgId: `schema:${address.tenant}:${address.session}:${subjectToken(event.tool)}:${revision}`,
+      msgId: schemaMsgId(address, subjectToken(event.tool), revision),
     });
   } catch (err) {
     // Give the claim back, so the redelivery (or another replica) sends it.

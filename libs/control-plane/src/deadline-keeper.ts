@@ -39,21 +39,6 @@ export interface DeadlineKeeperOptions {
   onResult?: ((msg: Msg) => void) | undefined;
 }
 
-/** A running deadline keeper. */
-export interface DeadlineKeeper {
-  /** Calls watched now. */
-  readonly watched: number;
-  /** Work and final messages seen so far: unchanged while the mesh is idle. */
-  readonly traffic: number;
-  /**
-   * Reads the whole work stream (at start, and after a reconnect, when work and results may
-   * have been missed) and watches every call found there. Calls watched before whose work is
-   * no longer there ended meanwhile and are dropped.
-   */
-  replay(): Promise<void>;
-  stop(): void;
-}
-
 // Timers are re-armed at least this often, so a long wait never overflows setTimeout.
 const MAX_WAIT_MS = 3_600_000;
 // A call that could not be ended (NATS trouble) is tried again this much later.
@@ -77,87 +62,162 @@ export async function startDeadlineKeeper(
   deps: ControlDeps,
   options: DeadlineKeeperOptions = {},
 ): Promise<DeadlineKeeper> {
-  const { nc, plane, subjects, log } = deps;
-  const { jsm, clock } = plane;
-  const scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
-  const calls = new WatchedCalls();
-  const slots = new Semaphore(16);
-  let traffic = 0;
-  let stopped = false;
-  let timer: NodeJS.Timeout | undefined;
-  let timerAt = Number.POSITIVE_INFINITY;
+  const keeper = new DeadlineKeeper(deps, options);
+  // Registered at the server before the stream is read: work published meanwhile is seen live.
+  await deps.nc.flush();
+  keeper.followClock();
+  return keeper;
+}
 
-  // The mesh's work stream and every tool owner's (ADR 0041).
-  const subscriptions: Subscription[] = [
-    ...[subjects.allWork, subjects.allOwnerWork].map((subject) =>
-      nc.subscribe(subject, {
+/** A running deadline keeper ({@link startDeadlineKeeper}). */
+export class DeadlineKeeper {
+  readonly #deps: ControlDeps;
+  readonly #scanLimit: number;
+  readonly #calls = new WatchedCalls();
+  readonly #slots = new Semaphore(16);
+  readonly #subscriptions: Subscription[];
+  #traffic = 0;
+  #stopped = false;
+  #timer: NodeJS.Timeout | undefined;
+  #timerAt = Number.POSITIVE_INFINITY;
+  #stopFollowingClock: () => void = () => undefined;
+
+  /** @internal made by {@link startDeadlineKeeper} only */
+  constructor(deps: ControlDeps, options: DeadlineKeeperOptions) {
+    this.#deps = deps;
+    this.#scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
+    const { nc, subjects, log } = deps;
+    // The mesh's work stream and every tool owner's (ADR 0041).
+    this.#subscriptions = [
+      ...[subjects.allWork, subjects.allOwnerWork].map((subject) =>
+        nc.subscribe(subject, {
+          callback: (err, msg) => {
+            if (err !== null) {
+              log.error({ err }, "deadline keeper cannot follow the work stream");
+              return;
+            }
+            this.#traffic++;
+            const work = readWork(msg.headers, msg.data);
+            if (work !== undefined) this.#watch(work.key, work.deadline, msg.subject, undefined);
+          },
+        }),
+      ),
+      nc.subscribe(subjects.allResults, {
         callback: (err, msg) => {
           if (err !== null) {
-            log.error({ err }, "deadline keeper cannot follow the work stream");
+            log.error({ err }, "deadline keeper cannot follow the results");
             return;
           }
-          traffic++;
-          const work = readWork(msg.headers, msg.data);
-          if (work !== undefined) watch(work.key, work.deadline, msg.subject, undefined);
+          this.#traffic++;
+          this.#settled(msg);
+          options.onResult?.(msg);
         },
       }),
-    ),
-    nc.subscribe(subjects.allResults, {
-      callback: (err, msg) => {
-        if (err !== null) {
-          log.error({ err }, "deadline keeper cannot follow the results");
-          return;
-        }
-        traffic++;
-        settled(msg);
-        options.onResult?.(msg);
-      },
-    }),
-  ];
-  // Registered at the server before the stream is read: work published meanwhile is seen live.
-  await nc.flush();
-
-  function watch(key: string, deadline: number, subject: string, seq: number | undefined): void {
-    if (calls.watch(key, deadline, subject, seq) && deadline < timerAt) arm();
+    ];
   }
 
-  function settled(msg: Msg): void {
+  /** Calls watched now. */
+  get watched(): number {
+    return this.#calls.size;
+  }
+
+  /** Work and final messages seen so far: unchanged while the mesh is idle. */
+  get traffic(): number {
+    return this.#traffic;
+  }
+
+  /**
+   * Re-arms the timer whenever the estimate of the server's clock is corrected: a backlog read
+   * after a restart carries only old timestamps, which put the estimate behind.
+   * @internal called once by {@link startDeadlineKeeper}
+   */
+  followClock(): void {
+    this.#stopFollowingClock = this.#deps.plane.clock.onChange(() => {
+      if (!this.#stopped) this.#arm();
+    });
+  }
+
+  /**
+   * Reads the whole work stream (at start, and after a reconnect, when work and results may
+   * have been missed) and watches every call found there. Calls watched before whose work is
+   * no longer there ended meanwhile and are dropped.
+   */
+  async replay(): Promise<void> {
+    const { plane, subjects, log } = this.#deps;
+    const mark = this.#calls.beginReplay();
+    // One fresh reading of the server's clock before the backlog comes in (and the deadlines
+    // read below are armed): without it a restarted resolver keeps them late.
+    try {
+      const { serverMs, localMs } = await plane.store.serverTime();
+      plane.clock.anchor(serverMs, localMs);
+    } catch (err) {
+      log.warn({ err }, "cannot read the server's clock; deadlines follow message timestamps");
+    }
+    const streams = [{ stream: subjects.streams.work, filter: subjects.allWork }];
+    for await (const stream of plane.jsm.streams.names(subjects.allOwnerWork))
+      if (subjects.isWorkStream(stream)) streams.push({ stream, filter: subjects.allOwnerWork });
+    for (const { stream, filter } of streams) {
+      for (let from = 1; !this.#stopped;) {
+        const msg = await this.#nextMessage(stream, from, filter);
+        if (msg === null) break;
+        from = msg.seq + 1;
+        const work = readWork(msg.header, msg.data);
+        if (work !== undefined) this.#watch(work.key, work.deadline, msg.subject, msg.seq);
+      }
+    }
+    this.#calls.endReplay(mark);
+    this.#arm();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    this.#stopFollowingClock();
+    clearTimeout(this.#timer);
+    for (const sub of this.#subscriptions) sub.unsubscribe();
+  }
+
+  #watch(key: string, deadline: number, subject: string, seq: number | undefined): void {
+    if (this.#calls.watch(key, deadline, subject, seq) && deadline < this.#timerAt) this.#arm();
+  }
+
+  #settled(msg: Msg): void {
     const key = callKeyOfResultMsgId(msg.headers?.get(Header.MsgId) ?? "");
-    if (key !== undefined) calls.settle(key);
+    if (key !== undefined) this.#calls.settle(key);
   }
 
   /** Arms the one timer for the earliest deadline still watched. */
-  function arm(): void {
-    const next = calls.nextDeadline();
-    clearTimeout(timer);
-    timer = undefined;
-    timerAt = Number.POSITIVE_INFINITY;
-    if (next === undefined || stopped) return;
-    timerAt = next;
-    const wait = Math.min(Math.max(0, next - clock.now()), MAX_WAIT_MS);
-    timer = setTimeout(fire, wait);
-    timer.unref();
+  #arm(): void {
+    const next = this.#calls.nextDeadline();
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    this.#timerAt = Number.POSITIVE_INFINITY;
+    if (next === undefined || this.#stopped) return;
+    this.#timerAt = next;
+    const wait = Math.min(Math.max(0, next - this.#deps.plane.clock.now()), MAX_WAIT_MS);
+    this.#timer = setTimeout(() => this.#fire(), wait);
+    this.#timer.unref();
   }
 
-  function fire(): void {
-    for (const entry of calls.takeDue(clock.now())) void expire(entry);
-    arm();
+  #fire(): void {
+    for (const entry of this.#calls.takeDue(this.#deps.plane.clock.now())) void this.#expire(entry);
+    this.#arm();
   }
 
-  async function expire(entry: Watched): Promise<void> {
-    await slots.acquire();
+  async #expire(entry: Watched): Promise<void> {
+    const { plane, subjects, log } = this.#deps;
+    await this.#slots.acquire();
     const stream = subjects.workStreamOf(entry.subject) ?? subjects.streams.work;
     try {
       const stored =
         entry.seq === undefined
-          ? await find(stream, entry)
-          : await messageAt(stream, entry.seq, entry.key);
+          ? await this.#find(stream, entry)
+          : await this.#messageAt(stream, entry.seq, entry.key);
       if (stored === undefined) return; // gone: the call ended
       const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(stored.data)).data;
       if (call === undefined) return; // not a call: the executor dead-letters it
       const won = await plane.finalize(call, deadlineMessage(call));
       if (won) {
-        publishEphemeral(nc, subjects.abortOf(stream), {
+        publishEphemeral(this.#deps.nc, subjects.abortOf(stream), {
           call_key: entry.key,
           reason: "deadline_exceeded",
         } satisfies AbortMessage);
@@ -169,92 +229,43 @@ export async function startDeadlineKeeper(
       // Work nobody took must not outlive its call. Removed after the call ended, so that a
       // keeper dying in between leaves work behind (taken and dropped by an executor, or ended
       // again by the next keeper), never an open call without work.
-      await jsm.streams.deleteMessage(stream, stored.seq).catch(() => false);
+      await plane.jsm.streams.deleteMessage(stream, stored.seq).catch(() => false);
     } catch (err) {
       log.warn({ err, key: entry.key }, "cannot end the call at its deadline yet; retrying");
-      if (!stopped && !calls.has(entry.key))
-        watch(entry.key, clock.now() + RETRY_MS, entry.subject, entry.seq);
+      if (!this.#stopped && !this.#calls.has(entry.key))
+        this.#watch(entry.key, plane.clock.now() + RETRY_MS, entry.subject, entry.seq);
     } finally {
-      slots.release();
+      this.#slots.release();
     }
   }
 
   /** The work message at `seq`, if it is still there and still the call's. */
-  async function messageAt(
-    stream: string,
-    seq: number,
-    key: string,
-  ): Promise<StoredMsg | undefined> {
-    const msg = await jsm.streams.getMessage(stream, { seq });
+  async #messageAt(stream: string, seq: number, key: string): Promise<StoredMsg | undefined> {
+    const msg = await this.#deps.plane.jsm.streams.getMessage(stream, { seq });
     return msg !== null && keyOf(msg) === key ? msg : undefined;
   }
 
   /** Looks for a call's work among the messages of its subject, oldest first. */
-  async function find(stream: string, entry: Watched): Promise<StoredMsg | undefined> {
+  async #find(stream: string, entry: Watched): Promise<StoredMsg | undefined> {
     let from = 1;
-    for (let scanned = 0; scanned < scanLimit; scanned++) {
-      const msg = await nextMessage(stream, from, entry.subject);
+    for (let scanned = 0; scanned < this.#scanLimit; scanned++) {
+      const msg = await this.#nextMessage(stream, from, entry.subject);
       if (msg === null) return undefined;
       if (keyOf(msg) === entry.key) return msg;
       from = msg.seq + 1;
     }
-    log.warn({ key: entry.key, scanLimit }, "call's work not found within the scan limit");
+    this.#deps.log.warn(
+      { key: entry.key, scanLimit: this.#scanLimit },
+      "call's work not found within the scan limit",
+    );
     return undefined;
   }
 
-  function nextMessage(stream: string, from: number, filter: string): Promise<StoredMsg | null> {
+  #nextMessage(stream: string, from: number, filter: string): Promise<StoredMsg | null> {
     // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (reconcile.ts does the same).
     const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
-    return jsm.streams.getMessage(stream, query);
+    return this.#deps.plane.jsm.streams.getMessage(stream, query);
   }
-
-  // A backlog read after a restart carries only old timestamps, which put the estimate of the
-  // server's clock behind: timers armed meanwhile are re-armed once it is corrected.
-  const stopFollowingClock = clock.onChange(() => {
-    if (!stopped) arm();
-  });
-
-  async function replay(): Promise<void> {
-    const mark = calls.beginReplay();
-    // One fresh reading of the server's clock before the backlog comes in (and the deadlines
-    // read below are armed): without it a restarted resolver keeps them late.
-    try {
-      const { serverMs, localMs } = await plane.store.serverTime();
-      clock.anchor(serverMs, localMs);
-    } catch (err) {
-      log.warn({ err }, "cannot read the server's clock; deadlines follow message timestamps");
-    }
-    const streams = [{ stream: subjects.streams.work, filter: subjects.allWork }];
-    for await (const stream of jsm.streams.names(subjects.allOwnerWork))
-      if (subjects.isWorkStream(stream)) streams.push({ stream, filter: subjects.allOwnerWork });
-    for (const { stream, filter } of streams) {
-      for (let from = 1; !stopped;) {
-        const msg = await nextMessage(stream, from, filter);
-        if (msg === null) break;
-        from = msg.seq + 1;
-        const work = readWork(msg.header, msg.data);
-        if (work !== undefined) watch(work.key, work.deadline, msg.subject, msg.seq);
-      }
-    }
-    calls.endReplay(mark);
-    arm();
-  }
-
-  return {
-    get watched() {
-      return calls.size;
-    },
-    get traffic() {
-      return traffic;
-    },
-    replay,
-    stop() {
-      stopped = true;
-      stopFollowingClock();
-      clearTimeout(timer);
-      for (const sub of subscriptions) sub.unsubscribe();
-    },
-  };
 }
 
 /** The deadline and key of a work message: from its headers, or its body (older publishers). */

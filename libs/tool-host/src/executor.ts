@@ -1,5 +1,5 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
-import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import pRetry from "p-retry";
 import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
@@ -22,6 +22,7 @@ import {
   retryWhileUnavailable,
   startWorkLoop,
   warnUnavailable,
+  heartbeatMsFor,
 } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
@@ -170,7 +171,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     shutdown: new AbortController(),
     freshWork: new FreshWork(),
   };
-  const { running, shutdown, freshWork } = deps;
+  const { running } = deps;
   const stopObservingQueues = metrics.observeQueues(() =>
     Promise.all(
       [...served.keys()].map(async (tool) => {
@@ -180,53 +181,14 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     ),
   );
 
-  // Cancellation and deadlines are decided elsewhere and broadcast: abort the attempt here.
-  const aborts: Subscription = nc.subscribe(subjects.abortOf(workStream), {
-    callback: (err, msg) => {
-      if (err !== null) return;
-      const body = AbortMessageSchema.safeParse(decodeJsonOrUndefined(msg.data)).data;
-      if (body === undefined) return;
-      freshWork.aborted(body.call_key);
-      running
-        .get(body.call_key)
-        ?.abort(
-          body.reason === "deadline_exceeded"
-            ? new ToolmeshError(ErrorCode.DeadlineExceeded, "the call passed its deadline")
-            : new ToolmeshError(ErrorCode.Cancelled, "the call was cancelled by its caller"),
-        );
-    },
-  });
-
-  // Once the server has the subscription, every abort from now on reaches this process, until
-  // the connection drops.
-  await nc.flush();
-  freshWork.listening();
-  void (async () => {
-    for await (const status of nc.status()) {
-      if (status.type === "disconnect") freshWork.disconnected();
-      else if (status.type === "reconnect") freshWork.listening();
-    }
-  })();
+  const aborts = await followAborts(deps, workStream);
 
   const loops = new Map<string, WorkLoop>();
 
   /** Registers a tool and starts consuming its work; false when another owner has the name. */
   async function serve(module: ToolModule): Promise<boolean> {
     const definition = toolDefinitionOf(module, owner);
-    // A registration is idempotent: one whose answer was lost in an election is made again.
-    const outcome = await retryWhileUnavailable(() => link.register(definition), {
-      what: `register ${definition.name}`,
-      budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
-      onRetry: warnUnavailable(log, subjects.registryBucket, "bucket"),
-    });
-    if (outcome.status === "conflict") {
-      if (options.ownerAccount !== undefined)
-        log.warn(
-          { tool: definition.name, owner: outcome.owner, refused: owner },
-          "tool name already registered by another owner; registration refused",
-        );
-      return false; // inside the mesh the registry has logged the warning
-    }
+    if (!(await registerTool(link, options, definition, owner))) return false;
     const tool: ServedTool = {
       module,
       definition,
@@ -254,21 +216,13 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     if (previous === undefined) metrics.toolServed(definition.name, 1);
     loops.set(
       definition.name,
-      await startWorkLoop({
-        js,
+      await startToolLoop(deps, {
         stream: workStream,
-        consumer: subjects.workConsumer(definition.name),
+        js,
         slots,
-        // Buffered messages are kept owned by heartbeats while they wait for a slot.
-        maxMessages: 8,
-        heartbeatMs: Math.max(250, Math.floor(ackWaitMs / 3)),
-        consumerWaitMs: consumerWait.budgetMs,
-        onConsumerUnavailable: consumerWait.onRetry,
+        consumerWait,
         handle: (msg) => handleWork(deps, served.get(definition.name) ?? tool, msg),
-        onError: (err) => {
-          freshWork.interrupted();
-          log.error({ err, tool: definition.name }, "work loop error");
-        },
+        tool: definition.name,
       }),
     );
     return true;
@@ -295,16 +249,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       });
     },
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      const handBack = (): void => {
-        shutdown.abort(new ToolmeshError(ErrorCode.Unavailable, "executor shutting down"));
-        for (const controller of running.values()) {
-          controller.abort(
-            new ToolmeshError(ErrorCode.Unavailable, "executor shutting down", {
-              details: { [ShutdownCode]: true },
-            }),
-          );
-        }
-      };
+      const handBack = (): void => handBackAll(deps);
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
       aborts.unsubscribe();
       stopObservingQueues();
@@ -415,4 +360,108 @@ function resultLimit(
     nc.info?.max_payload ?? Number.POSITIVE_INFINITY,
   );
   return Math.min(options.maxResultBytes ?? Defaults.maxResultBytes, carried - 4096);
+}
+
+/**
+ * Aborts the attempt of a call cancelled or past its deadline: both are decided elsewhere and
+ * broadcast. Resolves once the server has the subscription, from when every abort reaches this
+ * process until the connection drops (which fresh work is told).
+ */
+async function followAborts(deps: WorkDeps, workStream: string): Promise<Subscription> {
+  const { nc, subjects, freshWork, running } = deps;
+  const aborts = nc.subscribe(subjects.abortOf(workStream), {
+    callback: (err, msg) => {
+      if (err !== null) return;
+      const body = AbortMessageSchema.safeParse(decodeJsonOrUndefined(msg.data)).data;
+      if (body === undefined) return;
+      freshWork.aborted(body.call_key);
+      running
+        .get(body.call_key)
+        ?.abort(
+          body.reason === "deadline_exceeded"
+            ? new ToolmeshError(ErrorCode.DeadlineExceeded, "the call passed its deadline")
+            : new ToolmeshError(ErrorCode.Cancelled, "the call was cancelled by its caller"),
+        );
+    },
+  });
+  await nc.flush();
+  freshWork.listening();
+  void (async () => {
+    for await (const status of nc.status()) {
+      if (status.type === "disconnect") freshWork.disconnected();
+      else if (status.type === "reconnect") freshWork.listening();
+    }
+  })();
+  return aborts;
+}
+
+/** Where and how one tool's work loop takes its work. */
+interface ToolLoopOptions {
+  js: JetStreamClient;
+  stream: string;
+  tool: string;
+  slots: Semaphore;
+  consumerWait: {
+    budgetMs: number;
+    onRetry: (kind: UnavailableKind, err: unknown) => void;
+  };
+  handle: (msg: JsMsg) => Promise<void>;
+}
+
+/** Starts the work loop of one tool on its work consumer. */
+function startToolLoop(deps: WorkDeps, o: ToolLoopOptions): Promise<WorkLoop> {
+  const { subjects, log, freshWork, ackWaitMs } = deps;
+  return startWorkLoop({
+    js: o.js,
+    stream: o.stream,
+    consumer: subjects.workConsumer(o.tool),
+    slots: o.slots,
+    // Buffered messages are kept owned by heartbeats while they wait for a slot.
+    maxMessages: 8,
+    heartbeatMs: heartbeatMsFor(ackWaitMs),
+    consumerWaitMs: o.consumerWait.budgetMs,
+    onConsumerUnavailable: o.consumerWait.onRetry,
+    handle: o.handle,
+    onError: (err) => {
+      freshWork.interrupted();
+      log.error({ err, tool: o.tool }, "work loop error");
+    },
+  });
+}
+
+/** Aborts every attempt running, so that the work loops hand their calls back. */
+function handBackAll({ shutdown, running }: WorkDeps): void {
+  shutdown.abort(new ToolmeshError(ErrorCode.Unavailable, "executor shutting down"));
+  for (const controller of running.values()) {
+    controller.abort(
+      new ToolmeshError(ErrorCode.Unavailable, "executor shutting down", {
+        details: { [ShutdownCode]: true },
+      }),
+    );
+  }
+}
+
+/**
+ * Registers a tool's definition; false when another owner has the name. A registration is
+ * idempotent: one whose answer was lost in an election is made again.
+ */
+async function registerTool(
+  link: MeshLink,
+  options: ExecutorOptions,
+  definition: ToolDefinition,
+  owner: string,
+): Promise<boolean> {
+  const { log, subjects } = options;
+  const outcome = await retryWhileUnavailable(() => link.register(definition), {
+    what: `register ${definition.name}`,
+    budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
+    onRetry: warnUnavailable(log, subjects.registryBucket, "bucket"),
+  });
+  if (outcome.status !== "conflict") return true;
+  if (options.ownerAccount !== undefined)
+    log.warn(
+      { tool: definition.name, owner: outcome.owner, refused: owner },
+      "tool name already registered by another owner; registration refused",
+    );
+  return false; // inside the mesh the registry has logged the warning
 }

@@ -21,6 +21,7 @@ import {
   ensureError,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
+  replayMsgId,
 } from "@toolmesh/protocol";
 import { publishDurable } from "@toolmesh/nats";
 import { deadlineHeaders } from "./deadline-keeper.js";
@@ -356,7 +357,7 @@ export async function replayDeadLetter(
   ): Promise<Omit<ReplayOutcome, "deleted">> {
     const original = idempotencyKeyOf(request, request.tool_call.id);
     const key = replayKey(original, seq);
-    const msgId = `replay:${subjects.streams.dlq}:${seq}`;
+    const msgId = replayMsgId(subjects.streams.dlq, seq);
     const ack = await publishDurable(
       js,
       letter.subject,

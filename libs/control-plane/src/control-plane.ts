@@ -18,6 +18,8 @@ import {
   subjectToken,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
+  deadLetterMsgId,
+  requeueMsgId,
 } from "@toolmesh/protocol";
 import type { RequestServer, RequestKind, WorkLoop } from "@toolmesh/nats";
 import {
@@ -315,7 +317,7 @@ export async function requeueIfUsedUp(
   headers.set(Header.Requeued, String(deliveries));
   await plane.js.publish(stored.subject, stored.data, {
     headers,
-    msgID: `requeue:${stream}:${seq}`,
+    msgID: requeueMsgId(stream, seq),
   });
   await plane.jsm.streams.deleteMessage(stream, seq).catch(() => false);
   log.warn(
@@ -357,7 +359,7 @@ export async function deadLetter(
   });
   await js.publish(subjects.dlq(tool), stored.data, {
     headers: h,
-    msgID: `dlq:${stream}:${seq}`,
+    msgID: deadLetterMsgId(stream, seq),
   });
   toolmeshMetrics().deadLettered(stream);
 

@@ -7,7 +7,7 @@ import {
   createSubjects,
   subjectToken,
 } from "@toolmesh/protocol";
-import { obsoleteStreams } from "@toolmesh/nats";
+import { obsoleteStreams } from "./mesh-plan.js";
 
 /** The NATS users of a mesh, one per role (docs/security.md). */
 export const PERMISSION_ROLES = [

@@ -84,9 +84,8 @@ const ATTEMPT_FINISHED = new ToolmeshError(ErrorCode.Cancelled, "attempt finishe
  * A redelivered call that already ended is answered from its stored result and not run again.
  */
 export async function handleWork(deps: WorkDeps, tool: ServedTool, msg: JsMsg): Promise<void> {
-  const { log, tracer, telemetry, inHand, plane } = deps;
-  const { store, clock } = plane;
-  clock.observe(ServerClock.timestampOf(msg));
+  const { log, tracer, telemetry, plane } = deps;
+  plane.clock.observe(ServerClock.timestampOf(msg));
   let call: ResolvedCall;
   try {
     call = ResolvedCallSchema.parse(decodeJson(msg.data));
@@ -123,102 +122,134 @@ export async function handleWork(deps: WorkDeps, tool: ServedTool, msg: JsMsg): 
     },
     async (span) => {
       telemetry.remember(call, linkableContext(span));
-      const inHandKey = callKey(call.address, call.idempotency_key);
-      // A restart of the server can lose this process's heartbeats, and the server then
-      // delivers a call again while it still runs or its outcome is being recorded here:
-      // wait for that, then read the record, instead of running the call twice.
-      const { waited, release } = await holdCall(inHand, inHandKey);
-      try {
-        // A young first delivery carries its record's revision: no read (ADR 0027).
-        const trusted =
-          deps.freshWork.trusts({
-            consumer: msg.info.consumer,
-            key: inHandKey,
-            seq: msg.seq,
-            pending: msg.info.pending,
-            deliveryCount: attempt,
-            ageMs: clock.now() - ServerClock.timestampOf(msg),
-          }) && !waited;
-        const stored =
-          (trusted ? knownRecordOf(call, msg.headers) : undefined) ?? (await store.get(call));
-        if (stored?.record.state === "done" && stored.record.result !== undefined) {
-          // Ended already (result, cancellation or deadline): don't run it. Its answer is
-          // published again only if the sessions stream lacks it.
-          await plane.finalize(call, stored.record.result);
-          msg.ack();
-          callLog.info("call already ended; answered from its stored result");
-          return;
-        }
-        const started = performance.now();
-        const outcome = await telemetry.execute(
-          tool.definition,
-          call,
-          attempt,
-          attempt === 1 ? (clock.now() - call.resolved_at) / 1000 : undefined,
-          () => runAttempt(deps, tool, call, attempt, callLog),
-        );
-        const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
-        const code = outcome.ok ? undefined : outcome.error.code;
-        const next = afterAttempt(outcome, attempt, tool.definition, call.deadline_at, clock.now());
-        if (next.kind === "hand-back") {
-          telemetry.attemptEnded(call, code, true);
-          msg.nak(); // handed back: another executor takes it
-          callLog.info("executor shutting down; call handed back");
-          return;
-        }
-        if (next.kind === "retry") {
-          telemetry.attemptEnded(call, code, true);
-          callLog.warn(
-            {
-              code: next.error.code,
-              err: next.error,
-              retry_in_ms: next.delayMs,
-              duration_ms: durationMs,
-            },
-            "attempt failed; retrying",
-          );
-          msg.nak(next.delayMs);
-          return;
-        }
-        const message = finalMessage(call, outcome, attempt, durationMs, deps.maxResultBytes);
-        telemetry.attemptEnded(call, code, false);
-        const { won, retried } = await recordOutcome(deps, call, message, stored, callLog);
-        msg.ack();
-        if (won)
-          telemetry.callEnded(call, message.error?.code, (clock.now() - call.resolved_at) / 1000);
-        if (!won && retried) callLog.info("call ended; its outcome was recorded after retrying");
-        else if (!won)
-          callLog.info("call had already ended (cancelled or past its deadline); result dropped");
-        else if (outcome.ok)
-          callLog.info(
-            {
-              args: call.arguments,
-              duration_ms: durationMs,
-              result_chars: message.content.length,
-            },
-            "call succeeded",
-          );
-        else
-          callLog.info(
-            {
-              args: call.arguments,
-              duration_ms: durationMs,
-              code: outcome.error.code,
-              err: outcome.error,
-            },
-            "call failed",
-          );
-      } catch (err) {
-        callLog.error(
-          { err },
-          "cannot record or publish the outcome; the call will be redelivered",
-        );
-        msg.nak(1_000);
-      } finally {
-        release();
-      }
+      await handleAttempt({ deps, tool, call, msg, attempt, callLog });
     },
   );
+}
+
+/** One delivery of a call being handled, and what it is handled with. */
+interface WorkDelivery {
+  deps: WorkDeps;
+  tool: ServedTool;
+  call: ResolvedCall;
+  msg: JsMsg;
+  attempt: number;
+  callLog: Logger;
+}
+
+/**
+ * Handles one delivery of a parsed call: holds it against another delivery in hand, reads its
+ * record when it must, answers an ended call from its record, else runs the attempt and acts
+ * on its outcome. A failure to record or publish hands the delivery back.
+ */
+async function handleAttempt(work: WorkDelivery): Promise<void> {
+  const { deps, call, msg, callLog } = work;
+  const inHandKey = callKey(call.address, call.idempotency_key);
+  // A restart of the server can lose this process's heartbeats, and the server then
+  // delivers a call again while it still runs or its outcome is being recorded here:
+  // wait for that, then read the record, instead of running the call twice.
+  const { waited, release } = await holdCall(deps.inHand, inHandKey);
+  try {
+    const stored = await storedRecord(work, inHandKey, waited);
+    if (stored?.record.state === "done" && stored.record.result !== undefined) {
+      // Ended already (result, cancellation or deadline): don't run it. Its answer is
+      // published again only if the sessions stream lacks it.
+      await deps.plane.finalize(call, stored.record.result);
+      msg.ack();
+      callLog.info("call already ended; answered from its stored result");
+      return;
+    }
+    await runAndSettle(work, stored);
+  } catch (err) {
+    callLog.error({ err }, "cannot record or publish the outcome; the call will be redelivered");
+    msg.nak(1_000);
+  } finally {
+    release();
+  }
+}
+
+/** The call's record: the one its work carries when that is trusted (ADR 0027), else read. */
+async function storedRecord(
+  { deps, call, msg, attempt }: WorkDelivery,
+  inHandKey: string,
+  waited: boolean,
+): Promise<{ record: CallRecord; revision: number } | undefined> {
+  const { clock, store } = deps.plane;
+  // A young first delivery carries its record's revision: no read (ADR 0027).
+  const trusted =
+    deps.freshWork.trusts({
+      consumer: msg.info.consumer,
+      key: inHandKey,
+      seq: msg.seq,
+      pending: msg.info.pending,
+      deliveryCount: attempt,
+      ageMs: clock.now() - ServerClock.timestampOf(msg),
+    }) && !waited;
+  return (trusted ? knownRecordOf(call, msg.headers) : undefined) ?? (await store.get(call));
+}
+
+/** Runs the attempt, then hands the call back, retries it, or ends it with its outcome. */
+async function runAndSettle(
+  work: WorkDelivery,
+  stored: { record: CallRecord; revision: number } | undefined,
+): Promise<void> {
+  const { deps, tool, call, msg, attempt, callLog } = work;
+  const { telemetry, plane } = deps;
+  const { clock } = plane;
+  const started = performance.now();
+  const outcome = await telemetry.execute(
+    tool.definition,
+    call,
+    attempt,
+    attempt === 1 ? (clock.now() - call.resolved_at) / 1000 : undefined,
+    () => runAttempt(deps, tool, call, attempt, callLog),
+  );
+  const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
+  const code = outcome.ok ? undefined : outcome.error.code;
+  const next = afterAttempt(outcome, attempt, tool.definition, call.deadline_at, clock.now());
+  if (next.kind === "hand-back") {
+    telemetry.attemptEnded(call, code, true);
+    msg.nak(); // handed back: another executor takes it
+    callLog.info("executor shutting down; call handed back");
+    return;
+  }
+  if (next.kind === "retry") {
+    telemetry.attemptEnded(call, code, true);
+    callLog.warn(
+      {
+        code: next.error.code,
+        err: next.error,
+        retry_in_ms: next.delayMs,
+        duration_ms: durationMs,
+      },
+      "attempt failed; retrying",
+    );
+    msg.nak(next.delayMs);
+    return;
+  }
+  const message = finalMessage(call, outcome, attempt, durationMs, deps.maxResultBytes);
+  telemetry.attemptEnded(call, code, false);
+  const { won, retried } = await recordOutcome(deps, call, message, stored, callLog);
+  msg.ack();
+  if (won) telemetry.callEnded(call, message.error?.code, (clock.now() - call.resolved_at) / 1000);
+  if (!won && retried) callLog.info("call ended; its outcome was recorded after retrying");
+  else if (!won)
+    callLog.info("call had already ended (cancelled or past its deadline); result dropped");
+  else if (outcome.ok)
+    callLog.info(
+      { args: call.arguments, duration_ms: durationMs, result_chars: message.content.length },
+      "call succeeded",
+    );
+  else
+    callLog.info(
+      {
+        args: call.arguments,
+        duration_ms: durationMs,
+        code: outcome.error.code,
+        err: outcome.error,
+      },
+      "call failed",
+    );
 }
 
 /**

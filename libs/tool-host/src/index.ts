@@ -1,0 +1,20 @@
+// --- executor.ts: serves tool modules from their work queues ---
+export { startExecutor } from "./executor.js";
+export type { Executor, ExecutorOptions } from "./executor.js";
+export { ServedTools } from "./served-tools.js";
+export type { SyncLog, ToolSync } from "./served-tools.js";
+// --- tool-module.ts: what a tool is written against ---
+export { ToolModuleSchema, defineTool } from "./tool-module.js";
+export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";
+// --- http-invoke.ts: a tool call made as an HTTP request ---
+export {
+  DEFAULT_ACCEPT,
+  UrlAllowList,
+  invalidParameter,
+  invokeHttp,
+  textOf,
+} from "./http-invoke.js";
+export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
+// --- outbound.ts: the guard every outbound HTTP request of a tool goes through ---
+export { outboundFetch, privateAddressCause, trustedHostsOf } from "./outbound.js";
+export type { FetchLike, PrivateAddressAllowance } from "./outbound.js";
