@@ -53,6 +53,14 @@ class ErrorCode(str, Enum):
     IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
     INTERNAL = "internal"
 
+    # Python 3.11 prints a str-mixin enum member as ``ErrorCode.TIMEOUT``; the wire code is
+    # what a log line, a metric label or a comparison with a string wants.
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
+
 
 _RETRYABLE_BY_DEFAULT = frozenset(
     {
