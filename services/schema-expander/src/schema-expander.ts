@@ -49,6 +49,7 @@ import type {
 } from "@toolmesh/catalog";
 import {
   buildCatalog,
+  withProviderSafeNames,
   checkToolAccess,
   describeGroups,
   findAgent,
@@ -381,7 +382,7 @@ export async function answerCatalog(
   });
   return {
     ok: true,
-    tools: built.tools,
+    tools: request.names === "provider_safe" ? withProviderSafeNames(built.tools) : built.tools,
     ...(built.agent === undefined ? {} : { agent: built.agent }),
     ...(built.outputStrategy === undefined ? {} : { output_strategy: built.outputStrategy }),
     unavailable: built.unavailable,

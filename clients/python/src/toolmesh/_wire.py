@@ -79,6 +79,8 @@ def is_retryable_by_default(code: ErrorCode) -> bool:
     return code in _RETRYABLE_BY_DEFAULT
 
 
+CatalogNames = Literal["mesh", "provider_safe"]
+CATALOG_NAMES: tuple[CatalogNames, ...] = ("mesh", "provider_safe")
 CancelState = Literal["cancelled", "done", "pending", "unknown"]
 CANCEL_STATES: tuple[CancelState, ...] = ("cancelled", "done", "pending", "unknown")
 GroupScope = Literal["tenant", "session"]
@@ -252,11 +254,13 @@ class _CatalogEntryRequired(TypedDict):
 
 class CatalogEntry(_CatalogEntryRequired, total=False):
     """One tool of a catalog, compact or (with ``description`` and ``parameters``) expanded;
-    ``progress``: whether the tool emits progress events."""
+    ``progress``: whether the tool emits progress events; ``tool``: in a catalog asked for with
+    ``names="provider_safe"``, the mesh name to call (``name`` is then the provider-safe one)."""
 
     description: str
     parameters: dict[str, Any]
     progress: bool
+    tool: str
 
 
 class OutputStrategy(TypedDict, total=False):
@@ -272,6 +276,7 @@ class CatalogRequest(TypedDict, total=False):
     session_id: str
     agent: str
     bind_agent: bool
+    names: CatalogNames
 
 
 class _CatalogRequired(TypedDict):

@@ -38,6 +38,7 @@ from ._wire import (
     CancelRequest,
     Catalog,
     CatalogEntry,
+    CatalogNames,
     CatalogRequest,
     Described,
     Expanded,
@@ -299,9 +300,15 @@ class Mesh:
         reply = await self._request(self.subjects.rpc("resolve"), request, "resolver")
         return cast(Resolved, _ok_or_raise(reply))
 
-    async def catalog(self, *, agent: str | None = None) -> Catalog:
-        """The tenant's compact catalog (every tool, or an agent's), filtered by its groups."""
+    async def catalog(
+        self, *, agent: str | None = None, names: CatalogNames = "mesh"
+    ) -> Catalog:
+        """The tenant's compact catalog (every tool, or an agent's), filtered by its groups.
+        ``names="provider_safe"``: each entry's ``name`` is its provider-safe name and ``tool``
+        the mesh name to call."""
         body: CatalogRequest = {} if agent is None else {"agent": agent}
+        if names != "mesh":
+            body["names"] = names
         return cast(Catalog, await self._schema_request("catalog", body))
 
     async def groups(self) -> list[GroupState]:
@@ -730,10 +737,20 @@ class Session:
 
     # ---- schema expansion, catalog and groups ----
 
-    async def catalog(self, *, agent: str | None = None, bind_agent: bool = False) -> Catalog:
+    async def catalog(
+        self,
+        *,
+        agent: str | None = None,
+        bind_agent: bool = False,
+        names: CatalogNames = "mesh",
+    ) -> Catalog:
         """The compact catalog for this session: the tools it may call, compact, except those
-        whose schema it already received. ``bind_agent`` binds the session to the agent."""
+        whose schema it already received. ``bind_agent`` binds the session to the agent.
+        ``names="provider_safe"``: each entry's ``name`` is its provider-safe name (OpenAI's and
+        Anthropic's ``^[a-zA-Z0-9_-]{1,64}$``) and ``tool`` the mesh name to call."""
         body: CatalogRequest = {"session_id": self.id}
+        if names != "mesh":
+            body["names"] = names
         chosen = agent or self.agent
         if chosen is not None:
             body["agent"] = chosen
