@@ -7,7 +7,7 @@ or an enumeration here drifts from those files.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal, TypedDict
 
 PROTOCOL_VERSION = "v1"
@@ -30,8 +30,9 @@ JS_ERR_MESSAGE_TOO_LARGE = 10054
 JS_ERR_STREAM_FULL = 10077
 
 
-class ErrorCode(str, Enum):
-    """Every error code that can cross the wire (docs/errors.md)."""
+class ErrorCode(StrEnum):
+    """Every error code that can cross the wire (docs/errors.md). A ``StrEnum``: ``str(code)``
+    and ``f"{code}"`` are the wire code (``"timeout"``)."""
 
     INVALID_ARGUMENTS = "invalid_arguments"
     INVALID_REQUEST = "invalid_request"
@@ -52,14 +53,6 @@ class ErrorCode(str, Enum):
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
     INTERNAL = "internal"
-
-    # Python 3.11 prints a str-mixin enum member as ``ErrorCode.TIMEOUT``; the wire code is
-    # what a log line, a metric label or a comparison with a string wants.
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, format_spec: str) -> str:
-        return format(self.value, format_spec)
 
 
 _RETRYABLE_BY_DEFAULT = frozenset(

@@ -189,7 +189,7 @@ async def connect(
     }
     try:
         nc = await nats.connect(**options)
-    except (OSError, nats.errors.Error, asyncio.TimeoutError) as err:
+    except (TimeoutError, OSError, nats.errors.Error) as err:
         servers_text = ", ".join(options["servers"])
         refused = _is_refused_credentials([*last_error, err])
         causes = [e for e in last_error if _is_refused_credentials([e])] if refused else last_error
@@ -300,9 +300,7 @@ class Mesh:
         reply = await self._request(self.subjects.rpc("resolve"), request, "resolver")
         return cast(Resolved, _ok_or_raise(reply))
 
-    async def catalog(
-        self, *, agent: str | None = None, names: CatalogNames = "mesh"
-    ) -> Catalog:
+    async def catalog(self, *, agent: str | None = None, names: CatalogNames = "mesh") -> Catalog:
         """The tenant's compact catalog (every tool, or an agent's), filtered by its groups.
         ``names="provider_safe"``: each entry's ``name`` is its provider-safe name and ``tool``
         the mesh name to call."""
@@ -355,7 +353,7 @@ class Mesh:
         the read failed — the live subscription may still bring it)."""
         try:
             msg = await self.nc.request(self.subjects.direct_get(subject), b"", timeout=2.0)
-        except (nats.errors.Error, OSError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error, OSError):
             return None
         status = (msg.headers or {}).get("Status")
         if status is not None or not msg.data:
@@ -802,7 +800,7 @@ class Session:
         self._schema_waiters.append(entry)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             with contextlib.suppress(ValueError):
