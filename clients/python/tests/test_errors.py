@@ -58,7 +58,9 @@ def test_retry_after_is_read_from_the_details() -> None:
     assert OverloadedError("full", details={"retry_after_ms": "soon"}).retry_after is None
 
 
-async def test_refused_credentials_are_not_retryable(tmp_path: Path) -> None:
+async def test_refused_credentials_are_not_retryable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "server.conf"
     config.write_text("authorization { user: frontend, password: right }\n")
     server = await start_nats_server(config=str(config))
@@ -73,6 +75,19 @@ async def test_refused_credentials_are_not_retryable(tmp_path: Path) -> None:
             await toolmesh.connect(server.url)  # no credentials at all
         mesh = await toolmesh.connect(server.url, user="frontend", password="right")
         await mesh.close()
+        # With no arguments: the URL and the credentials come from the environment.
+        monkeypatch.setenv("NATS_URL", server.url)
+        monkeypatch.setenv("NATS_USER", "frontend")
+        monkeypatch.setenv("NATS_PASSWORD", "wrong")
+        with pytest.raises(UnauthorizedError):
+            await toolmesh.connect()
+        monkeypatch.setenv("NATS_PASSWORD", "right")
+        monkeypatch.setenv("TOOLMESH_TENANT", "acme")
+        from_env = await toolmesh.connect()
+        assert from_env.tenant == "acme"
+        assert from_env.nc.connected_url is not None
+        assert from_env.nc.connected_url.port == server.port
+        await from_env.close()
     finally:
         await server.stop()
 
