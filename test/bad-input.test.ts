@@ -547,6 +547,42 @@ describe("deep and large arguments", () => {
   });
 });
 
+describe("an envelope whose arguments object nests 10 000 deep", () => {
+  const deep = (depth: number): string => `${'{"a":'.repeat(depth)}1${"}".repeat(depth)}`;
+
+  it.each([
+    ["an object", "deep-object", deep(10_000)],
+    ["an object inside an array", "deep-in-array", `{"list":[${deep(10_000)}]}`],
+  ])(
+    "answers %s on the call's own id with invalid_arguments naming the limit",
+    async (_, id, args) => {
+      const text =
+        `{"tool_call":{"id":"${id}","type":"function","function":{"name":"measure",` +
+        `"arguments":${args}}},"session_id":"s-deep"}`;
+      const { message } = await rawCall("s-deep", new TextEncoder().encode(text), {
+        callId: id,
+      });
+      expect(message).toMatchObject({
+        tool_call_id: id,
+        name: "measure",
+        session_id: "s-deep",
+        attempts: 0,
+        error: {
+          code: "invalid_arguments",
+          message: `function.arguments nest deeper than ${MAX_ARGUMENT_DEPTH} levels`,
+          retryable: false,
+          details: { max_depth: MAX_ARGUMENT_DEPTH },
+        },
+      });
+      // The resolver goes on: the next call of the session runs.
+      const ok = await rawCall("s-deep", envelope("s-deep", `after-${id}`, "measure", {}), {
+        callId: `after-${id}`,
+      });
+      expect(ok.message.error).toBeUndefined();
+    },
+  );
+});
+
 describe("execution context nested too deep", () => {
   const nested = (depth: number): string => `${'{"a":'.repeat(depth)}1${"}".repeat(depth)}`;
   /** A call's JSON text with `field` nested `depth` deep (too deep for JSON.stringify). */
@@ -604,13 +640,65 @@ describe("bodies that are not a call request", () => {
     expect(message.error?.message).toMatch(/UTF-8/);
   });
 
-  it("answers invalid UTF-8 inside an otherwise valid envelope the same way", async () => {
+  it("answers invalid UTF-8 inside an otherwise valid envelope on the call's own id", async () => {
     const bytes = encodeJson(envelope("s-raw", "u1", "strict", { name: "NAME", count: 1 }));
     const at = Buffer.from(bytes).indexOf("NAME");
     bytes.set([0xed, 0xa0, 0x80, 0x41], at); // an encoded surrogate: not UTF-8
-    const { ack, message } = await rawCall("s-raw", bytes);
-    expect(message.tool_call_id).toBe(`invalid-${ack.seq}`);
-    expect(message.error?.code).toBe("invalid_request");
+    const { message } = await rawCall("s-raw", bytes, { callId: "u1" });
+    expect(message).toMatchObject({
+      tool_call_id: "u1",
+      name: "strict",
+      session_id: "s-raw",
+      error: { code: "invalid_request", message: "call request is not valid UTF-8" },
+    });
+  });
+
+  /** Text the engine's JSON.parse would say about `text`. */
+  const engineSays = (text: string): string => {
+    try {
+      JSON.parse(text);
+    } catch (err) {
+      return (err as Error).message;
+    }
+    return "";
+  };
+
+  it("answers a body cut short after its id on the call's own id, in the mesh's own words", async () => {
+    const text = JSON.stringify(envelope("s-raw", "cut-1", "strict", { name: "a", count: 1 }));
+    const cut = text.slice(0, text.indexOf('"count"'));
+    const { message } = await rawCall("s-raw", new TextEncoder().encode(cut), { callId: "cut-1" });
+    expect(message).toMatchObject({
+      tool_call_id: "cut-1",
+      name: "strict",
+      session_id: "s-raw",
+      attempts: 0,
+      error: {
+        code: "invalid_request",
+        retryable: false,
+        message: `call request is not JSON (line 1, column ${cut.length + 1}): the text ends before the JSON value does`,
+        details: { position: cut.length },
+      },
+    });
+    expect(message.error?.message).not.toContain(engineSays(cut));
+  });
+
+  it("answers a body that breaks after arguments nested 10 000 deep on its own id", async () => {
+    const deepArgs = `${'{"a":'.repeat(10_000)}1${"}".repeat(10_000)}`;
+    const text =
+      `{"session_id":"s-raw","tool_call":{"id":"deep-broken","type":"function",` +
+      `"function":{"name":"strict","arguments":${deepArgs}}},,}`;
+    const started = Date.now();
+    const { message } = await rawCall("s-raw", new TextEncoder().encode(text), {
+      callId: "deep-broken",
+    });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect(message).toMatchObject({
+      tool_call_id: "deep-broken",
+      name: "strict",
+      error: { code: "invalid_request", details: { position: text.length - 2 } },
+    });
+    expect(message.error?.message).toMatch(/: expected a double-quoted property name, found ","$/);
+    expect(message.error?.message).not.toContain(engineSays(text));
   });
 
   it.each([

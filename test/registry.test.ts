@@ -3,7 +3,7 @@ import type { Mock } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
-import { ToolRegistry } from "@toolmesh/registry";
+import { ToolNameCollisionError, ToolRegistry } from "@toolmesh/registry";
 import type { CompiledTool, RegistryListener, RegistryLog } from "@toolmesh/registry";
 import { ErrorCode, ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
 import type { Subjects, ToolDefinitionInput } from "@toolmesh/protocol";
@@ -196,6 +196,47 @@ describe("ToolRegistry against a real nats-server", () => {
     // An envelope that is not a definition is refused too.
     await expect(registry.register(tool("", "exec-a"))).rejects.toThrow();
     expect(await registry.fetchAll()).toEqual([]);
+  });
+
+  it("refuses a tool whose provider-safe name another tool has, in this and another instance", async () => {
+    const subjects = freshSubjects();
+    const registry = await open(subjects);
+    expect((await registry.register(tool("calc.add", "exec-a"))).status).toBe("created");
+    // At once, before the watcher has brought the entry back.
+    const err = await rejection(registry.register(tool("calc_add", "exec-b")));
+    expect(err).toBeInstanceOf(ToolNameCollisionError);
+    expect((err as ToolmeshError).toWire()).toMatchObject({
+      code: "invalid_request",
+      retryable: false,
+      details: { tool: "calc_add", collides_with: "calc.add", safe_name: "calc_add" },
+    });
+    expect(await registry.fetch("calc_add")).toBeUndefined();
+
+    // A registrar without a watch reads the bucket; another watcher its live copy.
+    const registrar = await ToolRegistry.open(nc, { subjects, log: fakeLog(), watch: false });
+    await expect(registrar.register(tool("calc:add", "exec-c"))).rejects.toBeInstanceOf(
+      ToolNameCollisionError,
+    );
+    const other = await open(subjects);
+    await expect(other.register(tool("calc add", "exec-d"))).rejects.toBeInstanceOf(
+      ToolNameCollisionError,
+    );
+    // The holder itself registers again; an unrelated name passes.
+    expect((await other.register(tool("calc.add", "exec-a"))).status).toBe("unchanged");
+    expect((await other.register(tool("calc.sub", "exec-a"))).status).toBe("created");
+    await vi.waitFor(() => {
+      expect(other.toolOfSafeName("calc_sub")).toBe("calc.sub");
+    });
+    expect(other.toolOfSafeName("calc_add")).toBe("calc.add");
+    expect(other.toolOfSafeName("calc.add")).toBe("calc.add");
+    expect(other.toolOfSafeName("nothing")).toBeUndefined();
+
+    // Once the holder is gone, the name is free.
+    expect(await registry.unregister("calc.add", "exec-a")).toBe(true);
+    await vi.waitFor(() => {
+      expect(registry.toolOfSafeName("calc_add")).toBeUndefined();
+    });
+    expect((await registry.register(tool("calc_add", "exec-b"))).status).toBe("created");
   });
 
   it("lets a second instance see tools registered before it opened and after", async () => {

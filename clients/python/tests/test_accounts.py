@@ -209,7 +209,7 @@ async def test_a_tenant_frontend_works_with_its_generated_credentials(
     accounts_mesh: AccountsMesh,
 ) -> None:
     server, passwords = accounts_mesh.server, accounts_mesh.passwords
-    with pytest.raises(toolmesh.UnavailableError):
+    with pytest.raises(toolmesh.UnauthorizedError) as refused:
         await toolmesh.connect(
             server.url,
             tenant="acme",
@@ -217,6 +217,7 @@ async def test_a_tenant_frontend_works_with_its_generated_credentials(
             password="wrong",
             **accounts_mesh.tls(),
         )
+    assert refused.value.retryable is False
     with pytest.raises(toolmesh.UnavailableError):  # no client certificate
         await toolmesh.connect(
             server.url,

@@ -248,6 +248,19 @@ async def test_without_a_mesh_calls_and_cancels_fail_typed(nats_server: NatsServ
             await session.catalog()
 
 
+async def test_a_call_over_the_servers_max_payload_settles_on_its_own_id(
+    mesh: toolmesh.Mesh,
+) -> None:
+    async with mesh.session(sid()) as session:
+        handle = await session.submit("echo", {"text": "x" * 1_100_000}, call_id="too-large")
+        message = await handle.message()
+        assert message["tool_call_id"] == "too-large"
+        with pytest.raises(toolmesh.PayloadTooLargeError) as caught:
+            await handle
+        assert caught.value.retryable is False
+        assert "max_payload" in caught.value.message
+
+
 async def test_arguments_json_cannot_hold_settle_locally(mesh: toolmesh.Mesh) -> None:
     async with mesh.session(sid()) as session:
         with pytest.raises(toolmesh.InvalidArgumentsError):

@@ -43,3 +43,15 @@ async def test_the_schema_expansion_loop(mesh: toolmesh.Mesh) -> None:
         schema = await session.expand("counter")
         assert schema["tool"] == "counter"
         assert await session.wait_for_schema("counter", timeout=10)
+
+
+async def test_a_catalog_of_provider_safe_names(mesh: toolmesh.Mesh) -> None:
+    async with mesh.session(f"py-{uuid.uuid4().hex[:12]}") as session:
+        plain = await session.catalog()
+        safe = await session.catalog(names="provider_safe")
+    assert [entry.get("tool") for entry in safe["tools"]] == [e["name"] for e in plain["tools"]]
+    for entry in safe["tools"]:
+        assert entry["name"] == toolmesh.provider_safe_name(entry["tool"])
+    assert all("tool" not in entry for entry in plain["tools"])
+    tenant = await mesh.catalog(names="provider_safe")
+    assert {entry["name"] for entry in tenant["tools"]} >= {"echo", "inspect"}

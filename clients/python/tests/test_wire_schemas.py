@@ -88,6 +88,8 @@ def test_enumerations_match_the_schema() -> None:
     params = definition("resolved-call.json")["properties"]["input_parameters"]["items"]
     assert list(_wire.PARAMETER_SOURCES) == params["properties"]["source"]["enum"]
     assert typing.get_args(_wire.CancelState) == _wire.CANCEL_STATES
+    assert list(_wire.CATALOG_NAMES) == enum("catalog-request.json", "properties", "names")
+    assert typing.get_args(_wire.CatalogNames) == _wire.CATALOG_NAMES
 
 
 def test_length_limits_match_the_schema() -> None:

@@ -1,6 +1,7 @@
 export { AccessView } from "./access-view.js";
 export type { AccessViewLog, AccessViewOptions } from "./access-view.js";
 export { buildCatalog, findAgent } from "./catalog.js";
+export { withProviderSafeNames } from "./safe-names.js";
 export type { BuiltCatalog, CatalogInput } from "./catalog.js";
 export {
   AgentConfigSchema,

@@ -315,9 +315,10 @@ export class ToolmeshClient {
   /**
    * The compact catalog without a session: every tool, or an agent's tools. Filtered by the
    * tenant's tool groups. Throws the typed error of a failed request (`unavailable` when no
-   * schema expander runs).
+   * schema expander runs). `names: "provider_safe"` gives each entry its provider-safe name
+   * (`tool` keeps the mesh name); default `"mesh"`.
    */
-  catalog(options: { agent?: string } = {}): Promise<Catalog> {
+  catalog(options: { agent?: string; names?: "mesh" | "provider_safe" } = {}): Promise<Catalog> {
     return readCatalog((cursor) =>
       this.schemaRequest(
         this.subjects.catalogRpc(this.tenant),
@@ -712,12 +713,17 @@ export class Session {
    * The compact catalog for this session: the tools it may call (its agent's, with an active
    * group), compact, except those whose schema it already received. `bindAgent` binds the
    * session to `agent` for good: from then on it may call only that agent's tools.
+   * `names: "provider_safe"` gives each entry its provider-safe name (`tool` keeps the mesh
+   * name, which calls name); default `"mesh"`.
    */
-  catalog(options: { agent?: string; bindAgent?: boolean } = {}): Promise<Catalog> {
+  catalog(
+    options: { agent?: string; bindAgent?: boolean; names?: "mesh" | "provider_safe" } = {},
+  ): Promise<Catalog> {
     const request: CatalogRequest = {
       session_id: this.id,
       ...(options.agent === undefined ? {} : { agent: options.agent }),
       ...(options.bindAgent === true ? { bind_agent: true } : {}),
+      ...(options.names === undefined ? {} : { names: options.names }),
     };
     return readCatalog((cursor) =>
       this.#client.schemaRequest(

@@ -358,6 +358,13 @@ export const CatalogEntrySchema = z
     parameters: JsonObject.optional().describe(
       "Expanded entries only: the full model-facing schema.",
     ),
+    tool: z
+      .string()
+      .optional()
+      .describe(
+        "Catalogs asked for with `names: provider_safe` only: the tool's mesh name, which calls " +
+          "name; `name` is then its provider-safe name.",
+      ),
   })
   .meta({ id: "CatalogEntry", description: "One tool of a catalog, compact or expanded." });
 
@@ -380,6 +387,13 @@ export const CatalogRequestSchema = z
       .regex(/^\d{1,9}$/)
       .optional()
       .describe("The `next_cursor` of the previous page; absent for the first page."),
+    names: z
+      .enum(["mesh", "provider_safe"])
+      .default("mesh")
+      .describe(
+        "`provider_safe`: each entry's `name` is the tool's provider-safe name (matching " +
+          "`^[a-zA-Z0-9_-]{1,64}$`, as OpenAI and Anthropic require) and `tool` its mesh name.",
+      ),
   })
   .meta({ id: "CatalogRequest", description: "Asks for the compact catalog." });
 

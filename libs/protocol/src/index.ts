@@ -162,3 +162,12 @@ export type {
   OwnerService,
   OwnerUnregisterReply,
 } from "./owner.js";
+export {
+  MAX_PROVIDER_NAME_LENGTH,
+  PROVIDER_SAFE_NAME,
+  createNameMap,
+  providerSafeName,
+  safeToolName,
+  toolNameOf,
+} from "./tool-names.js";
+export type { NameMap, ProviderName } from "./tool-names.js";

@@ -8,7 +8,7 @@ export type {
   ValidateFunction,
 } from "./compile.js";
 // --- end compile.ts ---
-export { ToolRegistry } from "./registry.js";
+export { ToolNameCollisionError, ToolRegistry } from "./registry.js";
 export type {
   RegisterOutcome,
   RegistryListener,

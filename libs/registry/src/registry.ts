@@ -10,6 +10,7 @@ import {
   ToolmeshError,
   encodeJson,
   decodeJsonOrUndefined,
+  safeToolName,
 } from "@toolmesh/protocol";
 import type { CompiledTool } from "./compile.js";
 import { compileTool } from "./compile.js";
@@ -20,6 +21,21 @@ import { DEFAULT_REGISTRATION_LIMITS, checkOwnerRoom, checkToolSize } from "./li
 export type RegisterOutcome =
   | { status: "created" | "updated" | "unchanged"; revision: number }
   | { status: "conflict"; owner: string };
+
+/**
+ * A tool whose provider-safe name ({@link safeToolName}) is another registered tool's: models
+ * could not tell the two apart, so the second is refused. `invalid_request`, not retryable;
+ * details `tool`, `collides_with`, `safe_name`.
+ */
+export class ToolNameCollisionError extends ToolmeshError {
+  constructor(tool: string, collidesWith: string, safeName: string) {
+    super(
+      ErrorCode.InvalidRequest,
+      `tool "${tool}" cannot be registered: its provider-safe name "${safeName}" is that of the registered tool "${collidesWith}"; rename one of them`,
+      { retryable: false, details: { tool, collides_with: collidesWith, safe_name: safeName } },
+    );
+  }
+}
 
 /** Told about registry changes seen by the watcher. */
 export type RegistryListener = (change: { name: string; tool: CompiledTool | undefined }) => void;
@@ -57,6 +73,8 @@ export class ToolRegistry {
   readonly #listeners = new Set<RegistryListener>();
   readonly #limits: RegistrationLimits;
   #watcher: QueuedIterator<KvWatchEntry> | undefined;
+  /** Provider-safe name → tool name, of the live copy. */
+  readonly #bySafeName = new Map<string, string>();
 
   private constructor(kv: KV, log: RegistryLog, subjects: Subjects, limits: RegistrationLimits) {
     this.#kv = kv;
@@ -85,6 +103,11 @@ export class ToolRegistry {
    * its owner over its tools or bytes with `quota_exceeded` (ADR 0049), counted on the live
    * copy: a registry opened with `watch: false` checks per tool only, and registrations racing
    * the watch may pass the count by as many as are in flight.
+   *
+   * @throws ToolNameCollisionError when another registered tool has the same provider-safe
+   *   name. Checked against the live copy (the bucket, without a watch): two colliding names
+   *   registered at the same instant can both pass, and catalogs then tell them apart by a
+   *   hash suffix ({@link createNameMap}).
    */
   async register(input: ToolDefinitionInput): Promise<RegisterOutcome> {
     const definition = ToolDefinitionSchema.parse(input);
@@ -93,6 +116,19 @@ export class ToolRegistry {
       checkOwnerRoom(definition.owner, this.#ownerSizes(definition), bytes, this.#limits);
     }
     compileTool(definition, 0); // a schema that cannot compile is refused before it is stored
+    await this.#refuseSafeNameCollision(definition.name);
+    const outcome = await this.#put(definition);
+    // Held at once, so a colliding name registered next through this registry is refused
+    // before the watcher brings the entry back.
+    const safe = safeToolName(definition.name);
+    if (this.#watcher !== undefined && !this.#bySafeName.has(safe)) {
+      this.#bySafeName.set(safe, definition.name);
+    }
+    return outcome;
+  }
+
+  /** Writes a definition: first registration wins, the owner may update (see register). */
+  async #put(definition: ToolDefinition): Promise<RegisterOutcome> {
     const key = this.#subjects.registryKey(definition.name);
     const data = encodeJson(definition);
     for (;;) {
@@ -158,6 +194,27 @@ export class ToolRegistry {
         sizes.push(encodeJson(other).length);
     }
     return sizes;
+  }
+
+  /**
+   * The tool a provider-safe name ({@link safeToolName}) stands for, from the live copy: how a
+   * model's call by safe name maps back to the tool. A tool's own name maps to itself.
+   */
+  toolOfSafeName(safeName: string): string | undefined {
+    if (this.#tools.has(safeName)) return safeName;
+    return this.#bySafeName.get(safeName);
+  }
+
+  async #refuseSafeNameCollision(name: string): Promise<void> {
+    const safe = safeToolName(name);
+    const holder =
+      this.#watcher !== undefined
+        ? this.#bySafeName.get(safe)
+        : (await this.fetchAll()).find((d) => d.name !== name && safeToolName(d.name) === safe)
+            ?.name;
+    if (holder !== undefined && holder !== name) {
+      throw new ToolNameCollisionError(name, holder, safe);
+    }
   }
 
   /** The compiled tool of that name, from the live copy. */
@@ -236,6 +293,7 @@ export class ToolRegistry {
       if (previous !== undefined) {
         this.#nameByKey.delete(entry.key);
         this.#tools.delete(previous);
+        this.#forgetSafeName(previous);
         this.#emit(previous, undefined);
       }
       return;
@@ -244,6 +302,9 @@ export class ToolRegistry {
       const tool = compileTool(definition, entry.revision);
       this.#tools.set(definition.name, tool);
       this.#nameByKey.set(entry.key, definition.name);
+      // The first holder of a safe name keeps it (a collision that raced past register()).
+      if (!this.#bySafeName.has(safeToolName(definition.name)))
+        this.#bySafeName.set(safeToolName(definition.name), definition.name);
       this.#emit(definition.name, tool);
     } catch (err) {
       // A bad entry (written by something else) must not stop the watcher.
@@ -276,6 +337,14 @@ export class ToolRegistry {
       return undefined;
     }
     return parsed.data;
+  }
+
+  #forgetSafeName(name: string): void {
+    const safe = safeToolName(name);
+    if (this.#bySafeName.get(safe) !== name) return;
+    this.#bySafeName.delete(safe);
+    const other = [...this.#tools.keys()].find((n) => safeToolName(n) === safe);
+    if (other !== undefined) this.#bySafeName.set(safe, other);
   }
 
   #emit(name: string, tool: CompiledTool | undefined): void {

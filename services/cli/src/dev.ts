@@ -12,6 +12,7 @@ import type { Runtime, RuntimeConfig, Stoppable } from "@toolmesh/runtime";
 import { installShutdown, openRuntime, stopActor } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
 import { ROLES, startActors } from "./actors.js";
+import { connectLines } from "./connect-lines.js";
 import { runDemo } from "./demo.js";
 import { say } from "./print.js";
 
@@ -109,6 +110,7 @@ export async function devCommand(config: RuntimeConfig, options: DevOptions): Pr
         ? ` (keys from ${gatewayConfig.keysFile ?? ""})`
         : ` (development key, tenant ${config.tenant}: Authorization: Bearer ${key})`),
   );
+  for (const line of connectLines(config)) say(line);
   let code = 0;
   if (options.demo) {
     code = (await runDemo(rt.nc, { prefix: config.prefix, tenant: config.tenant })) === 0 ? 0 : 1;

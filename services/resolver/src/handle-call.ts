@@ -59,7 +59,15 @@ import {
   processSpanOptions,
   withSpan,
 } from "@toolmesh/telemetry";
-import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
+import {
+  findCloseMatches,
+  lineAndColumn,
+  parseArguments,
+  readCallIds,
+  resolveCall,
+  scanJsonError,
+  validateToolName,
+} from "./resolve-call.js";
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { Admission, AdmissionTicket } from "./admission.js";
@@ -109,6 +117,8 @@ export type Resolution =
       request: CallRequest | undefined;
       /** `args_hash` of the arguments as submitted, when the envelope parsed. */
       argsHash?: string | undefined;
+      /** The session id read from a body that is not JSON, when it could be read. */
+      sessionId?: string | undefined;
     };
 
 /**
@@ -133,9 +143,24 @@ export function resolveRequest(
   // and before resolution fills defaults into an arguments object in place: the client hashes
   // the same JSON.
   const submitted = body as { tool_call: { function: { arguments: unknown } } };
-  const argsHash = argumentsHash(submitted.tool_call.function.arguments);
   const toolCallId = request.tool_call.id;
   const name = request.tool_call.function.name;
+  const raw = submitted.tool_call.function.arguments;
+  try {
+    // Arguments nested deeper than the limit cannot even be hashed (JSON.stringify recurses).
+    if (typeof raw !== "string") parseArguments(raw);
+  } catch (err) {
+    // Without `request`: nothing downstream may hash or copy these arguments.
+    return {
+      ok: false,
+      error: ensureError(err),
+      toolCallId,
+      tool: name,
+      request: undefined,
+      sessionId: request.session_id,
+    };
+  }
+  const argsHash = argumentsHash(raw);
   try {
     const tooDeep = contextDepthError(request);
     if (tooDeep !== undefined) throw tooDeep;
@@ -207,17 +232,38 @@ function partialIds(body: unknown): {
   };
 }
 
-function bodyError(err: unknown): ToolmeshError {
+const lenientUtf8 = new TextDecoder("utf-8", { fatal: false });
+
+/**
+ * A call request that is not UTF-8 or not JSON, answered in the mesh's own words (a parser's
+ * message is no contract) and, when the part before the damage holds them, on the call's own
+ * id and session id.
+ */
+function brokenBody(err: unknown, data: Uint8Array): Extract<Resolution, { ok: false }> {
+  const text = lenientUtf8.decode(data);
+  const ids = readCallIds(text);
+  let error: ToolmeshError;
   if (err instanceof TypeError) {
-    return new ToolmeshError(ErrorCode.InvalidRequest, "call request is not valid UTF-8", {
+    error = new ToolmeshError(ErrorCode.InvalidRequest, "call request is not valid UTF-8", {
       cause: err,
     });
+  } else {
+    const { position, reason } = scanJsonError(text);
+    const { line, column } = lineAndColumn(text, position);
+    error = new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `call request is not JSON (line ${line}, column ${column}): ${reason}`,
+      { details: { position, line, column, reason }, cause: err },
+    );
   }
-  return new ToolmeshError(
-    ErrorCode.InvalidRequest,
-    `call request is not JSON: ${(err as Error).message}`,
-    { cause: err },
-  );
+  return {
+    ok: false,
+    error,
+    toolCallId: ids.toolCallId,
+    tool: ids.tool,
+    request: undefined,
+    sessionId: ids.sessionId,
+  };
 }
 
 /**
@@ -281,22 +327,18 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
     "resolve",
     processSpanOptions(msg, { [ATTR_TOOLMESH_SESSION_ID]: address.session }),
     async (span) => {
-      let resolution: Resolution;
+      let body: unknown;
+      let resolution: Resolution | undefined;
       try {
-        resolution = resolveRequest(registry, decodeJson(msg.data), address, {
-          now: acceptedAt,
-          defaultTimeoutMs: deps.defaultTimeoutMs,
-          access: deps.access,
-        });
+        body = decodeJson(msg.data);
       } catch (err) {
-        resolution = {
-          ok: false,
-          error: bodyError(err),
-          toolCallId: undefined,
-          tool: undefined,
-          request: undefined,
-        };
+        resolution = brokenBody(err, msg.data);
       }
+      resolution ??= resolveRequest(registry, body, address, {
+        now: acceptedAt,
+        defaultTimeoutMs: deps.defaultTimeoutMs,
+        access: deps.access,
+      });
       const callId = resolution.ok ? resolution.resolved.call_id : resolution.toolCallId;
       const tool = resolution.ok ? resolution.resolved.tool : resolution.tool;
       if (callId !== undefined) span.setAttribute(ATTR_TOOLMESH_CALL_ID, callId);
@@ -631,7 +673,12 @@ export async function answerInvalid(
     {
       tool_call_id: callId,
       name: resolution.tool ?? "",
-      session_id: request?.session_id ?? address.session,
+      session_id:
+        request?.session_id ??
+        (resolution.sessionId !== undefined &&
+        subjectToken(resolution.sessionId) === address.session
+          ? resolution.sessionId
+          : address.session),
     },
     error,
     { attempts: 0 },

@@ -8,7 +8,14 @@ import {
 import type { CallRequest, ResolvedCall, ToolDefinition } from "@toolmesh/protocol";
 import { compileTool } from "@toolmesh/registry";
 import type { CompiledTool } from "@toolmesh/registry";
-import { findCloseMatches, parseArguments, resolveCall, validateToolName } from "./resolve-call.js";
+import {
+  findCloseMatches,
+  parseArguments,
+  readCallIds,
+  resolveCall,
+  scanJsonError,
+  validateToolName,
+} from "./resolve-call.js";
 
 const NOW = 1_700_000_000_000;
 const ADDRESS = { tenant: "acme", session: "s-1" };
@@ -900,7 +907,7 @@ describe("parseArguments", () => {
     expect(err.details).toMatchObject({ position: 8, line: 1, column: 9 });
   });
 
-  it("reads the old V8 form 'Unexpected token } in JSON at position 12'", () => {
+  it("finds the position itself, whatever an old V8 says ('… in JSON at position 12')", () => {
     vi.spyOn(JSON, "parse").mockImplementation(() => {
       throw new SyntaxError("Unexpected token } in JSON at position 12");
     });
@@ -911,7 +918,7 @@ describe("parseArguments", () => {
     });
   });
 
-  it("reads the newer form with line and column", () => {
+  it("finds the position itself, whatever a newer V8 says ('(line 3 column 1)')", () => {
     vi.spyOn(JSON, "parse").mockImplementation(() => {
       throw new SyntaxError(
         "Expected double-quoted property name in JSON at position 12 (line 3 column 1)",
@@ -924,7 +931,7 @@ describe("parseArguments", () => {
     });
   });
 
-  it("reads a form with only line and column", () => {
+  it("finds the position itself when the parser names only a line and column", () => {
     vi.spyOn(JSON, "parse").mockImplementation(() => {
       throw new SyntaxError("Unexpected token (line 2 column 3)");
     });
@@ -936,7 +943,7 @@ describe("parseArguments", () => {
     expect(thrown(() => parseArguments("{}")).details).toMatchObject({ position: 2 }); // past the end is clamped
   });
 
-  it("clamps a position beyond the input", () => {
+  it("ignores a position beyond the input that the parser names", () => {
     vi.spyOn(JSON, "parse").mockImplementation(() => {
       throw new SyntaxError("Unexpected token in JSON at position 99");
     });
@@ -954,7 +961,7 @@ describe("parseArguments", () => {
     });
     expect(thrown(() => parseArguments('{"a":')).details).toMatchObject({
       position: 5,
-      reason: "Unexpected end of JSON input",
+      reason: "the text ends before the JSON value does",
     });
   });
 
@@ -1007,6 +1014,64 @@ describe("parseArguments", () => {
     ['{"n": fals}', 10],
   ])("scans %j to position %d", (raw, position) => {
     expect(thrown(() => parseArguments(raw)).details?.["position"]).toBe(position);
+  });
+
+  it.each([
+    ['{"a": tru}', 'expected the literal true, found "}"'],
+    ["{'a': 1}", 'expected a double-quoted property name, found "\'"'],
+    ['{"a": [1, 2 3]}', "expected ',' or ']', found \"3\""],
+    ['{"a": 1} x', 'text after the JSON value: "x"'],
+    ['{"a": "\u0001"}', "a control character inside a string"],
+    ['{"a": "\\q"}', "a bad escape in a string"],
+    ['{"a": [1, 2', "the text ends before the JSON value does"],
+  ])("says what is wrong with %j in its own words", (raw, reason) => {
+    const err = thrown(() => parseArguments(raw));
+    expect(err.details?.["reason"]).toBe(reason);
+    expect(err.message).toContain(reason);
+    let engine = "";
+    try {
+      JSON.parse(raw);
+    } catch (e) {
+      engine = (e as Error).message;
+    }
+    expect(engine).not.toBe("");
+    expect(err.message).not.toContain(engine);
+  });
+});
+
+describe("scanJsonError and readCallIds", () => {
+  const deep = (depth: number): string => `${'{"a":'.repeat(depth)}1${"}".repeat(depth)}`;
+
+  it("scans a broken text nested 100 000 deep without overflowing the stack", () => {
+    const text = `${deep(100_000)}x`;
+    expect(scanJsonError(text)).toStrictEqual({
+      position: text.length - 1,
+      reason: 'text after the JSON value: "x"',
+    });
+  });
+
+  it("reads the call id, tool and session id before the damage", () => {
+    const text =
+      '{"session_id":"s-1","tool_call":{"id":"call-7","type":"function",' +
+      '"function":{"name":"echo","arguments":{"x":[1,2,,]}}}}';
+    expect(readCallIds(text)).toStrictEqual({
+      sessionId: "s-1",
+      toolCallId: "call-7",
+      tool: "echo",
+    });
+  });
+
+  it("reads escaped ids, and nothing from elsewhere in the body", () => {
+    const text =
+      '{"context":{"id":"not-this","tool_call":{"id":"nor-this"}},' +
+      '"tool_call":{"id":"c\\u002d\\"1\\"","function":{"arguments":"{}"}},"x":';
+    expect(readCallIds(text)).toStrictEqual({ toolCallId: 'c-"1"' });
+  });
+
+  it("reads nothing from ids after the damage, empty ones or ones over 256 characters", () => {
+    expect(readCallIds('{"tool_call": {"id": x, "function": {"name": "echo"}}}')).toStrictEqual({});
+    expect(readCallIds(`{"tool_call":{"id":"${"i".repeat(257)}"},`)).toStrictEqual({});
+    expect(readCallIds('{"tool_call":{"id":""},')).toStrictEqual({});
   });
 
   it("does not overflow the stack on deeply nested bad input", () => {

@@ -66,8 +66,7 @@ function requireObject(value: unknown): Record<string, unknown> {
 }
 
 function notJsonError(text: string, err: unknown): ToolmeshError {
-  const reason = err instanceof Error ? err.message : String(err);
-  const position = syntaxErrorPosition(text, reason);
+  const { position, reason } = scanJsonError(text);
   const { line, column } = lineAndColumn(text, position);
   const snippet = text.slice(Math.max(0, position - SNIPPET_RADIUS), position + SNIPPET_RADIUS);
   return new ToolmeshError(
@@ -77,25 +76,8 @@ function notJsonError(text: string, err: unknown): ToolmeshError {
   );
 }
 
-/**
- * Offset of a JSON syntax error. V8 says "… at position 12", newer V8 adds "(line 1 column
- * 13)", older V8 may give only the line and column, and "Unexpected end of JSON input" means
- * the end. "Unexpected token 'x', "…" is not valid JSON" names no position: we scan for it.
- */
-function syntaxErrorPosition(text: string, message: string): number {
-  const clamp = (n: number): number => Math.min(Math.max(n, 0), text.length);
-  const atPosition = /at position (\d+)/.exec(message);
-  if (atPosition?.[1] !== undefined) return clamp(Number(atPosition[1]));
-  const lineColumn = /\(line (\d+) column (\d+)\)/.exec(message);
-  if (lineColumn?.[1] !== undefined && lineColumn[2] !== undefined) {
-    return clamp(offsetOf(text, Number(lineColumn[1]), Number(lineColumn[2])));
-  }
-  if (/Unexpected end of JSON input/.test(message)) return text.length;
-  return clamp(scanJsonError(text));
-}
-
 /** 1-based line and column of an offset; lines end at `\n`. */
-function lineAndColumn(text: string, position: number): { line: number; column: number } {
+export function lineAndColumn(text: string, position: number): { line: number; column: number } {
   let line = 1;
   let lineStart = 0;
   for (let i = text.indexOf("\n"); i !== -1 && i < position; i = text.indexOf("\n", i + 1)) {
@@ -105,75 +87,90 @@ function lineAndColumn(text: string, position: number): { line: number; column: 
   return { line, column: position - lineStart + 1 };
 }
 
-function offsetOf(text: string, line: number, column: number): number {
-  let lineStart = 0;
-  for (let l = 1; l < line; l += 1) {
-    const next = text.indexOf("\n", lineStart);
-    if (next === -1) return text.length;
-    lineStart = next + 1;
-  }
-  return lineStart + column - 1;
+/** Where JSON text goes wrong, described in the mesh's own words (never a parser's). */
+export interface JsonSyntaxProblem {
+  /** Offset (UTF-16 code units) of the first character that cannot be JSON. */
+  position: number;
+  /** What is wrong there. */
+  reason: string;
 }
 
+/** Object keys leading to a string value (`"[]"` for an array element). */
+type JsonPath = readonly string[];
+
 /**
- * Offset of the first syntax error in text JSON.parse rejected. Iterative, so deeply nested
- * input cannot overflow the stack; only used on the error path.
+ * The first syntax error in text JSON.parse rejected, found by a scan of our own so that the
+ * answer neither depends on the engine's wording nor repeats it. Iterative, so deeply nested
+ * input cannot overflow the stack; only used on the error path. `onString` sees every string
+ * value before the error with the keys leading to it, so fields of a broken body can be read.
  */
-function scanJsonError(text: string): number {
+export function scanJsonError(
+  text: string,
+  onString?: (path: JsonPath, value: string) => void,
+): JsonSyntaxProblem {
   const end = text.length;
-  const containers: ("{" | "[")[] = [];
+  const containers: { kind: "{" | "["; key: string }[] = [];
   let i = 0;
   let expect: "value" | "key" | "after" = "value";
+  const problem = (position: number, reason: string): JsonSyntaxProblem => ({
+    position: Math.min(position, end),
+    reason: position >= end ? "the text ends before the JSON value does" : reason,
+  });
+  const unexpected = (at: number, wanted: string): JsonSyntaxProblem =>
+    problem(at, `expected ${wanted}, found ${JSON.stringify(text[at] ?? "")}`);
   const skipSpace = (): void => {
     while (i < end && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r"))
       i += 1;
   };
-  /** Moves past a string at `i`; returns an error offset, or -1. */
-  const skipString = (): number => {
+  /** Moves past a string at `i`; returns its problem, or undefined. */
+  const skipString = (): JsonSyntaxProblem | undefined => {
     i += 1;
     while (i < end) {
       const c = text.charCodeAt(i);
       if (c === 0x22) {
         i += 1;
-        return -1;
+        return undefined;
       }
-      if (c < 0x20) return i;
+      if (c < 0x20) return problem(i, "a control character inside a string");
       if (c === 0x5c) {
         const escaped = text[i + 1];
         if (escaped === "u") {
-          for (let k = 2; k < 6; k += 1) if (!/[0-9a-fA-F]/.test(text[i + k] ?? "")) return i + k;
+          for (let k = 2; k < 6; k += 1)
+            if (!/[0-9a-fA-F]/.test(text[i + k] ?? "")) return problem(i + k, "a bad \\u escape");
           i += 6;
         } else if (escaped !== undefined && '"\\/bfnrt'.includes(escaped)) {
           i += 2;
         } else {
-          return i + 1;
+          return problem(i + 1, "a bad escape in a string");
         }
       } else {
         i += 1;
       }
     }
-    return end;
+    return problem(end, "");
   };
   const isDigit = (ch: string | undefined): boolean => ch !== undefined && ch >= "0" && ch <= "9";
-  /** Moves past a number at `i`; returns an error offset, or -1. */
-  const skipNumber = (): number => {
+  /** Moves past a number at `i`; returns its problem, or undefined. */
+  const skipNumber = (): JsonSyntaxProblem | undefined => {
     if (text[i] === "-") i += 1;
     if (text[i] === "0") i += 1;
     else if (isDigit(text[i])) while (isDigit(text[i])) i += 1;
-    else return i;
+    else return unexpected(i, "a digit");
     if (text[i] === ".") {
       i += 1;
-      if (!isDigit(text[i])) return i;
+      if (!isDigit(text[i])) return unexpected(i, "a digit");
       while (isDigit(text[i])) i += 1;
     }
     if (text[i] === "e" || text[i] === "E") {
       i += 1;
       if (text[i] === "+" || text[i] === "-") i += 1;
-      if (!isDigit(text[i])) return i;
+      if (!isDigit(text[i])) return unexpected(i, "a digit");
       while (isDigit(text[i])) i += 1;
     }
-    return -1;
+    return undefined;
   };
+  const path = (): JsonPath => containers.map((c) => (c.kind === "{" ? c.key : "[]"));
+  const decoded = (from: number): string => JSON.parse(text.slice(from, i)) as string;
 
   for (;;) {
     skipSpace();
@@ -186,47 +183,84 @@ function scanJsonError(text: string): number {
           i += 1;
           expect = "after";
         } else {
-          containers.push(ch);
+          containers.push({ kind: ch, key: "" });
           expect = ch === "{" ? "key" : "value";
         }
         continue;
       }
-      let failedAt = -1;
-      if (ch === '"') failedAt = skipString();
-      else if (ch === "-" || isDigit(ch)) failedAt = skipNumber();
+      let failed: JsonSyntaxProblem | undefined;
+      if (ch === '"') {
+        const from = i;
+        failed = skipString();
+        if (failed === undefined && onString !== undefined) onString(path(), decoded(from));
+      } else if (ch === "-" || isDigit(ch)) failed = skipNumber();
       else {
         const literal =
           ch === "t" ? "true" : ch === "f" ? "false" : ch === "n" ? "null" : undefined;
-        if (literal === undefined) return i;
+        if (literal === undefined) return unexpected(i, "a JSON value");
         for (const expected of literal) {
-          if (text[i] !== expected) return i;
+          if (text[i] !== expected) return unexpected(i, `the literal ${literal}`);
           i += 1;
         }
       }
-      if (failedAt !== -1) return failedAt;
+      if (failed !== undefined) return failed;
       expect = "after";
     } else if (expect === "key") {
-      if (text[i] !== '"') return i;
-      const failedAt = skipString();
-      if (failedAt !== -1) return failedAt;
+      if (text[i] !== '"') return unexpected(i, "a double-quoted property name");
+      const from = i;
+      const failed = skipString();
+      if (failed !== undefined) return failed;
+      const top = containers[containers.length - 1];
+      if (top !== undefined && onString !== undefined) top.key = decoded(from);
       skipSpace();
-      if (text[i] !== ":") return i;
+      if (text[i] !== ":") return unexpected(i, "':' after a property name");
       i += 1;
       expect = "value";
     } else {
       const top = containers[containers.length - 1];
-      if (top === undefined) return i; // a complete value followed by something else
+      if (top === undefined) {
+        // A complete value, then something else (or nothing, when the parser failed on
+        // something this scan does not check).
+        return i < end
+          ? problem(i, `text after the JSON value: ${JSON.stringify(text[i])}`)
+          : { position: end, reason: "not a JSON value" };
+      }
+      const close = top.kind === "{" ? "}" : "]";
       if (text[i] === ",") {
         i += 1;
-        expect = top === "{" ? "key" : "value";
-      } else if (text[i] === (top === "{" ? "}" : "]")) {
+        expect = top.kind === "{" ? "key" : "value";
+      } else if (text[i] === close) {
         i += 1;
         containers.pop();
       } else {
-        return i;
+        return unexpected(i, `',' or '${close}'`);
       }
     }
   }
+}
+
+/** Fields of a call request read from a body that is not JSON, as far as the body goes. */
+export interface CallIdsInBrokenBody {
+  toolCallId?: string;
+  tool?: string;
+  sessionId?: string;
+}
+
+/**
+ * Reads `tool_call.id`, `tool_call.function.name` and `session_id` from the part of a call
+ * request before its first syntax error, so a broken call can be answered on its own id.
+ * Values longer than 256 characters are not taken.
+ */
+export function readCallIds(text: string): CallIdsInBrokenBody {
+  const found: CallIdsInBrokenBody = {};
+  scanJsonError(text, (path, value) => {
+    if (value.length === 0 || value.length > 256) return;
+    const at = path.join("\u0000");
+    if (at === "tool_call\u0000id") found.toolCallId ??= value;
+    else if (at === "tool_call\u0000function\u0000name") found.tool ??= value;
+    else if (at === "session_id") found.sessionId ??= value;
+  });
+  return found;
 }
 
 /**

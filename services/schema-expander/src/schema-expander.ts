@@ -53,6 +53,7 @@ import type {
 } from "@toolmesh/catalog";
 import {
   buildCatalog,
+  withProviderSafeNames,
   checkToolAccess,
   describeGroups,
   findAgent,
@@ -385,7 +386,9 @@ export async function answerCatalog(
     ...(built.outputStrategy === undefined ? {} : { output_strategy: built.outputStrategy }),
     unavailable: built.unavailable,
   };
-  return catalogPage(reply, built.tools, Number(request.cursor ?? 0), deps.pageBytes);
+  const tools =
+    request.names === "provider_safe" ? withProviderSafeNames(built.tools) : built.tools;
+  return catalogPage(reply, tools, Number(request.cursor ?? 0), deps.pageBytes);
 }
 
 /**

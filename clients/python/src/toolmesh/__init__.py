@@ -44,6 +44,7 @@ from .errors import (
     ToolError,
     ToolmeshError,
     ToolTimeoutError,
+    UnauthorizedError,
     UnavailableError,
     UnknownToolError,
     error_class,
@@ -55,6 +56,7 @@ from .formats import (
     provider_safe_name,
     render_supplemented_schemas,
     to_anthropic_tools,
+    to_gemini_schema,
     to_gemini_tools,
     to_openai_tools,
 )
@@ -103,6 +105,7 @@ __all__ = [
     "ToolSchema",
     "ToolTimeoutError",
     "ToolmeshError",
+    "UnauthorizedError",
     "UnavailableError",
     "UnknownToolError",
     "WireError",
@@ -116,6 +119,7 @@ __all__ = [
     "render_supplemented_schemas",
     "subject_token",
     "to_anthropic_tools",
+    "to_gemini_schema",
     "to_gemini_tools",
     "to_openai_tools",
 ]

@@ -7,7 +7,7 @@ or an enumeration here drifts from those files.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal, TypedDict
 
 PROTOCOL_VERSION = "v1"
@@ -30,8 +30,9 @@ JS_ERR_MESSAGE_TOO_LARGE = 10054
 JS_ERR_STREAM_FULL = 10077
 
 
-class ErrorCode(str, Enum):
-    """Every error code that can cross the wire (docs/errors.md)."""
+class ErrorCode(StrEnum):
+    """Every error code that can cross the wire (docs/errors.md). A ``StrEnum``: ``str(code)``
+    and ``f"{code}"`` are the wire code (``"timeout"``)."""
 
     INVALID_ARGUMENTS = "invalid_arguments"
     INVALID_REQUEST = "invalid_request"
@@ -71,6 +72,8 @@ def is_retryable_by_default(code: ErrorCode) -> bool:
     return code in _RETRYABLE_BY_DEFAULT
 
 
+CatalogNames = Literal["mesh", "provider_safe"]
+CATALOG_NAMES: tuple[CatalogNames, ...] = ("mesh", "provider_safe")
 CancelState = Literal["cancelled", "done", "pending", "unknown"]
 CANCEL_STATES: tuple[CancelState, ...] = ("cancelled", "done", "pending", "unknown")
 GroupScope = Literal["tenant", "session"]
@@ -244,11 +247,13 @@ class _CatalogEntryRequired(TypedDict):
 
 class CatalogEntry(_CatalogEntryRequired, total=False):
     """One tool of a catalog, compact or (with ``description`` and ``parameters``) expanded;
-    ``progress``: whether the tool emits progress events."""
+    ``progress``: whether the tool emits progress events; ``tool``: in a catalog asked for with
+    ``names="provider_safe"``, the mesh name to call (``name`` is then the provider-safe one)."""
 
     description: str
     parameters: dict[str, Any]
     progress: bool
+    tool: str
 
 
 class OutputStrategy(TypedDict, total=False):
@@ -265,6 +270,7 @@ class CatalogRequest(TypedDict, total=False):
     agent: str
     bind_agent: bool
     cursor: str
+    names: CatalogNames
 
 
 class _CatalogRequired(TypedDict):

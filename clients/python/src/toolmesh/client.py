@@ -7,11 +7,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import ssl
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, cast
@@ -37,6 +38,7 @@ from ._wire import (
     CancelRequest,
     Catalog,
     CatalogEntry,
+    CatalogNames,
     CatalogRequest,
     Described,
     Expanded,
@@ -59,6 +61,7 @@ from .errors import (
     OverloadedError,
     PayloadTooLargeError,
     ToolmeshError,
+    UnauthorizedError,
     UnavailableError,
 )
 from .formats import NameMap, from_openai_tool_calls
@@ -96,10 +99,10 @@ class SessionEvent:
 
 
 async def connect(
-    servers: str | Sequence[str] = "nats://127.0.0.1:4222",
+    servers: str | Sequence[str] | None = None,
     *,
-    tenant: str = DEFAULT_TENANT,
-    prefix: str = DEFAULT_PREFIX,
+    tenant: str | None = None,
+    prefix: str | None = None,
     user: str | None = None,
     password: str | None = None,
     token: str | None = None,
@@ -114,18 +117,40 @@ async def connect(
     deadline_grace: float = DEFAULT_DEADLINE_GRACE,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     name: str = "toolmesh-python",
-    **nats_options: Any,
+    reconnect_time_wait: float | None = None,
+    nats_options: Mapping[str, Any] | None = None,
 ) -> Mesh:
     """Connects a frontend of ``tenant`` to the mesh and returns its :class:`Mesh`.
 
     Credentials are the NATS ones of the tenant's account: ``user``/``password``, ``token``,
     ``nkey_seed`` (a seed file's path), ``creds`` (a credentials file's path) and TLS (an
-    ``ssl.SSLContext``, or ``tls_ca``/``tls_cert``/``tls_key`` PEM paths). Replies come below the
+    ``ssl.SSLContext``, or ``tls_ca``/``tls_cert``/``tls_key`` PEM paths). Whatever is not given
+    comes from the environment the mesh's own processes read: ``NATS_URL`` (comma-separated;
+    default ``nats://127.0.0.1:4222``), ``NATS_USER``, ``NATS_PASSWORD``, ``NATS_TOKEN``,
+    ``NATS_NKEY``, ``NATS_CREDS``, ``NATS_CA``, ``NATS_CERT``, ``NATS_KEY``, ``TOOLMESH_TENANT``
+    (default ``default``) and ``TOOLMESH_PREFIX`` (default ``toolmesh``). Replies come below the
     frontend inbox prefix ``_INBOX.{p}.frontend.{t}`` unless ``inbox_prefix`` says otherwise
-    (``….{t}.{s}`` for a user confined to one session). Durations are in seconds. Other keyword
-    arguments go to ``nats.connect``. The connection reconnects for ever; after each reconnect
-    the answers of waiting calls are read from the sessions stream.
+    (``….{t}.{s}`` for a user confined to one session). Durations are in seconds;
+    ``reconnect_time_wait`` is the pause between reconnect attempts (nats-py's default, 2 s).
+    ``nats_options`` go to ``nats.connect`` as they are. The connection reconnects for ever;
+    after each reconnect the answers of waiting calls are read from the sessions stream.
+
+    Raises :class:`UnauthorizedError` (not retryable) when the server refuses the credentials,
+    :class:`UnavailableError` when no server can be reached.
     """
+    env = _Environment()
+    servers = env.servers() if servers is None else servers
+    tenant = tenant if tenant is not None else env.get("TOOLMESH_TENANT") or DEFAULT_TENANT
+    prefix = prefix if prefix is not None else env.get("TOOLMESH_PREFIX") or DEFAULT_PREFIX
+    user = user if user is not None else env.get("NATS_USER")
+    password = password if password is not None else env.get("NATS_PASSWORD")
+    token = token if token is not None else env.get("NATS_TOKEN")
+    nkey_seed = nkey_seed if nkey_seed is not None else env.get("NATS_NKEY")
+    creds = creds if creds is not None else env.get("NATS_CREDS")
+    if tls is None:
+        tls_ca = tls_ca if tls_ca is not None else env.get("NATS_CA")
+        tls_cert = tls_cert if tls_cert is not None else env.get("NATS_CERT")
+        tls_key = tls_key if tls_key is not None else env.get("NATS_KEY")
     subjects = Subjects(prefix=prefix, tenant=tenant)
     if tls is None and (tls_ca or tls_cert):
         tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=tls_ca)
@@ -141,7 +166,8 @@ async def connect(
 
     async def report(err: Exception) -> None:
         # One line, not nats-py's traceback per failed attempt.
-        last_error[:] = [err]
+        if len(last_error) < 16:  # the connect attempts' errors; later ones are only logged
+            last_error.append(err)
         _log.warning("toolmesh: NATS: %s", err or type(err).__name__)
 
     options: dict[str, Any] = {
@@ -158,16 +184,25 @@ async def connect(
         **({"nkeys_seed": nkey_seed} if nkey_seed is not None else {}),
         **({"user_credentials": creds} if creds is not None else {}),
         **({"tls": tls} if tls is not None else {}),
-        **nats_options,
+        **({"reconnect_time_wait": reconnect_time_wait} if reconnect_time_wait else {}),
+        **(nats_options or {}),
     }
     try:
         nc = await nats.connect(**options)
-    except (OSError, nats.errors.Error, asyncio.TimeoutError) as err:
+    except (TimeoutError, OSError, nats.errors.Error) as err:
         servers_text = ", ".join(options["servers"])
-        cause = last_error[0] if last_error else err
+        refused = _is_refused_credentials([*last_error, err])
+        causes = [e for e in last_error if _is_refused_credentials([e])] if refused else last_error
+        cause = causes[-1] if causes else err
         reason = str(cause) or type(cause).__name__
+        if refused:
+            # Trying again with the same credentials cannot succeed.
+            raise UnauthorizedError(
+                f"NATS at {servers_text} refused the credentials: {reason}",
+                details={"servers": options["servers"]},
+            ) from err
         raise UnavailableError(f"cannot connect to NATS at {servers_text}: {reason}") from err
-    nc.options["max_reconnect_attempts"] = nats_options.get("max_reconnect_attempts", -1)
+    nc.options["max_reconnect_attempts"] = (nats_options or {}).get("max_reconnect_attempts", -1)
     mesh = Mesh(
         nc,
         subjects,
@@ -233,11 +268,31 @@ class Mesh:
         session_id: str,
         name: str,
         arguments: str | Mapping[str, Any] | None = None,
-        **options: Any,
+        *,
+        call_id: str | None = None,
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        idempotency_key: str | None = None,
+        context: Mapping[str, Any] | None = None,
+        agent_context: Mapping[str, Any] | None = None,
+        agent: str | None = None,
+        edge_params: Sequence[str] | None = None,
     ) -> Resolved:
         """Dry run: the call as it would be routed (defaults filled, ``input_parameters``), or
         the typed error it would get, raised. Nothing runs. Options are those of ``submit``."""
-        request = _build_request(session_id, name, arguments, **options)
+        request = _build_request(
+            session_id,
+            name,
+            arguments,
+            call_id=call_id,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            idempotency_key=idempotency_key,
+            context=context,
+            agent_context=agent_context,
+            agent=agent,
+            edge_params=edge_params,
+        )
         problem = _local_problem(request)
         if problem is not None:
             raise problem
@@ -245,9 +300,13 @@ class Mesh:
         reply = await self._request(self.subjects.rpc("resolve"), request, "resolver")
         return cast(Resolved, _ok_or_raise(reply))
 
-    async def catalog(self, *, agent: str | None = None) -> Catalog:
-        """The tenant's compact catalog (every tool, or an agent's), filtered by its groups."""
+    async def catalog(self, *, agent: str | None = None, names: CatalogNames = "mesh") -> Catalog:
+        """The tenant's compact catalog (every tool, or an agent's), filtered by its groups.
+        ``names="provider_safe"``: each entry's ``name`` is its provider-safe name and ``tool``
+        the mesh name to call."""
         body: CatalogRequest = {} if agent is None else {"agent": agent}
+        if names != "mesh":
+            body["names"] = names
         return await self._catalog(body)
 
     async def groups(self) -> list[GroupState]:
@@ -310,7 +369,7 @@ class Mesh:
         the read failed — the live subscription may still bring it)."""
         try:
             msg = await self.nc.request(self.subjects.direct_get(subject), b"", timeout=2.0)
-        except (nats.errors.Error, OSError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error, OSError):
             return None
         status = (msg.headers or {}).get("Status")
         if status is not None or not msg.data:
@@ -387,7 +446,8 @@ class CallHandle:
         aborted); the call then settles with ``cancelled``, unless it had already ended."""
         return await self._session.cancel(self.call_id, idempotency_key=self._key)
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, ToolMessage]:
+        """``await handle`` is ``await handle.result()``."""
         return self.result().__await__()
 
 
@@ -410,6 +470,8 @@ class Session:
         self._schemas: dict[str, ToolSchema] = {}
         self._pending_schemas: dict[str, dict[str, Any]] = {}
         self._schema_waiters: list[tuple[str, asyncio.Future[None]]] = []
+        # Cancel requests of calls whose awaiting task was cancelled, by call id.
+        self._cancelling: dict[str, asyncio.Task[CancelReply]] = {}
         self._closed = False
         # The sessions subject is built now, so a bad session id fails here.
         self._events_subject = self._subjects.session_events(session_id)
@@ -481,6 +543,10 @@ class Session:
             edge_params=edge_params,
         )
         cid = request["tool_call"]["id"]
+        cancelling = self._cancelling.get(cid)
+        if cancelling is not None:
+            # The mesh hears of the cancel before it hears of the call again.
+            await asyncio.shield(cancelling)
         problem = _local_problem(request)
         if problem is None:
             _as_json_text(request)
@@ -514,29 +580,119 @@ class Session:
         self,
         name: str | ToolCall | Mapping[str, Any],
         arguments: str | Mapping[str, Any] | None = None,
-        **options: Any,
+        *,
+        call_id: str | None = None,
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        idempotency_key: str | None = None,
+        context: Mapping[str, Any] | None = None,
+        agent_context: Mapping[str, Any] | None = None,
+        agent: str | None = None,
+        edge_params: Sequence[str] | None = None,
     ) -> ToolMessage:
         """Submits a call and returns its final message; a failed call raises its typed error.
-        Options are those of :meth:`submit`."""
-        handle = await self.submit(name, arguments, **options)
-        return await handle.result()
+        Options are those of :meth:`submit`.
+
+        Cancelling the task that awaits it (``task.cancel()``, ``asyncio.timeout``) cancels the
+        call in the mesh too: a call not yet started never runs, a running one is aborted. The
+        same call id may be submitted again at once; it gets the call's state in the mesh (its
+        ``cancelled`` answer, or the result of a call that had ended first)."""
+        handle = await self.submit(
+            name,
+            arguments,
+            call_id=call_id,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            idempotency_key=idempotency_key,
+            context=context,
+            agent_context=agent_context,
+            agent=agent,
+            edge_params=edge_params,
+        )
+        try:
+            return await handle.result()
+        except asyncio.CancelledError:
+            self._abandon(handle)
+            raise
 
     async def submit_all(
-        self, tool_calls: Sequence[ToolCall | Mapping[str, Any]], **options: Any
+        self,
+        tool_calls: Sequence[ToolCall | Mapping[str, Any]],
+        *,
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        context: Mapping[str, Any] | None = None,
+        agent_context: Mapping[str, Any] | None = None,
+        agent: str | None = None,
     ) -> list[CallHandle]:
-        """Submits a whole OpenAI ``tool_calls`` array; the calls run in parallel."""
-        return [await self.submit(call, **options) for call in tool_calls]
+        """Submits a whole OpenAI ``tool_calls`` array; the calls run in parallel, each under
+        its entry's id. The options apply to every call (see :meth:`submit`)."""
+        return [
+            await self.submit(
+                call,
+                timeout=timeout,
+                attempt_timeout=attempt_timeout,
+                context=context,
+                agent_context=agent_context,
+                agent=agent,
+            )
+            for call in tool_calls
+        ]
 
     async def run_tool_calls(
-        self, message: Mapping[str, Any], *, name_map: NameMap | None = None, **options: Any
+        self,
+        message: Mapping[str, Any],
+        *,
+        name_map: NameMap | None = None,
+        timeout: float | None = None,
+        attempt_timeout: float | None = None,
+        context: Mapping[str, Any] | None = None,
+        agent_context: Mapping[str, Any] | None = None,
+        agent: str | None = None,
     ) -> list[ToolMessage]:
         """Runs the ``tool_calls`` of an OpenAI assistant message and returns the tool messages
         to append to the conversation, in the same order (errors included, as messages). Each
         call id is the model's tool-call id, so its idempotency key stays the same when the same
-        message is run again. ``name_map`` (from :func:`to_openai_tools`) maps names back."""
+        message is run again. ``name_map`` (from :func:`to_openai_tools`) maps names back.
+        Cancelling the awaiting task cancels the calls in the mesh, as :meth:`call` does."""
         calls = from_openai_tool_calls(message.get("tool_calls"), name_map)
-        handles = await self.submit_all(calls, **options)
-        return list(await asyncio.gather(*(h.message() for h in handles)))
+        handles = await self.submit_all(
+            calls,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            context=context,
+            agent_context=agent_context,
+            agent=agent,
+        )
+        try:
+            return list(await asyncio.gather(*(h.message() for h in handles)))
+        except asyncio.CancelledError:
+            for handle in handles:
+                self._abandon(handle)
+            raise
+
+    def _abandon(self, handle: CallHandle) -> None:
+        """The task awaiting a call was cancelled: the call is cancelled in the mesh (in the
+        background: the task is on its way out) and settles here at once with ``cancelled``."""
+        pending = self._pending.get(handle.call_id)
+        if pending is None or pending is not handle._pending:
+            return  # it had settled
+        call_id = handle.call_id
+        task = asyncio.get_running_loop().create_task(
+            self.cancel(call_id, idempotency_key=handle._key)
+        )
+        self._cancelling[call_id] = task
+
+        def forget(done: asyncio.Task[CancelReply]) -> None:
+            if self._cancelling.get(call_id) is done:
+                del self._cancelling[call_id]
+            if not done.cancelled():
+                done.exception()  # read; cancel() reports failures in its reply
+
+        task.add_done_callback(forget)
+        self._settle_locally(
+            call_id, CallCancelledError("the task awaiting the call was cancelled")
+        )
 
     async def cancel(self, call_id: str, *, idempotency_key: str | None = None) -> CancelReply:
         """Asks the mesh to cancel a call of this session (see :meth:`CallHandle.cancel`).
@@ -595,10 +751,20 @@ class Session:
 
     # ---- schema expansion, catalog and groups ----
 
-    async def catalog(self, *, agent: str | None = None, bind_agent: bool = False) -> Catalog:
+    async def catalog(
+        self,
+        *,
+        agent: str | None = None,
+        bind_agent: bool = False,
+        names: CatalogNames = "mesh",
+    ) -> Catalog:
         """The compact catalog for this session: the tools it may call, compact, except those
-        whose schema it already received. ``bind_agent`` binds the session to the agent."""
+        whose schema it already received. ``bind_agent`` binds the session to the agent.
+        ``names="provider_safe"``: each entry's ``name`` is its provider-safe name (OpenAI's and
+        Anthropic's ``^[a-zA-Z0-9_-]{1,64}$``) and ``tool`` the mesh name to call."""
         body: CatalogRequest = {"session_id": self.id}
+        if names != "mesh":
+            body["names"] = names
         chosen = agent or self.agent
         if chosen is not None:
             body["agent"] = chosen
@@ -650,7 +816,7 @@ class Session:
         self._schema_waiters.append(entry)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             with contextlib.suppress(ValueError):
@@ -867,6 +1033,31 @@ class Session:
 
 
 # ---- helpers ----
+
+
+class _Environment:
+    """The variables :func:`connect` falls back on; an empty value counts as unset, as it does
+    for the mesh's own processes."""
+
+    def get(self, variable: str) -> str | None:
+        return os.environ.get(variable) or None
+
+    def servers(self) -> list[str]:
+        urls = [url.strip() for url in (self.get("NATS_URL") or "").split(",") if url.strip()]
+        return urls or ["nats://127.0.0.1:4222"]
+
+
+# What nats-server says when it refuses a client's credentials.
+_REFUSED_CREDENTIALS = ("authorization violation", "authentication", "user authentication")
+
+
+def _is_refused_credentials(errors: Sequence[BaseException]) -> bool:
+    return any(
+        isinstance(err, nats.errors.AuthorizationError)
+        or any(text in str(err).lower() for text in _REFUSED_CREDENTIALS)
+        for err in errors
+    )
+
 
 _generated = 0
 

@@ -26,6 +26,7 @@ __all__ = [
     "ToolError",
     "ToolTimeoutError",
     "ToolmeshError",
+    "UnauthorizedError",
     "UnavailableError",
     "UnknownToolError",
     "error_class",
@@ -55,6 +56,15 @@ class ToolmeshError(Exception):
         #: The code as the wire carried it: ``code.value``, or a code newer than this client
         #: (raised as :class:`InternalError`), kept so ``to_wire()`` gives it back unchanged.
         self.wire_code: str = self.code.value
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds to wait before trying again, when the error says (``details["retry_after_ms"]``:
+        ``overloaded``, ``rate_limited``, a concurrency ``quota_exceeded``); else None."""
+        value = self.details.get("retry_after_ms")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            return None
+        return value / 1000
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code.value!r}, message={self.message!r})"
@@ -120,14 +130,16 @@ class ToolDisabledError(ToolmeshError):
     code = ErrorCode.TOOL_DISABLED
 
 
-class ToolTimeoutError(ToolmeshError):
-    """One attempt ran longer than the tool's per-attempt timeout (``timeout``)."""
+class ToolTimeoutError(ToolmeshError, TimeoutError):
+    """One attempt ran longer than the tool's per-attempt timeout (``timeout``). A
+    ``TimeoutError``, so ``except TimeoutError`` catches it."""
 
     code = ErrorCode.TIMEOUT
 
 
-class DeadlineExceededError(ToolmeshError):
-    """The call as a whole ran out of time."""
+class DeadlineExceededError(ToolmeshError, TimeoutError):
+    """The call as a whole ran out of time. A ``TimeoutError``, so ``except TimeoutError``
+    catches it."""
 
     code = ErrorCode.DEADLINE_EXCEEDED
 
@@ -145,9 +157,15 @@ class UnavailableError(ToolmeshError):
 
 
 class PermissionDeniedError(ToolmeshError):
-    """The caller may not do this."""
+    """The caller may not do this. Never retryable."""
 
     code = ErrorCode.PERMISSION_DENIED
+
+
+class UnauthorizedError(PermissionDeniedError):
+    """The NATS server refused the credentials (a wrong password, token, key or ``.creds`` file,
+    or one it does not know): raised by :func:`connect`, never retryable. Its wire code is
+    ``permission_denied``."""
 
 
 class PayloadTooLargeError(ToolmeshError):

@@ -1,28 +1,16 @@
-import { createHash } from "node:crypto";
-import type { ToolCall } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import type { NameMap, ToolCall } from "@toolmesh/protocol";
+import { createNameMap, toolNameOf } from "@toolmesh/protocol";
 import type { CatalogEntry } from "./catalog.js";
 import { declaredParameters, describeEntry } from "./catalog.js";
 
-/** Model providers whose native function-calling shapes this module speaks. */
-export type ProviderName = "openai" | "anthropic" | "gemini";
-
-/** Longest function name every supported provider accepts, in characters. */
-export const MAX_PROVIDER_NAME_LENGTH = 64;
-
-/**
- * A catalog's tool names as one provider sees them, both ways. Names the provider already
- * accepts map to themselves; others are sanitized (see {@link providerSafeName}) and, where
- * two would collide, suffixed with a hash of the original name.
- */
-export interface NameMap {
-  /** The provider whose rules the safe names follow. */
-  readonly provider: ProviderName;
-  /** toolmesh name → provider-safe name. */
-  readonly toProvider: ReadonlyMap<string, string>;
-  /** provider-safe name → toolmesh name. */
-  readonly toTool: ReadonlyMap<string, string>;
-}
+// The name mapping lives in the contract library, shared with the catalog and the gateway.
+export {
+  MAX_PROVIDER_NAME_LENGTH,
+  createNameMap,
+  providerSafeName,
+  toolNameOf,
+} from "@toolmesh/protocol";
+export type { NameMap, ProviderName } from "@toolmesh/protocol";
 
 /** Tools formatted for one provider, with the name map needed to read its calls back. */
 export interface ProviderTools<T> {
@@ -122,75 +110,6 @@ export interface GeminiPartsOptions {
    * (e.g. `"turn-7-gemini"`), or the second turn's `gemini-0` is taken for a duplicate.
    */
   idPrefix?: string;
-}
-
-const OPENAI_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
-const OPENAI_INVALID = /[^a-zA-Z0-9_-]/gu;
-// Gemini: letters, digits, `_ . : -`, starting with a letter or underscore, at most 64.
-const GEMINI_NAME = /^[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}$/;
-const GEMINI_INVALID = /[^a-zA-Z0-9_.:-]/gu;
-const HASH_LENGTH = 8;
-
-/**
- * A name the provider accepts as a function name. A valid name is returned unchanged;
- * otherwise each disallowed character becomes `_` (Gemini also gets a leading `_` when the
- * name does not start with a letter or underscore), and a name longer than 64 characters is
- * cut and suffixed with `_` and 8 hex digits of its SHA-256. Two different names can give the
- * same result (`a.b`, `a:b`): {@link createNameMap} resolves that across a catalog.
- */
-export function providerSafeName(name: string, provider: ProviderName = "openai"): string {
-  if (isValidName(name, provider)) return name;
-  const safe = sanitize(name, provider);
-  return safe.length <= MAX_PROVIDER_NAME_LENGTH && safe !== "" ? safe : suffixed(safe, name);
-}
-
-/**
- * Builds the two-way name map of a catalog for one provider. Valid names keep themselves;
- * a sanitized name shared by two tools, or equal to another tool's valid name, gets a hash
- * suffix on every tool that needed sanitizing, so the result does not depend on the order of
- * `names`. Throws `invalid_request` on duplicate tool names.
- */
-export function createNameMap(names: Iterable<string>, provider: ProviderName = "openai"): NameMap {
-  const unique: string[] = [];
-  const seen = new Set<string>();
-  for (const name of names) {
-    if (seen.has(name)) {
-      throw new ToolmeshError(ErrorCode.InvalidRequest, `duplicate tool name in catalog: ${name}`, {
-        details: { tool: name },
-      });
-    }
-    seen.add(name);
-    unique.push(name);
-  }
-  const candidate = new Map(unique.map((name) => [name, providerSafeName(name, provider)]));
-  const claims = new Map<string, number>();
-  for (const safe of candidate.values()) claims.set(safe, (claims.get(safe) ?? 0) + 1);
-
-  const toProvider = new Map<string, string>();
-  const toTool = new Map<string, string>();
-  for (const name of unique) {
-    const safe = candidate.get(name) ?? name;
-    const chosen =
-      safe === name || claims.get(safe) === 1 ? safe : suffixed(sanitize(name, provider), name);
-    const holder = toTool.get(chosen);
-    if (holder !== undefined) {
-      // Only reachable through a SHA-256 prefix collision or a valid name that literally
-      // equals another tool's hashed name; refuse rather than send an ambiguous catalog.
-      throw new ToolmeshError(
-        ErrorCode.InvalidRequest,
-        `tools ${holder} and ${name} both map to the provider name ${chosen}`,
-        { details: { tools: [holder, name], provider_name: chosen, provider } },
-      );
-    }
-    toProvider.set(name, chosen);
-    toTool.set(chosen, name);
-  }
-  return { provider, toProvider, toTool };
-}
-
-/** The toolmesh name of a provider-side name; unknown names are returned unchanged. */
-export function toolNameOf(providerName: string, nameMap?: NameMap): string {
-  return nameMap?.toTool.get(providerName) ?? providerName;
 }
 
 /**
@@ -369,21 +288,6 @@ function toolCall(id: string, name: string, args: string): ToolCall {
 
 function safeNameOf(name: string, nameMap: NameMap): string {
   return nameMap.toProvider.get(name) ?? name;
-}
-
-function isValidName(name: string, provider: ProviderName): boolean {
-  return (provider === "gemini" ? GEMINI_NAME : OPENAI_NAME).test(name);
-}
-
-function sanitize(name: string, provider: ProviderName): string {
-  if (provider !== "gemini") return name.replace(OPENAI_INVALID, "_");
-  const safe = name.replace(GEMINI_INVALID, "_");
-  return /^[a-zA-Z_]/.test(safe) ? safe : `_${safe}`;
-}
-
-function suffixed(safe: string, original: string): string {
-  const hash = createHash("sha256").update(original).digest("hex").slice(0, HASH_LENGTH);
-  return `${safe.slice(0, MAX_PROVIDER_NAME_LENGTH - HASH_LENGTH - 1)}_${hash}`;
 }
 
 function objectRooted(schema: Record<string, unknown>): Record<string, unknown> {
