@@ -53,7 +53,9 @@ export async function startGatewayFromRuntime(
 
   // Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant.
   const listeners = new Map<string, Set<() => void>>();
+  const anyListeners = new Set<() => void>();
   const notify = (tenant?: string): void => {
+    for (const listener of anyListeners) listener();
     for (const [t, set] of listeners) {
       if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
       for (const listener of set) listener();
@@ -92,6 +94,10 @@ export async function startGatewayFromRuntime(
       const attributes = { "toolmesh.tenant": tenant, "toolmesh.tool": tool, outcome };
       callCounter.add(1, attributes);
       callDuration.record(durationMs / 1_000, attributes);
+    },
+    onAnyToolsChanged: (listener) => {
+      anyListeners.add(listener);
+      return () => anyListeners.delete(listener);
     },
     onToolsChanged: (tenant, listener) => {
       let set = listeners.get(tenant);

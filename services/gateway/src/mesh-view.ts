@@ -1,7 +1,7 @@
 import { createHash, randomUUID } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
-import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/server";
 import type { Catalog, CallHandle } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { CallRecord } from "@toolmesh/call-store";
