@@ -23,6 +23,9 @@ const clients: Client[] = [];
 
 type Era = "legacy" | typeof MODERN;
 
+const TaskShape = z.object({ taskId: z.string(), status: z.string() }).loose();
+const CreateTask = z.object({ task: TaskShape }).loose();
+
 async function client(era: Era, key: string = KEYS.acme): Promise<Client> {
   const c = new Client(
     { name: "eras-test", version: "1.0.0" },
@@ -34,6 +37,45 @@ async function client(era: Era, key: string = KEYS.acme): Promise<Client> {
   await c.connect(transport);
   clients.push(c);
   return c;
+}
+
+/** A task-augmented tools/call on the wire (the SDK client has no Tasks extension runtime). */
+async function modernTaskCall(
+  key: string,
+  args: Record<string, unknown>,
+): Promise<z.infer<typeof CreateTask>> {
+  const response = await fetch(gateway.url, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${key}`,
+      accept: "application/json, text/event-stream",
+      "content-type": "application/json",
+      "mcp-protocol-version": MODERN,
+      "mcp-method": "tools/call",
+      "mcp-name": "slow",
+    },
+    body: JSON.stringify({
+      jsonrpc: "2.0",
+      id: 1,
+      method: "tools/call",
+      params: {
+        name: "slow",
+        arguments: args,
+        task: { ttl: 60_000 },
+        _meta: {
+          "io.modelcontextprotocol/protocolVersion": MODERN,
+          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
+          "io.modelcontextprotocol/clientCapabilities": {
+            extensions: { "io.modelcontextprotocol/tasks": {} },
+          },
+        },
+      },
+    }),
+  });
+  const body = (await response.json()) as { result?: unknown; error?: unknown };
+  if (body.result === undefined) throw new Error(JSON.stringify(body));
+  expect(body.result).toMatchObject({ resultType: "task" });
+  return CreateTask.parse(body.result);
 }
 
 const text = (result: CallToolResult): string => (result.content[0] as { text: string }).text;
@@ -116,6 +158,79 @@ describe.each<Era>(["legacy", MODERN])("the gateway to a %s client", (era) => {
     );
     expect(result.isError).toBeFalsy();
     expect(seen.length).toBeGreaterThan(0);
+  });
+
+  it("runs a task-augmented call as a mesh call: created once stored, polled, cancelled", async () => {
+    const c = await client(era);
+    const other = await client(era, KEYS.globex);
+    const created =
+      era === "legacy"
+        ? await c.request(
+            {
+              method: "tools/call",
+              params: {
+                name: "slow",
+                arguments: { ms: 30_000, value: "task" },
+                task: { ttl: 60_000 },
+              },
+            },
+            CreateTask,
+          )
+        : await modernTaskCall(KEYS.acme, { ms: 30_000, value: "task" });
+    expect(created.task.status).toBe("working");
+    const { taskId } = created.task;
+    const got = await c.request({ method: "tasks/get", params: { taskId } }, TaskShape);
+    expect(got).toMatchObject({ taskId, status: "working" });
+    const foreign = await other
+      .request({ method: "tasks/cancel", params: { taskId } }, TaskShape)
+      .catch((err: unknown) => err as Error);
+    const unknown = await other
+      .request({ method: "tasks/cancel", params: { taskId: `${taskId}x` } }, TaskShape)
+      .catch((err: unknown) => err as Error);
+    expect(foreign).toBeInstanceOf(Error);
+    expect((foreign as Error).message).toBe(
+      (unknown as Error).message.replace(`${taskId}x`, taskId),
+    );
+    expect(await c.request({ method: "tasks/get", params: { taskId } }, TaskShape)).toMatchObject({
+      status: "working",
+    });
+    await c.request({ method: "tasks/cancel", params: { taskId } }, TaskShape);
+    await expect
+      .poll(
+        async () =>
+          (await c.request({ method: "tasks/get", params: { taskId } }, TaskShape)).status,
+        {
+          timeout: 15_000,
+        },
+      )
+      .toBe("cancelled");
+  });
+
+  it("cancels the mesh call when the client abandons a call", async () => {
+    const c = await client(era);
+    const abort = new AbortController();
+    const key = `abandon-${era}-${Date.now()}`;
+    const started = new Promise<void>((resolve) => {
+      void c
+        .callTool(
+          {
+            name: "slow",
+            arguments: { ms: 30_000, value: "x" },
+            _meta: { "io.toolmesh/idempotency_key": key },
+          },
+          { signal: abort.signal, onprogress: () => resolve() },
+        )
+        .catch(() => undefined);
+    });
+    await started;
+    abort.abort("the user changed their mind");
+    // The same key names the same mesh call: its answer is the cancellation.
+    const again = await c.callTool({
+      name: "slow",
+      arguments: { ms: 30_000, value: "x" },
+      _meta: { "io.toolmesh/idempotency_key": key },
+    });
+    expect(again.structuredContent).toMatchObject({ code: "cancelled" });
   });
 
   it("answers a task id another tenant made as a task that does not exist", async () => {

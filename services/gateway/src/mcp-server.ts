@@ -2,8 +2,10 @@ import type {
   AuthInfo,
   CallToolRequest,
   CallToolResult,
+  JSONRPCRequest,
   Notification,
   RequestId,
+  Result,
   ServerContext,
   Task,
 } from "@modelcontextprotocol/server";
@@ -88,7 +90,9 @@ export function createMcpServer(
   observe: CallObserver,
   era: Era,
 ): Server {
-  const server = new Server(
+  const calls = new MeshCalls(mesh, observe);
+  const server = new MeshServer(
+    (request, ctx) => calls.startTask(request, ctx),
     { name: "toolmesh-gateway", version },
     {
       capabilities:
@@ -100,7 +104,6 @@ export function createMcpServer(
           : { tools: { listChanged: true }, extensions: { [TASKS_EXTENSION]: {} } },
     },
   );
-  const calls = new MeshCalls(mesh, observe);
   server.setRequestHandler("tools/list", async (request, ctx) => {
     const scope = scopeOf(ctx);
     try {
@@ -115,6 +118,37 @@ export function createMcpServer(
 }
 
 /**
+ * The SDK's server, with task-augmented `tools/call` requests taken before the SDK validates
+ * the result as a tool result: their answer is the task (`CreateTaskResult`), which the SDK's
+ * 2026-07-28 codec does not know and whose `task` parameter it does not pass to handlers.
+ */
+class MeshServer extends Server {
+  constructor(
+    private readonly startTask: (request: CallToolRequest, ctx: ServerContext) => Promise<Result>,
+    ...args: ConstructorParameters<typeof Server>
+  ) {
+    super(...args);
+  }
+
+  protected override _wrapHandler(
+    method: string,
+    handler: (request: JSONRPCRequest, ctx: ServerContext) => Promise<Result>,
+  ): (request: JSONRPCRequest, ctx: ServerContext) => Promise<Result> {
+    const wrapped = super._wrapHandler(method, handler);
+    if (method !== "tools/call") return wrapped;
+    return (request, ctx) =>
+      isTaskAugmented(request)
+        ? this.startTask(request as unknown as CallToolRequest, ctx)
+        : wrapped(request, ctx);
+  }
+}
+
+function isTaskAugmented(request: JSONRPCRequest): boolean {
+  const task = (request.params as { task?: unknown } | undefined)?.task;
+  return typeof task === "object" && task !== null;
+}
+
+/**
  * The task methods over the mesh's call store: a task is a mesh call, named by its call id and
  * visible only to its tenant (another tenant is answered as for a task that does not exist).
  * 2025-11-25 clients keep `tasks/list` and the blocking `tasks/result`; the 2026-07-28 extension
@@ -124,9 +158,13 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
   const notFound = (id: string): ProtocolError =>
     new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
   server.setRequestHandler("tasks/get", { params: TaskIdParams }, async (params, ctx) => {
-    const task = await mesh.task(scopeOf(ctx).principal.tenant, params.taskId);
+    const { tenant } = scopeOf(ctx).principal;
+    const task = await mesh.task(tenant, params.taskId);
     if (task === undefined) throw notFound(params.taskId);
-    return task;
+    if (era === "legacy" || task.status === "working") return task;
+    // The extension has no tasks/result: an ended task carries its tool result.
+    const result = await mesh.taskResult(tenant, params.taskId);
+    return result === undefined ? task : { ...task, result };
   });
   server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, async (params, ctx) => {
     const { tenant } = scopeOf(ctx).principal;
@@ -179,15 +217,24 @@ class MeshCalls {
     private readonly observe: CallObserver,
   ) {}
 
+  /** A task-augmented call: answered with its task once the mesh stored the call. */
+  async startTask(request: CallToolRequest, ctx: ServerContext): Promise<Result> {
+    const scope = scopeOf(ctx);
+    const meta = (request.params._meta ?? {}) as Record<string, unknown>;
+    const invalid = checkMeta(meta);
+    if (invalid !== undefined) return errorResult(invalid.toWire());
+    const { task } = await this.#created(scope, this.#submit(request, ctx, scope, meta, false));
+    // The 2026-07-28 extension marks the answer as a task; 2025-11-25 has `{ task }` alone.
+    return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
+  }
+
+  /** A synchronous call: answered with the call's result. */
   async call(request: CallToolRequest, ctx: ServerContext): Promise<CallToolResult> {
     const scope = scopeOf(ctx);
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
-    const task = (request.params as { task?: unknown }).task;
-    const handle = this.#submit(request, ctx, scope, meta, task === undefined);
-    if (task !== undefined)
-      return (await this.#created(scope, handle)) as unknown as CallToolResult;
+    const handle = this.#submit(request, ctx, scope, meta, true);
 
     const onAbort = (): void => {
       void handle.cancel().catch(() => undefined);
