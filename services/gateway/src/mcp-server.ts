@@ -169,10 +169,11 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
   server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, async (params, ctx) => {
     const { tenant } = scopeOf(ctx).principal;
     if ((await mesh.task(tenant, params.taskId)) === undefined) throw notFound(params.taskId);
-    await mesh.cancel(tenant, params.taskId);
+    const state = await mesh.cancel(tenant, params.taskId);
     const task = await mesh.task(tenant, params.taskId);
     if (task === undefined) throw notFound(params.taskId);
-    return task;
+    // The call ended by this request: cancelled, even before its record says so.
+    return state === "cancelled" ? { ...task, status: "cancelled" as const } : task;
   });
   if (era === "modern") {
     server.setRequestHandler("tasks/update", { params: TaskIdParams }, async (params, ctx) => {
