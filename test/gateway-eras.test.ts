@@ -1,4 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { execFile } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import type { CallToolResult } from "@modelcontextprotocol/client";
 import { z } from "zod";
@@ -17,6 +21,12 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 // The MCP SDK v2 client in each era → one gateway /mcp endpoint → resolver → executor.
 
 const MODERN = "2026-07-28";
+const PYTHON_CLIENT = join(
+  dirname(fileURLToPath(import.meta.url)),
+  "fixtures",
+  "gateway",
+  "python-client-modes.py",
+);
 let server: NatsServerHandle;
 let gateway: { url: string };
 const clients: Client[] = [];
@@ -312,5 +322,31 @@ describe("the 2026-07-28 edge", () => {
       body: "{}",
     });
     expect(foreignOrigin.status).toBe(403);
+  });
+});
+
+describe.each(["legacy", "auto", MODERN])("the Python MCP SDK's Client in mode %s", (mode) => {
+  it("lists, calls, gets typed errors and progress", async () => {
+    const { stdout } = await promisify(execFile)(
+      "python3",
+      [PYTHON_CLIENT, gateway.url, KEYS.acme, mode],
+      { timeout: 60_000 },
+    );
+    const out = JSON.parse(stdout) as {
+      version: string;
+      tools: string[];
+      echo: { isError: boolean; text: string };
+      missing: { code: string };
+      unknown: { code: string };
+      progress: { isError: boolean; events: number };
+    };
+    if (mode === "legacy") expect(out.version).not.toBe(MODERN);
+    else expect(out.version).toBe(MODERN);
+    expect(out.tools).toEqual(expect.arrayContaining(["echo", "slow", "strict"]));
+    expect(out.echo).toEqual({ isError: false, text: `python ${mode}` });
+    expect(out.missing.code).toBe("missing_arguments");
+    expect(out.unknown.code).toBe("unknown_tool");
+    expect(out.progress.isError).toBe(false);
+    expect(out.progress.events).toBeGreaterThan(0);
   });
 });
