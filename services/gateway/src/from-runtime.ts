@@ -1,5 +1,5 @@
 import { Kvm } from "@nats-io/kv";
-import { metrics } from "@opentelemetry/api";
+import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { StateStore } from "@toolmesh/catalog";
 import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
@@ -67,15 +67,7 @@ export async function startGatewayFromRuntime(
     for await (const entry of groupWatch) notify(entry.key);
   })().catch(() => undefined);
 
-  const meter = metrics.getMeter("toolmesh");
-  const callCounter = meter.createCounter("toolmesh.gateway.calls", {
-    unit: "{call}",
-    description: "Tool calls through the gateway, by tenant, tool and outcome (ok or error code)",
-  });
-  const callDuration = meter.createHistogram("toolmesh.gateway.call.duration", {
-    unit: "s",
-    description: "Duration of tool calls through the gateway, by tenant, tool and outcome",
-  });
+  const instruments = toolmeshMetrics();
 
   let draining = false;
   const server = createGatewayServer({
@@ -90,11 +82,8 @@ export async function startGatewayFromRuntime(
       if (!rt.connected()) return { ok: false, detail: "NATS connection down" };
       return { ok: true };
     },
-    observe: (tenant, tool, outcome, durationMs) => {
-      const attributes = { "toolmesh.tenant": tenant, "toolmesh.tool": tool, outcome };
-      callCounter.add(1, attributes);
-      callDuration.record(durationMs / 1_000, attributes);
-    },
+    observe: (tenant, tool, outcome, durationMs) =>
+      instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
     onAnyToolsChanged: (listener) => {
       anyListeners.add(listener);
       return () => anyListeners.delete(listener);

@@ -283,12 +283,13 @@ class GatewayEdge implements GatewayServer {
       aborted.abort();
       admitted.release();
     });
+    // What the SDK reads of a request: its media types and the MCP headers (the body is parsed).
     const headers = new Headers();
     for (const [name, value] of Object.entries(req.headers)) {
-      if (typeof value === "string") headers.set(name, value);
-      else if (Array.isArray(value)) headers.set(name, value.join(", "));
+      if (typeof value !== "string") continue;
+      if (name.startsWith("mcp-") || name === "accept" || name === "content-type")
+        headers.set(name, value);
     }
-    headers.delete("content-length");
     const url = `http://${req.headers.host ?? "gateway"}${req.url ?? "/mcp"}`;
     const request = new Request(url, { method: "POST", headers, signal: aborted.signal });
     await this.#traced(req, body, "mcp POST", admitted.scope.principal.tenant, async () => {

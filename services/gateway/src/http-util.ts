@@ -159,6 +159,11 @@ export async function writeWebResponse(response: Response, res: ServerResponse):
     res.end();
     return;
   }
+  if (!response.headers.get("content-type")?.startsWith("text/event-stream")) {
+    // One JSON body: read at once, cheaper than iterating a web stream.
+    res.end(Buffer.from(await response.arrayBuffer()));
+    return;
+  }
   res.flushHeaders();
   try {
     // Leaving the loop cancels the stream (the client went away).
