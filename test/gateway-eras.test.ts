@@ -197,6 +197,18 @@ describe.each<Era>(["legacy", MODERN])("the gateway to a %s client", (era) => {
     const unknown = await other
       .request({ method: "tasks/cancel", params: { taskId: `${taskId}x` } }, TaskShape)
       .catch((err: unknown) => err as Error);
+    // The same tenant's other credential is another principal: the task does not exist for it.
+    const colleague = await client(era, KEYS.acmeWriter);
+    const colleagues = await colleague
+      .request({ method: "tasks/get", params: { taskId } }, TaskShape)
+      .catch((err: unknown) => err as Error);
+    const colleaguesUnknown = await colleague
+      .request({ method: "tasks/get", params: { taskId: `${taskId}x` } }, TaskShape)
+      .catch((err: unknown) => err as Error);
+    expect(colleagues).toBeInstanceOf(Error);
+    expect((colleagues as Error).message).toBe(
+      (colleaguesUnknown as Error).message.replace(`${taskId}x`, taskId),
+    );
     expect(foreign).toBeInstanceOf(Error);
     expect((foreign as Error).message).toBe(
       (unknown as Error).message.replace(`${taskId}x`, taskId),

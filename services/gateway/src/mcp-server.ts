@@ -157,28 +157,33 @@ function isTaskAugmented(request: JSONRPCRequest): boolean {
 function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
   const notFound = (id: string): ProtocolError =>
     new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
+  /** The task, if the caller's principal may see it (another principal's is not found). */
+  const visible = async (ctx: ServerContext, taskId: string): Promise<Task> => {
+    const { tenant, credential } = scopeOf(ctx).principal;
+    const task = mesh.boundTo(tenant, credential, taskId)
+      ? await mesh.task(tenant, taskId)
+      : undefined;
+    if (task === undefined) throw notFound(taskId);
+    return task;
+  };
   server.setRequestHandler("tasks/get", { params: TaskIdParams }, async (params, ctx) => {
-    const { tenant } = scopeOf(ctx).principal;
-    const task = await mesh.task(tenant, params.taskId);
-    if (task === undefined) throw notFound(params.taskId);
+    const task = await visible(ctx, params.taskId);
     if (era === "legacy" || task.status === "working") return task;
     // The extension has no tasks/result: an ended task carries its tool result.
-    const result = await mesh.taskResult(tenant, params.taskId);
+    const result = await mesh.taskResult(scopeOf(ctx).principal.tenant, params.taskId);
     return result === undefined ? task : { ...task, result };
   });
   server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, async (params, ctx) => {
+    await visible(ctx, params.taskId);
     const { tenant } = scopeOf(ctx).principal;
-    if ((await mesh.task(tenant, params.taskId)) === undefined) throw notFound(params.taskId);
     const state = await mesh.cancel(tenant, params.taskId);
-    const task = await mesh.task(tenant, params.taskId);
-    if (task === undefined) throw notFound(params.taskId);
+    const task = await visible(ctx, params.taskId);
     // The call ended by this request: cancelled, even before its record says so.
     return state === "cancelled" ? { ...task, status: "cancelled" as const } : task;
   });
   if (era === "modern") {
     server.setRequestHandler("tasks/update", { params: TaskIdParams }, async (params, ctx) => {
-      const task = await mesh.task(scopeOf(ctx).principal.tenant, params.taskId);
-      if (task === undefined) throw notFound(params.taskId);
+      const task = await visible(ctx, params.taskId);
       // A call waiting for a person shows `input_required`; its answer is resumed here once the
       // mesh can pause a call for input. Until then no task awaits input.
       throw new ProtocolError(
@@ -191,8 +196,7 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
   server.setRequestHandler("tasks/result", { params: TaskIdParams }, async (params, ctx) => {
     const { tenant } = scopeOf(ctx).principal;
     for (let delay = 50; ; delay = Math.min(delay * 2, TASK_POLL_INTERVAL_MS)) {
-      const task = await mesh.task(tenant, params.taskId);
-      if (task === undefined) throw notFound(params.taskId);
+      const task = await visible(ctx, params.taskId);
       if (task.status !== "working" && task.status !== "input_required") {
         const result = await mesh.taskResult(tenant, params.taskId);
         if (result === undefined) throw notFound(params.taskId);
@@ -204,7 +208,10 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
   });
   server.setRequestHandler("tasks/list", { params: CursorParams }, async (params, ctx) => {
     try {
-      return await mesh.listTasks(scopeOf(ctx).principal.tenant, params?.cursor);
+      const { tenant, credential } = scopeOf(ctx).principal;
+      const page = await mesh.listTasks(tenant, params?.cursor);
+      const tasks = page.tasks.filter((t) => mesh.boundTo(tenant, credential, t.taskId));
+      return { ...page, tasks };
     } catch (err) {
       throw asProtocolError(err);
     }
@@ -267,6 +274,7 @@ class MeshCalls {
     const key = meta[META_IDEMPOTENCY_KEY];
     const timeoutMs = meta[META_TIMEOUT_MS] as number | undefined;
     const id = this.mesh.callId(tenant, {
+      credential: scope.principal.credential,
       ...(typeof key === "string" ? { idempotencyKey: key } : {}),
       ...(sync && scope.mcpSession !== undefined
         ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
