@@ -280,6 +280,8 @@ export class MeshView {
   #toTask(id: string, found: { record: CallRecord; createdAt: Date; updatedAt: Date }): Task {
     const { record } = found;
     const result: ToolMessage | undefined = record.result;
+    // A call waiting for a person (a paused mesh call) is to show `input_required` here, its
+    // answer taken by `tasks/update` (mcp-server.ts); no mesh call pauses for input yet.
     let status: Task["status"] = "working";
     let statusMessage: string | undefined;
     if (record.state === "done" && result !== undefined) {
