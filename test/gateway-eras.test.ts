@@ -362,3 +362,30 @@ describe.each(["legacy", "auto", MODERN])("the Python MCP SDK's Client in mode %
     expect(out.progress.events).toBeGreaterThan(0);
   });
 });
+
+describe.each<Era>(["legacy", MODERN])("a %s task across a NATS restart", (era) => {
+  it("is still answered, and completes, after nats-server restarts", async () => {
+    const c = await client(era);
+    const args = { ms: 1_500, value: `nats-${era}` };
+    const created =
+      era === "legacy"
+        ? await c.request(
+            { method: "tools/call", params: { name: "slow", arguments: args, task: {} } },
+            CreateTask,
+          )
+        : await modernTaskCall(KEYS.acme, args);
+    const { taskId } = created.task;
+    await server.restart();
+    await expect
+      .poll(
+        async () =>
+          (
+            await c
+              .request({ method: "tasks/get", params: { taskId } }, TaskShape)
+              .catch(() => ({ status: "unreachable" }))
+          ).status,
+        { timeout: 45_000, interval: 250 },
+      )
+      .toBe("completed");
+  }, 60_000);
+});
