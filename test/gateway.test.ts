@@ -305,6 +305,30 @@ describe("tools/list", () => {
     const { tools } = await c.listTools();
     expect(tools.map((t) => t.name)).toContain("brand_new");
   });
+
+  it("tells a 2026-07-28 client listening with subscriptions/listen", async () => {
+    const c = await mcpClient(gateway.url, KEYS.acme, {}, "2026-07-28");
+    clients.push(c);
+    const changed = new Promise<void>((resolve) =>
+      c.setNotificationHandler("notifications/tools/list_changed", () => resolve()),
+    );
+    // Resolves once the gateway acknowledged the subscription.
+    const subscription = await c.listen({ toolsListChanged: true });
+    const registry = await ToolRegistry.open(nc, { subjects: createSubjects(), log: silentLog });
+    await registry.register({
+      name: "brand_new_modern",
+      description: "A tool registered while a 2026-07-28 client listens.",
+      parameters: { type: "object", properties: {} },
+      summary: "A tool registered while a 2026-07-28 client listens.",
+      kind: "builtin",
+      owner: "gateway-test",
+    });
+    await changed;
+    registry.close();
+    await subscription.close();
+    const { tools } = await c.listTools();
+    expect(tools.map((t) => t.name)).toContain("brand_new_modern");
+  });
 });
 
 describe("tools/call", () => {

@@ -53,9 +53,7 @@ export async function startGatewayFromRuntime(
 
   // Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant.
   const listeners = new Map<string, Set<() => void>>();
-  const anyListeners = new Set<() => void>();
   const notify = (tenant?: string): void => {
-    for (const listener of anyListeners) listener();
     for (const [t, set] of listeners) {
       if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
       for (const listener of set) listener();
@@ -84,10 +82,6 @@ export async function startGatewayFromRuntime(
     },
     observe: (tenant, tool, outcome, durationMs) =>
       instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
-    onAnyToolsChanged: (listener) => {
-      anyListeners.add(listener);
-      return () => anyListeners.delete(listener);
-    },
     onToolsChanged: (tenant, listener) => {
       let set = listeners.get(tenant);
       if (set === undefined) {

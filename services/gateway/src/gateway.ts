@@ -44,8 +44,6 @@ export interface GatewayServerOptions {
   observe: CallObserver;
   /** Subscribes to changes of the tenant's tool list; returns the unsubscribe function. */
   onToolsChanged: (tenant: string, listener: () => void) => () => void;
-  /** Subscribes to changes of any tenant's tool list; returns the unsubscribe function. */
-  onAnyToolsChanged?: (listener: () => void) => () => void;
 }
 
 /** The gateway's HTTP server, not yet listening. */
@@ -89,9 +87,9 @@ class GatewayEdge implements GatewayServer {
   readonly #limits: CredentialLimits;
   readonly #legacy: Server;
   readonly #transport = new ExchangeTransport();
-  readonly #modern: McpHttpHandler;
+  /** The SDK's 2026-07-28 handler of each tenant seen: its `subscriptions/listen` streams. */
+  readonly #modern = new Map<string, { handler: McpHttpHandler; stop: () => void }>();
   readonly #streams = new Set<ServerResponse>();
-  readonly #stopNotify: () => void;
   #inFlight = 0;
 
   constructor(options: GatewayServerOptions) {
@@ -105,13 +103,6 @@ class GatewayEdge implements GatewayServer {
     this.#legacy = createMcpServer(mesh, version, observe, "legacy");
     // Connecting an in-process transport completes at once; requests wait for nothing.
     void this.#legacy.connect(this.#transport);
-    this.#modern = createMcpHandler(() => createMcpServer(mesh, version, observe, "modern"), {
-      legacy: "reject",
-      maxRequestBodySize: config.maxBodyBytes,
-      onerror: (err) => options.log.debug({ err }, "2026-07-28 request refused"),
-    });
-    this.#stopNotify =
-      options.onAnyToolsChanged?.(() => this.#modern.notify.toolsChanged()) ?? (() => undefined);
     this.http = createServer((req, res) => {
       void this.#route(req, res).catch((err: unknown) => {
         options.log.error({ err }, "gateway request failed");
@@ -139,8 +130,10 @@ class GatewayEdge implements GatewayServer {
   async close(): Promise<void> {
     const closing = new Promise<void>((resolve) => this.http.close(() => resolve()));
     for (const res of this.#streams) res.end();
-    this.#stopNotify();
-    await this.#modern.close();
+    for (const { handler, stop } of this.#modern.values()) {
+      stop();
+      await handler.close();
+    }
     await this.#legacy.close();
     this.http.closeAllConnections();
     await closing;
@@ -293,13 +286,31 @@ class GatewayEdge implements GatewayServer {
     const url = `http://${req.headers.host ?? "gateway"}${req.url ?? "/mcp"}`;
     const request = new Request(url, { method: "POST", headers, signal: aborted.signal });
     await this.#traced(req, body, "mcp POST", admitted.scope.principal.tenant, async () => {
-      const response = await this.#modern.fetch(request, {
+      const response = await this.#modernFor(admitted.scope.principal.tenant).fetch(request, {
         parsedBody: body,
         authInfo: requestAuthInfo(admitted.scope),
       });
       await writeWebResponse(response, res);
     });
     admitted.release();
+  }
+
+  /**
+   * The 2026-07-28 handler of a tenant, made at its first modern request: its event bus carries
+   * that tenant's tool-list changes to its `subscriptions/listen` streams, and no other tenant's.
+   */
+  #modernFor(tenant: string): McpHttpHandler {
+    const known = this.#modern.get(tenant);
+    if (known !== undefined) return known.handler;
+    const { config, mesh, version, observe, log } = this.#o;
+    const handler = createMcpHandler(() => createMcpServer(mesh, version, observe, "modern"), {
+      legacy: "reject",
+      maxRequestBodySize: config.maxBodyBytes,
+      onerror: (err) => log.debug({ err }, "2026-07-28 request refused"),
+    });
+    const stop = this.#o.onToolsChanged(tenant, () => handler.notify.toolsChanged());
+    this.#modern.set(tenant, { handler, stop });
+    return handler;
   }
 
   /** 2025-era messages: handed to the process's legacy server, answered by one exchange. */
