@@ -51,18 +51,11 @@ export async function startGatewayFromRuntime(
     retentionMs: rt.config.callRetentionMs,
   });
 
-  // Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant.
-  const listeners = new Map<string, Set<() => void>>();
-  const notify = (tenant?: string): void => {
-    for (const [t, set] of listeners) {
-      if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
-      for (const listener of set) listener();
-    }
-  };
-  const stopRegistry = registry.onChange(() => notify());
+  const listeners = new ToolListListeners();
+  const stopRegistry = registry.onChange(() => listeners.notify());
   const groupWatch = await store.groups.watch({ include: "updates" });
   void (async () => {
-    for await (const entry of groupWatch) notify(entry.key);
+    for await (const entry of groupWatch) listeners.notify(entry.key);
   })().catch(() => undefined);
 
   const instruments = toolmeshMetrics();
@@ -82,19 +75,7 @@ export async function startGatewayFromRuntime(
     },
     observe: (tenant, tool, outcome, durationMs) =>
       instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
-    onToolsChanged: (tenant, listener) => {
-      let set = listeners.get(tenant);
-      if (set === undefined) {
-        set = new Set();
-        listeners.set(tenant, set);
-      }
-      set.add(listener);
-      const added = set;
-      return () => {
-        added.delete(listener);
-        if (added.size === 0) listeners.delete(tenant);
-      };
-    },
+    onToolsChanged: (tenant, listener) => listeners.add(tenant, listener),
   });
   const port = await server.listen();
   rt.readiness.set("gateway", () =>
@@ -123,4 +104,32 @@ export async function startGatewayFromRuntime(
       await server.close();
     },
   };
+}
+
+/** Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant. */
+class ToolListListeners {
+  readonly #byTenant = new Map<string, Set<() => void>>();
+
+  /** Tells the listeners of `tenant` (a groups key: its token), or everyone's. */
+  notify(tenant?: string): void {
+    for (const [t, set] of this.#byTenant) {
+      if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
+      for (const listener of set) listener();
+    }
+  }
+
+  /** Adds a listener of `tenant`; returns the function that removes it. */
+  add(tenant: string, listener: () => void): () => void {
+    let set = this.#byTenant.get(tenant);
+    if (set === undefined) {
+      set = new Set();
+      this.#byTenant.set(tenant, set);
+    }
+    set.add(listener);
+    const added = set;
+    return () => {
+      added.delete(listener);
+      if (added.size === 0) this.#byTenant.delete(tenant);
+    };
+  }
 }
