@@ -3,8 +3,9 @@
 // falls on all of them alike. Per slice and system: sequential calls (their latencies merged into
 // one histogram per system), then a fixed number of calls at 32 in flight whose wall time and CPU
 // (every process of the system, counted over those calls only) are summed per system.
-// Each gateway is driven twice: by TypeScript MCP SDK clients (`M+gateway`, what agent frameworks
-// use) and by a minimal JSON-RPC client over kept-alive HTTP (`M+gateway-http`), whose own cost is
+// Each gateway is driven twice in each MCP era (2025-11-25 sessions, and 2026-07-28 as `-2026`):
+// by TypeScript MCP SDK v2 clients (`M+gateway`, what agent frameworks use) and by a minimal
+// JSON-RPC client over kept-alive HTTP (`M+gateway-http`), whose own cost is
 // small, so the gateway's price shows apart from the SDK client's. The driver's CPU is the load
 // client's.
 // Usage: node bench/gateway-cost.mjs [--compare-root DIR]  (`npm run build` first)
@@ -30,6 +31,13 @@ const systems = [
   ["M", mesh, mesh.call],
   ["M+gateway", gateway, gateway.call],
   ["M+gateway-http", gateway, gateway.callHttp],
+  // The same gateway in MCP 2026-07-28 (no initialize, the envelope in every request's _meta).
+  ...(gateway.modern()
+    ? [
+        ["M+gateway-2026", gateway, gateway.callModern],
+        ["M+gateway-http-2026", gateway, gateway.callHttpModern],
+      ]
+    : []),
   ...(before
     ? [
         ["M+gateway-before", before, before.call],

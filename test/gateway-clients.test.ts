@@ -7,9 +7,9 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
-import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import type { Client } from "@modelcontextprotocol/client";
 import { createSubjects } from "@toolmesh/protocol";
-import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { CallToolResult, Tool } from "@modelcontextprotocol/client";
 import {
   KEYS,
   gatewayAgents,
@@ -246,9 +246,12 @@ describe("a bridged MCP server's tool through the gateway", () => {
     const result = await c.callTool({ name: "t.echo", arguments: { text: "round trip" } });
     expect(text(result)).toBe("round trip");
     const progress: number[] = [];
-    const counted = await c.callTool({ name: "t.count", arguments: { steps: 3 } }, undefined, {
-      onprogress: (p) => progress.push(p.progress),
-    });
+    const counted = await c.callTool(
+      { name: "t.count", arguments: { steps: 3 } },
+      {
+        onprogress: (p) => progress.push(p.progress),
+      },
+    );
     expect(text(counted)).toBe("counted to 3");
     expect(progress).toEqual([1, 2, 3]);
   });
@@ -320,9 +323,12 @@ describe("edges", () => {
       const c = await mcpClient(limited.url, KEYS.acmeWriter);
       let running!: () => void;
       const started = new Promise<void>((resolve) => (running = resolve));
-      const slow = c.callTool({ name: "slow", arguments: { ms: 1_500 } }, undefined, {
-        onprogress: () => running(),
-      });
+      const slow = c.callTool(
+        { name: "slow", arguments: { ms: 1_500 } },
+        {
+          onprogress: () => running(),
+        },
+      );
       await started;
       // One request in flight blocks a second of the same credential.
       const busy = await ping(KEYS.acmeWriter);

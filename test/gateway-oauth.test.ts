@@ -4,7 +4,6 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 import type { CryptoKey, JWK } from "jose";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { gatewayAgents, gatewayTools, mcpClient, startGateway } from "./helpers/gateway.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
@@ -111,10 +110,10 @@ describe("JWT bearer tokens", () => {
     const names = (await c.listTools()).tools.map((t) => t.name);
     expect(names).toContain("echo");
     expect(names).not.toContain("optimize_structure");
-    const result = (await c.callTool({
+    const result = await c.callTool({
       name: "echo",
       arguments: { text: "signed" },
-    })) as CallToolResult;
+    });
     expect((result.content[0] as { text: string }).text).toBe("signed");
     await c.close();
   });

@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import type { CallToolResult, Task } from "@modelcontextprotocol/sdk/types.js";
-import { CallToolResultSchema, CreateTaskResultSchema } from "@modelcontextprotocol/sdk/types.js";
+import type { CallToolResult, Client } from "@modelcontextprotocol/client";
+import { z } from "zod";
 import { META_IDEMPOTENCY_KEY } from "@toolmesh/gateway";
 import {
   KEYS,
@@ -41,6 +40,43 @@ async function client(key: string = KEYS.acme): Promise<Client> {
 const text = (result: unknown): string =>
   ((result as CallToolResult).content[0] as { text: string }).text;
 
+const TaskSchema = z
+  .object({
+    taskId: z.string(),
+    status: z.enum(["working", "input_required", "completed", "failed", "cancelled"]),
+    ttl: z.number().nullable(),
+    pollInterval: z.number().optional(),
+  })
+  .loose();
+type Task = z.infer<typeof TaskSchema>;
+const CreateTaskResultSchema = z.object({ task: TaskSchema }).loose();
+const ToolResultSchema = z
+  .object({
+    content: z.array(z.object({ type: z.string() }).loose()),
+    isError: z.boolean().optional(),
+    structuredContent: z.record(z.string(), z.unknown()).optional(),
+  })
+  .loose();
+
+/** The 2025-11-25 task methods (the SDK v2 client has no task runtime: they go on the wire). */
+function tasksOf(c: Client) {
+  return {
+    get: (taskId: string) => c.request({ method: "tasks/get", params: { taskId } }, TaskSchema),
+    cancel: (taskId: string) =>
+      c.request({ method: "tasks/cancel", params: { taskId } }, TaskSchema),
+    result: async (taskId: string) =>
+      (await c.request(
+        { method: "tasks/result", params: { taskId } },
+        ToolResultSchema,
+      )) as CallToolResult,
+    list: () =>
+      c.request(
+        { method: "tasks/list", params: {} },
+        z.object({ tasks: z.array(TaskSchema) }).loose(),
+      ),
+  };
+}
+
 async function createTask(c: Client, name: string, args: Record<string, unknown>): Promise<Task> {
   const created = await c.request(
     { method: "tools/call", params: { name, arguments: args, task: { ttl: 60_000 } } },
@@ -58,7 +94,7 @@ async function waitForTask(
 ): Promise<Task> {
   const until = Date.now() + timeoutMs;
   for (;;) {
-    const task = await c.experimental.tasks.getTask(taskId);
+    const task = await tasksOf(c).get(taskId);
     if (task.status === status) return task;
     if (Date.now() > until) throw new Error(`task ${taskId} is ${task.status}, not ${status}`);
     await new Promise((resolve) => setTimeout(resolve, task.pollInterval ?? 200));
@@ -175,9 +211,9 @@ describe("tasks", () => {
     }
     const done = await waitForTask(c, task.taskId, "completed");
     expect(done.taskId).toBe(task.taskId);
-    const result = await c.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema);
+    const result = await tasksOf(c).result(task.taskId);
     expect(JSON.parse(text(result))).toMatchObject({ count: 1 });
-    const listed = await c.experimental.tasks.listTasks();
+    const listed = await tasksOf(c).list();
     expect(listed.tasks.map((t) => t.taskId)).toContain(task.taskId);
   });
 
@@ -187,10 +223,10 @@ describe("tasks", () => {
     const task = await createTask(c, "tally", { ms: 3_000 });
     await tallyStarted(before + 1);
     await executor.kill();
-    expect((await c.experimental.tasks.getTask(task.taskId)).status).toBe("working");
+    expect((await tasksOf(c).get(task.taskId)).status).toBe("working");
     executor = await startService("executor", env, 60_000);
     await waitForTask(c, task.taskId, "completed", 40_000);
-    const result = await c.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema);
+    const result = await tasksOf(c).result(task.taskId);
     expect(result.isError).toBeFalsy();
   }, 60_000);
 
@@ -199,22 +235,77 @@ describe("tasks", () => {
     const before = await tallyTotal();
     const task = await createTask(c, "tally", { ms: 30_000 });
     await tallyStarted(before + 1);
-    const cancelled = await c.experimental.tasks.cancelTask(task.taskId);
+    const cancelled = await tasksOf(c).cancel(task.taskId);
     expect(cancelled.status).toBe("cancelled");
-    expect((await c.experimental.tasks.getTask(task.taskId)).status).toBe("cancelled");
-    const result = await c.experimental.tasks.getTaskResult(task.taskId, CallToolResultSchema);
+    expect((await tasksOf(c).get(task.taskId)).status).toBe("cancelled");
+    const result = await tasksOf(c).result(task.taskId);
     expect(result.isError).toBe(true);
-    expect(result.structuredContent?.code).toBe("cancelled");
+    expect(result.structuredContent).toMatchObject({ code: "cancelled" });
+  });
+
+  it("answers a 2026-07-28 task on any replica across a restart of every replica", async () => {
+    const c = await mcpClient(proxy.url, KEYS.acme, {}, "2026-07-28");
+    clients.push(c);
+    const response = await fetch(proxy.url, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${KEYS.acme}`,
+        accept: "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/call",
+        "mcp-name": "tally",
+      },
+      body: JSON.stringify({
+        jsonrpc: "2.0",
+        id: 1,
+        method: "tools/call",
+        params: {
+          name: "tally",
+          arguments: { ms: 1_500 },
+          task: {},
+          _meta: {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
+            "io.modelcontextprotocol/clientCapabilities": {
+              extensions: { "io.modelcontextprotocol/tasks": {} },
+            },
+          },
+        },
+      }),
+    });
+    const created = CreateTaskResultSchema.parse(
+      ((await response.json()) as { result: unknown }).result,
+    );
+    for (let i = 0; i < replicas.length; i++) {
+      await replicas[i]?.process.stop();
+      await restartReplica(i);
+    }
+    const done = await waitForTask(c, created.task.taskId, "completed");
+    const result = ToolResultSchema.parse((done as { result?: unknown }).result);
+    expect(JSON.parse(text(result))).toMatchObject({ count: 1 });
+    const globex = await mcpClient(proxy.url, KEYS.globex, {}, "2026-07-28");
+    clients.push(globex);
+    const foreign = await tasksOf(globex)
+      .get(created.task.taskId)
+      .catch((e: unknown) => e as Error);
+    const missing = await tasksOf(globex)
+      .get("mcp-t-none")
+      .catch((e: unknown) => e as Error);
+    expect(foreign).toBeInstanceOf(Error);
+    expect((foreign as Error).message.replace(created.task.taskId, "ID")).toBe(
+      (missing as Error).message.replace("mcp-t-none", "ID"),
+    );
   });
 
   it("never shows one tenant's task to another", async () => {
     const acme = await client();
     const task = await createTask(acme, "echo", { text: "mine" });
     const globex = await client(KEYS.globex);
-    await expect(globex.experimental.tasks.getTask(task.taskId)).rejects.toThrow(/not found/i);
-    const listed = await globex.experimental.tasks.listTasks();
+    await expect(tasksOf(globex).get(task.taskId)).rejects.toThrow(/not found/i);
+    const listed = await tasksOf(globex).list();
     expect(listed.tasks.map((t) => t.taskId)).not.toContain(task.taskId);
-    await expect(globex.experimental.tasks.cancelTask(task.taskId)).rejects.toThrow();
+    await expect(tasksOf(globex).cancel(task.taskId)).rejects.toThrow();
   });
 
   it("gives a task that asks for an idempotency key the call that key names", async () => {
@@ -237,10 +328,7 @@ describe("tasks", () => {
     );
     expect(second.task.taskId).toBe(first.task.taskId);
     await waitForTask(c, first.task.taskId, "completed");
-    const result = await c.experimental.tasks.getTaskResult(
-      first.task.taskId,
-      CallToolResultSchema,
-    );
+    const result = await tasksOf(c).result(first.task.taskId);
     expect(JSON.parse(text(result))).toMatchObject({ count: 1 });
   });
 });

@@ -6,9 +6,9 @@ import { fileURLToPath } from "node:url";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
-import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import type { CallToolResult, Tool } from "@modelcontextprotocol/sdk/types.js";
-import { ToolListChangedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
+import { z } from "zod";
+import type { Client } from "@modelcontextprotocol/client";
+import type { CallToolResult, Tool } from "@modelcontextprotocol/client";
 import { META_IDEMPOTENCY_KEY, META_TIMEOUT_MS } from "@toolmesh/gateway";
 import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
@@ -267,18 +267,18 @@ describe("tools/list", () => {
       body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "tools/list" }),
     });
     expect(asWriter.status).toBe(403);
-    const refused = (await globex.callTool({
+    const refused = await globex.callTool({
       name: "echo",
       arguments: { text: "x" },
-    })) as CallToolResult;
+    });
     expect(refused.isError).toBe(true);
-    expect(refused.structuredContent?.code).toBe("permission_denied");
+    expect(refused.structuredContent).toMatchObject({ code: "permission_denied" });
     const writer = await client(KEYS.acmeWriter);
-    const other = (await writer.callTool({
+    const other = await writer.callTool({
       name: "optimize_structure",
       arguments: { input_structure: "a", model_path: "m" },
-    })) as CallToolResult;
-    expect(other.structuredContent?.code).toBe("permission_denied");
+    });
+    expect(other.structuredContent).toMatchObject({ code: "permission_denied" });
   });
 
   it("tells an open stream when the tool list changes", async () => {
@@ -287,7 +287,7 @@ describe("tools/list", () => {
     const before = streams();
     const c = await client(KEYS.acme);
     const changed = new Promise<void>((resolve) =>
-      c.setNotificationHandler(ToolListChangedNotificationSchema, () => resolve()),
+      c.setNotificationHandler("notifications/tools/list_changed", () => resolve()),
     );
     // The client opens its GET stream after initializing; register once it is there.
     await gateway.process.waitForLog(() => streams() > before);
@@ -305,25 +305,49 @@ describe("tools/list", () => {
     const { tools } = await c.listTools();
     expect(tools.map((t) => t.name)).toContain("brand_new");
   });
+
+  it("tells a 2026-07-28 client listening with subscriptions/listen", async () => {
+    const c = await mcpClient(gateway.url, KEYS.acme, {}, "2026-07-28");
+    clients.push(c);
+    const changed = new Promise<void>((resolve) =>
+      c.setNotificationHandler("notifications/tools/list_changed", () => resolve()),
+    );
+    // Resolves once the gateway acknowledged the subscription.
+    const subscription = await c.listen({ toolsListChanged: true });
+    const registry = await ToolRegistry.open(nc, { subjects: createSubjects(), log: silentLog });
+    await registry.register({
+      name: "brand_new_modern",
+      description: "A tool registered while a 2026-07-28 client listens.",
+      parameters: { type: "object", properties: {} },
+      summary: "A tool registered while a 2026-07-28 client listens.",
+      kind: "builtin",
+      owner: "gateway-test",
+    });
+    await changed;
+    registry.close();
+    await subscription.close();
+    const { tools } = await c.listTools();
+    expect(tools.map((t) => t.name)).toContain("brand_new_modern");
+  });
 });
 
 describe("tools/call", () => {
   it("calls a tool through the mesh", async () => {
     const c = await client(KEYS.acme);
-    const result = (await c.callTool({
+    const result = await c.callTool({
       name: "echo",
       arguments: { text: "hello", upper: true },
-    })) as CallToolResult;
+    });
     expect(result.isError).toBeFalsy();
     expect(text(result)).toBe("HELLO");
   });
 
   it("answers missing arguments with what is missing and the full schema", async () => {
     const c = await client(KEYS.acme);
-    const result = (await c.callTool({
+    const result = await c.callTool({
       name: "strict",
       arguments: { name: "n" },
-    })) as CallToolResult;
+    });
     expect(result.isError).toBe(true);
     const sc = result.structuredContent as {
       code: string;
@@ -340,25 +364,27 @@ describe("tools/call", () => {
 
   it("answers a typed error as an isError result with code, message, retryable, details", async () => {
     const c = await client(KEYS.acme);
-    const unknown = (await c.callTool({ name: "ecko", arguments: {} })) as CallToolResult;
+    const unknown = await c.callTool({ name: "ecko", arguments: {} });
     expect(unknown.isError).toBe(true);
     expect(unknown.structuredContent).toMatchObject({ code: "unknown_tool", retryable: false });
-    expect(JSON.stringify(unknown.structuredContent?.details)).toContain("echo");
-    const invalid = (await c.callTool({
+    expect(JSON.stringify((unknown.structuredContent as { details?: unknown }).details)).toContain(
+      "echo",
+    );
+    const invalid = await c.callTool({
       name: "strict",
       arguments: { name: "n", count: -1 },
-    })) as CallToolResult;
-    expect(invalid.structuredContent?.code).toBe("invalid_parameters");
+    });
+    expect(invalid.structuredContent).toMatchObject({ code: "invalid_parameters" });
   });
 
   it("takes the deadline from _meta", async () => {
     const c = await client(KEYS.acme);
-    const result = (await c.callTool({
+    const result = await c.callTool({
       name: "slow",
       arguments: { ms: 10_000 },
       _meta: { [META_TIMEOUT_MS]: 400 },
-    })) as CallToolResult;
-    expect(result.structuredContent?.code).toBe("deadline_exceeded");
+    });
+    expect(result.structuredContent).toMatchObject({ code: "deadline_exceeded" });
   });
 
   it("runs a call once per idempotency key, whichever request carries it", async () => {
@@ -369,7 +395,7 @@ describe("tools/call", () => {
         name: "ledger",
         arguments: { value: "once" },
         _meta: { [META_IDEMPOTENCY_KEY]: "order-17" },
-      }) as Promise<CallToolResult>;
+      });
     const first = JSON.parse(text(await call(a))) as { count: number; key: string };
     const second = JSON.parse(text(await call(b))) as { count: number; key: string };
     expect(first.count).toBe(1);
@@ -381,10 +407,9 @@ describe("tools/call", () => {
     const seen: { progress: number; total?: number }[] = [];
     const result = await c.callTool(
       { name: "optimize_structure", arguments: { input_structure: "a.cif", model_path: "m" } },
-      undefined,
       { onprogress: (p) => seen.push(p) },
     );
-    expect((result as CallToolResult).isError).toBeFalsy();
+    expect(result.isError).toBeFalsy();
     expect(seen.length).toBe(5);
     expect(seen.map((p) => p.progress)).toEqual([1, 2, 3, 4, 5]);
     expect(seen[0]?.total).toBe(5);
@@ -395,10 +420,13 @@ describe("tools/call", () => {
     const abort = new AbortController();
     const started = new Promise<void>((resolve) => {
       void c
-        .callTool({ name: "slow", arguments: { ms: 30_000, value: "to-cancel" } }, undefined, {
-          signal: abort.signal,
-          onprogress: () => resolve(),
-        })
+        .callTool(
+          { name: "slow", arguments: { ms: 30_000, value: "to-cancel" } },
+          {
+            signal: abort.signal,
+            onprogress: () => resolve(),
+          },
+        )
         .catch(() => undefined);
     });
     await started; // the tool runs (it emitted its first progress event)
@@ -430,7 +458,6 @@ describe("tools/call", () => {
             arguments: { ms: 30_000, value: "keyed" },
             _meta: { [META_IDEMPOTENCY_KEY]: key },
           },
-          undefined,
           { signal: abort.signal, onprogress: () => resolve() },
         )
         .catch(() => undefined);
@@ -438,12 +465,12 @@ describe("tools/call", () => {
     await started;
     abort.abort("stop");
     // The same key asks again: the answer is the call's final message, `cancelled`.
-    const again = (await c.callTool({
+    const again = await c.callTool({
       name: "slow",
       arguments: { ms: 30_000, value: "keyed" },
       _meta: { [META_IDEMPOTENCY_KEY]: key },
-    })) as CallToolResult;
-    expect(again.structuredContent?.code).toBe("cancelled");
+    });
+    expect(again.structuredContent).toMatchObject({ code: "cancelled" });
   });
 
   it("pages a catalog longer than one page", async () => {
@@ -462,13 +489,24 @@ describe("tools/call", () => {
     );
     registry.close();
     const c = await client(KEYS.acme);
-    const first = await c.listTools();
+    // Without a cursor the v2 client walks every page itself: ask for the first page alone.
+    const first = await c.request(
+      { method: "tools/list", params: {} },
+      z
+        .object({
+          tools: z.array(z.object({ name: z.string() }).loose()),
+          nextCursor: z.string().optional(),
+        })
+        .loose(),
+    );
     expect(first.tools).toHaveLength(64);
     expect(first.nextCursor).toBeDefined();
     const second = await c.listTools({ cursor: first.nextCursor });
     const all = [...first.tools, ...second.tools].map((t) => t.name);
     expect(all.filter((n) => n.startsWith("bulk_"))).toHaveLength(70);
     expect(new Set(all).size).toBe(all.length);
+    const aggregated = (await c.listTools()).tools.map((t) => t.name);
+    expect(aggregated.filter((n) => n.startsWith("bulk_"))).toHaveLength(70);
     await expect(c.listTools({ cursor: "bogus" })).rejects.toThrow(/cursor/);
   });
 });

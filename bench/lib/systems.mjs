@@ -19,8 +19,7 @@ import { fileURLToPath } from "node:url";
 import { TextEncoder } from "node:util";
 import { connect, headers } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { Client as McpClient, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import { ToolmeshClient } from "@toolmesh/client";
 import { startNatsServer } from "@toolmesh/nats-launcher";
 import { MESH_ACCOUNT, renderAccountConfig } from "@toolmesh/nats";
@@ -41,8 +40,10 @@ export function payloadOf(size) {
  * once, `notifications/initialized`, then each `tools/call` as a POST of one JSON-RPC request
  * with the session id and protocol version the server gave, accepting JSON and event streams.
  * The gateway answers a call without a progress token as plain JSON; anything else is an error.
+ * With `modern`, MCP 2026-07-28 instead: no `initialize`, each request carries the protocol
+ * version, client info and capabilities in `_meta` and its method and tool name in headers.
  */
-async function jsonRpcClient(url) {
+async function jsonRpcClient(url, modern = false) {
   const { hostname, port, pathname } = new URL(url);
   const agent = new Agent({ keepAlive: true, maxSockets: 64 });
   const base = {
@@ -82,29 +83,41 @@ async function jsonRpcClient(url) {
       req.on("error", reject);
       req.end(body);
     });
-  const init = await post({
-    jsonrpc: "2.0",
-    id: id++,
-    method: "initialize",
-    params: {
-      protocolVersion: "2025-11-25",
-      capabilities: {},
-      clientInfo: { name: "bench-http", version: "1" },
-    },
-  });
-  headers = {
-    ...base,
-    "mcp-session-id": init.res.headers["mcp-session-id"],
-    "mcp-protocol-version": init.reply.result.protocolVersion,
+  const envelope = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": { name: "bench-http", version: "1" },
+    "io.modelcontextprotocol/clientCapabilities": {},
   };
-  await post({ jsonrpc: "2.0", method: "notifications/initialized" });
+  if (modern)
+    headers = { ...base, "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call" };
+  const init = modern
+    ? undefined
+    : await post({
+        jsonrpc: "2.0",
+        id: id++,
+        method: "initialize",
+        params: {
+          protocolVersion: "2025-11-25",
+          capabilities: {},
+          clientInfo: { name: "bench-http", version: "1" },
+        },
+      });
+  if (!modern) {
+    headers = {
+      ...base,
+      "mcp-session-id": init.res.headers["mcp-session-id"],
+      "mcp-protocol-version": init.reply.result.protocolVersion,
+    };
+    await post({ jsonrpc: "2.0", method: "notifications/initialized" });
+  }
   return {
     async callTool(name, args) {
+      if (modern) headers = { ...headers, "mcp-name": name };
       const { reply } = await post({
         jsonrpc: "2.0",
         id: id++,
         method: "tools/call",
-        params: { name, arguments: args },
+        params: { name, arguments: args, ...(modern ? { _meta: envelope } : {}) },
       });
       if (reply.error !== undefined) throw new Error(`gateway call failed: ${reply.error.message}`);
       if (reply.result.isError)
@@ -419,7 +432,9 @@ export async function startMesh({
   // Through the gateway: MCP clients, as agent frameworks hold them (one per conversation), and
   // for `callHttp` a minimal JSON-RPC client over kept-alive HTTP connections.
   const mcpClients = [];
+  const modernClients = [];
   let httpClient;
+  let modernHttpClient;
   if (gatewayUrl !== undefined) {
     for (;;) {
       const res = await globalThis.fetch(gatewayUrl.replace(/mcp$/, "readyz")).catch(() => null);
@@ -427,14 +442,48 @@ export async function startMesh({
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
     httpClient = await jsonRpcClient(gatewayUrl);
+    // A gateway built before 2026-07-28 serving (--compare-root) has only the legacy clients.
+    const discovered = await globalThis
+      .fetch(gatewayUrl, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          accept: "application/json, text/event-stream",
+          "mcp-protocol-version": "2026-07-28",
+          "mcp-method": "server/discover",
+        },
+        body: JSON.stringify({
+          jsonrpc: "2.0",
+          id: 0,
+          method: "server/discover",
+          params: {
+            _meta: {
+              "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+              "io.modelcontextprotocol/clientInfo": { name: "bench", version: "1" },
+              "io.modelcontextprotocol/clientCapabilities": {},
+            },
+          },
+        }),
+      })
+      .then((res) => res.json())
+      .catch(() => ({}));
+    const modern = discovered.result?.supportedVersions?.includes("2026-07-28") === true;
+    if (modern) modernHttpClient = await jsonRpcClient(gatewayUrl, true);
     for (let i = 0; i < 16; i++) {
       const c = new McpClient({ name: "bench", version: "1" });
       await c.connect(new StreamableHTTPClientTransport(new URL(gatewayUrl)));
       mcpClients.push(c);
+      if (!modern) continue;
+      const m = new McpClient(
+        { name: "bench", version: "1" },
+        { versionNegotiation: { mode: { pin: "2026-07-28" } } },
+      );
+      await m.connect(new StreamableHTTPClientTransport(new URL(gatewayUrl)));
+      modernClients.push(m);
     }
   }
-  async function callThroughGateway(text) {
-    const c = mcpClients[next++ % mcpClients.length];
+  async function callThroughGateway(text, clients = mcpClients) {
+    const c = clients[next++ % clients.length];
     const result = await c.callTool({ name: "echo", arguments: { text } });
     if (result.isError) throw new Error(`gateway call failed: ${result.content[0]?.text}`);
   }
@@ -460,10 +509,23 @@ export async function startMesh({
     async callHttp(payload) {
       await httpClient.callTool("echo", { text: payload.text });
     },
+    /** Whether the gateway serves MCP 2026-07-28 (the two calls below). */
+    modern: () => modernClients.length > 0,
+    /** Through the gateway from SDK clients pinned to MCP 2026-07-28. */
+    async callModern(payload) {
+      await callThroughGateway(payload.text, modernClients);
+    },
+    /** Through the gateway from the minimal JSON-RPC client speaking MCP 2026-07-28. */
+    async callHttpModern(payload) {
+      await modernHttpClient.callTool("echo", { text: payload.text });
+    },
     submit,
     async stop() {
-      await Promise.all(mcpClients.map((c) => c.close().catch(() => undefined)));
+      await Promise.all(
+        [...mcpClients, ...modernClients].map((c) => c.close().catch(() => undefined)),
+      );
       httpClient?.close();
+      modernHttpClient?.close();
       for (const s of sessions) s.close();
       await nc.close();
       await Promise.all(Object.values(procs).map(stopProc));

@@ -2,8 +2,7 @@ import { copyFile, mkdir, mkdtemp, readFile, writeFile } from "node:fs/promises"
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import { keyDigest } from "@toolmesh/gateway";
 import { startService } from "./mesh.js";
 import type { ServiceProcess } from "./mesh.js";
@@ -118,13 +117,20 @@ export async function startGateway(
   return { process, url: `http://127.0.0.1:${port}/mcp`, port };
 }
 
-/** An MCP client of the TypeScript SDK connected to `url` with a bearer key. */
+/**
+ * An MCP client of the TypeScript SDK (v2) connected to `url` with a bearer key: a 2025-era
+ * session by default, or pinned to MCP 2026-07-28.
+ */
 export async function mcpClient(
   url: string,
   key: string | undefined,
   headers: Record<string, string> = {},
+  era: "legacy" | "2026-07-28" = "legacy",
 ): Promise<Client> {
-  const client = new Client({ name: "gateway-test", version: "1.0.0" });
+  const client = new Client(
+    { name: "gateway-test", version: "1.0.0" },
+    { versionNegotiation: { mode: era === "legacy" ? "legacy" : { pin: era } } },
+  );
   const transport = new StreamableHTTPClientTransport(new URL(url), {
     requestInit: {
       headers: { ...(key === undefined ? {} : { authorization: `Bearer ${key}` }), ...headers },

@@ -139,4 +139,14 @@ export const Defaults = {
   mcpDir: "tools/mcp",
   /** Dead letters one listing returns when it names no limit. */
   deadLetterListLimit: 100,
+  /** Port of the MCP gateway's `/mcp` (`TOOLMESH_GATEWAY_PORT`). */
+  gatewayPort: 8787,
+  /** Largest request body the gateway reads (`TOOLMESH_GATEWAY_MAX_BODY_BYTES`): 1 MiB. */
+  gatewayMaxBodyBytes: 1_048_576,
+  /** Requests one credential may have in flight on one gateway (`TOOLMESH_GATEWAY_MAX_CONCURRENT`). */
+  gatewayMaxConcurrent: 64,
+  /** Requests per second one credential may make on one gateway (`TOOLMESH_GATEWAY_RATE_PER_S`). */
+  gatewayRatePerS: 100,
+  /** Requests one credential may make at once above the rate (`TOOLMESH_GATEWAY_RATE_BURST`). */
+  gatewayRateBurst: 200,
 } as const;

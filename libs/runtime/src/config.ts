@@ -59,11 +59,45 @@ const privateAllowance = z.string().transform((text, ctx): true | string[] => {
   return entries;
 });
 
+const commaList = z.string().transform((text) =>
+  text
+    .split(",")
+    .map((part) => part.trim())
+    .filter((part) => part !== ""),
+);
+const httpUrl = z
+  .string()
+  .refine((text) => URL.canParse(text) && /^https?:$/.test(new URL(text).protocol), {
+    message: "must be an http(s) URL",
+  });
+
+/** The MCP gateway's variables (docs/gateway.md), part of {@link EnvSchema}. */
+export const GatewayEnvSchema = z.object({
+  TOOLMESH_GATEWAY_PORT: z.coerce.number().int().min(0).max(65_535).default(Defaults.gatewayPort),
+  TOOLMESH_GATEWAY_HOST: z.string().min(1).default("127.0.0.1"),
+  TOOLMESH_GATEWAY_KEYS_FILE: z.string().min(1).optional(),
+  TOOLMESH_GATEWAY_ANONYMOUS_TENANT: z.string().min(1).max(256).optional(),
+  TOOLMESH_GATEWAY_JWKS_URL: httpUrl.optional(),
+  TOOLMESH_GATEWAY_JWT_ISSUER: z.string().min(1).optional(),
+  TOOLMESH_GATEWAY_JWT_AUDIENCE: z.string().min(1).optional(),
+  TOOLMESH_GATEWAY_TENANT_CLAIM: z.string().min(1).default("tenant"),
+  TOOLMESH_GATEWAY_AGENTS_CLAIM: z.string().min(1).default("agents"),
+  TOOLMESH_GATEWAY_REQUIRED_SCOPES: commaList.optional(),
+  TOOLMESH_GATEWAY_AUTHORIZATION_SERVERS: commaList.optional(),
+  TOOLMESH_GATEWAY_RESOURCE_URL: httpUrl.optional(),
+  TOOLMESH_GATEWAY_MAX_BODY_BYTES: positiveInt.default(Defaults.gatewayMaxBodyBytes),
+  TOOLMESH_GATEWAY_ALLOWED_ORIGINS: commaList.optional(),
+  TOOLMESH_GATEWAY_MAX_CONCURRENT: positiveInt.default(Defaults.gatewayMaxConcurrent),
+  TOOLMESH_GATEWAY_RATE_PER_S: z.coerce.number().min(0).default(Defaults.gatewayRatePerS),
+  TOOLMESH_GATEWAY_RATE_BURST: positiveInt.default(Defaults.gatewayRateBurst),
+});
+
 /**
  * Every environment variable toolmesh reads, with its default. Parsed once, in the
  * entrypoint; nothing else reads the environment.
  */
 export const EnvSchema = z.object({
+  ...GatewayEnvSchema.shape,
   NATS_URL: z.string().min(1).default("nats://127.0.0.1:4222"),
   NATS_CREDS: z.string().min(1).optional(),
   NATS_NKEY: z.string().min(1).optional(),

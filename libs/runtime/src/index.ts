@@ -1,4 +1,4 @@
-export { ConfigError, EnvSchema, loadConfig } from "./config.js";
+export { ConfigError, EnvSchema, GatewayEnvSchema, loadConfig } from "./config.js";
 export type { RuntimeConfig } from "./config.js";
 export {
   StartupTimeoutError,

@@ -44,6 +44,8 @@ export const MetricName = {
   TenantRefused: "toolmesh.tenant.refused",
   TenantInFlight: "toolmesh.tenant.in_flight",
   TenantQueued: "toolmesh.tenant.queued",
+  GatewayCalls: "toolmesh.gateway.calls",
+  GatewayCallDuration: "toolmesh.gateway.call.duration",
 } as const;
 
 /** Attribute naming a tenant (its token); only tenants with a quota are labelled. */
@@ -99,6 +101,8 @@ export class ToolmeshMetrics {
   readonly #queues = new Set<() => Promise<QueueReading[]>>();
   readonly #servers = new Set<() => McpServerReading[]>();
   readonly #tenantRefused: Counter;
+  readonly #gatewayCalls: Counter;
+  readonly #gatewayDuration: Histogram;
   readonly #tenants = new Set<() => TenantReading[]>();
 
   constructor(provider: MeterProvider) {
@@ -168,6 +172,15 @@ export class ToolmeshMetrics {
       description: "MCP requests sent by the bridge, by server, mcp.method.name and error.type",
     });
 
+    this.#gatewayCalls = meter.createCounter(MetricName.GatewayCalls, {
+      unit: "{call}",
+      description: "Tool calls through the gateway, by tenant, tool and outcome (ok or error code)",
+      valueType: ValueType.INT,
+    });
+    this.#gatewayDuration = meter.createHistogram(MetricName.GatewayCallDuration, {
+      ...seconds,
+      description: "Duration of tool calls through the gateway, by tenant, tool and outcome",
+    });
     this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
       unit: "{call}",
       description:
@@ -302,6 +315,13 @@ export class ToolmeshMetrics {
       [ATTR_MCP_METHOD_NAME]: method,
       ...(code === undefined ? {} : { [ATTR_ERROR_TYPE]: code }),
     });
+  }
+
+  /** A tool call through the gateway ended with `outcome` (`ok` or an error code). */
+  gatewayCallEnded(tenant: string, tool: string, outcome: string, durationS: number): void {
+    const attributes = { [ATTR_TOOLMESH_TENANT]: tenant, "toolmesh.tool": tool, outcome };
+    this.#gatewayCalls.add(1, attributes);
+    this.#gatewayDuration.record(durationS, attributes);
   }
 
   /**

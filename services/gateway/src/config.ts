@@ -1,43 +1,12 @@
-import { z } from "zod";
+import { GatewayEnvSchema } from "@toolmesh/runtime";
 
 /** Why the gateway cannot start with the configuration it was given. */
 export class GatewayConfigError extends Error {
   override readonly name = "GatewayConfigError";
 }
 
-const positiveInt = z.coerce.number().int().positive();
-const commaList = z.string().transform((text) =>
-  text
-    .split(",")
-    .map((part) => part.trim())
-    .filter((part) => part !== ""),
-);
-const httpUrl = z
-  .string()
-  .refine((text) => URL.canParse(text) && /^https?:$/.test(new URL(text).protocol), {
-    message: "must be an http(s) URL",
-  });
-
-/** The environment variables of the gateway, with their defaults. */
-export const GatewayEnvSchema = z.object({
-  TOOLMESH_GATEWAY_PORT: z.coerce.number().int().min(0).max(65_535).default(8787),
-  TOOLMESH_GATEWAY_HOST: z.string().min(1).default("127.0.0.1"),
-  TOOLMESH_GATEWAY_KEYS_FILE: z.string().min(1).optional(),
-  TOOLMESH_GATEWAY_ANONYMOUS_TENANT: z.string().min(1).max(256).optional(),
-  TOOLMESH_GATEWAY_JWKS_URL: httpUrl.optional(),
-  TOOLMESH_GATEWAY_JWT_ISSUER: z.string().min(1).optional(),
-  TOOLMESH_GATEWAY_JWT_AUDIENCE: z.string().min(1).optional(),
-  TOOLMESH_GATEWAY_TENANT_CLAIM: z.string().min(1).default("tenant"),
-  TOOLMESH_GATEWAY_AGENTS_CLAIM: z.string().min(1).default("agents"),
-  TOOLMESH_GATEWAY_REQUIRED_SCOPES: commaList.optional(),
-  TOOLMESH_GATEWAY_AUTHORIZATION_SERVERS: commaList.optional(),
-  TOOLMESH_GATEWAY_RESOURCE_URL: httpUrl.optional(),
-  TOOLMESH_GATEWAY_MAX_BODY_BYTES: positiveInt.default(1_048_576),
-  TOOLMESH_GATEWAY_ALLOWED_ORIGINS: commaList.optional(),
-  TOOLMESH_GATEWAY_MAX_CONCURRENT: positiveInt.default(64),
-  TOOLMESH_GATEWAY_RATE_PER_S: z.coerce.number().min(0).default(100),
-  TOOLMESH_GATEWAY_RATE_BURST: positiveInt.default(200),
-});
+/** The environment variables of the gateway, with their defaults (the runtime's schema). */
+export { GatewayEnvSchema };
 
 /** JWT bearer tokens checked against a JWKS (the gateway as an OAuth 2.1 resource server). */
 export interface JwtSettings {

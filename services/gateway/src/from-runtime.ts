@@ -1,5 +1,5 @@
 import { Kvm } from "@nats-io/kv";
-import { metrics } from "@opentelemetry/api";
+import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { StateStore } from "@toolmesh/catalog";
 import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
@@ -51,29 +51,14 @@ export async function startGatewayFromRuntime(
     retentionMs: rt.config.callRetentionMs,
   });
 
-  // Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant.
-  const listeners = new Map<string, Set<() => void>>();
-  const notify = (tenant?: string): void => {
-    for (const [t, set] of listeners) {
-      if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
-      for (const listener of set) listener();
-    }
-  };
-  const stopRegistry = registry.onChange(() => notify());
+  const listeners = new ToolListListeners();
+  const stopRegistry = registry.onChange(() => listeners.notify());
   const groupWatch = await store.groups.watch({ include: "updates" });
   void (async () => {
-    for await (const entry of groupWatch) notify(entry.key);
+    for await (const entry of groupWatch) listeners.notify(entry.key);
   })().catch(() => undefined);
 
-  const meter = metrics.getMeter("toolmesh");
-  const callCounter = meter.createCounter("toolmesh.gateway.calls", {
-    unit: "{call}",
-    description: "Tool calls through the gateway, by tenant, tool and outcome (ok or error code)",
-  });
-  const callDuration = meter.createHistogram("toolmesh.gateway.call.duration", {
-    unit: "s",
-    description: "Duration of tool calls through the gateway, by tenant, tool and outcome",
-  });
+  const instruments = toolmeshMetrics();
 
   let draining = false;
   const server = createGatewayServer({
@@ -89,24 +74,9 @@ export async function startGatewayFromRuntime(
       if (!rt.connected()) return { ok: false, detail: "NATS connection down" };
       return { ok: true };
     },
-    observe: (tenant, tool, outcome, durationMs) => {
-      const attributes = { "toolmesh.tenant": tenant, "toolmesh.tool": tool, outcome };
-      callCounter.add(1, attributes);
-      callDuration.record(durationMs / 1_000, attributes);
-    },
-    onToolsChanged: (tenant, listener) => {
-      let set = listeners.get(tenant);
-      if (set === undefined) {
-        set = new Set();
-        listeners.set(tenant, set);
-      }
-      set.add(listener);
-      const added = set;
-      return () => {
-        added.delete(listener);
-        if (added.size === 0) listeners.delete(tenant);
-      };
-    },
+    observe: (tenant, tool, outcome, durationMs) =>
+      instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
+    onToolsChanged: (tenant, listener) => listeners.add(tenant, listener),
   });
   const port = await server.listen();
   rt.readiness.set("gateway", () =>
@@ -136,4 +106,32 @@ export async function startGatewayFromRuntime(
       await server.close();
     },
   };
+}
+
+/** Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant. */
+class ToolListListeners {
+  readonly #byTenant = new Map<string, Set<() => void>>();
+
+  /** Tells the listeners of `tenant` (a groups key: its token), or everyone's. */
+  notify(tenant?: string): void {
+    for (const [t, set] of this.#byTenant) {
+      if (tenant !== undefined && subjectToken(subjectToken(t)) !== tenant) continue;
+      for (const listener of set) listener();
+    }
+  }
+
+  /** Adds a listener of `tenant`; returns the function that removes it. */
+  add(tenant: string, listener: () => void): () => void {
+    let set = this.#byTenant.get(tenant);
+    if (set === undefined) {
+      set = new Set();
+      this.#byTenant.set(tenant, set);
+    }
+    set.add(listener);
+    const added = set;
+    return () => {
+      added.delete(listener);
+      if (added.size === 0) this.#byTenant.delete(tenant);
+    };
+  }
 }

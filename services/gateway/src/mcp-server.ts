@@ -1,15 +1,18 @@
-import { Server } from "@modelcontextprotocol/sdk/server/index.js";
-import type { TaskStore } from "@modelcontextprotocol/sdk/experimental/tasks/interfaces.js";
-import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
-import type { RequestId, Result, ServerNotification } from "@modelcontextprotocol/sdk/types.js";
-import {
-  CallToolRequestSchema,
-  ListToolsRequestSchema,
-  McpError,
-  ErrorCode as McpErrorCode,
-} from "@modelcontextprotocol/sdk/types.js";
+import type {
+  AuthInfo,
+  CallToolRequest,
+  CallToolResult,
+  JSONRPCRequest,
+  Notification,
+  RequestId,
+  Result,
+  ServerContext,
+  Task,
+} from "@modelcontextprotocol/server";
+import { ProtocolError, ProtocolErrorCode, Server } from "@modelcontextprotocol/server";
 import type { ProgressEvent } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { z } from "zod";
 import type { Principal } from "./auth.js";
 import type { MeshView } from "./mesh-view.js";
 import {
@@ -28,6 +31,12 @@ export type CallObserver = (
   durationMs: number,
 ) => void;
 
+/** The protocol era a server instance speaks: 2025-11-25 and older, or 2026-07-28. */
+export type Era = "legacy" | "modern";
+
+/** The name under which the Tasks extension is advertised in `server/discover`. */
+export const TASKS_EXTENSION = "io.modelcontextprotocol/tasks";
+
 /** What one request acts for. */
 export interface RequestScope {
   principal: Principal;
@@ -37,154 +46,314 @@ export interface RequestScope {
   mcpSession: string | undefined;
 }
 
-/** What a request's handler learns of it: its scope and the client's own request id. */
-export interface RequestContext {
-  scope: RequestScope;
-  requestId: RequestId;
-}
-
 /** How long a task-augmented call may wait for the mesh to accept it, in ms. */
 const ACCEPT_WAIT_MS = 10_000;
 
-/** The scope of a request, as the gateway handed it to the server. */
-function contextOf(extra: { authInfo?: AuthInfo | undefined }): RequestContext {
-  const context = extra.authInfo?.extra?.context as RequestContext | undefined;
-  if (context === undefined)
-    throw new McpError(McpErrorCode.InternalError, "a request without a scope");
-  return context;
-}
-
-/** What the server is handed with each request: its credential and its context. */
-export function requestAuthInfo(context: RequestContext): AuthInfo {
+/**
+ * What the server is handed with each request: its credential, its scope and, for a request the
+ * legacy server serves under an id of its own, the client's request id.
+ */
+export function requestAuthInfo(scope: RequestScope, requestId?: RequestId): AuthInfo {
   return {
     token: "",
-    clientId: context.scope.principal.credential,
+    clientId: scope.principal.credential,
     scopes: [],
-    extra: { context },
+    extra: { scope, ...(requestId === undefined ? {} : { requestId }) },
   };
 }
 
+/** The scope of a request, as the gateway handed it to the server. */
+function scopeOf(ctx: ServerContext): RequestScope {
+  const scope = ctx.http?.authInfo?.extra?.scope as RequestScope | undefined;
+  if (scope === undefined)
+    throw new ProtocolError(ProtocolErrorCode.InternalError, "a request without a scope");
+  return scope;
+}
+
+/** The request id the client chose (cancellations name it). */
+function clientRequestId(ctx: ServerContext): RequestId {
+  return (ctx.http?.authInfo?.extra?.requestId as RequestId | undefined) ?? ctx.mcpReq.id;
+}
+
+const TaskIdParams = z.object({ taskId: z.string().min(1) }).loose();
+const CursorParams = z.object({ cursor: z.string().optional() }).loose().optional();
+
 /**
- * The gateway's MCP server: one per process, serving every request of every client through an
- * {@link ExchangeTransport} (nothing about a client is kept between requests, so any replica
- * answers any request). Each request's scope comes with it; tools come from the mesh, tasks from
- * its call store, partitioned by tenant.
+ * The gateway's MCP server for one era. Nothing about a client is kept between requests, so any
+ * replica answers any request: each request's scope comes with it, tools come from the mesh and
+ * tasks from its call store, partitioned by tenant. The legacy server is one per process (fed by
+ * an {@link ExchangeTransport}); a modern one is built per request by the SDK's handler.
  */
-export function createMcpServer(mesh: MeshView, version: string, observe: CallObserver): Server {
-  const server = new Server(
+export function createMcpServer(
+  mesh: MeshView,
+  version: string,
+  observe: CallObserver,
+  era: Era,
+): Server {
+  const calls = new MeshCalls(mesh, observe);
+  const server = new MeshServer(
+    (request, ctx) => calls.startTask(request, ctx),
     { name: "toolmesh-gateway", version },
     {
-      capabilities: {
-        tools: { listChanged: true },
-        tasks: { list: {}, cancel: {}, requests: { tools: { call: {} } } },
-      },
-      taskStore: meshTaskStore(mesh),
-      defaultTaskPollInterval: TASK_POLL_INTERVAL_MS,
+      capabilities:
+        era === "legacy"
+          ? {
+              tools: { listChanged: true },
+              tasks: { list: {}, cancel: {}, requests: { tools: { call: {} } } },
+            }
+          : { tools: { listChanged: true }, extensions: { [TASKS_EXTENSION]: {} } },
     },
   );
-
-  server.setRequestHandler(ListToolsRequestSchema, async (request, extra) => {
-    const { scope } = contextOf(extra);
+  server.setRequestHandler("tools/list", async (request, ctx) => {
+    const scope = scopeOf(ctx);
     try {
       return await mesh.listTools(scope.principal.tenant, scope.agent, request.params?.cursor);
     } catch (err) {
-      throw asMcpError(err);
+      throw asProtocolError(err);
     }
   });
+  server.setRequestHandler("tools/call", (request, ctx) => calls.call(request, ctx));
+  registerTaskHandlers(server, mesh, era);
+  return server;
+}
 
-  server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
-    const { scope, requestId } = contextOf(extra);
+/**
+ * The SDK's server, with task-augmented `tools/call` requests taken before the SDK validates
+ * the result as a tool result: their answer is the task (`CreateTaskResult`), which the SDK's
+ * 2026-07-28 codec does not know and whose `task` parameter it does not pass to handlers.
+ */
+class MeshServer extends Server {
+  constructor(
+    private readonly startTask: (request: CallToolRequest, ctx: ServerContext) => Promise<Result>,
+    ...args: ConstructorParameters<typeof Server>
+  ) {
+    super(...args);
+  }
+
+  protected override _wrapHandler(
+    method: string,
+    handler: (request: JSONRPCRequest, ctx: ServerContext) => Promise<Result>,
+  ): (request: JSONRPCRequest, ctx: ServerContext) => Promise<Result> {
+    const wrapped = super._wrapHandler(method, handler);
+    if (method !== "tools/call") return wrapped;
+    return (request, ctx) =>
+      isTaskAugmented(request)
+        ? this.startTask(request as unknown as CallToolRequest, ctx)
+        : wrapped(request, ctx);
+  }
+}
+
+function isTaskAugmented(request: JSONRPCRequest): boolean {
+  const task = (request.params as { task?: unknown } | undefined)?.task;
+  return typeof task === "object" && task !== null;
+}
+
+/**
+ * The task methods over the mesh's call store: a task is a mesh call, named by its call id and
+ * visible only to its tenant (another tenant is answered as for a task that does not exist).
+ * 2025-11-25 clients keep `tasks/list` and the blocking `tasks/result`; the 2026-07-28 extension
+ * has neither, and adds `tasks/update`.
+ */
+function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
+  const notFound = (id: string): ProtocolError =>
+    new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
+  /** The task, if the caller's principal may see it (another principal's is not found). */
+  const visible = async (ctx: ServerContext, taskId: string): Promise<Task> => {
+    const { tenant, credential } = scopeOf(ctx).principal;
+    const task = mesh.boundTo(tenant, credential, taskId)
+      ? await mesh.task(tenant, taskId)
+      : undefined;
+    if (task === undefined) throw notFound(taskId);
+    return task;
+  };
+  server.setRequestHandler("tasks/get", { params: TaskIdParams }, async (params, ctx) => {
+    const task = await visible(ctx, params.taskId);
+    if (era === "legacy" || task.status === "working") return task;
+    // The extension has no tasks/result: an ended task carries its tool result.
+    const result = await mesh.taskResult(scopeOf(ctx).principal.tenant, params.taskId);
+    return result === undefined ? task : { ...task, result };
+  });
+  server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, async (params, ctx) => {
+    await visible(ctx, params.taskId);
+    const { tenant } = scopeOf(ctx).principal;
+    const state = await mesh.cancel(tenant, params.taskId);
+    const task = await visible(ctx, params.taskId);
+    // The call ended by this request: cancelled, even before its record says so.
+    return state === "cancelled" ? { ...task, status: "cancelled" as const } : task;
+  });
+  if (era === "modern") {
+    server.setRequestHandler("tasks/update", { params: TaskIdParams }, async (params, ctx) => {
+      const task = await visible(ctx, params.taskId);
+      // A call waiting for a person shows `input_required`; its answer is resumed here once the
+      // mesh can pause a call for input. Until then no task awaits input.
+      throw new ProtocolError(
+        ProtocolErrorCode.InvalidParams,
+        `task ${params.taskId} is not waiting for input (status ${task.status})`,
+      );
+    });
+    return;
+  }
+  server.setRequestHandler("tasks/result", { params: TaskIdParams }, async (params, ctx) => {
+    const { tenant } = scopeOf(ctx).principal;
+    for (let delay = 50; ; delay = Math.min(delay * 2, TASK_POLL_INTERVAL_MS)) {
+      const task = await visible(ctx, params.taskId);
+      if (task.status !== "working" && task.status !== "input_required") {
+        const result = await mesh.taskResult(tenant, params.taskId);
+        if (result === undefined) throw notFound(params.taskId);
+        return result;
+      }
+      if (ctx.mcpReq.signal.aborted) throw notFound(params.taskId);
+      await new Promise((resolve) => setTimeout(resolve, delay));
+    }
+  });
+  server.setRequestHandler("tasks/list", { params: CursorParams }, async (params, ctx) => {
+    try {
+      const { tenant, credential } = scopeOf(ctx).principal;
+      const page = await mesh.listTasks(tenant, params?.cursor);
+      const tasks = page.tasks.filter((t) => mesh.boundTo(tenant, credential, t.taskId));
+      return { ...page, tasks };
+    } catch (err) {
+      throw asProtocolError(err);
+    }
+  });
+}
+
+/** `tools/call` on the mesh: a synchronous call, or a task-augmented one answered with its task. */
+class MeshCalls {
+  constructor(
+    private readonly mesh: MeshView,
+    private readonly observe: CallObserver,
+  ) {}
+
+  /** A task-augmented call: answered with its task once the mesh stored the call. */
+  async startTask(request: CallToolRequest, ctx: ServerContext): Promise<Result> {
+    const scope = scopeOf(ctx);
+    const meta = (request.params._meta ?? {}) as Record<string, unknown>;
+    const invalid = checkMeta(meta);
+    if (invalid !== undefined) return errorResult(invalid.toWire());
+    const { task } = await this.#created(scope, this.#submit(request, ctx, scope, meta, false));
+    // The 2026-07-28 extension marks the answer as a task; 2025-11-25 has `{ task }` alone.
+    return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
+  }
+
+  /** A synchronous call: answered with the call's result. */
+  async call(request: CallToolRequest, ctx: ServerContext): Promise<CallToolResult> {
+    const scope = scopeOf(ctx);
+    const meta = (request.params._meta ?? {}) as Record<string, unknown>;
+    const invalid = checkMeta(meta);
+    if (invalid !== undefined) return errorResult(invalid.toWire());
+    const handle = this.#submit(request, ctx, scope, meta, true);
+
+    const onAbort = (): void => {
+      void handle.cancel().catch(() => undefined);
+    };
+    ctx.mcpReq.signal.addEventListener("abort", onAbort, { once: true });
+    const { tenant } = scope.principal;
+    const served =
+      scope.mcpSession === undefined
+        ? undefined
+        : requestKey(tenant, scope.mcpSession, clientRequestId(ctx));
+    if (served !== undefined) this.mesh.served.set(served, handle);
+    try {
+      return toCallToolResult(await handle.result);
+    } finally {
+      ctx.mcpReq.signal.removeEventListener("abort", onAbort);
+      if (served !== undefined) this.mesh.served.delete(served);
+    }
+  }
+
+  #submit(
+    request: CallToolRequest,
+    ctx: ServerContext,
+    scope: RequestScope,
+    meta: Record<string, unknown>,
+    sync: boolean,
+  ): ReturnType<MeshView["submit"]> {
     const { tenant } = scope.principal;
     const { name } = request.params;
-    const args = request.params.arguments ?? {};
-    const meta = request.params._meta ?? {};
-    const started = performance.now();
-    const timeoutMs = meta[META_TIMEOUT_MS];
     const key = meta[META_IDEMPOTENCY_KEY];
-    if (timeoutMs !== undefined && !(Number.isInteger(timeoutMs) && (timeoutMs as number) > 0)) {
-      return errorResult(
-        new ToolmeshError(
-          ErrorCode.InvalidRequest,
-          `_meta["${META_TIMEOUT_MS}"] must be a positive integer (ms)`,
-        ).toWire(),
-      );
-    }
-    if (key !== undefined && !(typeof key === "string" && key.length > 0 && key.length <= 256)) {
-      return errorResult(
-        new ToolmeshError(
-          ErrorCode.InvalidRequest,
-          `_meta["${META_IDEMPOTENCY_KEY}"] must be a string of 1 to 256 characters`,
-        ).toWire(),
-      );
-    }
-    const task = request.params.task;
-    const id = mesh.callId(tenant, {
+    const timeoutMs = meta[META_TIMEOUT_MS] as number | undefined;
+    const id = this.mesh.callId(tenant, {
+      credential: scope.principal.credential,
       ...(typeof key === "string" ? { idempotencyKey: key } : {}),
-      ...(task === undefined && scope.mcpSession !== undefined
-        ? { mcpSession: scope.mcpSession, requestId }
+      ...(sync && scope.mcpSession !== undefined
+        ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
         : {}),
     });
-    const progressToken = meta.progressToken;
+    const progressToken = sync
+      ? (meta.progressToken ?? ctx.mcpReq._meta?.progressToken)
+      : undefined;
     let progress = 0;
-    const handle = mesh.submit(tenant, id, {
+    const started = performance.now();
+    const handle = this.mesh.submit(tenant, id, {
       name,
-      arguments: args,
+      arguments: request.params.arguments ?? {},
       ...(scope.agent === undefined ? {} : { agent: scope.agent }),
-      ...(timeoutMs === undefined ? {} : { timeoutMs: timeoutMs as number }),
-      ...(progressToken === undefined || task !== undefined
+      ...(timeoutMs === undefined ? {} : { timeoutMs }),
+      ...(progressToken === undefined
         ? {}
         : {
             onProgress: (event: ProgressEvent) => {
               progress += 1;
-              void extra
-                .sendNotification(progressNotification(progressToken, progress, event))
+              const token = progressToken as string | number;
+              void ctx.mcpReq
+                .notify(progressNotification(token, progress, event))
                 .catch(() => undefined);
             },
           }),
     });
     void handle.result.then((message) =>
-      observe(tenant, name, message.error?.code ?? "ok", performance.now() - started),
+      this.observe(tenant, name, message.error?.code ?? "ok", performance.now() - started),
     );
+    return handle;
+  }
 
-    if (task !== undefined) {
-      try {
-        await mesh.awaitAccepted(tenant, handle, ACCEPT_WAIT_MS);
-      } catch (err) {
-        throw asMcpError(err);
-      }
-      const created = await mesh.task(tenant, id.id);
-      if (created !== undefined) return { task: created };
-      // Answered without a record (an invalid call): a task that has already failed.
-      const message = await handle.result;
-      const now = new Date().toISOString();
-      return {
-        task: {
-          taskId: id.id,
-          status: "failed",
-          ttl: null,
-          createdAt: now,
-          lastUpdatedAt: now,
-          statusMessage: `${message.error?.code ?? "internal"}: ${message.error?.message ?? ""}`,
-        },
-      };
-    }
-
-    const onAbort = (): void => {
-      void handle.cancel().catch(() => undefined);
-    };
-    extra.signal.addEventListener("abort", onAbort, { once: true });
-    const served =
-      scope.mcpSession === undefined ? undefined : requestKey(tenant, scope.mcpSession, requestId);
-    if (served !== undefined) mesh.served.set(served, handle);
+  /** The task of a call the mesh accepted (stored), or a task that has already failed. */
+  async #created(
+    scope: RequestScope,
+    handle: ReturnType<MeshView["submit"]>,
+  ): Promise<{ task: Task }> {
+    const { tenant } = scope.principal;
     try {
-      return toCallToolResult(await handle.result);
-    } finally {
-      extra.signal.removeEventListener("abort", onAbort);
-      if (served !== undefined) mesh.served.delete(served);
+      await this.mesh.awaitAccepted(tenant, handle, ACCEPT_WAIT_MS);
+    } catch (err) {
+      throw asProtocolError(err);
     }
-  });
+    const created = await this.mesh.task(tenant, handle.callId);
+    if (created !== undefined) return { task: created };
+    // Answered without a record (an invalid call): a task that has already failed.
+    const message = await handle.result;
+    const now = new Date().toISOString();
+    return {
+      task: {
+        taskId: handle.callId,
+        status: "failed",
+        ttl: null,
+        createdAt: now,
+        lastUpdatedAt: now,
+        statusMessage: `${message.error?.code ?? "internal"}: ${message.error?.message ?? ""}`,
+      },
+    };
+  }
+}
 
-  return server;
+/** What is wrong with the gateway's own `_meta` keys of a `tools/call`, if anything. */
+function checkMeta(meta: Record<string, unknown>): ToolmeshError | undefined {
+  const timeoutMs = meta[META_TIMEOUT_MS];
+  const key = meta[META_IDEMPOTENCY_KEY];
+  if (timeoutMs !== undefined && !(Number.isInteger(timeoutMs) && (timeoutMs as number) > 0)) {
+    return new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `_meta["${META_TIMEOUT_MS}"] must be a positive integer (ms)`,
+    );
+  }
+  if (key !== undefined && !(typeof key === "string" && key.length > 0 && key.length <= 256)) {
+    return new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `_meta["${META_IDEMPOTENCY_KEY}"] must be a string of 1 to 256 characters`,
+    );
+  }
+  return undefined;
 }
 
 /**
@@ -213,7 +382,7 @@ function progressNotification(
   token: string | number,
   progress: number,
   event: ProgressEvent,
-): ServerNotification {
+): Notification {
   const data = event.data as Record<string, unknown> | string | undefined;
   const total =
     typeof data === "object" && data !== null
@@ -234,60 +403,17 @@ function progressNotification(
   };
 }
 
-/**
- * The SDK's task store, answered from the mesh's call store. The SDK passes each request's
- * `sessionId`, which the {@link ExchangeTransport} makes the request's tenant.
- */
-function meshTaskStore(mesh: MeshView): TaskStore {
-  const notFound = (id: string): McpError =>
-    new McpError(McpErrorCode.InvalidParams, `Task not found: ${id}`);
-  const tenantOf = (sessionId: string | undefined): string => {
-    if (sessionId === undefined)
-      throw new McpError(McpErrorCode.InternalError, "a task request without a tenant");
-    return sessionId;
-  };
-  return {
-    createTask() {
-      // Tasks are created by tools/call itself: the task id names the mesh call.
-      return Promise.reject(
-        new McpError(McpErrorCode.InternalError, "tasks start with tools/call"),
-      );
-    },
-    async getTask(taskId, sessionId) {
-      return (await mesh.task(tenantOf(sessionId), taskId)) ?? null;
-    },
-    storeTaskResult() {
-      return Promise.reject(new McpError(McpErrorCode.InternalError, "the mesh stores results"));
-    },
-    async getTaskResult(taskId, sessionId): Promise<Result> {
-      const result = await mesh.taskResult(tenantOf(sessionId), taskId);
-      if (result === undefined) throw notFound(taskId);
-      return result;
-    },
-    async updateTaskStatus(taskId, status, _message, sessionId) {
-      if (status !== "cancelled")
-        throw new McpError(McpErrorCode.InvalidParams, `a task can only be cancelled`);
-      const state = await mesh.cancel(tenantOf(sessionId), taskId);
-      if (state === "unknown") throw notFound(taskId);
-    },
-    async listTasks(cursor, sessionId) {
-      try {
-        return await mesh.listTasks(tenantOf(sessionId), cursor);
-      } catch (err) {
-        throw asMcpError(err);
-      }
-    },
-  };
-}
-
-function asMcpError(err: unknown): McpError {
-  if (err instanceof McpError) return err;
+function asProtocolError(err: unknown): ProtocolError {
+  if (err instanceof ProtocolError) return err;
   if (err instanceof ToolmeshError) {
     const code =
       err.code === ErrorCode.InvalidRequest || err.code === ErrorCode.PermissionDenied
-        ? McpErrorCode.InvalidParams
-        : McpErrorCode.InternalError;
-    return new McpError(code, `${err.code}: ${err.message}`, err.toWire());
+        ? ProtocolErrorCode.InvalidParams
+        : ProtocolErrorCode.InternalError;
+    return new ProtocolError(code, `${err.code}: ${err.message}`, err.toWire());
   }
-  return new McpError(McpErrorCode.InternalError, err instanceof Error ? err.message : String(err));
+  return new ProtocolError(
+    ProtocolErrorCode.InternalError,
+    err instanceof Error ? err.message : String(err),
+  );
 }

@@ -1,7 +1,7 @@
 import { createHash, randomUUID } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
-import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/server";
 import type { Catalog, CallHandle } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { CallRecord } from "@toolmesh/call-store";
@@ -125,7 +125,12 @@ export class MeshView {
   /** The mesh id of a call: from the caller's idempotency key, else from the MCP request. */
   callId(
     tenant: string,
-    options: { idempotencyKey?: string; mcpSession?: string; requestId?: string | number },
+    options: {
+      idempotencyKey?: string;
+      mcpSession?: string;
+      requestId?: string | number;
+      credential?: string;
+    },
   ): MeshCallId {
     if (options.idempotencyKey !== undefined)
       return { id: `mcp-k-${digest(`${tenant}\n${options.idempotencyKey}`)}` };
@@ -133,7 +138,20 @@ export class MeshView {
       return {
         id: `mcp-r-${digest(`${tenant}\n${options.mcpSession}\n${String(options.requestId)}`)}`,
       };
-    return { id: `mcp-t-${randomUUID()}` };
+    const uuid = randomUUID();
+    if (options.credential === undefined) return { id: `mcp-t-${uuid}` };
+    return { id: `mcp-t-${uuid}-${bindingTag(tenant, options.credential, uuid)}` };
+  }
+
+  /**
+   * Whether a call id is one the credential may see as a task: an id made for a credential
+   * (`mcp-t-{uuid}-{tag}`) only by that credential; an id named by an idempotency key or a
+   * request is shared by the tenant (the key is the tenant's).
+   */
+  boundTo(tenant: string, credential: string, id: string): boolean {
+    const bound = /^mcp-t-([0-9a-f-]{36})-([0-9a-f]{16})$/.exec(id);
+    if (bound === null) return true;
+    return bound[2] === bindingTag(tenant, credential, bound[1] ?? "");
   }
 
   /**
@@ -262,6 +280,8 @@ export class MeshView {
   #toTask(id: string, found: { record: CallRecord; createdAt: Date; updatedAt: Date }): Task {
     const { record } = found;
     const result: ToolMessage | undefined = record.result;
+    // A call waiting for a person (a paused mesh call) is to show `input_required` here, its
+    // answer taken by `tasks/update` (mcp-server.ts); no mesh call pauses for input yet.
     let status: Task["status"] = "working";
     let statusMessage: string | undefined;
     if (record.state === "done" && result !== undefined) {
@@ -290,7 +310,12 @@ export function requestKey(tenant: string, mcpSession: string, requestId: string
 
 /** Whether `id` is the shape of a gateway call id (and so a safe subject token). */
 export function isMeshCallId(id: string): boolean {
-  return /^mcp-[krt]-[0-9a-f-]{36,40}$/.test(id);
+  return /^mcp-[krt]-[0-9a-f-]{36,53}$/.test(id);
+}
+
+/** What binds a task id to the tenant and credential that made it. */
+function bindingTag(tenant: string, credential: string, uuid: string): string {
+  return digest(`${tenant}\n${credential}\n${uuid}`).slice(0, 16);
 }
 
 function digest(text: string): string {

@@ -1,14 +1,12 @@
-import type { AuthInfo } from "@modelcontextprotocol/sdk/server/auth/types.js";
 import type {
-  Transport,
-  TransportSendOptions,
-} from "@modelcontextprotocol/sdk/shared/transport.js";
-import type {
+  AuthInfo,
   JSONRPCMessage,
   JSONRPCNotification,
   JSONRPCRequest,
   RequestId,
-} from "@modelcontextprotocol/sdk/types.js";
+  Transport,
+  TransportSendOptions,
+} from "@modelcontextprotocol/server";
 
 /** Where the server's messages about one client request go: the HTTP exchange that carried it. */
 export interface Exchange {
@@ -24,9 +22,6 @@ export interface Exchange {
  * gets an id of this process's own (clients' ids collide), and the server's answer goes back to
  * the exchange under the client's id. Nothing outlives the exchange: the transport holds no
  * session, so any replica still answers any request.
- *
- * The SDK's task store sees a request's `sessionId`, read from the transport when the request
- * arrives: here it is the partition the request's credential may see (its tenant).
  */
 export class ExchangeTransport implements Transport {
   onclose?: () => void;
@@ -35,12 +30,6 @@ export class ExchangeTransport implements Transport {
 
   #next = 0;
   readonly #pending = new Map<number, { exchange: Exchange; id: RequestId }>();
-  #partition: string | undefined;
-
-  /** The partition of the request being handed over (read by the SDK as it arrives). */
-  get sessionId(): string | undefined {
-    return this.#partition;
-  }
 
   start(): Promise<void> {
     return Promise.resolve();
@@ -70,20 +59,10 @@ export class ExchangeTransport implements Transport {
   }
 
   /** Hands a client's request to the server; returns the id it is served under. */
-  request(
-    message: JSONRPCRequest,
-    partition: string,
-    authInfo: AuthInfo,
-    exchange: Exchange,
-  ): number {
+  request(message: JSONRPCRequest, authInfo: AuthInfo, exchange: Exchange): number {
     const id = ++this.#next;
     this.#pending.set(id, { exchange, id: message.id });
-    this.#partition = partition;
-    try {
-      this.onmessage?.({ ...message, id }, { authInfo });
-    } finally {
-      this.#partition = undefined;
-    }
+    this.onmessage?.({ ...message, id }, { authInfo });
     return id;
   }
 
