@@ -18,6 +18,13 @@ export interface PolicyRequest {
   session?: string | undefined;
 }
 
+/** What a call decision reads of a resolved call. */
+export interface ResolvedCallFacts {
+  address: { tenant: string; session: string };
+  arguments: Record<string, unknown>;
+  agent?: string | undefined;
+}
+
 /** A decision and what made it; recorded with the call. */
 export interface PolicyDecision {
   allowed: boolean;
@@ -85,15 +92,70 @@ export class PolicyDecider {
   }
 
   /**
+   * Decides a resolved call of `definition` (its arguments without system parameters, its
+   * tenant, session and agent); undefined when no set is in force. A tool gone from the
+   * registry meanwhile is refused.
+   */
+  decideCall(
+    call: ResolvedCallFacts,
+    definition: ToolDefinition | undefined,
+  ): PolicyDecision | undefined {
+    if (!this.active) return undefined;
+    if (definition === undefined)
+      return { allowed: false, policies: [], version: this.#version(call.address.tenant) };
+    const system = definition.system_params;
+    const args = system.some((p) => p in call.arguments)
+      ? Object.fromEntries(Object.entries(call.arguments).filter(([k]) => !system.includes(k)))
+      : call.arguments;
+    return this.decide("call", {
+      tenant: call.address.tenant,
+      tool: definition,
+      args,
+      agent: call.agent,
+      session: call.address.session,
+    });
+  }
+
+  /**
+   * The call decision whatever the arguments are, or `"depends"` when it depends on them;
+   * undefined when no set is in force. What `toolmesh policy replay` compares.
+   */
+  decideWithoutArgs(request: Omit<PolicyRequest, "args">): PolicyDecision | "depends" | undefined {
+    if (!this.active) return undefined;
+    return this.#known("call", request) ?? "depends";
+  }
+
+  /**
    * Whether a catalog shows the tool: `list` is allowed and `call` is, for some arguments.
    * A principal is never shown a tool it may never call.
    */
   mayList(request: Omit<PolicyRequest, "args">): boolean {
-    if (!this.active) return true;
+    return this.listDecision(request)?.allowed ?? true;
+  }
+
+  /**
+   * The decision behind {@link mayList}; undefined when no set is in force. Arguments are
+   * unknown: a call decision that depends on them counts as possibly allowed.
+   */
+  listDecision(request: Omit<PolicyRequest, "args">): PolicyDecision | undefined {
+    if (!this.active) return undefined;
     const list = this.#known("list", request);
-    if (list !== undefined && !list.allowed) return false;
+    if (list !== undefined && !list.allowed) return list;
     const call = this.#known("call", request);
-    return call === undefined || call.allowed;
+    if (call !== undefined && !call.allowed) return call;
+    return list ?? call ?? { allowed: true, policies: [], version: this.#version(request.tenant) };
+  }
+
+  /**
+   * The `permission_denied` a catalog entry, a schema or a call gets for a tool {@link mayList}
+   * hides, or undefined: the resolver and the schema expander check it before anything else
+   * about the tool, so a hidden tool's schema never reaches a caller.
+   */
+  listRefusal(request: Omit<PolicyRequest, "args">): ToolmeshError | undefined {
+    const decision = this.listDecision(request);
+    return decision === undefined || decision.allowed
+      ? undefined
+      : PolicyDecider.refusal(decision, request.tool.name, "list");
   }
 
   /** The `permission_denied` a refused call gets: the decision, never the policy text. */
@@ -144,6 +206,14 @@ export class PolicyDecider {
     // Undecided scopes count as allowing: a refusal came from a scope that refuses whatever
     // the unknowns are.
     return { ...decision, definite: definite || !decision.allowed };
+  }
+
+  #version(tenant: string): string {
+    const versions: string[] = [];
+    if (this.#operator !== undefined) versions.push(`operator@${this.#operator.revision}`);
+    const own = this.#tenants.get(tenant);
+    if (own !== undefined) versions.push(`tenant@${own.revision}`);
+    return versions.join(",");
   }
 
   #combine(tenant: string, evaluate: (set: CompiledPolicySet) => SetVerdict): PolicyDecision {

@@ -1,5 +1,5 @@
 export { PolicyDecider } from "./decider.js";
-export type { PolicyDecision, PolicyRequest, PolicyScope } from "./decider.js";
+export type { PolicyDecision, PolicyRequest, PolicyScope, ResolvedCallFacts } from "./decider.js";
 export { CompiledPolicySet, PolicySetError } from "./policy-set.js";
 export type { CedarRequest, PolicyProblem, SetVerdict } from "./policy-set.js";
 export {

@@ -42,6 +42,7 @@ export const MetricName = {
   McpServerRestarts: "toolmesh.mcp.server.restarts",
   McpRequestDuration: "toolmesh.mcp.request.duration",
   TenantRefused: "toolmesh.tenant.refused",
+  PolicyDecisions: "toolmesh.policy.decisions",
   TenantInFlight: "toolmesh.tenant.in_flight",
   TenantQueued: "toolmesh.tenant.queued",
 } as const;
@@ -99,6 +100,7 @@ export class ToolmeshMetrics {
   readonly #queues = new Set<() => Promise<QueueReading[]>>();
   readonly #servers = new Set<() => McpServerReading[]>();
   readonly #tenantRefused: Counter;
+  readonly #policyDecisions: Counter;
   readonly #tenants = new Set<() => TenantReading[]>();
 
   constructor(provider: MeterProvider) {
@@ -168,6 +170,11 @@ export class ToolmeshMetrics {
       description: "MCP requests sent by the bridge, by server, mcp.method.name and error.type",
     });
 
+    this.#policyDecisions = meter.createCounter(MetricName.PolicyDecisions, {
+      unit: "{decision}",
+      description: "Policy decisions on calls, by toolmesh.policy.effect (allow, deny)",
+      valueType: ValueType.INT,
+    });
     this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
       unit: "{call}",
       description:
@@ -314,6 +321,11 @@ export class ToolmeshMetrics {
       [ATTR_ERROR_TYPE]: code,
       [ATTR_TOOLMESH_QUOTA]: quota,
     });
+  }
+
+  /** A policy decided a call: `allow` or `deny`. */
+  policyDecision(effect: "allow" | "deny"): void {
+    this.#policyDecisions.add(1, { "toolmesh.policy.effect": effect });
   }
 
   /** Reports tenants' use at each collection; returns the function that stops reporting. */

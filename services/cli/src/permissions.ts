@@ -83,6 +83,7 @@ function names(s: Subjects) {
       s.groupsBucket,
       s.quotasBucket,
       s.quotaUsageBucket,
+      s.policiesBucket,
     ],
     kv,
     /**
@@ -364,6 +365,8 @@ export function rolePermissions(
           ...bucketRead(s.quotaUsageBucket),
           `$KV.${s.quotaUsageBucket}.>`,
           `${API}.CONSUMER.INFO.${s.streams.work}.>`,
+          // Policy sets: watched, never written.
+          ...bucketRead(s.policiesBucket),
         ),
       );
     case "gateway":
@@ -419,6 +422,8 @@ export function rolePermissions(
           `$KV.${s.sessionsBucket}.>`,
           ...bucketRead(s.groupsBucket),
           `$KV.${s.groupsBucket}.>`,
+          // Catalogs show what the policy sets permit: watched, never written.
+          ...bucketRead(s.policiesBucket),
         ),
       );
     case "operator":
@@ -453,6 +458,7 @@ export function rolePermissions(
           `$KV.${s.sessionsBucket}.>`,
           `$KV.${s.quotasBucket}.>`,
           `$KV.${s.quotaUsageBucket}.>`,
+          `$KV.${s.policiesBucket}.>`,
         ),
       );
     case "setup":

@@ -19,6 +19,7 @@ import { devCommand } from "./dev.js";
 import { dlqListCommand, dlqReplayCommand, dlqShowCommand } from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
+import { addPolicyCommands } from "./policy-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 
 interface GlobalOptions {
@@ -212,6 +213,7 @@ export function buildProgram(
   addCatalogCommands(program, () => config(), run);
   addSetupCommand(program, config, run);
   addQuotaCommands(program, () => config(), run);
+  addPolicyCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);

@@ -56,6 +56,7 @@ import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { SessionLimits } from "./session-limits.js";
 import type { QuotaGate } from "./quotas.js";
 import type { FairShare } from "./fair-share.js";
+import { PolicyDecider } from "@toolmesh/policy";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -84,6 +85,8 @@ export interface ResolverDeps {
   callRetentionMs: number;
   /** Who may call what; every tool open to every session when undefined. */
   access?: ToolAccessPolicy | undefined;
+  /** The Cedar policy sets in force (docs/policy.md); no call is decided when undefined. */
+  policies?: PolicyDecider | undefined;
 }
 
 /**
@@ -398,6 +401,14 @@ export async function routeCall(
         },
       ),
     );
+    return;
+  }
+  // Policies decide before the call is stored as accepted (docs/policy.md).
+  const policy = deps.policies?.decideCall(resolved, deps.registry.get(resolved.tool)?.definition);
+  if (policy !== undefined) deps.metrics.policyDecision(policy.allowed ? "allow" : "deny");
+  if (policy?.allowed === false) {
+    await refuse(PolicyDecider.refusal(policy, resolved.tool));
+    callLog.info({ policies: policy.policies, version: policy.version }, "call refused by policy");
     return;
   }
   if (!limits.tryAcquire(resolved, clock.now())) {

@@ -55,6 +55,7 @@ import {
   modelSchema,
 } from "@toolmesh/catalog";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
+import type { PolicyDecider } from "@toolmesh/policy";
 import {
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
@@ -76,6 +77,8 @@ export interface SchemaExpanderOptions {
   log: Logger;
   tracer: Tracer;
   streamLimits?: StreamLimits;
+  /** The Cedar policy sets in force (docs/policy.md): catalogs show only what they permit. */
+  policies?: PolicyDecider | undefined;
   /** Events handled at once by this process. Default 16. */
   concurrency?: number;
   /** How long a delivered event stays owned without a heartbeat, in ms. Default 10 000. */
@@ -97,6 +100,8 @@ export interface ExpanderDeps {
   catalog: CatalogConfig;
   log: Logger;
   tracer: Tracer;
+  /** The Cedar policy sets in force; every tool is listed when undefined. */
+  policies?: PolicyDecider | undefined;
 }
 
 /** Queue group of the schema expanders' request-reply subscriptions. */
@@ -127,7 +132,16 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   const js = jetstream(nc);
   const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
   await ensureConsumer(jsm, meshPlan(subjects, { ackWaitMs }).consumers.schemaExpander);
-  const deps: ExpanderDeps = { js, subjects, registry, store, catalog, log, tracer };
+  const deps: ExpanderDeps = {
+    js,
+    subjects,
+    registry,
+    store,
+    catalog,
+    log,
+    tracer,
+    policies: options.policies,
+  };
 
   const loop: WorkLoop = await startWorkLoop({
     js,
@@ -372,7 +386,7 @@ export async function answerCatalog(
   const expanded =
     at === undefined ? undefined : (await store.getSchemas(at))?.value.expanded_tools;
   const built = buildCatalog({
-    tools: registry.tools(),
+    tools: listable(deps, registry.tools(), tenant, state.session?.agent ?? request.agent, at),
     tenantGroups: state.tenantGroups,
     session: state.session,
     agent: request.agent,
@@ -431,7 +445,7 @@ export async function answerDescribe(
   const errors: Extract<DescribeReply, { ok: true }>["errors"] = [];
   for (const name of new Set(request.tools)) {
     try {
-      schemas.push(modelSchema(callableTool(deps, name, state, request.agent)));
+      schemas.push(modelSchema(callableTool(deps, name, state, request.agent, at)));
     } catch (err) {
       errors.push({ tool: name, error: ensureError(err).toWire() });
     }
@@ -467,7 +481,7 @@ export async function answerExpand(
   const request = parseRequest(ExpandRequestSchema, body);
   const at = { tenant, session: subjectToken(request.session_id) };
   const state = await accessState(deps, tenant, at);
-  const schema = modelSchema(callableTool(deps, request.tool, state, request.agent));
+  const schema = modelSchema(callableTool(deps, request.tool, state, request.agent, at));
   // Forced: no message id, so a second `expand` is sent too.
   await publishSchema(deps, at, request.session_id, schema, { reason: "expand", missing: [] });
   await recordSent(deps, at, request.session_id, [schema]);
@@ -539,15 +553,33 @@ export async function answerGroups(
   };
 }
 
+/** The tools the policies in force let the tenant (as `agent`, in session `at`) see. */
+function* listable(
+  deps: Pick<ExpanderDeps, "policies">,
+  tools: Iterable<CompiledTool>,
+  tenant: string,
+  agent: string | undefined,
+  at: SessionAddress | undefined,
+): Iterable<CompiledTool> {
+  const { policies } = deps;
+  for (const tool of tools)
+    if (
+      policies === undefined ||
+      policies.mayList({ tenant, tool: tool.definition, agent, session: at?.session })
+    )
+      yield tool;
+}
+
 /** The tool, if this session (as `agent`) may call it; else the error a call would get. */
 function callableTool(
-  deps: Pick<ExpanderDeps, "registry" | "catalog">,
+  deps: Pick<ExpanderDeps, "registry" | "catalog" | "policies">,
   name: string,
   state: {
     tenantGroups: ReadonlyMap<string, boolean> | undefined;
     session: SessionPolicy | undefined;
   },
   agent: string | undefined,
+  at: SessionAddress,
 ): CompiledTool {
   const tool = deps.registry.get(name);
   if (tool === undefined) {
@@ -561,6 +593,13 @@ function callableTool(
     agents: deps.catalog.agents,
   });
   if (denied !== undefined) throw denied;
+  const hidden = deps.policies?.listRefusal({
+    tenant: at.tenant,
+    tool: tool.definition,
+    agent: state.session?.agent ?? agent,
+    session: at.session,
+  });
+  if (hidden !== undefined) throw hidden;
   return tool;
 }
 
