@@ -111,6 +111,14 @@ export class CompiledPolicySet {
       if (json.type === "failure") throw new PolicySetError(problemsOf(json.errors, text, offset));
       const annotations = { ...json.json.annotations } as Record<string, string>;
       const id = annotations.id ?? `policy${index}`;
+      const waits = ["approval", "approval_ttl"].find((a) => a in annotations);
+      if (waits !== undefined)
+        throw new PolicySetError([
+          {
+            ...lineAndColumn(text, offset),
+            message: `policy "${id}": @${waits} is not supported: calls that wait for a person are not part of this version`,
+          },
+        ]);
       if (policies.has(id))
         throw new PolicySetError([
           { ...lineAndColumn(text, offset), message: `policy id "${id}" is used twice` },

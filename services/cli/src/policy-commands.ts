@@ -105,6 +105,8 @@ export function addPolicyCommands(
   config: () => RuntimeConfig,
   run: (command: () => Promise<number>) => void,
 ): void {
+  // `--tenant` is the program's own option (given before or after the subcommand): whose set.
+  const tenantFlag = (): string | undefined => program.opts<{ tenant?: string }>().tenant;
   const policy = program
     .command("policy")
     .description("decide who may call and list which tools with Cedar policies (docs/policy.md)");
@@ -112,12 +114,12 @@ export function addPolicyCommands(
   policy
     .command("set")
     .description("validate a Cedar policy file and put it in force (a bad file changes nothing)")
-    .argument("<file>", "the Cedar policy set")
-    .option("--tenant <id>", "the tenant's set (narrows the operator's), not the operator's")
+    .argument("<file>", "the Cedar policy set (with --tenant T: tenant T's, not the operator's)")
     .option("--json", "print JSON")
-    .action((file: string, o: ScopeOptions) =>
-      run(() =>
-        withPolicies(config(), o.json, async (store) => {
+    .action((file: string, given: ScopeOptions) =>
+      run(() => {
+        const o = { ...given, tenant: tenantFlag() };
+        return withPolicies(config(), o.json, async (store) => {
           const text = await readPolicyFile(file);
           try {
             const stored = await store.set(text, o.tenant);
@@ -134,18 +136,18 @@ export function addPolicyCommands(
             say(`toolmesh: ${file} refused; nothing changed`);
             return 1;
           }
-        }),
-      ),
+        });
+      }),
     );
 
   policy
     .command("get")
     .description("print the policy set in force")
-    .option("--tenant <id>", "the tenant's set")
     .option("--json", "print JSON")
-    .action((o: ScopeOptions) =>
-      run(() =>
-        withPolicies(config(), o.json, async (store) => {
+    .action((given: ScopeOptions) =>
+      run(() => {
+        const o = { ...given, tenant: tenantFlag() };
+        return withPolicies(config(), o.json, async (store) => {
           const stored = await store.get(o.tenant);
           if (stored === undefined) {
             say(o.json === true ? "null" : `toolmesh: no ${whose(o.tenant).replace(/^the /, "")}`);
@@ -161,19 +163,19 @@ export function addPolicyCommands(
               : `// version ${stored.revision}, stored ${new Date(stored.storedAt).toISOString()}\n${stored.text}`,
           );
           return 0;
-        }),
-      ),
+        });
+      }),
     );
 
   policy
     .command("rm")
     .description("remove a policy set (its history stays in the bucket)")
-    .option("--tenant <id>", "the tenant's set")
     .option("--operator", "the operator's set: with none left, every tool is open again")
     .option("--json", "print JSON")
-    .action((o: ScopeOptions & { operator?: boolean }) =>
-      run(() =>
-        withPolicies(config(), o.json, async (store) => {
+    .action((given: ScopeOptions & { operator?: boolean }) =>
+      run(() => {
+        const o = { ...given, tenant: tenantFlag() };
+        return withPolicies(config(), o.json, async (store) => {
           if (o.tenant === undefined && o.operator !== true)
             throw new ToolmeshError(
               ErrorCode.InvalidRequest,
@@ -188,8 +190,8 @@ export function addPolicyCommands(
                 : `toolmesh: no such set`,
           );
           return removed ? 0 : 1;
-        }),
-      ),
+        });
+      }),
     );
 
   policy
@@ -201,12 +203,12 @@ export function addPolicyCommands(
       "the call's arguments (as the resolver sees them: defaults filled)",
       "{}",
     )
-    .option("--tenant <id>", "the calling tenant", "default")
     .option("--agent <name>", "the calling agent")
     .option("--json", "print JSON")
-    .action((o: { tool: string; args: string; tenant: string; agent?: string; json?: boolean }) =>
-      run(() =>
-        withPolicies(config(), o.json, async (store, nc) => {
+    .action((given: { tool: string; args: string; agent?: string; json?: boolean }) =>
+      run(() => {
+        const o = { ...given, tenant: tenantFlag() ?? config().tenant };
+        return withPolicies(config(), o.json, async (store, nc) => {
           let args: unknown;
           try {
             args = JSON.parse(o.args);
@@ -236,8 +238,8 @@ export function addPolicyCommands(
             say(`listed in catalogs: ${listed ? "yes" : "no"}`);
           }
           return call === undefined || call.allowed ? 0 : 1;
-        }),
-      ),
+        });
+      }),
     );
 
   policy
@@ -245,10 +247,9 @@ export function addPolicyCommands(
     .description(
       "shadow mode: decide the calls in the call store (kept for TOOLMESH_CALL_RETENTION_MS) with a candidate set and print every decision that would change",
     )
-    .argument("<file>", "the candidate Cedar policy set")
-    .option(
-      "--tenant <id>",
-      "the candidate replaces the tenant's set (and only its calls are replayed)",
+    .argument(
+      "<file>",
+      "the candidate Cedar policy set (with --tenant T: in place of T's set, and only T's calls are replayed)",
     )
     .option(
       "--since <duration>",
@@ -256,9 +257,10 @@ export function addPolicyCommands(
       durationMs,
     )
     .option("--json", "print JSON lines")
-    .action((file: string, o: ScopeOptions & { since?: number }) =>
-      run(() =>
-        withPolicies(config(), o.json, async (store, nc, subjects) => {
+    .action((file: string, given: ScopeOptions & { since?: number }) =>
+      run(() => {
+        const o = { ...given, tenant: tenantFlag() };
+        return withPolicies(config(), o.json, async (store, nc, subjects) => {
           const candidate = CompiledPolicySet.compile(await readPolicyFile(file));
           const counts = await replayCalls(nc, subjects, store, candidate, o);
           say(
@@ -267,8 +269,8 @@ export function addPolicyCommands(
               : `${counts.replayed} calls replayed, ${counts.changed} decisions would change`,
           );
           return 0;
-        }),
-      ),
+        });
+      }),
     );
 }
 
