@@ -86,9 +86,10 @@ export class PolicyDecider {
     if (!this.active) return undefined;
     const known = this.#known(action, request);
     if (known !== undefined) return known;
-    return this.#combine(request.tenant, (set) =>
-      set.authorize(this.#request(action, request, false)),
-    );
+    const shapeKey = this.#shapeKey(action, request);
+    const shape = this.#request(action, request, true);
+    const full = this.#request(action, request, false);
+    return this.#combine(request.tenant, (set) => set.authorizeFor(shapeKey, shape, full));
   }
 
   /**
@@ -179,7 +180,7 @@ export class PolicyDecider {
 
   // The decision with arguments and session unknown, when it does not depend on them.
   #known(action: PolicyAction, request: Omit<PolicyRequest, "args">): PolicyDecision | undefined {
-    const key = `${action}\u0000${request.tenant}\u0000${request.tool.name}\u0000${request.agent ?? "\u0001"}\u0000${request.subject ?? "\u0001"}\u0000${request.session === undefined ? 0 : 1}`;
+    const key = this.#shapeKey(action, request);
     const cached = this.#cache.get(key);
     if (cached !== undefined && cached.tool === request.tool) return cached.decision;
     const { definite, ...partial } = this.#partial(action, request);
@@ -187,6 +188,10 @@ export class PolicyDecider {
     if (this.#cache.size >= MAX_CACHED) this.#cache = new Map();
     this.#cache.set(key, { tool: request.tool, decision });
     return decision;
+  }
+
+  #shapeKey(action: PolicyAction, request: Omit<PolicyRequest, "args">): string {
+    return `${action}\u0000${request.tenant}\u0000${request.tool.name}\u0000${request.agent ?? "\u0001"}\u0000${request.subject ?? "\u0001"}\u0000${request.session === undefined ? 0 : 1}`;
   }
 
   #partial(

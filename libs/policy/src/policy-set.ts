@@ -4,6 +4,7 @@ import type {
   Context,
   DetailedError,
   EntityJson,
+  PolicyJson,
   EntityUidJson,
 } from "@cedar-policy/cedar-wasm/nodejs";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
@@ -64,6 +65,25 @@ function problemsOf(errors: DetailedError[], text: string, base = 0): PolicyProb
   });
 }
 
+/** Residuals kept per set before the cache starts over. */
+const MAX_RESIDUALS = 20_000;
+
+/**
+ * A residual policy with each `unknown("<attr>")` of the context turned back into
+ * `context.<attr>`, so the residual is evaluated against the full request.
+ */
+function knownAgain(node: unknown): unknown {
+  if (Array.isArray(node)) return node.map(knownAgain);
+  if (typeof node !== "object" || node === null) return node;
+  const record = node as Record<string, unknown>;
+  const unknown = record.unknown;
+  if (Array.isArray(unknown) && Object.keys(record).length === 1) {
+    const name = (unknown[0] as { Value?: unknown } | undefined)?.Value;
+    if (typeof name === "string") return { ".": { left: { Var: "context" }, attr: name } };
+  }
+  return Object.fromEntries(Object.entries(record).map(([k, v]) => [k, knownAgain(v)]));
+}
+
 /**
  * A compiled Cedar policy set: parsed, validated against {@link CEDAR_SCHEMA}, and cached in
  * the Cedar engine under a key derived from its text. Policy ids are the `@id("…")`
@@ -79,6 +99,9 @@ export class CompiledPolicySet {
   readonly #key: string;
   readonly #texts: Readonly<Record<string, string>>;
   readonly #forbids: ReadonlySet<string>;
+  // Per request shape (see `authorizeFor`): the verdict when the unknowns do not matter, else
+  // the key of the pre-parsed residual policies.
+  readonly #residuals = new Map<string, SetVerdict | string>();
 
   private constructor(
     text: string,
@@ -152,7 +175,11 @@ export class CompiledPolicySet {
 
   /** Decides a request whose context is fully known. A failing `forbid` policy denies. */
   authorize(request: CedarRequest): SetVerdict {
-    const answer = cedar.statefulIsAuthorized({ ...request, preparsedPolicySetId: this.#key });
+    return this.#authorizeWith(this.#key, request);
+  }
+
+  #authorizeWith(key: string, request: CedarRequest): SetVerdict {
+    const answer = cedar.statefulIsAuthorized({ ...request, preparsedPolicySetId: key });
     if (answer.type === "failure") {
       throw new ToolmeshError(
         ErrorCode.Internal,
@@ -167,6 +194,57 @@ export class CompiledPolicySet {
       .filter((id) => this.#forbids.has(id));
     if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
     return { decision, policies: diagnostics.reason };
+  }
+
+  /**
+   * Decides `request` as {@link authorize} does, evaluating only the policies that partial
+   * evaluation of `shape` (the same request with arguments and session unknown) left
+   * undecided, with what it already knows folded in. The residual is computed once per
+   * `shapeKey` and kept with this set; Cedar's cost grows with the number of policies.
+   */
+  authorizeFor(shapeKey: string, shape: CedarRequest, request: CedarRequest): SetVerdict {
+    let residual = this.#residuals.get(shapeKey);
+    if (residual === undefined) {
+      residual = this.#residualOf(shape);
+      if (this.#residuals.size >= MAX_RESIDUALS) this.#residuals.clear();
+      this.#residuals.set(shapeKey, residual);
+    }
+    if (typeof residual !== "string") return residual;
+    return this.#authorizeWith(residual, request);
+  }
+
+  #residualOf(shape: CedarRequest): SetVerdict | string {
+    const answer = cedar.isAuthorizedPartial({
+      ...shape,
+      policies: { staticPolicies: { ...this.#texts } },
+    });
+    if (answer.type === "failure") {
+      throw new ToolmeshError(
+        ErrorCode.Internal,
+        `policy evaluation failed: ${answer.errors[0]?.message ?? "unknown error"}`,
+      );
+    }
+    const { response } = answer;
+    const failedForbids = response.errored.filter((id) => this.#forbids.has(id));
+    if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
+    if (response.decision !== null)
+      return { decision: response.decision, policies: response.mustBeDetermining };
+    const kept: Record<string, PolicyJson> = {};
+    for (const [id, policy] of Object.entries(response.residuals)) {
+      const never = policy.conditions.some(
+        (c) => c.kind === "when" && JSON.stringify(c.body) === '{"Value":false}',
+      );
+      if (!never) kept[id] = knownAgain(policy) as PolicyJson;
+    }
+    const key = `toolmesh:r:${createHash("sha256").update(JSON.stringify(kept)).digest("hex")}`;
+    const parsed = cedar.preparsePolicySet(key, { staticPolicies: kept });
+    if (parsed.type === "failure") {
+      throw new ToolmeshError(
+        ErrorCode.Internal,
+        `policy residual failed: ${parsed.errors[0]?.message ?? "unknown error"}`,
+      );
+    }
+    return key;
   }
 
   /**
