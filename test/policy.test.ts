@@ -13,6 +13,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
+import { mcpClient, startGateway } from "./helpers/gateway.js";
 
 // The worked examples of docs/policy.md, as written there, through a real mesh: three
 // resolvers, an executor and a schema expander, sets stored with the CLI.
@@ -25,6 +26,7 @@ let store: PolicyStore;
 const resolvers: ServiceProcess[] = [];
 let expander: ServiceProcess;
 let blocks: string[];
+let gatewayUrl: string;
 
 beforeAll(async () => {
   server = await startNatsServer();
@@ -36,6 +38,8 @@ beforeAll(async () => {
   for (let i = 0; i < 3; i++) resolvers.push(await startService("resolver", env));
   expander = await startService("schema-expander", env);
   await startService("executor", env);
+  // The gateway serves tenant acme to MCP clients: its tools/list is the catalog.
+  gatewayUrl = (await startGateway({ ...env, TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "acme" })).url;
   await Promise.all(
     resolvers.map((r) => toolAvailable(r, "read_file", "delete_file", "purge_cache")),
   );
@@ -175,6 +179,18 @@ describe("policies (docs/policy.md)", () => {
     refused(await call("acme", "purge_cache", {}), []);
     expect(await listed("acme")).toEqual(["read_file"]);
     expect(await listed("globex")).toEqual(["delete_file", "read_file"]);
+
+    // Through the gateway, tools/list and tools/call agree with the catalog.
+    const mcp = await mcpClient(gatewayUrl, undefined);
+    expect((await mcp.listTools()).tools.map((t) => t.name)).toEqual(["read_file"]);
+    const denied = await mcp.callTool({ name: "delete_file", arguments: { path: "/tmp/x" } });
+    expect(denied.isError).toBe(true);
+    expect(JSON.stringify(denied.content)).toContain(
+      'refused by policy \\"tenant:acme-no-destructive\\"',
+    );
+    const read = await mcp.callTool({ name: "read_file", arguments: { path: "/tmp/x" } });
+    expect(read.isError).not.toBe(true);
+    await mcp.close();
 
     const check = await runCli(
       [

@@ -171,7 +171,9 @@ export class PolicyDecider {
         : `refused by policy ${decision.policies.map((p) => `"${p}"`).join(", ")}`;
     return new ToolmeshError(
       ErrorCode.PermissionDenied,
-      `${action} of tool "${tool}" is not allowed: ${by}`,
+      action === "call"
+        ? `call of tool "${tool}" is not allowed: ${by}`
+        : `tool "${tool}" is not available to this caller: ${by}`,
       {
         details: { tool, policies: decision.policies, policy_version: decision.version },
       },
