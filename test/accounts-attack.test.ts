@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -108,6 +108,7 @@ interface MeshSnapshot {
   consumers: string[];
   groupsRevision: number | undefined;
   toolRevision: number | undefined;
+  policiesRevision: number | undefined;
 }
 
 async function snapshot(jsm: JetStreamManager, nc: NatsConnection): Promise<MeshSnapshot> {
@@ -134,11 +135,13 @@ async function snapshot(jsm: JetStreamManager, nc: NatsConnection): Promise<Mesh
   const kvm = new Kvm(nc);
   const groups = await kvm.open(subjects.groupsBucket);
   const tools = await kvm.open(subjects.registryBucket);
+  const policies = await kvm.open(subjects.policiesBucket);
   return {
     streams,
     consumers: consumers.sort(),
     groupsRevision: (await groups.get("globex"))?.revision,
     toolRevision: (await tools.get(subjects.registryKey("echo")))?.revision,
+    policiesRevision: (await policies.status()).values,
   };
 }
 
@@ -243,6 +246,8 @@ describe("tenants in their own accounts, attacked", () => {
       `$JS.API.STREAM.MSG.DELETE.${SESSIONS}`,
       `$KV.${subjects.groupsBucket}.globex`,
       `$KV.${subjects.registryBucket}.echo`,
+      `$KV.${subjects.policiesBucket}.operator`,
+      `$KV.${subjects.policiesBucket}.tenant.acme`,
       "toolmesh.v1.work.echo",
       "toolmesh.v1.control.abort",
       `toolmesh.v1.sessions.globex.g1.result.${globex.callId}`,
@@ -295,6 +300,7 @@ describe("tenants in their own accounts, attacked", () => {
     expect(after.consumers).toEqual(before.consumers);
     expect(after.groupsRevision).toBe(before.groupsRevision);
     expect(after.toolRevision).toBe(before.toolRevision);
+    expect(after.policiesRevision).toBe(before.policiesRevision);
     // No junk work: the deputy's PubAcks never reached the work stream, nor another tenant's
     // calls stream.
     expect(after.streams.get(subjects.streams.work)?.messages).toBe(0);
@@ -313,6 +319,64 @@ describe("tenants in their own accounts, attacked", () => {
       (await acmeAgain.submit({ name: "echo", arguments: { text: "ok" } }).result).content,
     ).toBe("ok");
     acmeAgain.close();
+  });
+
+  it("a tenant's principals neither read nor write policy sets; the operator does", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "toolmesh-attack-policy-"));
+    const file = join(dir, "operator.cedar");
+    await writeFile(file, `@id("open") permit (principal, action, resource);\n`);
+    const set = await runCli(["policy", "set", file, "--json"], credentials("operator"));
+    expect(set.stderr).toBe("");
+    expect(set.code).toBe(0);
+    const policies = await new Kvm(mesh).open(subjects.policiesBucket);
+    const stored = await policies.get("operator");
+    expect(stored?.string()).toContain('@id("open")');
+    const before = (await policies.status()).values;
+
+    const attackers = await Promise.all(
+      ["acme-root", "frontend-acme"].map((user) =>
+        connectAs(user, { inboxPrefix: subjects.frontendInboxPrefix("acme") }),
+      ),
+    );
+    const forbidAll = `@id("x") forbid (principal, action, resource);`;
+    // A request that reaches nothing times out or is refused; one answered inside the
+    // tenant's own account (which has no JetStream) is an error, never the bucket's content.
+    const answerTo = (nc: NatsConnection, subject: string, body: string) =>
+      nc.request(subject, body, { timeout: 1_000 }).then(
+        (m) => m.string(),
+        () => "",
+      );
+    for (const nc of attackers) {
+      // Read: the bucket's API and its direct gets are not reachable from a tenant account.
+      const read = await answerTo(
+        nc,
+        `$JS.API.DIRECT.GET.KV_${subjects.policiesBucket}.$KV.${subjects.policiesBucket}.operator`,
+        "",
+      );
+      expect(read).not.toContain("permit");
+      const info = await answerTo(nc, `$JS.API.STREAM.INFO.KV_${subjects.policiesBucket}`, "");
+      expect(info).not.toContain(subjects.policiesBucket);
+      // Write: straight onto the bucket's subjects, with and without asking for an ack.
+      for (const key of ["operator", "tenant.acme", "tenant.globex"]) {
+        nc.publish(`$KV.${subjects.policiesBucket}.${key}`, forbidAll);
+        const ack = await answerTo(nc, `$KV.${subjects.policiesBucket}.${key}`, forbidAll);
+        expect(ack).not.toMatch(/"seq"/);
+      }
+    }
+    // The tenant's own CLI, with its frontend's credentials, is refused too.
+    const asTenant = await runCli(
+      ["policy", "set", file, "--tenant", "acme"],
+      credentials("frontend-acme"),
+    );
+    expect(asTenant.code).not.toBe(0);
+    await settle(...attackers, mesh);
+    expect((await policies.status()).values).toBe(before);
+    expect((await policies.get("operator"))?.revision).toBe(stored?.revision);
+    expect(await policies.get("tenant.acme")).toBeNull();
+    for (const nc of attackers) await nc.close();
+    // Removed again, so the other cases run with every tool open.
+    expect((await runCli(["policy", "rm", "--operator"], credentials("operator"))).code).toBe(0);
+    await rm(dir, { recursive: true, force: true });
   });
 
   it("a tenant stores calls in its own calls stream only, and never reads the resolvers' intake", async () => {

@@ -38,6 +38,8 @@ export interface MeshPlan {
     quotas: StreamSpec;
     /** What each quota scope uses, kept by compare-and-set. */
     quotaUsage: StreamSpec;
+    /** The operator's and tenants' policy sets, with history for operators. */
+    policies: StreamSpec;
   };
   /**
    * Consumers shared by every replica of a service. Executors add one work consumer per tool
@@ -89,6 +91,7 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
       }),
       quotas: bucketSpec(subjects.quotasBucket, { replicas, compression, history: 5 }),
       quotaUsage: bucketSpec(subjects.quotaUsageBucket, { replicas, compression }),
+      policies: bucketSpec(subjects.policiesBucket, { replicas, compression, history: 16 }),
     },
     consumers: {
       resolver: durableConsumerSpec({

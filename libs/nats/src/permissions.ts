@@ -83,6 +83,7 @@ function names(s: Subjects) {
       s.groupsBucket,
       s.quotasBucket,
       s.quotaUsageBucket,
+      s.policiesBucket,
     ],
     kv,
     /**
@@ -365,6 +366,8 @@ export function rolePermissions(
           ...bucketRead(s.quotaUsageBucket),
           `$KV.${s.quotaUsageBucket}.>`,
           `${API}.CONSUMER.INFO.${s.streams.work}.>`,
+          // Policy sets: watched, never written.
+          ...bucketRead(s.policiesBucket),
         ),
       );
     case "gateway":
@@ -420,6 +423,8 @@ export function rolePermissions(
           `$KV.${s.sessionsBucket}.>`,
           ...bucketRead(s.groupsBucket),
           `$KV.${s.groupsBucket}.>`,
+          // Catalogs show what the policy sets permit: watched, never written.
+          ...bucketRead(s.policiesBucket),
         ),
       );
     case "operator":
@@ -457,6 +462,7 @@ export function rolePermissions(
           `$KV.${s.sessionsBucket}.>`,
           `$KV.${s.quotasBucket}.>`,
           `$KV.${s.quotaUsageBucket}.>`,
+          `$KV.${s.policiesBucket}.>`,
         ),
       );
     case "setup":

@@ -285,6 +285,8 @@ export interface Subjects {
   readonly quotasBucket: string;
   /** KV bucket holding what each quota scope uses (calls in flight, tokens, the day's count); same keys. */
   readonly quotaUsageBucket: string;
+  /** KV bucket holding the Cedar policy sets: key `operator`, or `tenant.{tenant}` (docs/policy.md). */
+  readonly policiesBucket: string;
   /**
    * Key of one part of a session's state in {@link Subjects.sessionsBucket}:
    * `{tenant}.{session}.{part}`, part `schemas` (expansion) or `policy` (groups, agent).
@@ -488,6 +490,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     toolApprovalsBucket: `${bucketStem}_tool_approvals`,
     quotasBucket: `${bucketStem}_quotas`,
     quotaUsageBucket: `${bucketStem}_quota_usage`,
+    policiesBucket: `${bucketStem}_policies`,
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",

@@ -42,6 +42,7 @@ export const MetricName = {
   McpServerRestarts: "toolmesh.mcp.server.restarts",
   McpRequestDuration: "toolmesh.mcp.request.duration",
   TenantRefused: "toolmesh.tenant.refused",
+  PolicyDecisions: "toolmesh.policy.decisions",
   TenantInFlight: "toolmesh.tenant.in_flight",
   TenantQueued: "toolmesh.tenant.queued",
   GatewayCalls: "toolmesh.gateway.calls",
@@ -103,6 +104,7 @@ export class ToolmeshMetrics {
   readonly #tenantRefused: Counter;
   readonly #gatewayCalls: Counter;
   readonly #gatewayDuration: Histogram;
+  readonly #policyDecisions: Counter;
   readonly #tenants = new Set<() => TenantReading[]>();
 
   constructor(provider: MeterProvider) {
@@ -180,6 +182,11 @@ export class ToolmeshMetrics {
     this.#gatewayDuration = meter.createHistogram(MetricName.GatewayCallDuration, {
       ...seconds,
       description: "Duration of tool calls through the gateway, by tenant, tool and outcome",
+    });
+    this.#policyDecisions = meter.createCounter(MetricName.PolicyDecisions, {
+      unit: "{decision}",
+      description: "Policy decisions on calls, by toolmesh.policy.effect (allow, deny)",
+      valueType: ValueType.INT,
     });
     this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
       unit: "{call}",
@@ -334,6 +341,11 @@ export class ToolmeshMetrics {
       [ATTR_ERROR_TYPE]: code,
       [ATTR_TOOLMESH_QUOTA]: quota,
     });
+  }
+
+  /** A policy decided a call: `allow` or `deny`. */
+  policyDecision(effect: "allow" | "deny"): void {
+    this.#policyDecisions.add(1, { "toolmesh.policy.effect": effect });
   }
 
   /** Reports tenants' use at each collection; returns the function that stops reporting. */

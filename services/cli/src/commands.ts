@@ -136,7 +136,11 @@ export async function toolsShowCommand(
   });
 }
 
-async function openForReading(nc: NatsConnection, config: RuntimeConfig): Promise<ToolRegistry> {
+/** The registry, read once (no watch), as the CLI's commands read it. */
+export async function openForReading(
+  nc: NatsConnection,
+  config: RuntimeConfig,
+): Promise<ToolRegistry> {
   return ToolRegistry.open(nc, {
     subjects: createSubjects({ prefix: config.prefix }),
     log: commandLog(),

@@ -24,6 +24,7 @@ import {
 } from "./dlq-commands.js";
 import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
+import { addPolicyCommands } from "./policy-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 
 /** The log level asked for: `--log-level`, else `TOOLMESH_LOG_LEVEL`; undefined when neither. */
@@ -230,6 +231,7 @@ export function buildProgram(
   addCatalogCommands(program, () => config(), run);
   addSetupCommand(program, config, run);
   addQuotaCommands(program, () => config(), run);
+  addPolicyCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);

@@ -1,12 +1,14 @@
 import { AccessView, StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
 import { meshRegistry } from "@toolmesh/runtime";
+import { PolicyView, openPolicyBucket } from "@toolmesh/policy";
 import type { Resolver } from "./resolver.js";
+import type { ToolAccessPolicy } from "./handle-call.js";
 import { startResolver } from "./resolver.js";
 
 /**
  * Starts a resolver configured by the runtime, checking calls against the agents of
- * `TOOLMESH_CONFIG_DIR` and the tool-group switches in KV.
+ * `TOOLMESH_CONFIG_DIR`, the tool-group switches in KV and the policy sets in force.
  */
 export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
   const log = rt.log.child({ actor: "resolver" });
@@ -18,7 +20,23 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     replicas: rt.config.streamReplicas,
     compression: rt.config.streamCompression,
   });
-  const access = await AccessView.open(rt.nc, store, { agents: catalog.agents, log });
+  const groups = await AccessView.open(rt.nc, store, { agents: catalog.agents, log });
+  const policies = await PolicyView.open(
+    await openPolicyBucket(rt.nc, { subjects: rt.subjects, replicas: rt.config.streamReplicas }),
+    log,
+  );
+  // A tool the policies hide is refused before its arguments are read, as one whose group is
+  // off: its schema never goes out in a missing_arguments answer.
+  const access: ToolAccessPolicy = {
+    check: (definition, at, agent) =>
+      groups.check(definition, at, agent) ??
+      policies.decider.listRefusal({
+        tenant: at.tenant,
+        tool: definition,
+        agent,
+        session: at.session,
+      }),
+  };
   const resolver = await startResolver({
     nc: rt.nc,
     subjects: rt.subjects,
@@ -32,6 +50,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     callRetentionMs: rt.config.callRetentionMs,
     maxResultBytes: rt.config.maxResultBytes,
     access,
+    policies: policies.decider,
     replicas: rt.config.streamReplicas,
     quotaReconcileMs: rt.config.quotaReconcileMs,
     fairShareWindow: rt.config.fairShareWindow,
@@ -40,7 +59,8 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
   return {
     async stop(graceMs) {
       await resolver.stop(graceMs);
-      access.close();
+      groups.close();
+      policies.close();
     },
   };
 }

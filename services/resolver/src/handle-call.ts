@@ -71,6 +71,7 @@ import {
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { Admission, AdmissionTicket } from "./admission.js";
+import { PolicyDecider } from "@toolmesh/policy";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -95,6 +96,8 @@ export interface ResolverDeps {
   callRetentionMs: number;
   /** Who may call what; every tool open to every session when undefined. */
   access?: ToolAccessPolicy | undefined;
+  /** The Cedar policy sets in force (docs/policy.md); no call is decided when undefined. */
+  policies?: PolicyDecider | undefined;
 }
 
 /**
@@ -387,7 +390,7 @@ export async function routeCall(
   const route = routeOf(deps, resolution, msg, callLog);
   const { resolved, request, key } = route;
   const now = deps.plane.clock.now();
-  const unfit = unroutable(resolved, deps.callRetentionMs, now);
+  const unfit = unroutable(resolved, deps.callRetentionMs, now) ?? policyRefusal(route);
   if (unfit !== undefined) {
     await refuseUnaccepted(route, unfit);
     return undefined;
@@ -471,6 +474,20 @@ function unroutable(
     );
   }
   return undefined;
+}
+
+/**
+ * The policies' refusal of a call, decided before anything is counted or stored
+ * (docs/policy.md); counts the decision. None when no policy set is in force.
+ */
+function policyRefusal(route: Route): ToolmeshError | undefined {
+  const { deps, resolved, callLog } = route;
+  const policy = deps.policies?.decideCall(resolved, deps.registry.get(resolved.tool)?.definition);
+  if (policy === undefined) return undefined;
+  deps.metrics.policyDecision(policy.allowed ? "allow" : "deny");
+  if (policy.allowed) return undefined;
+  callLog.info({ policies: policy.policies, version: policy.version }, "call refused by policy");
+  return PolicyDecider.refusal(policy, resolved.tool);
 }
 
 /** Answers a call on its session with `error` as its final message, under `msgId`. */

@@ -21,6 +21,7 @@ import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { dryRunRequests, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
+import type { PolicyDecider } from "@toolmesh/policy";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
 import { FairShare } from "./fair-share.js";
@@ -58,6 +59,8 @@ export interface ResolverOptions {
   maxResultBytes?: number;
   /** Who may call what: tool groups and agents. Default: every tool open to every session. */
   access?: ToolAccessPolicy;
+  /** The Cedar policy sets in force (docs/policy.md). Default: no call is decided by policy. */
+  policies?: PolicyDecider;
   /** Whether tenants' quotas are applied (the buckets are created when missing). Default true. */
   quotas?: boolean;
   /** How often quota counts of calls that ended unseen are reconciled, in ms. Default 5 000. */
@@ -160,6 +163,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
     access: options.access,
+    policies: options.policies,
   };
 
   void (async () => {

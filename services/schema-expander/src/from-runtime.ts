@@ -1,12 +1,13 @@
 import { StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
 import { meshRegistry } from "@toolmesh/runtime";
+import { PolicyView, openPolicyBucket } from "@toolmesh/policy";
 import type { SchemaExpander } from "./schema-expander.js";
 import { startSchemaExpander } from "./schema-expander.js";
 
 /**
  * Starts a schema expander configured by the runtime: tool sets and agents from
- * `TOOLMESH_CONFIG_DIR`, session state kept `TOOLMESH_SESSION_STATE_TTL_MS` after its last change.
+ * `TOOLMESH_CONFIG_DIR`, catalogs filtered by the policy sets in force, session state kept `TOOLMESH_SESSION_STATE_TTL_MS` after its last change.
  */
 export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<SchemaExpander> {
   const log = rt.log.child({ actor: "schema-expander" });
@@ -18,7 +19,11 @@ export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<Schem
     replicas: rt.config.streamReplicas,
     compression: rt.config.streamCompression,
   });
-  return startSchemaExpander({
+  const policies = await PolicyView.open(
+    await openPolicyBucket(rt.nc, { subjects: rt.subjects, replicas: rt.config.streamReplicas }),
+    log,
+  );
+  const expander = await startSchemaExpander({
     nc: rt.nc,
     subjects: rt.subjects,
     registry: meshRegistry(rt),
@@ -28,5 +33,12 @@ export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<Schem
     tracer: rt.tracer,
     streamLimits: rt.streamLimits,
     ackWaitMs: rt.config.ackWaitMs,
+    policies: policies.decider,
   });
+  return {
+    async stop(graceMs) {
+      await expander.stop(graceMs);
+      policies.close();
+    },
+  };
 }

@@ -60,6 +60,7 @@ import {
   modelSchema,
 } from "@toolmesh/catalog";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
+import type { PolicyDecider } from "@toolmesh/policy";
 import {
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
@@ -81,6 +82,8 @@ export interface SchemaExpanderOptions {
   log: Logger;
   tracer: Tracer;
   streamLimits?: StreamLimits;
+  /** The Cedar policy sets in force (docs/policy.md): catalogs show only what they permit. */
+  policies?: PolicyDecider | undefined;
   /** Events handled at once by this process. Default 16. */
   concurrency?: number;
   /** How long a delivered event stays owned without a heartbeat, in ms. Default 10 000. */
@@ -107,6 +110,8 @@ export interface ExpanderDeps {
    * pages. Default 3/4 of the server's `max_payload`.
    */
   pageBytes?: number;
+  /** The Cedar policy sets in force; every tool is listed when undefined. */
+  policies?: PolicyDecider | undefined;
 }
 
 /** Queue group of the schema expanders' request-reply subscriptions. */
@@ -140,7 +145,17 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
   const pageBytes = Math.floor(
     (nc.info?.max_payload ?? Defaults.maxMessageBytes) * Defaults.catalogPageShare,
   );
-  const deps: ExpanderDeps = { js, subjects, registry, store, catalog, log, tracer, pageBytes };
+  const deps: ExpanderDeps = {
+    js,
+    subjects,
+    registry,
+    store,
+    catalog,
+    log,
+    tracer,
+    pageBytes,
+    policies: options.policies,
+  };
 
   const loop: WorkLoop = await startWorkLoop({
     js,
@@ -372,7 +387,7 @@ export async function answerCatalog(
   const expanded =
     at === undefined ? undefined : (await store.getSchemas(at))?.value.expanded_tools;
   const built = buildCatalog({
-    tools: registry.tools(),
+    tools: listable(deps, registry.tools(), tenant, state.session?.agent ?? request.agent, at),
     tenantGroups: state.tenantGroups,
     session: state.session,
     agent: request.agent,
@@ -465,7 +480,7 @@ export async function answerDescribe(
   let room = deps.pageBytes ?? Number.POSITIVE_INFINITY;
   for (const name of new Set(request.tools)) {
     try {
-      const schema = modelSchema(callableTool(deps, name, state, request.agent));
+      const schema = modelSchema(callableTool(deps, name, state, request.agent, at));
       const bytes = encodeJson(schema).length;
       if (bytes > room && schemas.length > 0) throw describeTooLarge(name, bytes, room);
       room -= bytes;
@@ -515,7 +530,7 @@ export async function answerExpand(
   const request = parseRequest(ExpandRequestSchema, body);
   const at = { tenant, session: subjectToken(request.session_id) };
   const state = await accessState(deps, tenant, at);
-  const schema = modelSchema(callableTool(deps, request.tool, state, request.agent));
+  const schema = modelSchema(callableTool(deps, request.tool, state, request.agent, at));
   // Forced: no message id, so a second `expand` is sent too.
   await publishSchema(deps, at, request.session_id, schema, { reason: "expand", missing: [] });
   await recordSent(deps, at, request.session_id, [schema]);
@@ -587,15 +602,33 @@ export async function answerGroups(
   };
 }
 
+/** The tools the policies in force let the tenant (as `agent`, in session `at`) see. */
+function* listable(
+  deps: Pick<ExpanderDeps, "policies">,
+  tools: Iterable<CompiledTool>,
+  tenant: string,
+  agent: string | undefined,
+  at: SessionAddress | undefined,
+): Iterable<CompiledTool> {
+  const { policies } = deps;
+  for (const tool of tools)
+    if (
+      policies === undefined ||
+      policies.mayList({ tenant, tool: tool.definition, agent, session: at?.session })
+    )
+      yield tool;
+}
+
 /** The tool, if this session (as `agent`) may call it; else the error a call would get. */
 function callableTool(
-  deps: Pick<ExpanderDeps, "registry" | "catalog">,
+  deps: Pick<ExpanderDeps, "registry" | "catalog" | "policies">,
   name: string,
   state: {
     tenantGroups: ReadonlyMap<string, boolean> | undefined;
     session: SessionPolicy | undefined;
   },
   agent: string | undefined,
+  at: SessionAddress,
 ): CompiledTool {
   const tool = deps.registry.get(name);
   if (tool === undefined) {
@@ -609,6 +642,13 @@ function callableTool(
     agents: deps.catalog.agents,
   });
   if (denied !== undefined) throw denied;
+  const hidden = deps.policies?.listRefusal({
+    tenant: at.tenant,
+    tool: tool.definition,
+    agent: state.session?.agent ?? agent,
+    session: at.session,
+  });
+  if (hidden !== undefined) throw hidden;
   return tool;
 }
 

@@ -1,0 +1,272 @@
+import { createHash } from "node:crypto";
+import * as cedar from "@cedar-policy/cedar-wasm/nodejs";
+import type {
+  Context,
+  DetailedError,
+  EntityJson,
+  PolicyJson,
+  EntityUidJson,
+} from "@cedar-policy/cedar-wasm/nodejs";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { CEDAR_SCHEMA } from "./schema.js";
+
+/** One thing wrong with a policy set, where it is (1-based line and column). */
+export interface PolicyProblem {
+  line: number;
+  column: number;
+  message: string;
+}
+
+/** A policy set that does not parse or does not validate against the schema; nothing was changed. */
+export class PolicySetError extends ToolmeshError {
+  readonly problems: readonly PolicyProblem[];
+
+  constructor(problems: PolicyProblem[]) {
+    const first = problems[0];
+    super(
+      ErrorCode.InvalidRequest,
+      first === undefined
+        ? "invalid policy set"
+        : `invalid policy set: line ${first.line}, column ${first.column}: ${first.message}`,
+      { details: { problems } },
+    );
+    this.problems = problems;
+  }
+}
+
+/** What evaluating one request against one set found. */
+export interface SetVerdict {
+  /** `allow`, `deny`, or undefined when it depends on what was left unknown. */
+  decision: "allow" | "deny" | undefined;
+  /** The ids of the policies that made the decision (none: no policy permits). */
+  policies: string[];
+}
+
+/** One request to a set: Cedar's principal, action, resource, context and entities. */
+export interface CedarRequest {
+  principal: EntityUidJson;
+  action: EntityUidJson;
+  resource: EntityUidJson;
+  context: Context;
+  entities: EntityJson[];
+}
+
+function lineAndColumn(text: string, offset: number): { line: number; column: number } {
+  const before = text.slice(0, Math.max(0, Math.min(offset, text.length)));
+  const lines = before.split("\n");
+  return { line: lines.length, column: (lines.at(-1)?.length ?? 0) + 1 };
+}
+
+function problemsOf(errors: DetailedError[], text: string, base = 0): PolicyProblem[] {
+  return errors.map((e) => {
+    const at = e.sourceLocations?.[0];
+    const label = at?.label ? ` (${at.label})` : "";
+    return { ...lineAndColumn(text, base + (at?.start ?? 0)), message: `${e.message}${label}` };
+  });
+}
+
+/** Residuals kept per set before the cache starts over. */
+const MAX_RESIDUALS = 20_000;
+
+/**
+ * A residual policy with each `unknown("<attr>")` of the context turned back into
+ * `context.<attr>`, so the residual is evaluated against the full request.
+ */
+function knownAgain(node: unknown): unknown {
+  if (Array.isArray(node)) return node.map(knownAgain);
+  if (typeof node !== "object" || node === null) return node;
+  const record = node as Record<string, unknown>;
+  const unknown = record.unknown;
+  if (Array.isArray(unknown) && Object.keys(record).length === 1) {
+    const name = (unknown[0] as { Value?: unknown } | undefined)?.Value;
+    if (typeof name === "string") return { ".": { left: { Var: "context" }, attr: name } };
+  }
+  return Object.fromEntries(Object.entries(record).map(([k, v]) => [k, knownAgain(v)]));
+}
+
+/**
+ * A compiled Cedar policy set: parsed, validated against {@link CEDAR_SCHEMA}, and cached in
+ * the Cedar engine under a key derived from its text. Policy ids are the `@id("…")`
+ * annotation of each policy, or `policy<N>` (its place in the file, from 0).
+ */
+export class CompiledPolicySet {
+  /** Policy ids, in file order. */
+  readonly ids: readonly string[];
+  /** The source text. */
+  readonly text: string;
+  /** Annotations of each policy, by id (e.g. `approval`). */
+  readonly annotations: ReadonlyMap<string, Readonly<Record<string, string>>>;
+  readonly #key: string;
+  readonly #texts: Readonly<Record<string, string>>;
+  readonly #forbids: ReadonlySet<string>;
+  // Per request shape (see `authorizeFor`): the verdict when the unknowns do not matter, else
+  // the key of the pre-parsed residual policies.
+  readonly #residuals = new Map<string, SetVerdict | string>();
+
+  private constructor(
+    text: string,
+    texts: Record<string, string>,
+    policies: Map<string, { effect: string; annotations: Record<string, string> }>,
+  ) {
+    this.text = text;
+    this.#texts = texts;
+    this.ids = [...policies.keys()];
+    this.annotations = new Map([...policies].map(([id, p]) => [id, p.annotations]));
+    this.#forbids = new Set(
+      [...policies].filter(([, p]) => p.effect === "forbid").map(([id]) => id),
+    );
+    this.#key = `toolmesh:${createHash("sha256").update(text).digest("hex")}`;
+  }
+
+  /** Parses and validates `text`; throws {@link PolicySetError} naming line and column. */
+  static compile(text: string): CompiledPolicySet {
+    const parts = cedar.policySetTextToParts(text);
+    if (parts.type === "failure") throw new PolicySetError(problemsOf(parts.errors, text));
+    const texts: Record<string, string> = {};
+    const policies = new Map<string, { effect: string; annotations: Record<string, string> }>();
+    const offsets = new Map<string, number>();
+    let cursor = 0;
+    for (const [index, part] of parts.policies.entries()) {
+      const found = text.indexOf(part, cursor);
+      const offset = found < 0 ? cursor : found;
+      cursor = found < 0 ? cursor : found + part.length;
+      const json = cedar.policyToJson(part);
+      if (json.type === "failure") throw new PolicySetError(problemsOf(json.errors, text, offset));
+      const annotations = { ...json.json.annotations } as Record<string, string>;
+      const id = annotations.id ?? `policy${index}`;
+      const waits = ["approval", "approval_ttl"].find((a) => a in annotations);
+      if (waits !== undefined)
+        throw new PolicySetError([
+          {
+            ...lineAndColumn(text, offset),
+            message: `policy "${id}": @${waits} is not supported: calls that wait for a person are not part of this version`,
+          },
+        ]);
+      if (policies.has(id))
+        throw new PolicySetError([
+          { ...lineAndColumn(text, offset), message: `policy id "${id}" is used twice` },
+        ]);
+      texts[id] = part;
+      offsets.set(id, offset);
+      policies.set(id, { effect: json.json.effect, annotations });
+    }
+    if (parts.policy_templates.length > 0)
+      throw new PolicySetError([
+        { line: 1, column: 1, message: "policy templates are not supported" },
+      ]);
+    const validated = cedar.validate({ schema: CEDAR_SCHEMA, policies: { staticPolicies: texts } });
+    if (validated.type === "failure") throw new PolicySetError(problemsOf(validated.errors, text));
+    if (validated.validationErrors.length > 0) {
+      throw new PolicySetError(
+        validated.validationErrors.flatMap((v) =>
+          problemsOf([v.error], text, offsets.get(v.policyId) ?? 0).map((p) => ({
+            ...p,
+            // Locations of validation errors are relative to their policy.
+            message: `policy "${v.policyId}": ${p.message}`,
+          })),
+        ),
+      );
+    }
+    const set = new CompiledPolicySet(text, texts, policies);
+    const cached = cedar.preparsePolicySet(set.#key, { staticPolicies: texts });
+    if (cached.type === "failure") throw new PolicySetError(problemsOf(cached.errors, text));
+    return set;
+  }
+
+  /** Decides a request whose context is fully known. A failing `forbid` policy denies. */
+  authorize(request: CedarRequest): SetVerdict {
+    return this.#authorizeWith(this.#key, request);
+  }
+
+  #authorizeWith(key: string, request: CedarRequest): SetVerdict {
+    const answer = cedar.statefulIsAuthorized({ ...request, preparsedPolicySetId: key });
+    if (answer.type === "failure") {
+      throw new ToolmeshError(
+        ErrorCode.Internal,
+        `policy evaluation failed: ${answer.errors[0]?.message ?? "unknown error"}`,
+      );
+    }
+    const { decision, diagnostics } = answer.response;
+    // A forbid that could not be evaluated (an argument of another type than it expects)
+    // refuses: a guard that errs must not open the door.
+    const failedForbids = diagnostics.errors
+      .map((e) => e.policyId)
+      .filter((id) => this.#forbids.has(id));
+    if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
+    return { decision, policies: diagnostics.reason };
+  }
+
+  /**
+   * Decides `request` as {@link authorize} does, evaluating only the policies that partial
+   * evaluation of `shape` (the same request with arguments and session unknown) left
+   * undecided, with what it already knows folded in. The residual is computed once per
+   * `shapeKey` and kept with this set; Cedar's cost grows with the number of policies.
+   */
+  authorizeFor(shapeKey: string, shape: CedarRequest, request: CedarRequest): SetVerdict {
+    let residual = this.#residuals.get(shapeKey);
+    if (residual === undefined) {
+      residual = this.#residualOf(shape);
+      if (this.#residuals.size >= MAX_RESIDUALS) this.#residuals.clear();
+      this.#residuals.set(shapeKey, residual);
+    }
+    if (typeof residual !== "string") return residual;
+    return this.#authorizeWith(residual, request);
+  }
+
+  #residualOf(shape: CedarRequest): SetVerdict | string {
+    const answer = cedar.isAuthorizedPartial({
+      ...shape,
+      policies: { staticPolicies: { ...this.#texts } },
+    });
+    if (answer.type === "failure") {
+      throw new ToolmeshError(
+        ErrorCode.Internal,
+        `policy evaluation failed: ${answer.errors[0]?.message ?? "unknown error"}`,
+      );
+    }
+    const { response } = answer;
+    const failedForbids = response.errored.filter((id) => this.#forbids.has(id));
+    if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
+    if (response.decision !== null)
+      return { decision: response.decision, policies: response.mustBeDetermining };
+    const kept: Record<string, PolicyJson> = {};
+    for (const [id, policy] of Object.entries(response.residuals)) {
+      const never = policy.conditions.some(
+        (c) => c.kind === "when" && JSON.stringify(c.body) === '{"Value":false}',
+      );
+      if (!never) kept[id] = knownAgain(policy) as PolicyJson;
+    }
+    const key = `toolmesh:r:${createHash("sha256").update(JSON.stringify(kept)).digest("hex")}`;
+    const parsed = cedar.preparsePolicySet(key, { staticPolicies: kept });
+    if (parsed.type === "failure") {
+      throw new ToolmeshError(
+        ErrorCode.Internal,
+        `policy residual failed: ${parsed.errors[0]?.message ?? "unknown error"}`,
+      );
+    }
+    return key;
+  }
+
+  /**
+   * Decides a request whose context holds unknowns (`{"__extn":{"fn":"unknown",…}}`):
+   * `decision` is undefined when the answer depends on them.
+   */
+  authorizePartial(request: CedarRequest): SetVerdict {
+    const answer = cedar.isAuthorizedPartial({
+      ...request,
+      policies: { staticPolicies: { ...this.#texts } },
+    });
+    if (answer.type === "failure") {
+      throw new ToolmeshError(
+        ErrorCode.Internal,
+        `policy evaluation failed: ${answer.errors[0]?.message ?? "unknown error"}`,
+      );
+    }
+    const { response } = answer;
+    const failedForbids = response.errored.filter((id) => this.#forbids.has(id));
+    if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
+    if (response.decision === null)
+      return { decision: undefined, policies: response.mayBeDetermining };
+    return { decision: response.decision, policies: response.mustBeDetermining };
+  }
+}
