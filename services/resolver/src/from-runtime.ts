@@ -33,6 +33,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     access,
     replicas: rt.config.streamReplicas,
     quotaReconcileMs: rt.config.quotaReconcileMs,
+    tenantMaxStoredBytes: rt.config.tenantMaxStoredBytes,
     fairShareWindow: rt.config.fairShareWindow,
     fairShareIdleMs: rt.config.fairShareIdleMs,
   });

@@ -55,6 +55,7 @@ import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { SessionLimits } from "./session-limits.js";
 import type { QuotaGate } from "./quotas.js";
+import type { StoredBytes } from "./stored-bytes.js";
 import type { FairShare } from "./fair-share.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
@@ -75,6 +76,8 @@ export interface ResolverDeps {
   limits: SessionLimits;
   /** The quotas of tenants, tenants' tools and agents; none are checked when undefined. */
   quotas?: QuotaGate | undefined;
+  /** What each tenant's calls have stored, against its bound; none is checked when undefined. */
+  stored?: StoredBytes | undefined;
   /** Holds calls to busy tools for a fair turn among tenants; calls go straight on when undefined. */
   fairShare?: FairShare | undefined;
   metrics: ToolmeshMetrics;
@@ -421,7 +424,9 @@ export async function routeCall(
   const { fairShare } = deps;
   const held =
     fairShare !== undefined && (await fairShare.busy(resolved.tool, resolved.address.tenant));
-  const refusal = await admitByQuota(deps, resolved, request, key, held);
+  const refusal =
+    deps.stored?.refusal(resolved.address.tenant) ??
+    (await admitByQuota(deps, resolved, request, key, held));
   if (refusal !== undefined) {
     limits.release(resolved);
     deps.metrics.tenantRefused(

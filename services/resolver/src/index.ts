@@ -25,4 +25,6 @@ export type {
   ScopedQuota,
   UsageSummary,
 } from "./quotas.js";
+export { StoredBytes, readStored, storedKey } from "./stored-bytes.js";
+export type { StoredBytesOptions } from "./stored-bytes.js";
 export { startResolverFromRuntime } from "./from-runtime.js";

@@ -1,4 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, workOwnerOf } from "@toolmesh/protocol";
@@ -21,6 +22,7 @@ import { dryRunRequests, handleCall } from "./handle-call.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
+import { StoredBytes } from "./stored-bytes.js";
 import { FairShare } from "./fair-share.js";
 import type { WorkDepth } from "./fair-share.js";
 
@@ -54,6 +56,13 @@ export interface ResolverOptions {
   quotas?: boolean;
   /** How often quota counts of calls that ended unseen are reconciled, in ms. Default 5 000. */
   quotaReconcileMs?: number;
+  /**
+   * Bytes of final messages each tenant's calls may have stored within the call retention,
+   * unless its quota says otherwise; 0 bounds none. Default 64 MiB (ADR 0050).
+   */
+  tenantMaxStoredBytes?: number;
+  /** How often this process writes the stored bytes it counted, per tenant, in ms. Default 500. */
+  storedFlushMs?: number;
   /** Replicas of buckets this process creates. Default 1. */
   replicas?: number;
   /**
@@ -119,6 +128,23 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
           replicas: options.replicas,
           reconcileMs: options.quotaReconcileMs,
           now: () => plane.clock.now(),
+        });
+  const stored =
+    quotas === undefined
+      ? undefined
+      : await StoredBytes.open({
+          nc,
+          subjects,
+          usage: await new Kvm(nc).open(subjects.quotaUsageBucket),
+          boundOf: (tenant) => quotas.view.get(tenant)?.quota.max_stored_bytes,
+          defaultBound: options.tenantMaxStoredBytes ?? Defaults.tenantMaxStoredBytes,
+          windowMs: Math.max(
+            options.callRetentionMs ?? Defaults.callRetentionMs,
+            Defaults.sessionRetentionMs,
+          ),
+          ...(options.storedFlushMs === undefined ? {} : { flushMs: options.storedFlushMs }),
+          now: () => plane.clock.now(),
+          log,
         });
 
   const fairShareWindow = options.fairShareWindow ?? 0;
@@ -193,6 +219,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     control,
     limits,
     quotas,
+    stored,
     fairShare,
     metrics,
     defaultTimeoutMs: options.defaultTimeoutMs ?? Defaults.callTimeoutMs,
@@ -258,6 +285,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       await Promise.all([rpc.stop(graceMs), ...loops.map((loop) => loop.stop(graceMs))]);
       await control.stop(graceMs);
       quotas?.close();
+      await stored?.close();
       stopReportingTenants();
       stopLoggingQuotas?.();
       owners.stop();
