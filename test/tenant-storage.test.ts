@@ -311,6 +311,16 @@ describe("one tenant storing large results", () => {
     const kept = Array.from({ length: 5 }, (_, i) => `kept-${i}`);
     for (const id of kept)
       expect((await steady.call(id, "k", "y".repeat(50_000)))[0]?.error).toBeUndefined();
+    // A bound of stored results is a whole tenant's, and at least a byte: typed refusals.
+    const ofTool = await runCli(
+      ["quotas", "set", "flood", "--tool", "echo", "--max-stored-bytes", "5"],
+      operator,
+    );
+    expect(ofTool.code).not.toBe(0);
+    expect(ofTool.stdout).toMatch(/invalid_request.*max_stored_bytes applies to a whole tenant/s);
+    const zero = await runCli(["quotas", "set", "flood", "--max-stored-bytes", "0"], operator);
+    expect(zero.code).not.toBe(0);
+    expect(zero.stdout).toMatch(/invalid_request.*max_stored_bytes/s);
     // Whatever the earlier floods stored counts too: the bound is 3 MiB above it.
     const before = (await storedOf("flood"))?.bytes ?? 0;
     const bound = before + 3 * 1024 * 1024;
