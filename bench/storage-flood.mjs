@@ -9,8 +9,10 @@
 // store: the sessions stream's and the call records' bytes against their bounds and what the
 // account stores, sampled through the flood. Writes storage-flood.json to --out (default
 // bench/results/). Passes when B lost nothing and its p99 under the flood stays within 1.5× of B
-// alone; the store figures say what a tenant's results still occupy, bounded per stream but not
-// per tenant.
+// alone and neither the sessions stream nor the call records outgrew its bound; the store figures
+// say what A's results occupy against its bound of stored results (TOOLMESH_TENANT_MAX_STORED_BYTES,
+// default 64 MiB), past which A is refused `quota_exceeded` `storage`: its workers then wait
+// a second (a client honouring retry_after_ms, capped) before calling again.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { parseArgs } from "node:util";
@@ -102,6 +104,8 @@ async function flood(nc, until) {
       const code = m.error === undefined ? "ok" : `${m.error.code}:${m.error.details?.limit ?? ""}`;
       a.by_code[code] = (a.by_code[code] ?? 0) + 1;
       if (m.error === undefined) a.result_bytes += m.content.length;
+      else if (m.error.details?.limit === "storage")
+        await new Promise((r) => setTimeout(r, Math.min(1_000, m.error.details.retry_after_ms)));
     }
   };
   await Promise.all(Array.from({ length: FLOOD_IN_FLIGHT }, worker));
@@ -161,6 +165,7 @@ try {
     store: {
       sessions_max_bytes: after.sessions?.max_bytes,
       sessions_most_bytes: most("sessions"),
+      records_max_bytes: after.records?.max_bytes,
       records_most_bytes: most("records"),
       account_most_bytes: most("account_bytes"),
       after,
@@ -171,6 +176,8 @@ try {
   if (ratio > 1.5) failures.push(`B's p99 ratio ${ratio} > 1.5`);
   if (result.store.sessions_most_bytes > (after.sessions?.max_bytes ?? Infinity))
     failures.push("the sessions stream outgrew its bound");
+  if (result.store.records_most_bytes > (after.records?.max_bytes ?? Infinity))
+    failures.push("the call records outgrew their bound");
   result.pass = failures.length === 0;
   result.failures = failures;
 } finally {

@@ -21,6 +21,7 @@ interface SetupReport {
     total_bytes: number;
     account_max_bytes: number;
     account_used_bytes: number;
+    tenant_results: { max_bytes_each: number; tenants_that_fit: number; tenants_named: number };
   };
 }
 
@@ -135,7 +136,9 @@ describe("toolmesh setup", () => {
     const env = { TOOLMESH_STORE_BYTES: String(100 * 1024 ** 2), TOOLMESH_MAX_DEAD_LETTERS: "500" };
     const report = await setup(["--owners", "acme"], env);
     const byStream = new Map(report.budget.streams.map((s) => [s.stream, s.max_bytes]));
-    expect(byStream.get("SETUP_SESSIONS")).toBe(40 * 1024 ** 2);
+    expect(byStream.get("SETUP_SESSIONS")).toBe(30 * 1024 ** 2);
+    // The call records keep every final message too: the same share (ADR 0050).
+    expect(byStream.get("KV_setup_calls")).toBe(30 * 1024 ** 2);
     expect(byStream.get("SETUP_DLQ")).toBe(10 * 1024 ** 2);
     expect(byStream.get("SETUP_WORK_acme")).toBe(256 * 1024 ** 2);
     expect(report.budget.total_bytes).toBe([...byStream.values()].reduce((a, b) => a + b, 0));
@@ -152,12 +155,20 @@ describe("toolmesh setup", () => {
     }
     const human = await runCli(["setup"], { ...admin, ...env });
     expect(human.stdout).toMatch(
-      /budget SETUP_SESSIONS: at most 40\.0 MiB \(TOOLMESH_STORE_BYTES\)/,
+      /budget SETUP_SESSIONS: at most 30\.0 MiB \(TOOLMESH_STORE_BYTES\)/,
     );
     expect(human.stdout).toMatch(
       /budget SETUP_WORK_acme: at most 256\.0 MiB \(TOOLMESH_OWNER_STORE_BYTES\)/,
     );
-    expect(human.stdout).toMatch(/budget total: .* of streams \(7\)/);
+    expect(human.stdout).toMatch(/budget total: .* of streams \(8\)/);
+    // 30 MiB of results hold no tenant at the default 64 MiB: setup says how many fit.
+    expect(report.budget.tenant_results).toMatchObject({
+      max_bytes_each: 64 * 1024 ** 2,
+      tenants_that_fit: 0,
+    });
+    expect(human.stdout).toMatch(
+      /budget results: at most 64\.0 MiB per tenant \(TOOLMESH_TENANT_MAX_STORED_BYTES\); the sessions stream and the call records hold 0 tenants at that bound/,
+    );
     // Back to the defaults for the next tests .
     await setup([]);
   });

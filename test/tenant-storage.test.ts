@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { renderAccountConfig } from "@toolmesh/nats";
 import { publishError } from "@toolmesh/nats";
 import { ErrorCode, createSubjects, encodeJson } from "@toolmesh/protocol";
@@ -22,6 +22,14 @@ import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 const subjects = createSubjects();
 const START_MS = 120_000;
+/** A row of `toolmesh stats --json`'s storage table. */
+interface StorageRow {
+  stream: string;
+  of: string;
+  id?: string;
+  bytes: number;
+  max_bytes: number;
+}
 /** The part of `toolmesh stats --json` this test reads (MeshStats of the CLI). */
 interface MeshStats {
   tenants: { tenant: string; stored: { calls: number; sessions: number; max_session: number } }[];
@@ -38,6 +46,7 @@ const LIMITS = {
 let pki: TestPki;
 let server: NatsServerHandle;
 let resolver: ServiceProcess;
+let executor: ServiceProcess;
 const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
   url: server.url,
   pki,
@@ -56,7 +65,7 @@ beforeAll(async () => {
   });
   expect(setup.stderr).toBe("");
   const env = (user: string) => ({ ...credentials(user), ...LIMITS });
-  [resolver] = await Promise.all([
+  [resolver, executor] = await Promise.all([
     startService("resolver", env("resolver"), START_MS),
     startService("executor", { ...env("executor"), TOOLMESH_TOOLS_DIR: "tools/builtin" }, START_MS),
   ]);
@@ -131,7 +140,24 @@ async function frontend(tenant: string) {
       waiting.add(answer);
       if (missing.size === 0) done();
     });
-  return { submit, finals, answered };
+  /** Calls echo with `padding` and resolves with its final message. */
+  const call = async (id: string, session: string, padding: string): Promise<ToolMessage[]> => {
+    const refused = await submit(id, session, padding);
+    if (refused !== undefined) throw new Error(`call ${id} refused at publish: ${refused.code}`);
+    await answered([id]);
+    return finals.get(id) ?? [];
+  };
+  /** Reads a stored final message back by direct get, as a client catching up does. */
+  const readStored = async (session: string, id: string): Promise<ToolMessage | undefined> => {
+    const jsm = await jetstreamManager(nc, { checkAPI: false });
+    const stored = await jsm.direct
+      .getMessage(subjects.streams.sessions, {
+        last_by_subj: subjects.result({ tenant, session }, id),
+      })
+      .catch(() => null);
+    return stored === null ? undefined : stored.json<ToolMessage>();
+  };
+  return { submit, finals, answered, call, readStored };
 }
 
 /**
@@ -269,4 +295,108 @@ describe("one tenant flooding its calls stream", () => {
       max_bytes: 1024 * 1024,
     });
   }, 120_000);
+});
+
+describe("one tenant storing large results", () => {
+  it("is refused quota_exceeded storage at its bound, within its rate and in-flight quota; another tenant's calls succeed and its stored answers stay readable", async () => {
+    const steady = await frontend("steady");
+    const flood = await frontend("flood");
+    const operator = credentials("operator");
+    const storedOf = async (tenant: string) => {
+      const stats = await runCli(["stats", "--json"], operator);
+      const storage = (JSON.parse(stats.stdout) as { storage: StorageRow[] }).storage;
+      return storage.find((u) => u.stream === "results" && u.id === tenant);
+    };
+    // Answers of the steady tenant stored before the flood, read back at the end.
+    const kept = Array.from({ length: 5 }, (_, i) => `kept-${i}`);
+    for (const id of kept)
+      expect((await steady.call(id, "k", "y".repeat(50_000)))[0]?.error).toBeUndefined();
+    // A bound of stored results is a whole tenant's, and at least a byte: typed refusals.
+    const ofTool = await runCli(
+      ["quotas", "set", "flood", "--tool", "echo", "--max-stored-bytes", "5"],
+      operator,
+    );
+    expect(ofTool.code).not.toBe(0);
+    expect(ofTool.stdout).toMatch(/invalid_request.*max_stored_bytes applies to a whole tenant/s);
+    const zero = await runCli(["quotas", "set", "flood", "--max-stored-bytes", "0"], operator);
+    expect(zero.code).not.toBe(0);
+    expect(zero.stdout).toMatch(/invalid_request.*max_stored_bytes/s);
+    // Whatever the earlier floods stored counts too: the bound is 3 MiB above it.
+    const before = (await storedOf("flood"))?.bytes ?? 0;
+    const bound = before + 3 * 1024 * 1024;
+    const set = await runCli(
+      [
+        "quotas",
+        "set",
+        "flood",
+        "--max-in-flight",
+        "8",
+        "--rate",
+        "100",
+        "--max-stored-bytes",
+        String(bound),
+      ],
+      operator,
+    );
+    expect(set.stderr).toBe("");
+    await resolver.waitForLog(
+      (l) => l.msg === "quota applied" && JSON.stringify(l.limits).includes(String(bound)),
+    );
+
+    // Three callers, each waiting for its answer: never past max_in_flight 8 nor the rate, and
+    // never past the tenant's 1 MiB calls stream (a call's message goes once it is routed).
+    const floodFinals: ToolMessage[] = [];
+    let storageRefusals = 0;
+    let n = 0;
+    const floodCaller = async (): Promise<void> => {
+      while (storageRefusals < 8 && n < 200) {
+        const [final] = await flood.call(`store-a-${n++}`, `s${n % 4}`, "x".repeat(100_000));
+        if (final === undefined) throw new Error("a flood call got no final message");
+        floodFinals.push(final);
+        if (final.error?.details?.limit === "storage") storageRefusals++;
+      }
+    };
+    const steadyWrong: string[] = [];
+    let steadyCalls = 0;
+    const steadyCaller = async (): Promise<void> => {
+      // During the flood and for a round after it is refused.
+      let after = 0;
+      while (after < 10) {
+        if (storageRefusals > 0) after++;
+        const id = `store-b-${steadyCalls++}`;
+        const [final] = await steady.call(id, "s1", "z".repeat(20_000));
+        if (final === undefined || final.error !== undefined)
+          steadyWrong.push(`${id}: ${final?.error?.code ?? "no final message"}`);
+      }
+    };
+    await Promise.all([floodCaller(), floodCaller(), floodCaller(), steadyCaller()]);
+
+    const refusals = floodFinals.filter((m) => m.error !== undefined);
+    // Refused by its storage bound only: never by its rate or in-flight quota.
+    expect(
+      new Set(refusals.map((m) => `${m.error?.code}:${String(m.error?.details?.limit)}`)),
+    ).toEqual(new Set([`${ErrorCode.QuotaExceeded}:storage`]));
+    expect(refusals[0]?.error?.details).toMatchObject({
+      quota: "storage",
+      max_stored_bytes: bound,
+    });
+    expect(refusals[0]?.error?.retryable).toBe(true);
+    // About 3 MiB of 100 kB answers were stored before the first refusal.
+    expect(floodFinals.length - refusals.length).toBeGreaterThanOrEqual(25);
+    expect(steadyWrong).toEqual([]);
+    expect(steadyCalls).toBeGreaterThanOrEqual(10);
+    // The steady tenant's stored answers are all still there.
+    for (const id of kept) expect((await steady.readStored("k", id))?.tool_call_id).toBe(id);
+
+    // The operator sees the flood at its bound; past it by at most what was in flight when the
+    // bound was reached.
+    const seen = await storedOf("flood");
+    expect(seen?.max_bytes).toBe(bound);
+    expect(seen?.bytes).toBeGreaterThanOrEqual(bound);
+    expect(seen?.bytes).toBeLessThan(bound + 12 * 110_000);
+    // No service exited, and the resolver used no right it lacks.
+    expect(resolver.child.exitCode).toBeNull();
+    expect(executor.child.exitCode).toBeNull();
+    expect(JSON.stringify(resolver.lines)).not.toMatch(/Permissions Violation/);
+  }, 60_000);
 });

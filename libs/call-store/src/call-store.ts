@@ -50,6 +50,8 @@ export interface CallStoreOptions {
   compression?: StreamCompression;
   /** What to do with an existing bucket whose settings differ. Default `"update"`. */
   existing?: EnsureOptions["existing"];
+  /** `TOOLMESH_STORE_BYTES`, of which the bucket may hold its share (ADR 0050). Default 8 GiB. */
+  storeBytes?: number;
 }
 
 /** Key of the calls bucket written to read the server's clock; call keys have three tokens. */
@@ -155,6 +157,7 @@ export class CallStore {
       replicas: options.replicas,
       ...(options.compression === undefined ? {} : { compression: options.compression }),
       callRetentionMs: options.retentionMs ?? Defaults.callRetentionMs,
+      ...(options.storeBytes === undefined ? {} : { storeBytes: options.storeBytes }),
     }).buckets.calls;
     const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
       existing: options.existing ?? "update",

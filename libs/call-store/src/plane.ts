@@ -108,6 +108,9 @@ export async function openCallPlane(
     ...(options.streamLimits?.compression === undefined
       ? {}
       : { compression: options.streamLimits.compression }),
+    ...(options.streamLimits?.storeBytes === undefined
+      ? {}
+      : { storeBytes: options.streamLimits.storeBytes }),
   });
   const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
     publishDurable(js, subject, message, { msgId });

@@ -81,10 +81,11 @@ export class QuotaStore {
     limits: { [K in keyof Quota]?: Quota[K] | null },
   ): Promise<ScopedQuota> {
     const key = quotaKey(scope);
-    if (limits.weight != null && (scope.tool !== undefined || scope.agent !== undefined)) {
+    const tenantOnly = (["weight", "max_stored_bytes"] as const).find((f) => limits[f] != null);
+    if (tenantOnly !== undefined && (scope.tool !== undefined || scope.agent !== undefined)) {
       throw new ToolmeshError(
         ErrorCode.InvalidRequest,
-        "a weight applies to a whole tenant, not to one of its tools or agents",
+        `${tenantOnly === "weight" ? "a weight" : "max_stored_bytes"} applies to a whole tenant, not to one of its tools or agents`,
       );
     }
     for (;;) {

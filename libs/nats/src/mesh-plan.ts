@@ -7,6 +7,7 @@ import type { ConsumerSpec, EnsureOptions, ProvisionChange, StreamSpec } from ".
 import { bucketSpec, durableConsumerSpec, ensureConsumer, ensureStream } from "./provision.js";
 import type { StreamLimits } from "./streams.js";
 import {
+  STORE_SHARES,
   advisoriesSpecWith,
   ownerAdvisoriesSpec,
   ownerWorkStreamSpec,
@@ -76,6 +77,12 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
         compression,
         ttlMs: settings.callRetentionMs ?? Defaults.callRetentionMs,
         ttlSetting: "TOOLMESH_CALL_RETENTION_MS",
+        // Every final message is kept in its record too: bounded like the sessions stream, so
+        // what tenants may store (bounded per tenant) fits, and no record write can fill the store.
+        maxBytes: {
+          bytes: Math.floor((settings.storeBytes ?? Defaults.storeBytes) * STORE_SHARES.records),
+          setting: "TOOLMESH_STORE_BYTES",
+        },
       }),
       sessions: bucketSpec(subjects.sessionsBucket, {
         replicas,

@@ -127,6 +127,8 @@ export function bucketSpec(
     history?: number;
     /** Left out: a bucket is created uncompressed and an existing one kept as it is. */
     compression?: StreamCompression;
+    /** Bytes the bucket may hold (discard new), and the variable that sets it; default none. */
+    maxBytes?: { bytes: number; setting: string };
   },
 ): StreamSpec {
   return {
@@ -145,11 +147,13 @@ export function bucketSpec(
       num_replicas: options.replicas ?? 1,
       max_age: options.ttlMs === undefined ? 0 : nanos(options.ttlMs),
       ...(options.compression === undefined ? {} : { compression: options.compression }),
+      ...(options.maxBytes === undefined ? {} : { max_bytes: options.maxBytes.bytes }),
     },
     settings: {
       num_replicas: REPLICAS_SETTING,
       compression: COMPRESSION_SETTING,
       ...(options.ttlSetting === undefined ? {} : { max_age: options.ttlSetting }),
+      ...(options.maxBytes === undefined ? {} : { max_bytes: options.maxBytes.setting }),
     },
   };
 }

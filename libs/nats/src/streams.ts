@@ -5,7 +5,7 @@ import { DiscardPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@
 import { nanos } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
 import type { StreamCompression, StreamSpec } from "./provision.js";
-import { COMPRESSION_SETTING, REPLICAS_SETTING, ensureStream } from "./provision.js";
+import { COMPRESSION_SETTING, REPLICAS_SETTING, bucketStream, ensureStream } from "./provision.js";
 
 /** Limits of the streams toolmesh creates. Durations in ms. */
 export interface StreamLimits {
@@ -53,15 +53,18 @@ export interface StreamLimits {
 }
 
 /**
- * The share of `TOOLMESH_STORE_BYTES` each of the mesh's streams may hold (`max_bytes`). The
- * rest (14 %) is left for the KV buckets, whose growth the quotas and retention bound. Results
- * get the most: every accepted call leaves one for an hour.
+ * The share of `TOOLMESH_STORE_BYTES` each of the mesh's streams may hold (`max_bytes`), and the
+ * call records (`records`, the bucket `{p}_calls`). The rest (4 %) is left for the other KV
+ * buckets (registry, sessions' state, quotas), which stay small. Results get the most, and the
+ * same share twice: every final message is kept in the sessions stream and in its call's record,
+ * and what each tenant's results may occupy there is bounded per tenant (ADR 0050).
  */
 export const STORE_SHARES = {
-  calls: 0.15,
-  work: 0.15,
-  sessions: 0.4,
-  events: 0.05,
+  calls: 0.1,
+  work: 0.1,
+  sessions: 0.3,
+  records: 0.3,
+  events: 0.04,
   dlq: 0.1,
   advisories: 0.01,
 } as const;
@@ -73,7 +76,7 @@ export function storeBudget(
 ): { stream: string; maxBytes: number }[] {
   const total = limits.storeBytes ?? Defaults.storeBytes;
   return (Object.keys(STORE_SHARES) as (keyof typeof STORE_SHARES)[]).map((key) => ({
-    stream: subjects.streams[key],
+    stream: key === "records" ? bucketStream(subjects.callsBucket) : subjects.streams[key],
     maxBytes: Math.floor(total * STORE_SHARES[key]),
   }));
 }

@@ -67,6 +67,12 @@ export const Defaults = {
   storeBytes: 8 * 1024 ** 3,
   /** Bytes each tenant's own calls stream may hold (`TOOLMESH_TENANT_STORE_BYTES`): 256 MiB. */
   tenantStoreBytes: 256 * 1024 ** 2,
+  /**
+   * Bytes of final messages one tenant's calls may have stored within the call retention
+   * (`TOOLMESH_TENANT_MAX_STORED_BYTES`): 64 MiB; past it its calls are refused `quota_exceeded`
+   * `storage` (ADR 0050).
+   */
+  tenantMaxStoredBytes: 64 * 1024 ** 2,
   /** Bytes each tool owner's work stream may hold (`TOOLMESH_OWNER_STORE_BYTES`): 256 MiB. */
   ownerStoreBytes: 256 * 1024 ** 2,
   /** Most dead letters kept in all (`TOOLMESH_MAX_DEAD_LETTERS`); past it the oldest go. */

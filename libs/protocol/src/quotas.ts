@@ -20,6 +20,11 @@ export const QuotaSchema = z
     daily: z.number().int().min(1).optional(),
     /** Share of a busy tool's capacity relative to other tenants (tenant scope only); default 1. */
     weight: z.number().positive().max(1_000).optional(),
+    /**
+     * Bytes of final messages the tenant's calls may have stored within the retention (tenant
+     * scope only); default `TOOLMESH_TENANT_MAX_STORED_BYTES`.
+     */
+    max_stored_bytes: z.number().int().min(1).optional(),
   })
   .strict()
   .meta({ id: "Quota", description: "The limits of one quota scope; absent fields do not limit." });

@@ -149,6 +149,11 @@ export const EnvSchema = z.object({
   TOOLMESH_STORE_BYTES: positiveInt.default(Defaults.storeBytes),
   TOOLMESH_TENANT_STORE_BYTES: positiveInt.default(Defaults.tenantStoreBytes),
   TOOLMESH_OWNER_STORE_BYTES: positiveInt.default(Defaults.ownerStoreBytes),
+  TOOLMESH_TENANT_MAX_STORED_BYTES: z.coerce
+    .number()
+    .int()
+    .min(0)
+    .default(Defaults.tenantMaxStoredBytes),
   TOOLMESH_MAX_DEAD_LETTERS: positiveInt.default(Defaults.maxDeadLetters),
   TOOLMESH_HEALTH_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_CONFIG_DIR: z.string().min(1).default("configs"),
@@ -234,6 +239,8 @@ export interface RuntimeConfig {
   tenantStoreBytes: number;
   /** Bytes each tool owner's work stream may hold. */
   ownerStoreBytes: number;
+  /** Bytes of final messages each tenant's calls may have stored within the retention; 0: none. */
+  tenantMaxStoredBytes: number;
   /** Most dead letters kept; past it the oldest go (ADR 0051). */
   maxDeadLetters: number;
   /** Port of the `/healthz` and `/readyz` endpoints; none when unset. */
@@ -335,6 +342,7 @@ export function loadConfig(
     storeBytes: e.TOOLMESH_STORE_BYTES,
     tenantStoreBytes: e.TOOLMESH_TENANT_STORE_BYTES,
     ownerStoreBytes: e.TOOLMESH_OWNER_STORE_BYTES,
+    tenantMaxStoredBytes: e.TOOLMESH_TENANT_MAX_STORED_BYTES,
     maxDeadLetters: e.TOOLMESH_MAX_DEAD_LETTERS,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),
     nativeToolsDir: e.TOOLMESH_NATIVE_TOOLS_DIR,

@@ -44,6 +44,12 @@ const LIMIT_FLAGS: { flag: string; field: keyof Quota; what: string; integer: bo
     what: "share of a busy tool relative to other tenants (default 1)",
     integer: false,
   },
+  {
+    flag: "max-stored-bytes",
+    field: "max_stored_bytes",
+    what: "bytes of results the tenant's calls may have stored (default TOOLMESH_TENANT_MAX_STORED_BYTES)",
+    integer: true,
+  },
 ];
 
 function limitValue(integer: boolean) {

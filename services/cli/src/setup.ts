@@ -4,6 +4,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { JetStreamApiCodes, JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import {
   assertServerSupported,
+  bucketStream,
   connectNats,
   meshPlan,
   obsoleteStreams,
@@ -127,6 +128,12 @@ export interface StorageBudget {
   account_max_bytes: number;
   /** What the account stores now, in bytes; -1 when these credentials may not read it. */
   account_used_bytes: number;
+  /**
+   * What each tenant's results may occupy (`TOOLMESH_TENANT_MAX_STORED_BYTES`, 0: unbounded), how
+   * many tenants at that bound the sessions stream and the call records hold, and how many
+   * tenant accounts `setup` provisioned.
+   */
+  tenant_results: { max_bytes_each: number; tenants_that_fit: number; tenants_named: number };
 }
 
 /** The byte bound of every stream `setup` made or checked (ADR 0050). */
@@ -159,6 +166,16 @@ async function storageBudget(
         setting: "TOOLMESH_OWNER_STORE_BYTES",
       });
   }
+  const resultStores = [subjects.streams.sessions, bucketStream(subjects.callsBucket)];
+  const results = Math.min(
+    ...streams.filter((s) => resultStores.includes(s.stream)).map((s) => s.max_bytes),
+  );
+  const each = config.tenantMaxStoredBytes;
+  const tenant_results = {
+    max_bytes_each: each,
+    tenants_that_fit: each > 0 ? Math.floor(results / each) : 0,
+    tenants_named: streams.filter((s) => s.setting === "TOOLMESH_TENANT_STORE_BYTES").length,
+  };
   // Credentials that may not read the account's JetStream info still get the streams' budget.
   const info = await (await jetstreamManager(nc)).getAccountInfo().catch(() => undefined);
   return {
@@ -166,6 +183,7 @@ async function storageBudget(
     total_bytes: streams.reduce((sum, s) => sum + s.max_bytes, 0),
     account_max_bytes: info?.limits.max_storage ?? -1,
     account_used_bytes: info?.storage ?? -1,
+    tenant_results,
   };
 }
 
@@ -189,6 +207,16 @@ function budgetLines(budget: StorageBudget): string[] {
   lines.push(
     `budget total: ${mib(budget.total_bytes)} of streams (${budget.streams.length}), ${limit}${used}`,
   );
+  const { tenant_results: r } = budget;
+  lines.push(
+    r.max_bytes_each > 0
+      ? `budget results: at most ${mib(r.max_bytes_each)} per tenant (TOOLMESH_TENANT_MAX_STORED_BYTES); the sessions stream and the call records hold ${r.tenants_that_fit} tenants at that bound`
+      : "budget results: no bound per tenant (TOOLMESH_TENANT_MAX_STORED_BYTES=0); one tenant's results may drop every other tenant's stored answers",
+  );
+  if (r.max_bytes_each > 0 && r.tenants_named > r.tenants_that_fit)
+    lines.push(
+      `budget warning: ${r.tenants_named} tenant accounts at their bound may store more results than the sessions stream and the call records hold; raise TOOLMESH_STORE_BYTES or lower TOOLMESH_TENANT_MAX_STORED_BYTES`,
+    );
   if (budget.account_max_bytes >= 0 && budget.total_bytes > budget.account_max_bytes)
     lines.push(
       "budget warning: the streams may hold more than the account may store; lower TOOLMESH_STORE_BYTES, TOOLMESH_TENANT_STORE_BYTES or TOOLMESH_OWNER_STORE_BYTES",

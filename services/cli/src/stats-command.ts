@@ -1,6 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Command } from "commander";
-import { createSubjects } from "@toolmesh/protocol";
+import { Defaults, createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
@@ -25,7 +25,13 @@ export async function withStats<T>(
     });
     return await fn(async () => {
       const tools = (await registry.fetchAll()).map((t) => t.name);
-      return gatherStats(nc, subjects, tools, options);
+      return gatherStats(nc, subjects, tools, {
+        ...options,
+        stored: {
+          defaultBound: config.tenantMaxStoredBytes,
+          windowMs: Math.max(config.callRetentionMs, Defaults.sessionRetentionMs),
+        },
+      });
     });
   } finally {
     await nc.close();

@@ -6,7 +6,8 @@ import type { StatsReply, Subjects } from "@toolmesh/protocol";
 import { StatsReplySchema, decodeJsonOrUndefined, subjectToken } from "@toolmesh/protocol";
 import { ATTR_TOOLMESH_QUOTA, ATTR_TOOLMESH_TENANT, MetricName } from "@toolmesh/telemetry";
 import type { StreamUsage } from "./storage-stats.js";
-import { readStorage } from "./storage-stats.js";
+import type { StoredResultsOptions } from "./storage-stats.js";
+import { readStorage, readStoredResults } from "./storage-stats.js";
 
 /** Everything `toolmesh stats` knows about one tool, summed over every process. */
 export interface ToolStats {
@@ -98,7 +99,13 @@ export async function gatherStats(
   nc: NatsConnection,
   subjects: Subjects,
   tools: readonly string[],
-  options: { maxWaitMs?: number; stallMs?: number; tenant?: string } = {},
+  options: {
+    maxWaitMs?: number;
+    stallMs?: number;
+    tenant?: string;
+    /** How to read tenants' stored results; left out: not read. */
+    stored?: StoredResultsOptions;
+  } = {},
 ): Promise<MeshStats> {
   const replies: StatsReply[] = [];
   try {
@@ -117,7 +124,10 @@ export async function gatherStats(
   const consumers = await readConsumers(nc, subjects);
   const stored = await readStoredCalls(nc, subjects, options.tenant);
   const jsm = await jetstreamManager(nc).catch(() => undefined);
-  const storage = jsm === undefined ? [] : await readStorage(jsm, subjects);
+  const storage = [
+    ...(jsm === undefined ? [] : await readStorage(jsm, subjects)),
+    ...(options.stored === undefined ? [] : await readStoredResults(nc, subjects, options.stored)),
+  ];
   const stats = {
     ...summarize(replies, tools, (tool) => consumers.get(subjects.workConsumer(tool)), stored),
     storage,

@@ -1,7 +1,14 @@
+import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamInfo } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
+import { QuotaStore } from "@toolmesh/catalog";
+import { readStored } from "@toolmesh/resolver";
 
-/** What one stream holds against its byte bound (ADR 0050), from the server. */
+/**
+ * What one stream holds against its byte bound (ADR 0050), from the server; or, as stream
+ * `results`, the bytes of results a tenant's calls have stored (sessions stream and call
+ * records) against the tenant's bound.
+ */
 export interface StreamUsage {
   stream: string;
   /** Whose it is: the mesh's, a tenant's calls stream, or a tool owner's work stream. */
@@ -9,7 +16,8 @@ export interface StreamUsage {
   /** The tenant or owner token, for theirs. */
   id?: string;
   bytes: number;
-  messages: number;
+  /** Messages it holds; absent for a tenant's results. */
+  messages?: number;
   /** The stream's `max_bytes`; -1 when it has none (made before the bound existed). */
   max_bytes: number;
 }
@@ -37,7 +45,7 @@ export async function readStorage(
   await listed(subjects.allTenantStreamCalls, "tenant", subjects.streams.calls);
   await listed(subjects.allOwnerWork, "owner", subjects.streams.work);
   const usage = await Promise.all(
-    named.map(async (n) => {
+    named.map(async (n): Promise<StreamUsage | undefined> => {
       const info: StreamInfo | undefined = await jsm.streams.info(n.stream).catch(() => undefined);
       if (info === undefined) return undefined;
       return {
@@ -49,6 +57,43 @@ export async function readStorage(
     }),
   );
   return usage.filter((u): u is StreamUsage => u !== undefined);
+}
+
+/** Where `toolmesh stats` reads tenants' stored results from, and their default bound. */
+export interface StoredResultsOptions {
+  /** Every tenant's bound unless its quota says otherwise (`TOOLMESH_TENANT_MAX_STORED_BYTES`). */
+  defaultBound: number;
+  /** How long a result is kept: the longer of the call retention and the sessions', in ms. */
+  windowMs: number;
+}
+
+/** Each tenant's stored results against its bound, as rows of the storage table. */
+export async function readStoredResults(
+  nc: NatsConnection,
+  subjects: Subjects,
+  options: StoredResultsOptions,
+): Promise<StreamUsage[]> {
+  try {
+    const stored = await readStored(nc, subjects, {
+      now: Date.now(),
+      windowMs: options.windowMs,
+    });
+    if (stored.size === 0) return [];
+    const quotas = await QuotaStore.open(nc, { subjects });
+    const bounds = new Map(
+      (await quotas.list()).map((q) => [q.key, q.quota.max_stored_bytes] as const),
+    );
+    return [...stored].map(([tenant, bytes]) => ({
+      stream: "results",
+      of: "tenant" as const,
+      id: tenant,
+      bytes,
+      max_bytes: bounds.get(tenant) ?? (options.defaultBound > 0 ? options.defaultBound : -1),
+    }));
+  } catch {
+    // No quota usage bucket yet, or not allowed to read it: streams only.
+    return [];
+  }
 }
 
 function mib(bytes: number): string {

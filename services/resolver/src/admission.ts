@@ -11,6 +11,7 @@ import type { ToolmeshMetrics } from "@toolmesh/telemetry";
 import type { SessionLimits } from "./session-limits.js";
 import type { QuotaGate } from "./quotas.js";
 import type { FairShare, HeldCall } from "./fair-share.js";
+import type { StoredBytes } from "./stored-bytes.js";
 
 // Admission decides whether a resolved call may go to its tool's work now, must wait for its
 // turn, or is refused; what it takes for the call (a session slot, quota counts, a fair-share
@@ -18,6 +19,8 @@ import type { FairShare, HeldCall } from "./fair-share.js";
 //
 // The steps, in order (each a method below; `admit` runs them and gives back what the earlier
 // ones took when a later one refuses):
+//   0. stored results — `StoredBytes`: a tenant at its bound of stored results is refused
+//                       (`quota_exceeded`, quota `storage`; takes nothing, so it goes first);
 //   1. session slot   — `SessionLimits`: at most `max` calls of a session in flight here
 //                       (refusal: `overloaded`, labelled `session_max_in_flight`);
 //   2. fair turn      — `FairShare.busy`: a busy tool's call is held for its tenant's turn
@@ -60,6 +63,8 @@ export interface AdmissionOptions {
   limits: SessionLimits;
   /** The quotas of tenants, tenants' tools and agents; none are checked when undefined. */
   quotas?: QuotaGate | undefined;
+  /** What each tenant's calls have stored, against its bound; none is checked when undefined. */
+  stored?: StoredBytes | undefined;
   /** Holds calls to busy tools for a fair turn among tenants; calls go straight on when undefined. */
   fairShare?: FairShare | undefined;
   metrics: ToolmeshMetrics;
@@ -77,12 +82,14 @@ export function admissionId(at: SessionAddress, callToken: string): string {
 export class Admission {
   readonly limits: SessionLimits;
   readonly quotas: QuotaGate | undefined;
+  readonly stored: StoredBytes | undefined;
   readonly fairShare: FairShare | undefined;
   readonly #metrics: ToolmeshMetrics;
 
   constructor(options: AdmissionOptions) {
     this.limits = options.limits;
     this.quotas = options.quotas;
+    this.stored = options.stored;
     this.fairShare = options.fairShare;
     this.#metrics = options.metrics;
   }
@@ -90,6 +97,8 @@ export class Admission {
   /** Runs the steps in order; a refusal gives back what the steps before it took. */
   async admit(call: AdmissionCall, now: number): Promise<AdmissionVerdict> {
     const taken: Taken[] = [];
+    const full = this.stored?.refusal(call.resolved.address.tenant);
+    if (full !== undefined) return this.#refuse(call, full, taken, "storage");
     const slot = this.#sessionSlot(call, now);
     if (slot instanceof ToolmeshError)
       return this.#refuse(call, slot, taken, "session_max_in_flight", "overloaded");

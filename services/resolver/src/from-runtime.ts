@@ -53,6 +53,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     policies: policies.decider,
     replicas: rt.config.streamReplicas,
     quotaReconcileMs: rt.config.quotaReconcileMs,
+    tenantMaxStoredBytes: rt.config.tenantMaxStoredBytes,
     fairShareWindow: rt.config.fairShareWindow,
     fairShareIdleMs: rt.config.fairShareIdleMs,
   });

@@ -1,4 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { Defaults, decodeJson, workOwnerOf } from "@toolmesh/protocol";
@@ -24,6 +25,7 @@ import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import type { PolicyDecider } from "@toolmesh/policy";
 import { SessionLimits } from "./session-limits.js";
 import { QuotaGate } from "./quotas.js";
+import { StoredBytes } from "./stored-bytes.js";
 import { FairShare } from "./fair-share.js";
 import { Admission } from "./admission.js";
 import type { WorkDepth } from "./fair-share.js";
@@ -65,6 +67,13 @@ export interface ResolverOptions {
   quotas?: boolean;
   /** How often quota counts of calls that ended unseen are reconciled, in ms. Default 5 000. */
   quotaReconcileMs?: number;
+  /**
+   * Bytes of final messages each tenant's calls may have stored within the call retention,
+   * unless its quota says otherwise; 0 bounds none. Default 64 MiB (ADR 0050).
+   */
+  tenantMaxStoredBytes?: number;
+  /** How often this process writes the stored bytes it counted, per tenant, in ms. Default 500. */
+  storedFlushMs?: number;
   /** Replicas of buckets this process creates. Default 1. */
   replicas?: number;
   /**
@@ -195,6 +204,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       ]);
       await control.stop(graceMs);
       admission.quotas?.close();
+      await admission.stored?.close();
       stopReportingQuotas();
     },
   };
@@ -219,6 +229,24 @@ async function openAdmission(
           reconcileMs: options.quotaReconcileMs,
           now: () => plane.clock.now(),
         });
+  const stored =
+    quotas === undefined
+      ? undefined
+      : await StoredBytes.open({
+          nc,
+          subjects,
+          usage: await new Kvm(nc).open(subjects.quotaUsageBucket),
+          boundOf: (tenant) => quotas.view.get(tenant)?.quota.max_stored_bytes,
+          defaultBound: options.tenantMaxStoredBytes ?? Defaults.tenantMaxStoredBytes,
+          windowMs: Math.max(
+            options.callRetentionMs ?? Defaults.callRetentionMs,
+            Defaults.sessionRetentionMs,
+          ),
+          ...(options.storedFlushMs === undefined ? {} : { flushMs: options.storedFlushMs }),
+          now: () => plane.clock.now(),
+          log,
+        });
+
   const fairShareWindow = options.fairShareWindow ?? 0;
   const fairShare =
     fairShareWindow <= 0
@@ -232,7 +260,7 @@ async function openAdmission(
           log,
           heartbeatMs: heartbeatMsFor(ackWaitMs),
         });
-  return new Admission({ limits, quotas, fairShare, metrics });
+  return new Admission({ limits, quotas, stored, fairShare, metrics });
 }
 
 /** Logs every quota applied and reports the tenants' calls in flight; returns how to stop. */
