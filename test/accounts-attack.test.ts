@@ -294,7 +294,10 @@ describe("tenants in their own accounts, attacked", () => {
       // (first sequence kept) and nothing removed.
       expect(after.streams.get(name)?.created, name).toBe(state.created);
       if (state.workQueue) continue;
-      expect(after.streams.get(name)?.first, name).toBe(state.first);
+      // The quota usage bucket's keys are rewritten while calls end (the tenants' stored bytes,
+      // ADR 0050), so its first sequence moves on; a purge would still lose keys, checked below.
+      if (name !== `KV_${subjects.quotaUsageBucket}`)
+        expect(after.streams.get(name)?.first, name).toBe(state.first);
       expect(after.streams.get(name)!.messages, name).toBeGreaterThanOrEqual(state.messages);
     }
     expect(after.consumers).toEqual(before.consumers);
