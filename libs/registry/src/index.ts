@@ -15,3 +15,10 @@ export type {
   RegistryLog,
   RegistryOptions,
 } from "./registry.js";
+export { CAPACITY_PERIOD_MS, CapacityAnnouncer, ToolCapacity, parseCapacity } from "./capacity.js";
+export type {
+  CapacityAnnouncement,
+  CapacityAnnouncerOptions,
+  CapacityLog,
+  ToolCapacityOptions,
+} from "./capacity.js";
