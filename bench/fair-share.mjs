@@ -6,7 +6,9 @@
 // with A's quota (max_in_flight, max_queued) set. Once with fair share on, once with it off
 // (quota only), same run. Passes when B's p99 under the flood stays within 1.5× of B alone, none
 // of B's calls is refused or late, and every one of A's calls is answered: run, or refused by
-// its quota. Writes fair-share.json to --out (default bench/results/). `--compare-root DIR` runs
+// its quota. During the flood an executor replica is added (a third of the way in) and the first
+// one removed (two thirds in, SIGTERM), as an autoscaler would; fair share runs with defaults,
+// its window the capacity the replicas announce. Writes fair-share.json to --out (default bench/results/). `--compare-root DIR` runs
 // the fair-share scenario a second time with the services built in another checkout (a built
 // `git worktree` of main), for before/after figures from one run; it does not decide the verdict.
 import { mkdirSync, writeFileSync } from "node:fs";
@@ -38,7 +40,6 @@ const B_RATE = 1;
 const DURATION_MS = flags.smoke ? 10_000 : 30_000;
 const B_TIMEOUT_MS = 10_000;
 const A_QUOTA = { max_in_flight: 8, max_queued: 4 };
-const WINDOW = CONCURRENCY; // what the tool's executors run at once
 
 /** Open loop of `rate` calls/s for `durationMs` through `session`s; resolves with every message. */
 async function drive(sessions, tag, rate, durationMs, timeoutMs, onResult) {
@@ -70,6 +71,14 @@ function tenantA(mesh) {
   return Array.from({ length: 16 }, (_, i) => client.session(`a-${i}`));
 }
 
+/** Adds an executor replica a third of the way into the flood, removes the first two thirds in. */
+async function replicaChurn(mesh) {
+  await new Promise((r) => setTimeout(r, DURATION_MS / 3));
+  mesh.addExecutor();
+  await new Promise((r) => setTimeout(r, DURATION_MS / 3));
+  await mesh.remove("executor");
+}
+
 async function phase(mesh, label, flood) {
   const hB = newHistogram();
   const b = { ok: 0, refused: 0, late: 0, errors: {} };
@@ -97,7 +106,8 @@ async function phase(mesh, label, flood) {
       })
     : Promise.resolve([]);
   a.submitted = flood ? Math.round((FLOOD_RATE * DURATION_MS) / 1000) : 0;
-  await Promise.all([bRun, aRun]);
+  const churn = flood ? replicaChurn(mesh) : Promise.resolve();
+  await Promise.all([bRun, aRun, churn]);
   for (const s of [...bSessions, ...aSessions]) s.close();
   const summary = summarize(hB);
   delete summary.cdf;
@@ -108,11 +118,12 @@ async function phase(mesh, label, flood) {
   };
 }
 
+/** `window` undefined: defaults (fair share on, each tool's window its announced capacity). */
 async function scenario(window, root) {
   const mesh = await startMesh({
-    name: `fair-${window}`,
+    name: `fair-${window ?? "default"}`,
     concurrency: CONCURRENCY,
-    env: { TOOLMESH_FAIR_SHARE_WINDOW: String(window) },
+    env: window === undefined ? {} : { TOOLMESH_FAIR_SHARE_WINDOW: String(window) },
     ...(root === undefined ? {} : { root }),
   });
   try {
@@ -120,7 +131,7 @@ async function scenario(window, root) {
     await store.set({ tenant: "tenant-a" }, A_QUOTA);
     // Warm up the tool's consumer and the quota watch.
     await mesh.submit("work", { ms: 1 }, { timeoutMs: 5_000 });
-    const label = `window ${window}${root === undefined ? "" : ` (${root})`}`;
+    const label = `window ${window ?? "default"}${root === undefined ? "" : ` (${root})`}`;
     const alone = await phase(mesh, `${label}, B alone`, false);
     const flooded = await phase(mesh, `${label}, B with A's flood`, true);
     return { alone, flooded };
@@ -130,8 +141,8 @@ async function scenario(window, root) {
 }
 
 const compareRoot = flags["compare-root"];
-const fair = await scenario(WINDOW);
-const before = compareRoot === undefined ? undefined : await scenario(WINDOW, compareRoot);
+const fair = await scenario(undefined);
+const before = compareRoot === undefined ? undefined : await scenario(undefined, compareRoot);
 const fifo = await scenario(0);
 const ratio = (s) => round(s.flooded.b.latency.p99_ms / s.alone.b.latency.p99_ms, 2);
 const result = {
@@ -143,13 +154,16 @@ const result = {
     b_rate_per_s: B_RATE,
     duration_ms: DURATION_MS,
     a_quota: A_QUOTA,
-    fair_share_window: WINDOW,
+    fair_share_window: "default (announced capacity)",
+    replica_churn: "one executor added at 1/3 of the flood, the first removed at 2/3 (SIGTERM)",
   },
   fair_share: { ...fair, b_p99_ratio: ratio(fair) },
   ...(before === undefined
     ? {}
     : { fair_share_before: { root: compareRoot, ...before, b_p99_ratio: ratio(before) } }),
   quota_only: { ...fifo, b_p99_ratio: ratio(fifo) },
+  // What fair share costs the flooding tenant: its calls run per second, against quota only.
+  a_throughput_cost: round(1 - fair.flooded.a.ok_per_s / fifo.flooded.a.ok_per_s, 3),
 };
 const failures = [];
 if (result.fair_share.b_p99_ratio > 1.5)
@@ -171,6 +185,8 @@ log(
     fair_share: result.fair_share.b_p99_ratio,
     ...(before === undefined ? {} : { fair_share_before: result.fair_share_before.b_p99_ratio }),
     quota_only: result.quota_only.b_p99_ratio,
+    a_ok_per_s: { fair_share: fair.flooded.a.ok_per_s, quota_only: fifo.flooded.a.ok_per_s },
+    a_throughput_cost: result.a_throughput_cost,
     pass: result.pass,
     failures,
   }),

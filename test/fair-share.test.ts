@@ -10,8 +10,9 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
-// One executor runs 4 calls at once; the resolvers hold calls beyond a window of 4 outstanding
-// and hand them on in round-robin order among tenants.
+// With defaults (no window set): one executor runs 4 calls at once and announces it; the
+// resolvers hold calls beyond that window of 4 outstanding and hand them on in round-robin order
+// among tenants.
 
 let server: NatsServerHandle;
 let nc: NatsConnection;
@@ -24,7 +25,6 @@ beforeAll(async () => {
   env = {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: fixtureTools("tools-c"),
-    TOOLMESH_FAIR_SHARE_WINDOW: "4",
     // Twice the default: on a loaded machine a tenant's next call may reach the resolver more
     // than the default second after its last call ended, and the kept slot would be gone.
     TOOLMESH_FAIR_SHARE_IDLE_MS: "2000",
@@ -35,6 +35,7 @@ beforeAll(async () => {
   resolvers = [resolver];
   executor = await startService("executor", { ...env, TOOLMESH_CONCURRENCY: "4" });
   await toolAvailable(resolver, "concurrency");
+  await replicasHeard(resolver, 1);
   nc = await connect({ servers: server.url });
 }, 60_000);
 
@@ -62,6 +63,14 @@ function submitMany(
 }
 
 const HELD = "tool busy; call held for its fair turn";
+
+/** Resolves once `resolver` has heard `count` executor replicas announce their capacity. */
+async function replicasHeard(resolver: ServiceProcess | undefined, count: number): Promise<void> {
+  await resolver?.waitForLog(
+    () => resolver.lines.filter((l) => l.msg === "replica capacity heard").length >= count,
+    20_000,
+  );
+}
 
 function heldSoFar(resolver: ServiceProcess | undefined): number {
   return resolver?.lines.filter((l) => l.msg === HELD).length ?? 0;
@@ -205,4 +214,57 @@ describe("fair share of a busy tool", () => {
     expect(messages.filter((m) => m.error !== undefined)).toEqual([]);
     expect(messages).toHaveLength(30);
   });
+
+  it("keeps serving a second tenant in turn while executor replicas come and go", async () => {
+    // The one still alive when the whole file runs.
+    const resolver = resolvers.at(-1);
+    if (resolver === undefined) throw new Error("no resolver");
+    const finished: string[] = [];
+    const track = (tenant: string, handles: { result: Promise<ToolMessage> }[]) =>
+      handles.map((h) =>
+        h.result.then((m) => {
+          finished.push(tenant);
+          return m;
+        }),
+      );
+    await replicasHeard(resolver, 1);
+    const mark = heldSoFar(resolver);
+    const a = submitMany("churn-a", "ca", 40, 200);
+    const aResults = track("A", a.handles);
+    await heldCalls(resolver, mark, 20);
+    // A replica added: the window grows to 8 once the resolver hears it.
+    const added = await startService("executor", { ...env, TOOLMESH_CONCURRENCY: "4" });
+    await replicasHeard(resolver, 2);
+    // The first replica dies (no farewell): it stops counting within three announcement periods,
+    // and its calls are redelivered to the new one after the ack wait.
+    await executor.kill();
+    // The resolver finds the dead replica's announcement too old when it next looks at the
+    // tool's window: a probe tenant's calls, one at a time, make it look.
+    let expired = false;
+    const expiry = resolver
+      .waitForLog((l) => l.msg === "replica capacity expired", 20_000)
+      .then(() => (expired = true));
+    const probe = new ToolmeshClient(nc, { tenant: "churn-probe" }).session("s-probe");
+    for (let i = 0; !expired; i++)
+      await probe.submit({ id: `p-${i}`, name: "concurrency", arguments: { hold_ms: 10 } }).result;
+    await expiry;
+    probe.close();
+    // A floods on; B's calls come behind all of it.
+    const moreMark = heldSoFar(resolver);
+    const more = submitMany("churn-a", "cm", 60, 200);
+    const moreResults = track("A", more.handles);
+    await heldCalls(resolver, moreMark, 30);
+    const b = submitMany("churn-b", "cb", 4, 200);
+    const bResults = track("B", b.handles);
+    const bMessages = await Promise.all(bResults);
+    const aMessages = await Promise.all([...aResults, ...moreResults]);
+    for (const s of [a, more, b]) s.session.close();
+    expect(bMessages.every((m) => m.error === undefined)).toBe(true);
+    expect(aMessages.every((m) => m.error === undefined)).toBe(true);
+    // In arrival order B would finish after all of A's second wave; in turn, after a few rounds
+    // of the surviving replica's 4 slots. Only the added replica is left to run them.
+    const aAfterLastB = finished.slice(finished.lastIndexOf("B")).filter((t) => t === "A");
+    expect(aAfterLastB.length).toBeGreaterThan(30);
+    expect(added.lines.some((l) => String(l.callId).startsWith("cb-"))).toBe(true);
+  }, 120_000);
 });

@@ -520,6 +520,18 @@ export async function startMesh({
       await modernHttpClient.callTool("echo", { text: payload.text });
     },
     submit,
+    /** Starts one more executor replica; resolves with its role, for {@link kill}. */
+    addExecutor() {
+      const role = `executor-added-${Object.keys(procs).length}`;
+      procs[role] = service("executor", { ...env, ...executorEnv }, nodeArgs, root);
+      return role;
+    },
+    /** Stops a service process as a scale-down does (SIGTERM: it finishes what it runs). */
+    async remove(role) {
+      const proc = procs[role];
+      delete procs[role];
+      if (proc !== undefined) await stopProc(proc);
+    },
     async stop() {
       await Promise.all(
         [...mcpClients, ...modernClients].map((c) => c.close().catch(() => undefined)),

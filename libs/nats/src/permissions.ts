@@ -212,6 +212,8 @@ function toolHost(s: Subjects, role: string, tools: readonly string[] | undefine
       `${n.base}.sessions.*.*.result.*`,
       `${n.base}.sessions.*.*.progress.*`,
       `${n.base}.dlq.*`,
+      // Its capacity, announced under the owner it registers its tools as (ADR 0055).
+      s.allOwnerCapacity,
       ...workConsumers(s, tools),
       `${API}.STREAM.MSG.GET.${s.streams.sessions}`,
       ...bucketRead(s.callsBucket),

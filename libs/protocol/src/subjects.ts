@@ -328,6 +328,14 @@ export interface Subjects {
   /** Wildcard over every owner service of every owner (the resolver's subscription). */
   readonly allOwnerServices: string;
   /**
+   * Where the executors of tool owner `owner` announce their capacity (ADR 0055), a core
+   * broadcast every resolver hears: `{p}.v1.owner.{owner}.capacity`. Crossing through the
+   * owner's own import, it can speak for no other owner.
+   */
+  ownerCapacity(owner: string): string;
+  /** Wildcard over every owner's capacity announcements: `{p}.v1.owner.*.capacity`. */
+  readonly allOwnerCapacity: string;
+  /**
    * Where tool owner `owner` registers tool `name`: `{p}.v1.owner.{owner}.register.{key}`, `key`
    * being the name's {@link Subjects.registryKey}. The name is in the subject so that the
    * owner's account can be given the names it may register, and no other (ADR 0041).
@@ -504,6 +512,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     inboxPrefix: (role) => `_INBOX.${prefix}.${t(role)}`,
     ownerService: (owner, service) => `${base}.owner.${t(owner)}.${service}`,
     allOwnerServices: `${base}.owner.*.>`,
+    ownerCapacity: (owner) => `${base}.owner.${t(owner)}.capacity`,
+    allOwnerCapacity: `${base}.owner.*.capacity`,
     ownerRegister: (owner, name) => `${base}.owner.${t(owner)}.register.${registryKey(name)}`,
     parseOwnerSubject(subject) {
       const parts = subject.split(".");

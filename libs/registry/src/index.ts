@@ -17,3 +17,10 @@ export type {
 } from "./registry.js";
 export { DEFAULT_REGISTRATION_LIMITS, checkOwnerRoom, checkToolSize } from "./limits.js";
 export type { RegistrationLimits } from "./limits.js";
+export { CAPACITY_PERIOD_MS, CapacityAnnouncer, ToolCapacity, parseCapacity } from "./capacity.js";
+export type {
+  CapacityAnnouncement,
+  CapacityAnnouncerOptions,
+  CapacityLog,
+  ToolCapacityOptions,
+} from "./capacity.js";

@@ -25,6 +25,7 @@ import {
   heartbeatMsFor,
 } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
+import { CapacityAnnouncer } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import type { ToolModule } from "./tool-module.js";
@@ -229,6 +230,14 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
   }
 
   for (const module of options.tools) await serve(module);
+  // Resolvers size each tool's fair-share window from what its replicas announce (ADR 0055).
+  const capacity = new CapacityAnnouncer({
+    nc,
+    subjects,
+    owner,
+    concurrency: options.concurrency ?? Defaults.concurrency,
+    tools: () => [...loops.keys()],
+  });
   log.info({ tools: [...served.keys()], owner }, "executor started");
 
   return {
@@ -236,13 +245,14 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       return [...served.keys()];
     },
     async addTool(module) {
-      return serve(module);
+      return serve(module).finally(() => capacity.changed());
     },
     inFlight: () => [...running.keys()],
     async removeTool(name, graceMs: number = Defaults.shutdownGraceMs) {
       const loop = loops.get(name);
       loops.delete(name);
       if (served.delete(name)) metrics.toolServed(name, -1);
+      capacity.changed();
       await loop?.stop(graceMs);
       await link.unregister(name, owner).catch((err: unknown) => {
         log.warn({ err, tool: name }, "cannot remove the tool from the registry");
@@ -250,6 +260,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     },
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       const handBack = (): void => handBackAll(deps);
+      capacity.stop();
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
       aborts.unsubscribe();
       stopObservingQueues();

@@ -12,6 +12,7 @@ import type { SessionLimits } from "./session-limits.js";
 import type { QuotaGate } from "./quotas.js";
 import type { FairShare, HeldCall } from "./fair-share.js";
 import type { StoredBytes } from "./stored-bytes.js";
+import type { ToolCapacity } from "@toolmesh/registry";
 
 // Admission decides whether a resolved call may go to its tool's work now, must wait for its
 // turn, or is refused; what it takes for the call (a session slot, quota counts, a fair-share
@@ -67,6 +68,8 @@ export interface AdmissionOptions {
   stored?: StoredBytes | undefined;
   /** Holds calls to busy tools for a fair turn among tenants; calls go straight on when undefined. */
   fairShare?: FairShare | undefined;
+  /** What executors announce they can run, per tool: fair share's window (ADR 0055). */
+  capacity?: ToolCapacity | undefined;
   metrics: ToolmeshMetrics;
 }
 
@@ -84,12 +87,14 @@ export class Admission {
   readonly quotas: QuotaGate | undefined;
   readonly stored: StoredBytes | undefined;
   readonly fairShare: FairShare | undefined;
+  readonly #capacity: ToolCapacity | undefined;
   readonly #metrics: ToolmeshMetrics;
 
   constructor(options: AdmissionOptions) {
     this.limits = options.limits;
     this.quotas = options.quotas;
     this.stored = options.stored;
+    this.#capacity = options.capacity;
     this.fairShare = options.fairShare;
     this.#metrics = options.metrics;
   }
@@ -126,6 +131,12 @@ export class Admission {
     const { fairShare } = this;
     if (fairShare !== undefined)
       fairShare.ended(admissionId(at, callToken), fairShare.held > 0 ? toolOf() : undefined);
+  }
+
+  /** Stops holding calls and following executors' capacity. */
+  stop(): void {
+    this.fairShare?.stop();
+    this.#capacity?.stop();
   }
 
   /**

@@ -296,3 +296,32 @@ describe("held calls handed on as the window frees", () => {
     expect(await m.share.busy(TOOL, "a")).toBe(true);
   });
 });
+
+describe("a window read per tool (its announced capacity)", () => {
+  it("holds past the tool's current window, and widens as capacity is announced", async () => {
+    let window = 2;
+    const m = mesh({ window: () => window, idleMs: 0 });
+    expect([await m.call("a", 0), await m.call("a", 1), await m.call("a", 2)]).toEqual([
+      "started",
+      "started",
+      "held",
+    ]);
+    // A replica added: the held call goes on without any call ending.
+    window = 4;
+    await until(() => m.dispatched.length === 1);
+    expect(await m.call("a", 3)).toBe("started");
+    expect(await m.call("a", 4)).toBe("held");
+  });
+
+  it("holds nothing for a tool of no announced capacity, and hands held calls on when it drops to 0", async () => {
+    let window = 0;
+    const m = mesh({ window: () => window, idleMs: 0 });
+    expect([await m.call("a", 0), await m.call("a", 1)]).toEqual(["started", "started"]);
+    window = 2;
+    m.advance();
+    expect(await m.call("a", 2)).toBe("held");
+    // Every replica gone: the held call goes on to the work stream, as an unheld one would.
+    window = 0;
+    await until(() => m.dispatched.length === 1);
+  });
+});

@@ -39,8 +39,10 @@ export interface FairShareOptions {
   /**
    * Calls of one tool outstanding in the work stream (waiting or running) before further calls
    * are held for a fair turn: about what the tool's executors run at once, all replicas together.
+   * A number for every tool, or read per tool (its announced capacity, ADR 0055); a tool whose
+   * window is 0 is not held.
    */
-  window: number;
+  window: number | ((tool: string) => number);
   /** Reads a tool's outstanding work (its work consumer's `num_pending + num_ack_pending`). */
   depth: WorkDepth;
   /** A tenant's share relative to others (default 1). */
@@ -91,6 +93,7 @@ interface TenantQueue {
 const ADMITTING_MS = 5_000;
 
 class ToolQueue {
+  constructor(readonly tool: string) {}
   readonly tenants = new Map<string, TenantQueue>();
   /** Tenants with calls of the tool running, or recently seen. */
   readonly activity = new Map<string, TenantActivity>();
@@ -234,6 +237,8 @@ export class FairShare {
     const state = this.#tools.get(tool) ?? this.#queue(tool);
     this.#seen(state, tenant);
     if (state.size > 0) return true;
+    // A tool of unknown capacity (no executor announces it) is not held.
+    if (this.#window(tool) <= 0) return false;
     if (this.#options.now() - state.depthAt > this.#options.pollMs) {
       // One read serves every call arriving meanwhile.
       state.reading ??= this.#options
@@ -340,8 +345,13 @@ export class FairShare {
     this.#tools.clear();
   }
 
+  #window(tool: string): number {
+    const { window } = this.#options;
+    return typeof window === "number" ? window : window(tool);
+  }
+
   #queue(tool: string): ToolQueue {
-    const queue = new ToolQueue();
+    const queue = new ToolQueue(tool);
     this.#tools.set(tool, queue);
     return queue;
   }
@@ -376,7 +386,10 @@ export class FairShare {
    * Tenants seen longer ago with nothing running or held are forgotten on the way.
    */
   #mayStart(queue: ToolQueue, depth: number): (tenant: string) => boolean {
-    const { window, idleMs, now, weightOf } = this.#options;
+    const { idleMs, now, weightOf } = this.#options;
+    const window = this.#window(queue.tool);
+    // No capacity announced (any more): the held calls go on in turn, as unheld ones do.
+    if (window <= 0) return () => true;
     const free = window - depth;
     if (free <= 0) return () => false;
     const runs = (tenant: string) => (queue.activity.get(tenant)?.running ?? 0) > 0;

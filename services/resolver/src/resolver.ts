@@ -16,6 +16,7 @@ import {
 import { openCallPlane } from "@toolmesh/call-store";
 import type { MeshCallPlane } from "@toolmesh/call-store";
 import type { ToolRegistry } from "@toolmesh/registry";
+import { ToolCapacity } from "@toolmesh/registry";
 import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
@@ -78,9 +79,10 @@ export interface ResolverOptions {
   replicas?: number;
   /**
    * Calls of one tool outstanding in the work stream (waiting or running) before further calls
-   * are held for a fair turn among tenants; 0 turns fair share off. Default 0.
+   * are held for a fair turn among tenants, for every tool; 0 turns fair share off. Default: each
+   * tool's capacity as its executors announce it (ADR 0055).
    */
-  fairShareWindow?: number;
+  fairShareWindow?: number | undefined;
   /**
    * How long after its last call of a tool a tenant keeps slots of the window free for its next
    * calls (as many as it lately used, up to its share), in ms; 0 keeps none. Default 1 000.
@@ -196,7 +198,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   return {
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
-      admission.fairShare?.stop();
+      admission.stop();
       await Promise.all([
         rpc.stop(graceMs),
         owners.stop(graceMs),
@@ -247,12 +249,22 @@ async function openAdmission(
           log,
         });
 
-  const fairShareWindow = options.fairShareWindow ?? 0;
+  const fairShareWindow = options.fairShareWindow;
+  const capacity =
+    fairShareWindow !== undefined
+      ? undefined
+      : new ToolCapacity({
+          nc,
+          subjects,
+          ownerOf: (tool) => registry.get(tool)?.definition.owner,
+          log,
+        });
   const fairShare =
-    fairShareWindow <= 0
+    fairShareWindow === 0
       ? undefined
       : new FairShare({
-          window: fairShareWindow,
+          window:
+            capacity === undefined ? (fairShareWindow ?? 0) : (tool) => capacity.windowOf(tool),
           idleMs: options.fairShareIdleMs,
           depth: workDepth(plane.jsm, subjects, registry),
           weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
@@ -260,7 +272,7 @@ async function openAdmission(
           log,
           heartbeatMs: heartbeatMsFor(ackWaitMs),
         });
-  return new Admission({ limits, quotas, stored, fairShare, metrics });
+  return new Admission({ limits, quotas, stored, fairShare, capacity, metrics });
 }
 
 /** Logs every quota applied and reports the tenants' calls in flight; returns how to stop. */
