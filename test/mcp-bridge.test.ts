@@ -504,6 +504,17 @@ describe("calls", () => {
     });
   });
 
+  it("answers a result that is not a tools/call result with a terminal tool_error and keeps the connection", async () => {
+    const opened = bridge.lines.filter((l) => l.msg === "MCP server ready" && l.server === "h");
+    const message = await call("h.http_error", { invalid_result: true, message: "not a list" });
+    expect(message.attempts).toBe(1);
+    expect(message.error).toMatchObject({ code: "tool_error", retryable: false });
+    expect(message.error?.message).toMatch(/^MCP server "h" sent an invalid result: /);
+    expect((await call("h.echo", { text: "still here" })).content).toBe("still here");
+    const now = bridge.lines.filter((l) => l.msg === "MCP server ready" && l.server === "h");
+    expect(now).toHaveLength(opened.length);
+  });
+
   it("gives the text alone when structuredContent only wraps it; a server may ask for the structured form", async () => {
     expect((await call("t.wrapped", { text: "line one\nline two" })).content).toBe(
       "line one\nline two",

@@ -255,7 +255,7 @@ function sdkFailure(
     case SdkErrorCode.InvalidResult:
       return new ToolmeshError(
         ErrorCode.ToolError,
-        `MCP server "${server}" sent an invalid result: ${truncate(err.message, MAX_MESSAGE_CHARS)}`,
+        `MCP server "${server}" sent an invalid result: ${truncate(err.message.replace(/\s+/g, " "), MAX_MESSAGE_CHARS)}`,
         { retryable: false, details },
       );
     default:
