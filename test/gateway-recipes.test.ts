@@ -6,9 +6,8 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { Client } from "@modelcontextprotocol/client";
+import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { KEYS, startGateway, writeKeysFile } from "./helpers/gateway.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -88,10 +87,10 @@ describe("docs/gateway.md recipes", () => {
     try {
       const { tools } = await client.listTools();
       expect(tools.map((t) => t.name)).toContain("echo");
-      const result = (await client.callTool({
+      const result = await client.callTool({
         name: "echo",
         arguments: { text: "from Claude Desktop" },
-      })) as CallToolResult;
+      });
       expect(result.content[0]).toMatchObject({ type: "text", text: "from Claude Desktop" });
     } finally {
       await client.close();

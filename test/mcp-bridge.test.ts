@@ -9,9 +9,8 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { Client } from "@modelcontextprotocol/client";
+import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
@@ -505,6 +504,17 @@ describe("calls", () => {
     });
   });
 
+  it("answers a result that is not a tools/call result with a terminal tool_error and keeps the connection", async () => {
+    const opened = bridge.lines.filter((l) => l.msg === "MCP server ready" && l.server === "h");
+    const message = await call("h.http_error", { invalid_result: true, message: "not a list" });
+    expect(message.attempts).toBe(1);
+    expect(message.error).toMatchObject({ code: "tool_error", retryable: false });
+    expect(message.error?.message).toMatch(/^MCP server "h" sent an invalid result: /);
+    expect((await call("h.echo", { text: "still here" })).content).toBe("still here");
+    const now = bridge.lines.filter((l) => l.msg === "MCP server ready" && l.server === "h");
+    expect(now).toHaveLength(opened.length);
+  });
+
   it("gives the text alone when structuredContent only wraps it; a server may ask for the structured form", async () => {
     expect((await call("t.wrapped", { text: "line one\nline two" })).content).toBe(
       "line one\nline two",
@@ -793,7 +803,7 @@ describe("the npm server @modelcontextprotocol/server-everything", () => {
     );
     try {
       const ask = async (name: string, args: Record<string, unknown>) =>
-        (await direct.callTool({ name, arguments: args })) as CallToolResult;
+        await direct.callTool({ name, arguments: args });
       const [echo, sum, image] = await Promise.all([
         ask("echo", { message: "hi there" }),
         ask("get-sum", { a: 2, b: 40 }),

@@ -7,7 +7,6 @@
 import { copyFile, mkdtemp, rename, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { keyDigest } from "@toolmesh/gateway";
 import { afterAll, beforeAll, expect, it, vi } from "vitest";
 import { gatewayTools, mcpClient, startGateway } from "./helpers/gateway.js";
@@ -186,10 +185,10 @@ it("accepts a key added to the gateway's keys file and refuses a removed one, wi
   expect((await post(NEW_KEY)).status).toBe(200);
   // The whole path works with the new key over the renewed certificate.
   const client = await mcpClient(gateway.url, NEW_KEY);
-  const result = (await client.callTool({
+  const result = await client.callTool({
     name: "echo",
     arguments: { text: "rotated" },
-  })) as CallToolResult;
+  });
   expect(result.isError ?? false).toBe(false);
   expect(JSON.stringify(result.content)).toContain("rotated");
   await client.close();

@@ -1,16 +1,13 @@
 import { createInterface } from "node:readline";
 import type { Readable } from "node:stream";
-import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { SSEClientTransport, SseError } from "@modelcontextprotocol/sdk/client/sse.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import {
-  CallToolResultSchema,
-  ProgressNotificationSchema,
-  ToolListChangedNotificationSchema,
-} from "@modelcontextprotocol/sdk/types.js";
-import type { Progress, Tool } from "@modelcontextprotocol/sdk/types.js";
+  Client,
+  SSEClientTransport,
+  SseError,
+  StreamableHTTPClientTransport,
+} from "@modelcontextprotocol/client";
+import type { CallToolResult, Progress, Tool, Transport } from "@modelcontextprotocol/client";
+import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { FetchLike, ToolContext } from "@toolmesh/tool-host";
 import type { Logger } from "@toolmesh/telemetry";
@@ -175,7 +172,7 @@ export class ServerConnection {
         const progressToken = `toolmesh-${++this.#progressTokens}`;
         this.#progress.set(progressToken, (progress) => ctx.emit(progress));
         try {
-          const result = await traceToolCall(this.#config.name, tool, (traceMeta) =>
+          const result: CallToolResult = await traceToolCall(this.#config.name, tool, (traceMeta) =>
             client.request(
               {
                 method: "tools/call",
@@ -189,7 +186,6 @@ export class ServerConnection {
                   },
                 },
               },
-              CallToolResultSchema,
               {
                 signal: ctx.signal,
                 // The executor ends the attempt (and aborts the signal) first; this only
@@ -356,11 +352,11 @@ export class ServerConnection {
       };
       // Replaces the SDK's own progress dispatch; see call(). Notifications are handled in
       // arrival order, each before the response that follows it resumes its caller.
-      client.setNotificationHandler(ProgressNotificationSchema, (notification) => {
+      client.setNotificationHandler("notifications/progress", (notification) => {
         const { progressToken, _meta: _ignored, ...progress } = notification.params;
         this.#progress.get(String(progressToken))?.(progress);
       });
-      client.setNotificationHandler(ToolListChangedNotificationSchema, () => {
+      client.setNotificationHandler("notifications/tools/list_changed", () => {
         if (this.#client === client) this.#resyncTools(client);
       });
       const timeout = this.#config.connect_timeout_ms;
@@ -566,7 +562,11 @@ async function listTools(client: Client, timeout: number): Promise<Tool[]> {
   const seen = new Set<string>();
   let cursor: string | undefined;
   for (let page = 0; page < MAX_LIST_PAGES; page++) {
-    const result = await client.listTools(cursor === undefined ? {} : { cursor }, { timeout });
+    // Page by page with `tools/list` itself: the SDK's listTools() would aggregate and cache.
+    const result = await client.request(
+      { method: "tools/list", params: cursor === undefined ? {} : { cursor } },
+      { timeout },
+    );
     tools.push(...result.tools);
     cursor = result.nextCursor;
     // A server repeating a cursor would loop forever.

@@ -3,7 +3,7 @@ import type { KV } from "@nats-io/kv";
 import { KvWatchInclude } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { Tool } from "@modelcontextprotocol/client";
 import { z } from "zod";
 import { ErrorCode, ToolmeshError, decodeJsonOrUndefined, encodeJson } from "@toolmesh/protocol";
 import type { Subjects } from "@toolmesh/protocol";

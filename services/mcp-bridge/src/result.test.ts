@@ -1,9 +1,25 @@
 import { describe, expect, it } from "vitest";
-import { ErrorCode as McpErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
-import { StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import {
+  ProtocolError,
+  ProtocolErrorCode,
+  SdkError,
+  SdkErrorCode,
+  SdkHttpError,
+  SseError,
+  UnauthorizedError,
+} from "@modelcontextprotocol/client";
+import type { CallToolResult } from "@modelcontextprotocol/client";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { callError, failureKind, resultContent, resultError } from "./result.js";
+
+/** An HTTP error answer as the SDK's streamable HTTP transport throws it. */
+function httpError(status: number, text: string): SdkHttpError {
+  return new SdkHttpError(
+    SdkErrorCode.ClientHttpNotImplemented,
+    `Error POSTing to endpoint: ${text}`,
+    { status, statusText: "", text },
+  );
+}
 
 const image = { type: "image", data: "iVBORw0=", mimeType: "image/png" } as const;
 
@@ -110,35 +126,40 @@ describe("callError", () => {
   };
 
   it("maps JSON-RPC errors", () => {
-    expect(mapped(new McpError(McpErrorCode.MethodNotFound, "no such method"))).toEqual([
+    expect(mapped(new ProtocolError(ProtocolErrorCode.MethodNotFound, "no such method"))).toEqual([
       "unknown_tool",
       false,
     ]);
-    expect(mapped(new McpError(McpErrorCode.InvalidParams, "Unknown tool: nope"))).toEqual([
-      "unknown_tool",
-      false,
-    ]);
-    expect(mapped(new McpError(McpErrorCode.InvalidParams, "Tool nope not found"))).toEqual([
-      "unknown_tool",
-      false,
-    ]);
-    expect(mapped(new McpError(McpErrorCode.InvalidParams, "a must be a number"))).toEqual([
-      "invalid_parameters",
-      false,
-    ]);
-    expect(mapped(new McpError(McpErrorCode.ConnectionClosed, "Connection closed"))).toEqual([
+    expect(
+      mapped(new ProtocolError(ProtocolErrorCode.InvalidParams, "Unknown tool: nope")),
+    ).toEqual(["unknown_tool", false]);
+    expect(
+      mapped(new ProtocolError(ProtocolErrorCode.InvalidParams, "Tool nope not found")),
+    ).toEqual(["unknown_tool", false]);
+    expect(
+      mapped(new ProtocolError(ProtocolErrorCode.InvalidParams, "a must be a number")),
+    ).toEqual(["invalid_parameters", false]);
+    expect(mapped(new SdkError(SdkErrorCode.ConnectionClosed, "Connection closed"))).toEqual([
       "unavailable",
       true,
     ]);
-    expect(mapped(new McpError(McpErrorCode.InternalError, "boom"))).toEqual(["tool_error", false]);
-    const retried = callError(new McpError(McpErrorCode.InternalError, "busy"), "s", "t", "retry");
+    expect(mapped(new ProtocolError(ProtocolErrorCode.InternalError, "boom"))).toEqual([
+      "tool_error",
+      false,
+    ]);
+    const retried = callError(
+      new ProtocolError(ProtocolErrorCode.InternalError, "busy"),
+      "s",
+      "t",
+      "retry",
+    );
     expect([retried.code, retried.retryable]).toEqual(["tool_error", true]);
-    expect(mapped(new McpError(-31000, "custom"))).toEqual(["tool_error", false]);
+    expect(mapped(new ProtocolError(-31000, "custom"))).toEqual(["tool_error", false]);
   });
 
   it("keeps the JSON-RPC code and data in details, without the SDK's message prefix", () => {
     const error = callError(
-      new McpError(McpErrorCode.InvalidParams, "MCP error -32602: bad a", { path: "/a" }),
+      new ProtocolError(ProtocolErrorCode.InvalidParams, "MCP error -32602: bad a", { path: "/a" }),
       "s",
       "t",
     );
@@ -152,33 +173,39 @@ describe("callError", () => {
   });
 
   it("maps HTTP failures and unreachable servers", () => {
-    expect(mapped(new StreamableHTTPError(401, "Unauthorized"))).toEqual([
-      "permission_denied",
-      false,
-    ]);
-    expect(mapped(new StreamableHTTPError(403, "Forbidden"))).toEqual(["permission_denied", false]);
-    expect(mapped(new StreamableHTTPError(503, "Busy"))).toEqual(["unavailable", true]);
-    expect(mapped(new StreamableHTTPError(400, "Bad"))).toEqual(["tool_error", false]);
+    expect(mapped(httpError(401, "Unauthorized"))).toEqual(["permission_denied", false]);
+    expect(mapped(httpError(403, "Forbidden"))).toEqual(["permission_denied", false]);
+    expect(mapped(httpError(503, "Busy"))).toEqual(["unavailable", true]);
+    expect(mapped(httpError(400, "Bad"))).toEqual(["tool_error", false]);
     const reasoned = callError(
-      new StreamableHTTPError(
-        422,
-        'Error POSTing to endpoint: {"jsonrpc":"2.0","error":{"code":-32600,"message":"too big"},"id":1}',
-      ),
+      httpError(422, '{"jsonrpc":"2.0","error":{"code":-32600,"message":"too big"},"id":1}'),
       "s",
       "t",
     );
     expect(reasoned.message).toBe('MCP server "s" answered HTTP 422: too big');
     expect(reasoned.details).toMatchObject({ http_status: 422, reason: "too big" });
-    const plain = callError(
-      new StreamableHTTPError(413, "Error POSTing to endpoint: request entity too large"),
-      "s",
-      "t",
-    );
+    const plain = callError(httpError(413, "request entity too large"), "s", "t");
     expect(plain.message).toBe('MCP server "s" answered HTTP 413: request entity too large');
     const refused = new TypeError("fetch failed", { cause: { code: "ECONNREFUSED" } });
     const error = callError(refused, "s", "t");
     expect([error.code, error.retryable]).toEqual(["unavailable", true]);
     expect(error.message).toBe('MCP server "s" is unavailable: fetch failed: ECONNREFUSED');
+  });
+
+  it("maps the SDK's own failures and an unauthorised connection", () => {
+    expect(mapped(new SdkError(SdkErrorCode.RequestTimeout, "Request timed out"))).toEqual([
+      "timeout",
+      true,
+    ]);
+    const invalid = callError(new SdkError(SdkErrorCode.InvalidResult, "bad result"), "s", "t");
+    expect([invalid.code, invalid.retryable]).toEqual(["tool_error", false]);
+    expect(invalid.details).toMatchObject({ sdk_code: SdkErrorCode.InvalidResult });
+    expect(mapped(new SdkError(SdkErrorCode.NotConnected, "Not connected"))).toEqual([
+      "unavailable",
+      true,
+    ]);
+    expect(mapped(new SseError(502, "Bad gateway", undefined))).toEqual(["unavailable", true]);
+    expect(mapped(new UnauthorizedError())).toEqual(["permission_denied", false]);
   });
 
   it("passes typed errors through", () => {
@@ -189,15 +216,19 @@ describe("callError", () => {
 
 describe("failureKind", () => {
   it("tells broken connections and expired sessions from answers", () => {
-    expect(failureKind(new StreamableHTTPError(404, "Session not found"))).toBe("session_expired");
-    expect(failureKind(new StreamableHTTPError(502, "Bad gateway"))).toBe("connection");
-    expect(failureKind(new StreamableHTTPError(400, "Bad request"))).toBe("answered");
+    expect(failureKind(httpError(404, "Session not found"))).toBe("session_expired");
+    expect(failureKind(httpError(502, "Bad gateway"))).toBe("connection");
+    expect(failureKind(httpError(400, "Bad request"))).toBe("answered");
     // What servers built on the SDK's examples (server-everything) answer after a restart.
     const unknownSession =
-      'Error POSTing to endpoint: {"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":3}';
-    expect(failureKind(new StreamableHTTPError(400, unknownSession))).toBe("session_expired");
-    expect(failureKind(new McpError(McpErrorCode.ConnectionClosed, "closed"))).toBe("connection");
-    expect(failureKind(new McpError(McpErrorCode.InvalidParams, "bad"))).toBe("answered");
+      '{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":3}';
+    expect(failureKind(httpError(400, unknownSession))).toBe("session_expired");
+    expect(failureKind(new SdkError(SdkErrorCode.ConnectionClosed, "closed"))).toBe("connection");
+    expect(failureKind(new ProtocolError(ProtocolErrorCode.InvalidParams, "bad"))).toBe("answered");
+    expect(failureKind(new SdkError(SdkErrorCode.RequestTimeout, "timed out"))).toBe("connection");
+    expect(failureKind(new SdkError(SdkErrorCode.InvalidResult, "bad result"))).toBe("answered");
+    expect(failureKind(new SseError(502, "Bad gateway", undefined))).toBe("connection");
+    expect(failureKind(new UnauthorizedError())).toBe("answered");
     expect(failureKind(new TypeError("fetch failed"))).toBe("connection");
   });
 });

@@ -1,9 +1,14 @@
 import { isDeepStrictEqual } from "node:util";
-import { ErrorCode as McpErrorCode, McpError } from "@modelcontextprotocol/sdk/types.js";
-import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
-import { StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { SseError } from "@modelcontextprotocol/sdk/client/sse.js";
-import { UnauthorizedError } from "@modelcontextprotocol/sdk/client/auth.js";
+import {
+  ProtocolError,
+  ProtocolErrorCode,
+  SdkError,
+  SdkErrorCode,
+  SdkHttpError,
+  SseError,
+  UnauthorizedError,
+} from "@modelcontextprotocol/client";
+import type { CallToolResult } from "@modelcontextprotocol/client";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { privateAddressCause } from "@toolmesh/tool-host";
 
@@ -54,9 +59,11 @@ export function resultContent(
 }
 
 /** The structured content says nothing the text does not: the same JSON, or just the text. */
-function repeats(text: string, structured: Record<string, unknown>): boolean {
-  const values = Object.values(structured);
-  if (values.length === 1 && values[0] === text) return true;
+function repeats(text: string, structured: unknown): boolean {
+  if (typeof structured === "object" && structured !== null && !Array.isArray(structured)) {
+    const values = Object.values(structured);
+    if (values.length === 1 && values[0] === text) return true;
+  }
   return sameJson(text, structured);
 }
 
@@ -110,26 +117,28 @@ export type FailureKind =
 
 /** Classifies an error thrown by a request to an MCP server. */
 export function failureKind(err: unknown): FailureKind {
-  if (err instanceof StreamableHTTPError) {
-    if (err.code === 404) return "session_expired";
-    if (err.code === 400 && /\bsession\b/i.test(httpReason(err))) return "session_expired";
-    return err.code === undefined || err.code < 0 || err.code >= 500 ? "connection" : "answered";
+  if (err instanceof SdkHttpError) {
+    const status = err.status;
+    if (status === 404) return "session_expired";
+    if (status === 400 && /\bsession\b/i.test(httpReason(err))) return "session_expired";
+    return status < 0 || status >= 500 ? "connection" : "answered";
   }
-  if (err instanceof McpError) {
-    return (err.code as McpErrorCode) === McpErrorCode.ConnectionClosed ? "connection" : "answered";
-  }
+  // A JSON-RPC error answer, or the server's result failing the SDK's validation.
+  if (err instanceof ProtocolError) return "answered";
+  if (err instanceof SdkError && err.code === SdkErrorCode.InvalidResult) return "answered";
   if (err instanceof UnauthorizedError) return "answered";
-  if (err instanceof SseError) return "connection";
-  // fetch() failures (refused, reset, DNS), "Not connected", EPIPE on a dead stdio process.
+  // The connection closed, a request timed out or could not be sent, a broken SSE stream,
+  // fetch() failures (refused, reset, DNS), EPIPE on a dead stdio process.
   return "connection";
 }
 
 /**
  * What the server said in an HTTP error answer: the `error.message` of a JSON-RPC body, else
- * the body text (the SDK puts it after "Error POSTing to endpoint: "), else the status text.
+ * the body text, else the status text.
  */
-export function httpReason(err: StreamableHTTPError): string {
-  const body = err.message.replace(/^(Streamable HTTP error: )?(Error POSTing to endpoint: )?/, "");
+export function httpReason(err: SdkHttpError): string {
+  const text = typeof err.data.text === "string" ? err.data.text : undefined;
+  const body = text ?? err.message.replace(/^Error POSTing to endpoint: /, "");
   try {
     const parsed = JSON.parse(body) as { error?: { message?: unknown } | string };
     const message = typeof parsed.error === "string" ? parsed.error : parsed.error?.message;
@@ -146,8 +155,9 @@ export type InternalErrorPolicy = "fail" | "retry";
 /**
  * A failed `tools/call` as a typed toolmesh error. JSON-RPC errors: method or tool not found
  * → `unknown_tool`; invalid params (-32602) → `invalid_parameters`; internal error (-32603)
- * → `tool_error`, retryable only under the `retry` policy; the connection closed or the
- * server down → retryable `unavailable`; HTTP 401/403 → `permission_denied`; other HTTP 4xx →
+ * → `tool_error`, retryable only under the `retry` policy; the request's time out →
+ * `timeout`; an invalid result → terminal `tool_error`; the connection closed or the server
+ * down → retryable `unavailable`; HTTP 401/403 → `permission_denied`; other HTTP 4xx →
  * terminal `tool_error` with the server's reason. Messages never carry request headers.
  */
 export function callError(
@@ -158,18 +168,18 @@ export function callError(
 ): ToolmeshError {
   if (err instanceof ToolmeshError) return err;
   const where = { server, tool };
-  if (err instanceof McpError) {
+  if (err instanceof ProtocolError) {
     const details = {
       ...where,
       jsonrpc_code: err.code,
       ...(err.data === undefined ? {} : { data: err.data }),
     };
-    // The SDK prefixes "MCP error <code>: "; the code is in details already.
+    // Servers on the SDK v1 prefix "MCP error <code>: "; the code is in details already.
     const message = err.message.replace(/^(MCP error -?\d+: )+/, "");
-    switch (err.code as McpErrorCode) {
-      case McpErrorCode.MethodNotFound:
+    switch (err.code as ProtocolErrorCode) {
+      case ProtocolErrorCode.MethodNotFound:
         return new ToolmeshError(ErrorCode.UnknownTool, message, { retryable: false, details });
-      case McpErrorCode.InvalidParams:
+      case ProtocolErrorCode.InvalidParams:
         // The spec answers an unknown tool with -32602 too.
         return /\bunknown tool\b|\btool\b.*\bnot found\b/i.test(message)
           ? new ToolmeshError(ErrorCode.UnknownTool, message, { retryable: false, details })
@@ -177,15 +187,7 @@ export function callError(
               retryable: false,
               details,
             });
-      case McpErrorCode.ConnectionClosed:
-        return new ToolmeshError(
-          ErrorCode.Unavailable,
-          `MCP server "${server}" closed the connection`,
-          { retryable: true, details },
-        );
-      case McpErrorCode.RequestTimeout:
-        return new ToolmeshError(ErrorCode.Timeout, message, { details });
-      case McpErrorCode.InternalError:
+      case ProtocolErrorCode.InternalError:
         return new ToolmeshError(ErrorCode.ToolError, message, {
           retryable: internalError === "retry",
           details,
@@ -194,6 +196,10 @@ export function callError(
         return new ToolmeshError(ErrorCode.ToolError, message, { retryable: false, details });
     }
   }
+  if (err instanceof SdkError && !(err instanceof SdkHttpError)) {
+    const sdkError = sdkFailure(err, server, where);
+    if (sdkError !== undefined) return sdkError;
+  }
   if (err instanceof UnauthorizedError) {
     return new ToolmeshError(
       ErrorCode.PermissionDenied,
@@ -201,10 +207,10 @@ export function callError(
       { retryable: false, details: where },
     );
   }
-  if (err instanceof StreamableHTTPError) {
+  if (err instanceof SdkHttpError) {
     // Forgotten again right after initialising: the server cannot keep a session just now.
     if (failureKind(err) === "session_expired") return unavailable(server, err, where);
-    const status = err.code ?? -1;
+    const status = err.status;
     const reason = httpReason(err);
     const said = reason === "" ? "" : `: ${reason}`;
     if (status === 401 || status === 403) {
@@ -223,6 +229,38 @@ export function callError(
     }
   }
   return unavailable(server, err, where);
+}
+
+/**
+ * The SDK's own failures of a request that have a type of their own: the connection closed
+ * (retryable `unavailable`), the request's time ran out (`timeout`), the server's result is
+ * not a valid result (terminal `tool_error`). Others (not connected, a send that failed) are
+ * left to the caller: an unreachable server.
+ */
+function sdkFailure(
+  err: SdkError,
+  server: string,
+  where: Record<string, unknown>,
+): ToolmeshError | undefined {
+  const details = { ...where, sdk_code: err.code };
+  switch (err.code) {
+    case SdkErrorCode.ConnectionClosed:
+      return new ToolmeshError(
+        ErrorCode.Unavailable,
+        `MCP server "${server}" closed the connection`,
+        { retryable: true, details },
+      );
+    case SdkErrorCode.RequestTimeout:
+      return new ToolmeshError(ErrorCode.Timeout, err.message, { details });
+    case SdkErrorCode.InvalidResult:
+      return new ToolmeshError(
+        ErrorCode.ToolError,
+        `MCP server "${server}" sent an invalid result: ${truncate(err.message.replace(/\s+/g, " "), MAX_MESSAGE_CHARS)}`,
+        { retryable: false, details },
+      );
+    default:
+      return undefined;
+  }
 }
 
 /** A retryable `unavailable` error for a server that cannot be reached right now. */
@@ -246,7 +284,10 @@ export function describeError(err: unknown): string {
     const what = spawnFailure.code === "ENOENT" ? "command not found" : "cannot run command";
     return `${what}: ${spawnFailure.path ?? "?"} (${err.message})`;
   }
-  if ((err instanceof StreamableHTTPError || err instanceof SseError) && (err.code ?? 0) > 0) {
+  if (err instanceof SdkHttpError && err.status > 0) {
+    return truncate(`${err.message} (HTTP ${err.status})`, MAX_MESSAGE_CHARS);
+  }
+  if (err instanceof SseError && (err.code ?? 0) > 0) {
     return truncate(`${err.message} (HTTP ${err.code})`, MAX_MESSAGE_CHARS);
   }
   const refused = privateAddressCause(err);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import type { Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { Tool } from "@modelcontextprotocol/client";
 import type { ToolContext } from "@toolmesh/tool-host";
 import { ToolDefinitionSchema, ToolmeshError } from "@toolmesh/protocol";
 import type { ToolDefinition } from "@toolmesh/protocol";

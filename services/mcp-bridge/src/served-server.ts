@@ -1,5 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { Tool } from "@modelcontextprotocol/sdk/types.js";
+import type { Tool } from "@modelcontextprotocol/client";
 import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
