@@ -4,7 +4,8 @@ import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import type { ToolmeshClient } from "@toolmesh/client";
+import { connect } from "@nats-io/transport-node";
+import { ToolmeshClient } from "@toolmesh/client";
 import { ErrorCode } from "@toolmesh/protocol";
 import { eventually } from "./eventually.js";
 
@@ -14,6 +15,8 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export interface ServiceProcess {
   readonly pid: number;
   readonly child: ChildProcess;
+  /** The environment it was started with (besides `PATH` and the log level). */
+  readonly env: Readonly<Record<string, string>>;
   /** Parsed JSON log lines written so far. */
   readonly lines: Record<string, unknown>[];
   /** Resolves with the first log line matching `predicate` (already written or future). */
@@ -92,6 +95,7 @@ export function spawnService(service: ServiceName, env: Record<string, string>):
   const handle: ServiceProcess = {
     pid: child.pid ?? -1,
     child,
+    env,
     lines,
     stderr: () => stderr,
     waitForLog(predicate, waitMs = 20_000) {
@@ -154,21 +158,38 @@ export function fixtureTools(name: string): string {
 }
 
 /**
- * Resolves once `resolver` has every named tool in its registry view: its "tool available"
- * line for the tool, or its start line listing it. Waits up to 60 s, a loaded machine's
- * worst case for a registration to travel from executor or bridge to resolver.
+ * Resolves once the resolvers of `resolver`'s mesh (its `NATS_URL` and `TOOLMESH_PREFIX`) find
+ * every named tool, as a call would: a dry run of each is answered, and not `unknown_tool`.
+ * Reads the resolvers' state, not their logs. Waits up to 60 s, a loaded machine's worst case
+ * for a registration to travel from executor or bridge to resolver.
  */
 export async function toolAvailable(resolver: ServiceProcess, ...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-        60_000,
+  const { NATS_URL: servers, TOOLMESH_PREFIX: prefix } = resolver.env;
+  if (servers === undefined)
+    throw new Error("toolAvailable: the resolver was started without NATS_URL");
+  const nc = await connect({ servers });
+  try {
+    const client = new ToolmeshClient(nc, prefix === undefined ? {} : { prefix });
+    await Promise.all(
+      names.map((name) =>
+        eventually(
+          `${name} to be available to the resolvers`,
+          async () => {
+            const reply = await client.resolve("tool-available-probe", { name, arguments: {} });
+            // `unavailable`: no resolver answered yet.
+            const missing =
+              !reply.ok &&
+              (reply.error.code === ErrorCode.UnknownTool ||
+                reply.error.code === ErrorCode.Unavailable);
+            return missing ? undefined : true;
+          },
+          { timeoutMs: 60_000 },
+        ),
       ),
-    ),
-  );
+    );
+  } finally {
+    await nc.close();
+  }
 }
 
 /**
