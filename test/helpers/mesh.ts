@@ -4,9 +4,10 @@ import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
+import { connectNats } from "@toolmesh/nats";
 import { ErrorCode } from "@toolmesh/protocol";
+import { loadConfig } from "@toolmesh/runtime";
 import { eventually } from "./eventually.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -158,18 +159,17 @@ export function fixtureTools(name: string): string {
 }
 
 /**
- * Resolves once the resolvers of `resolver`'s mesh (its `NATS_URL` and `TOOLMESH_PREFIX`) find
- * every named tool, as a call would: a dry run of each is answered, and not `unknown_tool`.
- * Reads the resolvers' state, not their logs. Waits up to 60 s, a loaded machine's worst case
+ * Resolves once the resolvers of `resolver`'s mesh (its server and prefix, reached as it reaches
+ * them) find every named tool, as a call would: a dry run of each is answered, and not
+ * `unknown_tool`. Reads the resolvers' state, not their logs. Waits up to 60 s, a loaded machine's worst case
  * for a registration to travel from executor or bridge to resolver.
  */
 export async function toolAvailable(resolver: ServiceProcess, ...names: string[]): Promise<void> {
-  const { NATS_URL: servers, TOOLMESH_PREFIX: prefix } = resolver.env;
-  if (servers === undefined)
-    throw new Error("toolAvailable: the resolver was started without NATS_URL");
-  const nc = await connect({ servers });
+  // Connected as the resolver is (its server, credentials and TLS files), to its prefix.
+  const config = loadConfig(resolver.env);
+  const nc = await connectNats(config.nats);
   try {
-    const client = new ToolmeshClient(nc, prefix === undefined ? {} : { prefix });
+    const client = new ToolmeshClient(nc, { prefix: config.prefix });
     await Promise.all(
       names.map((name) =>
         eventually(
