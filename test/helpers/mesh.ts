@@ -160,9 +160,8 @@ export function fixtureTools(name: string): string {
 
 /**
  * Resolves once the resolvers of `resolver`'s mesh (its server and prefix, reached as it reaches
- * them) find every named tool, as a call would: a dry run of each is answered, and not
- * `unknown_tool`. Reads the resolvers' state, not their logs. Waits up to 60 s, a loaded machine's worst case
- * for a registration to travel from executor or bridge to resolver.
+ * them) find every named tool, as a call would ({@link toolKnown}). Waits up to 60 s, a loaded
+ * machine's worst case for a registration to travel from executor or bridge to resolver.
  */
 export async function toolAvailable(resolver: ServiceProcess, ...names: string[]): Promise<void> {
   // Connected as the resolver is (its server, credentials and TLS files), to its prefix.
@@ -170,23 +169,7 @@ export async function toolAvailable(resolver: ServiceProcess, ...names: string[]
   const nc = await connectNats(config.nats);
   try {
     const client = new ToolmeshClient(nc, { prefix: config.prefix });
-    await Promise.all(
-      names.map((name) =>
-        eventually(
-          `${name} to be available to the resolvers`,
-          async () => {
-            const reply = await client.resolve("tool-available-probe", { name, arguments: {} });
-            // `unavailable`: no resolver answered yet.
-            const missing =
-              !reply.ok &&
-              (reply.error.code === ErrorCode.UnknownTool ||
-                reply.error.code === ErrorCode.Unavailable);
-            return missing ? undefined : true;
-          },
-          { timeoutMs: 60_000 },
-        ),
-      ),
-    );
+    await Promise.all(names.map((name) => toolKnown(client, name, true, 60_000)));
   } finally {
     await nc.close();
   }
@@ -194,18 +177,25 @@ export async function toolAvailable(resolver: ServiceProcess, ...names: string[]
 
 /**
  * Waits until the resolvers know `name` (`known`) or no longer do, as a call would find it: a
- * dry run of it is answered `unknown_tool` or not. Reads the resolvers' state, not their logs.
+ * dry run of it is answered, and `unknown_tool` or not (`unavailable`, no resolver answering
+ * yet, is neither). Reads the resolvers' state, not their logs. Waits up to `timeoutMs`.
  */
 export async function toolKnown(
   client: ToolmeshClient,
   name: string,
   known: boolean,
+  timeoutMs = 15_000,
 ): Promise<void> {
-  await eventually(`${name} to be ${known ? "known" : "unknown"} to the resolvers`, async () => {
-    const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
-    const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
-    return unknown === !known ? true : undefined;
-  });
+  await eventually(
+    `${name} to be ${known ? "known" : "unknown"} to the resolvers`,
+    async () => {
+      const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
+      if (!reply.ok && reply.error.code === ErrorCode.Unavailable) return undefined;
+      const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
+      return unknown === !known ? true : undefined;
+    },
+    { timeoutMs },
+  );
 }
 
 /** A resolver and an executor of the `tools-rel` fixture tools, their ledger in a folder of its own. */
