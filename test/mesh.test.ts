@@ -14,6 +14,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { present } from "./helpers/present.js";
+import { until } from "./helpers/eventually.js";
 import { startOtlpReceiver } from "./helpers/otlp-receiver.js";
 import type { CollectedSpan, OtlpReceiver } from "./helpers/otlp-receiver.js";
 
@@ -96,8 +97,12 @@ describe("a call through separate resolver and executor processes", () => {
     const all = [resolver, ...executors].flatMap((p) => p.lines).map((l) => JSON.stringify(l));
     expect(all.some((l) => l.includes("preset-secret-value"))).toBe(false);
     const jsm = await jetstreamManager(nc);
-    const work = await jsm.streams.info(createSubjects().streams.work);
-    expect(work.state.messages).toBe(0); // consumed work leaves the work queue
+    // Consumed work leaves the work queue once its executor acknowledges it, just after the
+    // result it published.
+    await until("the work queue to be empty", async () => {
+      const work = await jsm.streams.info(createSubjects().streams.work);
+      return work.state.messages === 0;
+    });
   });
 
   it("says in each registry entry whether the tool emits progress", async () => {

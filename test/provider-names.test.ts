@@ -14,7 +14,13 @@ import type { ToolCall } from "@toolmesh/protocol";
 import { PROVIDER_SAFE_NAME, safeToolName } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { fixtureTools, killAllServices, spawnService, startService } from "./helpers/mesh.js";
+import {
+  fixtureTools,
+  killAllServices,
+  spawnService,
+  startService,
+  toolAvailable,
+} from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 // Provider-safe tool names end to end: tools with dotted, long and colliding names, a catalog
@@ -47,16 +53,7 @@ beforeAll(async () => {
   resolver = await startService("resolver", env);
   await startService("executor", env);
   await startService("schema-expander", env);
-  await Promise.all(
-    NAMES.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-        60_000,
-      ),
-    ),
-  );
+  await toolAvailable(resolver, ...NAMES);
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 15_000 });
 });

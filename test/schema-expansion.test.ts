@@ -17,7 +17,7 @@ import { ToolRegistry } from "@toolmesh/registry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { runCli } from "./helpers/cli.js";
-import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 
 // Schema expansion end to end: a resolver, an executor and two schema expanders, each its own process,
@@ -139,7 +139,7 @@ beforeAll(async () => {
   };
   resolver = await startService("resolver", env);
   await startService("executor", env);
-  await Promise.all(TOOLS.map((tool) => sees(resolver, tool)));
+  await toolAvailable(resolver, ...TOOLS);
   expanders = await Promise.all([startExpander(), startExpander()]);
   nc = await connect({ servers: server.url });
   jsm = await jetstreamManager(nc);

@@ -4,8 +4,10 @@ import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import type { ToolmeshClient } from "@toolmesh/client";
+import { ToolmeshClient } from "@toolmesh/client";
+import { connectNats } from "@toolmesh/nats";
 import { ErrorCode } from "@toolmesh/protocol";
+import { loadConfig } from "@toolmesh/runtime";
 import { eventually } from "./eventually.js";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -14,6 +16,8 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 export interface ServiceProcess {
   readonly pid: number;
   readonly child: ChildProcess;
+  /** The environment it was started with (besides `PATH` and the log level). */
+  readonly env: Readonly<Record<string, string>>;
   /** Parsed JSON log lines written so far. */
   readonly lines: Record<string, unknown>[];
   /** Resolves with the first log line matching `predicate` (already written or future). */
@@ -92,6 +96,7 @@ export function spawnService(service: ServiceName, env: Record<string, string>):
   const handle: ServiceProcess = {
     pid: child.pid ?? -1,
     child,
+    env,
     lines,
     stderr: () => stderr,
     waitForLog(predicate, waitMs = 20_000) {
@@ -154,37 +159,43 @@ export function fixtureTools(name: string): string {
 }
 
 /**
- * Resolves once `resolver` has every named tool in its registry view: its "tool available"
- * line for the tool, or its start line listing it. Waits up to 60 s, a loaded machine's
- * worst case for a registration to travel from executor or bridge to resolver.
+ * Resolves once the resolvers of `resolver`'s mesh (its server and prefix, reached as it reaches
+ * them) find every named tool, as a call would ({@link toolKnown}). Waits up to 60 s, a loaded
+ * machine's worst case for a registration to travel from executor or bridge to resolver.
  */
 export async function toolAvailable(resolver: ServiceProcess, ...names: string[]): Promise<void> {
-  await Promise.all(
-    names.map((name) =>
-      resolver.waitForLog(
-        (l) =>
-          (l.msg === "tool available" && l.tool === name) ||
-          (l.msg === "resolver started" && (l.tools as string[]).includes(name)),
-        60_000,
-      ),
-    ),
-  );
+  // Connected as the resolver is (its server, credentials and TLS files), to its prefix.
+  const config = loadConfig(resolver.env);
+  const nc = await connectNats(config.nats);
+  try {
+    const client = new ToolmeshClient(nc, { prefix: config.prefix });
+    await Promise.all(names.map((name) => toolKnown(client, name, true, 60_000)));
+  } finally {
+    await nc.close();
+  }
 }
 
 /**
  * Waits until the resolvers know `name` (`known`) or no longer do, as a call would find it: a
- * dry run of it is answered `unknown_tool` or not. Reads the resolvers' state, not their logs.
+ * dry run of it is answered, and `unknown_tool` or not (`unavailable`, no resolver answering
+ * yet, is neither). Reads the resolvers' state, not their logs. Waits up to `timeoutMs`.
  */
 export async function toolKnown(
   client: ToolmeshClient,
   name: string,
   known: boolean,
+  timeoutMs = 15_000,
 ): Promise<void> {
-  await eventually(`${name} to be ${known ? "known" : "unknown"} to the resolvers`, async () => {
-    const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
-    const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
-    return unknown === !known ? true : undefined;
-  });
+  await eventually(
+    `${name} to be ${known ? "known" : "unknown"} to the resolvers`,
+    async () => {
+      const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
+      if (!reply.ok && reply.error.code === ErrorCode.Unavailable) return undefined;
+      const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
+      return unknown === !known ? true : undefined;
+    },
+    { timeoutMs },
+  );
 }
 
 /** A resolver and an executor of the `tools-rel` fixture tools, their ledger in a folder of its own. */

@@ -1,5 +1,6 @@
 import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
+import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions, StreamCompression } from "@toolmesh/nats";
 import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
@@ -166,6 +167,14 @@ export class CallStore {
   }
 
   /**
+   * Binds to the calls bucket as it is, neither creating nor changing it: for a reader of the
+   * records the services keep.
+   */
+  static async bind(nc: NatsConnection, subjects: Subjects): Promise<CallStore> {
+    return new CallStore(await new Kvm(nc).open(subjects.callsBucket));
+  }
+
+  /**
    * A fresh reading of the NATS server's clock: writes the probe key {@link CLOCK_PROBE_KEY}
    * (one token, so never a call's key) and reads back the time the server stored it.
    * `localMs` is when the read returned, so `localMs - serverMs` is at least the clock offset.
@@ -207,6 +216,40 @@ export class CallStore {
     const entry = await this.#kv.get(callKey(call.address, call.idempotency_key));
     if (entry === null || entry.operation !== "PUT") return undefined;
     return { record: CallRecordSchema.parse(decodeJson(entry.value)), revision: entry.revision };
+  }
+
+  /**
+   * The record of a call with when its first and its latest revision were stored (the server's
+   * clock); undefined when there is none, or when what is stored is not a call record.
+   */
+  async dated(call: CallRef): Promise<DatedRecord | undefined> {
+    const key = callKey(call.address, call.idempotency_key);
+    const entry = await this.#kv.get(key);
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    const record = CallRecordSchema.safeParse(decodeJson(entry.value));
+    if (!record.success) return undefined;
+    let createdAt = entry.created;
+    if (entry.revision > 1) {
+      const history = await this.#kv.history({ key });
+      for await (const h of history) {
+        createdAt = h.created;
+        break;
+      }
+    }
+    return { record: record.data, createdAt, updatedAt: entry.created };
+  }
+
+  /**
+   * The calls a tenant has records of, as the session token and idempotency-key token of each
+   * record's key, in the order the bucket lists them. `tenant` is the tenant's subject token.
+   */
+  async callsOf(tenant: string): Promise<{ session: string; key: string }[]> {
+    const calls: { session: string; key: string }[] = [];
+    for await (const key of await this.#kv.keys(`${tenant}.>`)) {
+      const [, session, call] = key.split(".");
+      if (session !== undefined && call !== undefined) calls.push({ session, key: call });
+    }
+    return calls;
   }
 
   /**
@@ -272,6 +315,13 @@ export class CallStore {
       }
     }
   }
+}
+
+/** A call record with when its first and its latest revision were stored. */
+export interface DatedRecord {
+  record: CallRecord;
+  createdAt: Date;
+  updatedAt: Date;
 }
 
 /** What {@link CallStore.finish} did. */

@@ -10,7 +10,13 @@ export {
 } from "./call-store.js";
 /** Kept here too: the call store is where arguments are compared. */
 export { argumentsHash } from "@toolmesh/protocol";
-export type { AcceptOutcome, CallRecord, CallRef, CallStoreOptions } from "./call-store.js";
+export type {
+  AcceptOutcome,
+  CallRecord,
+  CallRef,
+  CallStoreOptions,
+  DatedRecord,
+} from "./call-store.js";
 export { openCallPlane } from "./plane.js";
 export type {
   CallPlane,

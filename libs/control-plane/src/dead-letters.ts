@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import type { MsgHdrs, NatsConnection } from "@nats-io/nats-core";
-import type { JetStreamManager, StoredMsg } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager, StoredMsg } from "@nats-io/jetstream";
 import {
   DeliverPolicy,
   JetStreamApiCodes,
@@ -25,6 +25,7 @@ import {
 } from "@toolmesh/protocol";
 import { publishDurable } from "@toolmesh/nats";
 import { deadlineHeaders } from "./deadline-keeper.js";
+import type { AcceptOutcome } from "@toolmesh/call-store";
 import { CallStore, argumentsHash } from "@toolmesh/call-store";
 import type { LetterEvidence } from "./letter-evidence.js";
 import { letterEvidence } from "./letter-evidence.js";
@@ -232,50 +233,19 @@ export async function replayDeadLetter(
   options: ReplayDeadLetterOptions = {},
 ): Promise<ReplayOutcome> {
   const jsm = await jetstreamManager(nc);
-  const js = jetstream(nc);
   const { stored, letter } = await getLetter(jsm, subjects, seq);
+  const replay: LetterReplay = { nc, js: jetstream(nc), subjects, seq, letter, options };
   const raw = decodeJsonOrUndefined(stored.data);
   let outcome: Omit<ReplayOutcome, "deleted">;
   if (subjects.isWorkStream(letter.stream)) {
-    const parsed = ResolvedCallSchema.safeParse(raw);
-    if (!parsed.success) throw notReplayable(letter, "its body is not a resolved call");
-    const checked = await new EvidenceReader(nc, subjects, options.callRetentionMs).check(
-      letter,
-      parsed.data,
-    );
-    if (checked.status === "suspect") {
-      throw new ToolmeshError(
-        ErrorCode.PermissionDenied,
-        `dead letter ${seq} is not replayed: ${checked.why}`,
-        {
-          retryable: false,
-          details: {
-            seq,
-            stream: letter.stream,
-            tenant: parsed.data.address.tenant,
-            suspect: checked.why,
-          },
-        },
-      );
-    }
-    // The call is the mesh's own record of it, not what the letter says (ADR 0051); only the
-    // resolved arguments come from the letter, which the record does not keep.
-    const { record } = checked;
-    const call: ResolvedCall = {
-      ...parsed.data,
-      idempotency_key: record.idempotency_key,
-      call_id: record.call_id,
-      session_id: record.session_id,
-      address: record.address,
-      tool: record.tool,
-    };
-    outcome = await replayWork(call, { ...(raw as Record<string, unknown>), ...call });
+    const call = await recordedCall(replay, raw);
+    outcome = await replayWork(replay, call, { ...(raw as Record<string, unknown>), ...call });
   } else if (subjects.isCallsStream(letter.stream)) {
     const parsed = CallRequestSchema.safeParse(raw);
     if (!parsed.success) throw notReplayable(letter, "its body is not a call request");
     if (subjects.parseSessionSubject(letter.subject) === undefined)
       throw notReplayable(letter, `${letter.subject} is not a call subject`);
-    outcome = await replayCall(parsed.data, raw as Record<string, unknown>);
+    outcome = await replayCall(replay, parsed.data, raw as Record<string, unknown>);
   } else {
     throw notReplayable(
       letter,
@@ -286,98 +256,173 @@ export async function replayDeadLetter(
   }
   const deleted = await jsm.streams.deleteMessage(subjects.streams.dlq, seq).catch(() => false);
   return { ...outcome, deleted };
+}
 
-  async function replayWork(
-    call: ResolvedCall,
-    body: Record<string, unknown>,
-  ): Promise<Omit<ReplayOutcome, "deleted">> {
-    const key = replayKey(call.idempotency_key, seq);
-    const msgId = callKey(call.address, key);
-    const deadlineAt = (options.now ?? Date.now()) + call.timeout_ms;
-    const common = {
-      seq,
-      stream: letter.stream,
-      subject: letter.subject,
-      msg_id: msgId,
+/** One replay of one dead letter: what each of its steps needs. */
+interface LetterReplay {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  subjects: Subjects;
+  seq: number;
+  letter: DeadLetter;
+  options: ReplayDeadLetterOptions;
+}
+
+/**
+ * The call a work-stream letter holds, as the mesh recorded it. Throws `invalid_request` for a
+ * body that is not a resolved call, `permission_denied` for a letter naming a call the mesh
+ * never routed to that work.
+ */
+async function recordedCall(replay: LetterReplay, raw: unknown): Promise<ResolvedCall> {
+  const { nc, subjects, seq, letter, options } = replay;
+  const parsed = ResolvedCallSchema.safeParse(raw);
+  if (!parsed.success) throw notReplayable(letter, "its body is not a resolved call");
+  const checked = await new EvidenceReader(nc, subjects, options.callRetentionMs).check(
+    letter,
+    parsed.data,
+  );
+  if (checked.status === "suspect") {
+    throw new ToolmeshError(
+      ErrorCode.PermissionDenied,
+      `dead letter ${seq} is not replayed: ${checked.why}`,
+      {
+        retryable: false,
+        details: {
+          seq,
+          stream: letter.stream,
+          tenant: parsed.data.address.tenant,
+          suspect: checked.why,
+        },
+      },
+    );
+  }
+  // The call is the mesh's own record of it, not what the letter says (ADR 0051); only the
+  // resolved arguments come from the letter, which the record does not keep.
+  const { record } = checked;
+  return {
+    ...parsed.data,
+    idempotency_key: record.idempotency_key,
+    call_id: record.call_id,
+    session_id: record.session_id,
+    address: record.address,
+    tool: record.tool,
+  };
+}
+
+/**
+ * Republishes a work-stream letter's call under its replay key with a fresh deadline, after
+ * recording the key as an accepted call.
+ */
+async function replayWork(
+  replay: LetterReplay,
+  call: ResolvedCall,
+  body: Record<string, unknown>,
+): Promise<Omit<ReplayOutcome, "deleted">> {
+  const { seq, letter, options } = replay;
+  const key = replayKey(call.idempotency_key, seq);
+  const msgId = callKey(call.address, key);
+  const deadlineAt = (options.now ?? Date.now()) + call.timeout_ms;
+  const common = {
+    seq,
+    stream: letter.stream,
+    subject: letter.subject,
+    msg_id: msgId,
+    idempotency_key: key,
+    original_idempotency_key: call.idempotency_key,
+    call_id: call.call_id,
+    session_id: call.session_id,
+    tool: call.tool,
+  };
+  const accepted = await acceptReplay(replay, call, key, deadlineAt);
+  if (accepted.status === "done") return { ...common, status: "already_done" };
+  const recordedDeadline =
+    accepted.status === "in_flight" ? accepted.record.deadline_at : deadlineAt;
+  const replayed = { ...body, idempotency_key: key, deadline_at: recordedDeadline };
+  // Headed like the resolver's work, so the deadline keeper ends the replay at its deadline
+  // if no executor does.
+  const ack = await publishDurable(replay.js, letter.subject, replayed, {
+    msgId,
+    headers: deadlineHeaders({
+      address: call.address,
       idempotency_key: key,
-      original_idempotency_key: call.idempotency_key,
+      deadline_at: recordedDeadline,
+    }),
+  });
+  return { ...common, status: "replayed", stream_seq: ack.seq, deadline_at: recordedDeadline };
+}
+
+/**
+ * Records the replay key as an accepted call in the call store. Throws
+ * `idempotency_conflict` when the key is already another call's.
+ */
+async function acceptReplay(
+  replay: LetterReplay,
+  call: ResolvedCall,
+  key: string,
+  deadlineAt: number,
+): Promise<Exclude<AcceptOutcome, { status: "conflict" }>> {
+  const { nc, subjects, seq, options } = replay;
+  const store = await withNatsErrors(() =>
+    CallStore.open(nc, {
+      subjects,
+      // An operator's tool: the bucket is used as the services set it up.
+      existing: "keep",
+      ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+    }),
+  );
+  const accepted = await withNatsErrors(() =>
+    store.accept({
+      idempotency_key: key,
       call_id: call.call_id,
       session_id: call.session_id,
+      address: call.address,
       tool: call.tool,
-    };
-    const store = await withNatsErrors(() =>
-      CallStore.open(nc, {
-        subjects,
-        // An operator's tool: the bucket is used as the services set it up.
-        existing: "keep",
-        ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
-      }),
+      args_hash: argumentsHash(call.arguments),
+      state: "accepted",
+      deadline_at: deadlineAt,
+    }),
+  );
+  // "in_flight": an earlier replay recorded the key and may not have published; the
+  // message id makes publishing again harmless.
+  if (accepted.status === "conflict") {
+    throw new ToolmeshError(
+      ErrorCode.IdempotencyConflict,
+      `idempotency key "${key}" is already used by another call`,
+      { details: { seq, idempotency_key: key } },
     );
-    const accepted = await withNatsErrors(() =>
-      store.accept({
-        idempotency_key: key,
-        call_id: call.call_id,
-        session_id: call.session_id,
-        address: call.address,
-        tool: call.tool,
-        args_hash: argumentsHash(call.arguments),
-        state: "accepted",
-        deadline_at: deadlineAt,
-      }),
-    );
-    // "in_flight": an earlier replay recorded the key and may not have published; the
-    // message id makes publishing again harmless.
-    if (accepted.status === "conflict") {
-      throw new ToolmeshError(
-        ErrorCode.IdempotencyConflict,
-        `idempotency key "${key}" is already used by another call`,
-        { details: { seq, idempotency_key: key } },
-      );
-    }
-    if (accepted.status === "done") return { ...common, status: "already_done" };
-    const recordedDeadline =
-      accepted.status === "in_flight" ? accepted.record.deadline_at : deadlineAt;
-    const replayed = { ...body, idempotency_key: key, deadline_at: recordedDeadline };
-    // Headed like the resolver's work, so the deadline keeper ends the replay at its deadline
-    // if no executor does.
-    const ack = await publishDurable(js, letter.subject, replayed, {
-      msgId,
-      headers: deadlineHeaders({
-        address: call.address,
-        idempotency_key: key,
-        deadline_at: recordedDeadline,
-      }),
-    });
-    return { ...common, status: "replayed", stream_seq: ack.seq, deadline_at: recordedDeadline };
   }
+  return accepted;
+}
 
-  async function replayCall(
-    request: CallRequest,
-    body: Record<string, unknown>,
-  ): Promise<Omit<ReplayOutcome, "deleted">> {
-    const original = idempotencyKeyOf(request, request.tool_call.id);
-    const key = replayKey(original, seq);
-    const msgId = replayMsgId(subjects.streams.dlq, seq);
-    const ack = await publishDurable(
-      js,
-      letter.subject,
-      { ...body, idempotency_key: key },
-      { msgId },
-    );
-    return {
-      seq,
-      status: "replayed",
-      stream: letter.stream,
-      subject: letter.subject,
-      msg_id: msgId,
-      idempotency_key: key,
-      original_idempotency_key: original,
-      call_id: request.tool_call.id,
-      session_id: request.session_id,
-      tool: request.tool_call.function.name,
-      stream_seq: ack.seq,
-    };
-  }
+/** Republishes a calls-stream letter's request under its replay key, to be resolved again. */
+async function replayCall(
+  replay: LetterReplay,
+  request: CallRequest,
+  body: Record<string, unknown>,
+): Promise<Omit<ReplayOutcome, "deleted">> {
+  const { subjects, seq, letter } = replay;
+  const original = idempotencyKeyOf(request, request.tool_call.id);
+  const key = replayKey(original, seq);
+  const msgId = replayMsgId(subjects.streams.dlq, seq);
+  const ack = await publishDurable(
+    replay.js,
+    letter.subject,
+    { ...body, idempotency_key: key },
+    { msgId },
+  );
+  return {
+    seq,
+    status: "replayed",
+    stream: letter.stream,
+    subject: letter.subject,
+    msg_id: msgId,
+    idempotency_key: key,
+    original_idempotency_key: original,
+    call_id: request.tool_call.id,
+    session_id: request.session_id,
+    tool: request.tool_call.function.name,
+    stream_seq: ack.seq,
+  };
 }
 
 /** `{key}#replay-{seq}`, within the id length limit. */

@@ -1,5 +1,5 @@
-import { Kvm } from "@nats-io/kv";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
+import { CallStore } from "@toolmesh/call-store";
 import { StateStore } from "@toolmesh/catalog";
 import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
@@ -40,7 +40,7 @@ export async function startGatewayFromRuntime(
     replicas: rt.config.streamReplicas,
     compression: rt.config.streamCompression,
   });
-  const calls = await new Kvm(rt.nc).open(rt.subjects.callsBucket);
+  const calls = await CallStore.bind(rt.nc, rt.subjects);
   const mesh = new MeshView({
     nc: rt.nc,
     subjects: rt.subjects,

@@ -1,13 +1,11 @@
 import { createHash, randomUUID } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { KV } from "@nats-io/kv";
 import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/server";
 import type { Catalog, CallHandle } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
-import type { CallRecord } from "@toolmesh/call-store";
-import { CallRecordSchema } from "@toolmesh/call-store";
+import type { CallStore, DatedRecord } from "@toolmesh/call-store";
 import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, callKey, decodeJson, ensureError } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
 import { toCallToolResult } from "./results.js";
 
@@ -28,8 +26,8 @@ export interface MeshViewOptions {
   subjects: Subjects;
   prefix: string;
   registry: ToolRegistry;
-  /** The call records bucket. */
-  calls: KV;
+  /** The call records. */
+  calls: CallStore;
   /** Budget of a call whose `_meta` sets none, in ms. */
   defaultTimeoutMs: number;
   /** How long the mesh keeps call records (a task's ttl), in ms. */
@@ -218,26 +216,13 @@ export class MeshView {
   }
 
   /** The record of a gateway call, with the times of its first and latest revision. */
-  async record(
-    tenant: string,
-    id: string,
-  ): Promise<{ record: CallRecord; createdAt: Date; updatedAt: Date } | undefined> {
+  async record(tenant: string, id: string): Promise<DatedRecord | undefined> {
     if (!isMeshCallId(id)) return undefined;
     const client = this.client(tenant);
-    const key = callKey(this.#o.subjects.address(client.tenant, id), id);
-    const entry = await this.#o.calls.get(key);
-    if (entry === null || entry.operation !== "PUT") return undefined;
-    const record = CallRecordSchema.safeParse(decodeJson(entry.value));
-    if (!record.success) return undefined;
-    let createdAt = entry.created;
-    if (entry.revision > 1) {
-      const history = await this.#o.calls.history({ key });
-      for await (const h of history) {
-        createdAt = h.created;
-        break;
-      }
-    }
-    return { record: record.data, createdAt, updatedAt: entry.created };
+    return this.#o.calls.dated({
+      address: this.#o.subjects.address(client.tenant, id),
+      idempotency_key: id,
+    });
   }
 
   /** The MCP task of a gateway call; undefined when the tenant has no such call. */
@@ -253,13 +238,10 @@ export class MeshView {
     cursor: string | undefined,
   ): Promise<{ tasks: Task[]; nextCursor?: string }> {
     const address = this.#o.subjects.address(tenant, "x");
-    const keys: string[] = [];
-    const lister = await this.#o.calls.keys(`${address.tenant}.>`);
-    for await (const key of lister) {
-      const [, session, call] = key.split(".");
-      if (session !== undefined && session === call && isMeshCallId(session)) keys.push(session);
-    }
-    keys.sort();
+    const keys = (await this.#o.calls.callsOf(address.tenant))
+      .filter(({ session, key }) => session === key && isMeshCallId(session))
+      .map(({ session }) => session)
+      .sort();
     const offset = cursor === undefined ? 0 : decodeCursor(cursor);
     const tasks: Task[] = [];
     for (const id of keys.slice(offset, offset + PAGE_SIZE)) {
@@ -277,7 +259,7 @@ export class MeshView {
     return toCallToolResult(found.record.result);
   }
 
-  #toTask(id: string, found: { record: CallRecord; createdAt: Date; updatedAt: Date }): Task {
+  #toTask(id: string, found: DatedRecord): Task {
     const { record } = found;
     const result: ToolMessage | undefined = record.result;
     // A call waiting for a person (a paused mesh call) is to show `input_required` here, its

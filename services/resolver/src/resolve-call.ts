@@ -108,134 +108,207 @@ export function scanJsonError(
   text: string,
   onString?: (path: JsonPath, value: string) => void,
 ): JsonSyntaxProblem {
-  const end = text.length;
-  const containers: { kind: "{" | "["; key: string }[] = [];
-  let i = 0;
-  let expect: "value" | "key" | "after" = "value";
-  const problem = (position: number, reason: string): JsonSyntaxProblem => ({
-    position: Math.min(position, end),
-    reason: position >= end ? "the text ends before the JSON value does" : reason,
-  });
-  const unexpected = (at: number, wanted: string): JsonSyntaxProblem =>
-    problem(at, `expected ${wanted}, found ${JSON.stringify(text[at] ?? "")}`);
-  const skipSpace = (): void => {
-    while (i < end && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r"))
-      i += 1;
-  };
-  /** Moves past a string at `i`; returns its problem, or undefined. */
-  const skipString = (): JsonSyntaxProblem | undefined => {
-    i += 1;
-    while (i < end) {
-      const c = text.charCodeAt(i);
-      if (c === 0x22) {
-        i += 1;
-        return undefined;
-      }
-      if (c < 0x20) return problem(i, "a control character inside a string");
-      if (c === 0x5c) {
-        const escaped = text[i + 1];
-        if (escaped === "u") {
-          for (let k = 2; k < 6; k += 1)
-            if (!/[0-9a-fA-F]/.test(text[i + k] ?? "")) return problem(i + k, "a bad \\u escape");
-          i += 6;
-        } else if (escaped !== undefined && '"\\/bfnrt'.includes(escaped)) {
-          i += 2;
-        } else {
-          return problem(i + 1, "a bad escape in a string");
-        }
+  return new JsonErrorScan(text, onString).run();
+}
+
+const isDigit = (ch: string | undefined): boolean => ch !== undefined && ch >= "0" && ch <= "9";
+
+/** One pass of {@link scanJsonError} over a text: where it is, and what it expects next. */
+class JsonErrorScan {
+  readonly #end: number;
+  readonly #containers: { kind: "{" | "["; key: string }[] = [];
+  #i = 0;
+  #expect: "value" | "key" | "after" = "value";
+
+  constructor(
+    private readonly text: string,
+    private readonly onString?: (path: JsonPath, value: string) => void,
+  ) {
+    this.#end = text.length;
+  }
+
+  run(): JsonSyntaxProblem {
+    for (;;) {
+      this.#skipSpace();
+      const failed =
+        this.#expect === "value"
+          ? this.#value()
+          : this.#expect === "key"
+            ? this.#key()
+            : this.#after();
+      if (failed !== undefined) return failed;
+    }
+  }
+
+  /** A value at `i`: opens a container, or moves past a scalar. */
+  #value(): JsonSyntaxProblem | undefined {
+    const { text } = this;
+    const ch = text[this.#i];
+    if (ch === "{" || ch === "[") {
+      this.#i += 1;
+      this.#skipSpace();
+      if (text[this.#i] === (ch === "{" ? "}" : "]")) {
+        this.#i += 1;
+        this.#expect = "after";
       } else {
-        i += 1;
+        this.#containers.push({ kind: ch, key: "" });
+        this.#expect = ch === "{" ? "key" : "value";
       }
+      return undefined;
     }
-    return problem(end, "");
-  };
-  const isDigit = (ch: string | undefined): boolean => ch !== undefined && ch >= "0" && ch <= "9";
-  /** Moves past a number at `i`; returns its problem, or undefined. */
-  const skipNumber = (): JsonSyntaxProblem | undefined => {
-    if (text[i] === "-") i += 1;
-    if (text[i] === "0") i += 1;
-    else if (isDigit(text[i])) while (isDigit(text[i])) i += 1;
-    else return unexpected(i, "a digit");
-    if (text[i] === ".") {
-      i += 1;
-      if (!isDigit(text[i])) return unexpected(i, "a digit");
-      while (isDigit(text[i])) i += 1;
+    let failed: JsonSyntaxProblem | undefined;
+    if (ch === '"') {
+      const from = this.#i;
+      failed = this.#skipString();
+      if (failed === undefined && this.onString !== undefined)
+        this.onString(this.#path(), this.#decoded(from));
+    } else if (ch === "-" || isDigit(ch)) failed = this.#skipNumber();
+    else failed = this.#skipLiteral(ch);
+    if (failed !== undefined) return failed;
+    this.#expect = "after";
+    return undefined;
+  }
+
+  /** A property name at `i`, then its colon. */
+  #key(): JsonSyntaxProblem | undefined {
+    const { text } = this;
+    if (text[this.#i] !== '"') return this.#unexpected(this.#i, "a double-quoted property name");
+    const from = this.#i;
+    const failed = this.#skipString();
+    if (failed !== undefined) return failed;
+    const top = this.#containers[this.#containers.length - 1];
+    if (top !== undefined && this.onString !== undefined) top.key = this.#decoded(from);
+    this.#skipSpace();
+    if (text[this.#i] !== ":") return this.#unexpected(this.#i, "':' after a property name");
+    this.#i += 1;
+    this.#expect = "value";
+    return undefined;
+  }
+
+  /** After a value: a comma, the end of its container, or the end of the text. */
+  #after(): JsonSyntaxProblem | undefined {
+    const { text } = this;
+    const top = this.#containers[this.#containers.length - 1];
+    if (top === undefined) {
+      // A complete value, then something else (or nothing, when the parser failed on
+      // something this scan does not check).
+      return this.#i < this.#end
+        ? this.#problem(this.#i, `text after the JSON value: ${JSON.stringify(text[this.#i])}`)
+        : { position: this.#end, reason: "not a JSON value" };
     }
-    if (text[i] === "e" || text[i] === "E") {
-      i += 1;
-      if (text[i] === "+" || text[i] === "-") i += 1;
-      if (!isDigit(text[i])) return unexpected(i, "a digit");
-      while (isDigit(text[i])) i += 1;
+    const close = top.kind === "{" ? "}" : "]";
+    if (text[this.#i] === ",") {
+      this.#i += 1;
+      this.#expect = top.kind === "{" ? "key" : "value";
+    } else if (text[this.#i] === close) {
+      this.#i += 1;
+      this.#containers.pop();
+    } else {
+      return this.#unexpected(this.#i, `',' or '${close}'`);
     }
     return undefined;
-  };
-  const path = (): JsonPath => containers.map((c) => (c.kind === "{" ? c.key : "[]"));
-  const decoded = (from: number): string => JSON.parse(text.slice(from, i)) as string;
+  }
 
-  for (;;) {
-    skipSpace();
-    if (expect === "value") {
-      const ch = text[i];
-      if (ch === "{" || ch === "[") {
-        i += 1;
-        skipSpace();
-        if (text[i] === (ch === "{" ? "}" : "]")) {
-          i += 1;
-          expect = "after";
-        } else {
-          containers.push({ kind: ch, key: "" });
-          expect = ch === "{" ? "key" : "value";
-        }
-        continue;
+  #problem(position: number, reason: string): JsonSyntaxProblem {
+    return {
+      position: Math.min(position, this.#end),
+      reason: position >= this.#end ? "the text ends before the JSON value does" : reason,
+    };
+  }
+
+  #unexpected(at: number, wanted: string): JsonSyntaxProblem {
+    return this.#problem(at, `expected ${wanted}, found ${JSON.stringify(this.text[at] ?? "")}`);
+  }
+
+  #skipSpace(): void {
+    const { text } = this;
+    while (
+      this.#i < this.#end &&
+      (text[this.#i] === " " ||
+        text[this.#i] === "\t" ||
+        text[this.#i] === "\n" ||
+        text[this.#i] === "\r")
+    )
+      this.#i += 1;
+  }
+
+  /** Moves past a string at `i`; returns its problem, or undefined. */
+  #skipString(): JsonSyntaxProblem | undefined {
+    const { text } = this;
+    this.#i += 1;
+    while (this.#i < this.#end) {
+      const c = text.charCodeAt(this.#i);
+      if (c === 0x22) {
+        this.#i += 1;
+        return undefined;
       }
-      let failed: JsonSyntaxProblem | undefined;
-      if (ch === '"') {
-        const from = i;
-        failed = skipString();
-        if (failed === undefined && onString !== undefined) onString(path(), decoded(from));
-      } else if (ch === "-" || isDigit(ch)) failed = skipNumber();
-      else {
-        const literal =
-          ch === "t" ? "true" : ch === "f" ? "false" : ch === "n" ? "null" : undefined;
-        if (literal === undefined) return unexpected(i, "a JSON value");
-        for (const expected of literal) {
-          if (text[i] !== expected) return unexpected(i, `the literal ${literal}`);
-          i += 1;
-        }
-      }
-      if (failed !== undefined) return failed;
-      expect = "after";
-    } else if (expect === "key") {
-      if (text[i] !== '"') return unexpected(i, "a double-quoted property name");
-      const from = i;
-      const failed = skipString();
-      if (failed !== undefined) return failed;
-      const top = containers[containers.length - 1];
-      if (top !== undefined && onString !== undefined) top.key = decoded(from);
-      skipSpace();
-      if (text[i] !== ":") return unexpected(i, "':' after a property name");
-      i += 1;
-      expect = "value";
-    } else {
-      const top = containers[containers.length - 1];
-      if (top === undefined) {
-        // A complete value, then something else (or nothing, when the parser failed on
-        // something this scan does not check).
-        return i < end
-          ? problem(i, `text after the JSON value: ${JSON.stringify(text[i])}`)
-          : { position: end, reason: "not a JSON value" };
-      }
-      const close = top.kind === "{" ? "}" : "]";
-      if (text[i] === ",") {
-        i += 1;
-        expect = top.kind === "{" ? "key" : "value";
-      } else if (text[i] === close) {
-        i += 1;
-        containers.pop();
+      if (c < 0x20) return this.#problem(this.#i, "a control character inside a string");
+      if (c === 0x5c) {
+        const failed = this.#skipEscape();
+        if (failed !== undefined) return failed;
       } else {
-        return unexpected(i, `',' or '${close}'`);
+        this.#i += 1;
       }
     }
+    return this.#problem(this.#end, "");
+  }
+
+  /** Moves past the escape (a backslash) at `i` in a string; returns its problem, or undefined. */
+  #skipEscape(): JsonSyntaxProblem | undefined {
+    const { text } = this;
+    const escaped = text[this.#i + 1];
+    if (escaped === "u") {
+      for (let k = 2; k < 6; k += 1)
+        if (!/[0-9a-fA-F]/.test(text[this.#i + k] ?? ""))
+          return this.#problem(this.#i + k, "a bad \\u escape");
+      this.#i += 6;
+    } else if (escaped !== undefined && '"\\/bfnrt'.includes(escaped)) {
+      this.#i += 2;
+    } else {
+      return this.#problem(this.#i + 1, "a bad escape in a string");
+    }
+    return undefined;
+  }
+
+  /** Moves past a number at `i`; returns its problem, or undefined. */
+  #skipNumber(): JsonSyntaxProblem | undefined {
+    const { text } = this;
+    if (text[this.#i] === "-") this.#i += 1;
+    if (text[this.#i] === "0") this.#i += 1;
+    else if (isDigit(text[this.#i])) while (isDigit(text[this.#i])) this.#i += 1;
+    else return this.#unexpected(this.#i, "a digit");
+    if (text[this.#i] === ".") {
+      this.#i += 1;
+      if (!isDigit(text[this.#i])) return this.#unexpected(this.#i, "a digit");
+      while (isDigit(text[this.#i])) this.#i += 1;
+    }
+    if (text[this.#i] === "e" || text[this.#i] === "E") {
+      this.#i += 1;
+      if (text[this.#i] === "+" || text[this.#i] === "-") this.#i += 1;
+      if (!isDigit(text[this.#i])) return this.#unexpected(this.#i, "a digit");
+      while (isDigit(text[this.#i])) this.#i += 1;
+    }
+    return undefined;
+  }
+
+  /** Moves past `true`, `false` or `null` starting with `ch`; returns its problem, or undefined. */
+  #skipLiteral(ch: string | undefined): JsonSyntaxProblem | undefined {
+    const literal = ch === "t" ? "true" : ch === "f" ? "false" : ch === "n" ? "null" : undefined;
+    if (literal === undefined) return this.#unexpected(this.#i, "a JSON value");
+    for (const expected of literal) {
+      if (this.text[this.#i] !== expected)
+        return this.#unexpected(this.#i, `the literal ${literal}`);
+      this.#i += 1;
+    }
+    return undefined;
+  }
+
+  #path(): JsonPath {
+    return this.#containers.map((c) => (c.kind === "{" ? c.key : "[]"));
+  }
+
+  #decoded(from: number): string {
+    return JSON.parse(this.text.slice(from, this.#i)) as string;
   }
 }
 
