@@ -6,6 +6,7 @@ import type {
   EntityJson,
   PolicyJson,
   EntityUidJson,
+  ResidualResponse,
 } from "@cedar-policy/cedar-wasm/nodejs";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { CEDAR_SCHEMA } from "./schema.js";
@@ -214,19 +215,9 @@ export class CompiledPolicySet {
   }
 
   #residualOf(shape: CedarRequest): SetVerdict | string {
-    const answer = cedar.isAuthorizedPartial({
-      ...shape,
-      policies: { staticPolicies: { ...this.#texts } },
-    });
-    if (answer.type === "failure") {
-      throw new ToolmeshError(
-        ErrorCode.Internal,
-        `policy evaluation failed: ${answer.errors[0]?.message ?? "unknown error"}`,
-      );
-    }
-    const { response } = answer;
-    const failedForbids = response.errored.filter((id) => this.#forbids.has(id));
-    if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
+    const partial = this.#partial(shape);
+    if ("denied" in partial) return partial.denied;
+    const { response } = partial;
     if (response.decision !== null)
       return { decision: response.decision, policies: response.mustBeDetermining };
     const kept: Record<string, PolicyJson> = {};
@@ -248,10 +239,10 @@ export class CompiledPolicySet {
   }
 
   /**
-   * Decides a request whose context holds unknowns (`{"__extn":{"fn":"unknown",…}}`):
-   * `decision` is undefined when the answer depends on them.
+   * Cedar's partial answer to `request`, or the refusal of a `forbid` that could not be
+   * evaluated (fail closed).
    */
-  authorizePartial(request: CedarRequest): SetVerdict {
+  #partial(request: CedarRequest): { response: ResidualResponse } | { denied: SetVerdict } {
     const answer = cedar.isAuthorizedPartial({
       ...request,
       policies: { staticPolicies: { ...this.#texts } },
@@ -264,7 +255,18 @@ export class CompiledPolicySet {
     }
     const { response } = answer;
     const failedForbids = response.errored.filter((id) => this.#forbids.has(id));
-    if (failedForbids.length > 0) return { decision: "deny", policies: failedForbids };
+    if (failedForbids.length > 0) return { denied: { decision: "deny", policies: failedForbids } };
+    return { response };
+  }
+
+  /**
+   * Decides a request whose context holds unknowns (`{"__extn":{"fn":"unknown",…}}`):
+   * `decision` is undefined when the answer depends on them.
+   */
+  authorizePartial(request: CedarRequest): SetVerdict {
+    const partial = this.#partial(request);
+    if ("denied" in partial) return partial.denied;
+    const { response } = partial;
     if (response.decision === null)
       return { decision: undefined, policies: response.mayBeDetermining };
     return { decision: response.decision, policies: response.mustBeDetermining };
