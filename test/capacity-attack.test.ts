@@ -60,7 +60,14 @@ beforeAll(async () => {
   });
   registry = await ToolRegistry.open(mesh, { subjects, log });
   const tracer = initTelemetry({ serviceName: "test", env: {} }).tracer;
-  resolver = await startResolver({ nc: mesh, subjects, registry, log, tracer });
+  resolver = await startResolver({
+    nc: mesh,
+    subjects,
+    registry,
+    log,
+    tracer,
+    fairShareWindow: "auto",
+  });
   capacity = new ToolCapacity({
     nc: mesh,
     subjects,

@@ -79,10 +79,10 @@ export interface ResolverOptions {
   replicas?: number;
   /**
    * Calls of one tool outstanding in the work stream (waiting or running) before further calls
-   * are held for a fair turn among tenants, for every tool; 0 turns fair share off. Default: each
-   * tool's capacity as its executors announce it (ADR 0055).
+   * are held for a fair turn among tenants, for every tool; `"auto"`: each tool's capacity as its
+   * executors announce it (ADR 0055). Default 0: fair share off.
    */
-  fairShareWindow?: number | undefined;
+  fairShareWindow?: number | "auto" | undefined;
   /**
    * How long after its last call of a tool a tenant keeps slots of the window free for its next
    * calls (as many as it lately used, up to its share), in ms; 0 keeps none. Default 1 000.
@@ -249,9 +249,9 @@ async function openAdmission(
           log,
         });
 
-  const fairShareWindow = options.fairShareWindow;
+  const fairShareWindow = options.fairShareWindow ?? 0;
   const capacity =
-    fairShareWindow !== undefined
+    fairShareWindow !== "auto"
       ? undefined
       : new ToolCapacity({
           nc,
@@ -264,7 +264,9 @@ async function openAdmission(
       ? undefined
       : new FairShare({
           window:
-            capacity === undefined ? (fairShareWindow ?? 0) : (tool) => capacity.windowOf(tool),
+            typeof fairShareWindow === "number"
+              ? fairShareWindow
+              : (tool) => capacity?.windowOf(tool) ?? 0,
           idleMs: options.fairShareIdleMs,
           depth: workDepth(plane.jsm, subjects, registry),
           weightOf: (tenant) => quotas?.view.get(tenant)?.quota.weight ?? 1,
