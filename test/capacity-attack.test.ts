@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
-import { connect } from "@nats-io/transport-node";
 import type { Executor, ToolModule } from "@toolmesh/tool-host";
 import { startExecutor } from "@toolmesh/tool-host";
 import type { Resolver } from "@toolmesh/resolver";
@@ -10,9 +9,9 @@ import { ToolCapacity, ToolRegistry, parseCapacity } from "@toolmesh/registry";
 import { ownerCallPlane } from "@toolmesh/call-store";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
-import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
+import { startRogueAndVictim } from "./helpers/owner-accounts.js";
+import { until } from "./helpers/eventually.js";
 
 // A rogue tool owner (acme) tries to widen or narrow the fair-share window of another owner's
 // tool (globex's echo, served by one executor of concurrency 3) by announcing capacity, from its
@@ -38,26 +37,8 @@ const echo: ToolModule = {
   handler: (args: Record<string, unknown>) => ({ echoed: args.text }),
 };
 
-/** Resolves once `ready()` holds, looking every 20 ms for at most 10 s (readiness, not a sleep). */
-async function until(ready: () => boolean): Promise<void> {
-  for (let i = 0; !ready(); i++) {
-    expect(i).toBeLessThan(500);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}
-
 beforeAll(async () => {
-  server = await startNatsServer({
-    config: ownerAccountsConfig(subjects, { acme: [], globex: ["echo"] }),
-  });
-  mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
-  rogue = await connect({ servers: server.url, user: "acme", pass: "acme" });
-  globexNc = await connect({
-    servers: server.url,
-    user: "executor-globex",
-    pass: "executor-globex",
-    inboxPrefix: subjects.ownerInboxPrefix("executor", "globex"),
-  });
+  ({ server, mesh, rogue, globexNc } = await startRogueAndVictim(subjects));
   registry = await ToolRegistry.open(mesh, { subjects, log });
   const tracer = initTelemetry({ serviceName: "test", env: {} }).tracer;
   resolver = await startResolver({
@@ -96,7 +77,11 @@ beforeAll(async () => {
     log,
     tracer,
   });
-  await until(() => capacity.windowOf("echo") === 3 && registry.get("acme.tool") !== undefined);
+  await until(
+    "both owners' capacity heard",
+    () => capacity.windowOf("echo") === 3 && registry.get("acme.tool") !== undefined,
+    { everyMs: 20 },
+  );
 }, 60_000);
 
 afterAll(async () => {
@@ -130,7 +115,9 @@ describe("capacity announcements from a rogue tool owner", () => {
       concurrency: 5,
       tools: ["acme.tool"],
     });
-    await until(() => capacity.windowOf("acme.tool") === 5);
+    await until("the rogue's own capacity heard", () => capacity.windowOf("acme.tool") === 5, {
+      everyMs: 20,
+    });
     expect(capacity.windowOf("echo")).toBe(3);
     // Nothing crossed on the victim's subject but its own executor's announcements.
     const onGlobex = heard.filter((h) => h.subject === subjects.ownerCapacity("globex"));
@@ -140,6 +127,8 @@ describe("capacity announcements from a rogue tool owner", () => {
 
   it("counts a replica no more once it stops", async () => {
     await globex.stop(1_000);
-    await until(() => capacity.windowOf("echo") === 0);
+    await until("the victim's farewell heard", () => capacity.windowOf("echo") === 0, {
+      everyMs: 20,
+    });
   });
 });

@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Msg, NatsConnection } from "@nats-io/nats-core";
-import { connect } from "@nats-io/transport-node";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
@@ -15,9 +14,8 @@ import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { listDeadLetters, replayDeadLetter } from "@toolmesh/control-plane";
 import { deadLetterHeaders } from "@toolmesh/nats";
 import { createLogger, initTelemetry } from "@toolmesh/telemetry";
-import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
+import { startRogueAndVictim } from "./helpers/owner-accounts.js";
 
 // A rogue tool owner (acme, `--owner acme`: its namespace acme.* and no list) attacks the mesh
 // and another owner (globex, `--owner globex=echo`) from its own account, under the accounts
@@ -100,17 +98,7 @@ async function sessionSubjects(): Promise<string[]> {
 }
 
 beforeAll(async () => {
-  server = await startNatsServer({
-    config: ownerAccountsConfig(subjects, { acme: [], globex: ["echo"] }),
-  });
-  mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
-  rogue = await connect({ servers: server.url, user: "acme", pass: "acme" });
-  globexNc = await connect({
-    servers: server.url,
-    user: "executor-globex",
-    pass: "executor-globex",
-    inboxPrefix: subjects.ownerInboxPrefix("executor", "globex"),
-  });
+  ({ server, mesh, rogue, globexNc } = await startRogueAndVictim(subjects));
   jsm = await jetstreamManager(mesh);
   registry = await ToolRegistry.open(mesh, { subjects, log });
   const tracer = initTelemetry({ serviceName: "test", env: {} }).tracer;

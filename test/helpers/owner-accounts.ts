@@ -1,6 +1,10 @@
 import { MESH_ACCOUNT, ownerAccount, renderAccountConfig } from "@toolmesh/nats";
 import type { ExtraUser, Permissions } from "@toolmesh/nats";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
 import type { Subjects } from "@toolmesh/protocol";
+import { startNatsServer } from "./nats-server.js";
+import type { NatsServerHandle } from "./nats-server.js";
 
 /** Every subject, both ways: a user confined by its account alone. */
 const EVERYTHING: Permissions = { publish: { allow: [">"] }, subscribe: { allow: [">"] } };
@@ -38,4 +42,34 @@ export function ownerAccountsConfig(
     ([, user, variable]) => `${variable}: ${JSON.stringify(user)}`,
   );
   return [...variables, accounts].join("\n");
+}
+
+/** A server with two owner accounts and the connections the owner attack suites use. */
+export interface RogueAndVictim {
+  server: NatsServerHandle;
+  /** Every right in the mesh account. */
+  mesh: NatsConnection;
+  /** Owner `acme` with every right in its own account: the attacker. */
+  rogue: NatsConnection;
+  /** Owner `globex`'s generated executor user, which serves `echo`: the victim. */
+  globexNc: NatsConnection;
+}
+
+/**
+ * Starts a server with the generated accounts of owners `acme` (no granted names) and `globex`
+ * (granted `echo`), and connects as the mesh, the rogue owner and the victim's executor.
+ */
+export async function startRogueAndVictim(subjects: Subjects): Promise<RogueAndVictim> {
+  const server = await startNatsServer({
+    config: ownerAccountsConfig(subjects, { acme: [], globex: ["echo"] }),
+  });
+  const mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
+  const rogue = await connect({ servers: server.url, user: "acme", pass: "acme" });
+  const globexNc = await connect({
+    servers: server.url,
+    user: "executor-globex",
+    pass: "executor-globex",
+    inboxPrefix: subjects.ownerInboxPrefix("executor", "globex"),
+  });
+  return { server, mesh, rogue, globexNc };
 }
