@@ -119,24 +119,7 @@ export function addPolicyCommands(
     .action((file: string, given: ScopeOptions) =>
       run(() => {
         const o = { ...given, tenant: tenantFlag() };
-        return withPolicies(config(), o.json, async (store) => {
-          const text = await readPolicyFile(file);
-          try {
-            const stored = await store.set(text, o.tenant);
-            const ids = CompiledPolicySet.compile(text).ids;
-            say(
-              o.json === true
-                ? JSON.stringify({ revision: stored.revision, policies: ids })
-                : `${whose(o.tenant)} is now version ${stored.revision} (${ids.length} policies)`,
-            );
-            return 0;
-          } catch (err) {
-            if (!(err instanceof PolicySetError) || o.json === true) throw err;
-            for (const p of err.problems) say(`${file}:${p.line}:${p.column}: ${p.message}`);
-            say(`toolmesh: ${file} refused; nothing changed`);
-            return 1;
-          }
-        });
+        return withPolicies(config(), o.json, (store) => setPolicy(store, file, o));
       }),
     );
 
@@ -147,23 +130,7 @@ export function addPolicyCommands(
     .action((given: ScopeOptions) =>
       run(() => {
         const o = { ...given, tenant: tenantFlag() };
-        return withPolicies(config(), o.json, async (store) => {
-          const stored = await store.get(o.tenant);
-          if (stored === undefined) {
-            say(o.json === true ? "null" : `toolmesh: no ${whose(o.tenant).replace(/^the /, "")}`);
-            return 1;
-          }
-          say(
-            o.json === true
-              ? JSON.stringify({
-                  revision: stored.revision,
-                  stored_at: new Date(stored.storedAt).toISOString(),
-                  text: stored.text,
-                })
-              : `// version ${stored.revision}, stored ${new Date(stored.storedAt).toISOString()}\n${stored.text}`,
-          );
-          return 0;
-        });
+        return withPolicies(config(), o.json, (store) => getPolicy(store, o));
       }),
     );
 
@@ -208,37 +175,7 @@ export function addPolicyCommands(
     .action((given: { tool: string; args: string; agent?: string; json?: boolean }) =>
       run(() => {
         const o = { ...given, tenant: tenantFlag() ?? config().tenant };
-        return withPolicies(config(), o.json, async (store, nc) => {
-          let args: unknown;
-          try {
-            args = JSON.parse(o.args);
-          } catch (err) {
-            throw new ToolmeshError(
-              ErrorCode.InvalidArguments,
-              `--args is not JSON: ${(err as Error).message}`,
-            );
-          }
-          if (typeof args !== "object" || args === null || Array.isArray(args))
-            throw new ToolmeshError(ErrorCode.InvalidArguments, "--args must be a JSON object");
-          const definition = await (await openForReading(nc, config())).fetch(o.tool);
-          if (definition === undefined)
-            throw new ToolmeshError(ErrorCode.UnknownTool, `unknown tool "${o.tool}"`, {
-              details: { tool: o.tool },
-            });
-          const { current } = await deciders(store, o.tenant);
-          const request = { tenant: subjectToken(o.tenant), tool: definition, agent: o.agent };
-          const call = current.decide("call", {
-            ...request,
-            args: args as Record<string, unknown>,
-          });
-          const listed = current.mayList(request);
-          if (o.json === true) say(JSON.stringify({ call: call ?? null, listed }));
-          else {
-            say(`call: ${describeDecision(call)}`);
-            say(`listed in catalogs: ${listed ? "yes" : "no"}`);
-          }
-          return call === undefined || call.allowed ? 0 : 1;
-        });
+        return withPolicies(config(), o.json, (store, nc) => checkPolicy(store, nc, config(), o));
       }),
     );
 
@@ -272,6 +209,90 @@ export function addPolicyCommands(
         });
       }),
     );
+}
+
+/** `policy set`: stores a valid file; a bad one is refused with line and column, changing nothing. */
+async function setPolicy(
+  store: PolicyStore,
+  file: string,
+  o: ScopeOptions & { tenant: string | undefined },
+): Promise<number> {
+  const text = await readPolicyFile(file);
+  try {
+    const stored = await store.set(text, o.tenant);
+    const ids = CompiledPolicySet.compile(text).ids;
+    say(
+      o.json === true
+        ? JSON.stringify({ revision: stored.revision, policies: ids })
+        : `${whose(o.tenant)} is now version ${stored.revision} (${ids.length} policies)`,
+    );
+    return 0;
+  } catch (err) {
+    if (!(err instanceof PolicySetError) || o.json === true) throw err;
+    for (const p of err.problems) say(`${file}:${p.line}:${p.column}: ${p.message}`);
+    say(`toolmesh: ${file} refused; nothing changed`);
+    return 1;
+  }
+}
+
+/** `policy get`: the set in force, with its version. */
+async function getPolicy(
+  store: PolicyStore,
+  o: ScopeOptions & { tenant: string | undefined },
+): Promise<number> {
+  const stored = await store.get(o.tenant);
+  if (stored === undefined) {
+    say(o.json === true ? "null" : `toolmesh: no ${whose(o.tenant).replace(/^the /, "")}`);
+    return 1;
+  }
+  say(
+    o.json === true
+      ? JSON.stringify({
+          revision: stored.revision,
+          stored_at: new Date(stored.storedAt).toISOString(),
+          text: stored.text,
+        })
+      : `// version ${stored.revision}, stored ${new Date(stored.storedAt).toISOString()}\n${stored.text}`,
+  );
+  return 0;
+}
+
+/** `policy check`: the decision on one call, and whether catalogs list the tool. */
+async function checkPolicy(
+  store: PolicyStore,
+  nc: NatsConnection,
+  runtime: RuntimeConfig,
+  o: { tool: string; args: string; agent?: string; json?: boolean; tenant: string },
+): Promise<number> {
+  let args: unknown;
+  try {
+    args = JSON.parse(o.args);
+  } catch (err) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidArguments,
+      `--args is not JSON: ${(err as Error).message}`,
+    );
+  }
+  if (typeof args !== "object" || args === null || Array.isArray(args))
+    throw new ToolmeshError(ErrorCode.InvalidArguments, "--args must be a JSON object");
+  const definition = await (await openForReading(nc, runtime)).fetch(o.tool);
+  if (definition === undefined)
+    throw new ToolmeshError(ErrorCode.UnknownTool, `unknown tool "${o.tool}"`, {
+      details: { tool: o.tool },
+    });
+  const { current } = await deciders(store, o.tenant);
+  const request = { tenant: subjectToken(o.tenant), tool: definition, agent: o.agent };
+  const call = current.decide("call", {
+    ...request,
+    args: args as Record<string, unknown>,
+  });
+  const listed = current.mayList(request);
+  if (o.json === true) say(JSON.stringify({ call: call ?? null, listed }));
+  else {
+    say(`call: ${describeDecision(call)}`);
+    say(`listed in catalogs: ${listed ? "yes" : "no"}`);
+  }
+  return call === undefined || call.allowed ? 0 : 1;
 }
 
 async function replayCalls(
