@@ -223,6 +223,287 @@ function toolHost(s: Subjects, role: string, tools: readonly string[] | undefine
   );
 }
 
+/** What a mesh-account role's rights are computed from. */
+interface RoleContext {
+  s: Subjects;
+  role: PermissionRole;
+  n: ReturnType<typeof names>;
+  options: PermissionOptions;
+  /** Work streams of the owners with accounts. */
+  ownerStreams: string[];
+  /** Calls streams of the tenants with accounts. */
+  tenantStreams: string[];
+}
+
+/** A tenant's frontend: its own call, cancel and RPC subjects, sessions and inbox. */
+function frontendPermissions({ s, n, options }: RoleContext): Permissions {
+  if (options.tenant === undefined) bad("the frontend role needs --tenant <id>");
+  const t = subjectToken(options.tenant);
+  const session = options.session === undefined ? "*" : subjectToken(options.session);
+  return {
+    publish: {
+      allow: [
+        `${n.base}.calls.${t}.${session}`,
+        `${n.base}.cancel.${t}.${session}`,
+        `${n.base}.rpc.${t}.*`,
+        `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.${t}.${session}.>`,
+      ],
+    },
+    subscribe: {
+      allow: [
+        `${n.base}.sessions.${t}.${session}.>`,
+        `${s.frontendInboxPrefix(options.tenant, options.session)}.>`,
+        // A submission a lost leader took is sent again once a new one is elected.
+        STREAM_LEADER_ELECTED_ADVISORIES,
+      ],
+    },
+  };
+}
+
+/** The resolver: routes calls to work, keeps deadlines, reconciles and dead-letters. */
+function resolverPermissions({
+  s,
+  n,
+  role,
+  ownerStreams,
+  tenantStreams,
+}: RoleContext): Permissions {
+  return merge(
+    serviceBase(s, role),
+    // The deadline keeper follows work and results as they are published (core NATS).
+    sub(
+      s.allCancel,
+      s.allResolveRpc,
+      s.allWork,
+      s.allResults,
+      s.allOwnerServices,
+      // Owners' work too, though none has an account yet: the deadline keeper follows every
+      // owner's work stream, whichever are made later.
+      s.allOwnerWork,
+      // Every tenant's own calls stream pushes to the resolvers' queue group (ADR 0048).
+      s.intake,
+    ),
+    pub(
+      ...n.replies,
+      s.allWork,
+      // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
+      // routed, watched for deadlines, reconciled and dead-lettered.
+      ...(ownerStreams.length === 0
+        ? []
+        : [
+            s.allOwnerWork,
+            // Adds each owner's max-deliveries advisories to the advisories stream.
+            `${API}.STREAM.UPDATE.${s.streams.advisories}`,
+          ]),
+      ...ownerStreams.flatMap((st) => [
+        ...["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"].map(
+          (op) => `${API}.STREAM.${op}.${st}`,
+        ),
+        ...["INFO", "CREATE", "DURABLE.CREATE"].map((op) => `${API}.CONSUMER.${op}.${st}.*`),
+        `${API}.CONSUMER.CREATE.${st}.*.>`,
+        `${API}.CONSUMER.LIST.${st}`,
+      ]),
+      // Reconciliation and dead letters find owners' and tenants' streams by listing them.
+      `${API}.STREAM.NAMES`,
+      ...tenantStreams.flatMap((st) => [
+        `$JS.ACK.${st}.${s.resolverConsumer}.>`,
+        `${API}.CONSUMER.INFO.${st}.${s.resolverConsumer}`,
+        ...["INFO", "MSG.GET", "MSG.DELETE"].map((op) => `${API}.STREAM.${op}.${st}`),
+        `${API}.CONSUMER.LIST.${st}`,
+      ]),
+      `${n.base}.sessions.*.*.result.*`,
+      // The owner services: progress relayed for an owner's executor, registry entries filed
+      // under their owner, and each registered tool's work consumer.
+      `${n.base}.sessions.*.*.progress.*`,
+      `$KV.${s.registryBucket}.>`,
+      ...["INFO", "CREATE", "DURABLE.CREATE"].map(
+        (op) => `${API}.CONSUMER.${op}.${s.streams.work}.*`,
+      ),
+      `${API}.CONSUMER.CREATE.${s.streams.work}.*.>`,
+      `${n.base}.sessions.*.*.rejected.*`,
+      s.allMissingArguments.replace(/>$/, "*.*"),
+      s.abort,
+      `${s.abort}.*`,
+      s.allDlq,
+      ...durable(s.streams.calls, s.resolverConsumer),
+      ...durable(s.streams.advisories, s.deadLetterConsumer),
+      ...[s.streams.sessions, s.streams.calls, s.streams.work, s.streams.advisories].map(
+        (st) => `${API}.STREAM.MSG.GET.${st}`,
+      ),
+      ...[s.streams.calls, s.streams.work, s.streams.advisories].map(
+        (st) => `${API}.STREAM.MSG.DELETE.${st}`,
+      ),
+      // Reconciliation reads each consumer's ack floor.
+      ...[s.streams.calls, s.streams.work].map((st) => `${API}.CONSUMER.LIST.${st}`),
+      ...bucketRead(s.callsBucket),
+      `$KV.${s.callsBucket}.>`,
+      ...bucketRead(s.groupsBucket),
+      ...bucketRead(s.sessionsBucket),
+      // Quotas: watched, and their usage kept by compare-and-set; fair share reads how much
+      // work waits for each busy tool.
+      ...bucketRead(s.quotasBucket),
+      ...bucketRead(s.quotaUsageBucket),
+      `$KV.${s.quotaUsageBucket}.>`,
+      `${API}.CONSUMER.INFO.${s.streams.work}.>`,
+      // Policy sets: watched, never written.
+      ...bucketRead(s.policiesBucket),
+    ),
+  );
+}
+
+/** The MCP gateway: submits and follows calls for every tenant it authenticates. */
+function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
+  // The MCP gateway submits and follows calls for every tenant it authenticates.
+  return merge(
+    serviceBase(s, role),
+    sub(`${n.base}.sessions.>`),
+    pub(
+      s.allCalls,
+      // A tenant with a calls stream of its own has its calls stored there (ADR 0048); the
+      // gateway lists streams to learn which tenants have one.
+      s.allTenantStreamCalls,
+      `${API}.STREAM.NAMES`,
+      `${n.base}.cancel.*.*`,
+      `${n.base}.rpc.*.*`,
+      `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
+      // Tasks are read from the call records; catalogs follow the groups and sessions.
+      ...bucketRead(s.callsBucket),
+      ...bucketRead(s.groupsBucket),
+      ...bucketRead(s.sessionsBucket),
+    ),
+  );
+}
+
+/** An executor in the mesh account, trusted like a service. */
+function executorPermissions({ s, role, options }: RoleContext): Permissions {
+  return toolHost(s, role, options.tools);
+}
+
+/** An MCP bridge in the mesh account, with the approvals bucket of its servers. */
+function bridgePermissions({ s, role, options }: RoleContext): Permissions {
+  // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
+  // bucket, and a bridge allowed to creates it when it first pins.
+  const approvals = approvalsBucket(s);
+  return merge(
+    toolHost(
+      s,
+      role,
+      options.servers?.map((server) => `${server}.*`),
+    ),
+    pub(
+      ...bucketRead(approvals),
+      `${API}.STREAM.CREATE.KV_${approvals}`,
+      ...(options.servers === undefined || options.servers.length === 0
+        ? [`$KV.${approvals}.>`]
+        : options.servers.map((server) => `$KV.${approvals}.${subjectToken(server)}`)),
+    ),
+  );
+}
+
+/** The schema expander: catalog, describe, expand and groups requests. */
+function schemaExpanderPermissions({ s, n, role }: RoleContext): Permissions {
+  return merge(
+    serviceBase(s, role),
+    sub(s.allCatalogRpc, s.allDescribeRpc, s.allExpandRpc, s.allGroupsRpc),
+    pub(
+      ...n.replies,
+      `${n.base}.sessions.*.*.schema.*`,
+      ...durable(s.streams.events, s.schemaExpanderConsumer),
+      ...bucketRead(s.sessionsBucket),
+      `$KV.${s.sessionsBucket}.>`,
+      ...bucketRead(s.groupsBucket),
+      `$KV.${s.groupsBucket}.>`,
+      // Catalogs show what the policy sets permit: watched, never written.
+      ...bucketRead(s.policiesBucket),
+    ),
+  );
+}
+
+/** The operator (`toolmesh` commands): reads everything, replays and purges dead letters. */
+function operatorPermissions({
+  s,
+  n,
+  role,
+  ownerStreams,
+  tenantStreams,
+}: RoleContext): Permissions {
+  return merge(
+    serviceBase(s, role),
+    // `toolmesh watch` follows calls and session events.
+    sub(`${n.base}.sessions.>`, `${n.base}.calls.>`, s.allTenantStreamCalls),
+    pub(
+      s.stats,
+      `${n.base}.rpc.*.*`,
+      `${n.base}.cancel.*.*`,
+      s.allCalls,
+      s.allWork,
+      // Replaying an owner's dead letter puts it back on its owner's work stream, a tenant's
+      // on its tenant's calls stream; `stats` and `call` find those streams by listing them.
+      ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
+      ...(tenantStreams.length === 0 ? [] : [s.allTenantStreamCalls]),
+      ...(ownerStreams.length + tenantStreams.length === 0 ? [] : [`${API}.STREAM.NAMES`]),
+      // `stats` shows what each owner's and tenant's stream holds against its bound.
+      ...[...tenantStreams, ...ownerStreams].map((st) => `${API}.STREAM.INFO.${st}`),
+      ...[...n.streams, ...ownerStreams, ...tenantStreams].flatMap((st) => [
+        `${API}.STREAM.MSG.GET.${st}`,
+        `${API}.DIRECT.GET.${st}.>`,
+        `${API}.CONSUMER.LIST.${st}`,
+        `${API}.CONSUMER.INFO.${st}.>`,
+      ]),
+      `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
+      // `toolmesh dlq purge`.
+      `${API}.STREAM.PURGE.${s.streams.dlq}`,
+      ...orderedReader(s.streams.dlq),
+      ...[...n.buckets, approvalsBucket(s)].flatMap(bucketRead),
+      `$KV.${approvalsBucket(s)}.>`,
+      `$KV.${s.callsBucket}.>`,
+      `$KV.${s.groupsBucket}.>`,
+      `$KV.${s.sessionsBucket}.>`,
+      `$KV.${s.quotasBucket}.>`,
+      `$KV.${s.quotaUsageBucket}.>`,
+      `$KV.${s.policiesBucket}.>`,
+    ),
+  );
+}
+
+/** `toolmesh setup`: creates and updates every stream, bucket and consumer. */
+function setupPermissions({ s, n, role, ownerStreams, tenantStreams }: RoleContext): Permissions {
+  return merge(
+    serviceBase(s, role),
+    pub(
+      `${API}.STREAM.NAMES`,
+      `${API}.STREAM.LIST`,
+      // The account's storage limit and use, which `setup` prints beside the streams' budget.
+      `${API}.INFO`,
+      ...[
+        ...n.streams,
+        ...ownerStreams,
+        ...tenantStreams,
+        ...[...n.buckets, approvalsBucket(s)].map(n.kv),
+      ].flatMap((st) => [
+        `${API}.STREAM.*.${st}`,
+        `${API}.CONSUMER.*.${st}`,
+        `${API}.CONSUMER.*.${st}.>`,
+        `${API}.CONSUMER.DURABLE.CREATE.${st}.>`,
+      ]),
+      // Looked up, and deleted with --remove-obsolete.
+      ...obsoleteStreams(s).map((st) => `${API}.STREAM.*.${st}`),
+    ),
+  );
+}
+
+/** Each mesh-account role and how its rights are computed. */
+const ROLE_PERMISSIONS: Record<PermissionRole, (context: RoleContext) => Permissions> = {
+  frontend: frontendPermissions,
+  resolver: resolverPermissions,
+  gateway: gatewayPermissions,
+  executor: executorPermissions,
+  "mcp-bridge": bridgePermissions,
+  "schema-expander": schemaExpanderPermissions,
+  operator: operatorPermissions,
+  setup: setupPermissions,
+};
+
 /**
  * The least publish/subscribe rights of one role. Frontends are confined to their tenant (and
  * session, when given): their own call, cancel and RPC subjects, their sessions' events, direct
@@ -266,231 +547,7 @@ export function rolePermissions(
   if (options.servers !== undefined && role !== "mcp-bridge") {
     bad("--servers is for the mcp-bridge role");
   }
-  switch (role) {
-    case "frontend": {
-      if (options.tenant === undefined) bad("the frontend role needs --tenant <id>");
-      const t = subjectToken(options.tenant);
-      const session = options.session === undefined ? "*" : subjectToken(options.session);
-      return {
-        publish: {
-          allow: [
-            `${n.base}.calls.${t}.${session}`,
-            `${n.base}.cancel.${t}.${session}`,
-            `${n.base}.rpc.${t}.*`,
-            `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.${t}.${session}.>`,
-          ],
-        },
-        subscribe: {
-          allow: [
-            `${n.base}.sessions.${t}.${session}.>`,
-            `${s.frontendInboxPrefix(options.tenant, options.session)}.>`,
-            // A submission a lost leader took is sent again once a new one is elected.
-            STREAM_LEADER_ELECTED_ADVISORIES,
-          ],
-        },
-      };
-    }
-    case "resolver":
-      return merge(
-        serviceBase(s, role),
-        // The deadline keeper follows work and results as they are published (core NATS).
-        sub(
-          s.allCancel,
-          s.allResolveRpc,
-          s.allWork,
-          s.allResults,
-          s.allOwnerServices,
-          // Owners' work too, though none has an account yet: the deadline keeper follows every
-          // owner's work stream, whichever are made later.
-          s.allOwnerWork,
-          // Every tenant's own calls stream pushes to the resolvers' queue group (ADR 0048).
-          s.intake,
-        ),
-        pub(
-          ...n.replies,
-          s.allWork,
-          // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
-          // routed, watched for deadlines, reconciled and dead-lettered.
-          ...(ownerStreams.length === 0
-            ? []
-            : [
-                s.allOwnerWork,
-                // Adds each owner's max-deliveries advisories to the advisories stream.
-                `${API}.STREAM.UPDATE.${s.streams.advisories}`,
-              ]),
-          ...ownerStreams.flatMap((st) => [
-            ...["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"].map(
-              (op) => `${API}.STREAM.${op}.${st}`,
-            ),
-            ...["INFO", "CREATE", "DURABLE.CREATE"].map((op) => `${API}.CONSUMER.${op}.${st}.*`),
-            `${API}.CONSUMER.CREATE.${st}.*.>`,
-            `${API}.CONSUMER.LIST.${st}`,
-          ]),
-          // Reconciliation and dead letters find owners' and tenants' streams by listing them.
-          `${API}.STREAM.NAMES`,
-          ...tenantStreams.flatMap((st) => [
-            `$JS.ACK.${st}.${s.resolverConsumer}.>`,
-            `${API}.CONSUMER.INFO.${st}.${s.resolverConsumer}`,
-            ...["INFO", "MSG.GET", "MSG.DELETE"].map((op) => `${API}.STREAM.${op}.${st}`),
-            `${API}.CONSUMER.LIST.${st}`,
-          ]),
-          `${n.base}.sessions.*.*.result.*`,
-          // The owner services: progress relayed for an owner's executor, registry entries filed
-          // under their owner, and each registered tool's work consumer.
-          `${n.base}.sessions.*.*.progress.*`,
-          `$KV.${s.registryBucket}.>`,
-          ...["INFO", "CREATE", "DURABLE.CREATE"].map(
-            (op) => `${API}.CONSUMER.${op}.${s.streams.work}.*`,
-          ),
-          `${API}.CONSUMER.CREATE.${s.streams.work}.*.>`,
-          `${n.base}.sessions.*.*.rejected.*`,
-          s.allMissingArguments.replace(/>$/, "*.*"),
-          s.abort,
-          `${s.abort}.*`,
-          s.allDlq,
-          ...durable(s.streams.calls, s.resolverConsumer),
-          ...durable(s.streams.advisories, s.deadLetterConsumer),
-          ...[s.streams.sessions, s.streams.calls, s.streams.work, s.streams.advisories].map(
-            (st) => `${API}.STREAM.MSG.GET.${st}`,
-          ),
-          ...[s.streams.calls, s.streams.work, s.streams.advisories].map(
-            (st) => `${API}.STREAM.MSG.DELETE.${st}`,
-          ),
-          // Reconciliation reads each consumer's ack floor.
-          ...[s.streams.calls, s.streams.work].map((st) => `${API}.CONSUMER.LIST.${st}`),
-          ...bucketRead(s.callsBucket),
-          `$KV.${s.callsBucket}.>`,
-          ...bucketRead(s.groupsBucket),
-          ...bucketRead(s.sessionsBucket),
-          // Quotas: watched, and their usage kept by compare-and-set; fair share reads how much
-          // work waits for each busy tool.
-          ...bucketRead(s.quotasBucket),
-          ...bucketRead(s.quotaUsageBucket),
-          `$KV.${s.quotaUsageBucket}.>`,
-          `${API}.CONSUMER.INFO.${s.streams.work}.>`,
-          // Policy sets: watched, never written.
-          ...bucketRead(s.policiesBucket),
-        ),
-      );
-    case "gateway":
-      // The MCP gateway submits and follows calls for every tenant it authenticates.
-      return merge(
-        serviceBase(s, role),
-        sub(`${n.base}.sessions.>`),
-        pub(
-          s.allCalls,
-          // A tenant with a calls stream of its own has its calls stored there (ADR 0048); the
-          // gateway lists streams to learn which tenants have one.
-          s.allTenantStreamCalls,
-          `${API}.STREAM.NAMES`,
-          `${n.base}.cancel.*.*`,
-          `${n.base}.rpc.*.*`,
-          `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
-          // Tasks are read from the call records; catalogs follow the groups and sessions.
-          ...bucketRead(s.callsBucket),
-          ...bucketRead(s.groupsBucket),
-          ...bucketRead(s.sessionsBucket),
-        ),
-      );
-    case "executor":
-      return toolHost(s, role, options.tools);
-    case "mcp-bridge": {
-      // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
-      // bucket, and a bridge allowed to creates it when it first pins.
-      const approvals = approvalsBucket(s);
-      return merge(
-        toolHost(
-          s,
-          role,
-          options.servers?.map((server) => `${server}.*`),
-        ),
-        pub(
-          ...bucketRead(approvals),
-          `${API}.STREAM.CREATE.KV_${approvals}`,
-          ...(options.servers === undefined || options.servers.length === 0
-            ? [`$KV.${approvals}.>`]
-            : options.servers.map((server) => `$KV.${approvals}.${subjectToken(server)}`)),
-        ),
-      );
-    }
-    case "schema-expander":
-      return merge(
-        serviceBase(s, role),
-        sub(s.allCatalogRpc, s.allDescribeRpc, s.allExpandRpc, s.allGroupsRpc),
-        pub(
-          ...n.replies,
-          `${n.base}.sessions.*.*.schema.*`,
-          ...durable(s.streams.events, s.schemaExpanderConsumer),
-          ...bucketRead(s.sessionsBucket),
-          `$KV.${s.sessionsBucket}.>`,
-          ...bucketRead(s.groupsBucket),
-          `$KV.${s.groupsBucket}.>`,
-          // Catalogs show what the policy sets permit: watched, never written.
-          ...bucketRead(s.policiesBucket),
-        ),
-      );
-    case "operator":
-      return merge(
-        serviceBase(s, role),
-        // `toolmesh watch` follows calls and session events.
-        sub(`${n.base}.sessions.>`, `${n.base}.calls.>`, s.allTenantStreamCalls),
-        pub(
-          s.stats,
-          `${n.base}.rpc.*.*`,
-          `${n.base}.cancel.*.*`,
-          s.allCalls,
-          s.allWork,
-          // Replaying an owner's dead letter puts it back on its owner's work stream, a tenant's
-          // on its tenant's calls stream; `stats` and `call` find those streams by listing them.
-          ...(ownerStreams.length === 0 ? [] : [s.allOwnerWork]),
-          ...(tenantStreams.length === 0 ? [] : [s.allTenantStreamCalls]),
-          ...(ownerStreams.length + tenantStreams.length === 0 ? [] : [`${API}.STREAM.NAMES`]),
-          // `stats` shows what each owner's and tenant's stream holds against its bound.
-          ...[...tenantStreams, ...ownerStreams].map((st) => `${API}.STREAM.INFO.${st}`),
-          ...[...n.streams, ...ownerStreams, ...tenantStreams].flatMap((st) => [
-            `${API}.STREAM.MSG.GET.${st}`,
-            `${API}.DIRECT.GET.${st}.>`,
-            `${API}.CONSUMER.LIST.${st}`,
-            `${API}.CONSUMER.INFO.${st}.>`,
-          ]),
-          `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
-          // `toolmesh dlq purge`.
-          `${API}.STREAM.PURGE.${s.streams.dlq}`,
-          ...orderedReader(s.streams.dlq),
-          ...[...n.buckets, approvalsBucket(s)].flatMap(bucketRead),
-          `$KV.${approvalsBucket(s)}.>`,
-          `$KV.${s.callsBucket}.>`,
-          `$KV.${s.groupsBucket}.>`,
-          `$KV.${s.sessionsBucket}.>`,
-          `$KV.${s.quotasBucket}.>`,
-          `$KV.${s.quotaUsageBucket}.>`,
-          `$KV.${s.policiesBucket}.>`,
-        ),
-      );
-    case "setup":
-      return merge(
-        serviceBase(s, role),
-        pub(
-          `${API}.STREAM.NAMES`,
-          `${API}.STREAM.LIST`,
-          // The account's storage limit and use, which `setup` prints beside the streams' budget.
-          `${API}.INFO`,
-          ...[
-            ...n.streams,
-            ...ownerStreams,
-            ...tenantStreams,
-            ...[...n.buckets, approvalsBucket(s)].map(n.kv),
-          ].flatMap((st) => [
-            `${API}.STREAM.*.${st}`,
-            `${API}.CONSUMER.*.${st}`,
-            `${API}.CONSUMER.*.${st}.>`,
-            `${API}.CONSUMER.DURABLE.CREATE.${st}.>`,
-          ]),
-          // Looked up, and deleted with --remove-obsolete.
-          ...obsoleteStreams(s).map((st) => `${API}.STREAM.*.${st}`),
-        ),
-      );
-  }
+  return ROLE_PERMISSIONS[role]({ s, n, role, options, ownerStreams, tenantStreams });
 }
 
 /** Tenant and owner ids name accounts, streams and subject tokens alike. */
@@ -715,26 +772,26 @@ function uniqueIds(kind: "tenant" | "owner", ids: readonly string[]): string[] {
   return [...seen.values()];
 }
 
-/**
- * The nats-server `accounts { … }` block of ADR 0031: the mesh account `TOOLMESH` (JetStream,
- * the trusted services), one account per tenant (its frontends) and per tool owner (its
- * executors and bridges), each crossing exported to the one account that imports it. Passwords
- * come from environment variables (`$TOOLMESH_RESOLVER_PASSWORD`, …). `deploy/nats/toolmesh.conf`
- * is this text for the defaults; a test keeps the two equal.
- */
-export function renderAccountConfig(options: AccountConfigOptions = {}): string {
-  const prefix = options.prefix === undefined ? {} : { prefix: options.prefix };
-  const s = createSubjects(prefix);
-  const tenants = uniqueIds("tenant", options.tenants ?? ["default"]);
-  const ownerIds = uniqueIds("owner", Object.keys(options.owners ?? {}));
-  const owners = ownerIds.map((owner) => ({
+/** An owner with an account: the names granted to it and their registry keys. */
+interface OwnerGrant {
+  owner: string;
+  tools: readonly string[];
+  grants: string[];
+}
+
+/** The owners of `--owner`, checked; a name is granted to one owner only. */
+function ownerGrantList(
+  s: Subjects,
+  owners: Readonly<Record<string, readonly string[]>>,
+): OwnerGrant[] {
+  const list = uniqueIds("owner", Object.keys(owners)).map((owner) => ({
     owner,
-    tools: options.owners?.[owner] ?? [],
-    grants: ownerGrants(s, owner, options.owners?.[owner] ?? []),
+    tools: owners[owner] ?? [],
+    grants: ownerGrants(s, owner, owners[owner] ?? []),
   }));
   // A name is granted to one owner only: no owner may register what another was given.
   const granted: { key: string; owner: string }[] = [];
-  for (const { owner, grants } of owners) {
+  for (const { owner, grants } of list) {
     for (const key of grants) {
       const other = granted.find((g) => g.owner !== owner && grantsOverlap(g.key, key));
       if (other !== undefined) {
@@ -745,12 +802,60 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       granted.push({ key, owner });
     }
   }
+  return list;
+}
+
+/**
+ * An account whose users reach the mesh through `crossings` only, each exported to it alone:
+ * the exports are added to `mesh`, the account with its imports returned.
+ */
+function crossInto(
+  mesh: Account,
+  name: string,
+  users: Account["users"],
+  crossings: { services: Crossing[]; streams: string[] },
+  limits: Required<AccountLimits>,
+): Account {
+  const q = JSON.stringify;
+  mesh.exports.push(
+    ...crossings.services.map(
+      ({ subject, responseType }) =>
+        `{ service: ${q(subject)}, accounts: [${name}]${responseType === undefined ? "" : `, response_type: ${responseType}`} }`,
+    ),
+    ...crossings.streams.map((subject) => `{ stream: ${q(subject)}, accounts: [${name}] }`),
+  );
+  return {
+    name,
+    jetstream: false,
+    limits,
+    users,
+    exports: [],
+    imports: [
+      ...crossings.services.map(
+        ({ subject, as }) =>
+          `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} }${as === undefined ? "" : `, to: ${q(as)}`} }`,
+      ),
+      ...crossings.streams.map(
+        (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
+      ),
+    ],
+  };
+}
+
+/** The mesh account, then one account per tenant and per owner, then the extra users added. */
+function meshAccounts(
+  s: Subjects,
+  options: AccountConfigOptions,
+  tenants: string[],
+  owners: OwnerGrant[],
+): Account[] {
+  const prefix = options.prefix === undefined ? {} : { prefix: options.prefix };
   const limits: Required<AccountLimits> = {
     maxConnections: options.limits?.maxConnections ?? 1000,
     maxSubscriptions: options.limits?.maxSubscriptions ?? 100_000,
     maxPayload: options.limits?.maxPayload ?? 1_048_576,
   };
-  const q = JSON.stringify;
+  const ownerIds = owners.map(({ owner }) => owner);
   const mesh: Account = {
     name: MESH_ACCOUNT,
     jetstream: true,
@@ -765,56 +870,34 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     imports: [],
   };
   const accounts: Account[] = [mesh];
-  /** An account whose users reach the mesh through `crossings` only, each exported to it alone. */
-  const crossInto = (
-    name: string,
-    users: Account["users"],
-    crossings: { services: Crossing[]; streams: string[] },
-  ): void => {
-    mesh.exports.push(
-      ...crossings.services.map(
-        ({ subject, responseType }) =>
-          `{ service: ${q(subject)}, accounts: [${name}]${responseType === undefined ? "" : `, response_type: ${responseType}`} }`,
-      ),
-      ...crossings.streams.map((subject) => `{ stream: ${q(subject)}, accounts: [${name}] }`),
-    );
-    accounts.push({
-      name,
-      jetstream: false,
-      limits,
-      users,
-      exports: [],
-      imports: [
-        ...crossings.services.map(
-          ({ subject, as }) =>
-            `{ service: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} }${as === undefined ? "" : `, to: ${q(as)}`} }`,
-        ),
-        ...crossings.streams.map(
-          (subject) => `{ stream: { account: ${MESH_ACCOUNT}, subject: ${q(subject)} } }`,
-        ),
-      ],
-    });
-  };
   for (const tenant of tenants) {
-    crossInto(
-      tenantAccount(tenant),
-      [
-        {
-          user: `frontend-${tenant}`,
-          permissions: rolePermissions("frontend", { ...prefix, tenant }),
-        },
-      ],
-      tenantCrossings(s, tenant),
+    accounts.push(
+      crossInto(
+        mesh,
+        tenantAccount(tenant),
+        [
+          {
+            user: `frontend-${tenant}`,
+            permissions: rolePermissions("frontend", { ...prefix, tenant }),
+          },
+        ],
+        tenantCrossings(s, tenant),
+        limits,
+      ),
     );
   }
   for (const { owner, grants } of owners) {
-    crossInto(
-      ownerAccount(owner),
-      (["executor", "mcp-bridge"] as const).map((role) => ({
-        user: `${role}-${owner}`,
-        permissions: rolePermissions(role, { ...prefix, owner }),
-      })),
-      ownerCrossings(s, owner, grants),
+    accounts.push(
+      crossInto(
+        mesh,
+        ownerAccount(owner),
+        (["executor", "mcp-bridge"] as const).map((role) => ({
+          user: `${role}-${owner}`,
+          permissions: rolePermissions(role, { ...prefix, owner }),
+        })),
+        ownerCrossings(s, owner, grants),
+        limits,
+      ),
     );
   }
   for (const extra of options.extraUsers ?? []) {
@@ -822,6 +905,47 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     if (account === undefined) bad(`no account ${extra.account} for user ${extra.user}`);
     account.users.push({ user: extra.user, permissions: extra.permissions });
   }
+  return accounts;
+}
+
+/** One account's block inside `accounts { … }`. */
+function renderAccount(a: Account): string {
+  const q = JSON.stringify;
+  const list = (items: string[]) =>
+    items.length === 0 ? "[]" : `[\n${items.map((x) => `      ${x}`).join("\n")}\n    ]`;
+  return [
+    `  ${a.name}: {`,
+    `    jetstream: ${a.jetstream ? "enabled" : "disabled"}`,
+    ...(a.limits === undefined
+      ? []
+      : [
+          `    limits: { max_connections: ${a.limits.maxConnections}, max_subscriptions: ${a.limits.maxSubscriptions}, max_payload: ${a.limits.maxPayload} }`,
+        ]),
+    "    users: [",
+    a.users
+      .map(({ user, permissions }) =>
+        [
+          "      {",
+          `        user: ${q(user)}`,
+          `        password: $${passwordVariable(user)}`,
+          renderPermissions(permissions, 8),
+          "      }",
+        ].join("\n"),
+      )
+      .join("\n"),
+    "    ]",
+    ...(a.exports.length === 0 ? [] : [`    exports: ${list(a.exports)}`]),
+    ...(a.imports.length === 0 ? [] : [`    imports: ${list(a.imports)}`]),
+    "  }",
+  ].join("\n");
+}
+
+/** The comment heading the accounts: what they are, the command that made them, how to change them. */
+function accountConfigHeader(
+  options: AccountConfigOptions,
+  tenants: string[],
+  owners: OwnerGrant[],
+): string[] {
   const flags = [
     ...(options.prefix === undefined ? [] : [`--prefix ${options.prefix}`]),
     ...(options.tenants === undefined ? [] : [`--tenants ${tenants.join(",")}`]),
@@ -829,35 +953,6 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       tools.length === 0 ? `--owner ${owner}` : `--owner ${owner}=${tools.join(",")}`,
     ),
   ];
-  const list = (items: string[]) =>
-    items.length === 0 ? "[]" : `[\n${items.map((x) => `      ${x}`).join("\n")}\n    ]`;
-  const body = accounts.map((a) =>
-    [
-      `  ${a.name}: {`,
-      `    jetstream: ${a.jetstream ? "enabled" : "disabled"}`,
-      ...(a.limits === undefined
-        ? []
-        : [
-            `    limits: { max_connections: ${a.limits.maxConnections}, max_subscriptions: ${a.limits.maxSubscriptions}, max_payload: ${a.limits.maxPayload} }`,
-          ]),
-      "    users: [",
-      a.users
-        .map(({ user, permissions }) =>
-          [
-            "      {",
-            `        user: ${q(user)}`,
-            `        password: $${passwordVariable(user)}`,
-            renderPermissions(permissions, 8),
-            "      }",
-          ].join("\n"),
-        )
-        .join("\n"),
-      "    ]",
-      ...(a.exports.length === 0 ? [] : [`    exports: ${list(a.exports)}`]),
-      ...(a.imports.length === 0 ? [] : [`    imports: ${list(a.imports)}`]),
-      "  }",
-    ].join("\n"),
-  );
   return [
     "# toolmesh NATS accounts (docs/security.md, ADR 0031): the mesh account TOOLMESH holds every",
     "# stream and the trusted services; each tenant's frontends and each tool owner's executors",
@@ -881,8 +976,25 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
           "# {P}_WORK_{owner}, and registers tools under its namespace OWNER.* and the names",
           "# granted to it (ADR 0041): tools added later in those names need no reload.",
         ]),
+  ];
+}
+
+/**
+ * The nats-server `accounts { … }` block of ADR 0031: the mesh account `TOOLMESH` (JetStream,
+ * the trusted services), one account per tenant (its frontends) and per tool owner (its
+ * executors and bridges), each crossing exported to the one account that imports it. Passwords
+ * come from environment variables (`$TOOLMESH_RESOLVER_PASSWORD`, …). `deploy/nats/toolmesh.conf`
+ * is this text for the defaults; a test keeps the two equal.
+ */
+export function renderAccountConfig(options: AccountConfigOptions = {}): string {
+  const s = createSubjects(options.prefix === undefined ? {} : { prefix: options.prefix });
+  const tenants = uniqueIds("tenant", options.tenants ?? ["default"]);
+  const owners = ownerGrantList(s, options.owners ?? {});
+  const accounts = meshAccounts(s, options, tenants, owners);
+  return [
+    ...accountConfigHeader(options, tenants, owners),
     "accounts {",
-    body.join("\n"),
+    accounts.map(renderAccount).join("\n"),
     "}",
     "",
   ].join("\n");
