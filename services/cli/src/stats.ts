@@ -222,15 +222,15 @@ async function readConsumers(
   return byName;
 }
 
-/** Sums the processes' metrics per tool, MCP server and service. */
-export function summarize(
-  replies: readonly StatsReply[],
+/** Every metric point of one name, over the processes' replies. */
+type PointsOf = (name: string) => Point[];
+
+/** Each tool's calls, outcomes, latency and queue, registered or seen in the metrics. */
+function toolStats(
+  all: PointsOf,
   registered: readonly string[],
   consumerOf: (tool: string) => QueueFigures | undefined,
-  storedCalls: Readonly<Record<string, number>> = {},
-): MeshStats {
-  const all = (name: string): Point[] =>
-    replies.flatMap((r) => r.metrics.filter((m) => m.name === name).flatMap((m) => m.points));
+): ToolStats[] {
   const calls = all(MetricName.ToolCalls);
   const rejections = all(MetricName.ResolverCalls);
   const durations = all(MetricName.ToolCallDuration);
@@ -238,7 +238,7 @@ export function summarize(
   for (const point of [...calls, ...all(MetricName.ToolExecutors), ...all(MetricName.ToolAttempts)])
     if (typeof point.attributes[TOOL] === "string") toolNames.add(point.attributes[TOOL]);
 
-  const tools = [...toolNames].sort().map((tool): ToolStats => {
+  return [...toolNames].sort().map((tool): ToolStats => {
     const mine = (points: Point[]) => points.filter((p) => p.attributes[TOOL] === tool);
     const byOutcome = countBy(mine(calls), (p) => String(p.attributes[ERROR] ?? "ok"));
     const rejected = countBy(
@@ -268,12 +268,14 @@ export function summarize(
       executors: total(mine(all(MetricName.ToolExecutors))),
     };
   });
+}
 
-  const resolverPoints = all(MetricName.ResolverCalls);
+/** Each MCP server's states, restarts and request latency. */
+function mcpServerStats(all: PointsOf): MeshStats["mcp_servers"] {
   const servers = new Set<string>();
   for (const point of all(MetricName.McpServerState))
     if (typeof point.attributes[SERVER] === "string") servers.add(point.attributes[SERVER]);
-  const mcpServers = [...servers].sort().map((server) => {
+  return [...servers].sort().map((server) => {
     const mine = (points: Point[]) => points.filter((p) => p.attributes[SERVER] === server);
     const states = countBy(
       mine(all(MetricName.McpServerState)).filter((p) => p.value === 1),
@@ -289,7 +291,10 @@ export function summarize(
       p99_ms: quantileMs(histogram, 0.99),
     };
   });
+}
 
+/** Each tenant's calls in flight, queued and refused, and what its sessions store. */
+function tenantStats(all: PointsOf, storedCalls: Readonly<Record<string, number>>): TenantStats[] {
   const tenantNames = new Set<string>();
   const tenantPoints = [
     ...all(MetricName.TenantInFlight),
@@ -312,7 +317,7 @@ export function summarize(
       max_session: Math.max(s.max_session, count),
     });
   }
-  const tenants = [...tenantNames].sort().map((tenant): TenantStats => {
+  return [...tenantNames].sort().map((tenant): TenantStats => {
     const mine = (points: Point[]) => points.filter((p) => p.attributes[TENANT] === tenant);
     return {
       tenant,
@@ -325,16 +330,27 @@ export function summarize(
       stored: stored.get(tenant) ?? { calls: 0, sessions: 0, max_session: 0 },
     };
   });
+}
 
+/** Sums the processes' metrics per tool, MCP server and service. */
+export function summarize(
+  replies: readonly StatsReply[],
+  registered: readonly string[],
+  consumerOf: (tool: string) => QueueFigures | undefined,
+  storedCalls: Readonly<Record<string, number>> = {},
+): MeshStats {
+  const all = (name: string): Point[] =>
+    replies.flatMap((r) => r.metrics.filter((m) => m.name === name).flatMap((m) => m.points));
+  const resolverPoints = all(MetricName.ResolverCalls);
   return {
     at: Date.now(),
-    tenants,
+    tenants: tenantStats(all, storedCalls),
     // Read from the server by gatherStats, not from the processes' metrics.
     storage: [],
     services: replies
       .map((r) => ({ service: r.service, instance: r.instance, started_at: r.started_at }))
       .sort((a, b) => a.service.localeCompare(b.service) || a.instance.localeCompare(b.instance)),
-    tools,
+    tools: toolStats(all, registered, consumerOf),
     resolver: {
       resolved: total(
         resolverPoints.filter((p) => p.attributes["toolmesh.resolution"] === "resolved"),
@@ -349,7 +365,7 @@ export function summarize(
       expansions: total(all(MetricName.SchemaExpansions)),
       sessions: total(all(MetricName.SchemaSessions)),
     },
-    mcp_servers: mcpServers,
+    mcp_servers: mcpServerStats(all),
   };
 }
 
