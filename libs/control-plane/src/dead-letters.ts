@@ -572,7 +572,8 @@ function notReplayable(letter: DeadLetter, why: string): ToolmeshError {
   );
 }
 
-function streamError(err: unknown, stream: string): ToolmeshError {
+/** A stream's failure as the operator sees it: a missing stream says no service has run. */
+export function streamError(err: unknown, stream: string): ToolmeshError {
   if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) {
     return new ToolmeshError(
       ErrorCode.Unavailable,

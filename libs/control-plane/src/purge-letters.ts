@@ -1,15 +1,9 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager } from "@nats-io/jetstream";
-import {
-  DeliverPolicy,
-  JetStreamApiCodes,
-  JetStreamApiError,
-  jetstream,
-  jetstreamManager,
-} from "@nats-io/jetstream";
+import { DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import { compareVersions } from "@toolmesh/nats";
+import { streamError } from "./dead-letters.js";
 
 /**
  * The first server seen to give an account's storage back after a purge with a subject filter:
@@ -66,14 +60,7 @@ export async function purgeDeadLetters(
       letters_after: after.messages,
     };
   } catch (err) {
-    if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) {
-      throw new ToolmeshError(
-        ErrorCode.Unavailable,
-        `stream ${stream} does not exist: no toolmesh service has run with this prefix`,
-        { details: { stream }, cause: err },
-      );
-    }
-    throw ensureError(err, ErrorCode.Unavailable);
+    throw streamError(err, stream);
   }
 }
 
