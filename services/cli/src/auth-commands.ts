@@ -11,12 +11,7 @@ import {
 import { say } from "./print.js";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { commaList } from "./comma-list.js";
-
-function positiveInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
-  return n;
-}
+import { positiveInt } from "./option-values.js";
 
 /**
  * `--owner OWNER[=NAME,…]`, repeatable: each owner with the names granted to it beyond its own

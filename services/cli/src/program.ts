@@ -1,4 +1,4 @@
-import { Command, InvalidArgumentError, Option } from "commander";
+import { Command, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { loadConfig, serveActors } from "@toolmesh/runtime";
 import { loadGatewayConfig } from "@toolmesh/gateway";
@@ -26,6 +26,7 @@ import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
 import { addPolicyCommands } from "./policy-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
+import { positiveInt } from "./option-values.js";
 
 /** The log level asked for: `--log-level`, else `TOOLMESH_LOG_LEVEL`; undefined when neither. */
 export function chosenLogLevel(
@@ -49,12 +50,6 @@ interface GlobalOptions {
   tenant?: string;
   logLevel?: string;
   toolsDir?: string;
-}
-
-function positiveInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
-  return n;
 }
 
 /**

@@ -1,8 +1,9 @@
 import type { Command } from "commander";
-import { InvalidArgumentError, Option } from "commander";
+import { Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import type { SortKey } from "./stats-command.js";
 import { SORT_KEYS, renderStats, withStats } from "./stats-command.js";
+import { positiveInt } from "./option-values.js";
 
 /** Options of `toolmesh top`. */
 export interface TopOptions {
@@ -98,12 +99,6 @@ export async function topCommand(config: RuntimeConfig, options: TopOptions): Pr
       input.pause();
     }
   }
-}
-
-function positiveInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
-  return n;
 }
 
 /** Registers `toolmesh top`. */

@@ -1,10 +1,10 @@
 import type { Msg } from "@nats-io/nats-core";
 import type { Command } from "commander";
-import { InvalidArgumentError } from "commander";
 import { createSubjects, decodeJsonOrUndefined } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { connectCli } from "./commands.js";
+import { positiveInt } from "./option-values.js";
 
 /** One thing seen on a session, as `watch --json` prints it. */
 export interface WatchEvent {
@@ -131,12 +131,6 @@ function stringify(value: unknown): string {
 function clip(text: string, max = 160): string {
   const line = text.replace(/\s+/g, " ");
   return line.length > max ? `${line.slice(0, max - 1)}…` : line;
-}
-
-function positiveInt(value: string): number {
-  const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError("must be a positive integer");
-  return n;
 }
 
 /** Registers `toolmesh watch`. */
