@@ -46,6 +46,17 @@ export function addAuthCommands(
   const auth = program
     .command("auth")
     .description("NATS users and permissions for each role (docs/security.md)");
+  addPermissionsCommand(auth, program, config, run);
+  addConfigCommand(auth, config, run);
+}
+
+/** `toolmesh auth permissions`: one role's least rights; a frontend's tenant is the global `--tenant`. */
+function addPermissionsCommand(
+  auth: Command,
+  program: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
   auth
     .command("permissions")
     .description("print the least publish/subscribe permissions of one role")
@@ -108,6 +119,14 @@ export function addAuthCommands(
           return Promise.resolve(0);
         }),
     );
+}
+
+/** `toolmesh auth config`: the accounts file, an account per tenant and per tool owner. */
+function addConfigCommand(
+  auth: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
   auth
     .command("config")
     .description(

@@ -167,6 +167,30 @@ export function buildProgram(
     run(() => resolveCommand(config(), tool, o));
   });
 
+  addToolsCommands(program, () => config(), run);
+  addDlqCommands(program, () => config(), run);
+
+  addCatalogCommands(program, () => config(), run);
+  addSetupCommand(program, config, run);
+  addQuotaCommands(program, () => config(), run);
+  addPolicyCommands(program, () => config(), run);
+  addStatsCommand(program, () => config(), run);
+  addTopCommand(program, () => config(), run);
+  addWatchCommand(program, () => config(), run);
+  addCancelCommand(program, () => config(), run);
+  addAuthCommands(program, () => config(), run);
+
+  addVersionEverywhere(program);
+
+  return program;
+}
+
+/** `toolmesh tools`: the registry, MCP tool approvals and OpenAPI imports. */
+function addToolsCommands(
+  program: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
   const tools = program
     .command("tools")
     .description("look at the tool registry, approve MCP tools, import OpenAPI documents");
@@ -181,9 +205,16 @@ export function buildProgram(
     .action((name: string, o: { json?: boolean }) =>
       run(() => toolsShowCommand(config(), name, o)),
     );
-  addToolApprovalCommand(tools, () => config(), run);
-  addImportOpenApiCommand(tools, () => config(), run);
+  addToolApprovalCommand(tools, config, run);
+  addImportOpenApiCommand(tools, config, run);
+}
 
+/** `toolmesh dlq`: dead letters listed, shown, replayed and purged. */
+function addDlqCommands(
+  program: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
   const dlq = program
     .command("dlq")
     .description("look at dead letters and replay them once the cause is fixed");
@@ -222,18 +253,4 @@ export function buildProgram(
     .option("--tool <name>", "only the letters of this tool")
     .option("--json", "print JSON")
     .action((o: { tool?: string; json?: boolean }) => run(() => dlqPurgeCommand(config(), o)));
-
-  addCatalogCommands(program, () => config(), run);
-  addSetupCommand(program, config, run);
-  addQuotaCommands(program, () => config(), run);
-  addPolicyCommands(program, () => config(), run);
-  addStatsCommand(program, () => config(), run);
-  addTopCommand(program, () => config(), run);
-  addWatchCommand(program, () => config(), run);
-  addCancelCommand(program, () => config(), run);
-  addAuthCommands(program, () => config(), run);
-
-  addVersionEverywhere(program);
-
-  return program;
 }
