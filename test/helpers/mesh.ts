@@ -159,9 +159,10 @@ export function fixtureTools(name: string): string {
 }
 
 /**
- * Resolves once the resolvers of `resolver`'s mesh (its server and prefix, reached as it reaches
- * them) find every named tool, as a call would ({@link toolKnown}). Waits up to 60 s, a loaded
- * machine's worst case for a registration to travel from executor or bridge to resolver.
+ * Resolves once every resolver of `resolver`'s mesh (its server and prefix, reached as it
+ * reaches them) finds every named tool, as a call would, whichever resolver takes it
+ * ({@link toolKnown}). Waits up to 60 s, a loaded machine's worst case for a registration to
+ * travel from executor or bridge to resolver.
  */
 export async function toolAvailable(resolver: ServiceProcess, ...names: string[]): Promise<void> {
   // Connected as the resolver is (its server, credentials and TLS files), to its prefix.
@@ -176,9 +177,18 @@ export async function toolAvailable(resolver: ServiceProcess, ...names: string[]
 }
 
 /**
- * Waits until the resolvers know `name` (`known`) or no longer do, as a call would find it: a
- * dry run of it is answered, and `unknown_tool` or not (`unavailable`, no resolver answering
- * yet, is neither). Reads the resolvers' state, not their logs. Waits up to `timeoutMs`.
+ * Dry runs in a row that must all agree before {@link toolKnown} believes them. The resolvers
+ * answer dry runs in one queue group, each from its own registry: a single answer speaks for
+ * one resolver only. With one of three resolvers behind, 24 answers in a row all miss it once
+ * in 16 000 tries; with one of two, once in 16 million.
+ */
+const AGREEING_ANSWERS = 24;
+
+/**
+ * Waits until the resolvers know `name` (`known`) or no longer do, as a call would find it,
+ * whichever resolver takes it: {@link AGREEING_ANSWERS} dry runs of it in a row are answered,
+ * and `unknown_tool` or not (`unavailable`, a resolver not answering, is neither and starts
+ * the run again). Reads the resolvers' state, not their logs. Waits up to `timeoutMs`.
  */
 export async function toolKnown(
   client: ToolmeshClient,
@@ -186,13 +196,18 @@ export async function toolKnown(
   known: boolean,
   timeoutMs = 15_000,
 ): Promise<void> {
+  const agrees = async (): Promise<boolean> => {
+    const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
+    if (!reply.ok && reply.error.code === ErrorCode.Unavailable) return false;
+    const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
+    return unknown === !known;
+  };
   await eventually(
-    `${name} to be ${known ? "known" : "unknown"} to the resolvers`,
+    `${name} to be ${known ? "known" : "unknown"} to every resolver`,
     async () => {
-      const reply = await client.resolve("tool-known-probe", { name, arguments: {} });
-      if (!reply.ok && reply.error.code === ErrorCode.Unavailable) return undefined;
-      const unknown = !reply.ok && reply.error.code === ErrorCode.UnknownTool;
-      return unknown === !known ? true : undefined;
+      for (let answers = 0; answers < AGREEING_ANSWERS; answers++)
+        if (!(await agrees())) return undefined;
+      return true;
     },
     { timeoutMs },
   );
