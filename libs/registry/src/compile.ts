@@ -488,27 +488,41 @@ function re2Property(expression: string, refuse: (reason: string) => never): str
   return refuse(`the Unicode property \\p{${expression}} is not supported`);
 }
 
-/** JSON pointer of the first `pattern` or `patternProperties` key equal to `pattern`. */
-function findPattern(root: unknown, pattern: string): string | undefined {
+/**
+ * Walks every object and array of a schema, depth first, each once (a schema may share a node),
+ * and returns the first JSON pointer `match` gives for one, or `undefined`.
+ */
+function findInSchema(
+  root: unknown,
+  match: (node: object, path: string) => string | undefined,
+): string | undefined {
   const stack: { value: unknown; path: string }[] = [{ value: root, path: "" }];
   const seen = new Set<object>();
   for (let item = stack.pop(); item !== undefined; item = stack.pop()) {
     const { value, path } = item;
     if (typeof value !== "object" || value === null || seen.has(value)) continue;
     seen.add(value);
-    if (!Array.isArray(value)) {
-      const node = value as Record<string, unknown>;
-      if (node["pattern"] === pattern) return `${path}/pattern`;
-      const keyed = node["patternProperties"];
-      if (isObject(keyed) && Object.hasOwn(keyed, pattern))
-        return `${path}/patternProperties/${escapePointer(pattern)}`;
-    }
+    const found = match(value, path);
+    if (found !== undefined) return found;
     for (const [key, child] of Object.entries(value)) {
       if (typeof child === "object" && child !== null)
         stack.push({ value: child, path: `${path}/${escapePointer(key)}` });
     }
   }
   return undefined;
+}
+
+/** JSON pointer of the first `pattern` or `patternProperties` key equal to `pattern`. */
+function findPattern(root: unknown, pattern: string): string | undefined {
+  return findInSchema(root, (value, path) => {
+    if (Array.isArray(value)) return undefined;
+    const node = value as Record<string, unknown>;
+    if (node["pattern"] === pattern) return `${path}/pattern`;
+    const keyed = node["patternProperties"];
+    return isObject(keyed) && Object.hasOwn(keyed, pattern)
+      ? `${path}/patternProperties/${escapePointer(pattern)}`
+      : undefined;
+  });
 }
 
 function escapePointer(segment: string): string {
@@ -593,20 +607,9 @@ function isNumeric(type: ParamType): boolean {
 
 /** JSON pointer of the first own `__proto__` key in the schema, or `undefined`. */
 function findProtoKey(root: unknown): string | undefined {
-  const stack: { value: unknown; path: string }[] = [{ value: root, path: "" }];
-  const seen = new Set<object>();
-  for (let item = stack.pop(); item !== undefined; item = stack.pop()) {
-    const { value, path } = item;
-    if (typeof value !== "object" || value === null || seen.has(value)) continue;
-    seen.add(value);
-    if (Object.hasOwn(value, "__proto__")) return `${path}/__proto__`;
-    for (const [key, child] of Object.entries(value)) {
-      if (typeof child === "object" && child !== null) {
-        stack.push({ value: child, path: `${path}/${escapePointer(key)}` });
-      }
-    }
-  }
-  return undefined;
+  return findInSchema(root, (value, path) =>
+    Object.hasOwn(value, "__proto__") ? `${path}/__proto__` : undefined,
+  );
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
