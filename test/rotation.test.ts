@@ -134,7 +134,8 @@ afterAll(async () => {
 
 it("reconnects with a renewed client certificate and goes dead on /healthz while it cannot, with no restart", async () => {
   const pids = [resolver.pid, executor.pid, gateway.process.pid];
-  expect(new Set(await connectedUsers())).toEqual(new Set(["CN=client"]));
+  const before = await connectedUsers();
+  expect(new Set(before)).toEqual(new Set(["CN=client"]));
 
   // The old certificate is no longer accepted (expired, revoked): the server closes the services'
   // connections and refuses them; past the bound they report themselves dead.
@@ -151,18 +152,15 @@ it("reconnects with a renewed client certificate and goes dead on /healthz while
   // The renewed certificate lands in the mounted files: each service reconnects with it.
   await replace(join(roleDir, "tls.key"), renewed.key);
   await replace(join(roleDir, "tls.crt"), renewed.cert);
-  await Promise.all(
-    [resolver, executor, gateway.process].map((s) =>
-      s.waitForLog((l) => l.msg === "reconnected to NATS", 30_000),
-    ),
-  );
+  // Every connection is back, each with the renewed certificate.
   await vi.waitFor(
     async () => {
-      expect(new Set(await connectedUsers())).toEqual(new Set(["CN=client-renewed"]));
+      expect(await connectedUsers()).toEqual(before.map(() => "CN=client-renewed"));
       expect(await healthOf(executor)).toBe(200);
+      expect(await healthOf(resolver)).toBe(200);
       expect((await fetch(`http://127.0.0.1:${gateway.port}/healthz`)).status).toBe(200);
     },
-    { timeout: 20_000, interval: 200 },
+    { timeout: 50_000, interval: 200 },
   );
   expect([resolver.pid, executor.pid, gateway.process.pid]).toEqual(pids);
   for (const s of [resolver, executor, gateway.process]) expect(s.child.exitCode).toBeNull();
@@ -173,8 +171,7 @@ it("accepts a key added to the gateway's keys file and refuses a removed one, wi
   expect((await post(OLD_KEY)).status).toBe(200);
   expect((await post(NEW_KEY)).status).toBe(401);
   await writeKeys(NEW_KEY);
-  await gateway.process.waitForLog((l) => l.msg === "gateway keys reloaded", 20_000);
-  expect((await post(NEW_KEY)).status).toBe(200);
+  await expect.poll(async () => (await post(NEW_KEY)).status, { timeout: 20_000 }).toBe(200);
   expect((await post(OLD_KEY)).status).toBe(401);
   // A broken file keeps the keys in force.
   await writeFile(join(keysDir, "keys.yaml"), "keys: [{sha256: nope}]\n");
