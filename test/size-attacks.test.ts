@@ -13,6 +13,7 @@ import { ownerCallPlane } from "@toolmesh/call-store";
 import { Defaults, ErrorCode, ToolDefinitionSchema, createSubjects } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { until } from "./helpers/eventually.js";
 import { killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers } from "./helpers/account-users.js";
@@ -232,6 +233,11 @@ describe("a rogue tool owner's oversized tools", () => {
       });
       await registry.put(subjects.registryKey(name), JSON.stringify(definition));
     }
+    // The expander learns them from its watch of the registry: its catalog lists both.
+    await until("the schema expander to list both definitions", async () => {
+      const names = (await globex.catalog()).tools.map((t) => t.name);
+      return names.includes("rogue.old1") && names.includes("rogue.old2");
+    });
     const session = globex.session("describer");
     // Both do not fit in one answer: the first is described, the second refused, to ask again.
     const both = await session.describe(["rogue.old1", "rogue.old2"]);
