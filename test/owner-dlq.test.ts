@@ -81,7 +81,11 @@ function resultsOf(callId: string): ToolMessage[] {
 describe("an owner's crash-looping work", () => {
   it("is dead-lettered from the owner's stream, listed, and replayed onto it", async () => {
     const handle = session.submit({ id: "p1", name: "crasher", arguments: { note: "poison" } });
-    const { deaths } = await superviseUntil(handle.result, spawnExecutor(ownerEnv), ownerEnv);
+    const { deaths, survivor } = await superviseUntil(
+      handle.result,
+      spawnExecutor(ownerEnv),
+      ownerEnv,
+    );
     const message = await handle.result;
 
     // The mesh's crash-loop outcome (test/dlq.test.ts), not the deadline's.
@@ -111,8 +115,10 @@ describe("an owner's crash-looping work", () => {
     const jsm = await jetstreamManager(mesh);
     expect(await jsm.streams.getMessage(ownerStream, { seq: letter.original_seq ?? 0 })).toBe(null);
 
-    // Fixed: the replay runs on the owner's stream, served by the owner's executor.
+    // Fixed: the replay runs on the owner's stream, served by the owner's executor. The one
+    // started after the last crash is ready first: the replay's deadline runs from its publish.
     await writeFile(flagFile, "fixed");
+    await survivor.ready;
     const replay = await runCli(["dlq", "replay", String(letter.seq), "--json"], operatorEnv);
     expect(replay.code, replay.stderr).toBe(0);
     const outcome = JSON.parse(replay.stdout) as ReplayOutcome;
