@@ -91,7 +91,7 @@ export class MeshView {
     const client = this.client(tenant);
     const offset = cursor === undefined ? 0 : decodeCursor(cursor);
     const catalog: Catalog = await client.catalog({
-      names,
+      ...(names === "mesh" ? {} : { names }),
       ...(agent === undefined ? {} : { agent }),
     });
     const page = catalog.tools.slice(offset, offset + PAGE_SIZE);
