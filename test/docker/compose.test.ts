@@ -8,7 +8,7 @@
 // TOOLMESH_TEST_NATS_IMAGE (default nats:2.15.1-alpine, as docker-compose.yml); test/docker/build-base-images.sh makes
 // local ones. TOOLMESH_TEST_IMAGE is the tag the image is built under (default toolmesh:test).
 import { randomBytes } from "node:crypto";
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -414,6 +414,42 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
     } finally {
       await client.close();
     }
+  });
+
+  it("runs docs/first-call-python.md's compose variant as written", async () => {
+    const page = await readFile(join(repoRoot, "docs", "first-call-python.md"), "utf8");
+    const blocks = (language: string): string[] =>
+      [...page.matchAll(new RegExp(`\`\`\`${language}\n([\\s\\S]*?)\`\`\``, "g"))].map(
+        (m) => m[1] ?? "",
+      );
+    // The URL and credentials the page names are the compose file's defaults.
+    const file = parse(await readFile(join(repoRoot, "docker-compose.yml"), "utf8")) as {
+      services: Record<string, { ports?: string[]; environment?: Record<string, string> }>;
+    };
+    const port = /\$\{NATS_PORT:-(\d+)\}:4222$/.exec(file.services.nats?.ports?.[0] ?? "")?.[1];
+    const cliEnv = file.services.cli?.environment ?? {};
+    const password = /:-([^}]+)\}$/.exec(cliEnv.NATS_PASSWORD ?? "")?.[1];
+    const variant = blocks("sh")[3]?.trim() ?? "";
+    expect(variant).toBe(
+      `NATS_URL=nats://127.0.0.1:${port} NATS_USER=${cliEnv.NATS_USER} ` +
+        `NATS_PASSWORD=${password} \\\n  python first_call.py`,
+    );
+
+    // Steps 2 and 3 as the page says, in a virtual environment of the test's own.
+    const dir = join(tmp, "first-call");
+    await mkdir(dir);
+    await writeFile(join(dir, "first_call.py"), blocks("python")[0] ?? "");
+    await mustRun("python3", ["-m", "venv", join(dir, "venv")]);
+    const inVenv = { PATH: `${join(dir, "venv", "bin")}:${process.env.PATH ?? ""}` };
+    const install = blocks("sh")[1]?.trim() ?? "";
+    expect(install).toBe("pip install ./clients/python");
+    await mustRun("sh", ["-c", install], { env: inVenv, timeoutMs: 300_000 });
+    // The variant against this stack: its port and the frontend password it was started with.
+    const against = variant
+      .replace(`127.0.0.1:${port}`, `127.0.0.1:${composeEnv.NATS_PORT}`)
+      .replace(`=${password} `, `=${composeEnv[USERS["frontend-default"]]} `);
+    const out = await mustRun("sh", ["-c", `cd "${dir}" && ${against}`], { env: inVenv });
+    expect(out).toBe(blocks("text")[1]);
   });
 
   it("stops a service with docker stop: exit 0 within its grace", async () => {

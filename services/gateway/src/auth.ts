@@ -4,16 +4,28 @@ import { errors as joseErrors, createRemoteJWKSet, jwtVerify } from "jose";
 import type { JWTPayload } from "jose";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
+import type { CatalogRequest } from "@toolmesh/protocol";
 import type { Logger } from "@toolmesh/telemetry";
 import type { GatewayConfig, JwtSettings } from "./config.js";
 import { GatewayConfigError } from "./config.js";
 import { KeysFileWatcher } from "./keys-file-watcher.js";
+
+/**
+ * The tool names a request is served: the mesh's own (`calc.add`), or their provider-safe forms
+ * (`calc_add`, `^[a-zA-Z0-9_-]{1,64}$`, as OpenAI and Anthropic require; ADR 0057).
+ */
+export type ToolNames = NonNullable<CatalogRequest["names"]>;
+
+/** The values of {@link ToolNames}. */
+export const TOOL_NAMES = ["mesh", "provider_safe"] as const satisfies readonly ToolNames[];
 
 /** Who a request acts for, as its credential says. */
 export interface Principal {
   readonly tenant: string;
   /** The agents the credential may use; undefined: any. */
   readonly agents?: readonly string[];
+  /** The tool names the credential is served unless its endpoint says otherwise; undefined: mesh. */
+  readonly names?: ToolNames;
   /** Names the credential for limits and logs (never the secret itself). */
   readonly credential: string;
 }
@@ -45,6 +57,7 @@ const KeyEntrySchema = z
     env: z.string().min(1).optional(),
     tenant: z.string().min(1).max(256),
     agents: z.array(z.string().min(1)).min(1).optional(),
+    names: z.enum(TOOL_NAMES).optional(),
     name: z.string().min(1).optional(),
   })
   .strict()
@@ -98,6 +111,7 @@ export async function loadKeysFile(
     keys.set(digest, {
       tenant: entry.tenant,
       ...(entry.agents === undefined ? {} : { agents: entry.agents }),
+      ...(entry.names === undefined ? {} : { names: entry.names }),
       credential: `key:${entry.name ?? digest.slice(0, 12)}`,
     });
   }

@@ -8,8 +8,8 @@ import { ROOT_CONTEXT, propagation } from "@opentelemetry/api";
 import type { Context, Span } from "@opentelemetry/api";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import { SpanKind } from "@toolmesh/telemetry";
-import type { Authenticator } from "./auth.js";
-import { AuthError } from "./auth.js";
+import type { Authenticator, Principal, ToolNames } from "./auth.js";
+import { AuthError, TOOL_NAMES } from "./auth.js";
 import type { GatewayConfig } from "./config.js";
 import { LegacyExchange } from "./exchange.js";
 import {
@@ -60,6 +60,16 @@ export interface GatewayServer {
 }
 
 const MCP_PATH = /^\/mcp(?:\/agents\/([^/]+))?\/?$/;
+
+/**
+ * The tool names a request is served: the endpoint's `?names=` when it has one, else its
+ * credential's; undefined for a value that is not one of {@link TOOL_NAMES}.
+ */
+function namesOf(req: IncomingMessage, principal: Principal): ToolNames | undefined {
+  const query = new URL(req.url ?? "/", "http://gateway").searchParams.get("names");
+  if (query === null) return principal.names ?? "mesh";
+  return TOOL_NAMES.find((names) => names === query);
+}
 
 /** A request that passed the edge: who it acts for, and its admission to release once. */
 interface Admitted {
@@ -218,6 +228,12 @@ class GatewayEdge implements GatewayServer {
         return undefined;
       }
     }
+    const names = namesOf(req, principal);
+    if (names === undefined) {
+      const valid = TOOL_NAMES.join(" or ");
+      sendJson(res, 400, rpcError(`the names query parameter must be ${valid}`));
+      return undefined;
+    }
     if (!this.#acceptable(req, res)) return undefined;
     const admitted = this.#limits.enter(principal.credential);
     if (typeof admitted !== "function") {
@@ -229,7 +245,7 @@ class GatewayEdge implements GatewayServer {
       sendJson(res, 429, rpcError(message));
       return undefined;
     }
-    const scope = { principal, agent, mcpSession: headerOf(req, "mcp-session-id") };
+    const scope = { principal, agent, names, mcpSession: headerOf(req, "mcp-session-id") };
     return { scope, release: admitted };
   }
 

@@ -13,7 +13,7 @@ import { ProtocolError, ProtocolErrorCode, Server } from "@modelcontextprotocol/
 import type { ProgressEvent } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { z } from "zod";
-import type { Principal } from "./auth.js";
+import type { Principal, ToolNames } from "./auth.js";
 import type { MeshView } from "./mesh-view.js";
 import {
   META_IDEMPOTENCY_KEY,
@@ -22,6 +22,7 @@ import {
   requestKey,
 } from "./mesh-view.js";
 import { errorResult, toCallToolResult } from "./results.js";
+import { shownMessage } from "./tool-names.js";
 
 /** Reports one ended call (metrics). */
 export type CallObserver = (
@@ -42,6 +43,8 @@ export interface RequestScope {
   principal: Principal;
   /** The agent the view is narrowed to, if any. */
   agent: string | undefined;
+  /** The tool names the request is served: the mesh's, or their provider-safe forms. */
+  names: ToolNames;
   /** The MCP session id the client sent (a namespace for request ids), if any. */
   mcpSession: string | undefined;
 }
@@ -107,7 +110,11 @@ export function createMcpServer(
   server.setRequestHandler("tools/list", async (request, ctx) => {
     const scope = scopeOf(ctx);
     try {
-      return await mesh.listTools(scope.principal.tenant, scope.agent, request.params?.cursor);
+      return await mesh.listTools(scope.principal.tenant, {
+        agent: scope.agent,
+        names: scope.names,
+        cursor: request.params?.cursor,
+      });
     } catch (err) {
       throw asProtocolError(err);
     }
@@ -159,9 +166,10 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
     new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
   /** The task, if the caller's principal may see it (another principal's is not found). */
   const visible = async (ctx: ServerContext, taskId: string): Promise<Task> => {
-    const { tenant, credential } = scopeOf(ctx).principal;
+    const { principal, names } = scopeOf(ctx);
+    const { tenant, credential } = principal;
     const task = mesh.boundTo(tenant, credential, taskId)
-      ? await mesh.task(tenant, taskId)
+      ? await mesh.task(tenant, taskId, names)
       : undefined;
     if (task === undefined) throw notFound(taskId);
     return task;
@@ -170,7 +178,8 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
     const task = await visible(ctx, params.taskId);
     if (era === "legacy" || task.status === "working") return task;
     // The extension has no tasks/result: an ended task carries its tool result.
-    const result = await mesh.taskResult(scopeOf(ctx).principal.tenant, params.taskId);
+    const scope = scopeOf(ctx);
+    const result = await mesh.taskResult(scope.principal.tenant, params.taskId, scope.names);
     return result === undefined ? task : { ...task, result };
   });
   server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, async (params, ctx) => {
@@ -194,11 +203,11 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
     return;
   }
   server.setRequestHandler("tasks/result", { params: TaskIdParams }, async (params, ctx) => {
-    const { tenant } = scopeOf(ctx).principal;
+    const scope = scopeOf(ctx);
     for (let delay = 50; ; delay = Math.min(delay * 2, TASK_POLL_INTERVAL_MS)) {
       const task = await visible(ctx, params.taskId);
       if (task.status !== "working" && task.status !== "input_required") {
-        const result = await mesh.taskResult(tenant, params.taskId);
+        const result = await mesh.taskResult(scope.principal.tenant, params.taskId, scope.names);
         if (result === undefined) throw notFound(params.taskId);
         return result;
       }
@@ -208,8 +217,9 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
   });
   server.setRequestHandler("tasks/list", { params: CursorParams }, async (params, ctx) => {
     try {
-      const { tenant, credential } = scopeOf(ctx).principal;
-      const page = await mesh.listTasks(tenant, params?.cursor);
+      const { principal, names } = scopeOf(ctx);
+      const { tenant, credential } = principal;
+      const page = await mesh.listTasks(tenant, params?.cursor, names);
       const tasks = page.tasks.filter((t) => mesh.boundTo(tenant, credential, t.taskId));
       return { ...page, tasks };
     } catch (err) {
@@ -255,7 +265,7 @@ class MeshCalls {
         : requestKey(tenant, scope.mcpSession, clientRequestId(ctx));
     if (served !== undefined) this.mesh.served.set(served, handle);
     try {
-      return toCallToolResult(await handle.result);
+      return toCallToolResult(await handle.result, scope.names);
     } finally {
       ctx.mcpReq.signal.removeEventListener("abort", onAbort);
       if (served !== undefined) this.mesh.served.delete(served);
@@ -270,7 +280,7 @@ class MeshCalls {
     sync: boolean,
   ): ReturnType<MeshView["submit"]> {
     const { tenant } = scope.principal;
-    const { name } = request.params;
+    const name = this.mesh.meshName(request.params.name, scope.names);
     const key = meta[META_IDEMPOTENCY_KEY];
     const timeoutMs = meta[META_TIMEOUT_MS] as number | undefined;
     const id = this.mesh.callId(tenant, {
@@ -319,10 +329,10 @@ class MeshCalls {
     } catch (err) {
       throw asProtocolError(err);
     }
-    const created = await this.mesh.task(tenant, handle.callId);
+    const created = await this.mesh.task(tenant, handle.callId, scope.names);
     if (created !== undefined) return { task: created };
     // Answered without a record (an invalid call): a task that has already failed.
-    const message = await handle.result;
+    const message = shownMessage(await handle.result, scope.names);
     const now = new Date().toISOString();
     return {
       task: {

@@ -7,7 +7,9 @@ import type { CallStore, DatedRecord } from "@toolmesh/call-store";
 import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
+import type { ToolNames } from "./auth.js";
 import { toCallToolResult } from "./results.js";
+import { shownMessage } from "./tool-names.js";
 
 /** `_meta` key of a call's whole budget in ms. */
 export const META_TIMEOUT_MS = "io.toolmesh/timeout_ms";
@@ -83,27 +85,32 @@ export class MeshView {
    */
   async listTools(
     tenant: string,
-    agent: string | undefined,
-    cursor: string | undefined,
+    view: { agent: string | undefined; names: ToolNames; cursor: string | undefined },
   ): Promise<{ tools: Tool[]; nextCursor?: string }> {
+    const { agent, names, cursor } = view;
     const client = this.client(tenant);
     const offset = cursor === undefined ? 0 : decodeCursor(cursor);
-    const catalog: Catalog = await client.catalog(agent === undefined ? {} : { agent });
+    const catalog: Catalog = await client.catalog({
+      ...(names === "mesh" ? {} : { names }),
+      ...(agent === undefined ? {} : { agent }),
+    });
     const page = catalog.tools.slice(offset, offset + PAGE_SIZE);
     const tools: Tool[] = [];
     if (page.length > 0) {
       // describe records what it sent under its session; this one is the gateway's own.
       const session = client.session(`mcp-catalog`);
       try {
+        // With provider-safe names, `name` is what the client is shown and `tool` the mesh name.
+        const meshName = (entry: Catalog["tools"][number]): string => entry.tool ?? entry.name;
         const { schemas } = await session.describe(
-          page.map((t) => t.name),
+          page.map(meshName),
           agent === undefined ? {} : { agent },
         );
         const byName = new Map(schemas.map((s) => [s.tool, s]));
         for (const entry of page) {
-          const schema = byName.get(entry.name);
+          const schema = byName.get(meshName(entry));
           if (schema === undefined) continue; // switched off or removed meanwhile
-          const annotations = this.#o.registry.get(entry.name)?.definition.annotations;
+          const annotations = this.#o.registry.get(meshName(entry))?.definition.annotations;
           tools.push({
             name: entry.name,
             description: schema.description,
@@ -118,6 +125,16 @@ export class MeshView {
     }
     const next = offset + PAGE_SIZE;
     return next < catalog.tools.length ? { tools, nextCursor: encodeCursor(next) } : { tools };
+  }
+
+  /**
+   * The mesh name of the tool a call names. Served provider-safe names, a client calls by the
+   * safe name, which the registry maps back; a name it does not know goes to the mesh as it is
+   * (answered `unknown_tool`).
+   */
+  meshName(name: string, names: ToolNames): string {
+    if (names === "mesh") return name;
+    return this.#o.registry.toolOfSafeName(name) ?? name;
   }
 
   /** The mesh id of a call: from the caller's idempotency key, else from the MCP request. */
@@ -225,17 +242,21 @@ export class MeshView {
     });
   }
 
-  /** The MCP task of a gateway call; undefined when the tenant has no such call. */
-  async task(tenant: string, id: string): Promise<Task | undefined> {
+  /**
+   * The MCP task of a gateway call, its status message naming tools as `names` says; undefined
+   * when the tenant has no such call.
+   */
+  async task(tenant: string, id: string, names: ToolNames): Promise<Task | undefined> {
     const found = await this.record(tenant, id);
     if (found === undefined) return undefined;
-    return this.#toTask(id, found);
+    return this.#toTask(id, found, names);
   }
 
   /** The tenant's gateway tasks, newest keys last, a page at a time. */
   async listTasks(
     tenant: string,
     cursor: string | undefined,
+    names: ToolNames,
   ): Promise<{ tasks: Task[]; nextCursor?: string }> {
     const address = this.#o.subjects.address(tenant, "x");
     const keys = (await this.#o.calls.callsOf(address.tenant))
@@ -245,23 +266,28 @@ export class MeshView {
     const offset = cursor === undefined ? 0 : decodeCursor(cursor);
     const tasks: Task[] = [];
     for (const id of keys.slice(offset, offset + PAGE_SIZE)) {
-      const task = await this.task(tenant, id);
+      const task = await this.task(tenant, id, names);
       if (task !== undefined) tasks.push(task);
     }
     const next = offset + PAGE_SIZE;
     return next < keys.length ? { tasks, nextCursor: encodeCursor(next) } : { tasks };
   }
 
-  /** The tool result of an ended gateway call. */
-  async taskResult(tenant: string, id: string): Promise<CallToolResult | undefined> {
+  /** The tool result of an ended gateway call, naming tools as `names` says. */
+  async taskResult(
+    tenant: string,
+    id: string,
+    names: ToolNames,
+  ): Promise<CallToolResult | undefined> {
     const found = await this.record(tenant, id);
     if (found?.record.result === undefined) return undefined;
-    return toCallToolResult(found.record.result);
+    return toCallToolResult(found.record.result, names);
   }
 
-  #toTask(id: string, found: DatedRecord): Task {
+  #toTask(id: string, found: DatedRecord, names: ToolNames): Task {
     const { record } = found;
-    const result: ToolMessage | undefined = record.result;
+    const result: ToolMessage | undefined =
+      record.result === undefined ? undefined : shownMessage(record.result, names);
     // A call waiting for a person (a paused mesh call) is to show `input_required` here, its
     // answer taken by `tasks/update` (mcp-server.ts); no mesh call pauses for input yet.
     let status: Task["status"] = "working";

@@ -1,14 +1,18 @@
 import type { CallToolResult } from "@modelcontextprotocol/server";
 import type { ToolMessage, WireError } from "@toolmesh/protocol";
 import { ErrorCode } from "@toolmesh/protocol";
+import type { ToolNames } from "./auth.js";
+import { shownMessage } from "./tool-names.js";
 
 /**
  * A mesh call's final message as an MCP tool result. A typed error is an `isError` result whose
  * `structuredContent` holds `code`, `message`, `retryable` and `details`; for
  * `missing_arguments` the text also names what is missing and carries the tool's full schema,
- * so a model that reads only text can call again.
+ * so a model that reads only text can call again. Tool names in it are the ones the client is
+ * served (`names`).
  */
-export function toCallToolResult(message: ToolMessage): CallToolResult {
+export function toCallToolResult(final: ToolMessage, names: ToolNames): CallToolResult {
+  const message = shownMessage(final, names);
   if (message.error === undefined) {
     return { content: [{ type: "text", text: message.content }] };
   }
