@@ -57,7 +57,10 @@ async function unacknowledgedCalls(): Promise<number> {
   const res = await fetch(`${server.monitorUrl}/jsz?accounts=true&consumers=true`);
   const jsz = (await res.json()) as {
     account_details?: {
-      stream_detail?: { name: string; consumer_detail?: { name: string; num_ack_pending: number }[] }[];
+      stream_detail?: {
+        name: string;
+        consumer_detail?: { name: string; num_ack_pending: number }[];
+      }[];
     }[];
   };
   const consumers = (jsz.account_details ?? []).flatMap((a) =>
