@@ -118,12 +118,12 @@ async function phase(mesh, label, flood) {
   };
 }
 
-/** `window` undefined: `auto` (each tool's window its announced capacity). */
+/** `window` undefined: defaults (fair share on, each tool's window its announced capacity). */
 async function scenario(window, root) {
   const mesh = await startMesh({
     name: `fair-${window ?? "default"}`,
     concurrency: CONCURRENCY,
-    env: { TOOLMESH_FAIR_SHARE_WINDOW: window === undefined ? "auto" : String(window) },
+    env: window === undefined ? {} : { TOOLMESH_FAIR_SHARE_WINDOW: String(window) },
     ...(root === undefined ? {} : { root }),
   });
   try {

@@ -41,14 +41,7 @@ beforeAll(async () => {
   ({ server, mesh, rogue, globexNc } = await startRogueAndVictim(subjects));
   registry = await ToolRegistry.open(mesh, { subjects, log });
   const tracer = initTelemetry({ serviceName: "test", env: {} }).tracer;
-  resolver = await startResolver({
-    nc: mesh,
-    subjects,
-    registry,
-    log,
-    tracer,
-    fairShareWindow: "auto",
-  });
+  resolver = await startResolver({ nc: mesh, subjects, registry, log, tracer });
   capacity = new ToolCapacity({
     nc: mesh,
     subjects,

@@ -10,7 +10,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
-// With the window derived (TOOLMESH_FAIR_SHARE_WINDOW=auto): one executor runs 4 calls at once and announces it; the
+// With defaults (no window set): one executor runs 4 calls at once and announces it; the
 // resolvers hold calls beyond that window of 4 outstanding and hand them on in round-robin order
 // among tenants.
 
@@ -27,7 +27,6 @@ beforeAll(async () => {
     TOOLMESH_TOOLS_DIR: fixtureTools("tools-c"),
     // Twice the default: on a loaded machine a tenant's next call may reach the resolver more
     // than the default second after its last call ended, and the kept slot would be gone.
-    TOOLMESH_FAIR_SHARE_WINDOW: "auto",
     TOOLMESH_FAIR_SHARE_IDLE_MS: "2000",
     TOOLMESH_ACK_WAIT_MS: "2000",
     TOOLMESH_LOG_LEVEL: "debug",

@@ -52,6 +52,25 @@ async function reconnected(...names: string[]): Promise<void> {
     .toBe(true);
 }
 
+/** Calls delivered to the resolvers and not acknowledged: being routed, or held. */
+async function unacknowledgedCalls(): Promise<number> {
+  const res = await fetch(`${server.monitorUrl}/jsz?accounts=true&consumers=true`);
+  const jsz = (await res.json()) as {
+    account_details?: {
+      stream_detail?: {
+        name: string;
+        consumer_detail?: { name: string; num_ack_pending: number }[];
+      }[];
+    }[];
+  };
+  const consumers = (jsz.account_details ?? []).flatMap((a) =>
+    (a.stream_detail ?? []).flatMap((s) =>
+      s.name === "TOOLMESH_CALLS" ? (s.consumer_detail ?? []) : [],
+    ),
+  );
+  return consumers.find((c) => c.name === "resolver")?.num_ack_pending ?? 0;
+}
+
 function executions(key: string): number {
   const name = encodeURIComponent(key);
   return readdirSync(ledgerDir).includes(name)
@@ -115,6 +134,39 @@ describe("a NATS server killed and restarted", () => {
     expect(repeated.content).toBe(original.content);
     expect(executions("default/restart-2/restart-2/s1")).toBe(1);
   });
+});
+
+describe("calls held for their fair turn and delivered again", () => {
+  it("hands each on once, and leaves no slot of the window taken once they ended", async () => {
+    const session = client.session("held-again");
+    // The ledger mesh's executor runs 16 at once (its announced capacity, the window): 32 wait.
+    const first = Array.from({ length: 48 }, (_, i) =>
+      session.submit(
+        { id: `h${i}`, name: "sleepy", arguments: { ms: 1_000 } },
+        { timeoutMs: 60_000 },
+      ),
+    );
+    // Held calls are deliveries of the calls stream the resolver has not acknowledged.
+    await expect.poll(unacknowledgedCalls, { timeout: 10_000, interval: 20 }).toBeGreaterThan(16);
+    // Its heartbeats stop for longer than the ack wait (1 s), as when its connection is down
+    // while the server is up: the server delivers the held calls again.
+    process.kill(resolver.child.pid as number, "SIGSTOP");
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    process.kill(resolver.child.pid as number, "SIGCONT");
+    const firstResults = await Promise.all(first.map((h) => h.result));
+    expect(firstResults.map((m) => m.error?.code ?? "ok")).toEqual(Array(48).fill("ok"));
+    // A second copy of a held call, handed on after the call ended, would count as running with
+    // no final message to come and keep its slot until its deadline (60 s): these would wait.
+    const later = Array.from({ length: 32 }, (_, i) =>
+      session.submit(
+        { id: `l${i}`, name: "sleepy", arguments: { ms: 100 } },
+        { timeoutMs: 15_000 },
+      ),
+    );
+    const laterResults = await Promise.all(later.map((h) => h.result));
+    session.close();
+    expect(laterResults.map((m) => m.error?.code ?? "ok")).toEqual(Array(32).fill("ok"));
+  }, 90_000);
 });
 
 describe("a NATS server restarted cleanly (SIGTERM) under load", () => {

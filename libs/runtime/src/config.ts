@@ -139,10 +139,10 @@ export const EnvSchema = z.object({
   TOOLMESH_ACK_WAIT_MS: positiveInt.default(Defaults.ackWaitMs),
   TOOLMESH_SESSION_MAX_IN_FLIGHT: positiveInt.default(Defaults.sessionMaxInFlight),
   TOOLMESH_QUOTA_RECONCILE_MS: positiveInt.default(5_000),
-  // Unset: each tool's window is its announced capacity (ADR 0055).
+  // "auto": each tool's window is its announced capacity (ADR 0055).
   TOOLMESH_FAIR_SHARE_WINDOW: z
     .union([z.literal("auto"), z.coerce.number().int().min(0)])
-    .default(0),
+    .default("auto"),
   TOOLMESH_FAIR_SHARE_IDLE_MS: z.coerce.number().int().min(0).default(1_000),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
@@ -223,7 +223,7 @@ export interface RuntimeConfig {
   quotaReconcileMs: number;
   /**
    * Calls of one tool outstanding in the work stream before others are held for a fair turn, for
-   * every tool; 0 = off; undefined = each tool's capacity as its executors announce it.
+   * every tool; 0 = off; `"auto"` (the default) = each tool's capacity as its executors announce it.
    */
   fairShareWindow: number | "auto";
   /** How long after its last call of a tool a tenant keeps slots of the fair-share window free, in ms; 0 = none. */

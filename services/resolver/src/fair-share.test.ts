@@ -223,6 +223,30 @@ describe("held calls handed on as the window frees", () => {
     expect(m.dispatched).toEqual(["b.s.0"]);
   });
 
+  it("hands a held call on once when the server delivers it again while it waits", async () => {
+    const m = mesh({ window: 1, idleMs: 0 });
+    expect(await m.call("a", 0)).toBe("started");
+    expect(await m.call("b", 0)).toBe("held");
+    // Its heartbeats were lost in a server restart: the server delivers the call again, and the
+    // resolver holds the new delivery.
+    expect(await m.share.busy(TOOL, "b")).toBe(true);
+    const again = heldCall("b.s.0", "b", Date.now() + 60_000, () => {
+      m.running.add("b.s.0");
+      m.dispatched.push("b.s.0 again");
+    });
+    m.share.hold(TOOL, again);
+    expect(m.share.held).toBe(1);
+    m.end("a", 0);
+    await until(() => m.dispatched.length === 1);
+    // The newest delivery goes on, the one the server now waits for.
+    expect(m.dispatched).toEqual(["b.s.0 again"]);
+    m.end("b", 0);
+    await settle();
+    expect(m.dispatched).toEqual(["b.s.0 again"]);
+    // Its slot is free once it ended: no phantom copy holds it until the call's deadline.
+    expect(await m.call("c", 0)).toBe("started");
+  });
+
   it("shares the slots by weight", async () => {
     const m = mesh({ window: 3, idleMs: 0, weightOf: (t) => (t === "heavy" ? 2 : 1) });
     for (let n = 0; n < 3; n++) expect(await m.call("x", n)).toBe("started");

@@ -283,12 +283,19 @@ export class FairShare {
     this.#started.set(call.id, { tool, call });
   }
 
-  /** Holds a call for its turn at `tool`. */
+  /**
+   * Holds a call for its turn at `tool`. A call held already (the server delivered it again: its
+   * heartbeats were lost, as in a server restart) is held once, as its newest delivery, the one
+   * the server now waits for: a second copy would be handed on after the first ended, counted as
+   * running with no final message to come, and keep a slot of the window until its deadline.
+   */
   hold(tool: string, call: HeldCall): void {
     if (this.#stopped) {
       call.msg.nak(500);
       return;
     }
+    const earlier = this.#held.get(call.id);
+    if (earlier !== undefined) this.#tools.get(earlier.tool)?.remove(earlier.call);
     const queue = this.#tools.get(tool) ?? this.#queue(tool);
     queue.push(call);
     this.#demand(queue, call.tenant, this.#seen(queue, call.tenant));

@@ -79,8 +79,8 @@ export interface ResolverOptions {
   replicas?: number;
   /**
    * Calls of one tool outstanding in the work stream (waiting or running) before further calls
-   * are held for a fair turn among tenants, for every tool; `"auto"`: each tool's capacity as its
-   * executors announce it (ADR 0055). Default 0: fair share off.
+   * are held for a fair turn among tenants, for every tool; 0 turns fair share off. Default
+   * `"auto"`: each tool's capacity as its executors announce it (ADR 0055).
    */
   fairShareWindow?: number | "auto" | undefined;
   /**
@@ -249,7 +249,7 @@ async function openAdmission(
           log,
         });
 
-  const fairShareWindow = options.fairShareWindow ?? 0;
+  const fairShareWindow = options.fairShareWindow ?? "auto";
   const capacity =
     fairShareWindow !== "auto"
       ? undefined
