@@ -78,6 +78,8 @@ export type {
   ToolMessage,
   ToolSchema,
 } from "./envelopes.js";
+export { ActorSchema, CallerIdentitySchema, GATEWAY_KEY_ISSUER } from "./identity.js";
+export type { Actor, CallerIdentity } from "./identity.js";
 export {
   RetryPolicySchema,
   ToolDefinitionSchema,

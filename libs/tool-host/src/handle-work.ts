@@ -446,6 +446,7 @@ async function runAttempt(
     sessionId: call.session_id,
     tool: call.tool,
     attempt,
+    ...(call.identity === undefined ? {} : { identity: call.identity }),
     context: { ...deps.toolkitContext, ...call.agent_context, ...call.context },
     signal: controller.signal,
     deadlineAt: call.deadline_at + clock.offsetMs,

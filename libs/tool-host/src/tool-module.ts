@@ -1,5 +1,6 @@
 import { z } from "zod";
 import type { Logger } from "@toolmesh/telemetry";
+import type { CallerIdentity } from "@toolmesh/protocol";
 import { ErrorCode, RetryPolicySchema, ToolKindSchema, ToolmeshError } from "@toolmesh/protocol";
 
 /** What a handler receives besides its arguments. */
@@ -16,6 +17,11 @@ export interface ToolContext {
   readonly tool: string;
   /** Delivery attempt, counting from 1. */
   readonly attempt: number;
+  /**
+   * Who the call acts for (issuer, subject, tenant, actor chain), as the gateway verified it or
+   * the tenant's frontend stated it; absent for calls submitted without one.
+   */
+  readonly identity?: CallerIdentity;
   /** Merged execution context: call-level over agent-level over toolkit-level. */
   readonly context: Readonly<Record<string, unknown>>;
   /** Aborted when the attempt times out, the deadline passes or the call is cancelled. */
