@@ -82,6 +82,7 @@ export { ActorSchema, CallerIdentitySchema, GATEWAY_KEY_ISSUER } from "./identit
 export type { Actor, CallerIdentity } from "./identity.js";
 export {
   RetryPolicySchema,
+  ToolCredentialsSchema,
   ToolDefinitionSchema,
   ToolKindSchema,
   modelParameters,
@@ -90,6 +91,7 @@ export {
 } from "./tool-definition.js";
 export type {
   RetryPolicy,
+  ToolCredentials,
   ToolDefinition,
   ToolDefinitionInput,
   ToolKind,
