@@ -9,7 +9,7 @@ import { Kvm } from "@nats-io/kv";
 import { MESH_ACCOUNT, renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/nats";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
-import { createSubjects } from "@toolmesh/protocol";
+import { ErrorCode, createSubjects } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
@@ -468,6 +468,25 @@ describe("tenants in their own accounts, attacked", () => {
     // The bodiless form still answers its own result.
     const mine = await acme.nc.request(own, "", { timeout: 2000 });
     expect(mine.string()).toContain("acme-own");
+  });
+
+  it("a tenant's frontend names its own users only: another tenant's are refused", async () => {
+    const globex = await legitimateCall("frontend-globex", "globex", "g4", "own");
+    const session = globex.client.session("g4");
+    const own = await session.submit(
+      { name: "echo", arguments: { text: "as carol" } },
+      { identity: { issuer: "https://idp.globex.test/", subject: "carol", tenant: "globex" } },
+    ).result;
+    expect(own.content).toBe("as carol");
+    // Claiming acme's user from globex's account: the subject's tenant is globex's, whatever
+    // the body says, and the resolver refuses the claim before anything runs.
+    const claimed = await session.submit(
+      { name: "echo", arguments: { text: "as acme's alice" } },
+      { identity: { issuer: "https://idp.acme.test/", subject: "alice", tenant: "acme" } },
+    ).result;
+    expect(claimed.error?.code).toBe(ErrorCode.PermissionDenied);
+    expect(claimed.error?.details).toEqual({ identity_tenant: "acme" });
+    session.close();
   });
 
   it("no principal of a tenant sees another tenant's sessions or the mesh's inboxes", async () => {

@@ -30,3 +30,23 @@ export async function runCli(args: string[], env: Record<string, string>): Promi
     };
   }
 }
+
+/** Runs `toolmesh <args>` with `input` on its stdin; never rejects. */
+export function runCliWithInput(
+  args: string[],
+  env: Record<string, string>,
+  input: string,
+): Promise<CliOutcome> {
+  return new Promise((resolve) => {
+    const child = execFile(
+      process.execPath,
+      [BIN, ...args],
+      { env: { PATH: process.env.PATH ?? "", ...env }, timeout: 60_000 },
+      (err, stdout, stderr) => {
+        const code = (err as { code?: unknown } | null)?.code;
+        resolve({ code: err === null ? 0 : typeof code === "number" ? code : -1, stdout, stderr });
+      },
+    );
+    child.stdin?.end(input);
+  });
+}

@@ -6,6 +6,7 @@ import type {
   CancelReply,
   CancelRequest,
   CallRequest,
+  CallerIdentity,
   CatalogReply,
   CatalogRequest,
   GroupState,
@@ -114,6 +115,11 @@ export interface SubmitOptions {
   /** Agent-level execution context. */
   agentContext?: Record<string, unknown>;
   agent?: string;
+  /**
+   * Who the call acts for. The resolver refuses (`permission_denied`) an identity whose tenant
+   * is not the tenant the call is submitted in. Never put a token here.
+   */
+  identity?: CallerIdentity;
   /** Params connected by a workflow edge. */
   edgeParams?: string[];
 }
@@ -380,6 +386,7 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
     ...(options.context === undefined ? {} : { context: options.context }),
     ...(options.agentContext === undefined ? {} : { agent_context: options.agentContext }),
     ...(options.agent === undefined ? {} : { agent: options.agent }),
+    ...(options.identity === undefined ? {} : { identity: options.identity }),
     ...(options.timeoutMs === undefined ? {} : { timeout_ms: options.timeoutMs }),
     ...(options.edgeParams === undefined ? {} : { edge_params: options.edgeParams }),
     ...(options.attemptTimeoutMs === undefined

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { WireErrorSchema } from "./errors.js";
+import { CallerIdentitySchema } from "./identity.js";
 
 /** Longest tool name accepted, in characters. */
 export const MAX_TOOL_NAME_LENGTH = 128;
@@ -42,6 +43,9 @@ export const CallRequestSchema = z
       "Agent-level execution context; wins over the executor's toolkit context.",
     ),
     agent: Id.optional().describe("The agent this call is made for."),
+    identity: CallerIdentitySchema.optional().describe(
+      "Who the call acts for; its tenant must be the tenant the call is submitted in.",
+    ),
     timeout_ms: z
       .number()
       .int()
@@ -123,6 +127,7 @@ export const ResolvedCallSchema = z
     context: JsonObject,
     agent_context: JsonObject,
     agent: Id.optional(),
+    identity: CallerIdentitySchema.optional().describe("Who the call acts for, as submitted."),
     timeout_ms: z.number().int().positive().describe("The call's total budget, in ms."),
     attempt_timeout_ms: z
       .number()

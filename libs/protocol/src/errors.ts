@@ -51,6 +51,12 @@ export const ErrorCode = {
    * message answers the new id.
    */
   IdempotencyInFlight: "idempotency_in_flight",
+  /**
+   * The tool acts as the caller and has no credential for them: the call names no user, or the
+   * user registered no secret for the tool (`details.tool`, `details.type`). Authorize, then
+   * submit again.
+   */
+  CredentialRequired: "credential_required",
   /** A bug or an unexpected failure inside toolmesh. */
   Internal: "internal",
 } as const;

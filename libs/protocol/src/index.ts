@@ -78,8 +78,11 @@ export type {
   ToolMessage,
   ToolSchema,
 } from "./envelopes.js";
+export { ActorSchema, CallerIdentitySchema, GATEWAY_KEY_ISSUER } from "./identity.js";
+export type { Actor, CallerIdentity } from "./identity.js";
 export {
   RetryPolicySchema,
+  ToolCredentialsSchema,
   ToolDefinitionSchema,
   ToolKindSchema,
   modelParameters,
@@ -88,6 +91,7 @@ export {
 } from "./tool-definition.js";
 export type {
   RetryPolicy,
+  ToolCredentials,
   ToolDefinition,
   ToolDefinitionInput,
   ToolKind,

@@ -285,6 +285,13 @@ export interface Subjects {
   readonly quotasBucket: string;
   /** KV bucket holding what each quota scope uses (calls in flight, tokens, the day's count); same keys. */
   readonly quotaUsageBucket: string;
+  /**
+   * KV bucket holding users' secrets for tools, sealed (AES-256-GCM); keys from
+   * {@link Subjects.userSecretKey}.
+   */
+  readonly userSecretsBucket: string;
+  /** Key of one user's secret for one tool: `{tenant}.{subject}.{tool}`, each a subject token. */
+  userSecretKey(tenant: string, subject: string, tool: string): string;
   /** KV bucket holding the Cedar policy sets: key `operator`, or `tenant.{tenant}` (docs/policy.md). */
   readonly policiesBucket: string;
   /**
@@ -499,6 +506,9 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     toolApprovalsBucket: `${bucketStem}_tool_approvals`,
     quotasBucket: `${bucketStem}_quotas`,
     quotaUsageBucket: `${bucketStem}_quota_usage`,
+    userSecretsBucket: `${bucketStem}_user_secrets`,
+    userSecretKey: (tenant, subject, tool) =>
+      `${subjectToken(tenant)}.${subjectToken(subject)}.${subjectToken(tool)}`,
     policiesBucket: `${bucketStem}_policies`,
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
     allSessionPolicies: "*.*.policy",

@@ -17,6 +17,27 @@ export const RetryPolicySchema = z.object({
 /** Temporal-style retry policy of a tool. */
 export type RetryPolicy = z.infer<typeof RetryPolicySchema>;
 
+/**
+ * What a tool acts with downstream: `service` (the tool's own configured credential, the same
+ * for every caller), `user-secret` (a secret the calling user registered for the tool with
+ * `toolmesh secrets set`), or `token-exchange` (an RFC 8693 token for `audience` issued for the
+ * calling user). Never holds a secret itself.
+ */
+export const ToolCredentialsSchema = z
+  .discriminatedUnion("type", [
+    z.strictObject({ type: z.literal("service") }),
+    z.strictObject({ type: z.literal("user-secret") }),
+    z.strictObject({
+      type: z.literal("token-exchange"),
+      audience: z.string().min(1).describe("The downstream API the token is for."),
+      scopes: z.array(z.string().min(1)).default([]),
+    }),
+  ])
+  .meta({ id: "ToolCredentials", description: "What a tool acts with downstream." });
+
+/** What a tool acts with downstream. */
+export type ToolCredentials = z.infer<typeof ToolCredentialsSchema>;
+
 /** What kind of worker serves a tool. */
 export const ToolKindSchema = z.enum(["builtin", "native", "mcp"]);
 
@@ -69,6 +90,9 @@ export const ToolDefinitionSchema = z
     retry: RetryPolicySchema.prefault({}),
     annotations: z.record(z.string(), z.unknown()).optional(),
     origin: z.record(z.string(), z.unknown()).optional(),
+    credentials: ToolCredentialsSchema.optional().describe(
+      "What the tool acts with downstream; absent: nothing the mesh provides.",
+    ),
   })
   .meta({ id: "ToolDefinition", description: "A tool as stored in the registry." });
 

@@ -22,6 +22,7 @@ import {
   ToolCallSchema,
   ToolMessageSchema,
 } from "./envelopes.js";
+import { CallerIdentitySchema } from "./identity.js";
 import { QuotaSchema } from "./quotas.js";
 import {
   CallRecordSchema,
@@ -45,6 +46,7 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "tool-call": ToolCallSchema,
   "call-request": CallRequestSchema,
   "resolved-call": ResolvedCallSchema,
+  "caller-identity": CallerIdentitySchema,
   "tool-message": ToolMessageSchema,
   rejection: RejectionSchema,
   "abort-message": AbortMessageSchema,

@@ -122,6 +122,7 @@ export const EnvSchema = z.object({
   TOOLMESH_LOG_LEVEL: z.enum(LOG_LEVELS).default("info"),
   TOOLMESH_TOOLS_DIR: z.string().min(1).default("tools/builtin"),
   TOOLMESH_PRESETS_FILE: z.string().min(1).optional(),
+  TOOLMESH_SECRET_KEYS: z.string().min(1).optional(),
   TOOLMESH_TOOLKIT_CONTEXT: jsonObject.optional(),
   TOOLMESH_EXECUTOR_OWNER: z.string().min(1).default("executor"),
   TOOLMESH_OWNER: z
@@ -198,6 +199,11 @@ export interface RuntimeConfig {
   logLevel: (typeof LOG_LEVELS)[number];
   toolsDir: string;
   presetsFile?: string;
+  /**
+   * The keys sealing users' secrets (`TOOLMESH_SECRET_KEYS`): `kid:base64key,…`, the first one
+   * current. Parsed by the executor and the CLI.
+   */
+  secretKeys?: string;
   toolkitContext: Record<string, unknown>;
   executorOwner: string;
   /**
@@ -326,6 +332,7 @@ export function loadConfig(
     logLevel: e.TOOLMESH_LOG_LEVEL,
     toolsDir: e.TOOLMESH_TOOLS_DIR,
     ...(e.TOOLMESH_PRESETS_FILE === undefined ? {} : { presetsFile: e.TOOLMESH_PRESETS_FILE }),
+    ...(e.TOOLMESH_SECRET_KEYS === undefined ? {} : { secretKeys: e.TOOLMESH_SECRET_KEYS }),
     toolkitContext: e.TOOLMESH_TOOLKIT_CONTEXT ?? {},
     executorOwner: e.TOOLMESH_EXECUTOR_OWNER,
     ...(e.TOOLMESH_OWNER === undefined ? {} : { owner: e.TOOLMESH_OWNER }),

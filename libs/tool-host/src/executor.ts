@@ -1,4 +1,6 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import { UserSecretStore } from "./user-secrets.js";
+import type { SecretBox } from "./user-secrets.js";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import pRetry from "p-retry";
@@ -64,6 +66,11 @@ export interface ExecutorOptions {
   toolkitContext?: Record<string, unknown>;
   /** Preset values by tool name from configuration; win over the module's own presets. */
   presets?: Record<string, Record<string, unknown>>;
+  /**
+   * Opens users' secrets for tools whose `credentials` are `user-secret`; the executor refuses
+   * to start with such a tool and none.
+   */
+  secretBox?: SecretBox;
   streamLimits?: StreamLimits;
   /**
    * How long a delivered call stays owned without a sign of life, in ms; heartbeats keep
@@ -117,6 +124,7 @@ export function toolDefinitionOf(module: ToolModule, owner: string): ToolDefinit
     progress: module.progress === true,
     ...(module.annotations === undefined ? {} : { annotations: module.annotations }),
     ...(module.origin === undefined ? {} : { origin: module.origin }),
+    ...(module.credentials === undefined ? {} : { credentials: module.credentials }),
     owner,
     ...(module.timeoutMs === undefined ? {} : { timeout_ms: module.timeoutMs }),
     ...(module.retry === undefined ? {} : { retry: module.retry }),
@@ -171,6 +179,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     inHand: new Map(),
     shutdown: new AbortController(),
     freshWork: new FreshWork(),
+    userSecrets: await userSecretsFor(options),
   };
   const { running } = deps;
   const stopObservingQueues = metrics.observeQueues(() =>
@@ -475,4 +484,22 @@ async function registerTool(
       "tool name already registered by another owner; registration refused",
     );
   return false; // inside the mesh the registry has logged the warning
+}
+
+/**
+ * The store of users' secrets when a tool needs them. Tools acting with a token exchange are
+ * refused: this executor cannot obtain such tokens.
+ */
+async function userSecretsFor(options: ExecutorOptions): Promise<UserSecretStore | undefined> {
+  const types = new Set(options.tools.map((t) => t.credentials?.type));
+  if (types.has("token-exchange"))
+    throw new Error(
+      "a tool declares credentials of type token-exchange, which this executor cannot obtain; use user-secret or service",
+    );
+  if (!types.has("user-secret")) return undefined;
+  if (options.secretBox === undefined)
+    throw new Error(
+      "a tool declares credentials of type user-secret: set TOOLMESH_SECRET_KEYS to the keys that seal users' secrets",
+    );
+  return UserSecretStore.open(options.nc, options.subjects, options.secretBox);
 }

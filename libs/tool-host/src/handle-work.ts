@@ -37,6 +37,7 @@ import {
 import type { ToolContext, ToolModule } from "./tool-module.js";
 import type { AttemptOutcome, AttemptTelemetry } from "./attempt-telemetry.js";
 import type { FreshWork } from "./fresh-work.js";
+import type { UserSecretStore } from "./user-secrets.js";
 
 /** A tool this executor serves: its module, its registry entry and its preset values. */
 export interface ServedTool {
@@ -68,6 +69,8 @@ export interface WorkDeps {
   shutdown: AbortController;
   /** When a first delivery may skip reading its record. */
   freshWork: FreshWork;
+  /** Users' secrets, for tools whose `credentials` are `user-secret`. */
+  userSecrets?: UserSecretStore | undefined;
 }
 
 /** Marks the error of an attempt stopped because its executor is shutting down. */
@@ -419,6 +422,12 @@ async function runAttempt(
   if (remaining <= 0) {
     return { ok: false, error: deadlineError(call) };
   }
+  let credential: string | undefined;
+  try {
+    credential = await credentialOf(deps, tool, call);
+  } catch (err) {
+    return { ok: false, error: ensureError(err) };
+  }
   // The caller may lower the tool's attempt timeout, never raise it.
   const attemptTimeoutMs = Math.min(
     tool.definition.timeout_ms,
@@ -446,6 +455,8 @@ async function runAttempt(
     sessionId: call.session_id,
     tool: call.tool,
     attempt,
+    ...(call.identity === undefined ? {} : { identity: call.identity }),
+    ...(credential === undefined ? {} : { credential }),
     context: { ...deps.toolkitContext, ...call.agent_context, ...call.context },
     signal: controller.signal,
     deadlineAt: call.deadline_at + clock.offsetMs,
@@ -491,6 +502,19 @@ async function runAttempt(
       controller.abort(ATTEMPT_FINISHED);
     }
   }
+}
+
+/** The credential the tool acts with for this call's caller, when it declares one. */
+async function credentialOf(
+  deps: WorkDeps,
+  tool: ServedTool,
+  call: ResolvedCall,
+): Promise<string | undefined> {
+  if (tool.definition.credentials?.type !== "user-secret") return undefined;
+  // startExecutor refuses user-secret tools without a store; this is a bug if it happens.
+  if (deps.userSecrets === undefined)
+    throw new ToolmeshError(ErrorCode.Internal, "no user-secret store in this executor");
+  return deps.userSecrets.secretFor(call.tool, call.identity);
 }
 
 function safeStringify(value: unknown): string {

@@ -1,6 +1,13 @@
 import { z } from "zod";
 import type { Logger } from "@toolmesh/telemetry";
-import { ErrorCode, RetryPolicySchema, ToolKindSchema, ToolmeshError } from "@toolmesh/protocol";
+import type { CallerIdentity } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  RetryPolicySchema,
+  ToolCredentialsSchema,
+  ToolKindSchema,
+  ToolmeshError,
+} from "@toolmesh/protocol";
 
 /** What a handler receives besides its arguments. */
 export interface ToolContext {
@@ -16,6 +23,16 @@ export interface ToolContext {
   readonly tool: string;
   /** Delivery attempt, counting from 1. */
   readonly attempt: number;
+  /**
+   * Who the call acts for (issuer, subject, tenant, actor chain), as the gateway verified it or
+   * the tenant's frontend stated it; absent for calls submitted without one.
+   */
+  readonly identity?: CallerIdentity;
+  /**
+   * The credential the tool acts with for this caller, when its definition declares
+   * `credentials` of type `user-secret`: the secret the user registered. Never log it.
+   */
+  readonly credential?: string;
   /** Merged execution context: call-level over agent-level over toolkit-level. */
   readonly context: Readonly<Record<string, unknown>>;
   /** Aborted when the attempt times out, the deadline passes or the call is cancelled. */
@@ -78,6 +95,11 @@ export const ToolModuleSchema = z.object({
   annotations: z.record(z.string(), z.unknown()).optional(),
   /** Where the tool comes from (server, file, URL). Never secrets. */
   origin: z.record(z.string(), z.unknown()).optional(),
+  /**
+   * What the tool acts with downstream. With `user-secret`, the handler gets the calling
+   * user's secret as `ctx.credential`, and a call without one ends `credential_required`.
+   */
+  credentials: ToolCredentialsSchema.optional(),
 });
 
 /**

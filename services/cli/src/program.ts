@@ -25,6 +25,7 @@ import {
 import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
 import { addPolicyCommands } from "./policy-commands.js";
+import { addSecretsCommands } from "./secrets-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 import { positiveInt } from "./option-values.js";
 
@@ -174,6 +175,7 @@ export function buildProgram(
   addSetupCommand(program, config, run);
   addQuotaCommands(program, () => config(), run);
   addPolicyCommands(program, () => config(), run);
+  addSecretsCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);

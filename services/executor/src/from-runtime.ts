@@ -4,7 +4,7 @@ import { z } from "zod";
 import { Defaults } from "@toolmesh/protocol";
 import type { Runtime } from "@toolmesh/runtime";
 import type { Executor } from "@toolmesh/tool-host";
-import { startExecutor } from "@toolmesh/tool-host";
+import { SecretBox, startExecutor } from "@toolmesh/tool-host";
 import { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
 import { loadToolSources } from "./tool-source.js";
 
@@ -60,6 +60,9 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     maxResultBytes: config.maxResultBytes,
     consumerWaitMs: config.startupTimeoutMs,
     toolkitContext: config.toolkitContext,
+    ...(config.secretKeys === undefined
+      ? {}
+      : { secretBox: SecretBox.fromKeyList(config.secretKeys, "TOOLMESH_SECRET_KEYS") }),
     ...(config.presetsFile === undefined
       ? {}
       : { presets: await loadPresetsFile(config.presetsFile) }),

@@ -6,6 +6,8 @@ import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import type { CatalogRequest } from "@toolmesh/protocol";
 import type { Logger } from "@toolmesh/telemetry";
+import type { Actor, CallerIdentity } from "@toolmesh/protocol";
+import { CallerIdentitySchema, GATEWAY_KEY_ISSUER } from "@toolmesh/protocol";
 import type { GatewayConfig, JwtSettings } from "./config.js";
 import { GatewayConfigError } from "./config.js";
 import { KeysFileWatcher } from "./keys-file-watcher.js";
@@ -28,6 +30,8 @@ export interface Principal {
   readonly names?: ToolNames;
   /** Names the credential for limits and logs (never the secret itself). */
   readonly credential: string;
+  /** Who calls made with the credential act for; absent for keys that name no subject. */
+  readonly identity?: CallerIdentity;
 }
 
 /** Why a request was not let in: 401 (no or bad credential) or 403 (not enough scope). */
@@ -59,6 +63,7 @@ const KeyEntrySchema = z
     agents: z.array(z.string().min(1)).min(1).optional(),
     names: z.enum(TOOL_NAMES).optional(),
     name: z.string().min(1).optional(),
+    subject: z.string().min(1).max(1024).optional(),
   })
   .strict()
   .refine((e) => (e.sha256 === undefined) !== (e.env === undefined), {
@@ -113,6 +118,11 @@ export async function loadKeysFile(
       ...(entry.agents === undefined ? {} : { agents: entry.agents }),
       ...(entry.names === undefined ? {} : { names: entry.names }),
       credential: `key:${entry.name ?? digest.slice(0, 12)}`,
+      ...(entry.subject === undefined
+        ? {}
+        : {
+            identity: { issuer: GATEWAY_KEY_ISSUER, subject: entry.subject, tenant: entry.tenant },
+          }),
     });
   }
   return keys;
@@ -214,12 +224,40 @@ export class Authenticator {
       Array.isArray(agents) && agents.every((a) => typeof a === "string" && a !== "")
         ? (agents as string[])
         : undefined;
+    const identity = identityOf(payload, tenant);
     return {
       tenant,
       ...(agentList === undefined ? {} : { agents: agentList }),
       credential: `jwt:${payload.sub ?? tenant}`,
+      ...(identity === undefined ? {} : { identity }),
     };
   }
+}
+
+/**
+ * The identity a verified JWT vouches for: its issuer and subject in its tenant, and the chain
+ * of services acting for the subject (RFC 8693 `act`, nested, nearest first). No identity
+ * without both `iss` and `sub`. The token itself is not kept.
+ */
+function identityOf(payload: JWTPayload, tenant: string): CallerIdentity | undefined {
+  const { iss, sub } = payload;
+  if (typeof iss !== "string" || iss === "" || typeof sub !== "string" || sub === "")
+    return undefined;
+  const actor: Actor[] = [];
+  let act: unknown = payload.act;
+  while (typeof act === "object" && act !== null && actor.length < 8) {
+    const { sub: actSub, iss: actIss, act: next } = act as Record<string, unknown>;
+    if (typeof actSub !== "string" || actSub === "") break;
+    actor.push({ subject: actSub, ...(typeof actIss === "string" ? { issuer: actIss } : {}) });
+    act = next;
+  }
+  const identity = CallerIdentitySchema.safeParse({
+    issuer: iss,
+    subject: sub,
+    tenant,
+    ...(actor.length === 0 ? {} : { actor }),
+  });
+  return identity.success ? identity.data : undefined;
 }
 
 function scopesOf(payload: JWTPayload): Set<string> {

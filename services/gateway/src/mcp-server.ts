@@ -299,6 +299,7 @@ class MeshCalls {
       name,
       arguments: request.params.arguments ?? {},
       ...(scope.agent === undefined ? {} : { agent: scope.agent }),
+      ...(scope.principal.identity === undefined ? {} : { identity: scope.principal.identity }),
       ...(timeoutMs === undefined ? {} : { timeoutMs }),
       ...(progressToken === undefined
         ? {}

@@ -4,7 +4,7 @@ import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/server";
 import type { Catalog, CallHandle } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { CallStore, DatedRecord } from "@toolmesh/call-store";
-import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
+import type { CallerIdentity, ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { ToolNames } from "./auth.js";
@@ -180,6 +180,8 @@ export class MeshView {
       name: string;
       arguments: Record<string, unknown>;
       agent?: string;
+      /** Who the call acts for: the caller's verified identity. */
+      identity?: CallerIdentity;
       timeoutMs?: number;
       onProgress?: (event: ProgressEvent) => void;
     },
@@ -197,6 +199,7 @@ export class MeshView {
         idempotencyKey: id.id,
         timeoutMs: call.timeoutMs ?? this.#o.defaultTimeoutMs,
         ...(call.agent === undefined ? {} : { agent: call.agent }),
+        ...(call.identity === undefined ? {} : { identity: call.identity }),
       },
     );
     void handle.result.finally(() => session.close());

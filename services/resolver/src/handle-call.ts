@@ -174,6 +174,8 @@ export function resolveRequest(
         { details: { session_id: request.session_id } },
       );
     }
+    const foreign = foreignIdentity(request, address);
+    if (foreign !== undefined) throw foreign;
     validateToolName(name);
     const { access } = options;
     const tool = registry.get(name);
@@ -206,6 +208,21 @@ export function resolveRequest(
   } catch (err) {
     return { ok: false, error: ensureError(err), toolCallId, tool: name, request, argsHash };
   }
+}
+
+/**
+ * A call may act only for a user of the tenant it was submitted in: the subject's tenant token
+ * is fixed by the submitter's NATS account (a tenant's frontends publish only under their own
+ * tenant), so an identity naming another tenant is a claim on someone else's users.
+ */
+function foreignIdentity(request: CallRequest, address: SessionAddress): ToolmeshError | undefined {
+  const identity = request.identity;
+  if (identity === undefined || subjectToken(identity.tenant) === address.tenant) return undefined;
+  return new ToolmeshError(
+    ErrorCode.PermissionDenied,
+    "identity.tenant is not the tenant the call was submitted in: a call may act only for its own tenant's users",
+    { details: { identity_tenant: identity.tenant } },
+  );
 }
 
 function envelopeError(error: z.ZodError): ToolmeshError {

@@ -558,6 +558,7 @@ export function resolveCall(
     tool_revision: tool.revision,
   };
   if (request.agent !== undefined) resolved.agent = request.agent;
+  if (request.identity !== undefined) resolved.identity = request.identity;
   if (request.attempt_timeout_ms !== undefined)
     resolved.attempt_timeout_ms = request.attempt_timeout_ms;
   return resolved;

@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     QUOTA_EXCEEDED = "quota_exceeded"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
+    CREDENTIAL_REQUIRED = "credential_required"
     INTERNAL = "internal"
 
 

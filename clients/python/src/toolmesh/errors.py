@@ -12,6 +12,7 @@ __all__ = [
     "DeadlineExceededError",
     "IdempotencyConflictError",
     "IdempotencyInFlightError",
+    "CredentialRequiredError",
     "InternalError",
     "InvalidArgumentsError",
     "InvalidParametersError",
@@ -214,6 +215,13 @@ class IdempotencyInFlightError(ToolmeshError):
     code = ErrorCode.IDEMPOTENCY_IN_FLIGHT
 
 
+class CredentialRequiredError(ToolmeshError):
+    """The tool acts as the calling user and has no credential for them (``details["tool"]``,
+    ``details["type"]``): the call names no user, or the user registered none for the tool."""
+
+    code = ErrorCode.CREDENTIAL_REQUIRED
+
+
 class InternalError(ToolmeshError):
     """A bug or an unexpected failure inside toolmesh."""
 
@@ -241,6 +249,7 @@ _BY_CODE: dict[str, type[ToolmeshError]] = {
         QuotaExceededError,
         IdempotencyConflictError,
         IdempotencyInFlightError,
+        CredentialRequiredError,
         InternalError,
     )
 }
