@@ -101,6 +101,7 @@ export {
   overloadedMsgId,
   refusedMsgId,
   rejectedMsgId,
+  invalidResultMsgId,
   replayMsgId,
   requeueMsgId,
   resultMsgId,

@@ -28,6 +28,8 @@ import {
 import { CredentialLimits } from "./limits.js";
 import type { CallObserver, RequestScope } from "./mcp-server.js";
 import { cancelRequest, createMcpServer, requestAuthInfo } from "./mcp-server.js";
+import { InputRequired } from "./input-required.js";
+import { MissingArgumentsInput } from "./missing-arguments-input.js";
 import type { MeshView } from "./mesh-view.js";
 import { ExchangeTransport } from "./transport.js";
 
@@ -88,6 +90,7 @@ class GatewayEdge implements GatewayServer {
   readonly #o: GatewayServerOptions;
   readonly #limits: CredentialLimits;
   readonly #legacy: Server;
+  readonly #input: InputRequired;
   readonly #transport = new ExchangeTransport();
   /** The SDK's 2026-07-28 handler of each tenant seen: its `subscriptions/listen` streams. */
   readonly #modern = new Map<string, { handler: McpHttpHandler; stop: () => void }>();
@@ -102,7 +105,20 @@ class GatewayEdge implements GatewayServer {
       ratePerS: config.ratePerS,
       burst: config.rateBurst,
     });
-    this.#legacy = createMcpServer(mesh, version, observe, "legacy");
+    this.#input = new InputRequired({
+      key: config.requestStateKey,
+      ttlMs: config.requestStateTtlMs,
+      sources: [
+        new MissingArgumentsInput(
+          async (tenant, id) => (await mesh.record(tenant, id)) !== undefined,
+        ),
+      ],
+    });
+    if (config.requestStateKey === undefined)
+      options.log.warn(
+        "TOOLMESH_GATEWAY_REQUEST_STATE_KEY is unset: a retry answering input_required is taken only by this replica",
+      );
+    this.#legacy = createMcpServer(mesh, version, observe, "legacy", this.#input);
     // Connecting an in-process transport completes at once; requests wait for nothing.
     void this.#legacy.connect(this.#transport);
     this.http = createServer((req, res) => {
@@ -308,11 +324,15 @@ class GatewayEdge implements GatewayServer {
     const known = this.#modern.get(tenant);
     if (known !== undefined) return known.handler;
     const { config, mesh, version, observe, log } = this.#o;
-    const handler = createMcpHandler(() => createMcpServer(mesh, version, observe, "modern"), {
-      legacy: "reject",
-      maxRequestBodySize: config.maxBodyBytes,
-      onerror: (err) => log.debug({ err }, "2026-07-28 request refused"),
-    });
+    const input = this.#input;
+    const handler = createMcpHandler(
+      () => createMcpServer(mesh, version, observe, "modern", input),
+      {
+        legacy: "reject",
+        maxRequestBodySize: config.maxBodyBytes,
+        onerror: (err) => log.debug({ err }, "2026-07-28 request refused"),
+      },
+    );
     const stop = this.#o.onToolsChanged(tenant, () => handler.notify.toolsChanged());
     this.#modern.set(tenant, { handler, stop });
     return handler;
