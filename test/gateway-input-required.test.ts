@@ -37,7 +37,7 @@ async function modern(
   capabilities: Record<string, unknown> = { elicitation: { form: {} } },
 ): Promise<Wire> {
   const named = params.name ?? params.taskId;
-  const name = typeof named === "string" ? { "mcp-name": named } : {};
+  const name: Record<string, string> = typeof named === "string" ? { "mcp-name": named } : {};
   const response = await fetch(url, {
     method: "POST",
     headers: {
