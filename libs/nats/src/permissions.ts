@@ -390,6 +390,10 @@ export function rolePermissions(
           ...bucketRead(s.callsBucket),
           ...bucketRead(s.groupsBucket),
           ...bucketRead(s.sessionsBucket),
+          // Mesh-wide per-credential limits: the gateway's own keys of the quota usage bucket.
+          `${API}.STREAM.INFO.KV_${s.quotaUsageBucket}`,
+          `${API}.DIRECT.GET.KV_${s.quotaUsageBucket}.$KV.${s.quotaUsageBucket}.gateway.>`,
+          `$KV.${s.quotaUsageBucket}.gateway.>`,
         ),
       );
     case "executor":

@@ -49,6 +49,11 @@ export interface GatewayConfig {
   /** Requests one credential may make at once above the rate. Default 200. */
   rateBurst: number;
   /**
+   * Where the per-credential rate and concurrency are counted: on each replica (`replica`, the
+   * default), or shared by every replica through the quota usage bucket (`mesh`).
+   */
+  limits: "replica" | "mesh";
+  /**
    * The key that signs `requestState` (at least 32 characters, the same on every replica);
    * unset: a random key of this process, so only this replica can take a retry.
    */
@@ -129,6 +134,7 @@ export function loadGatewayConfig(
     maxConcurrent: e.TOOLMESH_GATEWAY_MAX_CONCURRENT,
     ratePerS: e.TOOLMESH_GATEWAY_RATE_PER_S,
     rateBurst: e.TOOLMESH_GATEWAY_RATE_BURST,
+    limits: e.TOOLMESH_GATEWAY_LIMITS,
     ...(e.TOOLMESH_GATEWAY_REQUEST_STATE_KEY === undefined
       ? {}
       : { requestStateKey: e.TOOLMESH_GATEWAY_REQUEST_STATE_KEY }),

@@ -26,6 +26,8 @@ import {
   writeWebResponse,
 } from "./http-util.js";
 import { CredentialLimits } from "./limits.js";
+import type { LimitRefusal } from "./limits.js";
+import type { MeshCredentialLimits } from "./mesh-limits.js";
 import type { CallObserver, RequestScope } from "./mcp-server.js";
 import { cancelRequest, createMcpServer, requestAuthInfo } from "./mcp-server.js";
 import { InputRequired } from "./input-required.js";
@@ -48,6 +50,8 @@ export interface GatewayServerOptions {
   observe: CallObserver;
   /** Subscribes to changes of the tenant's tool list; returns the unsubscribe function. */
   onToolsChanged: (tenant: string, listener: () => void) => () => void;
+  /** Per-credential limits shared by every replica (`TOOLMESH_GATEWAY_LIMITS=mesh`). */
+  meshLimits?: MeshCredentialLimits;
 }
 
 /** The gateway's HTTP server, not yet listening. */
@@ -235,7 +239,7 @@ class GatewayEdge implements GatewayServer {
       }
     }
     if (!this.#acceptable(req, res)) return undefined;
-    const admitted = this.#limits.enter(principal.credential);
+    const admitted = await this.#admit(req, principal);
     if (typeof admitted !== "function") {
       res.setHeader("Retry-After", String(admitted.retryAfterS));
       const message =
@@ -247,6 +251,34 @@ class GatewayEdge implements GatewayServer {
     }
     const scope = { principal, agent, mcpSession: headerOf(req, "mcp-session-id") };
     return { scope, release: admitted };
+  }
+
+  /**
+   * The credential's admission: this replica's limits, then, for a POST with mesh-wide limits,
+   * the limits every replica shares (a stream held open is counted by its replica only).
+   */
+  async #admit(
+    req: IncomingMessage,
+    principal: { tenant: string; credential: string },
+  ): Promise<(() => void) | LimitRefusal> {
+    const local = this.#limits.enter(principal.credential);
+    const shared = this.#o.meshLimits;
+    if (typeof local !== "function" || shared === undefined || req.method !== "POST") return local;
+    let mesh;
+    try {
+      mesh = await shared.enter(principal.tenant, principal.credential);
+    } catch (err) {
+      local();
+      throw err;
+    }
+    if (typeof mesh !== "function") {
+      local();
+      return mesh;
+    }
+    return () => {
+      local();
+      mesh();
+    };
   }
 
   /** The method and media-type checks of Streamable HTTP. */
