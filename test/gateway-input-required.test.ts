@@ -1,4 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { execFile } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import type { CallToolResult } from "@modelcontextprotocol/client";
 import {
@@ -18,6 +22,12 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 // principal's, for another request or already answered.
 
 const MODERN = "2026-07-28";
+const PYTHON_CLIENT = join(
+  dirname(fileURLToPath(import.meta.url)),
+  "fixtures",
+  "gateway",
+  "python-input-required.py",
+);
 const STATE_KEY = "input-required-test-key-0123456789abcdef";
 let server: NatsServerHandle;
 /** Two replicas sharing the key; `short` issues states that expire after a second. */
@@ -279,6 +289,20 @@ describe("a call missing required arguments, to a 2026-07-28 client that takes f
     expect((wrong.result as CallToolResult).structuredContent).toMatchObject({
       code: "invalid_parameters",
     });
+  });
+});
+
+describe("the Python MCP SDK's Client pinned to 2026-07-28", () => {
+  it("fills the form in its elicitation callback and gets the call's result", async () => {
+    const { stdout } = await promisify(execFile)("python3", [PYTHON_CLIENT, a.url, KEYS.acme], {
+      timeout: 60_000,
+    });
+    const out = JSON.parse(stdout) as { asked: unknown[]; isError: boolean; text: string };
+    expect(out.asked).toEqual([
+      { required: ["count"], properties: { count: { type: "integer", minimum: 0 } } },
+    ]);
+    expect(out.isError).toBe(false);
+    expect(JSON.parse(out.text)).toEqual({ args: { name: "py", count: 4, mode: "fast" } });
   });
 });
 

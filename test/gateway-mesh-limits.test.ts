@@ -24,8 +24,13 @@ const MODERN = "2026-07-28";
 let server: NatsServerHandle;
 let proxy: RoundRobinProxy;
 
-/** One 2026-07-28 tools/call through the balancer: the HTTP status. */
-async function call(key: string, name: string, args: Record<string, unknown>): Promise<number> {
+/** One 2026-07-28 request through the balancer: the HTTP status. */
+async function post(
+  key: string,
+  method: string,
+  params: Record<string, unknown>,
+  headers: Record<string, string> = {},
+): Promise<number> {
   const response = await fetch(proxy.url, {
     method: "POST",
     headers: {
@@ -33,16 +38,15 @@ async function call(key: string, name: string, args: Record<string, unknown>): P
       accept: "application/json, text/event-stream",
       "content-type": "application/json",
       "mcp-protocol-version": MODERN,
-      "mcp-method": "tools/call",
-      "mcp-name": name,
+      "mcp-method": method,
+      ...headers,
     },
     body: JSON.stringify({
       jsonrpc: "2.0",
       id: 1,
-      method: "tools/call",
+      method,
       params: {
-        name,
-        arguments: args,
+        ...params,
         _meta: {
           "io.modelcontextprotocol/protocolVersion": MODERN,
           "io.modelcontextprotocol/clientInfo": { name: "limits", version: "1" },
@@ -53,6 +57,11 @@ async function call(key: string, name: string, args: Record<string, unknown>): P
   });
   await response.arrayBuffer();
   return response.status;
+}
+
+/** A tools/call through the balancer: the HTTP status. */
+function call(key: string, name: string, args: Record<string, unknown>): Promise<number> {
+  return post(key, "tools/call", { name, arguments: args }, { "mcp-name": name });
 }
 
 beforeAll(async () => {
@@ -99,11 +108,12 @@ describe("mesh-wide per-credential limits over three replicas", () => {
     const statuses: number[] = [];
     const hitsBefore = new Map(proxy.hits);
     const started = Date.now();
-    // Six callers as fast as they are answered, round-robin over the replicas.
+    // Six callers as fast as they are answered, round-robin over the replicas; every request
+    // counts (server/discover asks the mesh nothing, so the callers outrun the limit).
     await Promise.all(
       Array.from({ length: 6 }, async () => {
         while (Date.now() - started < windowMs)
-          statuses.push(await call(KEYS.acme, "echo", { text: "r" }));
+          statuses.push(await post(KEYS.acme, "server/discover", {}));
       }),
     );
     const elapsedS = (Date.now() - started) / 1_000;
@@ -113,8 +123,9 @@ describe("mesh-wide per-credential limits over three replicas", () => {
     // One bucket: its burst and its refill over the window (per-replica buckets: three times it).
     const allowed = BURST + RATE * elapsedS;
     expect(admitted).toBeLessThanOrEqual(Math.ceil(allowed) + 3);
-    expect(admitted).toBeGreaterThanOrEqual(Math.floor(allowed * 0.6));
-    expect(refused).toBeGreaterThan(0);
+    expect(admitted).toBeGreaterThanOrEqual(BURST);
+    // The callers asked for far more than the limit: what was not admitted was refused with 429.
+    expect(refused).toBeGreaterThan(admitted);
     // Every replica took its share of the requests.
     for (const [port, hits] of proxy.hits)
       expect(hits - (hitsBefore.get(port) ?? 0)).toBeGreaterThan(statuses.length / 6);
