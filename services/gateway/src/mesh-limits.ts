@@ -19,6 +19,13 @@ interface CredentialUsage {
   in_flight: Record<string, number>;
 }
 
+/** One change of a credential's entry: a request admitted or ended. */
+interface Change {
+  kind: "enter" | "leave";
+  id: string;
+  settle: (outcome: LimitRefusal | undefined | Error) => void;
+}
+
 /**
  * Per-credential rate and concurrency limits shared by every gateway replica: one entry per
  * credential in the quota usage bucket (`{p}_quota_usage`, key `gateway.{digest}`), changed only by
@@ -28,6 +35,8 @@ interface CredentialUsage {
 export class MeshCredentialLimits {
   readonly #usage: KV;
   readonly #o: CredentialLimitsOptions & { holdMs: number };
+  /** Changes waiting for the next write of each key (present while a write is under way). */
+  readonly #waiting = new Map<string, Change[]>();
 
   private constructor(usage: KV, options: CredentialLimitsOptions & { holdMs: number }) {
     this.#usage = usage;
@@ -52,22 +61,71 @@ export class MeshCredentialLimits {
   async enter(tenant: string, credential: string): Promise<(() => void) | LimitRefusal> {
     const key = usageKey(tenant, credential);
     const id = randomUUID();
-    let refusal: LimitRefusal | undefined;
-    await this.#modify(key, (usage, now) => {
-      refusal = this.#charge(usage, now, id);
-      return refusal === undefined;
-    });
+    const refusal = await this.#queue(key, { kind: "enter", id });
     if (refusal !== undefined) return refusal;
     let left = false;
     return () => {
       if (left) return;
       left = true;
-      void this.#modify(key, (usage) => {
-        if (usage.in_flight[id] === undefined) return false;
-        delete usage.in_flight[id];
-        return true;
-      }).catch(() => undefined); // counted until its hold ends
+      // Counted until its hold ends if this write never lands.
+      this.#queue(key, { kind: "leave", id }).catch(() => undefined);
     };
+  }
+
+  /**
+   * Queues a change of a credential's entry. While one write of the entry is under way, the
+   * changes that arrive wait and go together in the next: one read and one write admit (or end)
+   * all of them, and a replica races the others with one write at a time.
+   */
+  #queue(key: string, change: Omit<Change, "settle">): Promise<LimitRefusal | undefined> {
+    return new Promise((resolve, reject) => {
+      const waiting = this.#waiting.get(key);
+      const entry: Change = {
+        ...change,
+        settle: (outcome) => (outcome instanceof Error ? reject(outcome) : resolve(outcome)),
+      };
+      if (waiting !== undefined) {
+        waiting.push(entry);
+        return;
+      }
+      this.#waiting.set(key, [entry]);
+      void this.#write(key);
+    });
+  }
+
+  /** Writes the waiting changes of a key, a batch at a time, until none waits. */
+  async #write(key: string): Promise<void> {
+    for (;;) {
+      const batch = this.#waiting.get(key) ?? [];
+      if (batch.length === 0) {
+        this.#waiting.delete(key);
+        return;
+      }
+      this.#waiting.set(key, []);
+      const outcomes: (LimitRefusal | undefined)[] = [];
+      try {
+        await this.#modify(key, (usage, now) => {
+          outcomes.length = 0;
+          let changed = false;
+          for (const change of batch) {
+            if (change.kind === "leave") {
+              changed ||= usage.in_flight[change.id] !== undefined;
+              delete usage.in_flight[change.id];
+              outcomes.push(undefined);
+            } else {
+              const refusal = this.#charge(usage, now, change.id);
+              changed ||= refusal === undefined;
+              outcomes.push(refusal);
+            }
+          }
+          return changed;
+        });
+        batch.forEach((change, i) => change.settle(outcomes[i]));
+      } catch (err) {
+        const error = err instanceof Error ? err : new Error(String(err));
+        for (const change of batch) change.settle(error);
+      }
+    }
   }
 
   /** Takes a token and a slot for `id`; the refusal when there is none. */
