@@ -11,12 +11,14 @@
 // Usage: node bench/gateway-cost.mjs [--compare-root DIR]  (`npm run build` first)
 //   CALLS=3000 calls at 32 in flight and SEQ=300 sequential calls per system, in SLICES=10 turns.
 // --compare-root: another built checkout whose gateway runs as M+gateway-before (and -http-before).
+// --mesh-limits: also a gateway counting per-credential limits mesh-wide (TOOLMESH_GATEWAY_LIMITS=mesh),
+//   driven by the JSON-RPC client in both eras as M+gateway-http-mesh-limits (and -2026).
 import { performance } from "node:perf_hooks";
 import { parseArgs } from "node:util";
 import { cpuSeconds, newHistogram, sequential, summarize } from "./lib/measure.mjs";
 import { payloadOf, startMesh } from "./lib/systems.mjs";
 const { values: flags, positionals } = parseArgs({
-  options: { "compare-root": { type: "string" } },
+  options: { "compare-root": { type: "string" }, "mesh-limits": { type: "boolean" } },
   allowPositionals: true,
 });
 const root = flags["compare-root"] ?? positionals[0];
@@ -27,6 +29,13 @@ const p = payloadOf(1024);
 const mesh = await startMesh({});
 const gateway = await startMesh({ name: "M+gateway", gateway: true });
 const before = root && (await startMesh({ name: "M+gateway-before", gateway: true, root }));
+const meshLimits =
+  flags["mesh-limits"] === true &&
+  (await startMesh({
+    name: "M+gateway-mesh-limits",
+    gateway: true,
+    env: { TOOLMESH_GATEWAY_LIMITS: "mesh" },
+  }));
 const systems = [
   ["M", mesh, mesh.call],
   ["M+gateway", gateway, gateway.call],
@@ -36,6 +45,12 @@ const systems = [
     ? [
         ["M+gateway-2026", gateway, gateway.callModern],
         ["M+gateway-http-2026", gateway, gateway.callHttpModern],
+      ]
+    : []),
+  ...(meshLimits
+    ? [
+        ["M+gateway-http-mesh-limits", meshLimits, meshLimits.callHttp],
+        ["M+gateway-http-2026-mesh-limits", meshLimits, meshLimits.callHttpModern],
       ]
     : []),
   ...(before
@@ -82,5 +97,5 @@ for (const { name, hist, wall, cpu, calls } of systems) {
     JSON.stringify(perCall),
   );
 }
-for (const s of [mesh, gateway, before].filter(Boolean)) await s.stop();
+for (const s of [mesh, gateway, before, meshLimits].filter(Boolean)) await s.stop();
 process.exit(0);

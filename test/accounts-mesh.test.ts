@@ -9,6 +9,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/nats";
 import type { AccountConfigOptions } from "@toolmesh/nats";
 import { ToolmeshClient } from "@toolmesh/client";
+import { MeshCredentialLimits } from "@toolmesh/gateway";
 import { connectNats } from "@toolmesh/nats";
 import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
@@ -279,6 +280,30 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     expect(messages.map((m) => m.content)).toEqual(["gw-1", "gw-2"]);
     expect(await stored()).toBe(before + 2);
     expect(seen).toEqual([]);
+  });
+
+  it("the gateway's user counts its credentials in the quota usage bucket, and touches nothing else of it", async () => {
+    const nc = await connectAs("gateway", { inboxPrefix: subjects.inboxPrefix("gateway") });
+    const seen = violations(nc);
+    const limits = await MeshCredentialLimits.open(nc, subjects, {
+      maxConcurrent: 1,
+      ratePerS: 100,
+      burst: 10,
+      holdMs: 60_000,
+    });
+    const first = await limits.enter("acme", "key-1");
+    expect(typeof first).toBe("function");
+    // Counted mesh-wide: a second request of the credential finds the one slot taken.
+    expect(await limits.enter("acme", "key-1")).toMatchObject({ reason: "concurrency" });
+    (first as () => void)();
+    expect(seen).toEqual([]);
+    // A tenant's quota usage (the resolvers' keys) is neither written nor read by the gateway.
+    await expectPublishRefused(nc, `$KV.${subjects.quotaUsageBucket}.acme`);
+    await expectPublishRefused(
+      nc,
+      `$JS.API.DIRECT.GET.KV_${subjects.quotaUsageBucket}.$KV.${subjects.quotaUsageBucket}.acme`,
+    );
+    await expectPublishRefused(nc, `$JS.API.STREAM.PURGE.KV_${subjects.quotaUsageBucket}`);
   });
 
   it("another tenant's frontend never sees acme's results", async () => {

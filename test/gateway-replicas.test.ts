@@ -85,6 +85,42 @@ async function createTask(c: Client, name: string, args: Record<string, unknown>
   return created.task;
 }
 
+/** A task-augmented 2026-07-28 `tools/call` on the wire, through the balancer. */
+async function createModernTask(
+  name: string,
+  args: Record<string, unknown>,
+): Promise<z.infer<typeof CreateTaskResultSchema>> {
+  const response = await fetch(proxy.url, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${KEYS.acme}`,
+      accept: "application/json, text/event-stream",
+      "content-type": "application/json",
+      "mcp-protocol-version": "2026-07-28",
+      "mcp-method": "tools/call",
+      "mcp-name": name,
+    },
+    body: JSON.stringify({
+      jsonrpc: "2.0",
+      id: 1,
+      method: "tools/call",
+      params: {
+        name,
+        arguments: args,
+        task: {},
+        _meta: {
+          "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
+          "io.modelcontextprotocol/clientCapabilities": {
+            extensions: { "io.modelcontextprotocol/tasks": {} },
+          },
+        },
+      },
+    }),
+  });
+  return CreateTaskResultSchema.parse(((await response.json()) as { result: unknown }).result);
+}
+
 /** Polls a task (through the balancer, so any replica answers) until it reaches `status`. */
 async function waitForTask(
   c: Client,
@@ -230,6 +266,24 @@ describe("tasks", () => {
     expect(result.isError).toBeFalsy();
   }, 60_000);
 
+  it("keeps a 2026-07-28 task across an executor kill, polled on every replica", async () => {
+    const c = await mcpClient(proxy.url, KEYS.acme, {}, "2026-07-28");
+    clients.push(c);
+    const before = await tallyTotal();
+    const { task } = await createModernTask("tally", { ms: 3_000 });
+    await tallyStarted(before + 1);
+    await executor.kill();
+    const hits = new Map(proxy.hits);
+    // Each poll goes to the next replica: every one answers from the call store.
+    for (let i = 0; i < replicas.length; i++)
+      expect((await tasksOf(c).get(task.taskId)).status).toBe("working");
+    for (const [port, n] of proxy.hits) expect(n).toBeGreaterThan(hits.get(port) ?? 0);
+    executor = await startService("executor", env, 60_000);
+    const done = await waitForTask(c, task.taskId, "completed", 40_000);
+    const result = ToolResultSchema.parse((done as { result?: unknown }).result);
+    expect(result.isError).toBeFalsy();
+  }, 60_000);
+
   it("cancels a task in the mesh", async () => {
     const c = await client();
     const before = await tallyTotal();
@@ -246,37 +300,7 @@ describe("tasks", () => {
   it("answers a 2026-07-28 task on any replica across a restart of every replica", async () => {
     const c = await mcpClient(proxy.url, KEYS.acme, {}, "2026-07-28");
     clients.push(c);
-    const response = await fetch(proxy.url, {
-      method: "POST",
-      headers: {
-        authorization: `Bearer ${KEYS.acme}`,
-        accept: "application/json, text/event-stream",
-        "content-type": "application/json",
-        "mcp-protocol-version": "2026-07-28",
-        "mcp-method": "tools/call",
-        "mcp-name": "tally",
-      },
-      body: JSON.stringify({
-        jsonrpc: "2.0",
-        id: 1,
-        method: "tools/call",
-        params: {
-          name: "tally",
-          arguments: { ms: 1_500 },
-          task: {},
-          _meta: {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
-            "io.modelcontextprotocol/clientCapabilities": {
-              extensions: { "io.modelcontextprotocol/tasks": {} },
-            },
-          },
-        },
-      }),
-    });
-    const created = CreateTaskResultSchema.parse(
-      ((await response.json()) as { result: unknown }).result,
-    );
+    const created = await createModernTask("tally", { ms: 1_500 });
     for (let i = 0; i < replicas.length; i++) {
       await replicas[i]?.process.stop();
       await restartReplica(i);

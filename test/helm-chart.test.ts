@@ -234,6 +234,15 @@ describe("what the full values render", () => {
     expect(envOf(byName(manifests, "Deployment", "executor-materials")).TOOLMESH_TOOLS_DIR).toBe(
       "/etc/toolmesh/tools",
     );
+    // Every gateway replica signs requestState with the one key of the named Secret.
+    const gatewayEnv = byName(manifests, "Deployment", "gateway").spec.template.spec.containers[0]
+      .env as { name: string; valueFrom?: unknown }[];
+    expect(gatewayEnv.find((e) => e.name === "TOOLMESH_GATEWAY_REQUEST_STATE_KEY")).toEqual({
+      name: "TOOLMESH_GATEWAY_REQUEST_STATE_KEY",
+      valueFrom: {
+        secretKeyRef: { name: "toolmesh-gateway-request-state", key: "request-state-key" },
+      },
+    });
     expect(byName(manifests, "HorizontalPodAutoscaler", "executor-weather").spec).toMatchObject({
       minReplicas: 2,
       maxReplicas: 8,

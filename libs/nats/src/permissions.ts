@@ -353,7 +353,6 @@ function resolverPermissions({
 
 /** The MCP gateway: submits and follows calls for every tenant it authenticates. */
 function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
-  // The MCP gateway submits and follows calls for every tenant it authenticates.
   return merge(
     serviceBase(s, role),
     sub(`${n.base}.sessions.>`),
@@ -370,6 +369,10 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
       ...bucketRead(s.callsBucket),
       ...bucketRead(s.groupsBucket),
       ...bucketRead(s.sessionsBucket),
+      // Mesh-wide per-credential limits: the gateway's own keys of the quota usage bucket.
+      `${API}.STREAM.INFO.KV_${s.quotaUsageBucket}`,
+      `${API}.DIRECT.GET.KV_${s.quotaUsageBucket}.$KV.${s.quotaUsageBucket}.gateway.>`,
+      `$KV.${s.quotaUsageBucket}.gateway.>`,
     ),
   );
 }

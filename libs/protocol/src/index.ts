@@ -105,6 +105,7 @@ export {
   overloadedMsgId,
   refusedMsgId,
   rejectedMsgId,
+  invalidResultMsgId,
   replayMsgId,
   requeueMsgId,
   resultMsgId,

@@ -29,6 +29,15 @@ export function deliveryResultMsgId(callKey: string, seq: number): string {
   return `${RESULT_PREFIX}${callKey}:${seq}`;
 }
 
+/**
+ * The answer to one submission of an invalid call: `result:{call key}:invalid-{seq}`. Per
+ * submission, so the call's key can be submitted again, corrected (after `missing_arguments`), and
+ * its final message is not taken for this one.
+ */
+export function invalidResultMsgId(callKey: string, seq: number): string {
+  return `${RESULT_PREFIX}${callKey}:invalid-${seq}`;
+}
+
 /** The refusal of one delivery of a call whose session is over its in-flight limit. */
 export function overloadedMsgId(callKey: string, seq: number): string {
   return `overloaded:${callKey}:${seq}`;

@@ -90,6 +90,12 @@ export const GatewayEnvSchema = z.object({
   TOOLMESH_GATEWAY_MAX_CONCURRENT: positiveInt.default(Defaults.gatewayMaxConcurrent),
   TOOLMESH_GATEWAY_RATE_PER_S: z.coerce.number().min(0).default(Defaults.gatewayRatePerS),
   TOOLMESH_GATEWAY_RATE_BURST: positiveInt.default(Defaults.gatewayRateBurst),
+  TOOLMESH_GATEWAY_LIMITS: z.enum(["replica", "mesh"]).default("replica"),
+  TOOLMESH_GATEWAY_REQUEST_STATE_KEY: z
+    .string()
+    .min(32, "must be at least 32 characters (every replica needs the same key)")
+    .optional(),
+  TOOLMESH_GATEWAY_REQUEST_STATE_TTL_MS: positiveInt.min(1_000).default(600_000),
 });
 
 /**

@@ -48,6 +48,18 @@ export interface GatewayConfig {
   ratePerS: number;
   /** Requests one credential may make at once above the rate. Default 200. */
   rateBurst: number;
+  /**
+   * Where the per-credential rate and concurrency are counted: on each replica (`replica`, the
+   * default), or shared by every replica through the quota usage bucket (`mesh`).
+   */
+  limits: "replica" | "mesh";
+  /**
+   * The key that signs `requestState` (at least 32 characters, the same on every replica);
+   * unset: a random key of this process, so only this replica can take a retry.
+   */
+  requestStateKey?: string;
+  /** How long a `requestState` stays valid, in ms. Default 600 000. */
+  requestStateTtlMs: number;
   /** The environment, for `env:` entries of the keys file. */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -122,6 +134,11 @@ export function loadGatewayConfig(
     maxConcurrent: e.TOOLMESH_GATEWAY_MAX_CONCURRENT,
     ratePerS: e.TOOLMESH_GATEWAY_RATE_PER_S,
     rateBurst: e.TOOLMESH_GATEWAY_RATE_BURST,
+    limits: e.TOOLMESH_GATEWAY_LIMITS,
+    ...(e.TOOLMESH_GATEWAY_REQUEST_STATE_KEY === undefined
+      ? {}
+      : { requestStateKey: e.TOOLMESH_GATEWAY_REQUEST_STATE_KEY }),
+    requestStateTtlMs: e.TOOLMESH_GATEWAY_REQUEST_STATE_TTL_MS,
     env,
   };
 }

@@ -8,6 +8,7 @@ import { Authenticator } from "./auth.js";
 import type { GatewayConfig } from "./config.js";
 import type { GatewayServer } from "./gateway.js";
 import { createGatewayServer } from "./gateway.js";
+import { MeshCredentialLimits } from "./mesh-limits.js";
 import { MeshView } from "./mesh-view.js";
 
 /** A running gateway. */
@@ -77,6 +78,17 @@ export async function startGatewayFromRuntime(
     observe: (tenant, tool, outcome, durationMs) =>
       instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
     onToolsChanged: (tenant, listener) => listeners.add(tenant, listener),
+    ...(config.limits === "mesh"
+      ? {
+          meshLimits: await MeshCredentialLimits.open(rt.nc, rt.subjects, {
+            maxConcurrent: config.maxConcurrent,
+            ratePerS: config.ratePerS,
+            burst: config.rateBurst,
+            // A request counts no longer than the longest call it may wait for, and a grace.
+            holdMs: rt.config.defaultTimeoutMs + 30_000,
+          }),
+        }
+      : {}),
   });
   const port = await server.listen();
   rt.readiness.set("gateway", () =>

@@ -26,8 +26,12 @@ import {
   writeWebResponse,
 } from "./http-util.js";
 import { CredentialLimits } from "./limits.js";
+import type { LimitRefusal } from "./limits.js";
+import type { MeshCredentialLimits } from "./mesh-limits.js";
 import type { CallObserver, RequestScope } from "./mcp-server.js";
 import { cancelRequest, createMcpServer, requestAuthInfo } from "./mcp-server.js";
+import { InputRequired } from "./input-required.js";
+import { MissingArgumentsInput } from "./missing-arguments-input.js";
 import type { MeshView } from "./mesh-view.js";
 import { ExchangeTransport } from "./transport.js";
 
@@ -46,6 +50,8 @@ export interface GatewayServerOptions {
   observe: CallObserver;
   /** Subscribes to changes of the tenant's tool list; returns the unsubscribe function. */
   onToolsChanged: (tenant: string, listener: () => void) => () => void;
+  /** Per-credential limits shared by every replica (`TOOLMESH_GATEWAY_LIMITS=mesh`). */
+  meshLimits?: MeshCredentialLimits;
 }
 
 /** The gateway's HTTP server, not yet listening. */
@@ -98,6 +104,7 @@ class GatewayEdge implements GatewayServer {
   readonly #o: GatewayServerOptions;
   readonly #limits: CredentialLimits;
   readonly #legacy: Server;
+  readonly #input: InputRequired;
   readonly #transport = new ExchangeTransport();
   /** The SDK's 2026-07-28 handler of each tenant seen: its `subscriptions/listen` streams. */
   readonly #modern = new Map<string, { handler: McpHttpHandler; stop: () => void }>();
@@ -112,7 +119,20 @@ class GatewayEdge implements GatewayServer {
       ratePerS: config.ratePerS,
       burst: config.rateBurst,
     });
-    this.#legacy = createMcpServer(mesh, version, observe, "legacy");
+    this.#input = new InputRequired({
+      key: config.requestStateKey,
+      ttlMs: config.requestStateTtlMs,
+      sources: [
+        new MissingArgumentsInput(
+          async (tenant, id) => (await mesh.record(tenant, id)) !== undefined,
+        ),
+      ],
+    });
+    if (config.requestStateKey === undefined)
+      options.log.warn(
+        "TOOLMESH_GATEWAY_REQUEST_STATE_KEY is unset: a retry answering input_required is taken only by this replica",
+      );
+    this.#legacy = createMcpServer(mesh, version, observe, "legacy", this.#input);
     // Connecting an in-process transport completes at once; requests wait for nothing.
     void this.#legacy.connect(this.#transport);
     this.http = createServer((req, res) => {
@@ -235,7 +255,7 @@ class GatewayEdge implements GatewayServer {
       return undefined;
     }
     if (!this.#acceptable(req, res)) return undefined;
-    const admitted = this.#limits.enter(principal.credential);
+    const admitted = await this.#admit(req, principal);
     if (typeof admitted !== "function") {
       res.setHeader("Retry-After", String(admitted.retryAfterS));
       const message =
@@ -247,6 +267,34 @@ class GatewayEdge implements GatewayServer {
     }
     const scope = { principal, agent, names, mcpSession: headerOf(req, "mcp-session-id") };
     return { scope, release: admitted };
+  }
+
+  /**
+   * The credential's admission: this replica's limits, then, for a POST with mesh-wide limits,
+   * the limits every replica shares (a stream held open is counted by its replica only).
+   */
+  async #admit(
+    req: IncomingMessage,
+    principal: { tenant: string; credential: string },
+  ): Promise<(() => void) | LimitRefusal> {
+    const local = this.#limits.enter(principal.credential);
+    const shared = this.#o.meshLimits;
+    if (typeof local !== "function" || shared === undefined || req.method !== "POST") return local;
+    let mesh;
+    try {
+      mesh = await shared.enter(principal.tenant, principal.credential);
+    } catch (err) {
+      local();
+      throw err;
+    }
+    if (typeof mesh !== "function") {
+      local();
+      return mesh;
+    }
+    return () => {
+      local();
+      mesh();
+    };
   }
 
   /** The method and media-type checks of Streamable HTTP. */
@@ -324,11 +372,15 @@ class GatewayEdge implements GatewayServer {
     const known = this.#modern.get(tenant);
     if (known !== undefined) return known.handler;
     const { config, mesh, version, observe, log } = this.#o;
-    const handler = createMcpHandler(() => createMcpServer(mesh, version, observe, "modern"), {
-      legacy: "reject",
-      maxRequestBodySize: config.maxBodyBytes,
-      onerror: (err) => log.debug({ err }, "2026-07-28 request refused"),
-    });
+    const input = this.#input;
+    const handler = createMcpHandler(
+      () => createMcpServer(mesh, version, observe, "modern", input),
+      {
+        legacy: "reject",
+        maxRequestBodySize: config.maxBodyBytes,
+        onerror: (err) => log.debug({ err }, "2026-07-28 request refused"),
+      },
+    );
     const stop = this.#o.onToolsChanged(tenant, () => handler.notify.toolsChanged());
     this.#modern.set(tenant, { handler, stop });
     return handler;

@@ -7,6 +7,7 @@ export type { GatewayServer, GatewayServerOptions } from "./gateway.js";
 export { gatewayVersion, startGatewayFromRuntime } from "./from-runtime.js";
 export type { Gateway } from "./from-runtime.js";
 export { CredentialLimits } from "./limits.js";
+export { MeshCredentialLimits } from "./mesh-limits.js";
 export type { CredentialLimitsOptions, LimitRefusal } from "./limits.js";
 export {
   META_IDEMPOTENCY_KEY,

@@ -2,6 +2,7 @@ import type {
   AuthInfo,
   CallToolRequest,
   CallToolResult,
+  InputRequiredResult,
   JSONRPCRequest,
   Notification,
   RequestId,
@@ -14,11 +15,14 @@ import type { ProgressEvent } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { z } from "zod";
 import type { Principal, ToolNames } from "./auth.js";
+import type { InputRequired } from "./input-required.js";
+import type { MeshCallId } from "./mesh-view.js";
 import type { MeshView } from "./mesh-view.js";
 import {
   META_IDEMPOTENCY_KEY,
   META_TIMEOUT_MS,
   TASK_POLL_INTERVAL_MS,
+  asError,
   requestKey,
 } from "./mesh-view.js";
 import { errorResult, toCallToolResult } from "./results.js";
@@ -79,6 +83,13 @@ function clientRequestId(ctx: ServerContext): RequestId {
 }
 
 const TaskIdParams = z.object({ taskId: z.string().min(1) }).loose();
+const TaskUpdateParams = z
+  .object({
+    taskId: z.string().min(1),
+    inputResponses: z.record(z.string(), z.unknown()).optional(),
+    requestState: z.string().optional(),
+  })
+  .loose();
 const CursorParams = z.object({ cursor: z.string().optional() }).loose().optional();
 
 /**
@@ -92,8 +103,9 @@ export function createMcpServer(
   version: string,
   observe: CallObserver,
   era: Era,
+  input: InputRequired,
 ): Server {
-  const calls = new MeshCalls(mesh, observe);
+  const calls = new MeshCalls(mesh, observe, input);
   const server = new MeshServer(
     (request, ctx) => calls.startTask(request, ctx),
     { name: "toolmesh-gateway", version },
@@ -120,7 +132,7 @@ export function createMcpServer(
     }
   });
   server.setRequestHandler("tools/call", (request, ctx) => calls.call(request, ctx));
-  registerTaskHandlers(server, mesh, era);
+  registerTaskHandlers(server, mesh, era, input);
   return server;
 }
 
@@ -161,7 +173,12 @@ function isTaskAugmented(request: JSONRPCRequest): boolean {
  * 2025-11-25 clients keep `tasks/list` and the blocking `tasks/result`; the 2026-07-28 extension
  * has neither, and adds `tasks/update`.
  */
-function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
+function registerTaskHandlers(
+  server: Server,
+  mesh: MeshView,
+  era: Era,
+  input: InputRequired,
+): void {
   const notFound = (id: string): ProtocolError =>
     new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
   /** The task, if the caller's principal may see it (another principal's is not found). */
@@ -191,14 +208,31 @@ function registerTaskHandlers(server: Server, mesh: MeshView, era: Era): void {
     return state === "cancelled" ? { ...task, status: "cancelled" as const } : task;
   });
   if (era === "modern") {
-    server.setRequestHandler("tasks/update", { params: TaskIdParams }, async (params, ctx) => {
+    server.setRequestHandler("tasks/update", { params: TaskUpdateParams }, async (params, ctx) => {
       const task = await visible(ctx, params.taskId);
-      // A call waiting for a person shows `input_required`; its answer is resumed here once the
-      // mesh can pause a call for input. Until then no task awaits input.
-      throw new ProtocolError(
-        ProtocolErrorCode.InvalidParams,
-        `task ${params.taskId} is not waiting for input (status ${task.status})`,
-      );
+      const state = params.requestState ?? ctx.mcpReq.requestState<string>();
+      if (typeof state !== "string")
+        throw new ProtocolError(
+          ProtocolErrorCode.InvalidParams,
+          `task ${params.taskId} is not waiting for input (status ${task.status})`,
+        );
+      try {
+        const { tenant } = scopeOf(ctx).principal;
+        const taken = await input.take(ctx, state, { callId: params.taskId });
+        const responses = params.inputResponses ?? ctx.mcpReq.inputResponses ?? {};
+        const resumption = await taken.source.answer(taken.call, responses);
+        if (resumption.kind === "refused") throw resumption.error;
+        // The task's call goes on under its id: joined by a resubmission, or resumed by the source.
+        if (resumption.kind === "resubmit")
+          mesh.submit(
+            tenant,
+            { id: params.taskId },
+            { name: taken.call.tool, arguments: resumption.arguments },
+          );
+        return await visible(ctx, params.taskId);
+      } catch (err) {
+        throw asProtocolError(err);
+      }
     });
     return;
   }
@@ -233,6 +267,7 @@ class MeshCalls {
   constructor(
     private readonly mesh: MeshView,
     private readonly observe: CallObserver,
+    private readonly input: InputRequired,
   ) {}
 
   /** A task-augmented call: answered with its task once the mesh stored the call. */
@@ -246,13 +281,29 @@ class MeshCalls {
     return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
   }
 
-  /** A synchronous call: answered with the call's result. */
-  async call(request: CallToolRequest, ctx: ServerContext): Promise<CallToolResult> {
+  /**
+   * A synchronous call: answered with the call's result or, to a 2026-07-28 client that takes
+   * forms, with `input_required` when the call lacks something its caller can give. The retry
+   * carrying the answer submits the same call id again.
+   */
+  async call(
+    request: CallToolRequest,
+    ctx: ServerContext,
+  ): Promise<CallToolResult | InputRequiredResult> {
     const scope = scopeOf(ctx);
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
-    const handle = this.#submit(request, ctx, scope, meta, true);
+    let resumed: { id: MeshCallId; arguments: Record<string, unknown> } | undefined;
+    const state = ctx.mcpReq.envelope === undefined ? undefined : ctx.mcpReq.requestState<string>();
+    if (typeof state === "string") {
+      try {
+        resumed = await this.#resume(request, ctx, state);
+      } catch (err) {
+        return errorResult(asError(err).toWire());
+      }
+    }
+    const handle = this.#submit(request, ctx, scope, meta, true, resumed);
 
     const onAbort = (): void => {
       void handle.cancel().catch(() => undefined);
@@ -265,11 +316,36 @@ class MeshCalls {
         : requestKey(tenant, scope.mcpSession, clientRequestId(ctx));
     if (served !== undefined) this.mesh.served.set(served, handle);
     try {
-      return toCallToolResult(await handle.result, scope.names);
+      const message = await handle.result;
+      const asked = await this.input.ask(ctx, {
+        callId: handle.callId,
+        tool: request.params.name,
+        arguments: resumed?.arguments ?? request.params.arguments ?? {},
+        message,
+      });
+      return asked ?? toCallToolResult(message, scope.names);
     } finally {
       ctx.mcpReq.signal.removeEventListener("abort", onAbort);
       if (served !== undefined) this.mesh.served.delete(served);
     }
+  }
+
+  /** The call a retry's `requestState` names and the arguments its answer gives it. */
+  async #resume(
+    request: CallToolRequest,
+    ctx: ServerContext,
+    state: string,
+  ): Promise<{ id: MeshCallId; arguments: Record<string, unknown> }> {
+    const taken = await this.input.take(ctx, state, {
+      tool: request.params.name,
+      arguments: request.params.arguments ?? {},
+    });
+    const resumption = await taken.source.answer(taken.call, ctx.mcpReq.inputResponses ?? {});
+    if (resumption.kind === "refused") throw resumption.error;
+    // A source that resumed the call itself: the same id joins it and answers with its result.
+    if (resumption.kind === "resumed")
+      return { id: { id: taken.call.callId }, arguments: request.params.arguments ?? {} };
+    return { id: { id: taken.call.callId }, arguments: resumption.arguments };
   }
 
   #submit(
@@ -278,18 +354,21 @@ class MeshCalls {
     scope: RequestScope,
     meta: Record<string, unknown>,
     sync: boolean,
+    resumed?: { id: MeshCallId; arguments: Record<string, unknown> },
   ): ReturnType<MeshView["submit"]> {
     const { tenant } = scope.principal;
     const name = this.mesh.meshName(request.params.name, scope.names);
     const key = meta[META_IDEMPOTENCY_KEY];
     const timeoutMs = meta[META_TIMEOUT_MS] as number | undefined;
-    const id = this.mesh.callId(tenant, {
-      credential: scope.principal.credential,
-      ...(typeof key === "string" ? { idempotencyKey: key } : {}),
-      ...(sync && scope.mcpSession !== undefined
-        ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
-        : {}),
-    });
+    const id =
+      resumed?.id ??
+      this.mesh.callId(tenant, {
+        credential: scope.principal.credential,
+        ...(typeof key === "string" ? { idempotencyKey: key } : {}),
+        ...(sync && scope.mcpSession !== undefined
+          ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
+          : {}),
+      });
     const progressToken = sync
       ? (meta.progressToken ?? ctx.mcpReq._meta?.progressToken)
       : undefined;
@@ -297,7 +376,7 @@ class MeshCalls {
     const started = performance.now();
     const handle = this.mesh.submit(tenant, id, {
       name,
-      arguments: request.params.arguments ?? {},
+      arguments: resumed?.arguments ?? request.params.arguments ?? {},
       ...(scope.agent === undefined ? {} : { agent: scope.agent }),
       ...(scope.principal.identity === undefined ? {} : { identity: scope.principal.identity }),
       ...(timeoutMs === undefined ? {} : { timeoutMs }),

@@ -32,6 +32,7 @@ import {
   deliveryResultMsgId,
   missingArgumentsMsgId,
   rejectedMsgId,
+  invalidResultMsgId,
 } from "@toolmesh/protocol";
 import type { RequestKind } from "@toolmesh/nats";
 import {
@@ -721,11 +722,12 @@ export async function answerInvalid(
   await publishFinal(
     subjects.result(address, callId),
     message,
-    resultMsgId(
+    invalidResultMsgId(
       callKey(
         address,
         request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`,
       ),
+      seq,
     ),
   );
 }

@@ -1,0 +1,151 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  KEYS,
+  gatewayAgents,
+  gatewayTools,
+  startGateway,
+  writeKeysFile,
+} from "./helpers/gateway.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import type { RoundRobinProxy } from "./helpers/round-robin-proxy.js";
+import { startRoundRobinProxy } from "./helpers/round-robin-proxy.js";
+
+// Per-credential limits shared by three gateway replicas behind a round-robin balancer
+// (TOOLMESH_GATEWAY_LIMITS=mesh): a credential gets the figures once in all, not once per replica.
+// Counts over a window, with margin; no timing of single requests.
+
+const RATE = 10;
+const BURST = 20;
+const MAX_CONCURRENT = 6;
+const MODERN = "2026-07-28";
+
+let server: NatsServerHandle;
+let proxy: RoundRobinProxy;
+
+/** One 2026-07-28 request through the balancer: the HTTP status. */
+async function post(
+  key: string,
+  method: string,
+  params: Record<string, unknown>,
+  headers: Record<string, string> = {},
+): Promise<number> {
+  const response = await fetch(proxy.url, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${key}`,
+      accept: "application/json, text/event-stream",
+      "content-type": "application/json",
+      "mcp-protocol-version": MODERN,
+      "mcp-method": method,
+      ...headers,
+    },
+    body: JSON.stringify({
+      jsonrpc: "2.0",
+      id: 1,
+      method,
+      params: {
+        ...params,
+        _meta: {
+          "io.modelcontextprotocol/protocolVersion": MODERN,
+          "io.modelcontextprotocol/clientInfo": { name: "limits", version: "1" },
+          "io.modelcontextprotocol/clientCapabilities": {},
+        },
+      },
+    }),
+  });
+  await response.arrayBuffer();
+  return response.status;
+}
+
+/** A tools/call through the balancer: the HTTP status. */
+function call(key: string, name: string, args: Record<string, unknown>): Promise<number> {
+  return post(key, "tools/call", { name, arguments: args }, { "mcp-name": name });
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  const [tools, configs, keys] = await Promise.all([
+    gatewayTools(),
+    gatewayAgents(),
+    writeKeysFile(),
+  ]);
+  const env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: tools,
+    TOOLMESH_CONFIG_DIR: configs,
+    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir: tools }),
+  };
+  const [resolver] = await Promise.all([
+    startService("resolver", env, 60_000),
+    startService("executor", env, 60_000),
+    startService("schema-expander", env, 60_000),
+  ]);
+  await toolAvailable(resolver, "echo", "slow");
+  const gatewayEnv = {
+    ...env,
+    ...keys.env,
+    TOOLMESH_GATEWAY_KEYS_FILE: keys.file,
+    TOOLMESH_GATEWAY_LIMITS: "mesh",
+    TOOLMESH_GATEWAY_RATE_PER_S: String(RATE),
+    TOOLMESH_GATEWAY_RATE_BURST: String(BURST),
+    TOOLMESH_GATEWAY_MAX_CONCURRENT: String(MAX_CONCURRENT),
+  };
+  const replicas = await Promise.all([0, 1, 2].map(() => startGateway(gatewayEnv)));
+  proxy = await startRoundRobinProxy(replicas.map((r) => r.port));
+}, 180_000);
+
+afterAll(async () => {
+  await proxy?.close();
+  await killAllServices();
+  await server?.stop();
+});
+
+describe("mesh-wide per-credential limits over three replicas", () => {
+  it("admits the credential's rate once in all, not once per replica", async () => {
+    const windowMs = 3_000;
+    const statuses: number[] = [];
+    const hitsBefore = new Map(proxy.hits);
+    const started = Date.now();
+    // Two callers as fast as they are answered, round-robin over the replicas; every request
+    // counts (server/discover asks the mesh nothing, so the callers outrun the rate, and stay
+    // below the concurrency).
+    await Promise.all(
+      Array.from({ length: 2 }, async () => {
+        while (Date.now() - started < windowMs)
+          statuses.push(await post(KEYS.acme, "server/discover", {}));
+      }),
+    );
+    const elapsedS = (Date.now() - started) / 1_000;
+    const admitted = statuses.filter((s) => s === 200).length;
+    const refused = statuses.filter((s) => s === 429).length;
+    expect(admitted + refused).toBe(statuses.length);
+    // One bucket: its burst and its refill over the window (per-replica buckets: three times it).
+    const allowed = BURST + RATE * elapsedS;
+    expect(admitted).toBeLessThanOrEqual(Math.ceil(allowed) + 3);
+    expect(admitted).toBeGreaterThanOrEqual(BURST);
+    // The callers asked for far more than the limit: what was not admitted was refused with 429.
+    expect(refused).toBeGreaterThan(admitted);
+    // Every replica took its share of the requests.
+    for (const [port, hits] of proxy.hits)
+      expect(hits - (hitsBefore.get(port) ?? 0)).toBeGreaterThan(statuses.length / 6);
+  }, 30_000);
+
+  it("admits the credential's concurrency once in all", async () => {
+    const statuses = await Promise.all(
+      Array.from({ length: 2 * MAX_CONCURRENT }, () =>
+        call(KEYS.acmeWriter, "slow", { ms: 2_000, value: "c" }),
+      ),
+    );
+    expect(statuses.filter((s) => s === 200)).toHaveLength(MAX_CONCURRENT);
+    expect(statuses.filter((s) => s === 429)).toHaveLength(MAX_CONCURRENT);
+    // Ended requests give their slots back: the next ones are admitted.
+    const after = await Promise.all(
+      Array.from({ length: MAX_CONCURRENT }, () =>
+        call(KEYS.acmeWriter, "slow", { ms: 10, value: "c" }),
+      ),
+    );
+    expect(after).toEqual(Array.from({ length: MAX_CONCURRENT }, () => 200));
+  }, 30_000);
+});
