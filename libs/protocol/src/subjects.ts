@@ -152,6 +152,10 @@ export interface Subjects {
   callsStream(tenant?: string): string;
   /** Whether `stream` is the mesh's calls stream or a tenant's. */
   isCallsStream(stream: string): boolean;
+  /** The audit stream of tenant `tenant` (ADR 0060): `{P}_AUDIT_{tenant}`, in the mesh account. */
+  auditStream(tenant: string): string;
+  /** Where tenant `tenant`'s audit events are written: `{p}.v1.audit.{tenant}`. */
+  audit(tenant: string): string;
   /**
    * Where the resolvers' push consumer of every tenant's calls stream delivers (ADR 0048):
    * `{p}.v1.intake`, read by every resolver in one queue group. One literal subject for every
@@ -410,6 +414,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     callsStream: (tenant) =>
       tenant === undefined ? `${stem}_CALLS` : `${stem}_CALLS_${t(tenant)}`,
     isCallsStream: (stream) => stream === `${stem}_CALLS` || stream.startsWith(`${stem}_CALLS_`),
+    auditStream: (tenant) => `${stem}_AUDIT_${t(tenant)}`,
+    audit: (tenant) => `${base}.audit.${t(tenant)}`,
     intake: `${base}.intake`,
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,

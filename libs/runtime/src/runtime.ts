@@ -65,6 +65,7 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
     storeBytes: config.storeBytes,
     tenantStoreBytes: config.tenantStoreBytes,
     ownerStoreBytes: config.ownerStoreBytes,
+    auditRetentionMs: config.auditRetentionMs,
     maxDeadLetters: config.maxDeadLetters,
     replicas: config.streamReplicas,
     compression: config.streamCompression,
