@@ -2,7 +2,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import { DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { decodeJsonOrUndefined } from "@toolmesh/protocol";
+import { decodeJsonOrUndefined, subjectToken } from "@toolmesh/protocol";
 import type { BrokenLink } from "./chain.js";
 import { ChainVerifier, recordHash } from "./chain.js";
 import type { AuditRecord } from "./events.js";
@@ -29,7 +29,7 @@ export async function* readTrail(
   tenant: string,
   options: ReadTrailOptions = {},
 ): AsyncGenerator<StoredEvent> {
-  const stream = subjects.auditStream(tenant);
+  const stream = subjects.auditStream(subjectToken(tenant));
   const jsm = await jetstreamManager(nc);
   const info = await jsm.streams.info(stream);
   if (info.state.messages === 0 && options.follow !== true) return;
@@ -70,13 +70,13 @@ export async function verifyTrail(
   tenant: string,
   options: { sinceMs?: number | undefined } = {},
 ): Promise<VerifyOutcome> {
-  const verifier = new ChainVerifier(tenant);
+  const verifier = new ChainVerifier(subjectToken(tenant));
   let anchored = options.sinceMs === undefined;
   const jsm = await jetstreamManager(nc);
   for await (const { seq, record } of readTrail(nc, subjects, tenant, options)) {
     if (!anchored) {
       anchored = true;
-      const anchor = await anchorBefore(jsm, subjects.auditStream(tenant), seq);
+      const anchor = await anchorBefore(jsm, subjects.auditStream(subjectToken(tenant)), seq);
       if (anchor !== undefined) verifier.anchor(anchor);
     }
     const broken = verifier.check(seq, record);

@@ -4,7 +4,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, subjectToken } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { isWrongLastSequence } from "@toolmesh/nats";
 import type { ChainTail } from "./chain.js";
 import { sealRecord } from "./chain.js";
@@ -61,7 +61,8 @@ class TenantChain {
  * event carries the hash of the tenant's previous event and is written with the expected last
  * sequence, so writers in many processes keep one order (a writer that loses the race reads the
  * tail again and retries). Events of a tenant are written in the order they were recorded; a
- * failed write is retried with backoff until it passes, never dropped.
+ * failed write is retried with backoff until it passes, never dropped. Tenants are named by
+ * their subject token (`SessionAddress.tenant`).
  */
 export class AuditTrail {
   readonly #js: JetStreamClient;
@@ -116,7 +117,7 @@ export class AuditTrail {
   /** `unavailable` when `tenant`'s trail cannot be written now and admissions must be recorded. */
   refusal(tenant: string): ToolmeshError | undefined {
     if (!this.required) return undefined;
-    const chain = this.#chains.get(subjectToken(tenant));
+    const chain = this.#chains.get(tenant);
     if (chain?.failing !== true) return undefined;
     return new ToolmeshError(
       ErrorCode.Unavailable,
@@ -138,12 +139,11 @@ export class AuditTrail {
   }
 
   #enqueue(tenant: string, pending: Pending): void {
-    const token = subjectToken(tenant);
-    let chain = this.#chains.get(token);
+    let chain = this.#chains.get(tenant);
     if (chain === undefined) {
       const { subjects } = this.#options;
-      chain = new TenantChain(token, subjects.auditStream(tenant), subjects.audit(tenant));
-      this.#chains.set(token, chain);
+      chain = new TenantChain(tenant, subjects.auditStream(tenant), subjects.audit(tenant));
+      this.#chains.set(tenant, chain);
     }
     chain.queue.push(pending);
     void this.#pump(chain);
@@ -175,7 +175,7 @@ export class AuditTrail {
         }
         head.first?.(false);
         head.first = undefined;
-        await sleep(pause, undefined, { signal: this.#stop.signal }).catch(() => undefined);
+        await sleep(pause, undefined, { signal: this.#stop.signal, ref: false }).catch(() => undefined);
         pause = Math.min(pause * 2, this.#options.retryMaxMs ?? 5_000);
       }
     } finally {

@@ -1,4 +1,4 @@
-import { Defaults } from "@toolmesh/protocol";
+import { Defaults, subjectToken } from "@toolmesh/protocol";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
 import { DiscardPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@nats-io/jetstream";
@@ -266,13 +266,14 @@ export function tenantAuditStreamSpec(
   tenant: string,
   limits: StreamLimits = {},
 ): StreamSpec {
-  const name = subjects.auditStream(tenant);
+  const token = subjectToken(tenant);
+  const name = subjects.auditStream(token);
   return {
     kind: "stream",
     name,
     config: {
       name,
-      subjects: [subjects.audit(tenant)],
+      subjects: [subjects.audit(token)],
       storage: StorageType.File,
       num_replicas: limits.replicas ?? 1,
       max_msg_size: limits.maxMessageBytes ?? Defaults.maxMessageBytes,

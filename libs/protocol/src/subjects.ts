@@ -152,9 +152,12 @@ export interface Subjects {
   callsStream(tenant?: string): string;
   /** Whether `stream` is the mesh's calls stream or a tenant's. */
   isCallsStream(stream: string): boolean;
-  /** The audit stream of tenant `tenant` (ADR 0060): `{P}_AUDIT_{tenant}`, in the mesh account. */
+  /**
+   * The audit stream of the tenant whose subject token is `tenant` (ADR 0060), in the mesh
+   * account: `{P}_AUDIT_{tenant}`. Takes the token (`SessionAddress.tenant`), not the name.
+   */
   auditStream(tenant: string): string;
-  /** Where tenant `tenant`'s audit events are written: `{p}.v1.audit.{tenant}`. */
+  /** Where the audit events of the tenant with token `tenant` are written: `{p}.v1.audit.{tenant}`. */
   audit(tenant: string): string;
   /**
    * Where the resolvers' push consumer of every tenant's calls stream delivers (ADR 0048):
@@ -414,8 +417,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     callsStream: (tenant) =>
       tenant === undefined ? `${stem}_CALLS` : `${stem}_CALLS_${t(tenant)}`,
     isCallsStream: (stream) => stream === `${stem}_CALLS` || stream.startsWith(`${stem}_CALLS_`),
-    auditStream: (tenant) => `${stem}_AUDIT_${t(tenant)}`,
-    audit: (tenant) => `${base}.audit.${t(tenant)}`,
+    auditStream: (tenant) => `${stem}_AUDIT_${tenant}`,
+    audit: (tenant) => `${base}.audit.${tenant}`,
     intake: `${base}.intake`,
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,
