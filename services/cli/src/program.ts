@@ -1,3 +1,4 @@
+import { addAuditCommands } from "./audit-commands.js";
 import { Command, InvalidArgumentError, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { loadConfig, serveActors } from "@toolmesh/runtime";
@@ -232,6 +233,7 @@ export function buildProgram(
   addSetupCommand(program, config, run);
   addQuotaCommands(program, () => config(), run);
   addPolicyCommands(program, () => config(), run);
+  addAuditCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);
