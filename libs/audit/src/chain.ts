@@ -71,7 +71,9 @@ export class ChainVerifier {
     if (r.tenant !== this.tenant) return { seq, reason: `it belongs to tenant ${String(r.tenant)}` };
     const last = this.#last;
     if (last !== undefined) {
-      if (seq !== last.seq + 1) return { seq, reason: `events ${last.seq + 1}–${seq - 1} are missing` };
+      if (seq === last.seq + 2) return { seq, reason: `event ${seq - 1} is missing` };
+      if (seq !== last.seq + 1)
+        return { seq, reason: `events ${last.seq + 1}–${seq - 1} are missing` };
       if (r.prev !== last.hash)
         return { seq, reason: "its previous hash is not the hash of the event before it" };
     }
