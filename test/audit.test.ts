@@ -154,7 +154,9 @@ describe("the chain", () => {
   });
 
   it("holds no preset secret: the preset the resolver injects is nowhere in the trail", async () => {
-    const handle = client.session("s-secret").submit({ name: "inspect", arguments: { query: "x" } });
+    const handle = client
+      .session("s-secret")
+      .submit({ name: "inspect", arguments: { query: "x" } });
     // The executor hands the preset to the tool, whose result echoes it.
     expect((await handle.result).content).toContain("preset-secret-value");
     await typesOf(handle.callId, "call.ended");

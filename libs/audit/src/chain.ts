@@ -29,7 +29,10 @@ export interface ChainTail {
 }
 
 /** Seals `event` as the event after `tail`. */
-export function sealRecord(event: Omit<AuditRecord, "hash" | "seq" | "prev">, tail: ChainTail): AuditRecord {
+export function sealRecord(
+  event: Omit<AuditRecord, "hash" | "seq" | "prev">,
+  tail: ChainTail,
+): AuditRecord {
   const unsealed = { ...event, seq: tail.seq + 1, prev: tail.hash };
   return { ...unsealed, hash: recordHash(unsealed) };
 }
@@ -68,7 +71,8 @@ export class ChainVerifier {
       return { seq, reason: "its content does not match its hash (rewritten)" };
     if (r.seq !== seq)
       return { seq, reason: `it says it is event ${String(r.seq)} (removed or inserted events)` };
-    if (r.tenant !== this.tenant) return { seq, reason: `it belongs to tenant ${String(r.tenant)}` };
+    if (r.tenant !== this.tenant)
+      return { seq, reason: `it belongs to tenant ${String(r.tenant)}` };
     const last = this.#last;
     if (last !== undefined) {
       if (seq === last.seq + 2) return { seq, reason: `event ${seq - 1} is missing` };

@@ -58,7 +58,8 @@ export async function* readTrail(
 }
 
 /** What `audit verify` found. */
-export type VerifyOutcome = { ok: true; count: number } | { ok: false; count: number; broken: BrokenLink };
+export type VerifyOutcome =
+  { ok: true; count: number } | { ok: false; count: number; broken: BrokenLink };
 
 /**
  * Recomputes a tenant's chain (from `sinceMs`, anchored on the event before it): every event's
@@ -93,7 +94,8 @@ async function anchorBefore(
 ): Promise<{ seq: number; hash: string } | undefined> {
   if (seq <= 1) return undefined;
   const msg = await jsm.streams.getMessage(stream, { seq: seq - 1 }).catch(() => null);
-  const record = msg === null ? undefined : (decodeJsonOrUndefined(msg.data) as AuditRecord | undefined);
+  const record =
+    msg === null ? undefined : (decodeJsonOrUndefined(msg.data) as AuditRecord | undefined);
   if (record === undefined || record.hash !== recordHash(record)) return undefined;
   return { seq: seq - 1, hash: record.hash };
 }

@@ -56,9 +56,7 @@ export function approvalDecided(call: {
 
 /** How a tenant's call arguments are recorded: a digest (default), in full, or redacted. */
 export type ArgumentsRecording =
-  | { kind: "digest" }
-  | { kind: "full" }
-  | { kind: "redacted"; pointers: readonly string[] };
+  { kind: "digest" } | { kind: "full" } | { kind: "redacted"; pointers: readonly string[] };
 
 /**
  * The caller's arguments as `recording` records them (never the presets the resolver adds):

@@ -175,7 +175,9 @@ export class AuditTrail {
         }
         head.first?.(false);
         head.first = undefined;
-        await sleep(pause, undefined, { signal: this.#stop.signal, ref: false }).catch(() => undefined);
+        await sleep(pause, undefined, { signal: this.#stop.signal, ref: false }).catch(
+          () => undefined,
+        );
         pause = Math.min(pause * 2, this.#options.retryMaxMs ?? 5_000);
       }
     } finally {
@@ -190,10 +192,7 @@ export class AuditTrail {
   }
 
   /** One attempt to append `head` after the chain's tail. */
-  async #write(
-    chain: TenantChain,
-    head: Pending,
-  ): Promise<"written" | "raced" | { err: unknown }> {
+  async #write(chain: TenantChain, head: Pending): Promise<"written" | "raced" | { err: unknown }> {
     try {
       chain.tail ??= await readTail(this.#jsm, chain.stream);
       if (chain.tail.id === head.id) return "written"; // an earlier attempt landed

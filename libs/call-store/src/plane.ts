@@ -117,7 +117,11 @@ export async function openCallPlane(
       : { storeBytes: options.streamLimits.storeBytes }),
   });
   const { audit } = options;
-  const publishFinal = async (subject: string, message: ToolMessage, msgId: string): Promise<unknown> => {
+  const publishFinal = async (
+    subject: string,
+    message: ToolMessage,
+    msgId: string,
+  ): Promise<unknown> => {
     const ack = await publishDurable(js, subject, message, { msgId });
     // Whoever publishes a final message records it: every path to an answer comes through here.
     const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
@@ -176,8 +180,7 @@ export async function openCallPlane(
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
 function recordDeadLetter(audit: Pick<AuditTrail, "record">, letter: DeadLetterOut): void {
   const call = decodeJsonOrUndefined(letter.data) as
-    | { call_id?: unknown; session_id?: unknown; address?: { tenant?: unknown } }
-    | undefined;
+    { call_id?: unknown; session_id?: unknown; address?: { tenant?: unknown } } | undefined;
   const tenant = call?.address?.tenant;
   if (typeof tenant !== "string") return;
   void audit.record(tenant, {

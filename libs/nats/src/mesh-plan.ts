@@ -216,7 +216,9 @@ export async function provisionTenantCalls(
       options,
     );
     changes.push(stream);
-    changes.push(await ensureStream(jsm, tenantAuditStreamSpec(subjects, tenant, settings), options));
+    changes.push(
+      await ensureStream(jsm, tenantAuditStreamSpec(subjects, tenant, settings), options),
+    );
     const advisories = advisoriesSpecWith(subjects, subjects.callsStream(tenant), settings);
     changes.push(await ensureStream(jsm, advisories, options));
     const intake = tenantIntakeSpec(subjects, tenant, settings);

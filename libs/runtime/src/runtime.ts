@@ -428,7 +428,8 @@ export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditT
     observer: metrics,
     onHealth: (tenant, healthy, err) => {
       if (healthy) log.info({ tenant }, "audit trail written again");
-      else log.warn({ tenant, err }, "cannot write the audit trail; its events are kept and retried");
+      else
+        log.warn({ tenant, err }, "cannot write the audit trail; its events are kept and retried");
     },
   });
 }

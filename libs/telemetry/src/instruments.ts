@@ -201,7 +201,8 @@ export class ToolmeshMetrics {
     });
     this.#auditFailures = meter.createCounter(MetricName.AuditWriteFailures, {
       unit: "{attempt}",
-      description: "Audit writes that failed and will be retried (lost races for the chain's tail not counted)",
+      description:
+        "Audit writes that failed and will be retried (lost races for the chain's tail not counted)",
       valueType: ValueType.INT,
     });
     this.#auditLag = meter.createHistogram(MetricName.AuditLag, {

@@ -45,7 +45,14 @@ function line(seq: number, event: AuditRecord | undefined): string {
   const data = Object.entries(event.data)
     .map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
     .join(" ");
-  return [seq, new Date(event.at).toISOString(), event.type, event.call_id ?? "-", event.tool ?? "-", data]
+  return [
+    seq,
+    new Date(event.at).toISOString(),
+    event.type,
+    event.call_id ?? "-",
+    event.tool ?? "-",
+    data,
+  ]
     .join(" ")
     .trimEnd();
 }
@@ -108,7 +115,11 @@ export function addAuditCommands(
     .description(
       'recompute a tenant\'s hash chain: prints "verified N events" or the first broken link (exit 1)',
     )
-    .addOption(new Option("--since <duration>", "only events of the last 30m, 2h, 7d…").argParser(durationMs))
+    .addOption(
+      new Option("--since <duration>", "only events of the last 30m, 2h, 7d…").argParser(
+        durationMs,
+      ),
+    )
     .option("--json", "print JSON")
     .action((o: { since?: number; json?: boolean }) =>
       run(() => auditVerifyCommand(config(), tenantOf(), o)),

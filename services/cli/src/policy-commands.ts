@@ -3,7 +3,13 @@ import type { Command } from "commander";
 import { InvalidArgumentError } from "commander";
 import { Kvm } from "@nats-io/kv";
 import type { CallRecord, Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, decodeJson, parseDurationMs, subjectToken } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  ToolmeshError,
+  decodeJson,
+  parseDurationMs,
+  subjectToken,
+} from "@toolmesh/protocol";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { PolicyDecision } from "@toolmesh/policy";
 import {

@@ -452,7 +452,12 @@ function auditIds(resolved: ResolvedCall): {
   tool: string;
   at: number;
 } {
-  return { call_id: resolved.call_id, session: resolved.session_id, tool: resolved.tool, at: Date.now() };
+  return {
+    call_id: resolved.call_id,
+    session: resolved.session_id,
+    tool: resolved.tool,
+    at: Date.now(),
+  };
 }
 
 function auditUnavailable(resolved: ResolvedCall): ToolmeshError {
