@@ -101,6 +101,11 @@ function names(s: Subjects) {
 
 const API = "$JS.API";
 
+/** The versioned subject base `{p}.v1`. */
+function n0(s: Subjects): string {
+  return `${s.prefix}.v1`;
+}
+
 /** The MCP bridge's bucket of approved tool definitions (`{p}_tool_approvals`, ADR 0014). */
 function approvalsBucket(s: Subjects): string {
   return s.toolApprovalsBucket;
@@ -253,6 +258,16 @@ export function rolePermissions(
   const tenantStreams = (options.tenants ?? []).map((t) =>
     s.callsStream(checkAccountId("tenant", t)),
   );
+  // Each tenant's audit trail (ADR 0060): written by the resolvers and executors, made by setup,
+  // read by operators; never deleted or purged (the stream denies it too).
+  const auditStreams = (options.tenants ?? []).map((t) => s.auditStream(subjectToken(t)));
+  const auditWrites = [
+    `${n0(s)}.audit.*`,
+    ...auditStreams.flatMap((st) => [
+      `${API}.STREAM.INFO.${st}`,
+      `${API}.STREAM.MSG.GET.${st}`,
+    ]),
+  ];
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
   }
@@ -260,7 +275,10 @@ export function rolePermissions(
   if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
     bad("--owners is for the resolver, operator and setup roles");
   }
-  if (options.tenants !== undefined && !["resolver", "operator", "setup"].includes(role)) {
+  if (
+    options.tenants !== undefined &&
+    !["resolver", "operator", "setup", "executor"].includes(role)
+  ) {
     bad("--tenants is for the resolver, operator and setup roles");
   }
   if (options.servers !== undefined && role !== "mcp-bridge") {
@@ -308,6 +326,7 @@ export function rolePermissions(
         ),
         pub(
           ...n.replies,
+          ...auditWrites,
           s.allWork,
           // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
           // routed, watched for deadlines, reconciled and dead-lettered.
@@ -393,7 +412,7 @@ export function rolePermissions(
         ),
       );
     case "executor":
-      return toolHost(s, role, options.tools);
+      return merge(toolHost(s, role, options.tools), pub(...auditWrites));
     case "mcp-bridge": {
       // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
       // bucket, and a bridge allowed to creates it when it first pins.
@@ -453,6 +472,12 @@ export function rolePermissions(
             `${API}.CONSUMER.LIST.${st}`,
             `${API}.CONSUMER.INFO.${st}.>`,
           ]),
+          // `toolmesh audit`: tenants' trails, read only.
+          ...auditStreams.flatMap((st) => [
+            `${API}.STREAM.INFO.${st}`,
+            `${API}.STREAM.MSG.GET.${st}`,
+            ...orderedReader(st),
+          ]),
           `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
           // `toolmesh dlq purge`.
           `${API}.STREAM.PURGE.${s.streams.dlq}`,
@@ -486,6 +511,10 @@ export function rolePermissions(
             `${API}.CONSUMER.*.${st}.>`,
             `${API}.CONSUMER.DURABLE.CREATE.${st}.>`,
           ]),
+          // Audit trails are made and brought up to date, never deleted or purged.
+          ...auditStreams.flatMap((st) =>
+            ["INFO", "CREATE", "UPDATE"].map((op) => `${API}.STREAM.${op}.${st}`),
+          ),
           // Looked up, and deleted with --remove-obsolete.
           ...obsoleteStreams(s).map((st) => `${API}.STREAM.*.${st}`),
         ),
@@ -759,6 +788,8 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
       permissions: rolePermissions(role, {
         ...prefix,
         ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds, tenants } : {}),
+        // Executors write their attempts into each tenant's audit trail (ADR 0060).
+        ...(role === "executor" ? { tenants } : {}),
       }),
     })),
     exports: [],

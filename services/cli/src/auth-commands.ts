@@ -72,7 +72,7 @@ export function addAuthCommands(
     )
     .option(
       "--tenants <ids>",
-      "resolver, operator, setup: the tenants with accounts, whose calls streams it reads or manages",
+      "resolver, operator, setup: the tenants with accounts, whose calls streams it reads or manages, and whose audit trails it writes, reads or makes; executor: whose audit trails it writes",
       commaList,
     )
     .option("--json", "print JSON")
