@@ -133,7 +133,7 @@ describe("the chain", () => {
   it("three resolvers and an executor writing at once keep one chain, and verify passes", async () => {
     const session = client.session("s-many");
     const handles = Array.from({ length: 60 }, (_, i) =>
-      session.submit({ name: "whoami", arguments: {} }, { callId: `many-${i}` }),
+      session.submit({ id: `many-${i}`, name: "whoami", arguments: {} }),
     );
     await Promise.all(handles.map((h) => h.result));
     await until("every call's end recorded", async () => {

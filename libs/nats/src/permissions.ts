@@ -263,10 +263,7 @@ export function rolePermissions(
   const auditStreams = (options.tenants ?? []).map((t) => s.auditStream(subjectToken(t)));
   const auditWrites = [
     `${n0(s)}.audit.*`,
-    ...auditStreams.flatMap((st) => [
-      `${API}.STREAM.INFO.${st}`,
-      `${API}.STREAM.MSG.GET.${st}`,
-    ]),
+    ...auditStreams.flatMap((st) => [`${API}.STREAM.INFO.${st}`, `${API}.STREAM.MSG.GET.${st}`]),
   ];
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
