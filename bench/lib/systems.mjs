@@ -340,6 +340,7 @@ export async function startMesh({
   root = ROOT,
   gateway = false,
   accounts,
+  prepare,
 } = {}) {
   const users = accounts === undefined ? undefined : accountUsers();
   const server = await startNatsServer({
@@ -368,6 +369,12 @@ export async function startMesh({
     // The generated users may not create the mesh's streams: `toolmesh setup`'s part.
     const admin = await connect({ servers: server.url, user: "driver", pass: "driver" });
     await provisionMesh(admin, meshPlan(createSubjects()));
+    await admin.close();
+  }
+  if (prepare !== undefined) {
+    // What `toolmesh setup` would make before the services start (e.g. a tenant's streams).
+    const admin = await connect({ servers: server.url });
+    await prepare(admin);
     await admin.close();
   }
   const procs = { resolver: service("resolver", { ...env, ...as("resolver") }, nodeArgs, root) };

@@ -322,6 +322,8 @@ they are set once, in `mesh`, and rendered into every pod and the Job alike.
   "storeBytes" "TOOLMESH_STORE_BYTES"
   "tenantStoreBytes" "TOOLMESH_TENANT_STORE_BYTES"
   "ownerStoreBytes" "TOOLMESH_OWNER_STORE_BYTES"
+  "audit" "TOOLMESH_AUDIT"
+  "auditRetention" "TOOLMESH_AUDIT_RETENTION"
   "maxDeadLetters" "TOOLMESH_MAX_DEAD_LETTERS") }}
 {{- end }}
 

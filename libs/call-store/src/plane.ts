@@ -3,7 +3,7 @@ import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { MsgHdrs } from "@nats-io/nats-core";
 import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
-import { callKey, resultMsgId, deadLetterMsgId } from "@toolmesh/protocol";
+import { callKey, decodeJsonOrUndefined, resultMsgId, deadLetterMsgId } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import {
   ServerClock,
@@ -12,6 +12,8 @@ import {
   publishDurable,
   publishEphemeral,
 } from "@toolmesh/nats";
+import type { AuditTrail } from "@toolmesh/audit";
+import { AuditEventType, callEnded } from "@toolmesh/audit";
 import { CallStore } from "./call-store.js";
 import type { CallRecord, CallRef } from "./call-store.js";
 
@@ -28,6 +30,8 @@ export interface CallPlaneOptions {
   streamLimits?: StreamLimits | undefined;
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number | undefined;
+  /** Where final messages and dead letters are recorded (ADR 0060); nothing when undefined. */
+  audit?: Pick<AuditTrail, "record"> | undefined;
 }
 
 /** Reads call records. */
@@ -112,8 +116,18 @@ export async function openCallPlane(
       ? {}
       : { storeBytes: options.streamLimits.storeBytes }),
   });
-  const publishFinal = (subject: string, message: ToolMessage, msgId: string): Promise<unknown> =>
-    publishDurable(js, subject, message, { msgId });
+  const { audit } = options;
+  const publishFinal = async (
+    subject: string,
+    message: ToolMessage,
+    msgId: string,
+  ): Promise<unknown> => {
+    const ack = await publishDurable(js, subject, message, { msgId });
+    // Whoever publishes a final message records it: every path to an answer comes through here.
+    const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
+    if (tenant !== undefined && !ack.duplicate) void audit?.record(tenant, callEnded(message));
+    return ack;
+  };
 
   async function alreadyStored(subject: string): Promise<boolean> {
     const stored = await jsm.streams
@@ -140,10 +154,11 @@ export async function openCallPlane(
         deliveries: letter.deliveries,
         headers: letter.headers,
       });
-      await js.publish(subjects.dlq(letter.tool), letter.data, {
+      const ack = await js.publish(subjects.dlq(letter.tool), letter.data, {
         headers,
         msgID: deadLetterMsgId(letter.stream, letter.seq),
       });
+      if (audit !== undefined && !ack.duplicate) recordDeadLetter(audit, letter);
     },
     async finalize(call, message, known, verify) {
       const subject = subjects.result(call.address, call.call_id);
@@ -160,4 +175,20 @@ export async function openCallPlane(
       return outcome === undefined || outcome.won;
     },
   };
+}
+
+/** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
+function recordDeadLetter(audit: Pick<AuditTrail, "record">, letter: DeadLetterOut): void {
+  const call = decodeJsonOrUndefined(letter.data) as
+    { call_id?: unknown; session_id?: unknown; address?: { tenant?: unknown } } | undefined;
+  const tenant = call?.address?.tenant;
+  if (typeof tenant !== "string") return;
+  void audit.record(tenant, {
+    type: AuditEventType.DeadLettered,
+    call_id: typeof call?.call_id === "string" ? call.call_id : undefined,
+    session: typeof call?.session_id === "string" ? call.session_id : undefined,
+    tool: letter.tool,
+    at: Date.now(),
+    data: { reason: letter.reason, deliveries: letter.deliveries, stream: letter.stream },
+  });
 }

@@ -17,6 +17,7 @@ export {
   storeBudget,
   STORE_SHARES,
   tenantCallsStreamSpec,
+  tenantAuditStreamSpec,
 } from "./streams.js";
 export type { StreamLimits } from "./streams.js";
 export {

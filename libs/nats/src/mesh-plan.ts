@@ -13,6 +13,7 @@ import {
   ownerWorkStreamSpec,
   streamSpecs,
   tenantCallsStreamSpec,
+  tenantAuditStreamSpec,
 } from "./streams.js";
 
 /** Everything that shapes the streams, buckets and shared consumers. Durations in ms. */
@@ -215,6 +216,9 @@ export async function provisionTenantCalls(
       options,
     );
     changes.push(stream);
+    changes.push(
+      await ensureStream(jsm, tenantAuditStreamSpec(subjects, tenant, settings), options),
+    );
     const advisories = advisoriesSpecWith(subjects, subjects.callsStream(tenant), settings);
     changes.push(await ensureStream(jsm, advisories, options));
     const intake = tenantIntakeSpec(subjects, tenant, settings);

@@ -101,6 +101,11 @@ function names(s: Subjects) {
 
 const API = "$JS.API";
 
+/** The versioned subject base `{p}.v1`. */
+function n0(s: Subjects): string {
+  return `${s.prefix}.v1`;
+}
+
 /** The MCP bridge's bucket of approved tool definitions (`{p}_tool_approvals`, ADR 0014). */
 function approvalsBucket(s: Subjects): string {
   return s.toolApprovalsBucket;
@@ -233,6 +238,10 @@ interface RoleContext {
   ownerStreams: string[];
   /** Calls streams of the tenants with accounts. */
   tenantStreams: string[];
+  /** Audit trails of the tenants with accounts (ADR 0060). */
+  auditStreams: string[];
+  /** What the resolvers and executors write into the audit trails: events, and each tail read. */
+  auditWrites: string[];
 }
 
 /** A tenant's frontend: its own call, cancel and RPC subjects, sessions and inbox. */
@@ -267,6 +276,7 @@ function resolverPermissions({
   role,
   ownerStreams,
   tenantStreams,
+  auditWrites,
 }: RoleContext): Permissions {
   return merge(
     serviceBase(s, role),
@@ -285,6 +295,7 @@ function resolverPermissions({
     ),
     pub(
       ...n.replies,
+      ...auditWrites,
       s.allWork,
       // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
       // routed, watched for deadlines, reconciled and dead-lettered.
@@ -378,8 +389,8 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
 }
 
 /** An executor in the mesh account, trusted like a service. */
-function executorPermissions({ s, role, options }: RoleContext): Permissions {
-  return toolHost(s, role, options.tools);
+function executorPermissions({ s, role, options, auditWrites }: RoleContext): Permissions {
+  return merge(toolHost(s, role, options.tools), pub(...auditWrites));
 }
 
 /** An MCP bridge in the mesh account, with the approvals bucket of its servers. */
@@ -429,6 +440,7 @@ function operatorPermissions({
   role,
   ownerStreams,
   tenantStreams,
+  auditStreams,
 }: RoleContext): Permissions {
   return merge(
     serviceBase(s, role),
@@ -453,6 +465,12 @@ function operatorPermissions({
         `${API}.CONSUMER.LIST.${st}`,
         `${API}.CONSUMER.INFO.${st}.>`,
       ]),
+      // `toolmesh audit`: tenants' trails, read only.
+      ...auditStreams.flatMap((st) => [
+        `${API}.STREAM.INFO.${st}`,
+        `${API}.STREAM.MSG.GET.${st}`,
+        ...orderedReader(st),
+      ]),
       `${API}.STREAM.MSG.DELETE.${s.streams.dlq}`,
       // `toolmesh dlq purge`.
       `${API}.STREAM.PURGE.${s.streams.dlq}`,
@@ -470,7 +488,14 @@ function operatorPermissions({
 }
 
 /** `toolmesh setup`: creates and updates every stream, bucket and consumer. */
-function setupPermissions({ s, n, role, ownerStreams, tenantStreams }: RoleContext): Permissions {
+function setupPermissions({
+  s,
+  n,
+  role,
+  ownerStreams,
+  tenantStreams,
+  auditStreams,
+}: RoleContext): Permissions {
   return merge(
     serviceBase(s, role),
     pub(
@@ -490,6 +515,10 @@ function setupPermissions({ s, n, role, ownerStreams, tenantStreams }: RoleConte
         `${API}.CONSUMER.DURABLE.CREATE.${st}.>`,
       ]),
       // Looked up, and deleted with --remove-obsolete.
+      // Audit trails are made and brought up to date, never deleted or purged.
+      ...auditStreams.flatMap((st) =>
+        ["INFO", "CREATE", "UPDATE"].map((op) => `${API}.STREAM.${op}.${st}`),
+      ),
       ...obsoleteStreams(s).map((st) => `${API}.STREAM.*.${st}`),
     ),
   );
@@ -537,6 +566,13 @@ export function rolePermissions(
   const tenantStreams = (options.tenants ?? []).map((t) =>
     s.callsStream(checkAccountId("tenant", t)),
   );
+  // Each tenant's audit trail (ADR 0060): written by the resolvers and executors, made by setup,
+  // read by operators; never deleted or purged (the stream denies it too).
+  const auditStreams = (options.tenants ?? []).map((t) => s.auditStream(subjectToken(t)));
+  const auditWrites = [
+    `${n0(s)}.audit.*`,
+    ...auditStreams.flatMap((st) => [`${API}.STREAM.INFO.${st}`, `${API}.STREAM.MSG.GET.${st}`]),
+  ];
   if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
     bad(`--tenant and --session are for the frontend role, not ${role}`);
   }
@@ -544,13 +580,25 @@ export function rolePermissions(
   if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
     bad("--owners is for the resolver, operator and setup roles");
   }
-  if (options.tenants !== undefined && !["resolver", "operator", "setup"].includes(role)) {
-    bad("--tenants is for the resolver, operator and setup roles");
+  if (
+    options.tenants !== undefined &&
+    !["resolver", "operator", "setup", "executor"].includes(role)
+  ) {
+    bad("--tenants is for the resolver, operator, setup and executor roles");
   }
   if (options.servers !== undefined && role !== "mcp-bridge") {
     bad("--servers is for the mcp-bridge role");
   }
-  return ROLE_PERMISSIONS[role]({ s, n, role, options, ownerStreams, tenantStreams });
+  return ROLE_PERMISSIONS[role]({
+    s,
+    n,
+    role,
+    options,
+    ownerStreams,
+    tenantStreams,
+    auditStreams,
+    auditWrites,
+  });
 }
 
 /** Tenant and owner ids name accounts, streams and subject tokens alike. */
@@ -867,6 +915,8 @@ function meshAccounts(
       permissions: rolePermissions(role, {
         ...prefix,
         ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds, tenants } : {}),
+        // Executors write their attempts into each tenant's audit trail (ADR 0060).
+        ...(role === "executor" ? { tenants } : {}),
       }),
     })),
     exports: [],

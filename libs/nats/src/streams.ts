@@ -1,4 +1,4 @@
-import { Defaults } from "@toolmesh/protocol";
+import { Defaults, subjectToken } from "@toolmesh/protocol";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamConfig } from "@nats-io/jetstream";
 import { DiscardPolicy, RetentionPolicy, StorageType, jetstreamManager } from "@nats-io/jetstream";
@@ -39,6 +39,8 @@ export interface StreamLimits {
   storeBytes?: number;
   /** Bytes each tenant's own calls stream `{P}_CALLS_{t}` may hold. Default 256 MiB. */
   tenantStoreBytes?: number;
+  /** How long each tenant's audit events are kept (ADR 0060), in ms. Default 90 days. */
+  auditRetentionMs?: number;
   /** Bytes each tool owner's work stream `{P}_WORK_{o}` may hold. Default 256 MiB. */
   ownerStoreBytes?: number;
   /** Most dead letters kept in `{P}_DLQ`; past it (or its byte share) the oldest go. Default 100 000. */
@@ -248,6 +250,46 @@ export function tenantCallsStreamSpec(
     settings: {
       ...calls.settings,
       max_msgs: "TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT",
+      max_bytes: "TOOLMESH_TENANT_STORE_BYTES",
+    },
+  };
+}
+
+/**
+ * The audit stream of tenant `tenant` (ADR 0060), beside its calls stream: its hash-chained
+ * events, kept `TOOLMESH_AUDIT_RETENTION`, bounded like the calls stream by
+ * `TOOLMESH_TENANT_STORE_BYTES`. Delete and purge are denied by the server; a full stream
+ * refuses new events (discard new) rather than dropping old ones.
+ */
+export function tenantAuditStreamSpec(
+  subjects: Subjects,
+  tenant: string,
+  limits: StreamLimits = {},
+): StreamSpec {
+  const token = subjectToken(tenant);
+  const name = subjects.auditStream(token);
+  return {
+    kind: "stream",
+    name,
+    config: {
+      name,
+      subjects: [subjects.audit(token)],
+      storage: StorageType.File,
+      num_replicas: limits.replicas ?? 1,
+      max_msg_size: limits.maxMessageBytes ?? Defaults.maxMessageBytes,
+      compression: limits.compression ?? Defaults.streamCompression,
+      retention: RetentionPolicy.Limits,
+      discard: DiscardPolicy.New,
+      max_age: nanos(limits.auditRetentionMs ?? Defaults.auditRetentionMs),
+      max_bytes: limits.tenantStoreBytes ?? Defaults.tenantStoreBytes,
+      deny_delete: true,
+      deny_purge: true,
+    },
+    settings: {
+      num_replicas: REPLICAS_SETTING,
+      compression: COMPRESSION_SETTING,
+      max_msg_size: "TOOLMESH_MAX_MESSAGE_BYTES",
+      max_age: "TOOLMESH_AUDIT_RETENTION",
       max_bytes: "TOOLMESH_TENANT_STORE_BYTES",
     },
   };

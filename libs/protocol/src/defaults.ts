@@ -65,6 +65,8 @@ export const Defaults = {
    * whole JetStream store.
    */
   storeBytes: 8 * 1024 ** 3,
+  /** How long each tenant's audit events are kept (`TOOLMESH_AUDIT_RETENTION`): 90 days, in ms. */
+  auditRetentionMs: 90 * 86_400_000,
   /** Bytes each tenant's own calls stream may hold (`TOOLMESH_TENANT_STORE_BYTES`): 256 MiB. */
   tenantStoreBytes: 256 * 1024 ** 2,
   /**

@@ -176,3 +176,4 @@ export {
   toolNameOf,
 } from "./tool-names.js";
 export type { NameMap, ProviderName } from "./tool-names.js";
+export { parseDurationMs } from "./durations.js";

@@ -153,6 +153,13 @@ export interface Subjects {
   /** Whether `stream` is the mesh's calls stream or a tenant's. */
   isCallsStream(stream: string): boolean;
   /**
+   * The audit stream of the tenant whose subject token is `tenant` (ADR 0060), in the mesh
+   * account: `{P}_AUDIT_{tenant}`. Takes the token (`SessionAddress.tenant`), not the name.
+   */
+  auditStream(tenant: string): string;
+  /** Where the audit events of the tenant with token `tenant` are written: `{p}.v1.audit.{tenant}`. */
+  audit(tenant: string): string;
+  /**
    * Where the resolvers' push consumer of every tenant's calls stream delivers (ADR 0048):
    * `{p}.v1.intake`, read by every resolver in one queue group. One literal subject for every
    * tenant: the server counts a push consumer's interest by its deliver subject as written, so
@@ -418,6 +425,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     callsStream: (tenant) =>
       tenant === undefined ? `${stem}_CALLS` : `${stem}_CALLS_${t(tenant)}`,
     isCallsStream: (stream) => stream === `${stem}_CALLS` || stream.startsWith(`${stem}_CALLS_`),
+    auditStream: (tenant) => `${stem}_AUDIT_${tenant}`,
+    audit: (tenant) => `${base}.audit.${tenant}`,
     intake: `${base}.intake`,
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,

@@ -1,6 +1,6 @@
 import { isIP } from "node:net";
 import { z } from "zod";
-import { Defaults, assertValidPrefix } from "@toolmesh/protocol";
+import { Defaults, assertValidPrefix, parseDurationMs } from "@toolmesh/protocol";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
@@ -158,6 +158,22 @@ export const EnvSchema = z.object({
   TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT: positiveInt.default(Defaults.maxQueuedCallsPerTenant),
   TOOLMESH_STORE_BYTES: positiveInt.default(Defaults.storeBytes),
   TOOLMESH_TENANT_STORE_BYTES: positiveInt.default(Defaults.tenantStoreBytes),
+  // `on` is `required`: a mesh that records calls records every call unless told otherwise.
+  TOOLMESH_AUDIT: z
+    .enum(["off", "on", "required", "best-effort"])
+    .default("off")
+    .transform((v) => (v === "on" ? "required" : v)),
+  TOOLMESH_AUDIT_RETENTION: z
+    .string()
+    .transform((value, ctx) => {
+      const ms = parseDurationMs(value);
+      if (ms === undefined || ms <= 0) {
+        ctx.addIssue({ code: "custom", message: "must be a duration such as 30d or 2160h" });
+        return z.NEVER;
+      }
+      return ms;
+    })
+    .default(Defaults.auditRetentionMs),
   TOOLMESH_OWNER_STORE_BYTES: positiveInt.default(Defaults.ownerStoreBytes),
   TOOLMESH_TENANT_MAX_STORED_BYTES: z.coerce
     .number()
@@ -257,6 +273,13 @@ export interface RuntimeConfig {
   tenantStoreBytes: number;
   /** Bytes each tool owner's work stream may hold. */
   ownerStoreBytes: number;
+  /**
+   * Whether calls are recorded in their tenant's audit stream (ADR 0060): `off`, `required`
+   * (a call whose admission cannot be recorded is refused `unavailable`) or `best-effort`.
+   */
+  audit: "off" | "required" | "best-effort";
+  /** How long each tenant's audit events are kept, in ms. */
+  auditRetentionMs: number;
   /** Bytes of final messages each tenant's calls may have stored within the retention; 0: none. */
   tenantMaxStoredBytes: number;
   /** Most dead letters kept; past it the oldest go (ADR 0051). */
@@ -361,6 +384,8 @@ export function loadConfig(
     storeBytes: e.TOOLMESH_STORE_BYTES,
     tenantStoreBytes: e.TOOLMESH_TENANT_STORE_BYTES,
     ownerStoreBytes: e.TOOLMESH_OWNER_STORE_BYTES,
+    audit: e.TOOLMESH_AUDIT,
+    auditRetentionMs: e.TOOLMESH_AUDIT_RETENTION,
     tenantMaxStoredBytes: e.TOOLMESH_TENANT_MAX_STORED_BYTES,
     maxDeadLetters: e.TOOLMESH_MAX_DEAD_LETTERS,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),

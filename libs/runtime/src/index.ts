@@ -3,6 +3,7 @@ export type { RuntimeConfig } from "./config.js";
 export {
   StartupTimeoutError,
   installShutdown,
+  meshAuditTrail,
   meshRegistry,
   meshSettings,
   openRuntime,

@@ -1,3 +1,5 @@
+import { hostname } from "node:os";
+import { AuditTrail } from "@toolmesh/audit";
 import type { AddressInfo } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import pRetry from "p-retry";
@@ -18,6 +20,7 @@ import {
   initTelemetry,
   serviceNameOf,
   setPayloadRecording,
+  toolmeshMetrics,
 } from "@toolmesh/telemetry";
 import type { RuntimeConfig } from "./config.js";
 import { loadConfig } from "./config.js";
@@ -65,6 +68,7 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
     storeBytes: config.storeBytes,
     tenantStoreBytes: config.tenantStoreBytes,
     ownerStoreBytes: config.ownerStoreBytes,
+    auditRetentionMs: config.auditRetentionMs,
     maxDeadLetters: config.maxDeadLetters,
     replicas: config.streamReplicas,
     compression: config.streamCompression,
@@ -406,4 +410,26 @@ export function meshRegistry(rt: Runtime): ToolRegistry {
     );
   }
   return rt.registry;
+}
+
+/**
+ * The audit trail of a mesh-account actor when `TOOLMESH_AUDIT` is on (ADR 0060), else
+ * undefined; an actor in a tool owner's account writes none (the mesh records its calls).
+ */
+export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditTrail | undefined> {
+  const { audit } = rt.config;
+  if (audit === "off" || rt.config.owner !== undefined) return undefined;
+  const metrics = toolmeshMetrics();
+  const log = rt.log.child({ actor, part: "audit" });
+  return AuditTrail.open(rt.nc, {
+    subjects: rt.subjects,
+    mode: audit,
+    writer: `${actor}@${hostname()}/${process.pid}`,
+    observer: metrics,
+    onHealth: (tenant, healthy, err) => {
+      if (healthy) log.info({ tenant }, "audit trail written again");
+      else
+        log.warn({ tenant, err }, "cannot write the audit trail; its events are kept and retried");
+    },
+  });
 }

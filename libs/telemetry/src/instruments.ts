@@ -43,6 +43,9 @@ export const MetricName = {
   McpRequestDuration: "toolmesh.mcp.request.duration",
   TenantRefused: "toolmesh.tenant.refused",
   PolicyDecisions: "toolmesh.policy.decisions",
+  AuditEvents: "toolmesh.audit.events",
+  AuditWriteFailures: "toolmesh.audit.write_failures",
+  AuditLag: "toolmesh.audit.lag",
   TenantInFlight: "toolmesh.tenant.in_flight",
   TenantQueued: "toolmesh.tenant.queued",
   GatewayCalls: "toolmesh.gateway.calls",
@@ -105,6 +108,9 @@ export class ToolmeshMetrics {
   readonly #gatewayCalls: Counter;
   readonly #gatewayDuration: Histogram;
   readonly #policyDecisions: Counter;
+  readonly #auditEvents: Counter;
+  readonly #auditFailures: Counter;
+  readonly #auditLag: Histogram;
   readonly #tenants = new Set<() => TenantReading[]>();
 
   // eslint-disable-next-line max-lines-per-function -- a declarative table: each instrument with its name, unit and description, one after another
@@ -188,6 +194,21 @@ export class ToolmeshMetrics {
       unit: "{decision}",
       description: "Policy decisions on calls, by toolmesh.policy.effect (allow, deny)",
       valueType: ValueType.INT,
+    });
+    this.#auditEvents = meter.createCounter(MetricName.AuditEvents, {
+      unit: "{event}",
+      description: "Audit events written to tenants' audit streams, by toolmesh.audit.type",
+      valueType: ValueType.INT,
+    });
+    this.#auditFailures = meter.createCounter(MetricName.AuditWriteFailures, {
+      unit: "{attempt}",
+      description:
+        "Audit writes that failed and will be retried (lost races for the chain's tail not counted)",
+      valueType: ValueType.INT,
+    });
+    this.#auditLag = meter.createHistogram(MetricName.AuditLag, {
+      ...seconds,
+      description: "Time from an audit event's occurrence to its write in the audit stream",
     });
     this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
       unit: "{call}",
@@ -342,6 +363,17 @@ export class ToolmeshMetrics {
       [ATTR_ERROR_TYPE]: code,
       [ATTR_TOOLMESH_QUOTA]: quota,
     });
+  }
+
+  /** An audit event of `type` was written, `lagMs` after it happened. */
+  auditWritten(type: string, lagMs: number): void {
+    this.#auditEvents.add(1, { "toolmesh.audit.type": type });
+    this.#auditLag.record(lagMs / 1_000);
+  }
+
+  /** An audit write failed; the event stays queued and is written again. */
+  auditWriteFailed(): void {
+    this.#auditFailures.add(1);
   }
 
   /** A policy decided a call: `allow` or `deny`. */

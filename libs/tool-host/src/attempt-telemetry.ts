@@ -16,6 +16,8 @@ import {
   withSpan,
 } from "@toolmesh/telemetry";
 import type { ToolmeshMetrics } from "@toolmesh/telemetry";
+import type { AuditTrail } from "@toolmesh/audit";
+import { AuditEventType } from "@toolmesh/audit";
 
 /** How one attempt ended, as the executor sees it. */
 export type AttemptOutcome = { ok: true; content: string } | { ok: false; error: ToolmeshError };
@@ -33,9 +35,13 @@ export class AttemptTelemetry {
   readonly #metrics: ToolmeshMetrics;
   readonly #lastAttempt = new Map<string, SpanContext>();
 
-  constructor(tracer: Tracer, metrics: ToolmeshMetrics) {
+  readonly #audit: Pick<AuditTrail, "record"> | undefined;
+
+  /** `audit`: where each attempt's start and end are recorded (ADR 0060); none when undefined. */
+  constructor(tracer: Tracer, metrics: ToolmeshMetrics, audit?: Pick<AuditTrail, "record">) {
     this.#tracer = tracer;
     this.#metrics = metrics;
+    this.#audit = audit;
   }
 
   /** Links of a delivery's span: the previous attempt of the same call, when known here. */
@@ -82,7 +88,14 @@ export class AttemptTelemetry {
         },
       },
       async (span) => {
+        const started = Date.now();
+        this.#recordAttempt(call, AuditEventType.AttemptStarted, { attempt });
         const outcome = await run();
+        this.#recordAttempt(call, AuditEventType.AttemptEnded, {
+          attempt,
+          duration_ms: Date.now() - started,
+          outcome: outcome.ok ? "ok" : outcome.error.code,
+        });
         if (outcome.ok) {
           if (recordPayloads)
             span.setAttribute(ATTR_GEN_AI_TOOL_CALL_RESULT, redactPayload(outcome.content));
@@ -90,6 +103,17 @@ export class AttemptTelemetry {
         return outcome;
       },
     );
+  }
+
+  #recordAttempt(call: ResolvedCall, type: AuditEventType, data: Record<string, unknown>): void {
+    void this.#audit?.record(call.address.tenant, {
+      type,
+      call_id: call.call_id,
+      session: call.session_id,
+      tool: call.tool,
+      at: Date.now(),
+      data,
+    });
   }
 
   /** The attempt's outcome is settled: `retried` when another attempt follows. */

@@ -1,3 +1,4 @@
+import type { AuditTrail } from "@toolmesh/audit";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { UserSecretStore } from "./user-secrets.js";
 import type { SecretBox } from "./user-secrets.js";
@@ -39,6 +40,11 @@ import type { ServedTool, WorkDeps } from "./handle-work.js";
 /** Options of {@link startExecutor}. Durations in ms. */
 export interface ExecutorOptions {
   nc: NatsConnection;
+  /**
+   * Where attempts and final messages are recorded (ADR 0060), in the mesh account; none when
+   * undefined (an owner's executor's calls are recorded by the owner services that end them).
+   */
+  audit?: AuditTrail | undefined;
   subjects: Subjects;
   /** The registry, in the mesh account; unused (and may be left out) with `ownerAccount`. */
   registry?: ToolRegistry | undefined;
@@ -171,7 +177,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     plane,
     log,
     tracer,
-    telemetry: new AttemptTelemetry(tracer, metrics),
+    telemetry: new AttemptTelemetry(tracer, metrics, options.audit),
     toolkitContext: options.toolkitContext ?? {},
     ackWaitMs,
     maxResultBytes: resultLimit(nc, options),
@@ -306,6 +312,7 @@ async function linkToMesh(options: ExecutorOptions, ackWaitMs: number): Promise<
           subjects,
           streamLimits: options.streamLimits,
           callRetentionMs: options.callRetentionMs,
+          audit: options.audit,
         }),
       {
         what: "open the call store",

@@ -3,7 +3,13 @@ import type { Command } from "commander";
 import { InvalidArgumentError } from "commander";
 import { Kvm } from "@nats-io/kv";
 import type { CallRecord, Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, decodeJson, subjectToken } from "@toolmesh/protocol";
+import {
+  ErrorCode,
+  ToolmeshError,
+  decodeJson,
+  parseDurationMs,
+  subjectToken,
+} from "@toolmesh/protocol";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { PolicyDecision } from "@toolmesh/policy";
 import {
@@ -22,15 +28,12 @@ interface ScopeOptions {
   json?: boolean;
 }
 
-const DURATION = /^(\d+)(ms|s|m|h|d)$/;
-const UNIT_MS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 };
-
-/** `30m`, `2h`, `7d`… in ms. */
-function durationMs(value: string): number {
-  const match = DURATION.exec(value);
-  if (match === null)
+/** `30m`, `2h`, `7d`… in ms (a commander argument parser). */
+export function durationMs(value: string): number {
+  const ms = parseDurationMs(value);
+  if (ms === undefined)
     throw new InvalidArgumentError("must be a duration such as 90s, 30m, 2h or 7d");
-  return Number(match[1]) * (UNIT_MS[match[2] ?? "ms"] ?? 1);
+  return ms;
 }
 
 function withPolicies(

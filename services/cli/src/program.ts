@@ -1,3 +1,4 @@
+import { addAuditCommands } from "./audit-commands.js";
 import { Command, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { loadConfig, serveActors } from "@toolmesh/runtime";
@@ -176,6 +177,7 @@ export function buildProgram(
   addQuotaCommands(program, () => config(), run);
   addPolicyCommands(program, () => config(), run);
   addSecretsCommands(program, () => config(), run);
+  addAuditCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);

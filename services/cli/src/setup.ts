@@ -151,7 +151,9 @@ async function storageBudget(
   }));
   for (const change of changes) {
     if (change.kind !== "stream") continue;
-    const tenant = subjects.isCallsStream(change.name) && change.name !== subjects.streams.calls;
+    const tenant =
+      (subjects.isCallsStream(change.name) && change.name !== subjects.streams.calls) ||
+      change.name.startsWith(subjects.auditStream(""));
     const owner = subjects.isWorkStream(change.name) && change.name !== subjects.streams.work;
     if (tenant)
       streams.push({

@@ -3,6 +3,7 @@ import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { Defaults } from "@toolmesh/protocol";
 import type { Runtime } from "@toolmesh/runtime";
+import { meshAuditTrail } from "@toolmesh/runtime";
 import type { Executor } from "@toolmesh/tool-host";
 import { SecretBox, startExecutor } from "@toolmesh/tool-host";
 import { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
@@ -46,6 +47,7 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
   );
   return startExecutor({
     nc: rt.nc,
+    audit: await meshAuditTrail(rt, "executor"),
     subjects: rt.subjects,
     registry: rt.registry,
     ownerAccount: config.owner,

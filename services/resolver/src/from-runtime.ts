@@ -1,6 +1,6 @@
 import { AccessView, StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
-import { meshRegistry } from "@toolmesh/runtime";
+import { meshAuditTrail, meshRegistry } from "@toolmesh/runtime";
 import { PolicyView, openPolicyBucket } from "@toolmesh/policy";
 import type { Resolver } from "./resolver.js";
 import type { ToolAccessPolicy } from "./handle-call.js";
@@ -56,6 +56,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     tenantMaxStoredBytes: rt.config.tenantMaxStoredBytes,
     fairShareWindow: rt.config.fairShareWindow,
     fairShareIdleMs: rt.config.fairShareIdleMs,
+    audit: await meshAuditTrail(rt, "resolver"),
   });
   return {
     async stop(graceMs) {

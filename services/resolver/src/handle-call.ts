@@ -73,6 +73,8 @@ import type { ControlPlane } from "@toolmesh/control-plane";
 import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { Admission, AdmissionTicket } from "./admission.js";
 import { PolicyDecider } from "@toolmesh/policy";
+import type { AuditTrail } from "@toolmesh/audit";
+import { AuditEventType } from "@toolmesh/audit";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -99,6 +101,8 @@ export interface ResolverDeps {
   access?: ToolAccessPolicy | undefined;
   /** The Cedar policy sets in force (docs/policy.md); no call is decided when undefined. */
   policies?: PolicyDecider | undefined;
+  /** Where each call's admission, refusal and policy decision are recorded (ADR 0060). */
+  audit?: AuditTrail | undefined;
 }
 
 /**
@@ -408,7 +412,10 @@ export async function routeCall(
   const route = routeOf(deps, resolution, msg, callLog);
   const { resolved, request, key } = route;
   const now = deps.plane.clock.now();
-  const unfit = unroutable(resolved, deps.callRetentionMs, now) ?? policyRefusal(route);
+  const unfit =
+    unroutable(resolved, deps.callRetentionMs, now) ??
+    deps.audit?.refusal(resolved.address.tenant) ??
+    policyRefusal(route);
   if (unfit !== undefined) {
     await refuseUnaccepted(route, unfit);
     return undefined;
@@ -422,6 +429,11 @@ export async function routeCall(
     return undefined;
   }
   const { ticket } = admitted;
+  if (!(await recordAdmission(route, admitted.decision === "hold"))) {
+    await ticket.withdraw();
+    await refuseUnaccepted(route, auditUnavailable(resolved));
+    return undefined;
+  }
   const accepted = await acceptCall(route, ticket);
   if (accepted === undefined) return undefined;
   const work = (): Promise<void> => publishWork(route, accepted);
@@ -431,6 +443,62 @@ export async function routeCall(
   }
   await ticket.publish(work);
   return undefined;
+}
+
+/**
+ * Records the call's admission in its tenant's trail: in `required` mode the call goes on only
+ * once that is written (false: it could not be), otherwise it is recorded on the side.
+ */
+async function recordAdmission(route: Route, held: boolean): Promise<boolean> {
+  const { audit } = route.deps;
+  if (audit === undefined) return true;
+  const { resolved } = route;
+  const event = {
+    ...auditIds(resolved),
+    type: AuditEventType.Admitted,
+    data: { args_hash: route.argsHash, deadline_at: resolved.deadline_at, held },
+  };
+  if (audit.required) return audit.tryRecord(resolved.address.tenant, event);
+  void audit.record(resolved.address.tenant, event);
+  return true;
+}
+
+/** What names a call in its audit events. */
+function auditIds(resolved: ResolvedCall): {
+  call_id: string;
+  session: string;
+  tool: string;
+  at: number;
+} {
+  return {
+    call_id: resolved.call_id,
+    session: resolved.session_id,
+    tool: resolved.tool,
+    at: Date.now(),
+  };
+}
+
+function auditUnavailable(resolved: ResolvedCall): ToolmeshError {
+  return new ToolmeshError(
+    ErrorCode.Unavailable,
+    `call ${resolved.call_id} was not run: its admission cannot be recorded in the audit trail now (TOOLMESH_AUDIT=required); submit it again later`,
+    { retryable: true, details: { tenant: resolved.address.tenant } },
+  );
+}
+
+/** Records a refusal (a call answered with an error before it ran) in its tenant's trail. */
+function recordRefusal(
+  deps: ResolverDeps,
+  tenant: string,
+  ids: { call_id?: string | undefined; session?: string | undefined; tool?: string | undefined },
+  error: ToolmeshError,
+): void {
+  void deps.audit?.record(tenant, {
+    ...ids,
+    type: AuditEventType.Refused,
+    at: Date.now(),
+    data: { code: error.code, message: error.message },
+  });
 }
 
 /** One resolved call on its way to its tool's work, and what answers it on the way. */
@@ -503,6 +571,15 @@ function policyRefusal(route: Route): ToolmeshError | undefined {
   const policy = deps.policies?.decideCall(resolved, deps.registry.get(resolved.tool)?.definition);
   if (policy === undefined) return undefined;
   deps.metrics.policyDecision(policy.allowed ? "allow" : "deny");
+  void deps.audit?.record(resolved.address.tenant, {
+    ...auditIds(resolved),
+    type: AuditEventType.PolicyDecided,
+    data: {
+      effect: policy.allowed ? "allow" : "deny",
+      policies: policy.policies,
+      version: policy.version,
+    },
+  });
   if (policy.allowed) return undefined;
   callLog.info({ policies: policy.policies, version: policy.version }, "call refused by policy");
   return PolicyDecider.refusal(policy, resolved.tool);
@@ -511,6 +588,7 @@ function policyRefusal(route: Route): ToolmeshError | undefined {
 /** Answers a call on its session with `error` as its final message, under `msgId`. */
 async function publishRefusal(route: Route, error: ToolmeshError, msgId: string): Promise<void> {
   const { deps, resolved, target, argsHash } = route;
+  recordRefusal(deps, resolved.address.tenant, auditIds(resolved), error);
   await deps.plane.publishFinal(
     deps.subjects.result(resolved.address, resolved.call_id),
     { ...errorToolMessage(target, error, { attempts: 0 }), args_hash: argsHash },
@@ -719,6 +797,12 @@ export async function answerInvalid(
     { attempts: 0 },
   );
   if (resolution.argsHash !== undefined) message.args_hash = resolution.argsHash;
+  recordRefusal(
+    deps,
+    address.tenant,
+    { call_id: callId, session: message.session_id, tool: resolution.tool },
+    error,
+  );
   await publishFinal(
     subjects.result(address, callId),
     message,

@@ -1,4 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import type { AuditTrail } from "@toolmesh/audit";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
@@ -64,6 +65,11 @@ export interface ResolverOptions {
   access?: ToolAccessPolicy;
   /** The Cedar policy sets in force (docs/policy.md). Default: no call is decided by policy. */
   policies?: PolicyDecider;
+  /**
+   * Where every call's life is recorded (ADR 0060); calls are not recorded when undefined. In
+   * `required` mode a call whose admission cannot be recorded is refused `unavailable`.
+   */
+  audit?: AuditTrail | undefined;
   /** Whether tenants' quotas are applied (the buckets are created when missing). Default true. */
   quotas?: boolean;
   /** How often quota counts of calls that ended unseen are reconciled, in ms. Default 5 000. */
@@ -129,6 +135,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     subjects,
     streamLimits: options.streamLimits,
     callRetentionMs: options.callRetentionMs,
+    audit: options.audit,
   });
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
   const metrics = toolmeshMetrics();
@@ -175,6 +182,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
     access: options.access,
     policies: options.policies,
+    audit: options.audit,
   };
 
   void (async () => {

@@ -1,0 +1,63 @@
+import { describe, expect, it } from "vitest";
+import { ChainVerifier, recordHash, sealRecord } from "./chain.js";
+import type { AuditRecord } from "./events.js";
+
+function chain(n: number): AuditRecord[] {
+  const out: AuditRecord[] = [];
+  let tail = { seq: 0, hash: null as string | null };
+  for (let i = 0; i < n; i++) {
+    const record = sealRecord(
+      {
+        v: 1,
+        id: `e${i}`,
+        tenant: "acme",
+        type: "call.ended",
+        call_id: `c${i}`,
+        at: 1_700_000_000_000 + i,
+        by: "test",
+        data: { outcome: "ok" },
+      },
+      tail,
+    );
+    out.push(record);
+    tail = { seq: record.seq, hash: record.hash };
+  }
+  return out;
+}
+
+function verify(records: unknown[], tenant = "acme") {
+  const v = new ChainVerifier(tenant);
+  for (const [i, r] of records.entries()) {
+    const broken = v.check(i + 1, r);
+    if (broken !== undefined) return broken;
+  }
+  return v.count;
+}
+
+describe("ChainVerifier", () => {
+  it("passes an intact chain", () => {
+    expect(verify(chain(5))).toBe(5);
+  });
+
+  it("finds a rewritten event by its own hash", () => {
+    const records = chain(5);
+    (records[2] as AuditRecord).data = { outcome: "tool_error" };
+    expect(verify(records)).toEqual({ seq: 3, reason: expect.stringMatching(/rewritten/) });
+  });
+
+  it("finds a rewritten event whose hash was recomputed by the next link", () => {
+    const records = chain(5);
+    const forged = { ...(records[2] as AuditRecord), data: { outcome: "tool_error" } };
+    forged.hash = recordHash(forged);
+    records[2] = forged;
+    expect(verify(records)).toEqual({ seq: 4, reason: expect.stringMatching(/previous hash/) });
+  });
+
+  it("finds an event of another tenant and a removed one", () => {
+    expect(verify(chain(3), "globex")).toMatchObject({ seq: 1 });
+    const v = new ChainVerifier("acme");
+    const [a, , c] = chain(3);
+    expect(v.check(1, a)).toBeUndefined();
+    expect(v.check(3, c)).toEqual({ seq: 3, reason: "event 2 is missing" });
+  });
+});

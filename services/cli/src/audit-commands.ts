@@ -1,0 +1,136 @@
+import type { Command } from "commander";
+import { Option } from "commander";
+import type { AuditRecord } from "@toolmesh/audit";
+import { readTrail, verifyTrail } from "@toolmesh/audit";
+import type { RuntimeConfig } from "@toolmesh/runtime";
+import { asOperator } from "./commands.js";
+import { durationMs } from "./policy-commands.js";
+import { say } from "./print.js";
+
+/** Options of `toolmesh audit tail`. */
+interface TailOptions {
+  call?: string;
+  follow?: boolean;
+  json?: boolean;
+}
+
+/** `toolmesh audit tail`: a tenant's events (of one call), one line each, optionally following. */
+async function auditTailCommand(
+  config: RuntimeConfig,
+  tenant: string,
+  options: TailOptions,
+): Promise<number> {
+  return asOperator(config, options.json, async (nc, subjects) => {
+    const stop = new AbortController();
+    const onSignal = (): void => stop.abort();
+    process.once("SIGINT", onSignal);
+    try {
+      for await (const { seq, record } of readTrail(nc, subjects, tenant, {
+        follow: options.follow === true,
+        signal: stop.signal,
+      })) {
+        const event = record as AuditRecord | undefined;
+        if (options.call !== undefined && event?.call_id !== options.call) continue;
+        say(options.json === true ? JSON.stringify(record) : line(seq, event));
+      }
+    } finally {
+      process.off("SIGINT", onSignal);
+    }
+    return 0;
+  });
+}
+
+function line(seq: number, event: AuditRecord | undefined): string {
+  if (event === undefined) return `${seq} (not an audit event)`;
+  const data = Object.entries(event.data)
+    .map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`)
+    .join(" ");
+  return [
+    seq,
+    new Date(event.at).toISOString(),
+    event.type,
+    event.call_id ?? "-",
+    event.tool ?? "-",
+    data,
+  ]
+    .join(" ")
+    .trimEnd();
+}
+
+/** `toolmesh audit verify`: recomputes the chain; the first broken link or how many passed. */
+async function auditVerifyCommand(
+  config: RuntimeConfig,
+  tenant: string,
+  options: { since?: number; json?: boolean },
+): Promise<number> {
+  return asOperator(config, options.json, async (nc, subjects) => {
+    const outcome = await verifyTrail(nc, subjects, tenant, {
+      sinceMs: options.since === undefined ? undefined : Date.now() - options.since,
+    });
+    if (options.json === true) say(JSON.stringify(outcome));
+    else if (outcome.ok) say(`verified ${outcome.count} events`);
+    else
+      say(
+        `broken link at event ${outcome.broken.seq}: ${outcome.broken.reason} (${outcome.count} events before it verified)`,
+      );
+    return outcome.ok ? 0 : 1;
+  });
+}
+
+/** `toolmesh audit export`: a tenant's events since a time, as JSON lines. */
+async function auditExportCommand(
+  config: RuntimeConfig,
+  tenant: string,
+  options: { since: number },
+): Promise<number> {
+  return asOperator(config, true, async (nc, subjects) => {
+    for await (const { record } of readTrail(nc, subjects, tenant, {
+      sinceMs: Date.now() - options.since,
+    }))
+      say(JSON.stringify(record));
+    return 0;
+  });
+}
+
+/** Adds `toolmesh audit tail|verify|export` (docs/audit.md). */
+export function addAuditCommands(
+  program: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
+  // `--tenant` is the program's own option (given before or after the subcommand).
+  const tenantOf = (): string => program.opts<{ tenant?: string }>().tenant ?? config().tenant;
+  const audit = program
+    .command("audit")
+    .description("read and verify tenants' audit trails (docs/audit.md)");
+  audit
+    .command("tail")
+    .description("print a tenant's audit events, oldest first (--tenant, default TOOLMESH_TENANT)")
+    .option("--call <id>", "only the events of this call")
+    .option("--follow", "keep printing events as they are written (Ctrl-C stops)")
+    .option("--json", "print each event as JSON")
+    .action((o: TailOptions) => run(() => auditTailCommand(config(), tenantOf(), o)));
+  audit
+    .command("verify")
+    .description(
+      'recompute a tenant\'s hash chain: prints "verified N events" or the first broken link (exit 1)',
+    )
+    .addOption(
+      new Option("--since <duration>", "only events of the last 30m, 2h, 7d…").argParser(
+        durationMs,
+      ),
+    )
+    .option("--json", "print JSON")
+    .action((o: { since?: number; json?: boolean }) =>
+      run(() => auditVerifyCommand(config(), tenantOf(), o)),
+    );
+  audit
+    .command("export")
+    .description("print a tenant's audit events since a time as JSON lines (for a SIEM)")
+    .addOption(
+      new Option("--since <duration>", "events of the last 30m, 2h, 7d…")
+        .argParser(durationMs)
+        .makeOptionMandatory(),
+    )
+    .action((o: { since: number }) => run(() => auditExportCommand(config(), tenantOf(), o)));
+}
