@@ -12,6 +12,7 @@ import { obsoleteStreams } from "./mesh-plan.js";
 /** The NATS users of a mesh, one per role (docs/security.md). */
 export const PERMISSION_ROLES = [
   "frontend",
+  "approver",
   "resolver",
   "gateway",
   "executor",
@@ -28,7 +29,7 @@ export type PermissionRole = (typeof PERMISSION_ROLES)[number];
 export interface PermissionOptions {
   /** Subject prefix. Default `toolmesh`. */
   prefix?: string;
-  /** `frontend`: the tenant id it is confined to (required). */
+  /** `frontend`, `approver`: the tenant id it is confined to (required). */
   tenant?: string;
   /**
    * `executor`, `mcp-bridge`: the tool owner whose account it lives in (ADR 0031): its rights are
@@ -84,6 +85,7 @@ function names(s: Subjects) {
       s.quotasBucket,
       s.quotaUsageBucket,
       s.policiesBucket,
+      s.callApprovalsBucket,
     ],
     kv,
     /**
@@ -253,8 +255,15 @@ export function rolePermissions(
   const tenantStreams = (options.tenants ?? []).map((t) =>
     s.callsStream(checkAccountId("tenant", t)),
   );
-  if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
-    bad(`--tenant and --session are for the frontend role, not ${role}`);
+  if (role === "approver" && options.session !== undefined) {
+    bad("--session is for the frontend role: an approver decides every call of its tenant");
+  }
+  if (
+    role !== "frontend" &&
+    role !== "approver" &&
+    (options.tenant !== undefined || options.session !== undefined)
+  ) {
+    bad(`--tenant and --session are for the frontend and approver roles, not ${role}`);
   }
   if (options.tools !== undefined && role !== "executor") bad("--tools is for the executor role");
   if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
@@ -276,6 +285,7 @@ export function rolePermissions(
           allow: [
             `${n.base}.calls.${t}.${session}`,
             `${n.base}.cancel.${t}.${session}`,
+            `${n.base}.confirm.${t}.${session}`,
             `${n.base}.rpc.${t}.*`,
             `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.${t}.${session}.>`,
           ],
@@ -290,6 +300,15 @@ export function rolePermissions(
         },
       };
     }
+    case "approver": {
+      // The tenant's approver (ADR 0059): lists and decides its tenant's waiting calls through
+      // the resolvers, nothing else; its account's import reaches its own tenant only.
+      if (options.tenant === undefined) bad("the approver role needs --tenant <id>");
+      return {
+        publish: { allow: [s.approvalsRpc(options.tenant)] },
+        subscribe: { allow: [`${s.approverInboxPrefix(options.tenant)}.>`] },
+      };
+    }
     case "resolver":
       return merge(
         serviceBase(s, role),
@@ -297,6 +316,9 @@ export function rolePermissions(
         sub(
           s.allCancel,
           s.allResolveRpc,
+          // Approvals: the approvers' and operator's requests, and callers' confirmations.
+          s.allApprovalsRpc,
+          s.allConfirm,
           s.allWork,
           s.allResults,
           s.allOwnerServices,
@@ -370,6 +392,10 @@ export function rolePermissions(
           `${API}.CONSUMER.INFO.${s.streams.work}.>`,
           // Policy sets: watched, never written.
           ...bucketRead(s.policiesBucket),
+          // Calls waiting for approval, kept by compare-and-set; their sessions are told.
+          ...bucketRead(s.callApprovalsBucket),
+          `$KV.${s.callApprovalsBucket}.>`,
+          `${n.base}.sessions.*.*.approval.*`,
         ),
       );
     case "gateway":
@@ -437,6 +463,8 @@ export function rolePermissions(
         pub(
           s.stats,
           `${n.base}.rpc.*.*`,
+          // `toolmesh approvals`: through the resolvers, which keep the waiting calls.
+          s.allApprovalsRpc,
           `${n.base}.cancel.*.*`,
           s.allCalls,
           s.allWork,
@@ -547,6 +575,8 @@ function tenantCrossings(s: Subjects, tenant: string) {
   const services: Crossing[] = [
     { subject: s.tenantStreamCalls(tenant), as: `${base}.calls.${tenant}.*` },
     { subject: `${base}.cancel.${tenant}.*` },
+    { subject: `${base}.confirm.${tenant}.*` },
+    { subject: s.approvalsRpc(tenant) },
     { subject: `${base}.rpc.${tenant}.*` },
     { subject: `${API}.DIRECT.GET.${s.streams.sessions}.${base}.sessions.${tenant}.>` },
   ];
@@ -802,6 +832,10 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
         {
           user: `frontend-${tenant}`,
           permissions: rolePermissions("frontend", { ...prefix, tenant }),
+        },
+        {
+          user: `approver-${tenant}`,
+          permissions: rolePermissions("approver", { ...prefix, tenant }),
         },
       ],
       tenantCrossings(s, tenant),

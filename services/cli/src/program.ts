@@ -25,6 +25,7 @@ import {
 import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
 import { addPolicyCommands } from "./policy-commands.js";
+import { addApprovalCommands } from "./approvals-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 
 /** The log level asked for: `--log-level`, else `TOOLMESH_LOG_LEVEL`; undefined when neither. */
@@ -232,6 +233,7 @@ export function buildProgram(
   addSetupCommand(program, config, run);
   addQuotaCommands(program, () => config(), run);
   addPolicyCommands(program, () => config(), run);
+  addApprovalCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);
   addTopCommand(program, () => config(), run);
   addWatchCommand(program, () => config(), run);
