@@ -19,8 +19,13 @@ import type {
   ToolMessage,
   ToolSchema,
   WireError,
+  ApprovalReply,
+  ApprovalRequiredEvent,
+  ConfirmRequest,
 } from "@toolmesh/protocol";
 import {
+  ApprovalReplySchema,
+  ApprovalRequiredEventSchema,
   CallRequestSchema,
   CancelReplySchema,
   CatalogReplySchema,
@@ -124,6 +129,12 @@ export type SessionEvent =
   | { type: "progress"; event: ProgressEvent }
   /** A submission refused without touching the call its key names (`idempotency_conflict`). */
   | { type: "rejected"; rejection: Rejection }
+  /**
+   * A call was accepted and waits for a person (`awaiting_approval`): the operator's or the
+   * tenant's approver's decision, or, with `mode: "caller"`, this session's
+   * {@link Session.confirm}. Its final message comes once decided or expired.
+   */
+  | { type: "approval"; event: ApprovalRequiredEvent }
   | {
       type: "schema";
       tool: string;
@@ -515,6 +526,37 @@ export class Session {
   }
 
   /**
+   * Confirms (`confirm: true`) or declines one of this session's calls that waits for its
+   * caller (`@approval("caller")`, announced by an `approval` event with `mode: "caller"`):
+   * confirmed, it runs once, its deadline counting from now; declined, it ends with
+   * `approval_denied`. A second answer is refused: a decision counts once. Never rejects.
+   */
+  async confirm(
+    callId: string,
+    confirm: boolean,
+    options: { reason?: string; idempotencyKey?: string } = {},
+  ): Promise<ApprovalReply> {
+    const request: ConfirmRequest = {
+      tool_call_id: callId,
+      session_id: this.id,
+      confirm,
+      ...(options.idempotencyKey === undefined ? {} : { idempotency_key: options.idempotencyKey }),
+      ...(options.reason === undefined ? {} : { reason: options.reason }),
+    };
+    try {
+      return await requestReply(
+        this.#client.nc,
+        this.#client.subjects.confirm(this.address),
+        request,
+        ApprovalReplySchema,
+        { timeoutMs: this.#options.requestTimeoutMs, service: "resolver" },
+      );
+    } catch (err) {
+      return { ok: false, error: ensureError(err, ErrorCode.Unavailable).toWire() };
+    }
+  }
+
+  /**
    * Asks the mesh to cancel a call: a queued call never starts, a running one is aborted,
    * and the session gets `cancelled` — unless the call had already ended.
    */
@@ -814,6 +856,8 @@ export class Session {
         event = { type: "progress", event: ProgressEventSchema.parse(body) };
       else if (kind === "rejected")
         event = { type: "rejected", rejection: RejectionSchema.parse(body) };
+      else if (kind === "approval")
+        event = { type: "approval", event: ApprovalRequiredEventSchema.parse(body) };
       else if (kind === "schema") {
         const schema = SchemaEventSchema.safeParse(body);
         event = { type: "schema", tool: (body as { tool?: string }).tool ?? "", body };
@@ -835,6 +879,7 @@ export class Session {
           msg.subject !==
             this.#client.subjects.result(this.address, event.message.tool_call_id))) ||
       (event.type === "rejected" && event.rejection.session_id !== this.id) ||
+      (event.type === "approval" && event.event.session_id !== this.id) ||
       (event.type === "progress" && event.event.session_id !== this.id)
     ) {
       return;

@@ -267,7 +267,7 @@ export class CompiledPolicySet {
     const partial = this.#partial(shape);
     if ("denied" in partial) return partial.denied;
     const { response } = partial;
-    if (response.decision !== null)
+    if (response.decision !== null && !this.#approvalUndecided(response))
       return { decision: response.decision, policies: response.mustBeDetermining };
     const kept: Record<string, PolicyJson> = {};
     for (const [id, policy] of Object.entries(response.residuals)) {
@@ -285,6 +285,19 @@ export class CompiledPolicySet {
       );
     }
     return key;
+  }
+
+  /**
+   * Whether an allow leaves open a permit annotated `@approval`: whether the call waits for a
+   * person then depends on what was unknown, so the allow alone does not decide it.
+   */
+  #approvalUndecided(response: ResidualResponse): boolean {
+    return (
+      response.decision === "allow" &&
+      response.mayBeDetermining.some(
+        (id) => this.approvals.has(id) && !response.mustBeDetermining.includes(id),
+      )
+    );
   }
 
   /**
@@ -316,7 +329,7 @@ export class CompiledPolicySet {
     const partial = this.#partial(request);
     if ("denied" in partial) return partial.denied;
     const { response } = partial;
-    if (response.decision === null)
+    if (response.decision === null || this.#approvalUndecided(response))
       return { decision: undefined, policies: response.mayBeDetermining };
     return { decision: response.decision, policies: response.mustBeDetermining };
   }

@@ -523,7 +523,8 @@ export class ApprovalDesk {
 function recordedDecision(entry: PendingApproval): CallDecision {
   return {
     effect: "approval",
-    policies: entry.binding.policies,
+    // Every policy that decided it; the permits that asked for approval are among them.
+    policies: entry.call.decision?.policies ?? entry.binding.policies,
     policy_version: entry.binding.policy_version,
     ...(entry.decision === undefined
       ? {}
