@@ -153,9 +153,12 @@ describe("calls that wait for approval", () => {
       address: { tenant: "acme", session: call.sessionId },
     });
     expect(record?.record.state).toBe("done");
+    expect([...(record?.record.decision?.policies ?? [])].sort()).toEqual([
+      "operator:all",
+      "operator:danger-needs-operator",
+    ]);
     expect(record?.record.decision).toMatchObject({
       effect: "approval",
-      policies: ["operator:all", "operator:danger-needs-operator"],
       approval: { mode: "operator", effect: "approve", by: "approver:acme", reason: "checked" },
     });
     // Replaying the approval is refused and runs nothing again.

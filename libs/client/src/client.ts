@@ -402,6 +402,10 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
 interface Pending {
   resolve(message: ToolMessage): void;
   timer: NodeJS.Timeout;
+  /** Settles it with the local `deadline_exceeded`; `timer` calls it. */
+  giveUp(): void;
+  /** Its budget, in ms: a call that waits for approval has it again once decided. */
+  timeoutMs: number;
   /** The tool and `args_hash` of the submission: a final message for other ones is not its. */
   tool: string;
   argsHash: string;
@@ -466,24 +470,27 @@ export class Session {
     }
     const result = new Promise<ToolMessage>((resolve) => {
       const deadline = Date.now() + timeoutMs;
-      const timer = setTimeout(
-        () => {
-          this.#settle(
+      const giveUp = (): void => {
+        this.#settle(
+          callId,
+          localError(
             callId,
-            localError(
-              callId,
-              tool,
-              this.id,
-              new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
-            ),
-          );
-        },
+            tool,
+            this.id,
+            new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
+          ),
+        );
+      };
+      const timer = setTimeout(
+        giveUp,
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
       const problem = localProblem(request);
       const pending: Pending = {
         resolve,
         timer,
+        giveUp,
+        timeoutMs,
         tool,
         // Arguments the mesh could not take are never hashed (they may nest too deep to).
         argsHash: problem === undefined ? argumentsHash(request.tool_call.function.arguments) : "",
@@ -908,6 +915,17 @@ export class Session {
         this.#finished.delete(this.#finished.keys().next().value as string);
       }
       if (answers(this.#pending.get(callId), event.message)) this.#settle(callId, event.message);
+    } else if (event.type === "approval") {
+      // It waits for a person: its deadline starts once decided, by its expiry at the latest.
+      const pending = this.#pending.get(event.event.tool_call_id);
+      if (pending !== undefined) {
+        clearTimeout(pending.timer);
+        const wait = Math.max(0, event.event.expires_at - Date.now());
+        pending.timer = setTimeout(
+          pending.giveUp,
+          Math.min(wait + pending.timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
+        );
+      }
     } else if (event.type === "rejected") {
       // Settles only the submission it names: the call its key names keeps its own answer.
       const { seq } = event.rejection;

@@ -87,8 +87,14 @@ SCHEMA_REASONS: tuple[SchemaReason, ...] = ("missing_arguments", "expand")
 ParameterSource = Literal["edge", "tool_args", "default", "zero_value"]
 PARAMETER_SOURCES: tuple[ParameterSource, ...] = ("edge", "tool_args", "default", "zero_value")
 #: The session event kinds (second-to-last subject token).
-SessionEventKind = Literal["result", "progress", "schema", "rejected"]
-SESSION_EVENT_KINDS: tuple[SessionEventKind, ...] = ("result", "progress", "schema", "rejected")
+SessionEventKind = Literal["result", "progress", "schema", "rejected", "approval"]
+SESSION_EVENT_KINDS: tuple[SessionEventKind, ...] = (
+    "result",
+    "progress",
+    "schema",
+    "rejected",
+    "approval",
+)
 
 
 class _WireErrorRequired(TypedDict):
