@@ -89,14 +89,16 @@ describe("toolmesh setup", () => {
 
   it("updates what a changed setting shapes and names the setting", async () => {
     const dry = await setup(["--dry-run"], { TOOLMESH_CALL_RETENTION_MS: "3600000" });
-    expect(dry.changed).toBe(1);
-    const bucket = dry.resources.find((r) => r.action === "updated");
-    expect(bucket?.name).toBe("setup_calls");
-    expect(bucket?.changes[0]?.setting).toBe("TOOLMESH_CALL_RETENTION_MS");
-    expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(1);
+    // The call records and the calls waiting for approval are kept as long.
+    expect(dry.changed).toBe(2);
+    const buckets = dry.resources.filter((r) => r.action === "updated");
+    expect(buckets.map((b) => b.name).sort()).toEqual(["setup_call_approvals", "setup_calls"]);
+    for (const bucket of buckets)
+      expect(bucket.changes[0]?.setting).toBe("TOOLMESH_CALL_RETENTION_MS");
+    expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(2);
     expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(0);
     // Back to the defaults for the next tests.
-    expect((await setup([])).changed).toBe(1);
+    expect((await setup([])).changed).toBe(2);
   });
 
   it("refuses a tenant or owner id no account can have, in one line, before making anything", async () => {
