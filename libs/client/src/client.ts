@@ -403,7 +403,7 @@ interface Pending {
   resolve(message: ToolMessage): void;
   timer: NodeJS.Timeout;
   /** Settles it with the local `deadline_exceeded`; `timer` calls it. */
-  giveUp(): void;
+  giveUp: () => void;
   /** Its budget, in ms: a call that waits for approval has it again once decided. */
   timeoutMs: number;
   /** The tool and `args_hash` of the submission: a final message for other ones is not its. */
