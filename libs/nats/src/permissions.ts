@@ -410,6 +410,8 @@ export function rolePermissions(
           s.allTenantStreamCalls,
           `${API}.STREAM.NAMES`,
           `${n.base}.cancel.*.*`,
+          // A caller's answer to `input_required` for a call that waits for it (ADR 0059).
+          `${n.base}.confirm.*.*`,
           `${n.base}.rpc.*.*`,
           `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
           // Tasks are read from the call records; catalogs follow the groups and sessions.
