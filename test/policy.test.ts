@@ -13,6 +13,7 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
+import { eventually } from "./helpers/eventually.js";
 import { mcpClient, startGateway } from "./helpers/gateway.js";
 
 // The worked examples of docs/policy.md, as written there, through a real mesh: three
@@ -168,6 +169,31 @@ describe("policies (docs/policy.md)", () => {
       "operator:no-force",
     ]);
     expect(await listed("acme")).toEqual(["delete_file", "purge_cache", "read_file"]);
+  });
+
+  it("a destructive tool that waits for an operator's approval when an argument matches", async () => {
+    await setPolicy(blocks[5]!);
+    allowed(await call("acme", "delete_file", { path: "/tmp/x" }));
+    const client = new ToolmeshClient(nc, { tenant: "acme" });
+    const session = client.session(`s-${++seq}`);
+    const waiting = session.submit({
+      id: "srv-1",
+      name: "delete_file",
+      arguments: { path: "/srv/data" },
+    });
+    const list = async () =>
+      JSON.parse(
+        (await runCli(["--tenant", "acme", "approvals", "list", "--json"], env)).stdout,
+      ) as { call_id: string; args: unknown; expires_at: number; requested_at: number }[];
+    const entry = await eventually("the call listed as waiting", async () =>
+      (await list()).find((e) => e.call_id === "srv-1"),
+    );
+    expect(entry.args).toEqual({ path: "/srv/data", force: false });
+    expect(entry.expires_at - entry.requested_at).toBe(3_600_000);
+    expect(await listed("acme")).toContain("delete_file");
+    expect((await runCli(["--tenant", "acme", "approvals", "approve", "srv-1"], env)).code).toBe(0);
+    allowed(await waiting.result);
+    session.close();
   });
 
   it("a tenant narrowing the operator's set", async () => {

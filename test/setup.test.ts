@@ -76,27 +76,29 @@ describe("toolmesh setup", () => {
     expect(dry.dry_run).toBe(true);
     expect(dry.resources.map((r) => r.action)).toEqual(dry.resources.map(() => "created"));
     expect(dry.resources.filter((r) => r.kind === "stream")).toHaveLength(6);
-    expect(dry.resources.filter((r) => r.kind === "bucket")).toHaveLength(8);
+    expect(dry.resources.filter((r) => r.kind === "bucket")).toHaveLength(9);
     expect(dry.resources.filter((r) => r.kind === "consumer")).toHaveLength(3);
     // A dry run changed nothing: the real run creates all of it.
     const first = await setup([]);
-    expect(first.changed).toBe(17);
+    expect(first.changed).toBe(18);
     const again = await setup([]);
     expect(again.changed).toBe(0);
     const human = await runCli(["setup"], admin);
-    expect(human.stdout).toMatch(/nothing to change: 17 resources match the configuration/);
+    expect(human.stdout).toMatch(/nothing to change: 18 resources match the configuration/);
   });
 
   it("updates what a changed setting shapes and names the setting", async () => {
     const dry = await setup(["--dry-run"], { TOOLMESH_CALL_RETENTION_MS: "3600000" });
-    expect(dry.changed).toBe(1);
-    const bucket = dry.resources.find((r) => r.action === "updated");
-    expect(bucket?.name).toBe("setup_calls");
-    expect(bucket?.changes[0]?.setting).toBe("TOOLMESH_CALL_RETENTION_MS");
-    expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(1);
+    // The call records and the calls waiting for approval are kept as long.
+    expect(dry.changed).toBe(2);
+    const buckets = dry.resources.filter((r) => r.action === "updated");
+    expect(buckets.map((b) => b.name).sort()).toEqual(["setup_call_approvals", "setup_calls"]);
+    for (const bucket of buckets)
+      expect(bucket.changes[0]?.setting).toBe("TOOLMESH_CALL_RETENTION_MS");
+    expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(2);
     expect((await setup([], { TOOLMESH_CALL_RETENTION_MS: "3600000" })).changed).toBe(0);
     // Back to the defaults for the next tests.
-    expect((await setup([])).changed).toBe(1);
+    expect((await setup([])).changed).toBe(2);
   });
 
   it("refuses a tenant or owner id no account can have, in one line, before making anything", async () => {

@@ -86,6 +86,7 @@ export function callRecordOf(call: ResolvedCall, argsHash: string): CallRecord {
     args_hash: argsHash,
     state: "accepted",
     deadline_at: call.deadline_at,
+    ...(call.decision === undefined ? {} : { decision: call.decision }),
   };
 }
 
@@ -100,6 +101,7 @@ function sameRecord(a: CallRecord, b: CallRecord): boolean {
     a.args_hash === b.args_hash &&
     a.state === b.state &&
     a.deadline_at === b.deadline_at &&
+    JSON.stringify(a.decision) === JSON.stringify(b.decision) &&
     a.result === undefined &&
     b.result === undefined
   );

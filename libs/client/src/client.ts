@@ -20,8 +20,13 @@ import type {
   ToolMessage,
   ToolSchema,
   WireError,
+  ApprovalReply,
+  ApprovalRequiredEvent,
+  ConfirmRequest,
 } from "@toolmesh/protocol";
 import {
+  ApprovalReplySchema,
+  ApprovalRequiredEventSchema,
   CallRequestSchema,
   CancelReplySchema,
   CatalogReplySchema,
@@ -130,6 +135,12 @@ export type SessionEvent =
   | { type: "progress"; event: ProgressEvent }
   /** A submission refused without touching the call its key names (`idempotency_conflict`). */
   | { type: "rejected"; rejection: Rejection }
+  /**
+   * A call was accepted and waits for a person (`awaiting_approval`): the operator's or the
+   * tenant's approver's decision, or, with `mode: "caller"`, this session's
+   * {@link Session.confirm}. Its final message comes once decided or expired.
+   */
+  | { type: "approval"; event: ApprovalRequiredEvent }
   | {
       type: "schema";
       tool: string;
@@ -398,6 +409,10 @@ function buildRequest(sessionId: string, call: CallInput, options: SubmitOptions
 interface Pending {
   resolve(message: ToolMessage): void;
   timer: NodeJS.Timeout;
+  /** Settles it with the local `deadline_exceeded`; `timer` calls it. */
+  giveUp: () => void;
+  /** Its budget, in ms: a call that waits for approval has it again once decided. */
+  timeoutMs: number;
   /** The tool and `args_hash` of the submission: a final message for other ones is not its. */
   tool: string;
   argsHash: string;
@@ -462,24 +477,27 @@ export class Session {
     }
     const result = new Promise<ToolMessage>((resolve) => {
       const deadline = Date.now() + timeoutMs;
-      const timer = setTimeout(
-        () => {
-          this.#settle(
+      const giveUp = (): void => {
+        this.#settle(
+          callId,
+          localError(
             callId,
-            localError(
-              callId,
-              tool,
-              this.id,
-              new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
-            ),
-          );
-        },
+            tool,
+            this.id,
+            new ToolmeshError(ErrorCode.DeadlineExceeded, `no answer within ${timeoutMs} ms`),
+          ),
+        );
+      };
+      const timer = setTimeout(
+        giveUp,
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
       const problem = localProblem(request);
       const pending: Pending = {
         resolve,
         timer,
+        giveUp,
+        timeoutMs,
         tool,
         // Arguments the mesh could not take are never hashed (they may nest too deep to).
         argsHash: problem === undefined ? argumentsHash(request.tool_call.function.arguments) : "",
@@ -519,6 +537,37 @@ export class Session {
       });
     });
     return { callId, tool, result, cancel: () => this.cancel(callId, options.idempotencyKey) };
+  }
+
+  /**
+   * Confirms (`confirm: true`) or declines one of this session's calls that waits for its
+   * caller (`@approval("caller")`, announced by an `approval` event with `mode: "caller"`):
+   * confirmed, it runs once, its deadline counting from now; declined, it ends with
+   * `approval_denied`. A second answer is refused: a decision counts once. Never rejects.
+   */
+  async confirm(
+    callId: string,
+    confirm: boolean,
+    options: { reason?: string; idempotencyKey?: string } = {},
+  ): Promise<ApprovalReply> {
+    const request: ConfirmRequest = {
+      tool_call_id: callId,
+      session_id: this.id,
+      confirm,
+      ...(options.idempotencyKey === undefined ? {} : { idempotency_key: options.idempotencyKey }),
+      ...(options.reason === undefined ? {} : { reason: options.reason }),
+    };
+    try {
+      return await requestReply(
+        this.#client.nc,
+        this.#client.subjects.confirm(this.address),
+        request,
+        ApprovalReplySchema,
+        { timeoutMs: this.#options.requestTimeoutMs, service: "resolver" },
+      );
+    } catch (err) {
+      return { ok: false, error: ensureError(err, ErrorCode.Unavailable).toWire() };
+    }
   }
 
   /**
@@ -821,6 +870,8 @@ export class Session {
         event = { type: "progress", event: ProgressEventSchema.parse(body) };
       else if (kind === "rejected")
         event = { type: "rejected", rejection: RejectionSchema.parse(body) };
+      else if (kind === "approval")
+        event = { type: "approval", event: ApprovalRequiredEventSchema.parse(body) };
       else if (kind === "schema") {
         const schema = SchemaEventSchema.safeParse(body);
         event = { type: "schema", tool: (body as { tool?: string }).tool ?? "", body };
@@ -842,6 +893,7 @@ export class Session {
           msg.subject !==
             this.#client.subjects.result(this.address, event.message.tool_call_id))) ||
       (event.type === "rejected" && event.rejection.session_id !== this.id) ||
+      (event.type === "approval" && event.event.session_id !== this.id) ||
       (event.type === "progress" && event.event.session_id !== this.id)
     ) {
       return;
@@ -870,6 +922,17 @@ export class Session {
         this.#finished.delete(this.#finished.keys().next().value as string);
       }
       if (answers(this.#pending.get(callId), event.message)) this.#settle(callId, event.message);
+    } else if (event.type === "approval") {
+      // It waits for a person: its deadline starts once decided, by its expiry at the latest.
+      const pending = this.#pending.get(event.event.tool_call_id);
+      if (pending !== undefined) {
+        clearTimeout(pending.timer);
+        const wait = Math.max(0, event.event.expires_at - Date.now());
+        pending.timer = setTimeout(
+          pending.giveUp,
+          Math.min(wait + pending.timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
+        );
+      }
     } else if (event.type === "rejected") {
       // Settles only the submission it names: the call its key names keeps its own answer.
       const { seq } = event.rejection;

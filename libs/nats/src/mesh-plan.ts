@@ -42,6 +42,8 @@ export interface MeshPlan {
     quotaUsage: StreamSpec;
     /** The operator's and tenants' policy sets, with history for operators. */
     policies: StreamSpec;
+    /** Calls waiting for a person's approval, changed by compare-and-set (ADR 0059). */
+    callApprovals: StreamSpec;
   };
   /**
    * Consumers shared by every replica of a service. Executors add one work consumer per tool
@@ -100,6 +102,14 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
       quotas: bucketSpec(subjects.quotasBucket, { replicas, compression, history: 5 }),
       quotaUsage: bucketSpec(subjects.quotaUsageBucket, { replicas, compression }),
       policies: bucketSpec(subjects.policiesBucket, { replicas, compression, history: 16 }),
+      // Calls waiting for a person (ADR 0059): kept as long as call records, so a waiting call
+      // is never forgotten before its record could be.
+      callApprovals: bucketSpec(subjects.callApprovalsBucket, {
+        replicas,
+        compression,
+        ttlMs: settings.callRetentionMs ?? Defaults.callRetentionMs,
+        ttlSetting: "TOOLMESH_CALL_RETENTION_MS",
+      }),
     },
     consumers: {
       resolver: durableConsumerSpec({

@@ -43,7 +43,13 @@ describe("permissions", () => {
 
   it("refuses options that do not fit the role, saying which", () => {
     expect(() => rolePermissions("frontend")).toThrow("the frontend role needs --tenant <id>");
-    expect(() => rolePermissions("resolver", { tenant: "a" })).toThrow("frontend role");
+    expect(() => rolePermissions("resolver", { tenant: "a" })).toThrow(
+      "frontend and approver roles",
+    );
+    expect(() => rolePermissions("approver")).toThrow("the approver role needs --tenant <id>");
+    expect(() => rolePermissions("approver", { tenant: "a", session: "s" })).toThrow(
+      "--session is for the frontend role",
+    );
     expect(() => rolePermissions("resolver", { tools: ["a"] })).toThrow("--tools is for");
     expect(() => rolePermissions("executor", { tools: ["a.b.*"] })).toThrow(
       "must not contain a dot",
@@ -54,7 +60,7 @@ describe("permissions", () => {
     for (const role of PERMISSION_ROLES) {
       const p = rolePermissions(role, {
         prefix: "acme.prod",
-        ...(role === "frontend" ? { tenant: "t" } : {}),
+        ...(role === "frontend" || role === "approver" ? { tenant: "t" } : {}),
         ...(["resolver", "operator", "setup"].includes(role) ? { owners: ["o"] } : {}),
       });
       for (const subject of p.publish.allow) {

@@ -12,6 +12,7 @@ import { obsoleteStreams } from "./mesh-plan.js";
 /** The NATS users of a mesh, one per role (docs/security.md). */
 export const PERMISSION_ROLES = [
   "frontend",
+  "approver",
   "resolver",
   "gateway",
   "executor",
@@ -28,7 +29,7 @@ export type PermissionRole = (typeof PERMISSION_ROLES)[number];
 export interface PermissionOptions {
   /** Subject prefix. Default `toolmesh`. */
   prefix?: string;
-  /** `frontend`: the tenant id it is confined to (required). */
+  /** `frontend`, `approver`: the tenant id it is confined to (required). */
   tenant?: string;
   /**
    * `executor`, `mcp-bridge`: the tool owner whose account it lives in (ADR 0031): its rights are
@@ -84,6 +85,7 @@ function names(s: Subjects) {
       s.quotasBucket,
       s.quotaUsageBucket,
       s.policiesBucket,
+      s.callApprovalsBucket,
     ],
     kv,
     /**
@@ -254,6 +256,7 @@ function frontendPermissions({ s, n, options }: RoleContext): Permissions {
       allow: [
         `${n.base}.calls.${t}.${session}`,
         `${n.base}.cancel.${t}.${session}`,
+        `${n.base}.confirm.${t}.${session}`,
         `${n.base}.rpc.${t}.*`,
         `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.${t}.${session}.>`,
       ],
@@ -266,6 +269,15 @@ function frontendPermissions({ s, n, options }: RoleContext): Permissions {
         STREAM_LEADER_ELECTED_ADVISORIES,
       ],
     },
+  };
+}
+
+/** The tenant's approver (ADR 0059): lists and decides its tenant's waiting calls through the resolvers, nothing else; its account's import reaches its own tenant only. */
+function approverPermissions({ s, options }: RoleContext): Permissions {
+  if (options.tenant === undefined) bad("the approver role needs --tenant <id>");
+  return {
+    publish: { allow: [s.approvalsRpc(options.tenant)] },
+    subscribe: { allow: [`${s.approverInboxPrefix(options.tenant)}.>`] },
   };
 }
 
@@ -284,6 +296,9 @@ function resolverPermissions({
     sub(
       s.allCancel,
       s.allResolveRpc,
+      // Approvals: the approvers' and operator's requests, and callers' confirmations.
+      s.allApprovalsRpc,
+      s.allConfirm,
       s.allWork,
       s.allResults,
       s.allOwnerServices,
@@ -358,6 +373,10 @@ function resolverPermissions({
       `${API}.CONSUMER.INFO.${s.streams.work}.>`,
       // Policy sets: watched, never written.
       ...bucketRead(s.policiesBucket),
+      // Calls waiting for approval, kept by compare-and-set; their sessions are told.
+      ...bucketRead(s.callApprovalsBucket),
+      `$KV.${s.callApprovalsBucket}.>`,
+      `${n.base}.sessions.*.*.approval.*`,
     ),
   );
 }
@@ -374,6 +393,8 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
       s.allTenantStreamCalls,
       `${API}.STREAM.NAMES`,
       `${n.base}.cancel.*.*`,
+      // A caller's answer to `input_required` for a call that waits for it (ADR 0059).
+      `${n.base}.confirm.*.*`,
       `${n.base}.rpc.*.*`,
       `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
       // Tasks are read from the call records; catalogs follow the groups and sessions.
@@ -449,6 +470,8 @@ function operatorPermissions({
     pub(
       s.stats,
       `${n.base}.rpc.*.*`,
+      // `toolmesh approvals`: through the resolvers, which keep the waiting calls.
+      s.allApprovalsRpc,
       `${n.base}.cancel.*.*`,
       s.allCalls,
       s.allWork,
@@ -527,6 +550,7 @@ function setupPermissions({
 /** Each mesh-account role and how its rights are computed. */
 const ROLE_PERMISSIONS: Record<PermissionRole, (context: RoleContext) => Permissions> = {
   frontend: frontendPermissions,
+  approver: approverPermissions,
   resolver: resolverPermissions,
   gateway: gatewayPermissions,
   executor: executorPermissions,
@@ -573,8 +597,15 @@ export function rolePermissions(
     `${n0(s)}.audit.*`,
     ...auditStreams.flatMap((st) => [`${API}.STREAM.INFO.${st}`, `${API}.STREAM.MSG.GET.${st}`]),
   ];
-  if (role !== "frontend" && (options.tenant !== undefined || options.session !== undefined)) {
-    bad(`--tenant and --session are for the frontend role, not ${role}`);
+  if (role === "approver" && options.session !== undefined) {
+    bad("--session is for the frontend role: an approver decides every call of its tenant");
+  }
+  if (
+    role !== "frontend" &&
+    role !== "approver" &&
+    (options.tenant !== undefined || options.session !== undefined)
+  ) {
+    bad(`--tenant and --session are for the frontend and approver roles, not ${role}`);
   }
   if (options.tools !== undefined && role !== "executor") bad("--tools is for the executor role");
   if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
@@ -655,6 +686,8 @@ function tenantCrossings(s: Subjects, tenant: string) {
   const services: Crossing[] = [
     { subject: s.tenantStreamCalls(tenant), as: `${base}.calls.${tenant}.*` },
     { subject: `${base}.cancel.${tenant}.*` },
+    { subject: `${base}.confirm.${tenant}.*` },
+    { subject: s.approvalsRpc(tenant) },
     { subject: `${base}.rpc.${tenant}.*` },
     { subject: `${API}.DIRECT.GET.${s.streams.sessions}.${base}.sessions.${tenant}.>` },
   ];
@@ -932,6 +965,10 @@ function meshAccounts(
           {
             user: `frontend-${tenant}`,
             permissions: rolePermissions("frontend", { ...prefix, tenant }),
+          },
+          {
+            user: `approver-${tenant}`,
+            permissions: rolePermissions("approver", { ...prefix, tenant }),
           },
         ],
         tenantCrossings(s, tenant),

@@ -1,7 +1,7 @@
 import type { Context, EntityJson } from "@cedar-policy/cedar-wasm/nodejs";
 import type { ToolDefinition } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import type { CompiledPolicySet, SetVerdict } from "./policy-set.js";
+import type { ApprovalRule, CompiledPolicySet, SetVerdict } from "./policy-set.js";
 import type { PolicyAction } from "./schema.js";
 import { actionUid, cedarValue, tenantUid, toolEntity, toolUid } from "./schema.js";
 
@@ -32,6 +32,11 @@ export interface PolicyDecision {
   policies: string[];
   /** The versions of the sets it was made with: `operator@<revision>`, `tenant@<revision>`. */
   version: string;
+  /**
+   * Set when an allowing permit is annotated `@approval`: the call waits for a person. With
+   * several, the operator's approval wins over the caller's and the shortest wait counts.
+   */
+  approval?: (ApprovalRule & { policies: string[] }) | undefined;
 }
 
 /** A policy set in force and its version (the KV revision it was stored at). */
@@ -230,6 +235,7 @@ export class PolicyDecider {
     ];
     const policies: string[] = [];
     const versions: string[] = [];
+    let approval: PolicyDecision["approval"];
     for (const [name, scope] of scopes) {
       if (scope === undefined) continue;
       versions.push(`${name}@${scope.revision}`);
@@ -238,8 +244,17 @@ export class PolicyDecider {
       if (verdict.decision !== "allow")
         return { allowed: false, policies: ids, version: versions.join(",") };
       policies.push(...ids);
+      for (const id of verdict.policies) {
+        const rule = scope.set.approvals.get(id);
+        if (rule !== undefined) approval = strictest(approval, rule, `${name}:${id}`);
+      }
     }
-    return { allowed: true, policies, version: versions.join(",") };
+    return {
+      allowed: true,
+      policies,
+      version: versions.join(","),
+      ...(approval === undefined ? {} : { approval }),
+    };
   }
 
   #request(action: PolicyAction, request: PolicyRequest, partial: boolean) {
@@ -264,4 +279,15 @@ export class PolicyDecider {
       entities,
     };
   }
+}
+
+/** The stricter of two approval rules: the operator's over the caller's, the shorter wait. */
+function strictest(
+  current: PolicyDecision["approval"],
+  rule: ApprovalRule,
+  id: string,
+): NonNullable<PolicyDecision["approval"]> {
+  if (current === undefined) return { ...rule, policies: [id] };
+  const mode = current.mode === "operator" || rule.mode === "operator" ? "operator" : "caller";
+  return { mode, ttlMs: Math.min(current.ttlMs, rule.ttlMs), policies: [...current.policies, id] };
 }

@@ -1,7 +1,12 @@
 export { PolicyDecider } from "./decider.js";
 export type { PolicyDecision, PolicyRequest, PolicyScope, ResolvedCallFacts } from "./decider.js";
-export { CompiledPolicySet, PolicySetError } from "./policy-set.js";
-export type { CedarRequest, PolicyProblem, SetVerdict } from "./policy-set.js";
+export {
+  CompiledPolicySet,
+  DEFAULT_APPROVAL_TTL_MS,
+  PolicySetError,
+  approvalTtlMs,
+} from "./policy-set.js";
+export type { ApprovalRule, CedarRequest, PolicyProblem, SetVerdict } from "./policy-set.js";
 export {
   CEDAR_SCHEMA,
   NAMESPACE,

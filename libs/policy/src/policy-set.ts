@@ -35,6 +35,54 @@ export class PolicySetError extends ToolmeshError {
   }
 }
 
+/** What a permit annotated `@approval` asks for: who decides, and for how long the call waits. */
+export interface ApprovalRule {
+  mode: "operator" | "caller";
+  /** How long the call waits for a decision, in ms (`@approval_ttl`, default 24 h). */
+  ttlMs: number;
+}
+
+/** How long a call waits for approval when its permit sets no `@approval_ttl`: 24 h, in ms. */
+export const DEFAULT_APPROVAL_TTL_MS = 24 * 60 * 60 * 1000;
+
+const DURATION_UNITS: Readonly<Record<string, number>> = {
+  ms: 1,
+  s: 1000,
+  m: 60_000,
+  h: 3_600_000,
+  d: 86_400_000,
+};
+
+/**
+ * An `@approval_ttl` value in ms: a whole number and a unit (`90s`, `30m`, `24h`, `7d`), or
+ * undefined when it is not one. Five units, no arithmetic: nothing a library must parse.
+ */
+export function approvalTtlMs(text: string): number | undefined {
+  const match = /^([1-9][0-9]{0,8})(ms|s|m|h|d)$/.exec(text.trim());
+  if (match === null) return undefined;
+  return Number(match[1]) * (DURATION_UNITS[match[2] ?? ""] ?? 0);
+}
+
+/** The approval rule of a policy's annotations, or why they are wrong. */
+function approvalRuleOf(
+  id: string,
+  effect: string,
+  annotations: Record<string, string>,
+): ApprovalRule | string | undefined {
+  const mode = annotations.approval;
+  const ttl = annotations.approval_ttl;
+  if (mode === undefined)
+    return ttl === undefined ? undefined : `policy "${id}": @approval_ttl needs @approval`;
+  if (effect !== "permit") return `policy "${id}": @approval is for permit policies`;
+  if (mode !== "operator" && mode !== "caller")
+    return `policy "${id}": @approval must be "operator" or "caller", not "${mode}"`;
+  if (ttl === undefined) return { mode, ttlMs: DEFAULT_APPROVAL_TTL_MS };
+  const ttlMs = approvalTtlMs(ttl);
+  if (ttlMs === undefined)
+    return `policy "${id}": @approval_ttl must be a duration such as "30m", "24h" or "7d", not "${ttl}"`;
+  return { mode, ttlMs };
+}
+
 /** What evaluating one request against one set found. */
 export interface SetVerdict {
   /** `allow`, `deny`, or undefined when it depends on what was left unknown. */
@@ -97,6 +145,8 @@ export class CompiledPolicySet {
   readonly text: string;
   /** Annotations of each policy, by id (e.g. `approval`). */
   readonly annotations: ReadonlyMap<string, Readonly<Record<string, string>>>;
+  /** The permits annotated `@approval`, by id: a call they allow waits for a person. */
+  readonly approvals: ReadonlyMap<string, ApprovalRule>;
   readonly #key: string;
   readonly #texts: Readonly<Record<string, string>>;
   readonly #forbids: ReadonlySet<string>;
@@ -108,8 +158,10 @@ export class CompiledPolicySet {
     text: string,
     texts: Record<string, string>,
     policies: Map<string, { effect: string; annotations: Record<string, string> }>,
+    approvals: Map<string, ApprovalRule>,
   ) {
     this.text = text;
+    this.approvals = approvals;
     this.#texts = texts;
     this.ids = [...policies.keys()];
     this.annotations = new Map([...policies].map(([id, p]) => [id, p.annotations]));
@@ -126,6 +178,7 @@ export class CompiledPolicySet {
     const texts: Record<string, string> = {};
     const policies = new Map<string, { effect: string; annotations: Record<string, string> }>();
     const offsets = new Map<string, number>();
+    const approvals = new Map<string, ApprovalRule>();
     let cursor = 0;
     for (const [index, part] of parts.policies.entries()) {
       const found = text.indexOf(part, cursor);
@@ -135,14 +188,10 @@ export class CompiledPolicySet {
       if (json.type === "failure") throw new PolicySetError(problemsOf(json.errors, text, offset));
       const annotations = { ...json.json.annotations } as Record<string, string>;
       const id = annotations.id ?? `policy${index}`;
-      const waits = ["approval", "approval_ttl"].find((a) => a in annotations);
-      if (waits !== undefined)
-        throw new PolicySetError([
-          {
-            ...lineAndColumn(text, offset),
-            message: `policy "${id}": @${waits} is not supported: calls that wait for a person are not part of this version`,
-          },
-        ]);
+      const rule = approvalRuleOf(id, json.json.effect, annotations);
+      if (typeof rule === "string")
+        throw new PolicySetError([{ ...lineAndColumn(text, offset), message: rule }]);
+      if (rule !== undefined) approvals.set(id, rule);
       if (policies.has(id))
         throw new PolicySetError([
           { ...lineAndColumn(text, offset), message: `policy id "${id}" is used twice` },
@@ -168,7 +217,7 @@ export class CompiledPolicySet {
         ),
       );
     }
-    const set = new CompiledPolicySet(text, texts, policies);
+    const set = new CompiledPolicySet(text, texts, policies, approvals);
     const cached = cedar.preparsePolicySet(set.#key, { staticPolicies: texts });
     if (cached.type === "failure") throw new PolicySetError(problemsOf(cached.errors, text));
     return set;
@@ -218,7 +267,7 @@ export class CompiledPolicySet {
     const partial = this.#partial(shape);
     if ("denied" in partial) return partial.denied;
     const { response } = partial;
-    if (response.decision !== null)
+    if (response.decision !== null && !this.#approvalUndecided(response))
       return { decision: response.decision, policies: response.mustBeDetermining };
     const kept: Record<string, PolicyJson> = {};
     for (const [id, policy] of Object.entries(response.residuals)) {
@@ -236,6 +285,19 @@ export class CompiledPolicySet {
       );
     }
     return key;
+  }
+
+  /**
+   * Whether an allow leaves open a permit annotated `@approval`: whether the call waits for a
+   * person then depends on what was unknown, so the allow alone does not decide it.
+   */
+  #approvalUndecided(response: ResidualResponse): boolean {
+    return (
+      response.decision === "allow" &&
+      response.mayBeDetermining.some(
+        (id) => this.approvals.has(id) && !response.mustBeDetermining.includes(id),
+      )
+    );
   }
 
   /**
@@ -267,7 +329,7 @@ export class CompiledPolicySet {
     const partial = this.#partial(request);
     if ("denied" in partial) return partial.denied;
     const { response } = partial;
-    if (response.decision === null)
+    if (response.decision === null || this.#approvalUndecided(response))
       return { decision: undefined, policies: response.mayBeDetermining };
     return { decision: response.decision, policies: response.mustBeDetermining };
   }

@@ -107,6 +107,33 @@ export type InputParameter = z.infer<typeof InputParameterSchema>;
 /** Session address as subject tokens (see `docs/protocol.md`, "Tokens"). */
 export const SessionAddressSchema = z.object({ tenant: z.string(), session: z.string() });
 
+/**
+ * What the policy sets decided for a call that went on (docs/policy.md): kept with its record
+ * and its work, so the decision and any approval stay with the call.
+ */
+export const CallDecisionSchema = z
+  .object({
+    effect: z
+      .enum(["allow", "approval"])
+      .describe("`allow`: permitted; `approval`: permitted once a person decided."),
+    policies: z.array(z.string()).describe("Ids of the policies that decided it."),
+    policy_version: z.string().describe("Versions of the policy sets it was decided with."),
+    approval: z
+      .object({
+        mode: z.enum(["operator", "caller"]),
+        effect: z.enum(["approve", "deny", "expire"]),
+        by: z.string(),
+        reason: z.string().optional(),
+        requested_at: z.number(),
+        at: z.number().describe("When it was decided, epoch ms by the NATS server's clock."),
+      })
+      .optional(),
+  })
+  .meta({ id: "CallDecision", description: "The policy decision a call went on with." });
+
+/** The policy decision a call went on with. */
+export type CallDecision = z.infer<typeof CallDecisionSchema>;
+
 /** The resolver's output: what executors receive on `{p}.v1.work.{tool}`. */
 export const ResolvedCallSchema = z
   .object({
@@ -142,6 +169,7 @@ export const ResolvedCallSchema = z
       .number()
       .describe("Epoch ms, by the NATS server's clock, at which the call was accepted."),
     tool_revision: z.number().int().nonnegative().describe("Registry revision resolved against."),
+    decision: CallDecisionSchema.optional().describe("Set when a policy set decided the call."),
   })
   .meta({ id: "ResolvedCall", description: "A validated call with defaults filled." });
 

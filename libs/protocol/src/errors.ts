@@ -57,6 +57,16 @@ export const ErrorCode = {
    * submit again.
    */
   CredentialRequired: "credential_required",
+  /**
+   * A person refused a call that waited for approval (`details.decided_by`, `details.reason`);
+   * the tool never ran.
+   */
+  ApprovalDenied: "approval_denied",
+  /**
+   * A call waited for approval past `details.expires_at` and nobody decided it; the tool never
+   * ran. Submit it again under a new idempotency key to ask again.
+   */
+  ApprovalExpired: "approval_expired",
   /** A bug or an unexpected failure inside toolmesh. */
   Internal: "internal",
 } as const;

@@ -133,6 +133,32 @@ export {
   nestsDeeperThan,
 } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";
+export { CallDecisionSchema } from "./envelopes.js";
+export type { CallDecision } from "./envelopes.js";
+export {
+  ApprovalBindingSchema,
+  ApprovalDecisionSchema,
+  ApprovalEntrySchema,
+  ApprovalModeSchema,
+  ApprovalReplySchema,
+  ApprovalRequestSchema,
+  ApprovalRequiredEventSchema,
+  ApprovalStateSchema,
+  ConfirmRequestSchema,
+  PendingApprovalSchema,
+} from "./approvals.js";
+export type {
+  ApprovalBinding,
+  ApprovalDecision,
+  ApprovalEntry,
+  ApprovalMode,
+  ApprovalReply,
+  ApprovalRequest,
+  ApprovalRequiredEvent,
+  ApprovalState,
+  ConfirmRequest,
+  PendingApproval,
+} from "./approvals.js";
 export { QuotaSchema, parseQuota, quotaKey } from "./quotas.js";
 export type { Quota, QuotaScope } from "./quotas.js";
 export { MetricPointSchema, StatsReplySchema } from "./stats.js";

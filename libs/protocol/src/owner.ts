@@ -1,6 +1,11 @@
 import { z } from "zod";
 import { WireErrorSchema } from "./errors.js";
-import { ProgressEventSchema, SessionAddressSchema, ToolMessageSchema } from "./envelopes.js";
+import {
+  CallDecisionSchema,
+  ProgressEventSchema,
+  SessionAddressSchema,
+  ToolMessageSchema,
+} from "./envelopes.js";
 import { ToolDefinitionSchema } from "./tool-definition.js";
 
 /** The owner services of the mesh, `{p}.v1.owner.{owner}.{service}` (ADR 0031). */
@@ -37,6 +42,9 @@ export const CallRecordSchema = z
     state: CallStateSchema,
     deadline_at: z.number().describe("Server-clock epoch ms at which the call expires."),
     result: ToolMessageSchema.optional().describe("The final message, once `done`."),
+    decision: CallDecisionSchema.optional().describe(
+      "The policy decision and any approval, when a policy set decided the call.",
+    ),
   })
   .meta({ id: "CallRecord", description: "The durable record of one accepted call." });
 

@@ -226,6 +226,19 @@ export interface Subjects {
   progress(at: SessionAddress, callId: string): string;
   /** A tool schema sent to a session: `{p}.v1.sessions.{tenant}.{session}.schema.{tool}`. */
   schema(at: SessionAddress, tool: string): string;
+  /**
+   * A call of the session waits for approval:
+   * `{p}.v1.sessions.{tenant}.{session}.approval.{call}` (ADR 0059).
+   */
+  approvalRequired(at: SessionAddress, callId: string): string;
+  /** Request-reply of approvers: list or decide waiting calls, `{p}.v1.approvals.{tenant}`. */
+  approvalsRpc(tenant: string): string;
+  /** Wildcard over every tenant's approval requests (the resolver's subscription). */
+  readonly allApprovalsRpc: string;
+  /** Request-reply of callers: confirm a waiting call, `{p}.v1.confirm.{tenant}.{session}`. */
+  confirm(at: SessionAddress): string;
+  /** Wildcard over every session's confirm requests. */
+  readonly allConfirm: string;
   /** Subjects of session events that are kept in the sessions stream. */
   readonly storedSessionEvents: readonly string[];
   /** Missing-arguments events: `{p}.v1.events.missing.{tenant}.{tool}` (session in the body). */
@@ -301,6 +314,8 @@ export interface Subjects {
   userSecretKey(tenant: string, subject: string, tool: string): string;
   /** KV bucket holding the Cedar policy sets: key `operator`, or `tenant.{tenant}` (docs/policy.md). */
   readonly policiesBucket: string;
+  /** KV bucket holding calls that wait for approval, by call key (ADR 0059). */
+  readonly callApprovalsBucket: string;
   /**
    * Key of one part of a session's state in {@link Subjects.sessionsBucket}:
    * `{tenant}.{session}.{part}`, part `schemas` (expansion) or `policy` (groups, agent).
@@ -379,6 +394,8 @@ export interface Subjects {
    * `_INBOX.{p}.frontend.>` and `_INBOX.{p}.operator.>`.
    */
   frontendInboxPrefix(tenant: string, session?: string): string;
+  /** Inbox prefix of tenant `tenant`'s approver: `_INBOX.{p}.approver.{tenant}` (ADR 0059). */
+  approverInboxPrefix(tenant: string): string;
 }
 
 // Lower case and no `_`: stream and bucket names join the parts with `_` and upper-case
@@ -460,6 +477,12 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     rejected: (at, seq) => `${base}.sessions.${at.tenant}.${at.session}.rejected.${seq}`,
     progress: (at, callId) => `${base}.sessions.${at.tenant}.${at.session}.progress.${t(callId)}`,
     schema: (at, tool) => `${base}.sessions.${at.tenant}.${at.session}.schema.${t(tool)}`,
+    approvalRequired: (at, callId) =>
+      `${base}.sessions.${at.tenant}.${at.session}.approval.${t(callId)}`,
+    approvalsRpc: (tenant) => `${base}.approvals.${t(tenant)}`,
+    allApprovalsRpc: `${base}.approvals.*`,
+    confirm: (at) => `${base}.confirm.${at.tenant}.${at.session}`,
+    allConfirm: `${base}.confirm.*.*`,
     storedSessionEvents: [
       `${base}.sessions.*.*.result.*`,
       `${base}.sessions.*.*.schema.*`,
@@ -519,6 +542,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     userSecretKey: (tenant, subject, tool) =>
       `${subjectToken(tenant)}.${subjectToken(subject)}.${subjectToken(tool)}`,
     policiesBucket: `${bucketStem}_policies`,
+    callApprovalsBucket: `${bucketStem}_call_approvals`,
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",
@@ -550,5 +574,6 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     ownerInboxPrefix: (role, owner) => `_INBOX.${prefix}.${role}.${t(owner)}`,
     frontendInboxPrefix: (tenant, session) =>
       `_INBOX.${prefix}.frontend.${t(tenant)}${session === undefined ? "" : `.${t(session)}`}`,
+    approverInboxPrefix: (tenant) => `_INBOX.${prefix}.approver.${t(tenant)}`,
   };
 }

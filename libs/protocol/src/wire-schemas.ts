@@ -39,6 +39,13 @@ import {
   OwnerUnregisterRequestSchema,
 } from "./owner.js";
 import { StatsReplySchema } from "./stats.js";
+import {
+  ApprovalReplySchema,
+  ApprovalRequestSchema,
+  ApprovalRequiredEventSchema,
+  ConfirmRequestSchema,
+  PendingApprovalSchema,
+} from "./approvals.js";
 import { ToolDefinitionSchema } from "./tool-definition.js";
 
 /** Every wire envelope by the file name of its generated JSON Schema. */
@@ -80,4 +87,9 @@ export const wireSchemas: Readonly<Record<string, z.ZodType>> = {
   "owner-progress-request": OwnerProgressRequestSchema,
   "owner-dead-letter-request": OwnerDeadLetterRequestSchema,
   "owner-ack-reply": OwnerAckReplySchema,
+  "pending-approval": PendingApprovalSchema,
+  "approval-required-event": ApprovalRequiredEventSchema,
+  "approval-request": ApprovalRequestSchema,
+  "approval-reply": ApprovalReplySchema,
+  "confirm-request": ConfirmRequestSchema,
 };

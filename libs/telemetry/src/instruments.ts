@@ -46,6 +46,8 @@ export const MetricName = {
   AuditEvents: "toolmesh.audit.events",
   AuditWriteFailures: "toolmesh.audit.write_failures",
   AuditLag: "toolmesh.audit.lag",
+  ApprovalsWaiting: "toolmesh.approvals.waiting",
+  ApprovalDecisionTime: "toolmesh.approvals.decision_time",
   TenantInFlight: "toolmesh.tenant.in_flight",
   TenantQueued: "toolmesh.tenant.queued",
   GatewayCalls: "toolmesh.gateway.calls",
@@ -111,6 +113,8 @@ export class ToolmeshMetrics {
   readonly #auditEvents: Counter;
   readonly #auditFailures: Counter;
   readonly #auditLag: Histogram;
+  readonly #approvalDecisionTime: Histogram;
+  #approvalsWaiting: () => number = () => 0;
   readonly #tenants = new Set<() => TenantReading[]>();
 
   // eslint-disable-next-line max-lines-per-function -- a declarative table: each instrument with its name, unit and description, one after another
@@ -192,7 +196,8 @@ export class ToolmeshMetrics {
     });
     this.#policyDecisions = meter.createCounter(MetricName.PolicyDecisions, {
       unit: "{decision}",
-      description: "Policy decisions on calls, by toolmesh.policy.effect (allow, deny)",
+      description:
+        "Policy decisions on calls, by toolmesh.policy.effect (allow, deny, approval: waits for a person)",
       valueType: ValueType.INT,
     });
     this.#auditEvents = meter.createCounter(MetricName.AuditEvents, {
@@ -210,6 +215,24 @@ export class ToolmeshMetrics {
       ...seconds,
       description: "Time from an audit event's occurrence to its write in the audit stream",
     });
+    this.#approvalDecisionTime = meter.createHistogram(MetricName.ApprovalDecisionTime, {
+      unit: "s",
+      description:
+        "Time from a call's approval request to its decision, by toolmesh.approval.effect (approve, deny, expire)",
+    });
+    meter
+      .createObservableGauge(MetricName.ApprovalsWaiting, {
+        unit: "{call}",
+        description: "Calls waiting for approval, as this resolver last counted them",
+        valueType: ValueType.INT,
+      })
+      .addCallback((result) => {
+        try {
+          result.observe(this.#approvalsWaiting());
+        } catch {
+          // Telemetry never throws into the app.
+        }
+      });
     this.#tenantRefused = meter.createCounter(MetricName.TenantRefused, {
       unit: "{call}",
       description:
@@ -376,9 +399,19 @@ export class ToolmeshMetrics {
     this.#auditFailures.add(1);
   }
 
-  /** A policy decided a call: `allow` or `deny`. */
-  policyDecision(effect: "allow" | "deny"): void {
+  /** A policy decided a call: `allow`, `deny`, or `approval` (it waits for a person). */
+  policyDecision(effect: "allow" | "deny" | "approval"): void {
     this.#policyDecisions.add(1, { "toolmesh.policy.effect": effect });
+  }
+
+  /** A waiting call was decided `seconds` after it asked for approval. */
+  approvalDecided(effect: "approve" | "deny" | "expire", seconds: number): void {
+    this.#approvalDecisionTime.record(seconds, { "toolmesh.approval.effect": effect });
+  }
+
+  /** Reports the calls waiting for approval at each collection. */
+  observeApprovalsWaiting(read: () => number): void {
+    this.#approvalsWaiting = read;
   }
 
   /** Reports tenants' use at each collection; returns the function that stops reporting. */

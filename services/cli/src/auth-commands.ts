@@ -96,7 +96,11 @@ function addPermissionsCommand(
         run(() => {
           // An empty --tenant would otherwise read as unset and print the default tenant's.
           const tenant = program.opts<{ tenant?: string }>().tenant;
-          if (o.role === "frontend" && tenant !== undefined && tenant.trim() === "") {
+          if (
+            (o.role === "frontend" || o.role === "approver") &&
+            tenant !== undefined &&
+            tenant.trim() === ""
+          ) {
             throw new ToolmeshError(
               ErrorCode.InvalidRequest,
               "--tenant must not be empty: name the tenant whose frontend this is",
@@ -107,7 +111,7 @@ function addPermissionsCommand(
           const permissions = rolePermissions(o.role, {
             prefix: c.prefix,
             // The global --tenant (TOOLMESH_TENANT) names the frontend's tenant.
-            ...(o.role === "frontend" ? { tenant: c.tenant } : {}),
+            ...(o.role === "frontend" || o.role === "approver" ? { tenant: c.tenant } : {}),
             ...(o.session === undefined ? {} : { session: o.session }),
             ...(o.owner === undefined ? {} : { owner: o.owner }),
             ...(o.tools === undefined ? {} : { tools: o.tools }),

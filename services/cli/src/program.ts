@@ -27,6 +27,7 @@ import { addSetupCommand } from "./setup.js";
 import { addQuotaCommands } from "./quota-commands.js";
 import { addPolicyCommands } from "./policy-commands.js";
 import { addSecretsCommands } from "./secrets-commands.js";
+import { addApprovalCommands } from "./approvals-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 import { positiveInt } from "./option-values.js";
 
@@ -176,6 +177,7 @@ export function buildProgram(
   addSetupCommand(program, config, run);
   addQuotaCommands(program, () => config(), run);
   addPolicyCommands(program, () => config(), run);
+  addApprovalCommands(program, () => config(), run);
   addSecretsCommands(program, () => config(), run);
   addAuditCommands(program, () => config(), run);
   addStatsCommand(program, () => config(), run);

@@ -75,6 +75,8 @@ import type { Admission, AdmissionTicket } from "./admission.js";
 import { PolicyDecider } from "@toolmesh/policy";
 import type { AuditTrail } from "@toolmesh/audit";
 import { AuditEventType } from "@toolmesh/audit";
+import type { PolicyDecision } from "@toolmesh/policy";
+import type { ApprovalDesk } from "./approvals.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -103,6 +105,8 @@ export interface ResolverDeps {
   policies?: PolicyDecider | undefined;
   /** Where each call's admission, refusal and policy decision are recorded (ADR 0060). */
   audit?: AuditTrail | undefined;
+  /** Where calls waiting for approval are kept (ADR 0059); such calls are refused without it. */
+  approvals?: ApprovalDesk | undefined;
 }
 
 /**
@@ -420,6 +424,7 @@ export async function routeCall(
     await refuseUnaccepted(route, unfit);
     return undefined;
   }
+  if ((await awaitApproval(route)) === "waiting") return undefined;
   const admitted = await deps.admission.admit({ resolved, request, key, seq: msg.seq }, now);
   if (admitted.decision === "refuse") {
     const { error } = admitted;
@@ -436,7 +441,7 @@ export async function routeCall(
   }
   const accepted = await acceptCall(route, ticket);
   if (accepted === undefined) return undefined;
-  const work = (): Promise<void> => publishWork(route, accepted);
+  const work = (): Promise<void> => publishWork({ ...route, seq: msg.seq }, accepted);
   if (admitted.decision === "hold") {
     holdForTurn(route, ticket, work);
     return "held";
@@ -512,6 +517,8 @@ interface Route {
   target: { tool_call_id: string; name: string; session_id: string };
   msg: JsMsg;
   callLog: Logger;
+  /** The policies' decision, once made (and allowing). */
+  policy?: PolicyDecision | undefined;
 }
 
 function routeOf(
@@ -570,19 +577,65 @@ function policyRefusal(route: Route): ToolmeshError | undefined {
   const { deps, resolved, callLog } = route;
   const policy = deps.policies?.decideCall(resolved, deps.registry.get(resolved.tool)?.definition);
   if (policy === undefined) return undefined;
-  deps.metrics.policyDecision(policy.allowed ? "allow" : "deny");
+  const effect = !policy.allowed ? "deny" : policy.approval === undefined ? "allow" : "approval";
+  deps.metrics.policyDecision(effect);
   void deps.audit?.record(resolved.address.tenant, {
     ...auditIds(resolved),
     type: AuditEventType.PolicyDecided,
-    data: {
-      effect: policy.allowed ? "allow" : "deny",
-      policies: policy.policies,
-      version: policy.version,
-    },
+    data: { effect, policies: policy.policies, version: policy.version },
   });
-  if (policy.allowed) return undefined;
+  if (policy.allowed) {
+    // Kept with the call's record and work (the approval, once given, is added to it).
+    resolved.decision = {
+      effect: policy.approval === undefined ? "allow" : "approval",
+      policies: policy.policies,
+      policy_version: policy.version,
+    };
+    route.policy = policy;
+    return undefined;
+  }
   callLog.info({ policies: policy.policies, version: policy.version }, "call refused by policy");
   return PolicyDecider.refusal(policy, resolved.tool);
+}
+
+/**
+ * Keeps a call a permit lets through only with a person's approval (ADR 0059): "waiting" when
+ * it now waits (or already did: the same call submitted again), answered as a resubmission
+ * when its key names a waiting call with other arguments. Undefined when the call goes on: it
+ * needs no approval, or it was decided before and the call store answers it.
+ */
+async function awaitApproval(route: Route): Promise<"waiting" | undefined> {
+  const { deps, resolved, request, msg, callLog, policy } = route;
+  if (policy?.approval === undefined) return undefined;
+  const definition = deps.registry.get(resolved.tool)?.definition;
+  if (deps.approvals === undefined || definition === undefined) {
+    await refuseUnaccepted(
+      route,
+      new ToolmeshError(
+        ErrorCode.Unavailable,
+        `call of tool "${resolved.tool}" needs approval, which this resolver cannot keep`,
+      ),
+    );
+    return "waiting";
+  }
+  const held = await deps.approvals.hold(
+    resolved,
+    route.argsHash,
+    { ...policy, approval: policy.approval },
+    definition,
+  );
+  if (held.status === "decided") return undefined;
+  if (held.status === "conflict")
+    await answerResubmission(
+      deps,
+      { status: "conflict", record: held.record },
+      resolved,
+      request,
+      msg.seq,
+      callLog,
+    );
+  else callLog.info({ mode: policy.approval.mode }, "call waits for approval");
+  return "waiting";
 }
 
 /** Answers a call on its session with `error` as its final message, under `msgId`. */
@@ -644,8 +697,11 @@ async function acceptCall(route: Route, ticket: AdmissionTicket): Promise<Accept
 }
 
 /** Publishes an accepted call on its tool's work subject, which arms its deadline. */
-async function publishWork(route: Route, { record, outcome }: Accepted): Promise<void> {
-  const { deps, resolved, target, msg, callLog } = route;
+async function publishWork(
+  route: Pick<Route, "deps" | "resolved" | "target" | "key" | "callLog"> & { seq: number },
+  { record, outcome }: Accepted,
+): Promise<void> {
+  const { deps, resolved, target, seq, callLog } = route;
   const { plane, subjects } = deps;
   let routed: { duplicate: boolean };
   try {
@@ -674,7 +730,7 @@ async function publishWork(route: Route, { record, outcome }: Accepted): Promise
     // The work stream remembers routing this key, but its record was gone (expired or
     // purged): the work was dropped as a duplicate and no executor will see it, nor will the
     // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
-    await answerVanishedRecord(deps, resolved, target, msg.seq, callLog);
+    await answerVanishedRecord(deps, resolved, target, seq, callLog);
     return;
   }
   callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
@@ -963,4 +1019,44 @@ export async function answerResubmission(
       : resultMsgId(key, subjectToken(submission.call_id)),
   );
   callLog.info("resubmitted call answered from its stored result");
+}
+
+/**
+ * Routes a call once a person approved it (ADR 0059): accepted in the call store and published
+ * on its tool's work subject, past admission (it was counted as it waited). A call that ended
+ * meanwhile (cancelled) is left as it is. `seq` names the delivery for a vanished record's answer.
+ */
+export async function routeApproved(
+  deps: ResolverDeps,
+  resolved: ResolvedCall,
+  argsHash: string,
+  seq: number,
+): Promise<void> {
+  const callLog = deps.log.child({
+    callId: resolved.call_id,
+    sessionId: resolved.address.session,
+    tool: resolved.tool,
+  });
+  const record = callRecordOf(resolved, argsHash);
+  const outcome = await deps.plane.store.accept(record);
+  if (outcome.status === "conflict" || outcome.status === "done") {
+    callLog.info({ status: outcome.status }, "approved call ended before it was routed");
+    return;
+  }
+  await publishWork(
+    {
+      deps,
+      resolved,
+      target: {
+        tool_call_id: resolved.call_id,
+        name: resolved.tool,
+        session_id: resolved.session_id,
+      },
+      key: callKey(resolved.address, resolved.idempotency_key),
+      callLog,
+      seq,
+    },
+    { record, outcome },
+  );
+  callLog.info("approved call routed to its executors");
 }

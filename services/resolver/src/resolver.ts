@@ -22,7 +22,8 @@ import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
-import { dryRunRequests, handleCall } from "./handle-call.js";
+import { dryRunRequests, handleCall, routeApproved } from "./handle-call.js";
+import { ApprovalDesk } from "./approvals.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
 import type { PolicyDecider } from "@toolmesh/policy";
 import { SessionLimits } from "./session-limits.js";
@@ -94,6 +95,11 @@ export interface ResolverOptions {
    * calls (as many as it lately used, up to its share), in ms; 0 keeps none. Default 1 000.
    */
   fairShareIdleMs?: number;
+  /**
+   * How often this resolver sweeps the calls waiting for approval (expiring those nobody
+   * decided in time, routing approved ones a crash left), in ms. Default 1 000.
+   */
+  approvalSweepMs?: number;
 }
 
 /** The tool a final message names, or undefined when it cannot be read. */
@@ -169,6 +175,18 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     streamLimits: options.streamLimits,
     maxResultBytes: options.maxResultBytes,
   });
+  const approvals = await ApprovalDesk.open({
+    nc,
+    subjects,
+    plane,
+    registry,
+    policies: options.policies,
+    log,
+    metrics,
+    callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
+    replicas: options.replicas,
+    sweepMs: options.approvalSweepMs,
+  });
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -183,7 +201,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     access: options.access,
     policies: options.policies,
     audit: options.audit,
+    approvals,
   };
+  approvals.start((call, argsHash) => routeApproved(deps, call, argsHash, call.resolved_at));
 
   void (async () => {
     for await (const status of nc.status())
@@ -207,6 +227,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
       stopWatching();
       admission.stop();
+      await approvals.stop(graceMs);
       await Promise.all([
         rpc.stop(graceMs),
         owners.stop(graceMs),

@@ -53,6 +53,8 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
     CREDENTIAL_REQUIRED = "credential_required"
+    APPROVAL_DENIED = "approval_denied"
+    APPROVAL_EXPIRED = "approval_expired"
     INTERNAL = "internal"
 
 
@@ -86,8 +88,14 @@ SCHEMA_REASONS: tuple[SchemaReason, ...] = ("missing_arguments", "expand")
 ParameterSource = Literal["edge", "tool_args", "default", "zero_value"]
 PARAMETER_SOURCES: tuple[ParameterSource, ...] = ("edge", "tool_args", "default", "zero_value")
 #: The session event kinds (second-to-last subject token).
-SessionEventKind = Literal["result", "progress", "schema", "rejected"]
-SESSION_EVENT_KINDS: tuple[SessionEventKind, ...] = ("result", "progress", "schema", "rejected")
+SessionEventKind = Literal["result", "progress", "schema", "rejected", "approval"]
+SESSION_EVENT_KINDS: tuple[SessionEventKind, ...] = (
+    "result",
+    "progress",
+    "schema",
+    "rejected",
+    "approval",
+)
 
 
 class _WireErrorRequired(TypedDict):

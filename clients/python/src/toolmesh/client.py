@@ -89,11 +89,13 @@ class SessionEvent:
     """Something that happened on a session.
 
     ``type`` is ``result`` (``body`` a ToolMessage), ``progress`` (a ProgressEvent),
-    ``rejected`` (a Rejection: a submission refused without touching the call its key names) or
-    ``schema`` (a SchemaEvent; ``tool`` names the tool).
+    ``rejected`` (a Rejection: a submission refused without touching the call its key names),
+    ``schema`` (a SchemaEvent; ``tool`` names the tool) or ``approval`` (an
+    ApprovalRequiredEvent: the call was accepted and waits for a person; with ``mode:
+    "caller"``, for :meth:`Session.confirm`).
     """
 
-    type: Literal["result", "progress", "rejected", "schema"]
+    type: Literal["result", "progress", "rejected", "schema", "approval"]
     body: Mapping[str, Any]
     tool: str = ""
 
@@ -706,6 +708,33 @@ class Session:
             return {"cancelled": False, "state": "unknown", "error": err.to_wire()}
         return cast(CancelReply, reply)
 
+    async def confirm(
+        self,
+        call_id: str,
+        confirm: bool,
+        *,
+        reason: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Confirms (``True``) or declines one of this session's calls that waits for its
+        caller (``@approval("caller")``): confirmed, it runs once; declined, it ends with
+        ``approval_denied``. A second answer is refused: a decision counts once. Returns the
+        ApprovalReply; a failed request is ``{"ok": False, "error": ...}``."""
+        request: dict[str, Any] = {
+            "tool_call_id": call_id,
+            "session_id": self.id,
+            "confirm": confirm,
+        }
+        if idempotency_key is not None:
+            request["idempotency_key"] = idempotency_key
+        if reason is not None:
+            request["reason"] = reason
+        try:
+            reply = await self.mesh._request(self._subjects.confirm(self.id), request, "resolver")
+        except ToolmeshError as err:
+            return {"ok": False, "error": err.to_wire()}
+        return dict(reply)
+
     # ---- events ----
 
     async def events(self) -> AsyncIterator[SessionEvent]:
@@ -930,7 +959,10 @@ class Session:
         # subject the requester named, so one frontend of the tenant can place another
         # session's stored message on this session's subjects: a final message or progress
         # naming another session, or a result whose subject names another call, is not ours.
-        if kind in ("result", "rejected", "progress") and body.get("session_id") != self.id:
+        if (
+            kind in ("result", "rejected", "progress", "approval")
+            and body.get("session_id") != self.id
+        ):
             return
         if (
             kind == "result"
@@ -943,6 +975,8 @@ class Session:
             self._deliver(SessionEvent("result", body))
         elif kind == "rejected" and _is_rejection(body):
             self._deliver(SessionEvent("rejected", body))
+        elif kind == "approval" and isinstance(body.get("tool_call_id"), str):
+            self._deliver(SessionEvent("approval", body))
         elif kind == "progress" and isinstance(body.get("tool_call_id"), str):
             pending = self._pending.get(body["tool_call_id"])
             if pending is not None:

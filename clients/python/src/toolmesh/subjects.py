@@ -79,6 +79,10 @@ class Subjects:
     def cancel(self, session_id: str) -> str:
         return f"{self.base}.cancel.{self.tenant_token}.{subject_token(session_id)}"
 
+    def confirm(self, session_id: str) -> str:
+        """Where the caller confirms or declines its session's waiting calls."""
+        return f"{self.base}.confirm.{self.tenant_token}.{subject_token(session_id)}"
+
     def session_events(self, session_id: str) -> str:
         """The one subscription that carries everything for a session."""
         return f"{self._session(session_id)}.>"
@@ -107,7 +111,7 @@ class Subjects:
         if len(parts) < 3:
             return None
         kind = parts[1]
-        if kind in ("result", "progress", "schema", "rejected"):
+        if kind in ("result", "progress", "schema", "rejected", "approval"):
             return kind  # type: ignore[return-value]
         return None
 

@@ -1,0 +1,201 @@
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import { MESH_ACCOUNT, renderAccountConfig, tenantAccount } from "@toolmesh/nats";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { ApprovalEntry, ToolMessage } from "@toolmesh/protocol";
+import { callKey, createSubjects, encodeJson } from "@toolmesh/protocol";
+import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
+import { runCli } from "./helpers/cli.js";
+import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
+import { accountUsers } from "./helpers/account-users.js";
+import { createTestPki, type TestPki } from "./helpers/tls.js";
+import { eventually } from "./helpers/eventually.js";
+
+// The approver role attacked, in the accounts layout `toolmesh auth config` generates (with
+// TLS): another tenant's approver, the tenant's own frontend and a principal with every right in
+// the tenant's account try to see and decide a waiting call, directly and through reply
+// subjects pointed at the approvals bucket and the JetStream API. Only the tenant's approver
+// (and the operator) decide it, once.
+//
+// Run on both server versions: TOOLMESH_TEST_NATS_SERVER=/opt/nats-server-current/usr/sbin/nats-server.
+
+const subjects = createSubjects();
+const START_MS = 120_000;
+const POLICY = `@id("all")
+permit (principal, action, resource);
+
+@id("danger")
+@approval("operator")
+permit (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Tool::"sleepy")
+when { context.args has tag && context.args.tag == "danger" };
+`;
+
+let pki: TestPki;
+let server: NatsServerHandle;
+let ledgerDir: string;
+let mesh: NatsConnection;
+let resolver: ServiceProcess;
+const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
+  url: server.url,
+  pki,
+}));
+
+beforeAll(async () => {
+  pki = await createTestPki();
+  ledgerDir = await mkdtemp(join(tmpdir(), "toolmesh-approvals-attack-"));
+  const config = renderAccountConfig({
+    tenants: ["acme", "globex"],
+    extraUsers: [
+      // Every right inside acme's account: the account's imports alone bound it.
+      {
+        account: tenantAccount("acme"),
+        user: "acme-root",
+        permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
+      },
+      {
+        account: MESH_ACCOUNT,
+        user: "observer",
+        permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
+      },
+    ],
+  });
+  for (const m of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g))
+    process.env[m[2]!] = password(m[1]!);
+  server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
+  const setup = await runCli(["setup", "--tenants", "acme,globex"], credentials("setup"));
+  expect(setup.stderr).toBe("");
+  const env = (user: string) => ({ ...credentials(user), TOOLMESH_ACK_WAIT_MS: "2000" });
+  [resolver] = await Promise.all([
+    startService("resolver", env("resolver"), START_MS),
+    startService(
+      "executor",
+      {
+        ...env("executor"),
+        TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
+        TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir }),
+      },
+      START_MS,
+    ),
+  ]);
+  mesh = await connectAs("observer");
+  const store = new PolicyStore(await openPolicyBucket(mesh, { subjects }));
+  const { revision } = await store.set(POLICY);
+  await resolver.waitForLog(
+    (l) => l.msg === "policy set applied" && l.key === "operator" && l.revision === revision,
+  );
+}, 3 * START_MS);
+
+afterAll(async () => {
+  await mesh?.close();
+  await closeAll();
+  await killAllServices();
+  await server?.stop();
+  await stopAll();
+  await pki?.remove();
+  if (ledgerDir !== undefined) await rm(ledgerDir, { recursive: true, force: true });
+});
+
+async function runs(callId: string): Promise<number> {
+  let lines = 0;
+  for (const file of await readdir(ledgerDir)) {
+    if (!decodeURIComponent(file).endsWith(`/${callId}`)) continue;
+    lines += (await readFile(join(ledgerDir, file), "utf8")).split("\n").filter(Boolean).length;
+  }
+  return lines;
+}
+
+/** `toolmesh approvals …` as `user`, for tenant `tenant`. */
+function approvalsAs(user: string, tenant: string, ...args: string[]) {
+  const as = user.startsWith("approver-") ? ["--as", "approver"] : [];
+  return runCli(["--tenant", tenant, "approvals", ...args, ...as], credentials(user));
+}
+
+async function listedBy(user: string, tenant: string): Promise<ApprovalEntry[] | undefined> {
+  const out = await approvalsAs(user, tenant, "list", "--json");
+  return out.code === 0 ? (JSON.parse(out.stdout) as ApprovalEntry[]) : undefined;
+}
+
+describe("approvers in their tenants' accounts, attacked", () => {
+  it("only the tenant's approver sees and decides its waiting call, once", async () => {
+    const nc = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    const client = new ToolmeshClient(nc, { tenant: "acme", defaultTimeoutMs: 30_000 });
+    const session = client.session("s-attack");
+    const { result } = session.submit({
+      id: "victim",
+      name: "sleepy",
+      arguments: { ms: 5, tag: "danger" },
+    });
+    const entry = await eventually("the waiting call listed by acme's approver", async () =>
+      (await listedBy("approver-acme", "acme"))?.find((e) => e.call_id === "victim"),
+    );
+    expect(entry).toMatchObject({ tenant: "acme", tool: "sleepy" });
+    const approvals = await new Kvm(mesh).open(subjects.callApprovalsBucket);
+    const before = (await approvals.status()).values;
+
+    // globex's approver: its own tenant holds no such call; acme's subject is not its to use.
+    expect(await listedBy("approver-globex", "globex")).toEqual([]);
+    expect((await approvalsAs("approver-globex", "globex", "approve", "victim")).code).toBe(1);
+    expect((await approvalsAs("approver-globex", "acme", "list", "--json")).code).not.toBe(0);
+    expect((await approvalsAs("approver-globex", "acme", "approve", "victim")).code).not.toBe(0);
+    // acme's plain frontend may neither list nor approve, nor confirm an operator's call as its caller.
+    const asFrontend = await runCli(
+      ["--tenant", "acme", "approvals", "approve", "victim"],
+      credentials("frontend-acme"),
+    );
+    expect(asFrontend.code).not.toBe(0);
+    expect((await session.confirm("victim", true)).ok).toBe(false);
+
+    // Straight at the bucket and through reply subjects pointed at it and at the JetStream API,
+    // from every principal of the tenants' accounts.
+    const forged = encodeJson({ state: "approved" });
+    const key = callKey(subjects.address("acme", "s-attack"), "s-attack/victim");
+    for (const user of ["approver-globex", "approver-acme", "frontend-acme", "acme-root"]) {
+      const attacker = await connectAs(user, {
+        inboxPrefix: user.startsWith("approver-")
+          ? subjects.approverInboxPrefix(user.slice("approver-".length))
+          : subjects.frontendInboxPrefix("acme"),
+      });
+      attacker.publish(`$KV.${subjects.callApprovalsBucket}.${key}`, forged);
+      attacker.publish(`$KV.${subjects.callApprovalsBucket}.acme.>`, forged);
+      for (const reply of [
+        `$KV.${subjects.callApprovalsBucket}.acme.s-attack.x`,
+        `$JS.API.STREAM.DELETE.KV_${subjects.callApprovalsBucket}`,
+        `$JS.API.STREAM.PURGE.KV_${subjects.callApprovalsBucket}`,
+      ]) {
+        for (const tenant of ["acme", "globex"])
+          attacker.publish(subjects.approvalsRpc(tenant), encodeJson({ op: "list" }), { reply });
+        attacker.publish(
+          subjects.confirm({ tenant: "acme", session: "s-attack" }),
+          encodeJson({}),
+          {
+            reply,
+          },
+        );
+      }
+      await attacker.flush();
+      await attacker.close();
+    }
+    await mesh.flush();
+    const status = await approvals.status();
+    expect(status.values).toBe(before);
+    const stored = await approvals.get(key);
+    expect(stored === null ? undefined : JSON.parse(stored.string()).state).toBe("waiting");
+    expect(await runs("victim")).toBe(0);
+
+    // acme's approver decides it: it runs once, and a second decision is refused.
+    expect((await approvalsAs("approver-acme", "acme", "approve", "victim")).code).toBe(0);
+    const done: ToolMessage = await result;
+    expect(done.error).toBeUndefined();
+    expect((await approvalsAs("approver-acme", "acme", "approve", "victim")).code).toBe(1);
+    expect(await runs("victim")).toBe(1);
+    session.close();
+  });
+});
