@@ -172,7 +172,7 @@ describe("the toolmesh values", () => {
         .exec(guide)?.[1]
         ?.split(" ");
     expect(roles).toHaveLength(6);
-    expect(asked.size).toBe(8);
+    expect(asked.size).toBe(9);
     expect(new Set(roles)).toEqual(
       new Set(
         [...guide.matchAll(/^\| [^|]+\| `([a-z-]+)` +\| `toolmesh-nats-/gm)].map((m) => m[1]),
