@@ -1,5 +1,6 @@
 // One tenant flooding the store with large results, in one run:
-// `node bench/storage-flood.mjs [--smoke] [--out DIR]` (after `npm run build`).
+// `node bench/storage-flood.mjs [--smoke] [--out DIR] [--cpu-prof DIR]` (after `npm run build`);
+// --cpu-prof writes each service's CPU profile (node --cpu-prof) to DIR when it stops.
 //
 // Tenant B makes small echo calls at a steady rate alone (its baseline), then again while tenant
 // A, within any call quota, keeps FLOOD_IN_FLIGHT echo calls in flight whose results are of
@@ -30,6 +31,7 @@ const { values: flags } = parseArgs({
   options: {
     smoke: { type: "boolean", default: false },
     out: { type: "string", default: join(HERE, "results") },
+    "cpu-prof": { type: "string" },
   },
 });
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
@@ -130,6 +132,7 @@ const mesh = await startMesh({
   name: "storage-flood",
   concurrency: 64,
   env: { TOOLMESH_STORE_BYTES: String(STORE_BYTES) },
+  nodeArgs: flags["cpu-prof"] ? ["--cpu-prof", `--cpu-prof-dir=${flags["cpu-prof"]}`] : [],
 });
 let result;
 try {
