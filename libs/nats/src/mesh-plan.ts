@@ -41,6 +41,8 @@ export interface MeshPlan {
     quotaUsage: StreamSpec;
     /** The operator's and tenants' policy sets, with history for operators. */
     policies: StreamSpec;
+    /** Users' secrets, sealed, for the mesh account's executors (an owner's are in its account). */
+    userSecrets: StreamSpec;
   };
   /**
    * Consumers shared by every replica of a service. Executors add one work consumer per tool
@@ -99,6 +101,7 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
       quotas: bucketSpec(subjects.quotasBucket, { replicas, compression, history: 5 }),
       quotaUsage: bucketSpec(subjects.quotaUsageBucket, { replicas, compression }),
       policies: bucketSpec(subjects.policiesBucket, { replicas, compression, history: 16 }),
+      userSecrets: bucketSpec(subjects.userSecretsBucket, { replicas, compression }),
     },
     consumers: {
       resolver: durableConsumerSpec({

@@ -84,6 +84,7 @@ function names(s: Subjects) {
       s.quotasBucket,
       s.quotaUsageBucket,
       s.policiesBucket,
+      s.userSecretsBucket,
     ],
     kv,
     /**
@@ -114,6 +115,21 @@ function bucketRead(bucket: string): string[] {
     `${API}.STREAM.MSG.GET.${stream}`,
     `${API}.DIRECT.GET.${stream}.>`,
     ...orderedReader(stream),
+  ];
+}
+
+/**
+ * What sets, lists and removes users' secrets (`toolmesh secrets`, ADR 0061): the JetStream
+ * account info, and creating, reading and writing the bucket `{p}_user_secrets` of the account
+ * it connects to.
+ */
+function userSecretsWriter(s: Subjects): string[] {
+  const bucket = s.userSecretsBucket;
+  return [
+    `${API}.INFO`,
+    `${API}.STREAM.CREATE.KV_${bucket}`,
+    ...bucketRead(bucket),
+    `$KV.${bucket}.>`,
   ];
 }
 
@@ -393,7 +409,8 @@ export function rolePermissions(
         ),
       );
     case "executor":
-      return toolHost(s, role, options.tools);
+      // Users' secrets of its tools that act as their caller (ADR 0061), sealed.
+      return merge(toolHost(s, role, options.tools), pub(...bucketRead(s.userSecretsBucket)));
     case "mcp-bridge": {
       // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
       // bucket, and a bridge allowed to creates it when it first pins.
@@ -465,6 +482,8 @@ export function rolePermissions(
           `$KV.${s.quotasBucket}.>`,
           `$KV.${s.quotaUsageBucket}.>`,
           `$KV.${s.policiesBucket}.>`,
+          // `toolmesh secrets` for the mesh account's executors.
+          `$KV.${s.userSecretsBucket}.>`,
         ),
       );
     case "setup":
@@ -600,9 +619,22 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
         local(`${API}.CONSUMER.INFO.${work}.*`),
         `$JS.ACK.${work}.>`,
         `${s.prefix}.v1.owner.${owner}.>`,
+        // Its users' secrets, in its own account's JetStream (ADR 0061): `$JS.API` unprefixed.
+        ...(role === "executor" ? bucketRead(s.userSecretsBucket) : []),
       ],
     },
     subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },
+  };
+}
+
+/**
+ * The operator of tool owner `owner`'s users' secrets (`toolmesh secrets` connected as
+ * `operator-{o}`): the bucket `{p}_user_secrets` in the owner's account, nothing of the mesh.
+ */
+function ownerSecretsOperator(s: Subjects): Permissions {
+  return {
+    publish: { allow: userSecretsWriter(s) },
+    subscribe: { allow: [`${s.inboxPrefix("operator")}.>`] },
   };
 }
 
@@ -669,7 +701,8 @@ export interface AccountConfigOptions {
   /**
    * Tool owners, each with the names granted to it beyond its own namespace `{o}.*` (a tool
    * name, or `ns.*` for a namespace such as an MCP server's tools; often none): one account
-   * `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each (ADR 0041). Default none:
+   * `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` (ADR 0041) and `operator-{o}` (its
+   * users' secrets, ADR 0061) each. Default none:
    * executors and bridges then run in the mesh account as its users `executor`, `mcp-bridge`.
    */
   owners?: Readonly<Record<string, readonly string[]>>;
@@ -770,6 +803,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     name: string,
     users: Account["users"],
     crossings: { services: Crossing[]; streams: string[] },
+    jetstream = false,
   ): void => {
     mesh.exports.push(
       ...crossings.services.map(
@@ -780,7 +814,7 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     );
     accounts.push({
       name,
-      jetstream: false,
+      jetstream,
       limits,
       users,
       exports: [],
@@ -808,13 +842,18 @@ export function renderAccountConfig(options: AccountConfigOptions = {}): string 
     );
   }
   for (const { owner, grants } of owners) {
+    // JetStream in an owner's account holds its users' secrets alone (ADR 0061).
     crossInto(
       ownerAccount(owner),
-      (["executor", "mcp-bridge"] as const).map((role) => ({
-        user: `${role}-${owner}`,
-        permissions: rolePermissions(role, { ...prefix, owner }),
-      })),
+      [
+        ...(["executor", "mcp-bridge"] as const).map((role) => ({
+          user: `${role}-${owner}`,
+          permissions: rolePermissions(role, { ...prefix, owner }),
+        })),
+        { user: `operator-${owner}`, permissions: ownerSecretsOperator(s) },
+      ],
       ownerCrossings(s, owner, grants),
+      true,
     );
   }
   for (const extra of options.extraUsers ?? []) {
