@@ -129,6 +129,20 @@ beforeAll(async () => {
     join(native, "crm_token.yaml"),
     `name: crm_token\ndescription: The caller in the CRM.\napi_url: ${crmUrl}\ncredentials:\n  type: user-secret\n  scheme: Token\n`,
   );
+  // An OpenAPI document whose every operation acts as the caller: tool crm.me.
+  await writeFile(
+    join(native, "crm-doc.json"),
+    JSON.stringify({
+      openapi: "3.0.3",
+      info: { title: "CRM", version: "1" },
+      servers: [{ url: new URL(crmUrl).origin }],
+      paths: { "/me": { get: { operationId: "me", responses: { 200: { description: "ok" } } } } },
+    }),
+  );
+  await writeFile(
+    join(native, "crm.openapi.yaml"),
+    "spec: crm-doc.json\ncredentials:\n  type: user-secret\n",
+  );
   const env = {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: tools,
@@ -184,8 +198,8 @@ describe("user secrets", () => {
     ]);
   });
 
-  it("sends the caller's secret as an HTTP tool's Authorization, in the scheme the file names", async () => {
-    for (const tool of ["crm_http", "crm_token"]) {
+  it("sends the caller's secret as an HTTP or OpenAPI tool's Authorization, in the scheme named", async () => {
+    for (const tool of ["crm_http", "crm_token", "crm.me"]) {
       const set = await runCliWithInput(
         ["secrets", "set", "--tenant", "acme", "--subject", "alice", "--tool", tool],
         cliEnv,
@@ -198,6 +212,8 @@ describe("user secrets", () => {
     expect(JSON.parse((await lookup("alice", "crm_token")).text)).toEqual({
       account_of: "alice, by the Token scheme",
     });
+    await toolAvailable(services[0] as ServiceProcess, "crm.me");
+    expect(JSON.parse((await lookup("alice", "crm.me")).text)).toEqual({ account_of: "alice" });
     // Bob stored a secret for crm_lookup only: not sent to another tool.
     const bob = await lookup("bob", "crm_http");
     expect(bob.isError).toBe(true);
@@ -233,7 +249,9 @@ describe("user secrets", () => {
       ["secrets", "list", "--tenant", "acme", "--subject", "alice", "--json"],
       cliEnv,
     );
-    expect(JSON.parse(list.stdout)).toEqual({ tools: ["crm_http", "crm_lookup", "crm_token"] });
+    expect(JSON.parse(list.stdout)).toEqual({
+      tools: ["crm.me", "crm_http", "crm_lookup", "crm_token"],
+    });
     expect(list.stdout).not.toContain(ALICE_SECRET);
     const nc = await connect({ servers: server.url });
     try {

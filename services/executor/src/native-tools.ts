@@ -46,7 +46,7 @@ const AuthSchema = z.strictObject({
  * caller; `user-secret` sends the calling user's stored secret as the request's
  * `Authorization`, after `scheme` (default `Bearer`).
  */
-const HttpCredentialsSchema = z.discriminatedUnion("type", [
+export const HttpCredentialsSchema = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("service") }),
   z.strictObject({
     type: z.literal("user-secret"),
@@ -398,9 +398,21 @@ function nativeToolModule(
 
 /** The tool's endpoint, with the caller's secret among those never carried into results. */
 function endpointFor(tool: CompiledTool, ctx: ToolContext): HttpEndpoint {
-  return tool.userScheme === undefined || ctx.credential === undefined
-    ? tool.endpoint
-    : { ...tool.endpoint, secrets: [...tool.endpoint.secrets, ctx.credential] };
+  return callerEndpoint(tool.endpoint, tool.userScheme, ctx);
+}
+
+/**
+ * `endpoint` for one call of a tool sending the caller's secret (`scheme` set): the secret is
+ * redacted from what the call returns, like the configured ones.
+ */
+export function callerEndpoint(
+  endpoint: HttpEndpoint,
+  scheme: string | undefined,
+  ctx: ToolContext,
+): HttpEndpoint {
+  return scheme === undefined || ctx.credential === undefined
+    ? endpoint
+    : { ...endpoint, secrets: [...endpoint.secrets, ctx.credential] };
 }
 
 function buildRequest(
