@@ -67,10 +67,13 @@ async function token(sub: string): Promise<string> {
   return jwt;
 }
 
-async function lookup(user: string): Promise<{ text: string; isError: boolean }> {
+async function lookup(
+  user: string,
+  tool = "crm_lookup",
+): Promise<{ text: string; isError: boolean }> {
   const c = await mcpClient(gateway.url, await token(user));
   try {
-    const result = await c.callTool({ name: "crm_lookup", arguments: {} });
+    const result = await c.callTool({ name: tool, arguments: {} });
     return {
       text: (result.content[0] as { text: string }).text,
       isError: result.isError === true,
@@ -105,6 +108,7 @@ beforeAll(async () => {
   const owners = new Map([
     [`Bearer ${ALICE_SECRET}`, "alice"],
     [`Bearer ${BOB_SECRET}`, "bob"],
+    [`Token ${ALICE_SECRET}`, "alice, by the Token scheme"],
   ]);
   crm = createServer((req, res) => {
     const who = owners.get(req.headers.authorization ?? "");
@@ -115,9 +119,34 @@ beforeAll(async () => {
   const crmUrl = `${await listen(crm)}/me`;
   const tools = await mkdtemp(join(tmpdir(), "toolmesh-user-secrets-"));
   await writeFile(join(tools, "crm.js"), CRM_TOOL(crmUrl));
+  // HTTP tool files that send the caller's secret as Authorization: Bearer, and a named scheme.
+  const native = await mkdtemp(join(tmpdir(), "toolmesh-user-secrets-http-"));
+  await writeFile(
+    join(native, "crm_http.yaml"),
+    `name: crm_http\ndescription: The caller in the CRM.\napi_url: ${crmUrl}\ncredentials:\n  type: user-secret\n`,
+  );
+  await writeFile(
+    join(native, "crm_token.yaml"),
+    `name: crm_token\ndescription: The caller in the CRM.\napi_url: ${crmUrl}\ncredentials:\n  type: user-secret\n  scheme: Token\n`,
+  );
+  // An OpenAPI document whose every operation acts as the caller: tool crm.me.
+  await writeFile(
+    join(native, "crm-doc.json"),
+    JSON.stringify({
+      openapi: "3.0.3",
+      info: { title: "CRM", version: "1" },
+      servers: [{ url: new URL(crmUrl).origin }],
+      paths: { "/me": { get: { operationId: "me", responses: { 200: { description: "ok" } } } } },
+    }),
+  );
+  await writeFile(
+    join(native, "crm.openapi.yaml"),
+    "spec: crm-doc.json\ncredentials:\n  type: user-secret\n",
+  );
   const env = {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: tools,
+    TOOLMESH_NATIVE_TOOLS_DIR: native,
     TOOLMESH_CONFIG_DIR: await gatewayAgents(),
   };
   cliEnv = { NATS_URL: server.url, TOOLMESH_SECRET_KEYS: KEYS };
@@ -169,6 +198,28 @@ describe("user secrets", () => {
     ]);
   });
 
+  it("sends the caller's secret as an HTTP or OpenAPI tool's Authorization, in the scheme named", async () => {
+    for (const tool of ["crm_http", "crm_token", "crm.me"]) {
+      const set = await runCliWithInput(
+        ["secrets", "set", "--tenant", "acme", "--subject", "alice", "--tool", tool],
+        cliEnv,
+        ALICE_SECRET,
+      );
+      expect(set.code).toBe(0);
+    }
+    await toolAvailable(services[0] as ServiceProcess, "crm_token");
+    expect(JSON.parse((await lookup("alice", "crm_http")).text)).toEqual({ account_of: "alice" });
+    expect(JSON.parse((await lookup("alice", "crm_token")).text)).toEqual({
+      account_of: "alice, by the Token scheme",
+    });
+    await toolAvailable(services[0] as ServiceProcess, "crm.me");
+    expect(JSON.parse((await lookup("alice", "crm.me")).text)).toEqual({ account_of: "alice" });
+    // Bob stored a secret for crm_lookup only: not sent to another tool.
+    const bob = await lookup("bob", "crm_http");
+    expect(bob.isError).toBe(true);
+    expect(bob.text).toContain('no secret of user "bob" for tool "crm_http"');
+  });
+
   it("ends the call with the typed error, not a retry", async () => {
     const nc = await connect({ servers: server.url });
     try {
@@ -198,7 +249,9 @@ describe("user secrets", () => {
       ["secrets", "list", "--tenant", "acme", "--subject", "alice", "--json"],
       cliEnv,
     );
-    expect(JSON.parse(list.stdout)).toEqual({ tools: ["crm_lookup"] });
+    expect(JSON.parse(list.stdout)).toEqual({
+      tools: ["crm.me", "crm_http", "crm_lookup", "crm_token"],
+    });
     expect(list.stdout).not.toContain(ALICE_SECRET);
     const nc = await connect({ servers: server.url });
     try {

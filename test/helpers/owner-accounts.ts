@@ -12,7 +12,7 @@ const EVERYTHING: Permissions = { publish: { allow: [">"] }, subscribe: { allow:
 /**
  * The nats-server `accounts` block `toolmesh auth config --owner OWNER=TOOLS …` generates (ADR
  * 0031), what operators deploy: the mesh in `TOOLMESH` with JetStream, each owner in
- * `OWNER_{o}` without it, crossing to its owner services, the abort broadcast and each of its
+ * `OWNER_{o}` (JetStream for its users' secrets only), crossing to its owner services, the abort broadcast and each of its
  * tools' work consumers. Every user's password is its name, defined in the file. The generated
  * users (`executor-{o}`, `mcp-bridge-{o}`, `resolver`, …) keep their generated permissions; the
  * test adds `mesh` (every right in the mesh account) and, in each owner's account, `{o}` with

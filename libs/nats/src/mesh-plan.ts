@@ -44,6 +44,8 @@ export interface MeshPlan {
     policies: StreamSpec;
     /** Calls waiting for a person's approval, changed by compare-and-set (ADR 0059). */
     callApprovals: StreamSpec;
+    /** Users' secrets, sealed, for the mesh account's executors (an owner's are in its account). */
+    userSecrets: StreamSpec;
   };
   /**
    * Consumers shared by every replica of a service. Executors add one work consumer per tool
@@ -110,6 +112,7 @@ export function meshPlan(subjects: Subjects, settings: MeshSettings = {}): MeshP
         ttlMs: settings.callRetentionMs ?? Defaults.callRetentionMs,
         ttlSetting: "TOOLMESH_CALL_RETENTION_MS",
       }),
+      userSecrets: bucketSpec(subjects.userSecretsBucket, { replicas, compression }),
     },
     consumers: {
       resolver: durableConsumerSpec({

@@ -92,9 +92,9 @@ describe("permissions", () => {
     for (const account of ["TOOLMESH", "TENANT_acme", "TENANT_globex", "OWNER_tools-a"]) {
       expect(config).toContain(`\n  ${account}: {\n`);
     }
-    // JetStream lives in the mesh account only.
-    expect(config.match(/jetstream: enabled/g)).toHaveLength(1);
-    expect(config.match(/jetstream: disabled/g)).toHaveLength(3);
+    // JetStream lives in the mesh account and, for its users' secrets only, each owner's.
+    expect(config.match(/jetstream: enabled/g)).toHaveLength(2);
+    expect(config.match(/jetstream: disabled/g)).toHaveLength(2);
     const exports = [...config.matchAll(/\{ (service|stream): "([^"]+)", accounts: \[([^\]]+)\]/g)];
     const imports = [
       ...config.matchAll(
@@ -226,9 +226,13 @@ describe("permissions", () => {
 
   it("gives an owner's executor its owner's crossings only, and refuses an empty tenant", () => {
     const owned = rolePermissions("executor", { owner: "acme" });
+    // Besides its crossings, only its own account's bucket of users' secrets, read-only.
     for (const subject of owned.publish.allow) {
-      expect(subject).toMatch(/TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\./);
+      expect(subject).toMatch(
+        /TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\.|^\$JS\.(API\.(STREAM\.(INFO|MSG\.GET)|DIRECT\.GET|CONSUMER\.(CREATE|DELETE|INFO|MSG\.NEXT))|FC)\.KV_toolmesh_user_secrets(\.|$)/,
+      );
     }
+    expect(owned.publish.allow).not.toContain("$KV.toolmesh_user_secrets.>");
     expect(() => rolePermissions("mcp-bridge", { owner: "acme", tools: ["fs.*"] })).toThrow(
       "grant them with `toolmesh auth config --owner acme=NAME,…`",
     );

@@ -86,6 +86,7 @@ function names(s: Subjects) {
       s.quotaUsageBucket,
       s.policiesBucket,
       s.callApprovalsBucket,
+      s.userSecretsBucket,
     ],
     kv,
     /**
@@ -121,6 +122,21 @@ function bucketRead(bucket: string): string[] {
     `${API}.STREAM.MSG.GET.${stream}`,
     `${API}.DIRECT.GET.${stream}.>`,
     ...orderedReader(stream),
+  ];
+}
+
+/**
+ * What sets, lists and removes users' secrets (`toolmesh secrets`, ADR 0061): the JetStream
+ * account info, and creating, reading and writing the bucket `{p}_user_secrets` of the account
+ * it connects to.
+ */
+function userSecretsWriter(s: Subjects): string[] {
+  const bucket = s.userSecretsBucket;
+  return [
+    `${API}.INFO`,
+    `${API}.STREAM.CREATE.KV_${bucket}`,
+    ...bucketRead(bucket),
+    `$KV.${bucket}.>`,
   ];
 }
 
@@ -411,7 +427,11 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
 
 /** An executor in the mesh account, trusted like a service. */
 function executorPermissions({ s, role, options, auditWrites }: RoleContext): Permissions {
-  return merge(toolHost(s, role, options.tools), pub(...auditWrites));
+  // Users' secrets of its tools that act as their caller (ADR 0061), sealed.
+  return merge(
+    toolHost(s, role, options.tools),
+    pub(...auditWrites, ...bucketRead(s.userSecretsBucket)),
+  );
 }
 
 /** An MCP bridge in the mesh account, with the approvals bucket of its servers. */
@@ -506,6 +526,8 @@ function operatorPermissions({
       `$KV.${s.quotasBucket}.>`,
       `$KV.${s.quotaUsageBucket}.>`,
       `$KV.${s.policiesBucket}.>`,
+      // `toolmesh secrets` for the mesh account's executors.
+      `$KV.${s.userSecretsBucket}.>`,
     ),
   );
 }
@@ -741,9 +763,22 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
         local(`${API}.CONSUMER.INFO.${work}.*`),
         `$JS.ACK.${work}.>`,
         `${s.prefix}.v1.owner.${owner}.>`,
+        // Its users' secrets, in its own account's JetStream (ADR 0061): `$JS.API` unprefixed.
+        ...(role === "executor" ? bucketRead(s.userSecretsBucket) : []),
       ],
     },
     subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },
+  };
+}
+
+/**
+ * The operator of tool owner `owner`'s users' secrets (`toolmesh secrets` connected as
+ * `operator-{o}`): the bucket `{p}_user_secrets` in the owner's account, nothing of the mesh.
+ */
+function ownerSecretsOperator(s: Subjects): Permissions {
+  return {
+    publish: { allow: userSecretsWriter(s) },
+    subscribe: { allow: [`${s.inboxPrefix("operator")}.>`] },
   };
 }
 
@@ -810,7 +845,8 @@ export interface AccountConfigOptions {
   /**
    * Tool owners, each with the names granted to it beyond its own namespace `{o}.*` (a tool
    * name, or `ns.*` for a namespace such as an MCP server's tools; often none): one account
-   * `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` each (ADR 0041). Default none:
+   * `OWNER_{o}` with users `executor-{o}`, `mcp-bridge-{o}` (ADR 0041) and `operator-{o}` (its
+   * users' secrets, ADR 0061) each. Default none:
    * executors and bridges then run in the mesh account as its users `executor`, `mcp-bridge`.
    */
   owners?: Readonly<Record<string, readonly string[]>>;
@@ -899,6 +935,7 @@ function crossInto(
   users: Account["users"],
   crossings: { services: Crossing[]; streams: string[] },
   limits: Required<AccountLimits>,
+  jetstream = false,
 ): Account {
   const q = JSON.stringify;
   mesh.exports.push(
@@ -910,7 +947,7 @@ function crossInto(
   );
   return {
     name,
-    jetstream: false,
+    jetstream,
     limits,
     users,
     exports: [],
@@ -977,16 +1014,21 @@ function meshAccounts(
     );
   }
   for (const { owner, grants } of owners) {
+    // JetStream in an owner's account holds its users' secrets alone (ADR 0061).
     accounts.push(
       crossInto(
         mesh,
         ownerAccount(owner),
-        (["executor", "mcp-bridge"] as const).map((role) => ({
-          user: `${role}-${owner}`,
-          permissions: rolePermissions(role, { ...prefix, owner }),
-        })),
+        [
+          ...(["executor", "mcp-bridge"] as const).map((role) => ({
+            user: `${role}-${owner}`,
+            permissions: rolePermissions(role, { ...prefix, owner }),
+          })),
+          { user: `operator-${owner}`, permissions: ownerSecretsOperator(s) },
+        ],
         ownerCrossings(s, owner, grants),
         limits,
+        true,
       ),
     );
   }

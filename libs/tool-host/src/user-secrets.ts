@@ -134,11 +134,15 @@ export class UserSecretStore {
     return true;
   }
 
-  /** The tools `subject` stored a secret for in `tenant` (their subject tokens), never values. */
+  /**
+   * The tools `subject` stored a secret for in `tenant`, never values. A name too long for a
+   * key is listed as its shortened key token.
+   */
   async list(tenant: string, subject: string): Promise<string[]> {
     const prefix = this.#subjects.userSecretKey(tenant, subject, "x").slice(0, -1);
     const tools: string[] = [];
-    for await (const key of await this.#kv.keys(`${prefix}*`)) tools.push(key.slice(prefix.length));
+    for await (const key of await this.#kv.keys(`${prefix}*`))
+      tools.push(nameOfToken(key.slice(prefix.length)));
     return tools.sort();
   }
 
@@ -171,4 +175,23 @@ export class UserSecretStore {
       );
     }
   }
+}
+
+/**
+ * The name a key token of `subjectToken` stands for: its `=XX` escapes turned back into UTF-8
+ * bytes. A shortened token (`==` and a digest) or one escaping UTF-16 units (`=u`) is kept.
+ */
+function nameOfToken(token: string): string {
+  if (token.includes("==") || token.includes("=u")) return token;
+  const bytes: number[] = [];
+  for (let i = 0; i < token.length;) {
+    if (token[i] === "=") {
+      bytes.push(Number.parseInt(token.slice(i + 1, i + 3), 16));
+      i += 3;
+    } else {
+      bytes.push(token.charCodeAt(i));
+      i += 1;
+    }
+  }
+  return Buffer.from(bytes).toString("utf8");
 }

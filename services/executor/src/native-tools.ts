@@ -42,6 +42,22 @@ const AuthSchema = z.strictObject({
 });
 
 /**
+ * What the tool acts with downstream (ADR 0061): `service` is its `auth`, the same for every
+ * caller; `user-secret` sends the calling user's stored secret as the request's
+ * `Authorization`, after `scheme` (default `Bearer`).
+ */
+export const HttpCredentialsSchema = z.discriminatedUnion("type", [
+  z.strictObject({ type: z.literal("service") }),
+  z.strictObject({
+    type: z.literal("user-secret"),
+    scheme: z
+      .string()
+      .regex(/^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$/, "must be an HTTP authentication scheme")
+      .default("Bearer"),
+  }),
+]);
+
+/**
  * One native tool file (`tools/native/*.yaml`). Field names follow the YAML/wire convention
  * (snake_case). Durations in ms.
  */
@@ -66,6 +82,7 @@ export const NativeToolFileSchema = z.strictObject({
   placement: z.record(z.string(), PlacementSchema).default({}),
   /** The secret is read from the variable `env` of the executor's environment at load. */
   auth: AuthSchema.optional(),
+  credentials: HttpCredentialsSchema.optional(),
   timeout_ms: z.number().int().positive().optional(),
   retry: RetryPolicySchema.partial().strict().optional(),
   groups: z.array(z.string().min(1)).optional(),
@@ -118,6 +135,8 @@ interface CompiledTool {
   apiUrl: string;
   placementOf(param: string): Placement;
   auth?: { header: string; value: string };
+  /** The `Authorization` scheme the caller's own secret is sent with (`credentials: user-secret`). */
+  userScheme?: string;
   endpoint: HttpEndpoint;
 }
 
@@ -323,6 +342,12 @@ function nativeToolModule(
       value: bearer ? `Bearer ${secret}` : secret,
     };
   }
+  const userScheme = spec.credentials?.type === "user-secret" ? spec.credentials.scheme : undefined;
+  if (userScheme !== undefined && auth?.header.toLowerCase() === "authorization") {
+    throw new ToolLoadError(
+      `${file}: credentials of type user-secret send the caller's secret as Authorization, which auth sets too: drop one, or give auth another header`,
+    );
+  }
   const placeholders = pathPlaceholders(spec.api_url);
   const fallback: Placement = { in: spec.method === "GET" ? "query" : "body" };
   const placements = new Map<string, Placement>(
@@ -341,10 +366,14 @@ function nativeToolModule(
     placementOf: (param) =>
       placements.get(param) ?? (placeholders.has(param) ? { in: "path" } : fallback),
     ...(auth === undefined ? {} : { auth }),
+    ...(userScheme === undefined ? {} : { userScheme }),
     endpoint: {
       tool: spec.name,
       allowed,
-      credentialHeaders: auth === undefined ? [] : [auth.header],
+      credentialHeaders: [
+        ...(auth === undefined ? [] : [auth.header]),
+        ...(userScheme === undefined ? [] : ["authorization"]),
+      ],
       secrets: spec.auth === undefined ? [] : [env[spec.auth.env] ?? ""],
       maxResponseBytes: options.maxResponseBytes ?? Defaults.maxMessageBytes,
       fetch,
@@ -360,9 +389,30 @@ function nativeToolModule(
     ...(spec.timeout_ms === undefined ? {} : { timeoutMs: spec.timeout_ms }),
     ...(spec.retry === undefined ? {} : { retry: spec.retry }),
     kind: "native",
+    ...(spec.credentials === undefined ? {} : { credentials: { type: spec.credentials.type } }),
     origin: { api_url: spec.api_url, method: spec.method },
-    handler: async (args, ctx) => invokeHttp(tool.endpoint, buildRequest(tool, args, ctx), ctx),
+    handler: async (args, ctx) =>
+      invokeHttp(endpointFor(tool, ctx), buildRequest(tool, args, ctx), ctx),
   };
+}
+
+/** The tool's endpoint, with the caller's secret among those never carried into results. */
+function endpointFor(tool: CompiledTool, ctx: ToolContext): HttpEndpoint {
+  return callerEndpoint(tool.endpoint, tool.userScheme, ctx);
+}
+
+/**
+ * `endpoint` for one call of a tool sending the caller's secret (`scheme` set): the secret is
+ * redacted from what the call returns, like the configured ones.
+ */
+export function callerEndpoint(
+  endpoint: HttpEndpoint,
+  scheme: string | undefined,
+  ctx: ToolContext,
+): HttpEndpoint {
+  return scheme === undefined || ctx.credential === undefined
+    ? endpoint
+    : { ...endpoint, secrets: [...endpoint.secrets, ctx.credential] };
 }
 
 function buildRequest(
@@ -431,6 +481,8 @@ function buildRequest(
   if (sendsBody) headers.set("content-type", "application/json");
   // Set last: neither the model nor a preset can replace the configured credential.
   if (tool.auth !== undefined) headers.set(tool.auth.header, tool.auth.value);
+  if (tool.userScheme !== undefined && ctx.credential !== undefined)
+    headers.set("authorization", `${tool.userScheme} ${ctx.credential}`);
   return {
     method: tool.method,
     url,

@@ -81,6 +81,13 @@ export class CredentialStore {
     return [...names];
   }
 
+  /** Whether a configured scheme sends `Authorization` (HTTP bearer or basic, OAuth2, or an API key so named). */
+  sendsAuthorization(): boolean {
+    return [...this.#credentials.values()].some(
+      (c) => c.type !== "apiKey" || (c.in === "header" && c.name.toLowerCase() === "authorization"),
+    );
+  }
+
   /** Every configured secret value, to redact from answers. */
   secrets(): string[] {
     return [...this.#credentials.values()].flatMap((c) =>

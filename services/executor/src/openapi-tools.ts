@@ -8,7 +8,7 @@ import type { HttpEndpoint } from "@toolmesh/tool-host";
 import { UrlAllowList, invokeHttp } from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
-import { isOpenApiFile } from "./native-tools.js";
+import { HttpCredentialsSchema, callerEndpoint, isOpenApiFile } from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";
 import { CredentialStore, buildOperationRequest } from "./openapi-request.js";
 import { outboundFetch, privateAddressCause, trustedHostsOf } from "@toolmesh/tool-host";
@@ -60,6 +60,11 @@ export const OpenApiSourceFileSchema = z.strictObject({
   exclude: FilterSchema.optional(),
   /** Secrets by security scheme name, read from the executor's environment at load. */
   auth: z.record(z.string(), SchemeAuthSchema).optional(),
+  /**
+   * What every operation acts with (ADR 0061): `user-secret` sends the calling user's secret
+   * for the tool as `Authorization`, after `scheme` (default `Bearer`).
+   */
+  credentials: HttpCredentialsSchema.optional(),
   timeout_ms: z.number().int().positive().optional(),
   retry: RetryPolicySchema.partial().strict().optional(),
   /** Apply `retry` to POST and PATCH too. Default false: they are attempted once. */
@@ -209,11 +214,19 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
   const schemes = securitySchemes(document, options, opts.env, warn);
   const tokenUrls = [...schemes.values()].flatMap((c) => (c.type === "oauth2" ? [c.tokenUrl] : []));
   const credentials = new CredentialStore(schemes, fetchTo(tokenUrls));
+  const userScheme =
+    options.credentials?.type === "user-secret" ? options.credentials.scheme : undefined;
+  if (userScheme !== undefined && credentials.sendsAuthorization()) {
+    throw new ToolLoadError(
+      `${opts.location}: credentials of type user-secret send the caller's secret as Authorization, which a scheme in auth sends too: drop one`,
+    );
+  }
   const allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
   /** The endpoint of one tool; its base URL is fixed here, so its host may be trusted. */
   const endpoint = (tool: string, base: URL): HttpEndpoint => ({
     tool,
     allowed,
+    // Authorization among them: the caller's secret, when sent, stays on its origin too.
     credentialHeaders: credentials.headerNames(),
     secrets: credentials.secrets(),
     maxResponseBytes: opts.maxResponseBytes ?? Defaults.maxMessageBytes,
@@ -277,6 +290,9 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
         ...(options.timeout_ms === undefined ? {} : { timeoutMs: options.timeout_ms }),
         ...(retry === undefined ? {} : { retry }),
         kind: "native",
+        ...(options.credentials === undefined
+          ? {}
+          : { credentials: { type: options.credentials.type } }),
         annotations: {
           ...(summary === "" ? {} : { title: summary }),
           readOnlyHint: upper === "GET" || upper === "HEAD",
@@ -291,12 +307,13 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
           server: plan.base.href,
           ...(tags.length === 0 ? {} : { tags }),
         },
-        handler: async (args, ctx) =>
-          invokeHttp(
-            http,
-            buildOperationRequest(plan, args, ctx, await credentials.apply(security, ctx)),
-            ctx,
-          ),
+        handler: async (args, ctx) => {
+          const applied = await credentials.apply(security, ctx);
+          const request = buildOperationRequest(plan, args, ctx, applied);
+          if (userScheme !== undefined && ctx.credential !== undefined)
+            request.headers.set("authorization", `${userScheme} ${ctx.credential}`);
+          return invokeHttp(callerEndpoint(http, userScheme, ctx), request, ctx);
+        },
       });
     }
   }
