@@ -114,11 +114,11 @@ describe("toolmesh setup on a cluster", () => {
   it("provisions a fresh cluster, finds nothing to change again, and changes the replica count", async () => {
     const resize = { TOOLMESH_PREFIX: "resize" };
     const first = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" });
-    expect(first.changed).toBe(18);
+    expect(first.changed).toBe(19);
     expect((await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "1" })).changed).toBe(0);
     const grown = await setup({ ...resize, TOOLMESH_STREAM_REPLICAS: "3" });
     // Six streams and nine buckets change; consumers follow their stream.
-    expect(grown.changed).toBe(15);
+    expect(grown.changed).toBe(16);
     expect(grown.resources.filter((r) => r.action === "updated").map((r) => r.kind)).not.toContain(
       "consumer",
     );
@@ -148,7 +148,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       TOOLMESH_ACK_WAIT_MS: String(ACK_WAIT_MS),
       TOOLMESH_CONCURRENCY: "64",
     };
-    expect((await setup(env)).changed).toBe(18);
+    expect((await setup(env)).changed).toBe(19);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
     await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(resolvers.map((r) => toolAvailable(r, TOOL)));
@@ -394,7 +394,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     cluster = await startCluster();
     nc = await connectNats({ servers: cluster.urls, name: "cluster-test" });
     env = { ...env, NATS_URL: cluster.urls };
-    expect((await setup(env)).changed).toBe(18);
+    expect((await setup(env)).changed).toBe(19);
     // Every new stream and consumer has its leader and replicas before the services read them.
     await cluster.waitHealthy(60_000);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));

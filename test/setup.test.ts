@@ -76,15 +76,15 @@ describe("toolmesh setup", () => {
     expect(dry.dry_run).toBe(true);
     expect(dry.resources.map((r) => r.action)).toEqual(dry.resources.map(() => "created"));
     expect(dry.resources.filter((r) => r.kind === "stream")).toHaveLength(6);
-    expect(dry.resources.filter((r) => r.kind === "bucket")).toHaveLength(9);
+    expect(dry.resources.filter((r) => r.kind === "bucket")).toHaveLength(10);
     expect(dry.resources.filter((r) => r.kind === "consumer")).toHaveLength(3);
     // A dry run changed nothing: the real run creates all of it.
     const first = await setup([]);
-    expect(first.changed).toBe(18);
+    expect(first.changed).toBe(19);
     const again = await setup([]);
     expect(again.changed).toBe(0);
     const human = await runCli(["setup"], admin);
-    expect(human.stdout).toMatch(/nothing to change: 18 resources match the configuration/);
+    expect(human.stdout).toMatch(/nothing to change: 19 resources match the configuration/);
   });
 
   it("updates what a changed setting shapes and names the setting", async () => {

@@ -9,7 +9,7 @@ describe("meshPlan", () => {
   it("gives every stream and bucket the configured replica count, naming the variable", () => {
     const plan = meshPlan(subjects, { replicas: 3 });
     const all = [...plan.streams, ...Object.values(plan.buckets)];
-    expect(all).toHaveLength(15);
+    expect(all).toHaveLength(16);
     for (const spec of all) {
       expect(spec.config.num_replicas).toBe(3);
       expect(spec.settings.num_replicas).toBe("TOOLMESH_STREAM_REPLICAS");
