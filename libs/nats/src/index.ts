@@ -8,6 +8,7 @@ export {
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
 export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
+export { modifyKvEntry } from "./kv-modify.js";
 export {
   advisoriesSpecWith,
   ensureStreams,

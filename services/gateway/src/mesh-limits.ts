@@ -1,10 +1,10 @@
 import { createHash, randomUUID } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { KV, KvEntry } from "@nats-io/kv";
+import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { Subjects } from "@toolmesh/protocol";
-import { decodeJson, encodeJson } from "@toolmesh/protocol";
-import { isWrongLastSequence } from "@toolmesh/nats";
+import { decodeJson } from "@toolmesh/protocol";
+import { modifyKvEntry } from "@toolmesh/nats";
 import type { CredentialLimitsOptions, LimitRefusal } from "./limits.js";
 
 /** The usage key prefix of the gateway's credentials in the quota usage bucket. */
@@ -160,22 +160,19 @@ export class MeshCredentialLimits {
     key: string,
     change: (usage: CredentialUsage, now: number) => boolean,
   ): Promise<void> {
-    for (;;) {
-      const entry: KvEntry | null = await this.#usage.get(key);
-      const usage =
-        entry?.operation === "PUT"
-          ? ((decodeJson(entry.value) as CredentialUsage | null) ?? { in_flight: {} })
-          : { in_flight: {} };
-      usage.in_flight ??= {};
-      if (!change(usage, Date.now())) return;
-      try {
-        if (entry === null) await this.#usage.create(key, encodeJson(usage));
-        else await this.#usage.update(key, encodeJson(usage), entry.revision);
-        return;
-      } catch (err) {
-        if (!isWrongLastSequence(err)) throw err;
-      }
-    }
+    await modifyKvEntry(
+      this.#usage,
+      key,
+      (value) => {
+        const usage =
+          value === undefined
+            ? { in_flight: {} }
+            : ((decodeJson(value) as CredentialUsage | null) ?? { in_flight: {} });
+        usage.in_flight ??= {};
+        return usage;
+      },
+      (usage) => change(usage, Date.now()),
+    );
   }
 }
 

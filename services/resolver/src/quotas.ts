@@ -1,9 +1,9 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
-import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
+import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { Quota, Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, decodeJson, encodeJson, subjectToken } from "@toolmesh/protocol";
-import { isWrongLastSequence } from "@toolmesh/nats";
+import { ErrorCode, ToolmeshError, decodeJson, subjectToken } from "@toolmesh/protocol";
+import { modifyKvEntry } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
 import type { ScopedQuota } from "@toolmesh/catalog";
 import type { Usage, UsageEntry } from "@toolmesh/catalog/internal";
@@ -416,19 +416,12 @@ export class QuotaGate {
    * only if nobody wrote in between; otherwise reads again.
    */
   async #modify(key: string, change: (usage: Usage) => boolean): Promise<void> {
-    for (;;) {
-      const entry: KvEntry | null = await this.#usage.get(key);
-      const exists = entry?.operation === "PUT";
-      const usage = exists ? decodeUsage(entry.value) : emptyUsage();
-      if (!change(usage)) return;
-      try {
-        if (entry === null) await this.#usage.create(key, encodeJson(usage));
-        else await this.#usage.update(key, encodeJson(usage), entry.revision);
-        return;
-      } catch (err) {
-        if (!isWrongLastSequence(err)) throw err;
-      }
-    }
+    await modifyKvEntry(
+      this.#usage,
+      key,
+      (value) => (value === undefined ? emptyUsage() : decodeUsage(value)),
+      change,
+    );
   }
 }
 

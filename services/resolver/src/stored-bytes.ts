@@ -2,8 +2,8 @@ import type { NatsConnection, QueuedIterator, Subscription } from "@nats-io/nats
 import type { KV, KvEntry, KvWatchEntry } from "@nats-io/kv";
 import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { Subjects } from "@toolmesh/protocol";
-import { ErrorCode, ToolmeshError, decodeJson, encodeJson } from "@toolmesh/protocol";
-import { isWrongLastSequence } from "@toolmesh/nats";
+import { ErrorCode, ToolmeshError, decodeJson } from "@toolmesh/protocol";
+import { modifyKvEntry } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
 
 // What a tenant's calls have stored (ADR 0050): the bytes of every final message of its calls,
@@ -244,22 +244,19 @@ export class StoredBytes {
   async #addTo(tenant: string, bytes: number): Promise<void> {
     const { usage, windowMs } = this.#options;
     const key = storedKey(tenant);
-    for (;;) {
-      const now = this.#options.now();
-      const found = await usage.get(key);
-      const entry = found?.operation === "PUT" ? decodeEntry(found.value) : { slots: {} };
-      const slotMs = slotMsOf(windowMs);
-      for (const slot of Object.keys(entry.slots))
-        if ((Number(slot) + 1) * slotMs + windowMs <= now) delete entry.slots[slot];
-      const slot = String(Math.floor(now / slotMs));
-      entry.slots[slot] = (entry.slots[slot] ?? 0) + bytes;
-      try {
-        if (found === null) await usage.create(key, encodeJson(entry));
-        else await usage.update(key, encodeJson(entry), found.revision);
-        return;
-      } catch (err) {
-        if (!isWrongLastSequence(err)) throw err;
-      }
-    }
+    await modifyKvEntry(
+      usage,
+      key,
+      (value) => (value === undefined ? { slots: {} } : decodeEntry(value)),
+      (entry) => {
+        const now = this.#options.now();
+        const slotMs = slotMsOf(windowMs);
+        for (const slot of Object.keys(entry.slots))
+          if ((Number(slot) + 1) * slotMs + windowMs <= now) delete entry.slots[slot];
+        const slot = String(Math.floor(now / slotMs));
+        entry.slots[slot] = (entry.slots[slot] ?? 0) + bytes;
+        return true;
+      },
+    );
   }
 }
