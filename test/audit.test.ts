@@ -8,6 +8,7 @@ import { ToolmeshClient } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
 import type { AuditRecord } from "@toolmesh/audit";
 import { readTrail } from "@toolmesh/audit";
+import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
@@ -181,6 +182,79 @@ describe("a tenant whose audit stream cannot be written", () => {
     const result = await other.session("s").submit({ name: "whoami", arguments: {} }).result;
     expect(result.error?.code).toBe("unavailable");
     expect(result.error?.message).toMatch(/audit trail/);
+  });
+});
+
+describe("calls that wait for approval", () => {
+  // Calls of `inspect` asking for "gated" wait for the operator; every other call is allowed.
+  const POLICY = `@id("all")
+permit (principal, action, resource);
+
+@id("gated-needs-operator")
+@approval("operator")
+permit (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Tool::"inspect")
+when { context.args has query && context.args.query == "gated" };
+`;
+
+  beforeAll(async () => {
+    const store = new PolicyStore(await openPolicyBucket(nc, { subjects }));
+    const { revision } = await store.set(POLICY);
+    await Promise.all(
+      resolvers.map((r) =>
+        r.waitForLog(
+          (l) => l.msg === "policy set applied" && l.key === "operator" && l.revision === revision,
+        ),
+      ),
+    );
+  });
+
+  async function decide(op: "approve" | "deny", callId: string): Promise<void> {
+    await until(`${callId} waits for approval`, async () => {
+      const out = await runCli(["--tenant", "default", "approvals", "list", "--json"], env);
+      return out.stdout.includes(callId);
+    });
+    const out = await runCli(["--tenant", "default", "approvals", op, callId], env);
+    expect(out.code).toBe(0);
+  }
+
+  it("approved: the policy decision, the request, the approval, then admitted and run", async () => {
+    const handle = client
+      .session("s-appr")
+      .submit({ id: "appr-1", name: "inspect", arguments: { query: "gated" } });
+    await decide("approve", "appr-1");
+    expect((await handle.result).error).toBeUndefined();
+    const types = await typesOf("appr-1", "call.ended");
+    expect(types).toEqual([
+      "policy.decided",
+      "approval.requested",
+      "approval.decided",
+      "call.admitted",
+      "attempt.started",
+      "attempt.ended",
+      "call.ended",
+    ]);
+    const decided = (await trail()).find(
+      (e) => e.call_id === "appr-1" && e.type === "approval.decided",
+    );
+    expect(decided?.data).toMatchObject({ decision: "approved", by: "approver:default" });
+  });
+
+  it("denied: the request and the denial end the call; never admitted, never run", async () => {
+    const handle = client
+      .session("s-deny")
+      .submit({ id: "deny-1", name: "inspect", arguments: { query: "gated" } });
+    await decide("deny", "deny-1");
+    expect((await handle.result).error?.code).toBe("approval_denied");
+    expect(await typesOf("deny-1", "call.ended")).toEqual([
+      "policy.decided",
+      "approval.requested",
+      "approval.decided",
+      "call.ended",
+    ]);
+    const decided = (await trail()).find(
+      (e) => e.call_id === "deny-1" && e.type === "approval.decided",
+    );
+    expect(decided?.data).toMatchObject({ decision: "denied", by: "approver:default" });
   });
 });
 

@@ -161,6 +161,19 @@ describe("PolicyDecider", () => {
   });
 });
 
+describe("PolicyDecider.decideCall", () => {
+  it("gives a call's verified identity subject to policies as context.subject", () => {
+    const d = decider(
+      `@id("alice-only") permit(principal, action, resource) when { context has subject && context.subject == "alice" };`,
+    );
+    const call = { address: { tenant: "acme", session: "s" }, arguments: {} };
+    const asAlice = d.decideCall({ ...call, identity: { subject: "alice" } }, READ);
+    expect(asAlice).toMatchObject({ allowed: true, policies: ["operator:alice-only"] });
+    expect(d.decideCall({ ...call, identity: { subject: "bob" } }, READ)?.allowed).toBe(false);
+    expect(d.decideCall(call, READ)?.allowed).toBe(false);
+  });
+});
+
 describe("cedarValue and toolEntity", () => {
   it("never lets an argument become an entity reference or extension call", () => {
     expect(

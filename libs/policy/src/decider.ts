@@ -23,6 +23,8 @@ export interface ResolvedCallFacts {
   address: { tenant: string; session: string };
   arguments: Record<string, unknown>;
   agent?: string | undefined;
+  /** Who the call acts for, verified where it entered the mesh: `context.subject`. */
+  identity?: { subject: string } | undefined;
 }
 
 /** A decision and what made it; recorded with the call. */
@@ -99,7 +101,7 @@ export class PolicyDecider {
 
   /**
    * Decides a resolved call of `definition` (its arguments without system parameters, its
-   * tenant, session and agent); undefined when no set is in force. A tool gone from the
+   * tenant, session, agent and verified subject); undefined when no set is in force. A tool gone from the
    * registry meanwhile is refused.
    */
   decideCall(
@@ -118,6 +120,7 @@ export class PolicyDecider {
       tool: definition,
       args,
       agent: call.agent,
+      subject: call.identity?.subject,
       session: call.address.session,
     });
   }

@@ -1,3 +1,5 @@
+import type { AuditEventInput, AuditTrail } from "@toolmesh/audit";
+import { approvalDecided, approvalRequested } from "@toolmesh/audit";
 import { createHash } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
@@ -77,6 +79,8 @@ export interface ApprovalDeskOptions {
   replicas?: number | undefined;
   /** How often waiting calls are swept (expiry, approved calls not yet routed), in ms. Default 1 000. */
   sweepMs?: number | undefined;
+  /** The tenants' audit trails: each approval asked for and decided is recorded there. */
+  audit?: AuditTrail | undefined;
 }
 
 /** What {@link ApprovalDesk.hold} did with a submitted call. */
@@ -204,6 +208,15 @@ export class ApprovalDesk {
       try {
         await this.#kv.create(key, encodeJson(pending));
         this.#waiting += 1;
+        this.#audit(
+          pending,
+          approvalRequested(
+            auditNamed(pending, {
+              approvers: [pending.mode],
+              reason: `policies ${decision.approval.policies.join(", ")}`,
+            }),
+          ),
+        );
         await this.#announce(pending);
         return { status: "waiting" };
       } catch (err) {
@@ -432,6 +445,16 @@ export class ApprovalDesk {
   }
 
   #decided(entry: PendingApproval, decision: ApprovalDecision): void {
+    this.#audit(
+      entry,
+      approvalDecided(
+        auditNamed(entry, {
+          decision: decision.effect === "approve" ? "approved" : "denied",
+          by: decision.by,
+          reason: decision.reason ?? (decision.effect === "expire" ? "expired" : undefined),
+        }),
+      ),
+    );
     this.#o.metrics.approvalDecided(
       decision.effect,
       Math.max(0, decision.at - entry.requested_at) / 1000,
@@ -446,6 +469,11 @@ export class ApprovalDesk {
       },
       "waiting call decided",
     );
+  }
+
+  /** Records `event` in the call's tenant's audit trail, on the side (never holds the call). */
+  #audit(entry: PendingApproval, event: AuditEventInput): void {
+    void this.#o.audit?.record(entry.call.address.tenant, event);
   }
 
   // ---- the bucket ----
@@ -580,4 +608,13 @@ function alreadyDecided(entry: PendingApproval): ToolmeshError {
       },
     },
   );
+}
+
+/** A waiting call's names in its audit events, with `data`. */
+function auditNamed<T extends object>(
+  entry: PendingApproval,
+  data: T,
+): T & { call_id: string; session: string; tool: string } {
+  const { call } = entry;
+  return { call_id: call.call_id, session: call.session_id, tool: call.tool, ...data };
 }

@@ -1043,6 +1043,12 @@ export async function routeApproved(
     callLog.info({ status: outcome.status }, "approved call ended before it was routed");
     return;
   }
+  // Admitted now that it was approved (recorded on the side: the approval is recorded already).
+  void deps.audit?.record(resolved.address.tenant, {
+    ...auditIds(resolved),
+    type: AuditEventType.Admitted,
+    data: { args_hash: argsHash, deadline_at: resolved.deadline_at, held: false },
+  });
   await publishWork(
     {
       deps,

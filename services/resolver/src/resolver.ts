@@ -186,6 +186,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
     replicas: options.replicas,
     sweepMs: options.approvalSweepMs,
+    audit: options.audit,
   });
   const deps: ResolverDeps = {
     subjects,

@@ -1,0 +1,108 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { createSubjects } from "@toolmesh/protocol";
+import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
+import { keyDigest } from "@toolmesh/gateway";
+import { gatewayAgents, gatewayTools, mcpClient, startGateway } from "./helpers/gateway.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+// Policies decide on who a call acts for: two gateway API keys of one tenant name two subjects,
+// and a policy on `context.subject` lets one of them call a tool and refuses the other.
+
+const DESK_KEY = "key-acme-desk-0123456789abcdef";
+const INTERN_KEY = "key-acme-intern-0123456789abcdef";
+
+const WHOAMI = `export default {
+  name: "whoami",
+  description: "Returns who the call acts for.",
+  parameters: { type: "object", properties: {} },
+  handler(_args, ctx) { return { subject: ctx.identity?.subject ?? null }; },
+};
+`;
+
+const POLICY = `@id("all")
+permit (principal, action, resource);
+
+@id("no-interns")
+forbid (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Tool::"whoami")
+when { context has subject && context.subject == "intern@acme" };
+`;
+
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let gateway: { process: ServiceProcess; url: string; port: number };
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  const [tools, configs] = await Promise.all([gatewayTools(), gatewayAgents()]);
+  await writeFile(join(tools, "whoami.js"), WHOAMI);
+  const keysFile = join(await mkdtemp(join(tmpdir(), "toolmesh-subject-keys-")), "keys.yaml");
+  const entry = (key: string, name: string): string[] => [
+    `  - sha256: ${keyDigest(key)}`,
+    "    tenant: acme",
+    `    name: ${name}`,
+    `    subject: ${name}@acme`,
+  ];
+  await writeFile(
+    keysFile,
+    ["keys:", ...entry(DESK_KEY, "desk"), ...entry(INTERN_KEY, "intern"), ""].join("\n"),
+  );
+  const env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: tools,
+    TOOLMESH_CONFIG_DIR: configs,
+    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir: tools }),
+  };
+  const [resolver] = await Promise.all([
+    startService("resolver", env, 60_000),
+    startService("executor", env, 60_000),
+    startService("schema-expander", env, 60_000),
+  ]);
+  await toolAvailable(resolver, "whoami");
+  nc = await connect({ servers: server.url });
+  const store = new PolicyStore(await openPolicyBucket(nc, { subjects: createSubjects() }));
+  const { revision } = await store.set(POLICY);
+  await resolver.waitForLog(
+    (l) => l.msg === "policy set applied" && l.key === "operator" && l.revision === revision,
+  );
+  gateway = await startGateway({ ...env, TOOLMESH_GATEWAY_KEYS_FILE: keysFile });
+}, 150_000);
+
+afterAll(async () => {
+  await nc?.close();
+  await killAllServices();
+  await server?.stop();
+});
+
+async function call(key: string): Promise<{ isError: boolean; text: string }> {
+  const c = await mcpClient(gateway.url, key, {}, "2026-07-28");
+  try {
+    const result = await c.callTool({ name: "whoami", arguments: {} });
+    const first = result.content[0] as { text?: string } | undefined;
+    return { isError: result.isError ?? false, text: first?.text ?? "" };
+  } finally {
+    await c.close();
+  }
+}
+
+describe("a policy on context.subject", () => {
+  it("lets the subject it allows call the tool", async () => {
+    const desk = await call(DESK_KEY);
+    expect(desk.isError).toBe(false);
+    expect(JSON.parse(desk.text)).toEqual({ subject: "desk@acme" });
+  });
+
+  it("refuses the subject it forbids, naming the policy's refusal", async () => {
+    const intern = await call(INTERN_KEY);
+    expect(intern.isError).toBe(true);
+    expect(intern.text).toMatch(/permission_denied|not allowed|polic/i);
+    expect(intern.text).not.toContain('intern@acme"}');
+  });
+});
