@@ -1043,12 +1043,15 @@ export async function routeApproved(
     callLog.info({ status: outcome.status }, "approved call ended before it was routed");
     return;
   }
-  // Admitted now that it was approved (recorded on the side: the approval is recorded already).
-  void deps.audit?.record(resolved.address.tenant, {
+  // Admitted now that it was approved. Under `required` its work waits until the admission is
+  // written (retried, never refused: the approval is recorded already), so the trail keeps the
+  // call's order: admitted before its attempts.
+  const admitted = deps.audit?.record(resolved.address.tenant, {
     ...auditIds(resolved),
     type: AuditEventType.Admitted,
     data: { args_hash: argsHash, deadline_at: resolved.deadline_at, held: false },
   });
+  if (deps.audit?.required === true) await admitted;
   await publishWork(
     {
       deps,
