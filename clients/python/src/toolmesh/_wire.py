@@ -128,6 +128,28 @@ class ToolCall(_ToolCallRequired, total=False):
     type: Literal["function"]
 
 
+class _ActorRequired(TypedDict):
+    subject: str
+
+
+class Actor(_ActorRequired, total=False):
+    """A service acting for the caller (the JWT's nested ``act``)."""
+
+    issuer: str
+
+
+class _CallerIdentityRequired(TypedDict):
+    issuer: str
+    subject: str
+    tenant: str
+
+
+class CallerIdentity(_CallerIdentityRequired, total=False):
+    """Who a call acts for, as verified by the frontend (schemas/caller-identity.json)."""
+
+    actor: list[Actor]
+
+
 class _CallRequestRequired(TypedDict):
     tool_call: ToolCall
     session_id: str
@@ -143,6 +165,7 @@ class CallRequest(_CallRequestRequired, total=False):
     timeout_ms: int
     attempt_timeout_ms: int
     edge_params: list[str]
+    identity: CallerIdentity
 
 
 class _ToolMessageRequired(TypedDict):
@@ -413,6 +436,8 @@ class ResolvedCall(_ResolvedCallRequired, total=False):
 
     agent: str
     attempt_timeout_ms: int
+    identity: CallerIdentity
+    decision: dict[str, Any]
 
 
 class Resolved(TypedDict):

@@ -8,11 +8,13 @@ from typing import Any, ClassVar
 from ._wire import ErrorCode, WireError, is_retryable_by_default
 
 __all__ = [
+    "ApprovalDeniedError",
+    "ApprovalExpiredError",
     "CallCancelledError",
+    "CredentialRequiredError",
     "DeadlineExceededError",
     "IdempotencyConflictError",
     "IdempotencyInFlightError",
-    "CredentialRequiredError",
     "InternalError",
     "InvalidArgumentsError",
     "InvalidParametersError",
@@ -222,6 +224,20 @@ class CredentialRequiredError(ToolmeshError):
     code = ErrorCode.CREDENTIAL_REQUIRED
 
 
+class ApprovalDeniedError(ToolmeshError):
+    """A person refused a call that waited for approval (``details["decided_by"]``,
+    ``details["reason"]``); the tool never ran."""
+
+    code = ErrorCode.APPROVAL_DENIED
+
+
+class ApprovalExpiredError(ToolmeshError):
+    """A call waited for approval past ``details["expires_at"]`` and nobody decided it; the tool
+    never ran. Submit it again under a new idempotency key to ask again."""
+
+    code = ErrorCode.APPROVAL_EXPIRED
+
+
 class InternalError(ToolmeshError):
     """A bug or an unexpected failure inside toolmesh."""
 
@@ -250,6 +266,8 @@ _BY_CODE: dict[str, type[ToolmeshError]] = {
         IdempotencyConflictError,
         IdempotencyInFlightError,
         CredentialRequiredError,
+        ApprovalDeniedError,
+        ApprovalExpiredError,
         InternalError,
     )
 }
