@@ -1,10 +1,8 @@
 import type { AuditEventInput, AuditTrail } from "@toolmesh/audit";
-import { approvalDecided, approvalRequested } from "@toolmesh/audit";
-import { createHash } from "node:crypto";
+import { approvalDecided, approvalRequested, canonicalDigest } from "@toolmesh/audit";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { configure } from "safe-stable-stringify";
 import type {
   ApprovalDecision,
   ApprovalEntry,
@@ -51,15 +49,6 @@ import type { Logger, ToolmeshMetrics } from "@toolmesh/telemetry";
 // entry by compare-and-set (one decision wins), and an approved call is then routed once, by
 // whichever resolver decided it or, after a crash, by any resolver's sweep. The sweep also
 // expires calls nobody decided in time, whichever resolvers were up when they ran out.
-
-const stable = configure({ bigint: false, circularValue: Error, deterministic: true });
-
-/** SHA-256 of the canonical JSON (keys sorted) of `value`. */
-export function canonicalHash(value: unknown): string {
-  return createHash("sha256")
-    .update(stable(value) ?? "")
-    .digest("hex");
-}
 
 /** Routes an approved call to its tool's work (accept in the call store, publish the work). */
 export type RouteApproved = (call: ResolvedCall, submittedArgsHash: string) => Promise<void>;
@@ -195,8 +184,8 @@ export class ApprovalDesk {
         tenant: call.address.tenant,
         ...(call.agent === undefined ? {} : { agent: call.agent }),
         tool: call.tool,
-        tool_hash: canonicalHash(definition),
-        args_hash: canonicalHash(call.arguments),
+        tool_hash: canonicalDigest(definition),
+        args_hash: canonicalDigest(call.arguments),
         policy_version: decision.version,
         policies: decision.approval.policies,
       },
@@ -402,7 +391,7 @@ export class ApprovalDesk {
   /** Why an approval no longer holds for its call, or undefined. */
   #brokenGrant(entry: PendingApproval): ToolmeshError | undefined {
     const definition = this.#o.registry.get(entry.call.tool)?.definition;
-    if (definition === undefined || canonicalHash(definition) !== entry.binding.tool_hash)
+    if (definition === undefined || canonicalDigest(definition) !== entry.binding.tool_hash)
       return new ToolmeshError(
         ErrorCode.ApprovalExpired,
         `call ${entry.call.call_id} was approved for a definition of tool "${entry.call.tool}" that changed since: submit it again`,
