@@ -3,12 +3,18 @@
 // called with a resolution of our own. What they publish is read back from the streams.
 import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { headers } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { MeshCallPlane } from "@toolmesh/call-store";
-import { argumentsHash, openCallPlane } from "@toolmesh/call-store";
+import {
+  argumentsHash,
+  callRecordOf,
+  knownRecordHeaders,
+  openCallPlane,
+} from "@toolmesh/call-store";
 import { ensureConsumer, meshPlan } from "@toolmesh/nats";
 import type { CallRequest, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
 import {
@@ -26,6 +32,7 @@ import {
   handleCall,
   resolveRequest,
   routeCall,
+  routedUnderRecord,
 } from "@toolmesh/resolver/internal";
 import type { ResolverDeps } from "@toolmesh/resolver/internal";
 import { createLogger, toolmeshMetrics, trace } from "@toolmesh/telemetry";
@@ -283,5 +290,65 @@ describe("routeCall", () => {
     expect(refusal?.error?.code).toBe(ErrorCode.Unavailable);
     expect(refusal?.error?.message).toContain("was routed before and its record is gone");
     expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
+  });
+
+  it("tells work another delivery routed under this call's record from work routed under an earlier record", async () => {
+    const kv = await new Kvm(nc).open(subjects.callsBucket);
+    /** A call's record and its routing, as a resolver makes them. */
+    const raced = (id: string) => {
+      const args = { text: id };
+      const resolution = resolveRequest(registry, request(id, "echo", args), address, {
+        now: Date.now(),
+        defaultTimeoutMs: 60_000,
+      });
+      if (!resolution.ok) throw resolution.error;
+      const call = resolution.resolved;
+      const key = callKey(address, call.idempotency_key);
+      const record = callRecordOf(call, argumentsHash(JSON.stringify(args)));
+      const accept = async (): Promise<number> => {
+        const outcome = await plane.store.accept(record);
+        if (outcome.status !== "new") throw new Error(`the record was ${outcome.status}`);
+        return outcome.revision;
+      };
+      const route = (revision: number) => {
+        const hdrs = headers();
+        const known = knownRecordHeaders(record, { status: "new", revision }) ?? {};
+        for (const [k, v] of Object.entries(known)) hdrs.set(k, v);
+        return js.publish(subjects.work("echo"), encodeJson(call), { msgID: key, headers: hdrs });
+      };
+      return { call, key, accept, route };
+    };
+
+    const { call, accept, route } = raced("race-1");
+    // This resolver created the record and held the call; another delivery of it routed it.
+    const revision = await accept();
+    expect((await route(revision)).duplicate).toBe(false);
+    const repeat = await route(revision);
+    expect(repeat.duplicate).toBe(true);
+    expect(await routedUnderRecord(plane.jsm, plane.store, call, repeat, revision)).toBe(true);
+    // Taken and ended by an executor: the record changed since.
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, repeat.seq);
+    expect(await routedUnderRecord(plane.jsm, plane.store, call, repeat, revision)).toBe(false);
+    await plane.store.finish(call, {
+      role: "tool",
+      tool_call_id: "race-1",
+      name: "echo",
+      session_id: "s1",
+      content: "ran",
+    });
+    expect(await routedUnderRecord(plane.jsm, plane.store, call, repeat, revision)).toBe(true);
+
+    // Routed under an earlier record, which is gone: the work waits, or an executor took it.
+    const gone = raced("race-2");
+    const earlier = await gone.accept();
+    const first = await gone.route(earlier);
+    expect(first.duplicate).toBe(false);
+    await kv.purge(gone.key);
+    const later = await gone.accept();
+    const again = await gone.route(later);
+    expect(again.duplicate).toBe(true);
+    expect(await routedUnderRecord(plane.jsm, plane.store, gone.call, again, later)).toBe(false);
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, first.seq);
+    expect(await routedUnderRecord(plane.jsm, plane.store, gone.call, again, later)).toBe(false);
   });
 });

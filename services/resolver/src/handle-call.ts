@@ -1,5 +1,5 @@
 import type { Msg } from "@nats-io/nats-core";
-import type { JsMsg } from "@nats-io/jetstream";
+import type { JsMsg, PubAck } from "@nats-io/jetstream";
 import type { z } from "zod";
 import type {
   CallRequest,
@@ -77,6 +77,7 @@ import type { AuditTrail } from "@toolmesh/audit";
 import { AuditEventType } from "@toolmesh/audit";
 import type { PolicyDecision } from "@toolmesh/policy";
 import type { ApprovalDesk } from "./approvals.js";
+import { routedUnderRecord } from "./routed-before.js";
 
 // The resolver's handlers: a submitted call from the calls stream to its answer or its work
 // message, and the dry-run request. Each takes what it needs as `deps`, so tests drive them
@@ -703,7 +704,7 @@ async function publishWork(
 ): Promise<void> {
   const { deps, resolved, target, seq, callLog } = route;
   const { plane, subjects } = deps;
-  let routed: { duplicate: boolean };
+  let routed: PubAck;
   try {
     // The record's revision goes along, so the executor need not read the record (ADR 0027),
     // and the deadline, which every resolver's deadline keeper reads as the work goes by (ADR 0028).
@@ -727,6 +728,10 @@ async function publishWork(
     return;
   }
   if (routed.duplicate && outcome.status === "new") {
+    if (await routedUnderRecord(plane.jsm, plane.store, resolved, routed, outcome.revision)) {
+      callLog.info("call routed meanwhile by another delivery of it");
+      return;
+    }
     // The work stream remembers routing this key, but its record was gone (expired or
     // purged): the work was dropped as a duplicate and no executor will see it, nor will the
     // deadline keeper. Answer it from its stored result, or refuse it; never leave it waiting.
