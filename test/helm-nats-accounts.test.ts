@@ -51,15 +51,12 @@ describe("the NATS chart's values", () => {
     expect(validateNatsValues(misspelt)).toBe(false);
   });
 
-  it("include the passwords, then the accounts, from a Secret mounted where the reloader watches", () => {
+  it("include the passwords and the accounts in one file, from a Secret mounted where the reloader watches", () => {
     const includes = Object.entries(natsValues.config.merge as Record<string, string>)
       .filter(([key]) => key.endsWith("$include"))
       .sort(([a], [b]) => a.localeCompare(b))
       .map(([, file]) => posix.join("/etc/nats-config", file));
-    expect(includes).toEqual([
-      "/etc/toolmesh-auth/secrets.conf",
-      "/etc/toolmesh-auth/accounts.conf",
-    ]);
+    expect(includes).toEqual(["/etc/toolmesh-auth/auth.conf"]);
     const mount = (natsValues.container.patch as Manifest[]).find(
       (p) => p.path === "/volumeMounts/-",
     )?.value as Manifest;
@@ -74,7 +71,7 @@ describe("the NATS chart's values", () => {
       secret: { secretName: "toolmesh-nats-accounts" },
     });
     expect(guide).toContain(
-      "kubectl create secret generic toolmesh-nats-accounts --namespace nats \\\n  --from-file=accounts.conf --from-file=secrets.conf",
+      "cat secrets.conf accounts.conf > auth.conf\nkubectl create secret generic toolmesh-nats-accounts --namespace nats --from-file=auth.conf",
     );
   });
 
