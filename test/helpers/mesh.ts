@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
+import { appendFileSync } from "node:fs";
 import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -52,6 +53,9 @@ export async function startService(
   return handle;
 }
 
+/** Where every service's log lines are kept too, one file per process, when set. */
+const LOG_DIR = process.env.TOOLMESH_TEST_SERVICE_LOG_DIR || undefined;
+
 /** Starts `services/<service>/dist/main.js` with the given environment; waits for nothing. */
 export function spawnService(service: ServiceName, env: Record<string, string>): ServiceProcess {
   const child = spawn(process.execPath, [join(ROOT, "services", service, "dist", "main.js")], {
@@ -79,6 +83,8 @@ export function spawnService(service: ServiceName, env: Record<string, string>):
         line = { msg: text };
       }
       lines.push(line);
+      if (LOG_DIR !== undefined)
+        appendFileSync(join(LOG_DIR, `${service}-${child.pid}.log`), `${text}\n`);
       for (const w of waiters) {
         if (w.predicate(line)) {
           waiters.delete(w);
