@@ -9,6 +9,8 @@ import { JsApiCode, isWrongLastSequence } from "@toolmesh/nats";
 import type { ChainTail } from "./chain.js";
 import { sealRecord } from "./chain.js";
 import type { AuditEventInput, AuditRecord } from "./events.js";
+import type { ArgumentsRecording } from "./record.js";
+import { recordedArguments } from "./record.js";
 
 /** `required`: a call whose admission cannot be recorded is refused; `best-effort`: it runs. */
 export type AuditMode = "required" | "best-effort";
@@ -31,6 +33,8 @@ export interface AuditTrailOptions {
   /** First and longest pause between retries of a failed write. Default 100 and 5 000. */
   retryMinMs?: number | undefined;
   retryMaxMs?: number | undefined;
+  /** How each tenant's arguments are recorded (by tenant token); a tenant not named: digest. */
+  argumentsRecording?: ReadonlyMap<string, ArgumentsRecording> | undefined;
   /** Most events published in one run before their acks are awaited. Default 256. */
   batchMax?: number | undefined;
 }
@@ -114,6 +118,18 @@ export class AuditTrail {
         done: () => undefined,
       });
     });
+  }
+
+  /**
+   * What `tenant`'s `call.admitted` records of a call's arguments besides their digest, as the
+   * tenant chose: nothing (the default), or the arguments in full or redacted.
+   */
+  argumentsOf(
+    tenant: string,
+    args: Record<string, unknown>,
+  ): { arguments?: Record<string, unknown> } {
+    const recording = this.#options.argumentsRecording?.get(tenant);
+    return recording === undefined ? {} : recordedArguments(args, recording);
   }
 
   /** `unavailable` when `tenant`'s trail cannot be written now and admissions must be recorded. */

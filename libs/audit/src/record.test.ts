@@ -1,0 +1,27 @@
+import { describe, expect, it } from "vitest";
+import { recordedArguments } from "./record.js";
+
+describe("recordedArguments", () => {
+  const args = { query: "q", card: { number: "4111", exp: "12/30" }, "a/b": "slash", list: [1, 2] };
+
+  it("records nothing but the digest by default, everything in full", () => {
+    expect(recordedArguments(args, { kind: "digest" })).toEqual({});
+    expect(recordedArguments(args, { kind: "full" })).toEqual({ arguments: args });
+  });
+
+  it("redacts the value at each pointer, skips pointers that name nothing, leaves the input", () => {
+    const out = recordedArguments(args, {
+      kind: "redacted",
+      pointers: ["/card/number", "/a~1b", "/list/1", "/missing/deep", "/query/x"],
+    });
+    expect(out).toEqual({
+      arguments: {
+        query: "q",
+        card: { number: "[redacted]", exp: "12/30" },
+        "a/b": "[redacted]",
+        list: [1, "[redacted]"],
+      },
+    });
+    expect(args.card.number).toBe("4111");
+  });
+});
