@@ -5,8 +5,8 @@ import type { AuditEventInput } from "./events.js";
 import { AuditEventType } from "./events.js";
 
 /**
- * The event of a call's final message: its outcome (`ok` or the error code) and a digest of
- * the message's content, never the content. Cancellation and deadlines get their own type.
+ * The event of a call's final message: its outcome (`ok` or the error code), a digest of the
+ * message's content (never the content), and its attempts and duration when it says them. Cancellation and deadlines get their own type.
  */
 export function callEnded(message: ToolMessage, at = Date.now()): AuditEventInput {
   const code = message.error?.code;
@@ -26,6 +26,10 @@ export function callEnded(message: ToolMessage, at = Date.now()): AuditEventInpu
       outcome: code ?? "ok",
       result_digest: `sha256:${canonicalDigest(message.content)}`,
       ...(message.args_hash === undefined ? {} : { args_hash: message.args_hash }),
+      // How many attempts ran and for how long: for the calls of tools in an owner's account,
+      // whose executors write no attempt events, this is how the trail shows them.
+      ...(message.attempts === undefined ? {} : { attempts: message.attempts }),
+      ...(message.duration_ms === undefined ? {} : { duration_ms: message.duration_ms }),
     },
   };
 }
