@@ -246,12 +246,17 @@ export class AuditTrail {
         tail,
       );
       const expect = { lastSequence: tail.seq, streamName: chain.stream };
-      const lastMsgID = i > 0 ? tail.id : undefined;
+      // The server ignores an expected last sequence of 0; the stream's one subject's last
+      // sequence is checked even when 0, so the first event of an empty trail is single too.
+      const after =
+        i === 0
+          ? { lastSubjectSequence: tail.hash === null ? 0 : tail.seq }
+          : { lastMsgID: tail.id };
       records.push(record);
       tail = { seq: record.seq, hash: record.hash, id: record.id };
       return this.#js.publish(chain.subject, JSON.stringify(record), {
         msgID: pending.id,
-        expect: lastMsgID === undefined ? expect : { ...expect, lastMsgID },
+        expect: { ...expect, ...after },
       });
     });
     const settled = await Promise.allSettled(acks);
