@@ -35,6 +35,8 @@ beforeAll(async () => {
     TOOLMESH_TOOLS_DIR: fixtureTools("tools-a"),
     TOOLMESH_AUDIT: "required",
     TOOLMESH_STREAM_COMPRESSION: "none",
+    // The tenant records its arguments in full but for one redacted value.
+    TOOLMESH_AUDIT_ARGUMENTS: JSON.stringify({ default: { redact: ["/options/lang"] } }),
   };
   expect((await runCli(["setup", "--tenants", "default"], env)).code).toBe(0);
   for (let i = 0; i < 3; i++) resolvers.push(await startService("resolver", env));
@@ -164,6 +166,26 @@ describe("the chain", () => {
     const exported = await runCli(["audit", "export", "--tenant", "default", "--since", "1h"], env);
     expect(exported.code).toBe(0);
     expect(exported.stdout.split("\n").filter(Boolean).length).toBeGreaterThan(10);
+    expect(exported.stdout).not.toContain("preset-secret-value");
+  });
+
+  it("records the arguments as the tenant chose: in full, the named pointer redacted", async () => {
+    const handle = client.session("s-args").submit({
+      name: "inspect",
+      arguments: { query: "visible-query", options: { lang: "hidden-lang-value" } },
+    });
+    expect((await handle.result).content).toContain("hidden-lang-value");
+    await typesOf(handle.callId, "call.ended");
+    const admitted = (await trail()).find(
+      (e) => e.call_id === handle.callId && e.type === "call.admitted",
+    );
+    expect(admitted?.data).toMatchObject({
+      args_hash: expect.stringMatching(/^[0-9a-f]{64}$/) as unknown,
+      arguments: { query: "visible-query", limit: 10, options: { deep: true, lang: "[redacted]" } },
+    });
+    const exported = await runCli(["audit", "export", "--tenant", "default", "--since", "1h"], env);
+    expect(exported.stdout).toContain("visible-query");
+    expect(exported.stdout).not.toContain("hidden-lang-value");
     expect(exported.stdout).not.toContain("preset-secret-value");
   });
 

@@ -6,5 +6,5 @@ export { AuditTrail, readTail } from "./trail.js";
 export type { AuditMode, AuditTrailObserver, AuditTrailOptions } from "./trail.js";
 export { readTrail, verifyTrail } from "./reader.js";
 export type { ReadTrailOptions, StoredEvent, VerifyOutcome } from "./reader.js";
-export { approvalDecided, approvalRequested, callEnded, redactArguments } from "./record.js";
+export { approvalDecided, approvalRequested, callEnded, recordedArguments } from "./record.js";
 export type { ArgumentsRecording } from "./record.js";

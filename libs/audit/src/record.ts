@@ -1,11 +1,12 @@
+import jsonpointer from "jsonpointer";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { canonicalDigest } from "./chain.js";
 import type { AuditEventInput } from "./events.js";
 import { AuditEventType } from "./events.js";
 
 /**
- * The event of a call's final message: its outcome (`ok` or the error code) and a digest of
- * the message's content, never the content. Cancellation and deadlines get their own type.
+ * The event of a call's final message: its outcome (`ok` or the error code), a digest of the
+ * message's content (never the content), and its attempts and duration when it says them. Cancellation and deadlines get their own type.
  */
 export function callEnded(message: ToolMessage, at = Date.now()): AuditEventInput {
   const code = message.error?.code;
@@ -25,6 +26,10 @@ export function callEnded(message: ToolMessage, at = Date.now()): AuditEventInpu
       outcome: code ?? "ok",
       result_digest: `sha256:${canonicalDigest(message.content)}`,
       ...(message.args_hash === undefined ? {} : { args_hash: message.args_hash }),
+      // How many attempts ran and for how long: for the calls of tools in an owner's account,
+      // whose executors write no attempt events, this is how the trail shows them.
+      ...(message.attempts === undefined ? {} : { attempts: message.attempts }),
+      ...(message.duration_ms === undefined ? {} : { duration_ms: message.duration_ms }),
     },
   };
 }
@@ -54,34 +59,29 @@ export function approvalDecided(call: {
   return { type: AuditEventType.ApprovalDecided, call_id, session, tool, at: Date.now(), data };
 }
 
-/** How a tenant's call arguments are recorded: a digest (default), in full, or redacted. */
+/**
+ * How a tenant's call arguments are recorded in `call.admitted`: as the digest alone (the
+ * default: `args_hash`), in full, or in full with the value at each JSON pointer (RFC 6901)
+ * replaced by `"[redacted]"`.
+ */
 export type ArgumentsRecording =
   { kind: "digest" } | { kind: "full" } | { kind: "redacted"; pointers: readonly string[] };
 
 /**
- * The caller's arguments as `recording` records them (never the presets the resolver adds):
- * `{digest}`, `{arguments}` or `{arguments}` with each JSON pointer's value replaced by its digest.
+ * What `call.admitted` records of the arguments besides their digest: nothing, `{arguments}`,
+ * or `{arguments}` with each pointer's value redacted (a pointer that names nothing is skipped).
  */
-export function redactArguments(
+export function recordedArguments(
   args: Record<string, unknown>,
   recording: ArgumentsRecording,
-): Record<string, unknown> {
-  const digest = `sha256:${canonicalDigest(args)}`;
-  if (recording.kind === "digest") return { args_digest: digest };
-  if (recording.kind === "full") return { args_digest: digest, arguments: args };
+): { arguments?: Record<string, unknown> } {
+  if (recording.kind === "digest") return {};
+  if (recording.kind === "full") return { arguments: args };
   const copy = structuredClone(args);
   for (const pointer of recording.pointers) {
-    const path = pointer
-      .split("/")
-      .slice(1)
-      .map((t) => t.replaceAll("~1", "/").replaceAll("~0", "~"));
-    const last = path.pop();
-    let at: unknown = copy;
-    for (const key of path) at = (at as Record<string, unknown> | undefined)?.[key];
-    if (last !== undefined && at !== null && typeof at === "object" && last in at) {
-      const holder = at as Record<string, unknown>;
-      holder[last] = `redacted sha256:${canonicalDigest(holder[last])}`;
-    }
+    if (jsonpointer.get(copy, pointer) !== undefined) jsonpointer.set(copy, pointer, REDACTED);
   }
-  return { args_digest: digest, arguments: copy };
+  return { arguments: copy };
 }
+
+const REDACTED = "[redacted]";

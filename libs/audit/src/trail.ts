@@ -1,14 +1,16 @@
 import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager, PubAck } from "@nats-io/jetstream";
+import { JetStreamApiError, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
-import { isWrongLastSequence } from "@toolmesh/nats";
+import { JsApiCode, isWrongLastSequence } from "@toolmesh/nats";
 import type { ChainTail } from "./chain.js";
 import { sealRecord } from "./chain.js";
 import type { AuditEventInput, AuditRecord } from "./events.js";
+import type { ArgumentsRecording } from "./record.js";
+import { recordedArguments } from "./record.js";
 
 /** `required`: a call whose admission cannot be recorded is refused; `best-effort`: it runs. */
 export type AuditMode = "required" | "best-effort";
@@ -31,6 +33,10 @@ export interface AuditTrailOptions {
   /** First and longest pause between retries of a failed write. Default 100 and 5 000. */
   retryMinMs?: number | undefined;
   retryMaxMs?: number | undefined;
+  /** How each tenant's arguments are recorded (by tenant token); a tenant not named: digest. */
+  argumentsRecording?: ReadonlyMap<string, ArgumentsRecording> | undefined;
+  /** Most events published in one run before their acks are awaited. Default 256. */
+  batchMax?: number | undefined;
 }
 
 interface Pending {
@@ -114,6 +120,18 @@ export class AuditTrail {
     });
   }
 
+  /**
+   * What `tenant`'s `call.admitted` records of a call's arguments besides their digest, as the
+   * tenant chose: nothing (the default), or the arguments in full or redacted.
+   */
+  argumentsOf(
+    tenant: string,
+    args: Record<string, unknown>,
+  ): { arguments?: Record<string, unknown> } {
+    const recording = this.#options.argumentsRecording?.get(tenant);
+    return recording === undefined ? {} : recordedArguments(args, recording);
+  }
+
   /** `unavailable` when `tenant`'s trail cannot be written now and admissions must be recorded. */
   refusal(tenant: string): ToolmeshError | undefined {
     if (!this.required) return undefined;
@@ -155,26 +173,20 @@ export class AuditTrail {
     let pause = this.#options.retryMinMs ?? 100;
     try {
       while (chain.queue.length > 0 && !this.#stop.signal.aborted) {
-        const head = chain.queue[0] as Pending;
-        const outcome = await this.#write(chain, head);
-        if (outcome === "raced") continue;
-        if (outcome === "written") {
-          chain.queue.shift();
+        const batch = chain.queue.slice(0, this.#options.batchMax ?? 256);
+        const { written, failure } = await this.#writeBatch(chain, batch);
+        for (const done of chain.queue.splice(0, written)) {
+          done.first?.(true);
+          done.done();
+        }
+        if (written > 0) {
           pause = this.#options.retryMinMs ?? 100;
           this.#healthy(chain, true);
-          head.first?.(true);
-          head.done();
-          continue;
         }
+        if (failure === undefined || failure === "raced") continue;
         this.#options.observer?.auditWriteFailed();
-        this.#healthy(chain, false, outcome.err);
-        if (head.withdrawOnFailure) {
-          chain.queue.shift();
-          head.first?.(false);
-          continue;
-        }
-        head.first?.(false);
-        head.first = undefined;
+        this.#healthy(chain, false, failure.err);
+        if (this.#settleFailed(chain, batch.slice(written))) continue;
         await sleep(pause, undefined, { signal: this.#stop.signal, ref: false }).catch(
           () => undefined,
         );
@@ -185,47 +197,128 @@ export class AuditTrail {
     }
   }
 
+  /**
+   * Settles events whose first write failed: withdraws those recorded to be withdrawn, keeps the
+   * others to retry. True when none is kept (the queue goes on without a pause).
+   */
+  #settleFailed(chain: TenantChain, failed: readonly Pending[]): boolean {
+    let kept = 0;
+    for (const pending of failed) {
+      pending.first?.(false);
+      pending.first = undefined;
+      if (!pending.withdrawOnFailure) {
+        kept++;
+        continue;
+      }
+      const at = chain.queue.indexOf(pending);
+      if (at >= 0) chain.queue.splice(at, 1);
+    }
+    return kept === 0;
+  }
+
   #healthy(chain: TenantChain, healthy: boolean, err?: unknown): void {
     if (chain.failing === !healthy) return;
     chain.failing = !healthy;
     this.#options.onHealth?.(chain.tenant, healthy, err);
   }
 
-  /** One attempt to append `head` after the chain's tail. */
-  async #write(chain: TenantChain, head: Pending): Promise<"written" | "raced" | { err: unknown }> {
+  /**
+   * One attempt to append `batch` after the chain's tail: the batch is sealed as one run of the
+   * chain and published back to back, each event expecting the sequence and (after the first)
+   * the message id of the one before it, and the acks are awaited together. Because of that
+   * expectation an event lands only right after its predecessor, so the written events are the
+   * run up to the last one acknowledged; the rest is written again after the tail is read anew.
+   */
+  async #writeBatch(chain: TenantChain, batch: readonly Pending[]): Promise<BatchOutcome> {
+    let tail: ChainTail;
     try {
-      chain.tail ??= await readTail(this.#jsm, chain.stream);
-      if (chain.tail.id === head.id) return "written"; // an earlier attempt landed
-      const record = sealRecord(
-        { v: 1, id: head.id, tenant: chain.tenant, by: this.#options.writer, ...head.event },
-        chain.tail,
-      );
-      const ack = await this.#js.publish(chain.subject, JSON.stringify(record), {
-        msgID: head.id,
-        expect: { lastSequence: chain.tail.seq, streamName: chain.stream },
-      });
-      if (ack.duplicate) {
-        // An earlier attempt landed (its answer was lost): its place is in the stream.
-        chain.tail = undefined;
-        return "written";
-      }
-      chain.tail = { seq: record.seq, hash: record.hash, id: record.id };
-      this.#options.observer?.auditWritten(record.type, Date.now() - record.at);
-      return "written";
+      tail = chain.tail ??= await readTail(this.#jsm, chain.stream, chain.subject);
     } catch (err) {
-      chain.tail = undefined;
-      if (isWrongLastSequence(err)) return "raced";
-      return { err };
+      return { written: 0, failure: { err } };
     }
+    // Earlier attempts whose answers were lost may have landed: the tail names the last of them.
+    const landed = batch.findIndex((p) => p.id === tail.id);
+    if (landed >= 0) return { written: landed + 1 };
+    const records: AuditRecord[] = [];
+    const acks = batch.map((pending, i) => {
+      const record = sealRecord(
+        { v: 1, id: pending.id, tenant: chain.tenant, by: this.#options.writer, ...pending.event },
+        tail,
+      );
+      const expect = { lastSequence: tail.seq, streamName: chain.stream };
+      // The server ignores an expected last sequence of 0; the stream's one subject's last
+      // sequence is checked even when 0, so the first event of an empty trail is single too.
+      const after =
+        i === 0
+          ? { lastSubjectSequence: tail.hash === null ? 0 : tail.seq }
+          : { lastMsgID: tail.id };
+      records.push(record);
+      tail = { seq: record.seq, hash: record.hash, id: record.id };
+      return this.#js.publish(chain.subject, JSON.stringify(record), {
+        msgID: pending.id,
+        expect: { ...expect, ...after },
+      });
+    });
+    const settled = await Promise.allSettled(acks);
+    return this.#afterBatch(chain, records, settled);
+  }
+
+  /** What a batch's acks say: how many of its events are written, and why the rest is not. */
+  #afterBatch(
+    chain: TenantChain,
+    records: readonly AuditRecord[],
+    settled: readonly PromiseSettledResult<PubAck>[],
+  ): BatchOutcome {
+    let written = 0;
+    let duplicate = false;
+    settled.forEach((result, i) => {
+      if (result.status !== "fulfilled") return;
+      written = i + 1;
+      duplicate = result.value.duplicate;
+      const record = records[i] as AuditRecord;
+      if (!duplicate) this.#options.observer?.auditWritten(record.type, Date.now() - record.at);
+    });
+    const last = records[written - 1];
+    // A duplicate landed in an earlier attempt, somewhere before: the tail is read anew.
+    chain.tail =
+      last === undefined || duplicate ? undefined : { seq: last.seq, hash: last.hash, id: last.id };
+    const first = settled[written];
+    if (first === undefined || first.status === "fulfilled") return { written };
+    chain.tail = undefined;
+    return { written, failure: isChainRace(first.reason) ? "raced" : { err: first.reason } };
   }
 }
 
-/** The last event of a tenant's audit stream (sequence 0, no hash when it is empty). */
-export async function readTail(jsm: JetStreamManager, stream: string): Promise<ChainTail> {
+/** How one batch went: its first `written` events are in the stream. */
+interface BatchOutcome {
+  written: number;
+  /** Why the next one is not: another writer moved the tail, or the write failed. */
+  failure?: "raced" | { err: unknown } | undefined;
+}
+
+/** Another writer appended first: the expected last sequence or message id is not the tail. */
+function isChainRace(err: unknown): boolean {
+  return (
+    isWrongLastSequence(err) ||
+    (err instanceof JetStreamApiError && err.code === JsApiCode.StreamWrongLastMsgId)
+  );
+}
+
+/**
+ * The last event of a tenant's audit stream (sequence 0, no hash when it is empty): one request
+ * for the last message on the stream's one subject; the stream's state only when it has none.
+ */
+export async function readTail(
+  jsm: JetStreamManager,
+  stream: string,
+  subject: string,
+): Promise<ChainTail> {
+  const msg = await jsm.streams.getMessage(stream, { last_by_subj: subject });
+  if (msg !== null) {
+    const record = msg.json<AuditRecord>();
+    return { seq: msg.seq, hash: record.hash, id: record.id };
+  }
+  // Empty: every event aged out (or none was written); the next one follows the last sequence.
   const info = await jsm.streams.info(stream);
-  const last = info.state.last_seq;
-  if (last === 0 || info.state.messages === 0) return { seq: last, hash: null };
-  const msg = await jsm.streams.getMessage(stream, { seq: last });
-  const record = msg?.json<AuditRecord>();
-  return { seq: last, hash: record?.hash ?? null, id: record?.id };
+  return { seq: info.state.last_seq, hash: null };
 }

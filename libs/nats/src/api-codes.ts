@@ -9,6 +9,8 @@ export const JsApiCode = {
   ...JetStreamApiCodes,
   /** JetStream has no leader to answer right now ("JetStream system temporarily unavailable"). */
   ClusterNotAvailable: 10008,
+  /** A publish's `Nats-Expected-Last-Msg-Id` is not the id of the stream's last message. */
+  StreamWrongLastMsgId: 10070,
   /** A message is larger than the stream's `max_msg_size`. */
   StreamMessageExceedsMaximum: 10054,
   /** A stream of that name exists with another configuration (a concurrent create). */

@@ -165,6 +165,30 @@ describe("loadConfig", () => {
     }
   });
 
+  it("reads each tenant's choice of argument recording; digest for the others", () => {
+    expect(loadConfig({}).auditArguments).toEqual({});
+    const config = loadConfig({
+      TOOLMESH_AUDIT_ARGUMENTS: JSON.stringify({
+        acme: "full",
+        beta: { redact: ["/card/number", "/a~1b"] },
+        gamma: "digest",
+      }),
+    });
+    expect(config.auditArguments).toEqual({
+      acme: { kind: "full" },
+      beta: { kind: "redacted", pointers: ["/card/number", "/a~1b"] },
+      gamma: { kind: "digest" },
+    });
+    const bad = ['{"acme":"some"}', '{"acme":{"redact":["card"]}}', '{"acme":{"drop":["/a"]}}'];
+    for (const value of bad)
+      expect(refusal({ TOOLMESH_AUDIT_ARGUMENTS: value }).message).toContain(
+        'TOOLMESH_AUDIT_ARGUMENTS.acme: must be "digest", "full" or {"redact"',
+      );
+    expect(refusal({ TOOLMESH_AUDIT_ARGUMENTS: "[]" }).message).toContain(
+      "TOOLMESH_AUDIT_ARGUMENTS: must be a JSON object",
+    );
+  });
+
   it("reads the structured variables", () => {
     const config = loadConfig({
       TOOLMESH_LOG_LEVEL: "debug",

@@ -16,6 +16,23 @@ const jsonObject = z.string().transform((text, ctx) => {
   ctx.addIssue({ code: "custom", message: "must be a JSON object" });
   return z.NEVER;
 });
+/** RFC 6901 JSON pointers naming a value inside the arguments (never the whole document). */
+const jsonPointer = z
+  .string()
+  .regex(/^(\/([^~/]|~[01])*)+$/, "must be a JSON pointer such as /card/number");
+/** How one tenant's arguments are recorded: `digest`, `full` or `{ "redact": [pointers] }`. */
+const auditArgumentsRecording = z.union(
+  [
+    z.enum(["digest", "full"]).transform((kind) => ({ kind })),
+    z
+      .object({ redact: z.array(jsonPointer).min(1) })
+      .strict()
+      .transform(({ redact }) => ({ kind: "redacted" as const, pointers: redact })),
+  ],
+  {
+    error: 'must be "digest", "full" or {"redact": [JSON pointers such as "/card/number"]}',
+  },
+);
 /** Comma-separated http(s) URL prefixes. */
 const urlPrefixes = z.string().transform((text, ctx) => {
   const prefixes = text
@@ -163,6 +180,9 @@ export const EnvSchema = z.object({
     .enum(["off", "on", "required", "best-effort"])
     .default("off")
     .transform((v) => (v === "on" ? "required" : v)),
+  TOOLMESH_AUDIT_ARGUMENTS: jsonObject
+    .pipe(z.record(z.string().min(1), auditArgumentsRecording))
+    .default({}),
   TOOLMESH_AUDIT_RETENTION: z
     .string()
     .transform((value, ctx) => {
@@ -280,6 +300,14 @@ export interface RuntimeConfig {
   audit: "off" | "required" | "best-effort";
   /** How long each tenant's audit events are kept, in ms. */
   auditRetentionMs: number;
+  /**
+   * How each tenant's call arguments are recorded, by tenant id (`TOOLMESH_AUDIT_ARGUMENTS`);
+   * a tenant not named: their digest only.
+   */
+  auditArguments: Record<
+    string,
+    { kind: "digest" } | { kind: "full" } | { kind: "redacted"; pointers: string[] }
+  >;
   /** Bytes of final messages each tenant's calls may have stored within the retention; 0: none. */
   tenantMaxStoredBytes: number;
   /** Most dead letters kept; past it the oldest go (ADR 0051). */
@@ -386,6 +414,7 @@ export function loadConfig(
     ownerStoreBytes: e.TOOLMESH_OWNER_STORE_BYTES,
     audit: e.TOOLMESH_AUDIT,
     auditRetentionMs: e.TOOLMESH_AUDIT_RETENTION,
+    auditArguments: e.TOOLMESH_AUDIT_ARGUMENTS,
     tenantMaxStoredBytes: e.TOOLMESH_TENANT_MAX_STORED_BYTES,
     maxDeadLetters: e.TOOLMESH_MAX_DEAD_LETTERS,
     ...(e.TOOLMESH_HEALTH_PORT === undefined ? {} : { healthPort: e.TOOLMESH_HEALTH_PORT }),

@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
-import { ToolmeshError, createSubjects } from "@toolmesh/protocol";
+import { ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
 import type { MeshSettings, StreamLimits } from "@toolmesh/nats";
 import {
   assertServerSupported,
@@ -426,6 +426,12 @@ export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditT
     mode: audit,
     writer: `${actor}@${hostname()}/${process.pid}`,
     observer: metrics,
+    argumentsRecording: new Map(
+      Object.entries(rt.config.auditArguments).map(([id, recording]) => [
+        subjectToken(id),
+        recording,
+      ]),
+    ),
     onHealth: (tenant, healthy, err) => {
       if (healthy) log.info({ tenant }, "audit trail written again");
       else

@@ -462,7 +462,12 @@ async function recordAdmission(route: Route, held: boolean): Promise<boolean> {
   const event = {
     ...auditIds(resolved),
     type: AuditEventType.Admitted,
-    data: { args_hash: route.argsHash, deadline_at: resolved.deadline_at, held },
+    data: {
+      args_hash: route.argsHash,
+      ...audit.argumentsOf(resolved.address.tenant, resolved.arguments),
+      deadline_at: resolved.deadline_at,
+      held,
+    },
   };
   if (audit.required) return audit.tryRecord(resolved.address.tenant, event);
   void audit.record(resolved.address.tenant, event);
@@ -1054,7 +1059,12 @@ export async function routeApproved(
   const admitted = deps.audit?.record(resolved.address.tenant, {
     ...auditIds(resolved),
     type: AuditEventType.Admitted,
-    data: { args_hash: argsHash, deadline_at: resolved.deadline_at, held: false },
+    data: {
+      args_hash: argsHash,
+      ...deps.audit.argumentsOf(resolved.address.tenant, resolved.arguments),
+      deadline_at: resolved.deadline_at,
+      held: false,
+    },
   });
   if (deps.audit?.required === true) await admitted;
   await publishWork(

@@ -1,0 +1,73 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { createSubjects } from "@toolmesh/protocol";
+import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
+import type { AuditRecord } from "@toolmesh/audit";
+import { AuditEventType, AuditTrail, readTrail, verifyTrail } from "@toolmesh/audit";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+// The trail's pipelined writer against a real server: several processes' writers (one
+// connection each) append batches to one tenant's chain at once, racing for its tail. The chain
+// must come out whole: every event once, each writer's events in the order it recorded them.
+
+const subjects = createSubjects();
+const TENANT = "acme";
+const WRITERS = 4;
+const EVENTS = 400;
+let server: NatsServerHandle;
+const connections: NatsConnection[] = [];
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  const nc = await connect({ servers: server.url });
+  connections.push(nc);
+  await ensureStream(await jetstreamManager(nc), tenantAuditStreamSpec(subjects, TENANT));
+}, 30_000);
+
+afterAll(async () => {
+  await Promise.all(connections.map((nc) => nc.close()));
+  await server?.stop();
+});
+
+describe("writers racing for one tenant's chain", () => {
+  it("keep one verifying chain, every event once and in each writer's order", async () => {
+    const trails = await Promise.all(
+      Array.from({ length: WRITERS }, async (_, w) => {
+        const nc = await connect({ servers: server.url });
+        connections.push(nc);
+        return AuditTrail.open(nc, { subjects, mode: "required", writer: `w${w}`, batchMax: 32 });
+      }),
+    );
+    const writes: Promise<unknown>[] = [];
+    // Recorded in bursts, so batches of many sizes meet other writers' batches.
+    for (let i = 0; i < EVENTS; i++) {
+      for (const [w, trail] of trails.entries()) {
+        const event = { type: AuditEventType.Ended, call_id: `w${w}-${i}`, at: Date.now() };
+        writes.push(
+          i % 7 === 0
+            ? trail.tryRecord(TENANT, { ...event, data: { i } })
+            : trail.record(TENANT, { ...event, data: { i } }),
+        );
+      }
+      if (i % 50 === 0) await Promise.all(writes);
+    }
+    const settled = await Promise.all(writes);
+    expect(settled.filter((s) => s === false)).toEqual([]);
+    for (const trail of trails) expect(trail.pending).toBe(0);
+
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(connections[0] as NatsConnection, subjects, TENANT))
+      events.push(record as AuditRecord);
+    expect(events).toHaveLength(WRITERS * EVENTS);
+    expect(new Set(events.map((e) => e.id)).size).toBe(events.length);
+    for (let w = 0; w < WRITERS; w++) {
+      const order = events.filter((e) => e.by === `w${w}`).map((e) => e.data.i);
+      expect(order).toEqual(Array.from({ length: EVENTS }, (_, i) => i));
+    }
+    const verified = await verifyTrail(connections[0] as NatsConnection, subjects, TENANT);
+    expect(verified).toEqual({ ok: true, count: WRITERS * EVENTS });
+  }, 120_000);
+});
