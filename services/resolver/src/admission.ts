@@ -202,7 +202,9 @@ export class Admission {
     const { resolved } = call;
     if (fairShare === undefined) return false;
     const counted =
-      this.bytesInFlight === undefined ? undefined : { id: idOf(call), bytes: this.weigh(call) };
+      this.bytesInFlight === undefined
+        ? undefined
+        : { id: idOf(call), bytes: this.weigh(call), deadlineAt: resolved.deadline_at };
     return await fairShare.busy(resolved.tool, resolved.address.tenant, counted);
   }
 

@@ -12,10 +12,10 @@ describe("BytesInFlight", () => {
   it("weighs a call by its message and the largest result until a result is known, then by their average", () => {
     const bytes = new BytesInFlight({ maxPerTenant: 1_000 * KB, firstResultBytes: 512 * KB });
     expect(bytes.weigh("a", "echo", 2 * KB)).toBe(514 * KB);
-    bytes.started("a.s.1", "a", "echo", 514 * KB);
+    bytes.started("a.s.1", "a", "echo", 514 * KB, 60_000);
     bytes.ended("a.s.1", 400 * KB);
     expect(bytes.weigh("a", "echo", 2 * KB)).toBe(402 * KB);
-    bytes.started("a.s.2", "a", "echo", 402 * KB);
+    bytes.started("a.s.2", "a", "echo", 402 * KB, 60_000);
     bytes.ended("a.s.2", 0);
     // A running average: the newest result weighs a quarter.
     expect(bytes.weigh("a", "echo", 0)).toBe(300 * KB);
@@ -28,7 +28,7 @@ describe("BytesInFlight", () => {
     const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0 });
     // A tenant with nothing in flight may always start, even a call over the bound.
     expect(bytes.holds("a")).toBe(false);
-    bytes.started("a.s.1", "a", "t", 1_500);
+    bytes.started("a.s.1", "a", "t", 1_500, 60_000);
     expect(bytes.holds("a")).toBe(true);
     expect(bytes.holds("b")).toBe(false);
     expect(bytes.inFlight("a")).toBe(1_500);
@@ -36,9 +36,9 @@ describe("BytesInFlight", () => {
     expect(bytes.holds("a")).toBe(false);
     expect(bytes.inFlight("a")).toBe(0);
 
-    bytes.started("a.s.2", "a", "t", 600);
+    bytes.started("a.s.2", "a", "t", 600, 60_000);
     expect(bytes.holds("a")).toBe(false);
-    bytes.started("a.s.3", "a", "t", 400);
+    bytes.started("a.s.3", "a", "t", 400, 60_000);
     expect(bytes.holds("a")).toBe(true);
     bytes.ended("a.s.2");
     expect(bytes.holds("a")).toBe(false);
@@ -46,8 +46,8 @@ describe("BytesInFlight", () => {
 
   it("counts a call once, however often it is told, and forgets calls it does not follow", () => {
     const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0 });
-    bytes.started("a.s.1", "a", "t", 700);
-    bytes.started("a.s.1", "a", "t", 700);
+    bytes.started("a.s.1", "a", "t", 700, 60_000);
+    bytes.started("a.s.1", "a", "t", 700, 60_000);
     expect(bytes.inFlight("a")).toBe(700);
     bytes.ended("a.s.unknown", 5);
     expect(bytes.inFlight("a")).toBe(700);
@@ -55,7 +55,13 @@ describe("BytesInFlight", () => {
     bytes.ended("a.s.1");
     expect(bytes.inFlight("a")).toBe(0);
     expect(bytes.calls).toBe(0);
-    bytes.started("a.s.2", "a", "t", 2_000);
+    bytes.started("a.s.2", "a", "t", 2_000, 60_000);
+    // Past its deadline its final message was missed: a sweep forgets it.
+    bytes.sweep(59_999);
+    expect(bytes.holds("a")).toBe(true);
+    bytes.sweep(60_001);
+    expect(bytes.holds("a")).toBe(false);
+    bytes.started("a.s.3", "a", "t", 2_000, 60_000);
     bytes.clear();
     expect(bytes.holds("a")).toBe(false);
   });
@@ -63,7 +69,7 @@ describe("BytesInFlight", () => {
   it("keeps at most its number of averages, forgetting the least recently taught", () => {
     const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0, maxAverages: 2 });
     for (const tool of ["x", "y", "x", "z"]) {
-      bytes.started(`a.s.${tool}`, "a", tool, 0);
+      bytes.started(`a.s.${tool}`, "a", tool, 0, 60_000);
       bytes.ended(`a.s.${tool}`, 100);
     }
     expect(bytes.weigh("a", "x", 0)).toBe(100);
@@ -122,7 +128,13 @@ describe("fair share with a bytes-in-flight gate", () => {
     };
     /** Submits a call: started at once, or held; says which. */
     const submit = async (c: HeldCall): Promise<"started" | "held"> => {
-      if (await share.busy("echo", c.tenant, { id: c.id, bytes: c.bytes ?? 0 })) {
+      if (
+        await share.busy("echo", c.tenant, {
+          id: c.id,
+          bytes: c.bytes ?? 0,
+          deadlineAt: c.deadlineAt,
+        })
+      ) {
         share.hold("echo", c);
         return "held";
       }

@@ -31,6 +31,7 @@ interface Flying {
   readonly tenant: string;
   readonly tool: string;
   readonly bytes: number;
+  readonly deadlineAt: number;
 }
 
 /** The weight of each new result in a running average. */
@@ -75,10 +76,13 @@ export class BytesInFlight {
     return this.#calls.size;
   }
 
-  /** A call (`id`, as its final message names it) started: its `bytes` count until it ends. */
-  started(id: string, tenant: string, tool: string, bytes: number): void {
+  /**
+   * A call (`id`, as its final message names it) started: its `bytes` count until it ends, or
+   * until a sweep after its deadline (`deadlineAt`, ms on the server clock).
+   */
+  started(id: string, tenant: string, tool: string, bytes: number, deadlineAt: number): void {
     if (this.#calls.has(id)) return;
-    this.#calls.set(id, { tenant, tool, bytes });
+    this.#calls.set(id, { tenant, tool, bytes, deadlineAt });
     this.#tenants.set(tenant, (this.#tenants.get(tenant) ?? 0) + bytes);
   }
 
@@ -94,6 +98,11 @@ export class BytesInFlight {
     if (left > 0) this.#tenants.set(call.tenant, left);
     else this.#tenants.delete(call.tenant);
     if (resultBytes !== undefined) this.#learn(averageKey(call.tenant, call.tool), resultBytes);
+  }
+
+  /** Forgets the calls past their deadline at `now`: their final messages were missed. */
+  sweep(now: number): void {
+    for (const [id, call] of this.#calls) if (call.deadlineAt < now) this.ended(id);
   }
 
   /** Forgets every call in flight (their final messages may have been missed); keeps averages. */

@@ -40,9 +40,12 @@ export interface HeldCall {
 export interface TenantGate {
   /** Whether `tenant`'s next call must wait. */
   holds(tenant: string): boolean;
-  started(id: string, tenant: string, tool: string, bytes: number): void;
+  /** A call started; `deadlineAt` (ms on the server clock) ends its count if nothing else does. */
+  started(id: string, tenant: string, tool: string, bytes: number, deadlineAt: number): void;
   /** The call ended; `resultBytes`, its final message's size, when it was seen. */
   ended(id: string, resultBytes?: number): void;
+  /** Forgets the calls past their deadline: their final messages were missed, or never came. */
+  sweep(now: number): void;
   /** Forgets every call (after a reconnect, or on stop). */
   clear(): void;
 }
@@ -51,6 +54,8 @@ export interface TenantGate {
 export interface GatedCall {
   readonly id: string;
   readonly bytes: number;
+  /** Its deadline, ms on the server clock. */
+  readonly deadlineAt: number;
 }
 
 /** How much of a tool's work is outstanding: not yet delivered plus delivered and unacknowledged. */
@@ -234,6 +239,7 @@ export class FairShare {
       // A final message this process missed (it was disconnected) ends the count at the deadline.
       const now = this.#options.now();
       for (const [id, { call }] of this.#started) if (call.deadlineAt < now) this.ended(id);
+      this.#gate?.sweep(now);
       const since = now - this.#options.idleMs;
       for (const queue of this.#tools.values())
         for (const [tenant, { running, lastAt }] of queue.activity)
@@ -302,7 +308,7 @@ export class FairShare {
    * arriving together cannot all pass it (`false`, for {@link busy}).
    */
   #letThrough(tool: string, tenant: string, call: GatedCall | undefined): false {
-    if (call !== undefined) this.#gate?.started(call.id, tenant, tool, call.bytes);
+    if (call !== undefined) this.#gate?.started(call.id, tenant, tool, call.bytes, call.deadlineAt);
     return false;
   }
 
@@ -324,7 +330,7 @@ export class FairShare {
     queue.running++;
     this.#demand(queue, call.tenant, activity);
     this.#started.set(call.id, { tool, call });
-    this.#gate?.started(call.id, call.tenant, tool, call.bytes ?? 0);
+    this.#gate?.started(call.id, call.tenant, tool, call.bytes ?? 0, call.deadlineAt);
   }
 
   /** Whether a tenant the gate lets go has calls of the tool held. */
@@ -364,10 +370,11 @@ export class FairShare {
    * looks at its work again at once.
    */
   ended(id: string, tool?: string, resultBytes?: number): void {
+    // The gate may count a call let through and not started yet.
+    this.#gate?.ended(id, resultBytes);
     const started = this.#started.get(id);
     if (started !== undefined) {
       this.#started.delete(id);
-      this.#gate?.ended(id, resultBytes);
       const queue = this.#tools.get(started.tool);
       const activity = queue?.activity.get(started.call.tenant);
       if (queue !== undefined) queue.running--;
