@@ -119,7 +119,7 @@ describe("Admission", () => {
   });
 
   it("weighs a call let through in its tenant's bytes, gives them back when it is withdrawn, and holds a tenant at its bound", async () => {
-    const bytesInFlight = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 400 });
+    const bytesInFlight = new BytesInFlight({ maxPerTenant: 1_000 });
     const share = new FairShare({
       window: 0,
       depth: () => Promise.resolve(0),
@@ -139,6 +139,12 @@ describe("Admission", () => {
     const withBytes = (id: string) => ({ ...callOf(id), messageBytes: 200 });
     const first = await admission.admit(withBytes("a"), 0);
     expect(first.decision).toBe("go");
+    expect(bytesInFlight.inFlight("acme")).toBe(200);
+    admission.settle(address, subjectToken("a"), () => "work", 400);
+    // The first call's final message: 400 bytes, which its tool's next calls are weighed by.
+    expect(bytesInFlight.inFlight("acme")).toBe(0);
+    const first2 = await admission.admit(withBytes("a2"), 0);
+    expect(first2.decision).toBe("go");
     expect(bytesInFlight.inFlight("acme")).toBe(600);
     const second = await admission.admit(withBytes("b"), 0);
     expect(second.decision).toBe("go");
@@ -146,9 +152,9 @@ describe("Admission", () => {
     if (second.decision === "refuse") throw second.error;
     await second.ticket.withdraw();
     expect(bytesInFlight.inFlight("acme")).toBe(600);
-    // The first call's final message: 100 bytes, which its tool's next calls are weighed by.
-    admission.settle(address, subjectToken("a"), () => "work", 100);
+    admission.settle(address, subjectToken("a2"), () => "work", 0);
     expect(bytesInFlight.inFlight("acme")).toBe(0);
-    expect(admission.weigh(withBytes("d"))).toBe(300);
+    // A running average: 400, then 0 weighing a quarter.
+    expect(admission.weigh(withBytes("d"))).toBe(500);
   });
 });

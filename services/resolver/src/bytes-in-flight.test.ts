@@ -9,10 +9,10 @@ const log = createLogger({ service: "test", level: "silent" });
 const KB = 1_024;
 
 describe("BytesInFlight", () => {
-  it("weighs a call by its message and the largest result until a result is known, then by their average", () => {
-    const bytes = new BytesInFlight({ maxPerTenant: 1_000 * KB, firstResultBytes: 512 * KB });
-    expect(bytes.weigh("a", "echo", 2 * KB)).toBe(514 * KB);
-    bytes.started("a.s.1", "a", "echo", 514 * KB, 60_000);
+  it("weighs a call by its message until its tool's results are known, then by their average", () => {
+    const bytes = new BytesInFlight({ maxPerTenant: 1_000 * KB });
+    expect(bytes.weigh("a", "echo", 2 * KB)).toBe(2 * KB);
+    bytes.started("a.s.1", "a", "echo", 2 * KB, 60_000);
     bytes.ended("a.s.1", 400 * KB);
     expect(bytes.weigh("a", "echo", 2 * KB)).toBe(402 * KB);
     bytes.started("a.s.2", "a", "echo", 402 * KB, 60_000);
@@ -20,12 +20,12 @@ describe("BytesInFlight", () => {
     // A running average: the newest result weighs a quarter.
     expect(bytes.weigh("a", "echo", 0)).toBe(300 * KB);
     // Per tenant and tool: no one else's estimate moved.
-    expect(bytes.weigh("b", "echo", 10)).toBe(512 * KB + 10);
-    expect(bytes.weigh("a", "other", 10)).toBe(512 * KB + 10);
+    expect(bytes.weigh("b", "echo", 10)).toBe(10);
+    expect(bytes.weigh("a", "other", 10)).toBe(10);
   });
 
   it("holds a tenant at its bound until its bytes come down, and no one else", () => {
-    const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0 });
+    const bytes = new BytesInFlight({ maxPerTenant: 1_000 });
     // A tenant with nothing in flight may always start, even a call over the bound.
     expect(bytes.holds("a")).toBe(false);
     bytes.started("a.s.1", "a", "t", 1_500, 60_000);
@@ -45,7 +45,7 @@ describe("BytesInFlight", () => {
   });
 
   it("counts a call once, however often it is told, and forgets calls it does not follow", () => {
-    const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0 });
+    const bytes = new BytesInFlight({ maxPerTenant: 1_000 });
     bytes.started("a.s.1", "a", "t", 700, 60_000);
     bytes.started("a.s.1", "a", "t", 700, 60_000);
     expect(bytes.inFlight("a")).toBe(700);
@@ -67,7 +67,7 @@ describe("BytesInFlight", () => {
   });
 
   it("keeps at most its number of averages, forgetting the least recently taught", () => {
-    const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0, maxAverages: 2 });
+    const bytes = new BytesInFlight({ maxPerTenant: 1_000, maxAverages: 2 });
     for (const tool of ["x", "y", "x", "z"]) {
       bytes.started(`a.s.${tool}`, "a", tool, 0, 60_000);
       bytes.ended(`a.s.${tool}`, 100);
@@ -78,7 +78,7 @@ describe("BytesInFlight", () => {
   });
 
   it("refuses a bound that is not positive", () => {
-    expect(() => new BytesInFlight({ maxPerTenant: 0, firstResultBytes: 0 })).toThrow(RangeError);
+    expect(() => new BytesInFlight({ maxPerTenant: 0 })).toThrow(RangeError);
   });
 });
 
@@ -93,7 +93,7 @@ describe("fair share with a bytes-in-flight gate", () => {
 
   function gated(window: number) {
     let clock = 1_000_000;
-    const bytes = new BytesInFlight({ maxPerTenant: 1_000, firstResultBytes: 0 });
+    const bytes = new BytesInFlight({ maxPerTenant: 1_000 });
     const share = new FairShare({
       window,
       depth: () => Promise.resolve(0),

@@ -6,10 +6,10 @@
 // path (`FairShare`'s gate) — until its calls end. Never refused: its calls keep their deadlines.
 //
 // A call's weight is the bytes of its calls-stream message (its arguments) plus what its
-// tenant's results of the same tool lately weighed: a running average of their final messages,
-// and before the first, the largest a result may be (so a first burst to a tool waits for one
-// result rather than running unweighed; the first result sets the average). Averages are per
-// tenant and tool, so no tenant moves another's. A tenant with nothing in flight may always start one call, so a
+// tenant's results of the same tool lately weighed: a running average of their final messages
+// (the first result sets it; before it, the arguments alone: a tenant's first burst to a tool is
+// weighed by what it sends, so that calls of small results are never held for a guess). Averages
+// are per tenant and tool, so no tenant moves another's. A tenant with nothing in flight may always start one call, so a
 // call larger than the bound still runs, alone: a tenant has at most its bound plus one call in
 // flight.
 
@@ -20,8 +20,6 @@ export interface BytesInFlightOptions {
    * wait (`TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT`); must be positive.
    */
   maxPerTenant: number;
-  /** A result's expected bytes before its tenant's first result of the tool (`TOOLMESH_MAX_RESULT_BYTES`). */
-  firstResultBytes: number;
   /** Most (tenant, tool) result averages kept; the oldest is forgotten beyond. Default 10 000. */
   maxAverages?: number;
 }
@@ -42,7 +40,6 @@ export class BytesInFlight {
   /** Bytes a tenant may have in flight before its calls wait. */
   readonly max: number;
   readonly #maxAverages: number;
-  readonly #firstResultBytes: number;
   readonly #calls = new Map<string, Flying>();
   readonly #tenants = new Map<string, number>();
   /** Average result bytes by `tenant` NUL `tool`, oldest first. */
@@ -52,13 +49,11 @@ export class BytesInFlight {
     if (!(options.maxPerTenant > 0)) throw new RangeError("maxPerTenant must be positive");
     this.max = options.maxPerTenant;
     this.#maxAverages = options.maxAverages ?? 10_000;
-    this.#firstResultBytes = options.firstResultBytes;
   }
 
   /** What a call of `tenant` to `tool` with a message of `messageBytes` is expected to move. */
   weigh(tenant: string, tool: string, messageBytes: number): number {
-    const average = this.#averages.get(averageKey(tenant, tool)) ?? this.#firstResultBytes;
-    return messageBytes + Math.round(average);
+    return messageBytes + Math.round(this.#averages.get(averageKey(tenant, tool)) ?? 0);
   }
 
   /** Whether `tenant`'s next call must wait: it has its bound or more in flight. */

@@ -296,12 +296,9 @@ async function openAdmission(
           ownerOf: (tool) => registry.get(tool)?.definition.owner,
           log,
         });
-  const maxResultBytes = options.maxResultBytes ?? Defaults.maxResultBytes;
-  const maxBytes = options.tenantMaxBytesInFlight ?? 2 * maxResultBytes;
-  const bytesInFlight =
-    maxBytes > 0
-      ? new BytesInFlight({ maxPerTenant: maxBytes, firstResultBytes: maxResultBytes })
-      : undefined;
+  const maxBytes =
+    options.tenantMaxBytesInFlight ?? 2 * (options.maxResultBytes ?? Defaults.maxResultBytes);
+  const bytesInFlight = maxBytes > 0 ? new BytesInFlight({ maxPerTenant: maxBytes }) : undefined;
   // Bytes in flight hold calls on the fair-share path: with the window off, no tool is busy.
   const fairShare =
     fairShareWindow === 0 && bytesInFlight === undefined
