@@ -6,13 +6,16 @@
 //
 // Tenant B makes small echo calls at a steady rate alone (its baseline), then again while tenant
 // A, within any call quota, keeps FLOOD_IN_FLIGHT echo calls in flight whose results are of
-// random sizes up to RESULT_MAX (half of them at the largest). The mesh runs with
+// random sizes up to RESULT_MAX (half of them at the largest). Twice in one run, each on a mesh
+// of its own: without the bytes-in-flight bound (TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT=0, as before
+// it) and with it; the verdict is the second's. The mesh runs with
 // TOOLMESH_STORE_BYTES = STORE_BYTES, so each stream has its byte bound (ADR 0050). Reports B's
 // p99 flooded/alone, B's calls lost (any answer but a result), what A was answered, and the
 // store: the sessions stream's and the call records' bytes against their bounds and what the
 // account stores, sampled through the flood. Writes storage-flood.json to --out (default
 // bench/results/). Passes when B lost nothing and its p99 under the flood stays within 1.5× of B
-// alone and neither the sessions stream nor the call records outgrew its bound; the store figures
+// alone, A lost nothing (each call answered with its result or a storage refusal), and neither
+// the sessions stream nor the call records outgrew its bound; the store figures
 // say what A's results occupy against its bound of stored results (TOOLMESH_TENANT_MAX_STORED_BYTES,
 // default 64 MiB), past which A is refused `quota_exceeded` `storage`: its workers then wait
 // a second (a client honouring retry_after_ms, capped) before calling again.
