@@ -151,7 +151,7 @@ export const EnvSchema = z.object({
     .union([z.literal("auto"), z.coerce.number().int().min(0)])
     .default("auto"),
   TOOLMESH_FAIR_SHARE_IDLE_MS: z.coerce.number().int().min(0).default(1_000),
-  // Default: twice TOOLMESH_MAX_RESULT_BYTES.
+  // Default: TOOLMESH_MAX_RESULT_BYTES.
   TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT: z.coerce.number().int().min(0).optional(),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
@@ -260,7 +260,7 @@ export interface RuntimeConfig {
   fairShareIdleMs: number;
   /**
    * Bytes one tenant's calls may have in flight through one resolver before its further calls
-   * wait; 0 = off. Default twice `maxResultBytes` (1 MiB).
+   * wait; 0 = off. Default `maxResultBytes` (512 KiB).
    */
   tenantMaxBytesInFlight: number;
 
@@ -383,8 +383,7 @@ export function loadConfig(
     quotaReconcileMs: e.TOOLMESH_QUOTA_RECONCILE_MS,
     fairShareWindow: e.TOOLMESH_FAIR_SHARE_WINDOW,
     fairShareIdleMs: e.TOOLMESH_FAIR_SHARE_IDLE_MS,
-    tenantMaxBytesInFlight:
-      e.TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT ?? 2 * e.TOOLMESH_MAX_RESULT_BYTES,
+    tenantMaxBytesInFlight: e.TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT ?? e.TOOLMESH_MAX_RESULT_BYTES,
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,

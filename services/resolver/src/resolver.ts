@@ -99,7 +99,7 @@ export interface ResolverOptions {
   /**
    * Bytes one tenant's calls may have in flight through this resolver (each weighed by its
    * arguments and its tool's recent results) before its further calls wait for its bytes to come
-   * down; 0 turns it off. Default twice `maxResultBytes` (`TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT`).
+   * down; 0 turns it off. Default `maxResultBytes` (`TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT`).
    */
   tenantMaxBytesInFlight?: number;
   /**
@@ -297,7 +297,7 @@ async function openAdmission(
           log,
         });
   const maxBytes =
-    options.tenantMaxBytesInFlight ?? 2 * (options.maxResultBytes ?? Defaults.maxResultBytes);
+    options.tenantMaxBytesInFlight ?? options.maxResultBytes ?? Defaults.maxResultBytes;
   const bytesInFlight = maxBytes > 0 ? new BytesInFlight({ maxPerTenant: maxBytes }) : undefined;
   // Bytes in flight hold calls on the fair-share path: with the window off, no tool is busy.
   const fairShare =
