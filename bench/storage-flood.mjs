@@ -1,16 +1,21 @@
 // One tenant flooding the store with large results, in one run:
-// `node bench/storage-flood.mjs [--smoke] [--out DIR] [--cpu-prof DIR]` (after `npm run build`);
-// --cpu-prof writes each service's CPU profile (node --cpu-prof) to DIR when it stops.
+// `node bench/storage-flood.mjs [--smoke] [--out DIR] [--cpu-prof DIR] [--max-bytes-in-flight N]`
+// (after `npm run build`); --cpu-prof writes each service's CPU profile (node --cpu-prof) to
+// DIR/<variant> when it stops; --max-bytes-in-flight sets the gated run's
+// TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT (default: the mesh's default).
 //
 // Tenant B makes small echo calls at a steady rate alone (its baseline), then again while tenant
 // A, within any call quota, keeps FLOOD_IN_FLIGHT echo calls in flight whose results are of
-// random sizes up to RESULT_MAX (half of them at the largest). The mesh runs with
+// random sizes up to RESULT_MAX (half of them at the largest). Twice in one run, each on a mesh
+// of its own: without the bytes-in-flight bound (TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT=0, as before
+// it) and with it; the verdict is the second's. The mesh runs with
 // TOOLMESH_STORE_BYTES = STORE_BYTES, so each stream has its byte bound (ADR 0050). Reports B's
 // p99 flooded/alone, B's calls lost (any answer but a result), what A was answered, and the
 // store: the sessions stream's and the call records' bytes against their bounds and what the
 // account stores, sampled through the flood. Writes storage-flood.json to --out (default
 // bench/results/). Passes when B lost nothing and its p99 under the flood stays within 1.5× of B
-// alone and neither the sessions stream nor the call records outgrew its bound; the store figures
+// alone, A lost nothing (each call answered with its result or a storage refusal), and neither
+// the sessions stream nor the call records outgrew its bound; the store figures
 // say what A's results occupy against its bound of stored results (TOOLMESH_TENANT_MAX_STORED_BYTES,
 // default 64 MiB), past which A is refused `quota_exceeded` `storage`: its workers then wait
 // a second (a client honouring retry_after_ms, capped) before calling again.
@@ -32,6 +37,7 @@ const { values: flags } = parseArgs({
     smoke: { type: "boolean", default: false },
     out: { type: "string", default: join(HERE, "results") },
     "cpu-prof": { type: "string" },
+    "max-bytes-in-flight": { type: "string" },
   },
 });
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
@@ -128,65 +134,102 @@ async function store(jsm) {
   };
 }
 
-const mesh = await startMesh({
-  name: "storage-flood",
-  concurrency: 64,
-  env: { TOOLMESH_STORE_BYTES: String(STORE_BYTES) },
-  nodeArgs: flags["cpu-prof"] ? ["--cpu-prof", `--cpu-prof-dir=${flags["cpu-prof"]}`] : [],
-});
-let result;
-try {
-  const jsm = await jetstreamManager(mesh.nc);
-  const alone = await steady(mesh.nc);
-  log(`B alone: ${JSON.stringify(alone)}`);
-  let stop = false;
-  const samples = [];
-  const sampler = setInterval(() => {
-    void store(jsm).then((s) => samples.push(s));
-  }, 1_000);
-  const floodRun = flood(mesh.nc, () => stop);
-  const flooded = await steady(mesh.nc);
-  stop = true;
-  const a = await floodRun;
-  clearInterval(sampler);
-  const after = await store(jsm);
-  log(`B flooded: ${JSON.stringify(flooded)}; A ${JSON.stringify(a)}`);
-  const most = (key) => Math.max(...samples.map((s) => s[key]?.bytes ?? s[key] ?? 0));
-  const ratio = round(flooded.latency.p99_ms / alone.latency.p99_ms, 2);
-  result = {
-    setup: {
-      store_bytes: STORE_BYTES,
-      result_max_bytes: RESULT_MAX,
-      flood_in_flight: FLOOD_IN_FLIGHT,
-      b_rate_per_s: B_RATE,
-      duration_ms: DURATION_MS,
-    },
-    b_alone: alone,
-    b_flooded: flooded,
-    b_p99_ratio: ratio,
-    a,
-    store: {
-      sessions_max_bytes: after.sessions?.max_bytes,
-      sessions_most_bytes: most("sessions"),
-      records_max_bytes: after.records?.max_bytes,
-      records_most_bytes: most("records"),
-      account_most_bytes: most("account_bytes"),
-      after,
-    },
-  };
-  const failures = [];
-  if (flooded.lost > 0) failures.push(`B lost ${flooded.lost} calls`);
-  if (ratio > 1.5) failures.push(`B's p99 ratio ${ratio} > 1.5`);
-  if (result.store.sessions_most_bytes > (after.sessions?.max_bytes ?? Infinity))
-    failures.push("the sessions stream outgrew its bound");
-  if (result.store.records_most_bytes > (after.records?.max_bytes ?? Infinity))
-    failures.push("the call records outgrew their bound");
-  result.pass = failures.length === 0;
-  result.failures = failures;
-} finally {
-  await mesh.stop();
+/** One mesh, one tenant-b baseline and one flood, with `env` on every service. */
+async function runVariant(name, env) {
+  const mesh = await startMesh({
+    name: `storage-flood-${name}`,
+    concurrency: 64,
+    env: { TOOLMESH_STORE_BYTES: String(STORE_BYTES), ...env },
+    nodeArgs: flags["cpu-prof"]
+      ? ["--cpu-prof", `--cpu-prof-dir=${join(flags["cpu-prof"], name)}`]
+      : [],
+  });
+  try {
+    const jsm = await jetstreamManager(mesh.nc);
+    const alone = await steady(mesh.nc);
+    log(`${name}: B alone: ${JSON.stringify(alone)}`);
+    let stop = false;
+    const samples = [];
+    const sampler = setInterval(() => {
+      void store(jsm).then((s) => samples.push(s));
+    }, 1_000);
+    const floodRun = flood(mesh.nc, () => stop);
+    const flooded = await steady(mesh.nc);
+    stop = true;
+    const a = await floodRun;
+    clearInterval(sampler);
+    const after = await store(jsm);
+    log(`${name}: B flooded: ${JSON.stringify(flooded)}; A ${JSON.stringify(a)}`);
+    const most = (key) => Math.max(...samples.map((s) => s[key]?.bytes ?? s[key] ?? 0));
+    return {
+      env,
+      b_alone: alone,
+      b_flooded: flooded,
+      b_p99_ratio: round(flooded.latency.p99_ms / alone.latency.p99_ms, 2),
+      a,
+      store: {
+        sessions_max_bytes: after.sessions?.max_bytes,
+        sessions_most_bytes: most("sessions"),
+        records_max_bytes: after.records?.max_bytes,
+        records_most_bytes: most("records"),
+        account_most_bytes: most("account_bytes"),
+        after,
+      },
+    };
+  } finally {
+    await mesh.stop();
+  }
 }
+
+/** Why a variant fails: B lost calls, B's p99 ratio over 1.5, a stream over its bound. */
+function failuresOf(v) {
+  const failures = [];
+  if (v.b_alone.lost > 0 || v.b_flooded.lost > 0)
+    failures.push(`B lost ${v.b_alone.lost + v.b_flooded.lost} calls`);
+  if (v.b_p99_ratio > 1.5) failures.push(`B's p99 ratio ${v.b_p99_ratio} > 1.5`);
+  if (v.store.sessions_most_bytes > (v.store.after.sessions?.max_bytes ?? Infinity))
+    failures.push("the sessions stream outgrew its bound");
+  if (v.store.records_most_bytes > (v.store.after.records?.max_bytes ?? Infinity))
+    failures.push("the call records outgrew their bound");
+  const aLost = Object.entries(v.a.by_code).filter(
+    ([code]) => !/^(ok|quota_exceeded):/.test(`${code}:`),
+  );
+  if (aLost.length > 0) failures.push(`A lost calls: ${JSON.stringify(Object.fromEntries(aLost))}`);
+  return failures;
+}
+
+// Same run: without the bytes-in-flight gate (as before it), then with it as configured by default.
+const variants = {
+  ungated: await runVariant("ungated", { TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT: "0" }),
+  gated: await runVariant(
+    "gated",
+    flags["max-bytes-in-flight"] === undefined
+      ? {}
+      : { TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT: flags["max-bytes-in-flight"] },
+  ),
+};
+const failures = failuresOf(variants.gated);
+const result = {
+  setup: {
+    store_bytes: STORE_BYTES,
+    result_max_bytes: RESULT_MAX,
+    flood_in_flight: FLOOD_IN_FLIGHT,
+    b_rate_per_s: B_RATE,
+    duration_ms: DURATION_MS,
+  },
+  ...variants,
+  ungated_failures: failuresOf(variants.ungated),
+  pass: failures.length === 0,
+  failures,
+};
 mkdirSync(flags.out, { recursive: true });
 writeFileSync(join(flags.out, "storage-flood.json"), `${JSON.stringify(result, null, 2)}\n`);
-log(JSON.stringify({ b_p99_ratio: result.b_p99_ratio, store: result.store, pass: result.pass }));
+log(
+  JSON.stringify({
+    ungated: variants.ungated.b_p99_ratio,
+    gated: variants.gated.b_p99_ratio,
+    failures,
+    pass: result.pass,
+  }),
+);
 process.exit(result.pass ? 0 : 1);

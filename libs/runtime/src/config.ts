@@ -168,6 +168,8 @@ export const EnvSchema = z.object({
     .union([z.literal("auto"), z.coerce.number().int().min(0)])
     .default("auto"),
   TOOLMESH_FAIR_SHARE_IDLE_MS: z.coerce.number().int().min(0).default(1_000),
+  // Default: TOOLMESH_MAX_RESULT_BYTES.
+  TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT: z.coerce.number().int().min(0).optional(),
   TOOLMESH_CALL_RETENTION_MS: positiveInt.default(Defaults.callRetentionMs),
   TOOLMESH_DUPLICATE_WINDOW_MS: positiveInt.default(Defaults.duplicateWindowMs),
   TOOLMESH_MAX_QUEUED_CALLS: positiveInt.default(Defaults.maxQueuedCalls),
@@ -276,6 +278,11 @@ export interface RuntimeConfig {
   fairShareWindow: number | "auto";
   /** How long after its last call of a tool a tenant keeps slots of the fair-share window free, in ms; 0 = none. */
   fairShareIdleMs: number;
+  /**
+   * Bytes one tenant's calls may have in flight through one resolver before its further calls
+   * wait; 0 = off. Default `maxResultBytes` (512 KiB).
+   */
+  tenantMaxBytesInFlight: number;
 
   /** How long call records (the idempotency horizon) are kept, in ms. */
   callRetentionMs: number;
@@ -404,6 +411,7 @@ export function loadConfig(
     quotaReconcileMs: e.TOOLMESH_QUOTA_RECONCILE_MS,
     fairShareWindow: e.TOOLMESH_FAIR_SHARE_WINDOW,
     fairShareIdleMs: e.TOOLMESH_FAIR_SHARE_IDLE_MS,
+    tenantMaxBytesInFlight: e.TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT ?? e.TOOLMESH_MAX_RESULT_BYTES,
     callRetentionMs: e.TOOLMESH_CALL_RETENTION_MS,
     duplicateWindowMs: e.TOOLMESH_DUPLICATE_WINDOW_MS,
     maxQueuedCalls: e.TOOLMESH_MAX_QUEUED_CALLS,

@@ -5,6 +5,7 @@ import { createLogger, toolmeshMetrics } from "@toolmesh/telemetry";
 import type { AdmissionCall } from "./admission.js";
 import { Admission, admissionId } from "./admission.js";
 import { FairShare } from "./fair-share.js";
+import { BytesInFlight } from "./bytes-in-flight.js";
 import { SessionLimits } from "./session-limits.js";
 
 // Admission's steps and what it gives back, without NATS: the session slot and the fair turn
@@ -115,5 +116,45 @@ describe("Admission", () => {
         () => Promise.resolve(),
       ),
     ).toThrow("only a fair-share turn holds a call");
+  });
+
+  it("weighs a call let through in its tenant's bytes, gives them back when it is withdrawn, and holds a tenant at its bound", async () => {
+    const bytesInFlight = new BytesInFlight({ maxPerTenant: 1_000 });
+    const share = new FairShare({
+      window: 0,
+      depth: () => Promise.resolve(0),
+      weightOf: () => 1,
+      now: () => 1_000,
+      log,
+      heartbeatMs: 60_000,
+      gate: bytesInFlight,
+    });
+    shares.push(share);
+    const admission = new Admission({
+      limits: new SessionLimits(10),
+      fairShare: share,
+      bytesInFlight,
+      metrics: toolmeshMetrics(),
+    });
+    const withBytes = (id: string) => ({ ...callOf(id), messageBytes: 200 });
+    const first = await admission.admit(withBytes("a"), 0);
+    expect(first.decision).toBe("go");
+    expect(bytesInFlight.inFlight("acme")).toBe(200);
+    admission.settle(address, subjectToken("a"), () => "work", 400);
+    // The first call's final message: 400 bytes, which its tool's next calls are weighed by.
+    expect(bytesInFlight.inFlight("acme")).toBe(0);
+    const first2 = await admission.admit(withBytes("a2"), 0);
+    expect(first2.decision).toBe("go");
+    expect(bytesInFlight.inFlight("acme")).toBe(600);
+    const second = await admission.admit(withBytes("b"), 0);
+    expect(second.decision).toBe("go");
+    expect((await admission.admit(withBytes("c"), 0)).decision).toBe("hold");
+    if (second.decision === "refuse") throw second.error;
+    await second.ticket.withdraw();
+    expect(bytesInFlight.inFlight("acme")).toBe(600);
+    admission.settle(address, subjectToken("a2"), () => "work", 0);
+    expect(bytesInFlight.inFlight("acme")).toBe(0);
+    // A running average: 400, then 0 weighing a quarter.
+    expect(admission.weigh(withBytes("d"))).toBe(500);
   });
 });

@@ -12,6 +12,7 @@ import type { SessionLimits } from "./session-limits.js";
 import type { QuotaGate } from "./quotas.js";
 import type { FairShare, HeldCall } from "./fair-share.js";
 import type { StoredBytes } from "./stored-bytes.js";
+import type { BytesInFlight } from "./bytes-in-flight.js";
 import type { ToolCapacity } from "@toolmesh/registry";
 
 // Admission decides whether a resolved call may go to its tool's work now, must wait for its
@@ -24,8 +25,10 @@ import type { ToolCapacity } from "@toolmesh/registry";
 //                       (`quota_exceeded`, quota `storage`; takes nothing, so it goes first);
 //   1. session slot   — `SessionLimits`: at most `max` calls of a session in flight here
 //                       (refusal: `overloaded`, labelled `session_max_in_flight`);
-//   2. fair turn      — `FairShare.busy`: a busy tool's call is held for its tenant's turn
-//                       (never refuses; decides "hold" or "go", which step 3 counts as queued);
+//   2. fair turn      — `FairShare.busy`: a busy tool's call is held for its tenant's turn,
+//                       and a tenant at its bound of bytes in flight (`BytesInFlight`, the fair
+//                       share's gate) waits for its bytes to come down (never refuses; decides
+//                       "hold" or "go", which step 3 counts as queued);
 //   3. quotas         — `QuotaGate.admit`: the tenant's, tool's and agent's limits
 //                       (refusal: the quota's error, labelled with the quota's name).
 // A new decision is one more step: a method returning a refusal or what it took (a `Taken`),
@@ -40,6 +43,8 @@ export interface AdmissionCall {
   key: string;
   /** Its message's sequence in the calls stream: a refusal's message id names the delivery. */
   seq: number;
+  /** Its message's size in bytes (its arguments): what it weighs in flight, with its result. */
+  messageBytes?: number;
 }
 
 /** What admission decided for one call. */
@@ -70,6 +75,8 @@ export interface AdmissionOptions {
   fairShare?: FairShare | undefined;
   /** What executors announce they can run, per tool: fair share's window (ADR 0055). */
   capacity?: ToolCapacity | undefined;
+  /** Weighs calls for the bytes-in-flight gate, which `fairShare` was given; none when undefined. */
+  bytesInFlight?: BytesInFlight | undefined;
   metrics: ToolmeshMetrics;
 }
 
@@ -81,12 +88,18 @@ export function admissionId(at: SessionAddress, callToken: string): string {
   return `${at.tenant}.${at.session}.${callToken}`;
 }
 
+function idOf(call: AdmissionCall): string {
+  const { address, call_id } = call.resolved;
+  return admissionId(address, subjectToken(call_id));
+}
+
 /** Admits resolved calls (session slot, fair turn, quotas) and settles them on their final message. */
 export class Admission {
   readonly limits: SessionLimits;
   readonly quotas: QuotaGate | undefined;
   readonly stored: StoredBytes | undefined;
   readonly fairShare: FairShare | undefined;
+  readonly bytesInFlight: BytesInFlight | undefined;
   readonly #capacity: ToolCapacity | undefined;
   readonly #metrics: ToolmeshMetrics;
 
@@ -96,6 +109,7 @@ export class Admission {
     this.stored = options.stored;
     this.#capacity = options.capacity;
     this.fairShare = options.fairShare;
+    this.bytesInFlight = options.bytesInFlight;
     this.#metrics = options.metrics;
   }
 
@@ -109,6 +123,7 @@ export class Admission {
       return this.#refuse(call, slot, taken, "session_max_in_flight", "overloaded");
     taken.push(slot);
     const held = await this.#fairTurn(call);
+    if (!held) taken.push(this.#bytesTaken(call));
     const counted = await this.#quotas(call, held);
     if (counted instanceof ToolmeshError) {
       const quota = counted.details?.quota;
@@ -123,14 +138,32 @@ export class Admission {
    * Settles the call a final message was published for (its session address and call token,
    * from the result subject), whichever process admitted it: its session slot and quota counts
    * here are given back, and fair share is told (`tool`, read from the message only while calls
-   * are held, says which tool may have a free executor now). Never throws.
+   * are held, says which tool may have a free executor now; `resultBytes`, the message's size,
+   * teaches the bytes-in-flight gate). Never throws.
    */
-  settle(at: SessionAddress, callToken: string, toolOf: () => string | undefined): void {
+  settle(
+    at: SessionAddress,
+    callToken: string,
+    toolOf: () => string | undefined,
+    resultBytes?: number,
+  ): void {
     this.limits.settled(at, callToken);
     this.quotas?.ended(at.tenant, at.session, callToken);
     const { fairShare } = this;
     if (fairShare !== undefined)
-      fairShare.ended(admissionId(at, callToken), fairShare.held > 0 ? toolOf() : undefined);
+      fairShare.ended(
+        admissionId(at, callToken),
+        fairShare.held > 0 ? toolOf() : undefined,
+        resultBytes,
+      );
+  }
+
+  /** The bytes a call is expected to move, for the bytes-in-flight gate (0 without one). */
+  weigh(call: AdmissionCall): number {
+    const { resolved } = call;
+    return (
+      this.bytesInFlight?.weigh(resolved.address.tenant, resolved.tool, call.messageBytes ?? 0) ?? 0
+    );
   }
 
   /** Stops holding calls and following executors' capacity. */
@@ -160,13 +193,25 @@ export class Admission {
     );
   }
 
-  /** Step 2: whether the call's tool is busy, so that the call waits for its tenant's turn. */
+  /**
+   * Step 2: whether the call's tool is busy or its tenant at its bound of bytes in flight, so
+   * that the call waits for its tenant's turn; a call let through counts in its bytes at once.
+   */
   async #fairTurn(call: AdmissionCall): Promise<boolean> {
     const { fairShare } = this;
     const { resolved } = call;
-    return (
-      fairShare !== undefined && (await fairShare.busy(resolved.tool, resolved.address.tenant))
-    );
+    if (fairShare === undefined) return false;
+    const counted =
+      this.bytesInFlight === undefined
+        ? undefined
+        : { id: idOf(call), bytes: this.weigh(call), deadlineAt: resolved.deadline_at };
+    return await fairShare.busy(resolved.tool, resolved.address.tenant, counted);
+  }
+
+  /** What step 2 counted in a call's bytes in flight, given back if it is not routed. */
+  #bytesTaken(call: AdmissionCall): Taken {
+    const bytes = this.bytesInFlight;
+    return { giveBack: () => bytes?.ended(idOf(call)) };
   }
 
   /**
@@ -247,8 +292,7 @@ export class AdmissionTicket {
 
   /** The id the call is counted under until its final message. */
   get id(): string {
-    const { address, call_id } = this.#call.resolved;
-    return admissionId(address, subjectToken(call_id));
+    return idOf(this.#call);
   }
 
   /** Gives back what admission took: the call is answered without being routed (a known key). */
@@ -271,6 +315,7 @@ export class AdmissionTicket {
       id: this.id,
       tenant: resolved.address.tenant,
       deadlineAt: resolved.deadline_at,
+      bytes: this.#admission.weigh(this.#call),
     };
     fairShare.started(resolved.tool, started);
     try {
@@ -295,6 +340,7 @@ export class AdmissionTicket {
       tenant: resolved.address.tenant,
       msg,
       deadlineAt: resolved.deadline_at,
+      bytes: this.#admission.weigh(this.#call),
       dispatch: async () => {
         await this.#admission.dequeued(this.#call);
         await dispatch();

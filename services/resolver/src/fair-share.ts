@@ -25,10 +25,37 @@ export interface HeldCall {
   readonly msg: JsMsg;
   /** Its deadline, ms on the server clock. */
   readonly deadlineAt: number;
+  /** The bytes it is expected to move, for the {@link TenantGate}. */
+  readonly bytes?: number;
   /** Publishes it to its tool's work and acknowledges it (or hands it back on failure). */
   dispatch(): Promise<void>;
   /** Answers it `deadline_exceeded` and acknowledges it. */
   expire(): Promise<void>;
+}
+
+/**
+ * What else makes a tenant's calls wait, whatever the tool's window (its bytes in flight): told
+ * of every call this process starts, as it starts, and of every call it stops following.
+ */
+export interface TenantGate {
+  /** Whether `tenant`'s next call must wait. */
+  holds(tenant: string): boolean;
+  /** A call started; `deadlineAt` (ms on the server clock) ends its count if nothing else does. */
+  started(id: string, tenant: string, tool: string, bytes: number, deadlineAt: number): void;
+  /** The call ended; `resultBytes`, its final message's size, when it was seen. */
+  ended(id: string, resultBytes?: number): void;
+  /** Forgets the calls past their deadline: their final messages were missed, or never came. */
+  sweep(now: number): void;
+  /** Forgets every call (after a reconnect, or on stop). */
+  clear(): void;
+}
+
+/** A call as the gate counts it: its id (as its final message names it) and expected bytes. */
+export interface GatedCall {
+  readonly id: string;
+  readonly bytes: number;
+  /** Its deadline, ms on the server clock. */
+  readonly deadlineAt: number;
 }
 
 /** How much of a tool's work is outstanding: not yet delivered plus delivered and unacknowledged. */
@@ -61,6 +88,8 @@ export interface FairShareOptions {
    * free for its next calls; 0 keeps none. Default 1 000.
    */
   idleMs?: number;
+  /** Holds a tenant's calls whatever the window while it says so; none when undefined. */
+  gate?: TenantGate | undefined;
 }
 
 /** A call this process published to its tool's work: its tenant and deadline. */
@@ -68,6 +97,8 @@ export interface StartedCall {
   readonly id: string;
   readonly tenant: string;
   readonly deadlineAt: number;
+  /** The bytes it is expected to move, for the {@link TenantGate}. */
+  readonly bytes?: number;
 }
 
 /** A tenant's use of one tool through this process. */
@@ -186,7 +217,8 @@ class ToolQueue {
  * call whose final message goes by (a cancel) leaves the queue.
  */
 export class FairShare {
-  readonly #options: Required<FairShareOptions>;
+  readonly #options: Required<Omit<FairShareOptions, "gate">>;
+  readonly #gate: TenantGate | undefined;
   readonly #tools = new Map<string, ToolQueue>();
   readonly #held = new Map<string, { tool: string; call: HeldCall }>();
   /** Calls this process published and has not seen end, by id. */
@@ -201,11 +233,13 @@ export class FairShare {
       maxHeld: options.maxHeld ?? 2_000,
       idleMs: options.idleMs ?? 1_000,
     };
+    this.#gate = options.gate;
     this.#heartbeat = setInterval(() => {
       for (const { call } of this.#held.values()) call.msg.working();
       // A final message this process missed (it was disconnected) ends the count at the deadline.
       const now = this.#options.now();
       for (const [id, { call }] of this.#started) if (call.deadlineAt < now) this.ended(id);
+      this.#gate?.sweep(now);
       const since = now - this.#options.idleMs;
       for (const queue of this.#tools.values())
         for (const [tenant, { running, lastAt }] of queue.activity)
@@ -228,17 +262,21 @@ export class FairShare {
   }
 
   /**
-   * Whether a call of `tenant` to `tool` must wait for its turn: calls of the tool are held
-   * already, or no slot of the window is free for the tenant ({@link #mayStart}). Reads the depth
-   * at most once per poll interval.
+   * Whether a call of `tenant` to `tool` must wait for its turn: the gate holds the tenant, calls
+   * of the tool are held already, or no slot of the window is free for the tenant
+   * ({@link #mayStart}). Reads the depth at most once per poll interval. A `call` let through is
+   * counted by the gate at once (given back with the gate's `ended` if it is not routed).
    */
-  async busy(tool: string, tenant: string): Promise<boolean> {
-    if (this.#stopped || this.#held.size >= this.#options.maxHeld) return false;
+  async busy(tool: string, tenant: string, call?: GatedCall): Promise<boolean> {
+    if (this.#stopped || this.#held.size >= this.#options.maxHeld)
+      return this.#letThrough(tool, tenant, call);
     const state = this.#tools.get(tool) ?? this.#queue(tool);
     this.#seen(state, tenant);
-    if (state.size > 0) return true;
+    if (this.#gate?.holds(tenant) === true) return true;
+    // Calls held only by the gate make no one else wait.
+    if (state.size > 0 && this.#waitingForSlots(state)) return true;
     // A tool of unknown capacity (no executor announces it) is not held.
-    if (this.#window(tool) <= 0) return false;
+    if (this.#window(tool) <= 0) return this.#letThrough(tool, tenant, call);
     if (this.#options.now() - state.depthAt > this.#options.pollMs) {
       // One read serves every call arriving meanwhile.
       state.reading ??= this.#options
@@ -252,14 +290,25 @@ export class FairShare {
         await state.reading;
       } catch (err) {
         this.#options.log.warn({ err, tool }, "cannot read a tool's work depth; not holding");
-        return false;
+        return this.#letThrough(tool, tenant, call);
       }
     }
-    if (!this.#mayStart(state, state.depth)(tenant)) return true;
+    // Asked again after the read: calls let through meanwhile count.
+    if (!this.#mayStart(state, state.depth)(tenant) || this.#gate?.holds(tenant) === true)
+      return true;
     // This call goes on to the work stream: count it until the next read sees it, and until it
     // starts in every read.
     state.depth++;
     state.admitting.push(this.#options.now());
+    return this.#letThrough(tool, tenant, call);
+  }
+
+  /**
+   * Lets a call through: the gate counts it at once, in the same turn as it was asked, so calls
+   * arriving together cannot all pass it (`false`, for {@link busy}).
+   */
+  #letThrough(tool: string, tenant: string, call: GatedCall | undefined): false {
+    if (call !== undefined) this.#gate?.started(call.id, tenant, tool, call.bytes, call.deadlineAt);
     return false;
   }
 
@@ -281,6 +330,15 @@ export class FairShare {
     queue.running++;
     this.#demand(queue, call.tenant, activity);
     this.#started.set(call.id, { tool, call });
+    this.#gate?.started(call.id, call.tenant, tool, call.bytes ?? 0, call.deadlineAt);
+  }
+
+  /** Whether a tenant the gate lets go has calls of the tool held. */
+  #waitingForSlots(queue: ToolQueue): boolean {
+    const gate = this.#gate;
+    if (gate === undefined) return true;
+    for (const tenant of queue.tenants.keys()) if (!gate.holds(tenant)) return true;
+    return false;
   }
 
   /**
@@ -307,10 +365,13 @@ export class FairShare {
   }
 
   /**
-   * A final message went by (`tool` as its message names it, when known): a held call it names
-   * leaves its queue, acknowledged, and the tool's loop looks at its work again at once.
+   * A final message went by (`tool` as its message names it, when known; `resultBytes`, its
+   * size, when seen): a held call it names leaves its queue, acknowledged, and the tool's loop
+   * looks at its work again at once.
    */
-  ended(id: string, tool?: string): void {
+  ended(id: string, tool?: string, resultBytes?: number): void {
+    // The gate may count a call let through and not started yet.
+    this.#gate?.ended(id, resultBytes);
     const started = this.#started.get(id);
     if (started !== undefined) {
       this.#started.delete(id);
@@ -336,6 +397,7 @@ export class FairShare {
    */
   reconnected(): void {
     this.#started.clear();
+    this.#gate?.clear();
     for (const queue of this.#tools.values()) {
       queue.running = 0;
       for (const activity of queue.activity.values()) activity.running = 0;
@@ -349,6 +411,7 @@ export class FairShare {
     for (const { call } of this.#held.values()) call.msg.nak(500);
     this.#held.clear();
     this.#started.clear();
+    this.#gate?.clear();
     this.#tools.clear();
   }
 
@@ -411,6 +474,8 @@ export class FairShare {
     const claims = new Map<string, number>();
     let claimed = 0;
     for (const [tenant, { running, peak, peakAt }] of queue.activity) {
+      // A tenant its gate holds claims no slot: it could not take one.
+      if (this.#gate?.holds(tenant) === true) continue;
       const share = Math.max(1, Math.floor((window * weightOf(tenant)) / weights));
       const lately = peakAt > since ? peak : 0;
       const claim = Math.max(0, Math.min(Math.max(1, lately), share) - running);
@@ -470,11 +535,14 @@ export class FairShare {
       // depth and as its tenant's) before it is published: a read of the depth meanwhile may not
       // include it.
       const round: HeldCall[] = [];
+      const gate = this.#gate;
       while (read) {
+        const mayStart = this.#mayStart(queue, queue.depth);
         const call = queue.next(
           (t) => this.#options.weightOf(t),
           (t) => queue.activity.get(t)?.running ?? 0,
-          this.#mayStart(queue, queue.depth),
+          // The gate is asked at each pick: each call handed on counts at once.
+          gate === undefined ? mayStart : (t) => !gate.holds(t) && mayStart(t),
         );
         if (call === undefined) break;
         this.#held.delete(call.id);

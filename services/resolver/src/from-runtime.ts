@@ -56,6 +56,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     tenantMaxStoredBytes: rt.config.tenantMaxStoredBytes,
     fairShareWindow: rt.config.fairShareWindow,
     fairShareIdleMs: rt.config.fairShareIdleMs,
+    tenantMaxBytesInFlight: rt.config.tenantMaxBytesInFlight,
     audit: await meshAuditTrail(rt, "resolver"),
   });
   return {

@@ -426,7 +426,10 @@ export async function routeCall(
     return undefined;
   }
   if ((await awaitApproval(route)) === "waiting") return undefined;
-  const admitted = await deps.admission.admit({ resolved, request, key, seq: msg.seq }, now);
+  const admitted = await deps.admission.admit(
+    { resolved, request, key, seq: msg.seq, messageBytes: msg.data.length },
+    now,
+  );
   if (admitted.decision === "refuse") {
     const { error } = admitted;
     await publishRefusal(route, error, admitted.msgId);

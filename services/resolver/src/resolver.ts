@@ -31,6 +31,7 @@ import { QuotaGate } from "./quotas.js";
 import { StoredBytes } from "./stored-bytes.js";
 import { FairShare } from "./fair-share.js";
 import { Admission } from "./admission.js";
+import { BytesInFlight } from "./bytes-in-flight.js";
 import type { WorkDepth } from "./fair-share.js";
 
 /** The queue group of the resolver replicas: dry runs and the control plane's cancel requests. */
@@ -96,6 +97,12 @@ export interface ResolverOptions {
    */
   fairShareIdleMs?: number;
   /**
+   * Bytes one tenant's calls may have in flight through this resolver (each weighed by its
+   * arguments and its tool's recent results) before its further calls wait for its bytes to come
+   * down; 0 turns it off. Default `maxResultBytes` (`TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT`).
+   */
+  tenantMaxBytesInFlight?: number;
+  /**
    * How often this resolver sweeps the calls waiting for approval (expiring those nobody
    * decided in time, routing approved ones a crash left), in ms. Default 1 000.
    */
@@ -160,7 +167,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     onResult: (msg) => {
       const settled = subjects.parseResultSubject(msg.subject);
       if (settled !== undefined)
-        admission.settle(settled.address, settled.call, () => toolOf(msg.data));
+        admission.settle(settled.address, settled.call, () => toolOf(msg.data), msg.data.length);
     },
   });
   const stopReportingQuotas = reportQuotas(admission, metrics, log);
@@ -289,8 +296,12 @@ async function openAdmission(
           ownerOf: (tool) => registry.get(tool)?.definition.owner,
           log,
         });
+  const maxBytes =
+    options.tenantMaxBytesInFlight ?? options.maxResultBytes ?? Defaults.maxResultBytes;
+  const bytesInFlight = maxBytes > 0 ? new BytesInFlight({ maxPerTenant: maxBytes }) : undefined;
+  // Bytes in flight hold calls on the fair-share path: with the window off, no tool is busy.
   const fairShare =
-    fairShareWindow === 0
+    fairShareWindow === 0 && bytesInFlight === undefined
       ? undefined
       : new FairShare({
           window:
@@ -303,8 +314,9 @@ async function openAdmission(
           now: () => plane.clock.now(),
           log,
           heartbeatMs: heartbeatMsFor(ackWaitMs),
+          gate: bytesInFlight,
         });
-  return new Admission({ limits, quotas, stored, fairShare, capacity, metrics });
+  return new Admission({ limits, quotas, stored, fairShare, capacity, bytesInFlight, metrics });
 }
 
 /** Logs every quota applied and reports the tenants' calls in flight; returns how to stop. */
