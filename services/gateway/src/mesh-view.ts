@@ -3,8 +3,16 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/server";
 import type { Catalog, CallHandle } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
-import type { CallStore, DatedRecord } from "@toolmesh/call-store";
-import type { CallerIdentity, ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
+import { ApprovalsAtRest } from "@toolmesh/call-store";
+import type { CallStore, DatedRecord, WaitingApproval } from "@toolmesh/call-store";
+import type {
+  ApprovalReply,
+  ApprovalRequiredEvent,
+  CallerIdentity,
+  ProgressEvent,
+  Subjects,
+  ToolMessage,
+} from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { ToolNames } from "./auth.js";
@@ -41,6 +49,15 @@ export interface MeshCallId {
   readonly id: string;
 }
 
+/** A submitted gateway call. */
+export interface MeshCallHandle extends CallHandle {
+  /**
+   * Stops following the call here (its session closes; the call itself goes on in the mesh):
+   * for a call that waits for a person, whose answer a later request takes.
+   */
+  release(): void;
+}
+
 /**
  * The mesh as the gateway uses it: one TypeScript client per tenant (the gateway acts for the
  * tenants it authenticated), the catalog and describe RPCs for `tools/list`, sessions for calls,
@@ -55,6 +72,7 @@ export class MeshView {
    * id) still reaches it when it arrives here.
    */
   readonly served = new Map<string, CallHandle>();
+  #approvals: Promise<ApprovalsAtRest> | undefined;
 
   constructor(options: MeshViewOptions) {
     this.#o = options;
@@ -184,13 +202,16 @@ export class MeshView {
       identity?: CallerIdentity;
       timeoutMs?: number;
       onProgress?: (event: ProgressEvent) => void;
+      /** The call was accepted and waits for a person. */
+      onApproval?: (event: ApprovalRequiredEvent) => void;
     },
-  ): CallHandle {
+  ): MeshCallHandle {
     const session = this.client(tenant).session(id.id);
-    if (call.onProgress !== undefined) {
-      const onProgress = call.onProgress;
+    const { onProgress, onApproval } = call;
+    if (onProgress !== undefined || onApproval !== undefined) {
       session.onEvent((event) => {
-        if (event.type === "progress") onProgress(event.event);
+        if (event.type === "progress") onProgress?.(event.event);
+        else if (event.type === "approval") onApproval?.(event.event);
       });
     }
     const handle = session.submit(
@@ -203,7 +224,40 @@ export class MeshView {
       },
     );
     void handle.result.finally(() => session.close());
-    return handle;
+    return { ...handle, release: () => session.close() };
+  }
+
+  /**
+   * The caller's answer for a call of `tenant` that waits for its caller's confirmation: the
+   * same confirm request a NATS frontend sends for its session (ADR 0059).
+   */
+  async confirm(tenant: string, id: string, confirm: boolean): Promise<ApprovalReply> {
+    const session = this.client(tenant).session(id);
+    try {
+      return await session.confirm(id, confirm, { idempotencyKey: id });
+    } finally {
+      session.close();
+    }
+  }
+
+  /**
+   * The approval a gateway call waits for (or was just given and not yet routed), read from the
+   * approvals bucket: what any replica sees, after any restart.
+   */
+  async waiting(tenant: string, id: string): Promise<WaitingApproval | undefined> {
+    if (!isMeshCallId(id)) return undefined;
+    const client = this.client(tenant);
+    this.#approvals ??= ApprovalsAtRest.bind(this.#o.nc, this.#o.subjects);
+    let approvals: ApprovalsAtRest;
+    try {
+      approvals = await this.#approvals;
+    } catch (err) {
+      // No resolver made the bucket yet: nothing waits; bind again next time.
+      this.#approvals = undefined;
+      if (isMissingBucket(err)) return undefined;
+      throw err;
+    }
+    return approvals.waiting(this.#o.subjects.address(client.tenant, id), id);
   }
 
   /** Cancels a call by its mesh id; `state` is what the mesh says of it. */
@@ -229,6 +283,8 @@ export class MeshView {
     const until = Date.now() + timeoutMs;
     for (let delay = 5; !settled; delay = Math.min(delay * 2, 100)) {
       if ((await this.record(tenant, handle.callId)) !== undefined) return;
+      // Accepted and waiting for a person: stored in the approvals bucket until decided.
+      if ((await this.waiting(tenant, handle.callId)) !== undefined) return;
       if (Date.now() > until)
         throw new ToolmeshError(ErrorCode.Unavailable, "the mesh did not accept the call in time");
       await new Promise((resolve) => setTimeout(resolve, delay));
@@ -251,8 +307,9 @@ export class MeshView {
    */
   async task(tenant: string, id: string, names: ToolNames): Promise<Task | undefined> {
     const found = await this.record(tenant, id);
-    if (found === undefined) return undefined;
-    return this.#toTask(id, found, names);
+    if (found !== undefined) return this.#toTask(id, found, names);
+    const waiting = await this.waiting(tenant, id);
+    return waiting === undefined ? undefined : this.#waitingTask(id, waiting);
   }
 
   /** The tenant's gateway tasks, newest keys last, a page at a time. */
@@ -287,12 +344,37 @@ export class MeshView {
     return toCallToolResult(found.record.result, names);
   }
 
+  /**
+   * The task of a call that waits for a person (it has no record until decided): the caller's
+   * confirmation is `input_required` (answered by `tasks/update`), an operator's is `working`
+   * with a message saying who decides it and how.
+   */
+  #waitingTask(id: string, waiting: WaitingApproval): Task {
+    const until = new Date(waiting.expiresAt).toISOString();
+    const status: Task["status"] =
+      waiting.state === "waiting" && waiting.kind === "caller" ? "input_required" : "working";
+    const statusMessage =
+      waiting.state === "approved"
+        ? "approved: it runs next"
+        : waiting.kind === "caller"
+          ? `waits for the caller's confirmation until ${until}: answer with tasks/update`
+          : `waits for an operator's or the tenant approver's decision until ${until} (toolmesh approvals approve ${waiting.approvalId})`;
+    const at = new Date(waiting.requestedAt).toISOString();
+    return {
+      taskId: id,
+      status,
+      ttl: this.#o.retentionMs,
+      createdAt: at,
+      lastUpdatedAt: at,
+      pollInterval: TASK_POLL_INTERVAL_MS,
+      statusMessage,
+    };
+  }
+
   #toTask(id: string, found: DatedRecord, names: ToolNames): Task {
     const { record } = found;
     const result: ToolMessage | undefined =
       record.result === undefined ? undefined : shownMessage(record.result, names);
-    // A call waiting for a person (a paused mesh call) is to show `input_required` here, its
-    // answer taken by `tasks/update` (mcp-server.ts); no mesh call pauses for input yet.
     let status: Task["status"] = "working";
     let statusMessage: string | undefined;
     if (record.state === "done" && result !== undefined) {
@@ -312,6 +394,11 @@ export class MeshView {
       ...(statusMessage === undefined ? {} : { statusMessage }),
     };
   }
+}
+
+/** Whether a bind failed because the bucket does not exist (yet). */
+function isMissingBucket(err: unknown): boolean {
+  return err instanceof Error && /not found|does not exist/i.test(err.message);
 }
 
 /** The key of a served request in {@link MeshView.served}. */
