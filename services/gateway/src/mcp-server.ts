@@ -127,6 +127,7 @@ export function createMcpServer(
         agent: scope.agent,
         names: scope.names,
         cursor: request.params?.cursor,
+        identity: scope.principal.identity,
       });
     } catch (err) {
       throw asProtocolError(err);

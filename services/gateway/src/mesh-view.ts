@@ -103,14 +103,24 @@ export class MeshView {
    */
   async listTools(
     tenant: string,
-    view: { agent: string | undefined; names: ToolNames; cursor: string | undefined },
+    view: {
+      agent: string | undefined;
+      names: ToolNames;
+      cursor: string | undefined;
+      /** Who the list is for: policies decide with its subject, as for the caller's calls. */
+      identity?: CallerIdentity | undefined;
+    },
   ): Promise<{ tools: Tool[]; nextCursor?: string }> {
-    const { agent, names, cursor } = view;
+    const { agent, names, cursor, identity } = view;
+    const who = {
+      ...(agent === undefined ? {} : { agent }),
+      ...(identity === undefined ? {} : { identity }),
+    };
     const client = this.client(tenant);
     const offset = cursor === undefined ? 0 : decodeCursor(cursor);
     const catalog: Catalog = await client.catalog({
       ...(names === "mesh" ? {} : { names }),
-      ...(agent === undefined ? {} : { agent }),
+      ...who,
     });
     const page = catalog.tools.slice(offset, offset + PAGE_SIZE);
     const tools: Tool[] = [];
@@ -120,10 +130,7 @@ export class MeshView {
       try {
         // With provider-safe names, `name` is what the client is shown and `tool` the mesh name.
         const meshName = (entry: Catalog["tools"][number]): string => entry.tool ?? entry.name;
-        const { schemas } = await session.describe(
-          page.map(meshName),
-          agent === undefined ? {} : { agent },
-        );
+        const { schemas } = await session.describe(page.map(meshName), who);
         const byName = new Map(schemas.map((s) => [s.tool, s]));
         for (const entry of page) {
           const schema = byName.get(meshName(entry));
