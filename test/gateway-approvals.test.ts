@@ -1,4 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { execFile } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import type { CallToolResult } from "@modelcontextprotocol/client";
 import { connect } from "@nats-io/transport-node";
@@ -28,6 +32,12 @@ import { eventually, until } from "./helpers/eventually.js";
 // per call id, so "ran once" and "never ran" are counted.
 
 const MODERN = "2026-07-28";
+const PYTHON_CLIENT = join(
+  dirname(fileURLToPath(import.meta.url)),
+  "fixtures",
+  "gateway",
+  "python-approval.py",
+);
 const STATE_KEY = "approvals-test-key-0123456789abcdef";
 const POLICY = `@id("all")
 permit (principal, action, resource);
@@ -252,6 +262,42 @@ describe("a call that waits for its caller, from a 2026-07-28 client that takes 
     const replayed = await retry(b.url, requestState, "accept");
     expect(structured(replayed)).toMatchObject({ details: { request_state: "used" } });
     expect(await ran(callId)).toBe(1);
+  });
+});
+
+describe("the Python MCP SDK's Client pinned to 2026-07-28", () => {
+  async function python(action: "accept" | "decline"): Promise<{
+    asked: { message: string; properties: unknown }[];
+    isError: boolean;
+    text: string;
+    structured: Record<string, unknown> | null;
+  }> {
+    const { stdout } = await promisify(execFile)(
+      "python3",
+      [PYTHON_CLIENT, b.url, KEYS.acme, action, "1"],
+      { timeout: 60_000 },
+    );
+    return JSON.parse(stdout) as Awaited<ReturnType<typeof python>>;
+  }
+
+  it("confirms in its elicitation callback: the call runs once", async () => {
+    const out = await python("accept");
+    expect(out.asked).toHaveLength(1);
+    expect(out.asked[0]?.message).toMatch(/^Run tally/);
+    expect(out.isError).toBe(false);
+    const { key, count } = JSON.parse(out.text) as { key: string; count: number };
+    expect(count).toBe(1);
+    expect((await tallies(tools)).get(key)).toBe(1);
+  });
+
+  it("declines in its elicitation callback: approval_denied, nothing ran", async () => {
+    const before = [...(await tallies(tools)).values()].reduce((a, n) => a + n, 0);
+    const out = await python("decline");
+    expect(out.asked).toHaveLength(1);
+    expect(out.isError).toBe(true);
+    expect(out.structured).toMatchObject({ code: "approval_denied" });
+    const after = [...(await tallies(tools)).values()].reduce((a, n) => a + n, 0);
+    expect(after).toBe(before);
   });
 });
 
