@@ -334,7 +334,7 @@ describe("a task of a call that waits for a person", () => {
     expect(await ran(taskId)).toBe(1);
   });
 
-  it("shows working with who it waits for, and completes once an operator approves", async () => {
+  it("shows working with who it waits for, and completes once an operator approves, after its gateway died", async () => {
     const created = await modern(a.url, KEYS.acme, "tools/call", {
       name: "tally",
       arguments: { ms: 2 },
@@ -347,7 +347,9 @@ describe("a task of a call that waits for a person", () => {
       new RegExp(`operator.*toolmesh approvals approve ${taskId}`),
     );
     expect(waiting.result?.requestState).toBeUndefined();
-    // The caller cannot decide an operator's approval.
+    // The replica that created the task dies while the call waits: nothing is lost.
+    await a.process.kill();
+    a = await startGateway(gatewayEnv);
     const approved = await runCli(["--tenant", "acme", "approvals", "approve", taskId], env);
     expect(approved.code).toBe(0);
     await until("the task completed", async () => {
