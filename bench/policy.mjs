@@ -6,7 +6,8 @@
 // sequential calls (p50) and a closed loop of 64 in flight (throughput). The set makes every
 // decision depend on the arguments (a forbid reads `context.args`), so each call is evaluated
 // in full: the worst case of the decision cache. Prints one JSON line with both sides and the
-// ratios; aim: throughput ≥ 0.9 of no policy, p50 at most 0.2 ms more.
+// ratios; one of the 50 is an `@approval` permit for another tool, so the calls measured pay for
+// an approvals policy being present. Aim: throughput ≥ 0.9 of no policy, p50 at most 0.2 ms more.
 import { parseArgs } from "node:util";
 import { createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
@@ -19,13 +20,16 @@ const SEQUENTIAL = flags.smoke ? 300 : 2_000;
 const LOOP_MS = flags.smoke ? 3_000 : 10_000;
 
 const policies = [];
-for (let i = 0; i < 47; i++)
+for (let i = 0; i < 46; i++)
   policies.push(
     `@id("tenant-${i}") permit (principal == Toolmesh::Tenant::"t${i}", action, resource) when { context has agent && context.agent == "a${i}" };`,
   );
 policies.push(
   `@id("read-only") permit (principal, action, resource) when { resource.annotations has readOnlyHint && resource.annotations.readOnlyHint };`,
   `@id("builtin") permit (principal, action in [Toolmesh::Action::"call", Toolmesh::Action::"list"], resource) when { resource.kind == "native" };`,
+  // An approvals policy in the set: a destructive tool waits for the operator; the calls measured
+  // need no approval, so this is what its presence costs them.
+  `@id("wipe-needs-approval") @approval("operator") permit (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Tool::"wipe");`,
   `@id("no-secrets") forbid (principal, action == Toolmesh::Action::"call", resource) when { context.args has text && context.args.text like "*password*" };`,
 );
 const SET = policies.join("\n");

@@ -10,6 +10,7 @@ import { renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/n
 import type { AccountConfigOptions } from "@toolmesh/nats";
 import { ToolmeshClient } from "@toolmesh/client";
 import { MeshCredentialLimits } from "@toolmesh/gateway";
+import { ApprovalsAtRest } from "@toolmesh/call-store";
 import { connectNats } from "@toolmesh/nats";
 import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
@@ -304,6 +305,17 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
       `$JS.API.DIRECT.GET.KV_${subjects.quotaUsageBucket}.$KV.${subjects.quotaUsageBucket}.acme`,
     );
     await expectPublishRefused(nc, `$JS.API.STREAM.PURGE.KV_${subjects.quotaUsageBucket}`);
+  });
+
+  it("the gateway's user reads the calls waiting for approval and never writes them", async () => {
+    const nc = await connectAs("gateway", { inboxPrefix: subjects.inboxPrefix("gateway") });
+    const seen = violations(nc);
+    const approvals = await ApprovalsAtRest.bind(nc, subjects);
+    expect(await approvals.waiting(subjects.address("acme", "s-1"), "k-1")).toBeUndefined();
+    expect(seen).toEqual([]);
+    // Decisions go through the confirm subject, never by writing the bucket.
+    await expectPublishRefused(nc, `$KV.${subjects.callApprovalsBucket}.acme.s-1.k-1`);
+    await expectPublishRefused(nc, `$JS.API.STREAM.PURGE.KV_${subjects.callApprovalsBucket}`);
   });
 
   it("another tenant's frontend never sees acme's results", async () => {

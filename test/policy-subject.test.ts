@@ -14,7 +14,8 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
 // Policies decide on who a call acts for: two gateway API keys of one tenant name two subjects,
-// and a policy on `context.subject` lets one of them call a tool and refuses the other.
+// and a policy on `context.subject` lets one of them call a tool (and see it in `tools/list`)
+// and refuses (and hides) it from the other.
 
 const DESK_KEY = "key-acme-desk-0123456789abcdef";
 const INTERN_KEY = "key-acme-intern-0123456789abcdef";
@@ -92,7 +93,25 @@ async function call(key: string): Promise<{ isError: boolean; text: string }> {
   }
 }
 
+async function listed(key: string): Promise<string[]> {
+  const c = await mcpClient(gateway.url, key, {}, "2026-07-28");
+  try {
+    return (await c.listTools()).tools.map((t) => t.name);
+  } finally {
+    await c.close();
+  }
+}
+
 describe("a policy on context.subject", () => {
+  it("decides the gateway's tools/list with the credential's subject, as the call path does", async () => {
+    const [desk, intern] = await Promise.all([listed(DESK_KEY), listed(INTERN_KEY)]);
+    expect(desk).toContain("whoami");
+    // The intern may never call it, so it is never shown it; the rest of the list is the same.
+    expect(intern).not.toContain("whoami");
+    expect(intern.length).toBeGreaterThan(0);
+    expect(intern.sort()).toEqual(desk.filter((t) => t !== "whoami").sort());
+  });
+
   it("lets the subject it allows call the tool", async () => {
     const desk = await call(DESK_KEY);
     expect(desk.isError).toBe(false);

@@ -28,3 +28,5 @@ export type {
 } from "./plane.js";
 export { OwnerCallPlane, ownerCallPlane } from "./owner-plane.js";
 export type { OwnerPlaneOptions } from "./owner-plane.js";
+export { ApprovalsAtRest } from "./approvals-at-rest.js";
+export type { WaitingApproval } from "./approvals-at-rest.js";

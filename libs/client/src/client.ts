@@ -335,7 +335,9 @@ export class ToolmeshClient {
    * schema expander runs). `names: "provider_safe"` gives each entry its provider-safe name
    * (`tool` keeps the mesh name); default `"mesh"`.
    */
-  catalog(options: { agent?: string; names?: "mesh" | "provider_safe" } = {}): Promise<Catalog> {
+  catalog(
+    options: { agent?: string; identity?: CallerIdentity; names?: "mesh" | "provider_safe" } = {},
+  ): Promise<Catalog> {
     return readCatalog((cursor) =>
       this.schemaRequest(
         this.subjects.catalogRpc(this.tenant),
@@ -797,7 +799,7 @@ export class Session {
    */
   async describe(
     tools: readonly string[],
-    options: { agent?: string } = {},
+    options: { agent?: string; identity?: CallerIdentity } = {},
   ): Promise<{ schemas: ToolSchema[]; errors: { tool: string; error: WireError }[] }> {
     const reply = await this.#client.schemaRequest(
       this.#client.subjects.describeRpc(this.#client.tenant),

@@ -413,8 +413,10 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
       `${n.base}.confirm.*.*`,
       `${n.base}.rpc.*.*`,
       `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
-      // Tasks are read from the call records; catalogs follow the groups and sessions.
+      // Tasks are read from the call records, and from the calls waiting for approval (never
+      // written: decisions go through the confirm subject); catalogs follow groups and sessions.
       ...bucketRead(s.callsBucket),
+      ...bucketRead(s.callApprovalsBucket),
       ...bucketRead(s.groupsBucket),
       ...bucketRead(s.sessionsBucket),
       // Mesh-wide per-credential limits: the gateway's own keys of the quota usage bucket.

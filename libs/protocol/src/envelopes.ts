@@ -411,6 +411,9 @@ export const CatalogRequestSchema = z
       "Filter by the session's groups and agent; tools it has seen come expanded.",
     ),
     agent: Id.optional().describe("Only this agent's tools (its tool sets and tools, merged)."),
+    identity: CallerIdentitySchema.optional().describe(
+      "Who the catalog is for (the gateway's verified caller); its tenant must be the requester's. Policies see its subject as `context.subject`.",
+    ),
     bind_agent: z
       .boolean()
       .default(false)
@@ -466,6 +469,9 @@ export const DescribeRequestSchema = z
     session_id: Id,
     tools: z.array(ToolName).min(1).max(64),
     agent: Id.optional(),
+    identity: CallerIdentitySchema.optional().describe(
+      "Who the schemas are for (the gateway's verified caller); its tenant must be the requester's. Policies see its subject as `context.subject`.",
+    ),
   })
   .meta({
     id: "DescribeRequest",

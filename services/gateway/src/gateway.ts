@@ -31,6 +31,7 @@ import type { MeshCredentialLimits } from "./mesh-limits.js";
 import type { CallObserver, RequestScope } from "./mcp-server.js";
 import { cancelRequest, createMcpServer, requestAuthInfo } from "./mcp-server.js";
 import { InputRequired } from "./input-required.js";
+import { ApprovalInput } from "./approval-input.js";
 import { MissingArgumentsInput } from "./missing-arguments-input.js";
 import type { MeshView } from "./mesh-view.js";
 import { ExchangeTransport } from "./transport.js";
@@ -126,6 +127,7 @@ class GatewayEdge implements GatewayServer {
         new MissingArgumentsInput(
           async (tenant, id) => (await mesh.record(tenant, id)) !== undefined,
         ),
+        new ApprovalInput(mesh),
       ],
     });
     if (config.requestStateKey === undefined)

@@ -10,6 +10,7 @@ import {
   createRequestStateCodec,
   inputRequired,
 } from "@modelcontextprotocol/server";
+import type { WaitingApproval } from "@toolmesh/call-store";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { Principal } from "./auth.js";
@@ -18,10 +19,14 @@ import type { Principal } from "./auth.js";
 export interface CallAtRest {
   /** The call's mesh id: what a `requestState` names and an answer resumes. */
   readonly callId: string;
+  /** The tenant the call belongs to (the requester's). */
+  readonly tenant: string;
   readonly tool: string;
   readonly arguments: Record<string, unknown>;
   /** The call's final message, when the mesh answered it (`missing_arguments`, for one). */
   readonly message?: ToolMessage;
+  /** The person the call waits for, when it waits (read from the approvals bucket). */
+  readonly waiting?: WaitingApproval;
 }
 
 /** What an answer does to the call it answers. */
@@ -145,7 +150,7 @@ export class InputRequired {
     if (!(await source.waiting(tenant, payload.c))) throw refusal("used");
     return {
       source,
-      call: { callId: payload.c, tool: payload.t, arguments: request.arguments ?? {} },
+      call: { callId: payload.c, tenant, tool: payload.t, arguments: request.arguments ?? {} },
     };
   }
 }

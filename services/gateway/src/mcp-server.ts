@@ -11,12 +11,13 @@ import type {
   Task,
 } from "@modelcontextprotocol/server";
 import { ProtocolError, ProtocolErrorCode, Server } from "@modelcontextprotocol/server";
-import type { ProgressEvent } from "@toolmesh/protocol";
+import type { WaitingApproval } from "@toolmesh/call-store";
+import type { ApprovalRequiredEvent, ProgressEvent, ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { z } from "zod";
 import type { Principal, ToolNames } from "./auth.js";
 import type { InputRequired } from "./input-required.js";
-import type { MeshCallId } from "./mesh-view.js";
+import type { MeshCallHandle, MeshCallId } from "./mesh-view.js";
 import type { MeshView } from "./mesh-view.js";
 import {
   META_IDEMPOTENCY_KEY,
@@ -126,6 +127,7 @@ export function createMcpServer(
         agent: scope.agent,
         names: scope.names,
         cursor: request.params?.cursor,
+        identity: scope.principal.identity,
       });
     } catch (err) {
       throw asProtocolError(err);
@@ -193,7 +195,10 @@ function registerTaskHandlers(
   };
   server.setRequestHandler("tasks/get", { params: TaskIdParams }, async (params, ctx) => {
     const task = await visible(ctx, params.taskId);
-    if (era === "legacy" || task.status === "working") return task;
+    if (era === "modern" && task.status === "input_required")
+      return { ...task, ...(await taskInput(ctx, mesh, input, params.taskId)) };
+    if (era === "legacy" || task.status === "working" || task.status === "input_required")
+      return task;
     // The extension has no tasks/result: an ended task carries its tool result.
     const scope = scopeOf(ctx);
     const result = await mesh.taskResult(scope.principal.tenant, params.taskId, scope.names);
@@ -262,6 +267,46 @@ function registerTaskHandlers(
   });
 }
 
+/**
+ * What a task in `input_required` asks its client (`inputRequests` and the `requestState` its
+ * `tasks/update` must carry), when the client takes forms; nothing otherwise.
+ */
+async function taskInput(
+  ctx: ServerContext,
+  mesh: MeshView,
+  input: InputRequired,
+  taskId: string,
+): Promise<{ inputRequests?: unknown; requestState?: string }> {
+  const tenant = scopeOf(ctx).principal.tenant;
+  const waiting = await mesh.waiting(tenant, taskId);
+  if (waiting === undefined) return {};
+  const asked = await input.ask(ctx, {
+    callId: taskId,
+    tenant,
+    tool: waiting.tool,
+    arguments: waiting.arguments,
+    waiting,
+  });
+  if (asked === undefined) return {};
+  return {
+    inputRequests: asked.inputRequests,
+    ...(asked.requestState === undefined ? {} : { requestState: asked.requestState }),
+  };
+}
+
+/** An approval event as the waiting state it announces. */
+function waitingOf(event: ApprovalRequiredEvent): WaitingApproval {
+  return {
+    state: "waiting",
+    kind: event.mode,
+    approvalId: event.tool_call_id,
+    tool: event.tool,
+    arguments: {},
+    requestedAt: event.requested_at,
+    expiresAt: event.expires_at,
+  };
+}
+
 /** `tools/call` on the mesh: a synchronous call, or a task-augmented one answered with its task. */
 class MeshCalls {
   constructor(
@@ -303,7 +348,14 @@ class MeshCalls {
         return errorResult(asError(err).toWire());
       }
     }
-    const handle = this.#submit(request, ctx, scope, meta, true, resumed);
+    // A call that waits for its caller is asked of a client that can answer; others wait on.
+    let onApproval: ((event: ApprovalRequiredEvent) => void) | undefined;
+    const waits = new Promise<{ waiting: WaitingApproval }>((resolve) => {
+      onApproval = (event) => {
+        if (event.mode === "caller") resolve({ waiting: waitingOf(event) });
+      };
+    });
+    const handle = this.#submit(request, ctx, scope, meta, true, resumed, onApproval);
 
     const onAbort = (): void => {
       void handle.cancel().catch(() => undefined);
@@ -316,13 +368,26 @@ class MeshCalls {
         : requestKey(tenant, scope.mcpSession, clientRequestId(ctx));
     if (served !== undefined) this.mesh.served.set(served, handle);
     try {
-      const message = await handle.result;
-      const asked = await this.input.ask(ctx, {
+      const at = {
         callId: handle.callId,
+        tenant,
         tool: request.params.name,
         arguments: resumed?.arguments ?? request.params.arguments ?? {},
-        message,
-      });
+      };
+      const first = await Promise.race([
+        handle.result.then((message): { message: ToolMessage } => ({ message })),
+        waits,
+      ]);
+      if ("waiting" in first) {
+        const asked = await this.input.ask(ctx, { ...at, waiting: first.waiting });
+        if (asked !== undefined) {
+          // The call waits in the mesh; the retry carrying the answer joins it.
+          handle.release();
+          return asked;
+        }
+      }
+      const message = await handle.result;
+      const asked = await this.input.ask(ctx, { ...at, message });
       return asked ?? toCallToolResult(message, scope.names);
     } finally {
       ctx.mcpReq.signal.removeEventListener("abort", onAbort);
@@ -355,7 +420,8 @@ class MeshCalls {
     meta: Record<string, unknown>,
     sync: boolean,
     resumed?: { id: MeshCallId; arguments: Record<string, unknown> },
-  ): ReturnType<MeshView["submit"]> {
+    onApproval?: (event: ApprovalRequiredEvent) => void,
+  ): MeshCallHandle {
     const { tenant } = scope.principal;
     const name = this.mesh.meshName(request.params.name, scope.names);
     const key = meta[META_IDEMPOTENCY_KEY];
@@ -380,6 +446,7 @@ class MeshCalls {
       ...(scope.agent === undefined ? {} : { agent: scope.agent }),
       ...(scope.principal.identity === undefined ? {} : { identity: scope.principal.identity }),
       ...(timeoutMs === undefined ? {} : { timeoutMs }),
+      ...(onApproval === undefined ? {} : { onApproval }),
       ...(progressToken === undefined
         ? {}
         : {
@@ -392,10 +459,19 @@ class MeshCalls {
             },
           }),
     });
-    void handle.result.then((message) =>
-      this.observe(tenant, name, message.error?.code ?? "ok", performance.now() - started),
-    );
-    return handle;
+    let released = false;
+    void handle.result.then((message) => {
+      // A released call ends elsewhere: its outcome is observed where its answer is taken.
+      if (!released)
+        this.observe(tenant, name, message.error?.code ?? "ok", performance.now() - started);
+    });
+    return {
+      ...handle,
+      release: () => {
+        released = true;
+        handle.release();
+      },
+    };
   }
 
   /** The task of a call the mesh accepted (stored), or a task that has already failed. */

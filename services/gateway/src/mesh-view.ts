@@ -3,8 +3,16 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { CallToolResult, Task, Tool } from "@modelcontextprotocol/server";
 import type { Catalog, CallHandle } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
-import type { CallStore, DatedRecord } from "@toolmesh/call-store";
-import type { CallerIdentity, ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
+import { ApprovalsAtRest } from "@toolmesh/call-store";
+import type { CallStore, DatedRecord, WaitingApproval } from "@toolmesh/call-store";
+import type {
+  ApprovalReply,
+  ApprovalRequiredEvent,
+  CallerIdentity,
+  ProgressEvent,
+  Subjects,
+  ToolMessage,
+} from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { ToolNames } from "./auth.js";
@@ -41,6 +49,15 @@ export interface MeshCallId {
   readonly id: string;
 }
 
+/** A submitted gateway call. */
+export interface MeshCallHandle extends CallHandle {
+  /**
+   * Stops following the call here (its session closes; the call itself goes on in the mesh):
+   * for a call that waits for a person, whose answer a later request takes.
+   */
+  release(): void;
+}
+
 /**
  * The mesh as the gateway uses it: one TypeScript client per tenant (the gateway acts for the
  * tenants it authenticated), the catalog and describe RPCs for `tools/list`, sessions for calls,
@@ -55,6 +72,7 @@ export class MeshView {
    * id) still reaches it when it arrives here.
    */
   readonly served = new Map<string, CallHandle>();
+  #approvals: Promise<ApprovalsAtRest> | undefined;
 
   constructor(options: MeshViewOptions) {
     this.#o = options;
@@ -85,14 +103,24 @@ export class MeshView {
    */
   async listTools(
     tenant: string,
-    view: { agent: string | undefined; names: ToolNames; cursor: string | undefined },
+    view: {
+      agent: string | undefined;
+      names: ToolNames;
+      cursor: string | undefined;
+      /** Who the list is for: policies decide with its subject, as for the caller's calls. */
+      identity?: CallerIdentity | undefined;
+    },
   ): Promise<{ tools: Tool[]; nextCursor?: string }> {
-    const { agent, names, cursor } = view;
+    const { agent, names, cursor, identity } = view;
+    const who = {
+      ...(agent === undefined ? {} : { agent }),
+      ...(identity === undefined ? {} : { identity }),
+    };
     const client = this.client(tenant);
     const offset = cursor === undefined ? 0 : decodeCursor(cursor);
     const catalog: Catalog = await client.catalog({
       ...(names === "mesh" ? {} : { names }),
-      ...(agent === undefined ? {} : { agent }),
+      ...who,
     });
     const page = catalog.tools.slice(offset, offset + PAGE_SIZE);
     const tools: Tool[] = [];
@@ -102,10 +130,7 @@ export class MeshView {
       try {
         // With provider-safe names, `name` is what the client is shown and `tool` the mesh name.
         const meshName = (entry: Catalog["tools"][number]): string => entry.tool ?? entry.name;
-        const { schemas } = await session.describe(
-          page.map(meshName),
-          agent === undefined ? {} : { agent },
-        );
+        const { schemas } = await session.describe(page.map(meshName), who);
         const byName = new Map(schemas.map((s) => [s.tool, s]));
         for (const entry of page) {
           const schema = byName.get(meshName(entry));
@@ -184,13 +209,16 @@ export class MeshView {
       identity?: CallerIdentity;
       timeoutMs?: number;
       onProgress?: (event: ProgressEvent) => void;
+      /** The call was accepted and waits for a person. */
+      onApproval?: (event: ApprovalRequiredEvent) => void;
     },
-  ): CallHandle {
+  ): MeshCallHandle {
     const session = this.client(tenant).session(id.id);
-    if (call.onProgress !== undefined) {
-      const onProgress = call.onProgress;
+    const { onProgress, onApproval } = call;
+    if (onProgress !== undefined || onApproval !== undefined) {
       session.onEvent((event) => {
-        if (event.type === "progress") onProgress(event.event);
+        if (event.type === "progress") onProgress?.(event.event);
+        else if (event.type === "approval") onApproval?.(event.event);
       });
     }
     const handle = session.submit(
@@ -203,7 +231,40 @@ export class MeshView {
       },
     );
     void handle.result.finally(() => session.close());
-    return handle;
+    return { ...handle, release: () => session.close() };
+  }
+
+  /**
+   * The caller's answer for a call of `tenant` that waits for its caller's confirmation: the
+   * same confirm request a NATS frontend sends for its session (ADR 0059).
+   */
+  async confirm(tenant: string, id: string, confirm: boolean): Promise<ApprovalReply> {
+    const session = this.client(tenant).session(id);
+    try {
+      return await session.confirm(id, confirm, { idempotencyKey: id });
+    } finally {
+      session.close();
+    }
+  }
+
+  /**
+   * The approval a gateway call waits for (or was just given and not yet routed), read from the
+   * approvals bucket: what any replica sees, after any restart.
+   */
+  async waiting(tenant: string, id: string): Promise<WaitingApproval | undefined> {
+    if (!isMeshCallId(id)) return undefined;
+    const client = this.client(tenant);
+    this.#approvals ??= ApprovalsAtRest.bind(this.#o.nc, this.#o.subjects);
+    let approvals: ApprovalsAtRest;
+    try {
+      approvals = await this.#approvals;
+    } catch (err) {
+      // No resolver made the bucket yet: nothing waits; bind again next time.
+      this.#approvals = undefined;
+      if (isMissingBucket(err)) return undefined;
+      throw err;
+    }
+    return approvals.waiting(this.#o.subjects.address(client.tenant, id), id);
   }
 
   /** Cancels a call by its mesh id; `state` is what the mesh says of it. */
@@ -229,6 +290,8 @@ export class MeshView {
     const until = Date.now() + timeoutMs;
     for (let delay = 5; !settled; delay = Math.min(delay * 2, 100)) {
       if ((await this.record(tenant, handle.callId)) !== undefined) return;
+      // Accepted and waiting for a person: stored in the approvals bucket until decided.
+      if ((await this.waiting(tenant, handle.callId)) !== undefined) return;
       if (Date.now() > until)
         throw new ToolmeshError(ErrorCode.Unavailable, "the mesh did not accept the call in time");
       await new Promise((resolve) => setTimeout(resolve, delay));
@@ -251,8 +314,9 @@ export class MeshView {
    */
   async task(tenant: string, id: string, names: ToolNames): Promise<Task | undefined> {
     const found = await this.record(tenant, id);
-    if (found === undefined) return undefined;
-    return this.#toTask(id, found, names);
+    if (found !== undefined) return this.#toTask(id, found, names);
+    const waiting = await this.waiting(tenant, id);
+    return waiting === undefined ? undefined : this.#waitingTask(id, waiting);
   }
 
   /** The tenant's gateway tasks, newest keys last, a page at a time. */
@@ -287,12 +351,37 @@ export class MeshView {
     return toCallToolResult(found.record.result, names);
   }
 
+  /**
+   * The task of a call that waits for a person (it has no record until decided): the caller's
+   * confirmation is `input_required` (answered by `tasks/update`), an operator's is `working`
+   * with a message saying who decides it and how.
+   */
+  #waitingTask(id: string, waiting: WaitingApproval): Task {
+    const until = new Date(waiting.expiresAt).toISOString();
+    const status: Task["status"] =
+      waiting.state === "waiting" && waiting.kind === "caller" ? "input_required" : "working";
+    const statusMessage =
+      waiting.state === "approved"
+        ? "approved: it runs next"
+        : waiting.kind === "caller"
+          ? `waits for the caller's confirmation until ${until}: answer with tasks/update`
+          : `waits for an operator's or the tenant approver's decision until ${until} (toolmesh approvals approve ${waiting.approvalId})`;
+    const at = new Date(waiting.requestedAt).toISOString();
+    return {
+      taskId: id,
+      status,
+      ttl: this.#o.retentionMs,
+      createdAt: at,
+      lastUpdatedAt: at,
+      pollInterval: TASK_POLL_INTERVAL_MS,
+      statusMessage,
+    };
+  }
+
   #toTask(id: string, found: DatedRecord, names: ToolNames): Task {
     const { record } = found;
     const result: ToolMessage | undefined =
       record.result === undefined ? undefined : shownMessage(record.result, names);
-    // A call waiting for a person (a paused mesh call) is to show `input_required` here, its
-    // answer taken by `tasks/update` (mcp-server.ts); no mesh call pauses for input yet.
     let status: Task["status"] = "working";
     let statusMessage: string | undefined;
     if (record.state === "done" && result !== undefined) {
@@ -312,6 +401,11 @@ export class MeshView {
       ...(statusMessage === undefined ? {} : { statusMessage }),
     };
   }
+}
+
+/** Whether a bind failed because the bucket does not exist (yet). */
+function isMissingBucket(err: unknown): boolean {
+  return err instanceof Error && /not found|does not exist/i.test(err.message);
 }
 
 /** The key of a served request in {@link MeshView.served}. */

@@ -2,6 +2,7 @@ import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type {
+  CallerIdentity,
   CatalogReply,
   DescribeReply,
   ExpandReply,
@@ -373,6 +374,7 @@ export async function answerCatalog(
 ): Promise<CatalogReply> {
   const { registry, store, catalog } = deps;
   const request = parseRequest(CatalogRequestSchema, body);
+  const subject = subjectOf(request.identity, tenant);
   const at =
     request.session_id === undefined
       ? undefined
@@ -387,7 +389,12 @@ export async function answerCatalog(
   const expanded =
     at === undefined ? undefined : (await store.getSchemas(at))?.value.expanded_tools;
   const built = buildCatalog({
-    tools: listable(deps, registry.tools(), tenant, state.session?.agent ?? request.agent, at),
+    tools: listable(
+      deps,
+      registry.tools(),
+      { tenant, agent: state.session?.agent ?? request.agent, subject },
+      at,
+    ),
     tenantGroups: state.tenantGroups,
     session: state.session,
     agent: request.agent,
@@ -472,6 +479,7 @@ export async function answerDescribe(
   body: unknown,
 ): Promise<DescribeReply> {
   const request = parseRequest(DescribeRequestSchema, body);
+  const subject = subjectOf(request.identity, tenant);
   const at = { tenant, session: subjectToken(request.session_id) };
   const state = await accessState(deps, tenant, at);
   const schemas: ToolSchema[] = [];
@@ -480,7 +488,7 @@ export async function answerDescribe(
   let room = deps.pageBytes ?? Number.POSITIVE_INFINITY;
   for (const name of new Set(request.tools)) {
     try {
-      const schema = modelSchema(callableTool(deps, name, state, request.agent, at));
+      const schema = modelSchema(callableTool(deps, name, state, request.agent, at, subject));
       const bytes = encodeJson(schema).length;
       if (bytes > room && schemas.length > 0) throw describeTooLarge(name, bytes, room);
       room -= bytes;
@@ -602,19 +610,36 @@ export async function answerGroups(
   };
 }
 
-/** The tools the policies in force let the tenant (as `agent`, in session `at`) see. */
+/**
+ * The subject policies see as `context.subject` for a catalog or describe request: its
+ * identity's, which must be of the requester's tenant (as for a call).
+ */
+function subjectOf(identity: CallerIdentity | undefined, tenant: string): string | undefined {
+  if (identity === undefined) return undefined;
+  if (subjectToken(identity.tenant) !== tenant)
+    throw new ToolmeshError(
+      ErrorCode.PermissionDenied,
+      "identity.tenant is not the requester's tenant: a catalog may be asked only for its own tenant's users",
+      { details: { identity_tenant: identity.tenant } },
+    );
+  return identity.subject;
+}
+
+/**
+ * The tools the policies in force let the tenant (as `agent`, for `subject`, in session `at`)
+ * see.
+ */
 function* listable(
   deps: Pick<ExpanderDeps, "policies">,
   tools: Iterable<CompiledTool>,
-  tenant: string,
-  agent: string | undefined,
+  who: { tenant: string; agent: string | undefined; subject: string | undefined },
   at: SessionAddress | undefined,
 ): Iterable<CompiledTool> {
   const { policies } = deps;
   for (const tool of tools)
     if (
       policies === undefined ||
-      policies.mayList({ tenant, tool: tool.definition, agent, session: at?.session })
+      policies.mayList({ ...who, tool: tool.definition, session: at?.session })
     )
       yield tool;
 }
@@ -629,6 +654,7 @@ function callableTool(
   },
   agent: string | undefined,
   at: SessionAddress,
+  subject?: string,
 ): CompiledTool {
   const tool = deps.registry.get(name);
   if (tool === undefined) {
@@ -646,6 +672,7 @@ function callableTool(
     tenant: at.tenant,
     tool: tool.definition,
     agent: state.session?.agent ?? agent,
+    subject,
     session: at.session,
   });
   if (hidden !== undefined) throw hidden;

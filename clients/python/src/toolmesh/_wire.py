@@ -300,6 +300,7 @@ class CatalogRequest(TypedDict, total=False):
 
     session_id: str
     agent: str
+    identity: CallerIdentity
     bind_agent: bool
     cursor: str
     names: CatalogNames
@@ -328,6 +329,7 @@ class DescribeRequest(_DescribeRequestRequired, total=False):
     """Asks for full schemas now (schemas/describe-request.json)."""
 
     agent: str
+    identity: CallerIdentity
 
 
 class DescribeFailure(TypedDict):
