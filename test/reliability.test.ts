@@ -33,7 +33,13 @@ beforeAll(async () => {
     TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir }),
     TOOLMESH_ACK_WAIT_MS: "1000",
   };
-  resolver = await startService("resolver", { ...env, TOOLMESH_SESSION_MAX_IN_FLIGHT: "2" });
+  // Calls wait in the work stream, where the executors' behaviour under test is: fair share
+  // would hold a call at the resolver while the tool's one slot is busy (test/fair-share.test.ts).
+  resolver = await startService("resolver", {
+    ...env,
+    TOOLMESH_SESSION_MAX_IN_FLIGHT: "2",
+    TOOLMESH_FAIR_SHARE_WINDOW: "0",
+  });
   nc = await connect({ servers: server.url });
   // A long local grace: every deadline answer in these tests must come from the mesh.
   client = new ToolmeshClient(nc, { deadlineGraceMs: 10_000 });
