@@ -16,6 +16,7 @@ import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import { z } from "zod";
 import type { Principal, ToolNames } from "./auth.js";
 import type { InputRequired } from "./input-required.js";
+import type { CallHandle } from "@toolmesh/client";
 import type { MeshCallId } from "./mesh-view.js";
 import type { MeshView } from "./mesh-view.js";
 import {
@@ -276,7 +277,10 @@ class MeshCalls {
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
-    const { task } = await this.#created(scope, this.#submit(request, ctx, scope, meta, false));
+    const handle = await this.#submit(request, ctx, scope, meta, false).catch((err: unknown) => {
+      throw asProtocolError(err);
+    });
+    const { task } = await this.#created(scope, handle);
     // The 2026-07-28 extension marks the answer as a task; 2025-11-25 has `{ task }` alone.
     return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
   }
@@ -303,7 +307,12 @@ class MeshCalls {
         return errorResult(asError(err).toWire());
       }
     }
-    const handle = this.#submit(request, ctx, scope, meta, true, resumed);
+    let handle: CallHandle;
+    try {
+      handle = await this.#submit(request, ctx, scope, meta, true, resumed);
+    } catch (err) {
+      return errorResult(asError(err).toWire());
+    }
 
     const onAbort = (): void => {
       void handle.cancel().catch(() => undefined);
@@ -348,14 +357,14 @@ class MeshCalls {
     return { id: { id: taken.call.callId }, arguments: resumption.arguments };
   }
 
-  #submit(
+  async #submit(
     request: CallToolRequest,
     ctx: ServerContext,
     scope: RequestScope,
     meta: Record<string, unknown>,
     sync: boolean,
     resumed?: { id: MeshCallId; arguments: Record<string, unknown> },
-  ): ReturnType<MeshView["submit"]> {
+  ): Promise<CallHandle> {
     const { tenant } = scope.principal;
     const name = this.mesh.meshName(request.params.name, scope.names);
     const key = meta[META_IDEMPOTENCY_KEY];
@@ -369,6 +378,7 @@ class MeshCalls {
           ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
           : {}),
       });
+    if (resumed === undefined) await this.mesh.delegate(id, name, scope.principal);
     const progressToken = sync
       ? (meta.progressToken ?? ctx.mcpReq._meta?.progressToken)
       : undefined;
