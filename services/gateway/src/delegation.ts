@@ -70,7 +70,9 @@ export class CallDelegation {
         },
         `a delegation of user "${identity.subject}" for ${declared.audience}`,
       );
-      grant = res.refresh_token ?? undefined;
+      // RFC 8693 §2.2.1: an issued refresh token comes as `access_token`, typed by
+      // `issued_token_type`; servers that also hand out an access token add `refresh_token`.
+      grant = res.issued_token_type === REFRESH_TOKEN ? res.access_token : res.refresh_token;
     } catch (err) {
       if (!(err instanceof ToolmeshError) || err.code !== ErrorCode.CredentialRequired) throw err;
       this.#log.info(
