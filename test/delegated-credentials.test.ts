@@ -1,11 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { spawn } from "node:child_process";
-import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
@@ -13,6 +10,8 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import type { ApprovalEntry } from "@toolmesh/protocol";
 import { ErrorCode, createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
+import { exchange, startAuthServer } from "./helpers/auth-server.js";
+import type { AuthServer } from "./helpers/auth-server.js";
 import { runCli } from "./helpers/cli.js";
 import { eventually } from "./helpers/eventually.js";
 import { gatewayAgents, mcpClient, startGateway } from "./helpers/gateway.js";
@@ -55,18 +54,14 @@ permit (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Too
 `;
 
 let server: NatsServerHandle;
-let as: { url: string; idpIssuer: string; process: ChildProcess };
+let as: AuthServer;
 let gateway: { url: string; process: ServiceProcess };
 let services: ServiceProcess[];
 let nc: NatsConnection;
 const seen: { subject: string; text: string }[] = [];
 
 async function admin<T = Record<string, unknown>>(path: string, body?: unknown): Promise<T> {
-  const res = await fetch(`${as.url}/admin/${path}`, {
-    method: body === undefined ? "GET" : "POST",
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  });
-  return (await res.json()) as T;
+  return as.admin<T>(path, body);
 }
 
 async function login(sub: string): Promise<string> {
@@ -84,24 +79,6 @@ async function call(token: string, tool: string): Promise<{ text: string; isErro
   } finally {
     await c.close();
   }
-}
-
-async function startAuthServer(): Promise<typeof as> {
-  const child = spawn(process.execPath, [join(import.meta.dirname, "helpers/auth-server.mjs")], {
-    env: {
-      ...process.env,
-      GATEWAY_AUDIENCE,
-      API_AUDIENCE,
-      CLIENT_ID: "toolmesh",
-      CLIENT_SECRET,
-    },
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const first = await new Promise<string>((resolve, reject) => {
-    createInterface({ input: child.stdout }).once("line", resolve);
-    child.once("exit", (code) => reject(new Error(`authorization server exited ${code}`)));
-  });
-  return { ...(JSON.parse(first) as { url: string; idpIssuer: string }), process: child };
 }
 
 async function held(tool: string): Promise<ApprovalEntry> {
@@ -122,7 +99,12 @@ async function approve(callId: string): Promise<void> {
 
 beforeAll(async () => {
   server = await startNatsServer();
-  as = await startAuthServer();
+  as = await startAuthServer({
+    gatewayAudience: GATEWAY_AUDIENCE,
+    apiAudience: API_AUDIENCE,
+    clientId: "toolmesh",
+    clientSecret: CLIENT_SECRET,
+  });
   nc = await connect({ servers: server.url });
   const spy = await connect({ servers: server.url });
   spy.subscribe(">", {
@@ -208,20 +190,13 @@ describe("delegated credentials by token exchange", () => {
     const entry = await held("whoami_held");
     await admin("clock", { advanceMs: 2 * 3600_000 });
     // The caller's token no longer exchanges: only the grant obtained at submission acts now.
-    const late = await fetch(`${as.url}/token`, {
-      method: "POST",
-      headers: {
-        authorization: `Basic ${Buffer.from(`toolmesh:${CLIENT_SECRET}`).toString("base64")}`,
-      },
-      body: new URLSearchParams({
-        grant_type: "urn:ietf:params:oauth:grant-type:token-exchange",
-        subject_token: token,
-        subject_token_type: "urn:ietf:params:oauth:token-type:access_token",
-        requested_token_type: "urn:ietf:params:oauth:token-type:refresh_token",
-        audience: API_AUDIENCE,
-      }),
-    });
-    expect(await late.json()).toMatchObject({ error: "invalid_grant" });
+    const late = await exchange(
+      as.url,
+      { id: "toolmesh", secret: CLIENT_SECRET },
+      token,
+      API_AUDIENCE,
+    );
+    expect(late).toMatchObject({ error: "invalid_grant" });
     await approve(entry.call_id);
     expect(JSON.parse((await result).text)).toEqual({ sub: "carol", aud: API_AUDIENCE });
   });

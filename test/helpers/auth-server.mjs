@@ -2,6 +2,7 @@
 // an identity provider that signs users' tokens for the gateway, and a protected HTTP API that
 // checks the bearer token's subject and audience against the server's JWKS. Runs in a process
 // of its own so that its clock can be moved (`POST /admin/clock`) without moving the mesh's.
+/* global Buffer */
 // Prints one JSON line `{ "url": … }` once it listens.
 import { createServer } from "node:http";
 import Provider, { errors } from "oidc-provider";
