@@ -71,7 +71,7 @@ async function login(sub: string): Promise<string> {
 async function call(token: string, tool: string): Promise<{ text: string; isError: boolean }> {
   const c = await mcpClient(gateway.url, token);
   try {
-    const result = await c.callTool({ name: tool, arguments: {} }, undefined, { timeout: 50_000 });
+    const result = await c.callTool({ name: tool, arguments: {} });
     return {
       text: (result.content[0] as { text: string }).text,
       isError: result.isError === true,

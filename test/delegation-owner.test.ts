@@ -116,7 +116,7 @@ beforeAll(async () => {
       credentials: { type: "token-exchange", audience: API_AUDIENCE, scopes: ["api:read"] },
       handler: async (_args, ctx) => {
         const res = await fetch(api, { headers: { authorization: `Bearer ${ctx.credential}` } });
-        return (await res.json());
+        return await res.json();
       },
     },
   ];
@@ -196,7 +196,11 @@ describe("delegation grants of an owner's tools, in the owner's account", () => 
       subjects.ownerInboxPrefix("executor", "rogue"),
     );
     const heard: string[] = [];
-    rogue.subscribe(">", { callback: (_e, m) => heard.push(m.string()) });
+    rogue.subscribe(">", {
+      callback: (_e, m) => {
+        heard.push(m.string());
+      },
+    });
     await rogue.flush();
     // The generated rogue executor may not even listen to the victim's deposits.
     const denied = rogueExecutor.subscribe(subjects.delegationDeposit("victim"));
