@@ -101,8 +101,18 @@ describe("permissions", () => {
         /\{ (service|stream): \{ account: TOOLMESH, subject: "([^"]+)" \}(?:, to: "[^"]+")? \}/g,
       ),
     ];
-    expect(exports.length).toBe(imports.length);
+    // One crossing goes the other way: the gateway's deposits of delegation grants, exported by
+    // each owner's account to the mesh alone.
+    const deposits = exports.filter(([, , , accounts]) => accounts === "TOOLMESH");
+    expect(deposits.map(([, , subject]) => subject)).toEqual([
+      "toolmesh.v1.delegation.owner.tools-a",
+    ]);
+    expect(config).toContain(
+      '{ service: { account: OWNER_tools-a, subject: "toolmesh.v1.delegation.owner.tools-a" } }',
+    );
+    expect(exports.length - deposits.length).toBe(imports.length);
     for (const [, kind, subject, accounts] of exports) {
+      if (accounts === "TOOLMESH") continue;
       expect(accounts, subject).not.toContain(",");
       // A tenant's or owner's crossing names that tenant or owner, and is imported once.
       if (accounts!.startsWith("TENANT_")) expect(subject).toContain(accounts!.slice(7));
@@ -226,12 +236,15 @@ describe("permissions", () => {
 
   it("gives an owner's executor its owner's crossings only, and refuses an empty tenant", () => {
     const owned = rolePermissions("executor", { owner: "acme" });
-    // Besides its crossings, only its own account's bucket of users' secrets, read-only.
+    // Besides its crossings, only its own account's bucket of users' secrets: read, and written
+    // for delegation grants and cached tokens only (keys of five and four tokens), with the
+    // replies to the deposits that crossed into its account.
     for (const subject of owned.publish.allow) {
       expect(subject).toMatch(
-        /TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\.|^\$JS\.(API\.(STREAM\.(INFO|MSG\.GET)|DIRECT\.GET|CONSUMER\.(CREATE|DELETE|INFO|MSG\.NEXT))|FC)\.KV_toolmesh_user_secrets(\.|$)/,
+        /TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\.|^\$JS\.(API\.(STREAM\.(INFO|MSG\.GET)|DIRECT\.GET|CONSUMER\.(CREATE|DELETE|INFO|MSG\.NEXT))|FC)\.KV_toolmesh_user_secrets(\.|$)|^\$KV\.toolmesh_user_secrets\.\*\.\*\.\*\.(grant\.\*|token)$|^_R_\.>$/,
       );
     }
+    expect(owned.subscribe.allow).toContain("toolmesh.v1.delegation.owner.acme");
     expect(owned.publish.allow).not.toContain("$KV.toolmesh_user_secrets.>");
     expect(() => rolePermissions("mcp-bridge", { owner: "acme", tools: ["fs.*"] })).toThrow(
       "grant them with `toolmesh auth config --owner acme=NAME,…`",

@@ -412,6 +412,8 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
       // A caller's answer to `input_required` for a call that waits for it (ADR 0059).
       `${n.base}.confirm.*.*`,
       `${n.base}.rpc.*.*`,
+      // Calls' delegation grants, handed to the executors of their tools (ADR 0063).
+      `${n.base}.delegation.>`,
       `${API}.DIRECT.GET.${s.streams.sessions}.${n.base}.sessions.>`,
       // Tasks are read from the call records, and from the calls waiting for approval (never
       // written: decisions go through the confirm subject); catalogs follow groups and sessions.
@@ -433,7 +435,19 @@ function executorPermissions({ s, role, options, auditWrites }: RoleContext): Pe
   return merge(
     toolHost(s, role, options.tools),
     pub(...auditWrites, ...bucketRead(s.userSecretsBucket)),
+    delegationHolder(s, s.delegationDeposit(), `_INBOX.${s.prefix}.gateway.>`),
   );
+}
+
+/**
+ * What an executor of `token-exchange` tools needs of deferred delegation (ADR 0063): the
+ * gateway's deposits on `deposits`, answered on `replies`, and writing the calls' grants and
+ * the cached tokens in the bucket of users' secrets of its account (never a user secret: those
+ * keys have three tokens).
+ */
+function delegationHolder(s: Subjects, deposits: string, replies: string): Permissions {
+  const kv = `$KV.${s.userSecretsBucket}`;
+  return merge(sub(deposits), pub(replies, `${kv}.*.*.*.grant.*`, `${kv}.*.*.*.token`));
 }
 
 /** An MCP bridge in the mesh account, with the approvals bucket of its servers. */
@@ -758,7 +772,7 @@ function ownerCrossings(s: Subjects, owner: string, grants: readonly string[]) {
 function ownerPermissions(s: Subjects, role: string, owner: string): Permissions {
   const local = (subject: string) => subject.replace(/^\$JS\.API\./, `${s.ownerJsApiPrefix}.`);
   const work = s.workStream(owner);
-  return {
+  const base: Permissions = {
     publish: {
       allow: [
         local(`${API}.CONSUMER.MSG.NEXT.${work}.*`),
@@ -771,6 +785,11 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
     },
     subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },
   };
+  // The gateway's deposits cross from the mesh through the account's export; replies go back
+  // through the `_R_` subjects the server maps (ADR 0063).
+  return role === "executor"
+    ? merge(base, delegationHolder(s, s.delegationDeposit(owner), "_R_.>"))
+    : base;
 }
 
 /**
@@ -965,6 +984,16 @@ function crossInto(
   };
 }
 
+/**
+ * A service of `from` the mesh reaches, exported to the mesh alone: the gateway's deposits of
+ * delegation grants into a tool owner's account (ADR 0063).
+ */
+function exportToMesh(mesh: Account, from: Account, subject: string): void {
+  const q = JSON.stringify;
+  from.exports.push(`{ service: ${q(subject)}, accounts: [${MESH_ACCOUNT}] }`);
+  mesh.imports.push(`{ service: { account: ${from.name}, subject: ${q(subject)} } }`);
+}
+
 /** The mesh account, then one account per tenant and per owner, then the extra users added. */
 function meshAccounts(
   s: Subjects,
@@ -1033,6 +1062,7 @@ function meshAccounts(
         true,
       ),
     );
+    exportToMesh(mesh, accounts.at(-1) as Account, s.delegationDeposit(owner));
   }
   for (const extra of options.extraUsers ?? []) {
     const account = accounts.find((a) => a.name === extra.account);

@@ -203,3 +203,10 @@ export {
 } from "./tool-names.js";
 export type { NameMap, ProviderName } from "./tool-names.js";
 export { parseDurationMs } from "./durations.js";
+export {
+  DelegationDepositReplySchema,
+  DelegationDepositSchema,
+  requestToken,
+  tokenEndpointFromEnv,
+} from "./delegation.js";
+export type { DelegationDeposit, TokenEndpoint, TokenResponse } from "./delegation.js";

@@ -312,6 +312,22 @@ export interface Subjects {
   readonly userSecretsBucket: string;
   /** Key of one user's secret for one tool: `{tenant}.{subject}.{tool}`, each a subject token. */
   userSecretKey(tenant: string, subject: string, tool: string): string;
+  /**
+   * Key of the delegation grant of one call in {@link Subjects.userSecretsBucket}, sealed:
+   * `{tenant}.{subject}.{audience}.grant.{call}` (five tokens: never a user secret's key).
+   */
+  delegationGrantKey(tenant: string, subject: string, audience: string, call: string): string;
+  /**
+   * Key of one user's cached access token for one audience in
+   * {@link Subjects.userSecretsBucket}, sealed: `{tenant}.{subject}.{audience}.token`.
+   */
+  delegatedTokenKey(tenant: string, subject: string, audience: string): string;
+  /**
+   * Where the gateway hands a call's delegation grant to the executors that serve its tool:
+   * `{p}.v1.delegation.mesh`, or `{p}.v1.delegation.owner.{owner}`, exported by that owner's
+   * account to the mesh alone.
+   */
+  delegationDeposit(owner?: string): string;
   /** KV bucket holding the Cedar policy sets: key `operator`, or `tenant.{tenant}` (docs/policy.md). */
   readonly policiesBucket: string;
   /** KV bucket holding calls that wait for approval, by call key (ADR 0059). */
@@ -541,6 +557,12 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     userSecretsBucket: `${bucketStem}_user_secrets`,
     userSecretKey: (tenant, subject, tool) =>
       `${subjectToken(tenant)}.${subjectToken(subject)}.${subjectToken(tool)}`,
+    delegationGrantKey: (tenant, subject, audience, call) =>
+      `${subjectToken(tenant)}.${subjectToken(subject)}.${subjectToken(audience)}.grant.${subjectToken(call)}`,
+    delegatedTokenKey: (tenant, subject, audience) =>
+      `${subjectToken(tenant)}.${subjectToken(subject)}.${subjectToken(audience)}.token`,
+    delegationDeposit: (owner) =>
+      owner === undefined ? `${base}.delegation.mesh` : `${base}.delegation.owner.${t(owner)}`,
     policiesBucket: `${bucketStem}_policies`,
     callApprovalsBucket: `${bucketStem}_call_approvals`,
     sessionStateKey: (at, part) => `${at.tenant}.${at.session}.${part}`,

@@ -1,6 +1,12 @@
 import { isIP } from "node:net";
 import { z } from "zod";
-import { Defaults, assertValidPrefix, parseDurationMs } from "@toolmesh/protocol";
+import {
+  Defaults,
+  assertValidPrefix,
+  parseDurationMs,
+  tokenEndpointFromEnv,
+} from "@toolmesh/protocol";
+import type { TokenEndpoint } from "@toolmesh/protocol";
 
 const LOG_LEVELS = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 
@@ -146,6 +152,9 @@ export const EnvSchema = z.object({
   TOOLMESH_TOOLS_DIR: z.string().min(1).default("tools/builtin"),
   TOOLMESH_PRESETS_FILE: z.string().min(1).optional(),
   TOOLMESH_SECRET_KEYS: z.string().min(1).optional(),
+  TOOLMESH_TOKEN_URL: z.url().optional(),
+  TOOLMESH_TOKEN_CLIENT_ID: z.string().min(1).optional(),
+  TOOLMESH_TOKEN_CLIENT_SECRET: z.string().min(1).optional(),
   TOOLMESH_TOOLKIT_CONTEXT: jsonObject.optional(),
   TOOLMESH_EXECUTOR_OWNER: z.string().min(1).default("executor"),
   TOOLMESH_OWNER: z
@@ -248,6 +257,13 @@ export interface RuntimeConfig {
    * current. Parsed by the executor and the CLI.
    */
   secretKeys?: string;
+  /**
+   * The authorization server's token endpoint and the mesh's client there
+   * (`TOOLMESH_TOKEN_URL`, `TOOLMESH_TOKEN_CLIENT_ID`, `TOOLMESH_TOKEN_CLIENT_SECRET`), for tools
+   * whose credentials are `token-exchange`: the gateway exchanges callers' tokens, executors
+   * refresh the grants.
+   */
+  tokenEndpoint?: TokenEndpoint;
   toolkitContext: Record<string, unknown>;
   executorOwner: string;
   /**
@@ -360,6 +376,21 @@ export class ConfigError extends Error {
 }
 
 /** Parses the environment (and flag overrides, which win) into a {@link RuntimeConfig}. */
+/** `TOOLMESH_TOKEN_*`: all three or none. */
+function tokenEndpointOf(e: z.infer<typeof EnvSchema>): { tokenEndpoint?: TokenEndpoint } {
+  let endpoint: TokenEndpoint | undefined;
+  try {
+    endpoint = tokenEndpointFromEnv({
+      TOOLMESH_TOKEN_URL: e.TOOLMESH_TOKEN_URL,
+      TOOLMESH_TOKEN_CLIENT_ID: e.TOOLMESH_TOKEN_CLIENT_ID,
+      TOOLMESH_TOKEN_CLIENT_SECRET: e.TOOLMESH_TOKEN_CLIENT_SECRET,
+    });
+  } catch (err) {
+    throw new ConfigError(`invalid configuration: ${(err as Error).message}`);
+  }
+  return endpoint === undefined ? {} : { tokenEndpoint: endpoint };
+}
+
 export function loadConfig(
   env: Readonly<Record<string, string | undefined>>,
   overrides: Partial<Record<keyof z.input<typeof EnvSchema>, string | undefined>> = {},
@@ -397,6 +428,7 @@ export function loadConfig(
     toolsDir: e.TOOLMESH_TOOLS_DIR,
     ...(e.TOOLMESH_PRESETS_FILE === undefined ? {} : { presetsFile: e.TOOLMESH_PRESETS_FILE }),
     ...(e.TOOLMESH_SECRET_KEYS === undefined ? {} : { secretKeys: e.TOOLMESH_SECRET_KEYS }),
+    ...tokenEndpointOf(e),
     toolkitContext: e.TOOLMESH_TOOLKIT_CONTEXT ?? {},
     executorOwner: e.TOOLMESH_EXECUTOR_OWNER,
     ...(e.TOOLMESH_OWNER === undefined ? {} : { owner: e.TOOLMESH_OWNER }),

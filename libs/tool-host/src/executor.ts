@@ -2,10 +2,11 @@ import type { AuditTrail } from "@toolmesh/audit";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { UserSecretStore } from "./user-secrets.js";
 import type { SecretBox } from "./user-secrets.js";
+import { DelegatedCredentials } from "./delegation.js";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import pRetry from "p-retry";
-import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
+import type { Subjects, TokenEndpoint, ToolDefinition } from "@toolmesh/protocol";
 import {
   Defaults,
   ErrorCode,
@@ -77,6 +78,11 @@ export interface ExecutorOptions {
    * to start with such a tool and none.
    */
   secretBox?: SecretBox;
+  /**
+   * The authorization server's token endpoint and the mesh's client there, for tools whose
+   * `credentials` are `token-exchange`; the executor refuses to start with such a tool and none.
+   */
+  tokenEndpoint?: TokenEndpoint;
   streamLimits?: StreamLimits;
   /**
    * How long a delivered call stays owned without a sign of life, in ms; heartbeats keep
@@ -186,7 +192,9 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     shutdown: new AbortController(),
     freshWork: new FreshWork(),
     userSecrets: await userSecretsFor(options),
+    delegated: await delegatedFor(options),
   };
+  const deposits = deps.delegated?.serveDeposits(nc, options.ownerAccount, log);
   const { running } = deps;
   const stopObservingQueues = metrics.observeQueues(() =>
     Promise.all(
@@ -278,6 +286,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       capacity.stop();
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
       aborts.unsubscribe();
+      await deposits?.stop(graceMs);
       stopObservingQueues();
       for (const name of served.keys()) metrics.toolServed(name, -1);
     },
@@ -493,20 +502,27 @@ async function registerTool(
   return false; // inside the mesh the registry has logged the warning
 }
 
-/**
- * The store of users' secrets when a tool needs them. Tools acting with a token exchange are
- * refused: this executor cannot obtain such tokens.
- */
+/** The store of users' secrets when a tool needs them. */
 async function userSecretsFor(options: ExecutorOptions): Promise<UserSecretStore | undefined> {
-  const types = new Set(options.tools.map((t) => t.credentials?.type));
-  if (types.has("token-exchange"))
-    throw new Error(
-      "a tool declares credentials of type token-exchange, which this executor cannot obtain; use user-secret or service",
-    );
-  if (!types.has("user-secret")) return undefined;
+  if (!options.tools.some((t) => t.credentials?.type === "user-secret")) return undefined;
   if (options.secretBox === undefined)
     throw new Error(
       "a tool declares credentials of type user-secret: set TOOLMESH_SECRET_KEYS to the keys that seal users' secrets",
     );
   return UserSecretStore.open(options.nc, options.subjects, options.secretBox);
+}
+
+/** Delegated credentials when a tool acts with a token exchange. */
+async function delegatedFor(options: ExecutorOptions): Promise<DelegatedCredentials | undefined> {
+  if (!options.tools.some((t) => t.credentials?.type === "token-exchange")) return undefined;
+  if (options.secretBox === undefined || options.tokenEndpoint === undefined)
+    throw new Error(
+      "a tool declares credentials of type token-exchange: set TOOLMESH_SECRET_KEYS and TOOLMESH_TOKEN_URL, TOOLMESH_TOKEN_CLIENT_ID, TOOLMESH_TOKEN_CLIENT_SECRET",
+    );
+  return DelegatedCredentials.open(
+    options.nc,
+    options.subjects,
+    options.secretBox,
+    options.tokenEndpoint,
+  );
 }

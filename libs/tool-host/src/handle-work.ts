@@ -38,6 +38,7 @@ import type { ToolContext, ToolModule } from "./tool-module.js";
 import type { AttemptOutcome, AttemptTelemetry } from "./attempt-telemetry.js";
 import type { FreshWork } from "./fresh-work.js";
 import type { UserSecretStore } from "./user-secrets.js";
+import type { DelegatedCredentials } from "./delegation.js";
 
 /** A tool this executor serves: its module, its registry entry and its preset values. */
 export interface ServedTool {
@@ -71,6 +72,8 @@ export interface WorkDeps {
   freshWork: FreshWork;
   /** Users' secrets, for tools whose `credentials` are `user-secret`. */
   userSecrets?: UserSecretStore | undefined;
+  /** Delegated tokens, for tools whose `credentials` are `token-exchange`. */
+  delegated?: DelegatedCredentials | undefined;
 }
 
 /** Marks the error of an attempt stopped because its executor is shutting down. */
@@ -234,6 +237,7 @@ async function runAndSettle(
   telemetry.attemptEnded(call, code, false);
   const { won, retried } = await recordOutcome(deps, call, message, stored, callLog);
   msg.ack();
+  await releaseDelegation(deps, tool, call, callLog);
   if (won) telemetry.callEnded(call, message.error?.code, (clock.now() - call.resolved_at) / 1000);
   if (!won && retried) callLog.info("call ended; its outcome was recorded after retrying");
   else if (!won)
@@ -504,13 +508,36 @@ async function runAttempt(
   }
 }
 
+/** Purges the call's delegation grant once the call has ended; a failure is logged. */
+async function releaseDelegation(
+  deps: WorkDeps,
+  tool: ServedTool,
+  call: ResolvedCall,
+  callLog: Logger,
+): Promise<void> {
+  const declared = tool.definition.credentials;
+  if (declared?.type !== "token-exchange" || deps.delegated === undefined) return;
+  try {
+    await deps.delegated.release(call, declared);
+  } catch (err) {
+    callLog.warn({ err }, "cannot purge the call's delegation grant");
+  }
+}
+
 /** The credential the tool acts with for this call's caller, when it declares one. */
 async function credentialOf(
   deps: WorkDeps,
   tool: ServedTool,
   call: ResolvedCall,
 ): Promise<string | undefined> {
-  if (tool.definition.credentials?.type !== "user-secret") return undefined;
+  const declared = tool.definition.credentials;
+  if (declared?.type === "token-exchange") {
+    // startExecutor refuses token-exchange tools without a token endpoint.
+    if (deps.delegated === undefined)
+      throw new ToolmeshError(ErrorCode.Internal, "no delegated credentials in this executor");
+    return deps.delegated.tokenFor(call, declared);
+  }
+  if (declared?.type !== "user-secret") return undefined;
   // startExecutor refuses user-secret tools without a store; this is a bug if it happens.
   if (deps.userSecrets === undefined)
     throw new ToolmeshError(ErrorCode.Internal, "no user-secret store in this executor");

@@ -5,6 +5,8 @@ export { ServedTools } from "./served-tools.js";
 export type { SyncLog, ToolSync } from "./served-tools.js";
 // --- user-secrets.ts: users' secrets for tools, sealed with AES-256-GCM ---
 export { SecretBox, UserSecretStore } from "./user-secrets.js";
+export { DelegatedCredentials } from "./delegation.js";
+export type { Delegation } from "./delegation.js";
 // --- tool-module.ts: what a tool is written against ---
 export { ToolModuleSchema, defineTool } from "./tool-module.js";
 export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./tool-module.js";

@@ -30,7 +30,9 @@ export interface ToolContext {
   readonly identity?: CallerIdentity;
   /**
    * The credential the tool acts with for this caller, when its definition declares
-   * `credentials` of type `user-secret`: the secret the user registered. Never log it.
+   * `credentials` of type `user-secret` (the secret the user registered) or `token-exchange`
+   * (an access token for the declared audience, issued for the user when the call runs).
+   * Never log it.
    */
   readonly credential?: string;
   /** Merged execution context: call-level over agent-level over toolkit-level. */
@@ -96,8 +98,9 @@ export const ToolModuleSchema = z.object({
   /** Where the tool comes from (server, file, URL). Never secrets. */
   origin: z.record(z.string(), z.unknown()).optional(),
   /**
-   * What the tool acts with downstream. With `user-secret`, the handler gets the calling
-   * user's secret as `ctx.credential`, and a call without one ends `credential_required`.
+   * What the tool acts with downstream. With `user-secret` or `token-exchange`, the handler
+   * gets the calling user's credential as `ctx.credential`, and a call without one ends
+   * `credential_required`.
    */
   credentials: ToolCredentialsSchema.optional(),
 });

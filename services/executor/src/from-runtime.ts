@@ -68,5 +68,6 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     ...(config.presetsFile === undefined
       ? {}
       : { presets: await loadPresetsFile(config.presetsFile) }),
+    ...(rt.config.tokenEndpoint === undefined ? {} : { tokenEndpoint: rt.config.tokenEndpoint }),
   });
 }

@@ -41,21 +41,43 @@ const AuthSchema = z.strictObject({
   env: z.string().regex(ENV_NAME, "must be an environment variable name"),
 });
 
+const AuthScheme = z
+  .string()
+  .regex(/^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$/, "must be an HTTP authentication scheme")
+  .default("Bearer");
+
 /**
  * What the tool acts with downstream (ADR 0061): `service` is its `auth`, the same for every
  * caller; `user-secret` sends the calling user's stored secret as the request's
- * `Authorization`, after `scheme` (default `Bearer`).
+ * `Authorization`, after `scheme` (default `Bearer`); `token-exchange` sends an access token
+ * for `audience` issued for the calling user when the call runs.
  */
 export const HttpCredentialsSchema = z.discriminatedUnion("type", [
   z.strictObject({ type: z.literal("service") }),
+  z.strictObject({ type: z.literal("user-secret"), scheme: AuthScheme }),
   z.strictObject({
-    type: z.literal("user-secret"),
-    scheme: z
-      .string()
-      .regex(/^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$/, "must be an HTTP authentication scheme")
-      .default("Bearer"),
+    type: z.literal("token-exchange"),
+    audience: z.string().min(1),
+    scopes: z.array(z.string().min(1)).default([]),
+    scheme: AuthScheme,
   }),
 ]);
+
+/** The credentials of an HTTP tool file or OpenAPI source, as the tool's definition declares them. */
+export function declaredCredentials(
+  c: z.infer<typeof HttpCredentialsSchema>,
+): NonNullable<ToolModule["credentials"]> {
+  return c.type === "token-exchange"
+    ? { type: c.type, audience: c.audience, scopes: c.scopes }
+    : { type: c.type };
+}
+
+/** The scheme the caller's own credential is sent as `Authorization` with, when it is. */
+export function callerScheme(
+  c: z.infer<typeof HttpCredentialsSchema> | undefined,
+): string | undefined {
+  return c === undefined || c.type === "service" ? undefined : c.scheme;
+}
 
 /**
  * One native tool file (`tools/native/*.yaml`). Field names follow the YAML/wire convention
@@ -342,10 +364,10 @@ function nativeToolModule(
       value: bearer ? `Bearer ${secret}` : secret,
     };
   }
-  const userScheme = spec.credentials?.type === "user-secret" ? spec.credentials.scheme : undefined;
+  const userScheme = callerScheme(spec.credentials);
   if (userScheme !== undefined && auth?.header.toLowerCase() === "authorization") {
     throw new ToolLoadError(
-      `${file}: credentials of type user-secret send the caller's secret as Authorization, which auth sets too: drop one, or give auth another header`,
+      `${file}: credentials of type ${spec.credentials?.type} send the caller's credential as Authorization, which auth sets too: drop one, or give auth another header`,
     );
   }
   const placeholders = pathPlaceholders(spec.api_url);
@@ -389,7 +411,9 @@ function nativeToolModule(
     ...(spec.timeout_ms === undefined ? {} : { timeoutMs: spec.timeout_ms }),
     ...(spec.retry === undefined ? {} : { retry: spec.retry }),
     kind: "native",
-    ...(spec.credentials === undefined ? {} : { credentials: { type: spec.credentials.type } }),
+    ...(spec.credentials === undefined
+      ? {}
+      : { credentials: declaredCredentials(spec.credentials) }),
     origin: { api_url: spec.api_url, method: spec.method },
     handler: async (args, ctx) =>
       invokeHttp(endpointFor(tool, ctx), buildRequest(tool, args, ctx), ctx),

@@ -8,7 +8,13 @@ import type { HttpEndpoint } from "@toolmesh/tool-host";
 import { UrlAllowList, invokeHttp } from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
-import { HttpCredentialsSchema, callerEndpoint, isOpenApiFile } from "./native-tools.js";
+import {
+  HttpCredentialsSchema,
+  callerEndpoint,
+  callerScheme,
+  declaredCredentials,
+  isOpenApiFile,
+} from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";
 import { CredentialStore, buildOperationRequest } from "./openapi-request.js";
 import { outboundFetch, privateAddressCause, trustedHostsOf } from "@toolmesh/tool-host";
@@ -214,11 +220,10 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
   const schemes = securitySchemes(document, options, opts.env, warn);
   const tokenUrls = [...schemes.values()].flatMap((c) => (c.type === "oauth2" ? [c.tokenUrl] : []));
   const credentials = new CredentialStore(schemes, fetchTo(tokenUrls));
-  const userScheme =
-    options.credentials?.type === "user-secret" ? options.credentials.scheme : undefined;
+  const userScheme = callerScheme(options.credentials);
   if (userScheme !== undefined && credentials.sendsAuthorization()) {
     throw new ToolLoadError(
-      `${opts.location}: credentials of type user-secret send the caller's secret as Authorization, which a scheme in auth sends too: drop one`,
+      `${opts.location}: credentials of type ${options.credentials?.type} send the caller's credential as Authorization, which a scheme in auth sends too: drop one`,
     );
   }
   const allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
@@ -292,7 +297,7 @@ export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApi
         kind: "native",
         ...(options.credentials === undefined
           ? {}
-          : { credentials: { type: options.credentials.type } }),
+          : { credentials: declaredCredentials(options.credentials) }),
         annotations: {
           ...(summary === "" ? {} : { title: summary }),
           readOnlyHint: upper === "GET" || upper === "HEAD",

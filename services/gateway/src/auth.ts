@@ -225,13 +225,26 @@ export class Authenticator {
         ? (agents as string[])
         : undefined;
     const identity = identityOf(payload, tenant);
-    return {
+    const principal: Principal = {
       tenant,
       ...(agentList === undefined ? {} : { agents: agentList }),
       credential: `jwt:${payload.sub ?? tenant}`,
       ...(identity === undefined ? {} : { identity }),
     };
+    BEARERS.set(principal, token);
+    return principal;
   }
+}
+
+/**
+ * The verified JWT each principal came with, beside it rather than on it, so that no log or
+ * message that shows a principal can show the token.
+ */
+const BEARERS = new WeakMap<Principal, string>();
+
+/** The verified JWT a principal came with, for a token exchange; undefined for keys. */
+export function bearerTokenOf(principal: Principal): string | undefined {
+  return BEARERS.get(principal);
 }
 
 /**

@@ -5,6 +5,7 @@ import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
 import { meshRegistry, packageVersion } from "@toolmesh/runtime";
 import { Authenticator } from "./auth.js";
+import { CallDelegation } from "./delegation.js";
 import type { GatewayConfig } from "./config.js";
 import type { GatewayServer } from "./gateway.js";
 import { createGatewayServer } from "./gateway.js";
@@ -50,6 +51,9 @@ export async function startGatewayFromRuntime(
     calls,
     defaultTimeoutMs: rt.config.defaultTimeoutMs,
     retentionMs: rt.config.callRetentionMs,
+    ...(rt.config.tokenEndpoint === undefined
+      ? {}
+      : { delegation: new CallDelegation(rt.nc, rt.subjects, rt.config.tokenEndpoint, log) }),
   });
 
   const listeners = new ToolListListeners();

@@ -321,7 +321,10 @@ class MeshCalls {
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
-    const { task } = await this.#created(scope, this.#submit(request, ctx, scope, meta, false));
+    const handle = await this.#submit(request, ctx, scope, meta, false).catch((err: unknown) => {
+      throw asProtocolError(err);
+    });
+    const { task } = await this.#created(scope, handle);
     // The 2026-07-28 extension marks the answer as a task; 2025-11-25 has `{ task }` alone.
     return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
   }
@@ -355,7 +358,12 @@ class MeshCalls {
         if (event.mode === "caller") resolve({ waiting: waitingOf(event) });
       };
     });
-    const handle = this.#submit(request, ctx, scope, meta, true, resumed, onApproval);
+    let handle: MeshCallHandle;
+    try {
+      handle = await this.#submit(request, ctx, scope, meta, true, resumed, onApproval);
+    } catch (err) {
+      return errorResult(asError(err).toWire());
+    }
 
     const onAbort = (): void => {
       void handle.cancel().catch(() => undefined);
@@ -413,7 +421,7 @@ class MeshCalls {
     return { id: { id: taken.call.callId }, arguments: resumption.arguments };
   }
 
-  #submit(
+  async #submit(
     request: CallToolRequest,
     ctx: ServerContext,
     scope: RequestScope,
@@ -421,7 +429,7 @@ class MeshCalls {
     sync: boolean,
     resumed?: { id: MeshCallId; arguments: Record<string, unknown> },
     onApproval?: (event: ApprovalRequiredEvent) => void,
-  ): MeshCallHandle {
+  ): Promise<MeshCallHandle> {
     const { tenant } = scope.principal;
     const name = this.mesh.meshName(request.params.name, scope.names);
     const key = meta[META_IDEMPOTENCY_KEY];
@@ -435,6 +443,7 @@ class MeshCalls {
           ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
           : {}),
       });
+    if (resumed === undefined) await this.mesh.delegate(id, name, scope.principal);
     const progressToken = sync
       ? (meta.progressToken ?? ctx.mcpReq._meta?.progressToken)
       : undefined;

@@ -15,7 +15,8 @@ import type {
 } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
-import type { ToolNames } from "./auth.js";
+import type { Principal, ToolNames } from "./auth.js";
+import type { CallDelegation } from "./delegation.js";
 import { toCallToolResult } from "./results.js";
 import { shownMessage } from "./tool-names.js";
 
@@ -42,6 +43,8 @@ export interface MeshViewOptions {
   defaultTimeoutMs: number;
   /** How long the mesh keeps call records (a task's ttl), in ms. */
   retentionMs: number;
+  /** Obtains the delegation grants of `token-exchange` tools' calls; none without a token endpoint. */
+  delegation?: CallDelegation;
 }
 
 /** How a gateway call is named in the mesh: its session, call id and idempotency key are one id. */
@@ -192,6 +195,14 @@ export class MeshView {
     const bound = /^mcp-t-([0-9a-f-]{36})-([0-9a-f]{16})$/.exec(id);
     if (bound === null) return true;
     return bound[2] === bindingTag(tenant, credential, bound[1] ?? "");
+  }
+
+  /**
+   * Obtains what lets the call act later for its caller, before it is submitted: the
+   * delegation grant of a tool declaring `token-exchange` credentials (ADR 0063).
+   */
+  async delegate(id: MeshCallId, name: string, principal: Principal): Promise<void> {
+    await this.#o.delegation?.prepare(id.id, this.#o.registry.get(name)?.definition, principal);
   }
 
   /**

@@ -1,0 +1,186 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import type { KV } from "@nats-io/kv";
+import type { Logger } from "@toolmesh/telemetry";
+import { z } from "zod";
+import { serveRequests } from "@toolmesh/nats";
+import type { RequestServer } from "@toolmesh/nats";
+import {
+  DelegationDepositSchema,
+  ErrorCode,
+  ToolmeshError,
+  requestToken,
+} from "@toolmesh/protocol";
+import type {
+  CallerIdentity,
+  DelegationDeposit,
+  ResolvedCall,
+  Subjects,
+  TokenEndpoint,
+} from "@toolmesh/protocol";
+import type { SecretBox } from "./user-secrets.js";
+
+/** A `token-exchange` declaration: the downstream audience and the scopes asked for. */
+export interface Delegation {
+  audience: string;
+  scopes: readonly string[];
+}
+
+/** A cached access token as sealed: the token and when it expires (ms since the epoch). */
+const CachedTokenSchema = z.strictObject({ t: z.string(), exp: z.number() });
+
+/** A cached token is used while it has this long left. */
+const EXPIRY_MARGIN_MS = 30_000;
+
+/**
+ * The delegated credentials of `token-exchange` tools, in the bucket of users' secrets of the
+ * executor's account: each call's delegation grant (a refresh token the gateway obtained when
+ * the call was submitted, deposited here and sealed), and access tokens per user and audience,
+ * sealed and shared by the replicas until they expire. When a call runs, its grant buys a
+ * fresh access token from the authorization server; when it ends, the grant is purged.
+ */
+export class DelegatedCredentials {
+  readonly #kv: KV;
+  readonly #box: SecretBox;
+  readonly #subjects: Subjects;
+  readonly #endpoint: TokenEndpoint;
+
+  private constructor(kv: KV, box: SecretBox, subjects: Subjects, endpoint: TokenEndpoint) {
+    this.#kv = kv;
+    this.#box = box;
+    this.#subjects = subjects;
+    this.#endpoint = endpoint;
+  }
+
+  /** Opens the bucket of users' secrets (made by `toolmesh setup` or the owner's operator). */
+  static async open(
+    nc: NatsConnection,
+    subjects: Subjects,
+    box: SecretBox,
+    endpoint: TokenEndpoint,
+  ): Promise<DelegatedCredentials> {
+    const kv = await new Kvm(nc).open(subjects.userSecretsBucket);
+    return new DelegatedCredentials(kv, box, subjects, endpoint);
+  }
+
+  /**
+   * Takes the gateway's deposits on `subjects.delegationDeposit(owner)`, one replica each.
+   * Only the gateway may publish there (the owner's account exports it to the mesh alone).
+   */
+  serveDeposits(nc: NatsConnection, owner: string | undefined, log: Logger): RequestServer {
+    return serveRequests({
+      nc,
+      subject: this.#subjects.delegationDeposit(owner),
+      queue: "delegation",
+      what: "delegation deposit",
+      maxRequestBytes: 32_768,
+      log,
+      handle: async (body) => {
+        await this.deposit(DelegationDepositSchema.parse(body));
+        return { ok: true };
+      },
+    });
+  }
+
+  /** Seals and stores a call's grant, bound to its tenant, user, audience and call. */
+  async deposit(d: DelegationDeposit): Promise<void> {
+    const key = this.#grantKey(d.identity, d.audience, d.call_id);
+    await this.#kv.put(key, this.#box.seal(d.grant, grantBinding(key, d.identity)));
+  }
+
+  /**
+   * A valid access token for the call's user and `delegation.audience`: the cached one while it
+   * lasts, else a fresh one bought with the call's grant. `credential_required` when the call
+   * has no grant (no identity, no consent, submitted without a token) or the authorization
+   * server refuses it (consent revoked).
+   */
+  async tokenFor(call: ResolvedCall, delegation: Delegation): Promise<string> {
+    const identity = call.identity;
+    if (identity === undefined)
+      throw required(call.tool, "the call names no user: call it through the gateway signed in");
+    const grantKey = this.#grantKey(identity, delegation.audience, call.call_id);
+    const grant = await this.#open(grantKey, grantBinding(grantKey, identity));
+    if (grant === undefined)
+      throw required(
+        call.tool,
+        `no delegation of user "${identity.subject}" for ${delegation.audience} came with the call: the user must call through the gateway with a token the authorization server exchanges`,
+      );
+    const cacheKey = this.#subjects.delegatedTokenKey(
+      identity.tenant,
+      identity.subject,
+      delegation.audience,
+    );
+    const cached = await this.#cached(cacheKey);
+    if (cached !== undefined) return cached;
+    const scope = delegation.scopes.join(" ");
+    const res = await requestToken(
+      this.#endpoint,
+      {
+        grant_type: "refresh_token",
+        refresh_token: grant,
+        resource: delegation.audience,
+        ...(scope === "" ? {} : { scope }),
+      },
+      `a token of user "${identity.subject}" for ${delegation.audience}`,
+    ).catch((err: unknown) => {
+      if (err instanceof ToolmeshError && err.code === ErrorCode.CredentialRequired)
+        throw required(call.tool, err.message);
+      throw err;
+    });
+    if (res.refresh_token !== undefined && res.refresh_token !== grant)
+      await this.#kv.put(
+        grantKey,
+        this.#box.seal(res.refresh_token, grantBinding(grantKey, identity)),
+      );
+    if (res.expires_in !== undefined) {
+      const exp = Date.now() + res.expires_in * 1000;
+      await this.#kv.put(
+        cacheKey,
+        this.#box.seal(JSON.stringify({ t: res.access_token, exp }), cacheKey),
+      );
+    }
+    return res.access_token;
+  }
+
+  /** Purges the call's grant: the call has ended. */
+  async release(call: ResolvedCall, delegation: Delegation): Promise<void> {
+    if (call.identity === undefined) return;
+    await this.#kv.purge(this.#grantKey(call.identity, delegation.audience, call.call_id));
+  }
+
+  #grantKey(identity: CallerIdentity, audience: string, call: string): string {
+    return this.#subjects.delegationGrantKey(identity.tenant, identity.subject, audience, call);
+  }
+
+  /** The value sealed under `key`, opened; undefined when there is none or it does not open. */
+  async #open(key: string, binding: string): Promise<string | undefined> {
+    const entry = await this.#kv.get(key);
+    if (entry === null || entry.operation !== "PUT") return undefined;
+    try {
+      return this.#box.open(entry.string(), binding);
+    } catch {
+      return undefined;
+    }
+  }
+
+  async #cached(key: string): Promise<string | undefined> {
+    const sealed = await this.#open(key, key);
+    if (sealed === undefined) return undefined;
+    const parsed = CachedTokenSchema.safeParse(JSON.parse(sealed));
+    if (!parsed.success || parsed.data.exp - EXPIRY_MARGIN_MS <= Date.now()) return undefined;
+    return parsed.data.t;
+  }
+}
+
+/** What a grant is bound to beyond its key: the issuer of the user it acts for. */
+function grantBinding(key: string, identity: CallerIdentity): string {
+  return `${key}\n${identity.issuer}`;
+}
+
+function required(tool: string, why: string): ToolmeshError {
+  return new ToolmeshError(
+    ErrorCode.CredentialRequired,
+    `tool "${tool}" acts as the calling user with a delegated token, and ${why}`,
+    { details: { tool, type: "token-exchange" } },
+  );
+}

@@ -1,0 +1,108 @@
+import type { NatsConnection } from "@nats-io/nats-core";
+import { requestOk } from "@toolmesh/nats";
+import {
+  DelegationDepositReplySchema,
+  ErrorCode,
+  ToolmeshError,
+  requestToken,
+  workOwnerOf,
+} from "@toolmesh/protocol";
+import type {
+  DelegationDeposit,
+  Subjects,
+  TokenEndpoint,
+  ToolDefinition,
+} from "@toolmesh/protocol";
+import type { Logger } from "@toolmesh/telemetry";
+import { bearerTokenOf } from "./auth.js";
+import type { Principal } from "./auth.js";
+
+const TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ACCESS_TOKEN = "urn:ietf:params:oauth:token-type:access_token";
+const REFRESH_TOKEN = "urn:ietf:params:oauth:token-type:refresh_token";
+
+/**
+ * Deferred delegation at submission (ADR 0063): for a tool declaring `token-exchange`
+ * credentials, the caller's verified token is exchanged (RFC 8693) for a refresh token for the
+ * tool's audience, which is handed to the executors that serve the tool, in the account they
+ * live in, where it is sealed and kept until the call ends. The gateway keeps nothing.
+ */
+export class CallDelegation {
+  readonly #nc: NatsConnection;
+  readonly #subjects: Subjects;
+  readonly #endpoint: TokenEndpoint;
+  readonly #log: Logger;
+
+  constructor(nc: NatsConnection, subjects: Subjects, endpoint: TokenEndpoint, log: Logger) {
+    this.#nc = nc;
+    this.#subjects = subjects;
+    this.#endpoint = endpoint;
+    this.#log = log;
+  }
+
+  /**
+   * Obtains and deposits the grant of call `callId` when `tool` needs one. A caller whose
+   * token the authorization server does not exchange (no consent, a key rather than a token)
+   * is let through: the call then ends `credential_required` where it runs, on its record.
+   * An authorization server or executors out of reach is `unavailable`.
+   */
+  async prepare(
+    callId: string,
+    tool: ToolDefinition | undefined,
+    principal: Principal,
+  ): Promise<void> {
+    const declared = tool?.credentials;
+    if (tool === undefined || declared?.type !== "token-exchange") return;
+    const token = bearerTokenOf(principal);
+    const identity = principal.identity;
+    if (token === undefined || identity === undefined) return;
+    let grant: string | undefined;
+    try {
+      const res = await requestToken(
+        this.#endpoint,
+        {
+          grant_type: TOKEN_EXCHANGE,
+          subject_token: token,
+          subject_token_type: ACCESS_TOKEN,
+          requested_token_type: REFRESH_TOKEN,
+          audience: declared.audience,
+          ...(declared.scopes.length === 0 ? {} : { scope: declared.scopes.join(" ") }),
+        },
+        `a delegation of user "${identity.subject}" for ${declared.audience}`,
+      );
+      // RFC 8693 §2.2.1: an issued refresh token comes as `access_token`, typed by
+      // `issued_token_type`; servers that also hand out an access token add `refresh_token`.
+      grant = res.issued_token_type === REFRESH_TOKEN ? res.access_token : res.refresh_token;
+    } catch (err) {
+      if (!(err instanceof ToolmeshError) || err.code !== ErrorCode.CredentialRequired) throw err;
+      this.#log.info(
+        { tool: tool.name, subject: identity.subject, reason: err.details?.reason },
+        "no delegation for the call",
+      );
+      return;
+    }
+    if (grant === undefined) {
+      this.#log.warn(
+        { tool: tool.name, audience: declared.audience },
+        "the authorization server issued no refresh token for the exchange; the call cannot run later",
+      );
+      return;
+    }
+    const deposit: DelegationDeposit = {
+      call_id: callId,
+      identity,
+      audience: declared.audience,
+      grant,
+    };
+    await requestOk(
+      this.#nc,
+      this.#subjects.delegationDeposit(workOwnerOf(tool)),
+      deposit,
+      DelegationDepositReplySchema,
+      {
+        service: `executor of "${tool.name}"`,
+        timeoutMs: 10_000,
+      },
+    );
+  }
+}

@@ -1,0 +1,267 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { randomBytes } from "node:crypto";
+import { mkdtemp, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect } from "@nats-io/transport-node";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { ApprovalEntry } from "@toolmesh/protocol";
+import { ErrorCode, createSubjects } from "@toolmesh/protocol";
+import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
+import { exchange, startAuthServer } from "./helpers/auth-server.js";
+import type { AuthServer } from "./helpers/auth-server.js";
+import { runCli } from "./helpers/cli.js";
+import { eventually } from "./helpers/eventually.js";
+import { gatewayAgents, mcpClient, startGateway } from "./helpers/gateway.js";
+import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+
+// Tools that act as their caller with a token the authorization server issues for the tool's
+// audience when the call runs (RFC 8693 token exchange, deferred delegation). A real
+// authorization server (oidc-provider, its own process, its clock movable) and a real API that
+// checks the bearer token's subject and audience against the server's keys.
+
+const GATEWAY_AUDIENCE = "https://tools.example.test/mcp";
+const API_AUDIENCE = "https://api.example.test/";
+const CLIENT_SECRET = `client-${randomBytes(8).toString("hex")}`;
+const KEYS = `k1:${randomBytes(32).toString("base64")}`;
+const subjects = createSubjects();
+
+const WHOAMI = (name: string, api: string) => `export default {
+  name: ${JSON.stringify(name)},
+  description: "Asks the API who the caller is, with a token issued for the caller.",
+  parameters: { type: "object", properties: {} },
+  credentials: { type: "token-exchange", audience: ${JSON.stringify(API_AUDIENCE)}, scopes: ["api:read"] },
+  async handler(_args, ctx) {
+    const res = await fetch(${JSON.stringify(api)}, { headers: { authorization: "Bearer " + ctx.credential } });
+    if (!res.ok) throw Object.assign(new Error("api said " + res.status), { retryable: false });
+    return await res.json();
+  },
+};
+`;
+
+// Calls of whoami_held wait for an operator: they run when a person approves them.
+const POLICY = `@id("all")
+permit (principal, action, resource);
+
+@id("held")
+@approval("operator")
+permit (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Tool::"whoami_held");
+`;
+
+let server: NatsServerHandle;
+let as: AuthServer;
+let gateway: { url: string; process: ServiceProcess };
+let services: ServiceProcess[];
+let nc: NatsConnection;
+const seen: { subject: string; text: string }[] = [];
+
+async function admin<T = Record<string, unknown>>(path: string, body?: unknown): Promise<T> {
+  return as.admin<T>(path, body);
+}
+
+async function login(sub: string): Promise<string> {
+  return (await admin<{ token: string }>("login", { sub, tenant: "acme" })).token;
+}
+
+async function call(token: string, tool: string): Promise<{ text: string; isError: boolean }> {
+  const c = await mcpClient(gateway.url, token);
+  try {
+    const result = await c.callTool({ name: tool, arguments: {} });
+    return {
+      text: (result.content[0] as { text: string }).text,
+      isError: result.isError === true,
+    };
+  } finally {
+    await c.close();
+  }
+}
+
+async function held(tool: string): Promise<ApprovalEntry> {
+  return eventually(`a call of ${tool} waiting`, async () => {
+    const out = await runCli(["--tenant", "acme", "approvals", "list", "--json"], {
+      NATS_URL: server.url,
+    });
+    return (JSON.parse(out.stdout) as ApprovalEntry[]).find((e) => e.tool === tool);
+  });
+}
+
+async function approve(callId: string): Promise<void> {
+  const out = await runCli(["--tenant", "acme", "approvals", "approve", callId], {
+    NATS_URL: server.url,
+  });
+  expect(out.code).toBe(0);
+}
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  as = await startAuthServer({
+    gatewayAudience: GATEWAY_AUDIENCE,
+    apiAudience: API_AUDIENCE,
+    clientId: "toolmesh",
+    clientSecret: CLIENT_SECRET,
+  });
+  nc = await connect({ servers: server.url });
+  const spy = await connect({ servers: server.url });
+  spy.subscribe(">", {
+    callback: (_err, msg) => {
+      const headers = msg.headers;
+      const values = headers === undefined ? [] : headers.keys().map((k) => headers.get(k));
+      seen.push({ subject: msg.subject, text: `${values.join(" ")} ${msg.string()}` });
+    },
+  });
+  afterAllClose.push(() => spy.close());
+  // The bucket of users' secrets, as `toolmesh setup` makes it.
+  await new Kvm(nc).create(subjects.userSecretsBucket, { history: 1 });
+  await new PolicyStore(await openPolicyBucket(nc, { subjects })).set(POLICY);
+  const api = `${as.url}/api/whoami`;
+  const tools = await mkdtemp(join(tmpdir(), "toolmesh-delegation-"));
+  await writeFile(join(tools, "whoami.js"), WHOAMI("whoami", api));
+  await writeFile(join(tools, "whoami_held.js"), WHOAMI("whoami_held", api));
+  const native = await mkdtemp(join(tmpdir(), "toolmesh-delegation-http-"));
+  await writeFile(
+    join(native, "whoami_http.yaml"),
+    `name: whoami_http\ndescription: The caller, as the API sees them.\napi_url: ${api}\ncredentials:\n  type: token-exchange\n  audience: ${API_AUDIENCE}\n`,
+  );
+  const token = {
+    TOOLMESH_TOKEN_URL: `${as.url}/token`,
+    TOOLMESH_TOKEN_CLIENT_ID: "toolmesh",
+    TOOLMESH_TOKEN_CLIENT_SECRET: CLIENT_SECRET,
+  };
+  const env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: tools,
+    TOOLMESH_NATIVE_TOOLS_DIR: native,
+    TOOLMESH_CONFIG_DIR: await gatewayAgents(),
+  };
+  services = await Promise.all([
+    startService("resolver", env, 60_000),
+    startService("executor", { ...env, ...token, TOOLMESH_SECRET_KEYS: KEYS }, 60_000),
+  ]);
+  await toolAvailable(services[0] as ServiceProcess, "whoami");
+  await toolAvailable(services[0] as ServiceProcess, "whoami_http");
+  await toolAvailable(services[0] as ServiceProcess, "whoami_held");
+  gateway = await startGateway({
+    ...env,
+    ...token,
+    TOOLMESH_GATEWAY_JWKS_URL: `${as.url}/idp/jwks`,
+    TOOLMESH_GATEWAY_JWT_ISSUER: as.idpIssuer,
+    TOOLMESH_GATEWAY_RESOURCE_URL: GATEWAY_AUDIENCE,
+    TOOLMESH_GATEWAY_TENANT_CLAIM: "org",
+  });
+  for (const sub of ["alice", "bob", "carol", "dave", "frank"])
+    await admin("consent", { sub, audience: API_AUDIENCE });
+}, 150_000);
+
+const afterAllClose: (() => Promise<void>)[] = [];
+
+afterAll(async () => {
+  await killAllServices();
+  for (const close of afterAllClose) await close();
+  await nc?.close();
+  as?.process.kill();
+  await server?.stop();
+});
+
+describe("delegated credentials by token exchange", () => {
+  it("gives each caller a token of their own: the API sees two subjects", async () => {
+    const [a, b] = await Promise.all([
+      login("alice").then((t) => call(t, "whoami")),
+      login("bob").then((t) => call(t, "whoami")),
+    ]);
+    expect([JSON.parse(a.text), JSON.parse(b.text)]).toEqual([
+      { sub: "alice", aud: API_AUDIENCE },
+      { sub: "bob", aud: API_AUDIENCE },
+    ]);
+    // An HTTP tool file sends it as Authorization.
+    expect(JSON.parse((await call(await login("bob"), "whoami_http")).text)).toEqual({
+      sub: "bob",
+      aud: API_AUDIENCE,
+    });
+  });
+
+  it("runs a call approved two hours later with a fresh token, the caller's own long expired", async () => {
+    const token = await login("carol");
+    const result = call(token, "whoami_held");
+    const entry = await held("whoami_held");
+    await admin("clock", { advanceMs: 2 * 3600_000 });
+    // The caller's token no longer exchanges: only the grant obtained at submission acts now.
+    const late = await exchange(
+      as.url,
+      { id: "toolmesh", secret: CLIENT_SECRET },
+      token,
+      API_AUDIENCE,
+    );
+    expect(late).toMatchObject({ error: "invalid_grant" });
+    await approve(entry.call_id);
+    expect(JSON.parse((await result).text)).toEqual({ sub: "carol", aud: API_AUDIENCE });
+  });
+
+  it("ends a call whose consent was revoked, or never given, with credential_required", async () => {
+    const result = call(await login("dave"), "whoami_held");
+    const entry = await held("whoami_held");
+    await admin("revoke", { sub: "dave", audience: API_AUDIENCE });
+    await approve(entry.call_id);
+    const revoked = await result;
+    expect(revoked.isError).toBe(true);
+    expect(revoked.text).toContain("invalid_grant");
+    const never = await call(await login("erin"), "whoami");
+    expect(never.isError).toBe(true);
+    expect(never.text).toContain('no delegation of user "erin"');
+    const kv = await new Kvm(nc).open(subjects.callsBucket);
+    const codes: string[] = [];
+    for await (const key of await kv.keys("acme.>")) {
+      const record = (await kv.get(key))?.json<{
+        result?: { error?: { code: string }; attempts?: number; content: string };
+      }>();
+      if (record?.result?.error !== undefined && record.result.attempts === 1)
+        codes.push(record.result.error.code);
+    }
+    expect(codes).toEqual([ErrorCode.CredentialRequired, ErrorCode.CredentialRequired]);
+  });
+
+  it("keeps grants sealed while their calls wait and purges them when the calls end", async () => {
+    const kv = await new Kvm(nc).open(subjects.userSecretsBucket);
+    // A user with no token cached: the authorization server's clock is two hours ahead now.
+    const result = call(await login("frank"), "whoami_held");
+    const entry = await held("whoami_held");
+    const key = subjects.delegationGrantKey("acme", "frank", API_AUDIENCE, entry.call_id);
+    const sealed = (await kv.get(key))?.string() ?? "";
+    expect(JSON.parse(sealed)).toMatchObject({ v: 1, kid: "k1" });
+    const { issued } = await admin<{ issued: string[] }>("issued");
+    for (const t of issued) expect(sealed.includes(t)).toBe(false);
+    await approve(entry.call_id);
+    expect(JSON.parse((await result).text)).toMatchObject({ sub: "frank" });
+    await eventually("grants purged", async () => {
+      const left: string[] = [];
+      for await (const k of await kv.keys("*.*.*.grant.*")) {
+        const e = await kv.get(k);
+        if (e?.operation === "PUT") left.push(k);
+      }
+      return left.length === 0 ? true : undefined;
+    });
+  });
+
+  it("lets no token, grant or caller's token reach a record, a stored message or a log line", async () => {
+    const { issued, apiSaw } = await admin<{ issued: string[]; apiSaw: string[] }>("issued");
+    const secrets = [...new Set([...issued, ...apiSaw])];
+    expect(secrets.length).toBeGreaterThan(10);
+    // The grant crosses once, by core request, to the executors that seal it: never on a stream.
+    const deposit = subjects.delegationDeposit();
+    const jsm = await jetstreamManager(nc);
+    for await (const stream of jsm.streams.list())
+      for (const subject of stream.config.subjects ?? [])
+        expect(
+          subject === deposit || subject === ">" || subject.startsWith("toolmesh.v1.delegation"),
+        ).toBe(false);
+    expect(seen.some((m) => m.subject === deposit)).toBe(true);
+    const logs = [...services, gateway.process].map((s) => JSON.stringify(s.lines) + s.stderr());
+    const texts = [...seen.filter((m) => m.subject !== deposit).map((m) => m.text), ...logs];
+    for (const secret of secrets)
+      for (const text of texts) expect(text.includes(secret)).toBe(false);
+  });
+});
