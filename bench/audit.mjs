@@ -1,10 +1,12 @@
 // The call path with the audit trail (TOOLMESH_AUDIT=required) against without it, in one run:
-// `node bench/audit.mjs [--smoke]`.
+// `node bench/audit.mjs [--smoke] [--out DIR]` (the JSON line is also written to DIR/audit.json).
 //
 // Two meshes (resolver, executor, echo), one recording every call in the tenant's audit stream,
 // one not. Phases alternate between them (off, on, off, on); each measures sequential calls
 // (p50) and a closed loop of 64 in flight (throughput). Prints one JSON line with both sides and
 // the ratios; aim: throughput ≥ 0.85 of off, p50 at most 0.3 ms more.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { createSubjects } from "@toolmesh/protocol";
@@ -12,7 +14,9 @@ import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import { closedLoop, round, sequential } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
-const { values: flags } = parseArgs({ options: { smoke: { type: "boolean", default: false } } });
+const { values: flags } = parseArgs({
+  options: { smoke: { type: "boolean", default: false }, out: { type: "string" } },
+});
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
 const SEQUENTIAL = flags.smoke ? 300 : 2_000;
 const LOOP_MS = flags.smoke ? 3_000 : 10_000;
@@ -53,12 +57,15 @@ const summary = (side) => ({
   calls_per_s: best(side, "calls_per_s", Math.max),
 });
 const [a, b] = [summary("off"), summary("on")];
-console.log(
-  JSON.stringify({
-    bench: "audit",
-    off: a,
-    on: b,
-    throughput_ratio: round(b.calls_per_s / a.calls_per_s),
-    p50_added_ms: round(b.p50_ms - a.p50_ms),
-  }),
-);
+const line = JSON.stringify({
+  bench: "audit",
+  off: a,
+  on: b,
+  throughput_ratio: round(b.calls_per_s / a.calls_per_s),
+  p50_added_ms: round(b.p50_ms - a.p50_ms),
+});
+console.log(line);
+if (flags.out !== undefined) {
+  mkdirSync(flags.out, { recursive: true });
+  writeFileSync(join(flags.out, "audit.json"), `${line}\n`);
+}
