@@ -224,3 +224,26 @@ describe("loadConfig", () => {
     expect(config.env).toBe(env);
   });
 });
+
+describe("the token endpoint of token-exchange tools", () => {
+  it("takes TOOLMESH_TOKEN_URL, _CLIENT_ID and _CLIENT_SECRET together", () => {
+    const config = loadConfig({
+      TOOLMESH_TOKEN_URL: "https://auth.example/token",
+      TOOLMESH_TOKEN_CLIENT_ID: "toolmesh",
+      TOOLMESH_TOKEN_CLIENT_SECRET: "s3cret",
+    });
+    expect(config.tokenEndpoint).toEqual({
+      url: "https://auth.example/token",
+      clientId: "toolmesh",
+      clientSecret: "s3cret",
+    });
+    expect(loadConfig({}).tokenEndpoint).toBeUndefined();
+  });
+
+  it("refuses one without the others, and a URL that is not one, saying what to set", () => {
+    expect(refusal({ TOOLMESH_TOKEN_URL: "https://auth.example/token" }).message).toMatch(
+      /TOOLMESH_TOKEN_URL, TOOLMESH_TOKEN_CLIENT_ID and TOOLMESH_TOKEN_CLIENT_SECRET together/,
+    );
+    expect(refusal({ TOOLMESH_TOKEN_URL: "not a url" }).message).toMatch(/TOOLMESH_TOKEN_URL/);
+  });
+});

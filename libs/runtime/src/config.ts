@@ -375,7 +375,6 @@ export class ConfigError extends Error {
   override readonly name = "ConfigError";
 }
 
-/** Parses the environment (and flag overrides, which win) into a {@link RuntimeConfig}. */
 /** `TOOLMESH_TOKEN_*`: all three or none. */
 function tokenEndpointOf(e: z.infer<typeof EnvSchema>): { tokenEndpoint?: TokenEndpoint } {
   let endpoint: TokenEndpoint | undefined;
@@ -391,6 +390,7 @@ function tokenEndpointOf(e: z.infer<typeof EnvSchema>): { tokenEndpoint?: TokenE
   return endpoint === undefined ? {} : { tokenEndpoint: endpoint };
 }
 
+/** Parses the environment (and flag overrides, which win) into a {@link RuntimeConfig}. */
 export function loadConfig(
   env: Readonly<Record<string, string | undefined>>,
   overrides: Partial<Record<keyof z.input<typeof EnvSchema>, string | undefined>> = {},
