@@ -97,6 +97,9 @@ async function approve(callId: string): Promise<void> {
   expect(out.code).toBe(0);
 }
 
+/** The services' environment without the token endpoint and keys. */
+let baseEnv: Record<string, string>;
+
 beforeAll(async () => {
   server = await startNatsServer();
   as = await startAuthServer({
@@ -132,12 +135,12 @@ beforeAll(async () => {
     TOOLMESH_TOKEN_CLIENT_ID: "toolmesh",
     TOOLMESH_TOKEN_CLIENT_SECRET: CLIENT_SECRET,
   };
-  const env = {
+  const env = (baseEnv = {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: tools,
     TOOLMESH_NATIVE_TOOLS_DIR: native,
     TOOLMESH_CONFIG_DIR: await gatewayAgents(),
-  };
+  });
   services = await Promise.all([
     startService("resolver", env, 60_000),
     startService("executor", { ...env, ...token, TOOLMESH_SECRET_KEYS: KEYS }, 60_000),
@@ -168,6 +171,14 @@ afterAll(async () => {
 });
 
 describe("delegated credentials by token exchange", () => {
+  it("refuses to start an executor of token-exchange tools without the token endpoint and keys, saying what to set", async () => {
+    const what = /token-exchange: set TOOLMESH_SECRET_KEYS and TOOLMESH_TOKEN_URL/;
+    await expect(startService("executor", baseEnv, 30_000)).rejects.toThrow(what);
+    await expect(
+      startService("executor", { ...baseEnv, TOOLMESH_SECRET_KEYS: KEYS }, 30_000),
+    ).rejects.toThrow(what);
+  });
+
   it("gives each caller a token of their own: the API sees two subjects", async () => {
     const [a, b] = await Promise.all([
       login("alice").then((t) => call(t, "whoami")),
