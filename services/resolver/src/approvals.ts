@@ -197,7 +197,7 @@ export class ApprovalDesk {
       try {
         await this.#kv.create(key, encodeJson(pending));
         this.#waiting += 1;
-        this.#audit(
+        void this.#audit(
           pending,
           approvalRequested(
             auditNamed(pending, {
@@ -265,6 +265,15 @@ export class ApprovalDesk {
   }
 
   /**
+   * How long an approved call is left to the resolver that decided it before a sweep routes it:
+   * a sweep routes only calls whose routing a crash interrupted, so that the decision's audit
+   * event, written by its decider before routing, comes first in the trail.
+   */
+  get #routeGraceMs(): number {
+    return 5 * (this.#o.sweepMs ?? 1_000);
+  }
+
+  /**
    * One pass over the bucket: expires waiting calls past their time, routes approved calls
    * whose routing a crash interrupted, and counts those waiting.
    */
@@ -281,7 +290,10 @@ export class ApprovalDesk {
         );
       } else if (entry.state === "waiting") {
         waiting += 1;
-      } else if (entry.state === "approved") {
+      } else if (
+        entry.state === "approved" &&
+        now - (entry.decision?.at ?? 0) >= this.#routeGraceMs
+      ) {
         await this.#routeApproved(key, entry, revision);
       }
     }
@@ -325,7 +337,7 @@ export class ApprovalDesk {
         if (isWrongLastSequence(err)) continue; // decided meanwhile: read it again
         throw err;
       }
-      this.#decided(entry, decision);
+      await this.#decided(entry, decision);
       if (given.effect === "approve") await this.#routeApproved(key, next, revision + 1);
       else
         await this.#end(
@@ -355,7 +367,7 @@ export class ApprovalDesk {
       if (isWrongLastSequence(err)) return; // another resolver decided or expired it
       throw err;
     }
-    this.#decided(entry, decision);
+    await this.#decided(entry, decision);
     await this.#end(next, expiredError(entry));
   }
 
@@ -433,8 +445,12 @@ export class ApprovalDesk {
     );
   }
 
-  #decided(entry: PendingApproval, decision: ApprovalDecision): void {
-    this.#audit(
+  /**
+   * Records the decision (log, metrics, audit). Resolves once its audit event is written when
+   * admissions must be recorded, so that the trail shows the decision before what follows it.
+   */
+  #decided(entry: PendingApproval, decision: ApprovalDecision): Promise<void> {
+    const written = this.#audit(
       entry,
       approvalDecided(
         auditNamed(entry, {
@@ -458,11 +474,12 @@ export class ApprovalDesk {
       },
       "waiting call decided",
     );
+    return this.#o.audit?.required === true ? written : Promise.resolve();
   }
 
-  /** Records `event` in the call's tenant's audit trail, on the side (never holds the call). */
-  #audit(entry: PendingApproval, event: AuditEventInput): void {
-    void this.#o.audit?.record(entry.call.address.tenant, event);
+  /** Records `event` in the call's tenant's audit trail; resolves when it is written. */
+  #audit(entry: PendingApproval, event: AuditEventInput): Promise<void> {
+    return this.#o.audit?.record(entry.call.address.tenant, event) ?? Promise.resolve();
   }
 
   // ---- the bucket ----
