@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { ToolmeshClient } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
 import { keyDigest } from "@toolmesh/gateway";
@@ -28,11 +29,23 @@ const WHOAMI = `export default {
 };
 `;
 
+const LEDGER = `export default {
+  name: "ledger",
+  description: "Returns the ledger's owner.",
+  parameters: { type: "object", properties: {} },
+  handler() { return { owner: "finance" }; },
+};
+`;
+
 const POLICY = `@id("all")
 permit (principal, action, resource);
 
 @id("no-interns")
 forbid (principal, action == Toolmesh::Action::"call", resource == Toolmesh::Tool::"whoami")
+when { context has subject && context.subject == "intern@acme" };
+
+@id("ledger-hidden-from-interns")
+forbid (principal, action == Toolmesh::Action::"list", resource == Toolmesh::Tool::"ledger")
 when { context has subject && context.subject == "intern@acme" };
 `;
 
@@ -44,6 +57,7 @@ beforeAll(async () => {
   server = await startNatsServer();
   const [tools, configs] = await Promise.all([gatewayTools(), gatewayAgents()]);
   await writeFile(join(tools, "whoami.js"), WHOAMI);
+  await writeFile(join(tools, "ledger.js"), LEDGER);
   const keysFile = join(await mkdtemp(join(tmpdir(), "toolmesh-subject-keys-")), "keys.yaml");
   const entry = (key: string, name: string): string[] => [
     `  - sha256: ${keyDigest(key)}`,
@@ -66,7 +80,7 @@ beforeAll(async () => {
     startService("executor", env, 60_000),
     startService("schema-expander", env, 60_000),
   ]);
-  await toolAvailable(resolver, "whoami");
+  await Promise.all([toolAvailable(resolver, "whoami"), toolAvailable(resolver, "ledger")]);
   nc = await connect({ servers: server.url });
   const store = new PolicyStore(await openPolicyBucket(nc, { subjects: createSubjects() }));
   const { revision } = await store.set(POLICY);
@@ -82,10 +96,10 @@ afterAll(async () => {
   await server?.stop();
 });
 
-async function call(key: string): Promise<{ isError: boolean; text: string }> {
+async function call(key: string, name = "whoami"): Promise<{ isError: boolean; text: string }> {
   const c = await mcpClient(gateway.url, key, {}, "2026-07-28");
   try {
-    const result = await c.callTool({ name: "whoami", arguments: {} });
+    const result = await c.callTool({ name, arguments: {} });
     const first = result.content[0] as { text?: string } | undefined;
     return { isError: result.isError ?? false, text: first?.text ?? "" };
   } finally {
@@ -108,8 +122,10 @@ describe("a policy on context.subject", () => {
     expect(desk).toContain("whoami");
     // The intern may never call it, so it is never shown it; the rest of the list is the same.
     expect(intern).not.toContain("whoami");
+    expect(desk).toContain("ledger");
+    expect(intern).not.toContain("ledger");
     expect(intern.length).toBeGreaterThan(0);
-    expect(intern.sort()).toEqual(desk.filter((t) => t !== "whoami").sort());
+    expect(intern.sort()).toEqual(desk.filter((t) => t !== "whoami" && t !== "ledger").sort());
   });
 
   it("lets the subject it allows call the tool", async () => {
@@ -123,5 +139,26 @@ describe("a policy on context.subject", () => {
     expect(intern.isError).toBe(true);
     expect(intern.text).toMatch(/permission_denied|not allowed|polic/i);
     expect(intern.text).not.toContain('intern@acme"}');
+  });
+
+  it("refuses a NATS frontend's call of a tool hidden from the subject it acts for", async () => {
+    // The list policy names the subject: the resolver's check before a call decides it with the
+    // call's identity, so a tool never shown to a subject cannot be called for it either.
+    const client = new ToolmeshClient(nc, { tenant: "acme" });
+    const as = (subject: string) => ({
+      identity: { issuer: "urn:example:sso", subject, tenant: "acme" },
+    });
+    const session = client.session("s-frontend");
+    const [desk, intern] = await Promise.all([
+      session.submit({ id: "ledger-desk", name: "ledger", arguments: {} }, as("desk@acme")).result,
+      session.submit({ id: "ledger-intern", name: "ledger", arguments: {} }, as("intern@acme"))
+        .result,
+    ]);
+    expect(desk.error).toBeUndefined();
+    expect(intern.error).toMatchObject({
+      code: "permission_denied",
+      details: { tool: "ledger", policies: ["operator:ledger-hidden-from-interns"] },
+    });
+    expect(intern.error?.message).toMatch(/not available to this caller/);
   });
 });

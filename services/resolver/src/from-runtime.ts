@@ -28,12 +28,13 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
   // A tool the policies hide is refused before its arguments are read, as one whose group is
   // off: its schema never goes out in a missing_arguments answer.
   const access: ToolAccessPolicy = {
-    check: (definition, at, agent) =>
+    check: (definition, at, agent, subject) =>
       groups.check(definition, at, agent) ??
       policies.decider.listRefusal({
         tenant: at.tenant,
         tool: definition,
         agent,
+        subject,
         session: at.session,
       }),
   };

@@ -115,8 +115,16 @@ export interface ResolverDeps {
  * Runs on every call: it must answer from memory.
  */
 export interface ToolAccessPolicy {
-  /** The error the call gets (`permission_denied`, `tool_disabled`), or `undefined` to go on. */
-  check(def: ToolDefinition, at: SessionAddress, agent?: string): ToolmeshError | undefined;
+  /**
+   * The error the call gets (`permission_denied`, `tool_disabled`), or `undefined` to go on.
+   * `subject` is who the call acts for (its verified identity), when it names one.
+   */
+  check(
+    def: ToolDefinition,
+    at: SessionAddress,
+    agent?: string,
+    subject?: string,
+  ): ToolmeshError | undefined;
 }
 
 /** The outcome of resolving one submitted call. */
@@ -188,6 +196,7 @@ export function resolveRequest(
     if (foreign !== undefined) throw foreign;
     validateToolName(name);
     const { access } = options;
+    const subject = request.identity?.subject;
     const tool = registry.get(name);
     if (tool === undefined) {
       // Only tools the session may call are suggested.
@@ -195,7 +204,9 @@ export function resolveRequest(
         access === undefined
           ? registry.names()
           : [...registry.tools()]
-              .filter((t) => access.check(t.definition, address, request.agent) === undefined)
+              .filter(
+                (t) => access.check(t.definition, address, request.agent, subject) === undefined,
+              )
               .map((t) => t.definition.name);
       const closeMatches = findCloseMatches(name, callable);
       throw new ToolmeshError(
@@ -206,7 +217,7 @@ export function resolveRequest(
         { details: { tool: name, close_matches: closeMatches } },
       );
     }
-    const denied = access?.check(tool.definition, address, request.agent);
+    const denied = access?.check(tool.definition, address, request.agent, subject);
     if (denied !== undefined) throw denied;
     const args = parseArguments(request.tool_call.function.arguments);
     const resolved = resolveCall(tool, request, args, {
