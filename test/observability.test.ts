@@ -199,6 +199,7 @@ describe("one call is one trace, from the frontend to its receipt", () => {
   });
 
   it("through the MCP bridge: the tools/call request carries the trace to the server in _meta", async () => {
+    const bridgeHops = ["resolve", "process t.echo", "execute_tool t.echo", "tools/call echo"];
     const message = await cliCall("t.echo", { text: "traced" });
     expect(message.content).toBe("traced");
     const callId = message.tool_call_id;
@@ -206,9 +207,10 @@ describe("one call is one trace, from the frontend to its receipt", () => {
       const send = all.find(
         (s) => s.name === "send" && s.attributes["gen_ai.tool.call.id"] === callId,
       );
-      return (
-        send !== undefined && sameTrace(all, send.traceId).some((s) => s.name === "tools/call echo")
-      );
+      if (send === undefined) return false;
+      // Every service exports on its own schedule: wait for each hop's span, not only the last.
+      const names = new Set(sameTrace(all, send.traceId).map((s) => s.name));
+      return bridgeHops.every((name) => names.has(name));
     }, 15_000);
     const send = spans.find(
       (s) => s.name === "send" && s.attributes["gen_ai.tool.call.id"] === callId,
