@@ -3,7 +3,7 @@ import type { ToolDefinition } from "@toolmesh/protocol";
 import { ErrorCode } from "@toolmesh/protocol";
 import { CompiledPolicySet, PolicySetError } from "./policy-set.js";
 import { PolicyDecider } from "./decider.js";
-import { cedarValue, toolEntity } from "./schema.js";
+import { actionUid, cedarValue, tenantUid, toolEntity, toolUid } from "./schema.js";
 
 function tool(name: string, extra: Partial<ToolDefinition> = {}): ToolDefinition {
   return {
@@ -171,6 +171,69 @@ describe("PolicyDecider.decideCall", () => {
     expect(asAlice).toMatchObject({ allowed: true, policies: ["operator:alice-only"] });
     expect(d.decideCall({ ...call, identity: { subject: "bob" } }, READ)?.allowed).toBe(false);
     expect(d.decideCall(call, READ)?.allowed).toBe(false);
+  });
+});
+
+describe("PolicyDecider: what partial evaluation leaves decides as the whole set does", () => {
+  // Every call decision is made from a residual (the policies still undecided with arguments
+  // and session unknown) and the permits already known satisfied; each must equal Cedar's
+  // answer from the whole set with everything known.
+  const SETS = [
+    // Known permits beside a forbid that reads the arguments.
+    `@id("read-only") permit(principal, action, resource) when { resource.annotations has readOnlyHint && resource.annotations.readOnlyHint };\n@id("native") permit(principal, action, resource) when { resource.kind == "native" };\n@id("no-secrets") forbid(principal, action, resource) when { context.args has text && context.args.text like "*password*" };`,
+    // A permit that reads the arguments beside a known one; a forbid that can fail to evaluate.
+    `@id("native") permit(principal, action, resource) when { resource.kind == "native" };\n@id("small") permit(principal, action, resource) when { context.args has n && context.args.n < 10 };\n@id("not-big") forbid(principal, action, resource) when { context.args has n && context.args.n > 100 };`,
+    // Only permits that read arguments and the resource together, and an unless.
+    `@id("svc-text") permit(principal, action, resource) when { resource.owner == "svc" && context.args has text } unless { context.args has n };\n@id("tmp") forbid(principal, action, resource) unless { context has session && context.session like "s-*" };`,
+    // Permits satisfied whatever the arguments are, no forbid.
+    `@id("a") permit(principal, action, resource);\n@id("b") permit(principal == Toolmesh::Tenant::"acme", action, resource) when { resource.groups.contains("fs") };`,
+  ];
+  const ARGS: Record<string, unknown>[] = [
+    {},
+    { text: "hello" },
+    { text: "my password" },
+    { n: 5 },
+    { n: 50 },
+    { n: 500 },
+    { n: "5" },
+    { text: "x", n: 1 },
+  ];
+  const TOOLS = [READ, WRITE, tool("remote", { kind: "mcp", owner: "other" })];
+
+  it.each(SETS.map((text, i) => [i, text]))("set %i", (_i, text) => {
+    const set = CompiledPolicySet.compile(text);
+    const d = new PolicyDecider();
+    d.setOperator({ set, revision: 1 });
+    let compared = 0;
+    for (const definition of TOOLS)
+      for (const tenant of ["acme", "globex"])
+        for (const session of ["s-1", "x-1"])
+          for (const args of ARGS) {
+            // Twice: the first computes the residual, the second reads it from memory.
+            for (let round = 0; round < 2; round++) {
+              const got = d.decideCall(
+                { address: { tenant, session }, arguments: args },
+                definition,
+              );
+              const whole = set.authorize({
+                principal: tenantUid(tenant),
+                action: actionUid("call"),
+                resource: toolUid(definition.name),
+                context: { args: cedarValue(args) ?? {}, session },
+                entities: [toolEntity(definition)],
+              });
+              const where = `${definition.name} ${tenant} ${session} ${JSON.stringify(args)}`;
+              const named = [...whole.policies].sort().map((id) => `operator:${id}`);
+              expect(got?.allowed, where).toBe(whole.decision === "allow");
+              // An allow names its permits as Cedar does (in any order); a deny names the forbids that matched,
+              // or none when no permit could apply whatever the arguments (decided before them).
+              const policies = [...(got?.policies ?? [])].sort();
+              if (got?.allowed === true || policies.length > 0)
+                expect(policies, where).toEqual(named);
+              compared++;
+            }
+          }
+    expect(compared).toBe(TOOLS.length * 2 * 2 * ARGS.length * 2);
   });
 });
 

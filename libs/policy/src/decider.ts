@@ -94,7 +94,7 @@ export class PolicyDecider {
     const known = this.#known(action, request);
     if (known !== undefined) return known;
     const shapeKey = this.#shapeKey(action, request);
-    const shape = this.#request(action, request, true);
+    const shape = () => this.#request(action, request, true);
     const full = this.#request(action, request, false);
     return this.#combine(request.tenant, (set) => set.authorizeFor(shapeKey, shape, full));
   }

@@ -91,6 +91,27 @@ export interface SetVerdict {
   policies: string[];
 }
 
+/** What is left of a set to evaluate per request of one shape (see `authorizeFor`). */
+interface Residual {
+  /** The pre-parsed set of the policies still undecided. */
+  key: string;
+  /** Permits satisfied whatever the unknowns are. */
+  permits: string[];
+  /** Whether the residual reads the request's entities. */
+  entities: boolean;
+}
+
+/**
+ * A residual's verdict with the permits known satisfied added: they allow unless a forbid
+ * denied, and are among the reasons of an allow (in Cedar's order, sorted by id).
+ */
+function withPermits(verdict: SetVerdict, permits: readonly string[]): SetVerdict {
+  if (permits.length === 0) return verdict;
+  const forbidden = verdict.decision === "deny" && verdict.policies.length > 0;
+  if (forbidden) return verdict;
+  return { decision: "allow", policies: [...new Set([...verdict.policies, ...permits])].sort() };
+}
+
 /** One request to a set: Cedar's principal, action, resource, context and entities. */
 export interface CedarRequest {
   principal: EntityUidJson;
@@ -151,8 +172,8 @@ export class CompiledPolicySet {
   readonly #texts: Readonly<Record<string, string>>;
   readonly #forbids: ReadonlySet<string>;
   // Per request shape (see `authorizeFor`): the verdict when the unknowns do not matter, else
-  // the key of the pre-parsed residual policies.
-  readonly #residuals = new Map<string, SetVerdict | string>();
+  // what is left to evaluate per request.
+  readonly #residuals = new Map<string, SetVerdict | Residual>();
 
   private constructor(
     text: string,
@@ -252,31 +273,46 @@ export class CompiledPolicySet {
    * undecided, with what it already knows folded in. The residual is computed once per
    * `shapeKey` and kept with this set; Cedar's cost grows with the number of policies.
    */
-  authorizeFor(shapeKey: string, shape: CedarRequest, request: CedarRequest): SetVerdict {
+  authorizeFor(shapeKey: string, shape: () => CedarRequest, request: CedarRequest): SetVerdict {
     let residual = this.#residuals.get(shapeKey);
     if (residual === undefined) {
-      residual = this.#residualOf(shape);
+      residual = this.#residualOf(shape());
       if (this.#residuals.size >= MAX_RESIDUALS) this.#residuals.clear();
       this.#residuals.set(shapeKey, residual);
     }
-    if (typeof residual !== "string") return residual;
-    return this.#authorizeWith(residual, request);
+    if (!("key" in residual)) return residual;
+    const verdict = this.#authorizeWith(
+      residual.key,
+      residual.entities ? request : { ...request, entities: [] },
+    );
+    return withPermits(verdict, residual.permits);
   }
 
-  #residualOf(shape: CedarRequest): SetVerdict | string {
+  /**
+   * What partial evaluation of `shape` leaves to decide per request: the policies whose
+   * conditions still read an unknown, pre-parsed on their own; the permits it found satisfied
+   * whatever the unknowns are are kept aside as ids (evaluating them again would only cost).
+   */
+  #residualOf(shape: CedarRequest): SetVerdict | Residual {
     const partial = this.#partial(shape);
     if ("denied" in partial) return partial.denied;
     const { response } = partial;
     if (response.decision !== null && !this.#approvalUndecided(response))
       return { decision: response.decision, policies: response.mustBeDetermining };
     const kept: Record<string, PolicyJson> = {};
+    const permits: string[] = [];
     for (const [id, policy] of Object.entries(response.residuals)) {
-      const never = policy.conditions.some(
-        (c) => c.kind === "when" && JSON.stringify(c.body) === '{"Value":false}',
+      const bodies = policy.conditions.map((c) => `${c.kind}:${JSON.stringify(c.body)}`);
+      if (bodies.includes('when:{"Value":false}') || bodies.includes('unless:{"Value":true}'))
+        continue;
+      const always = bodies.every(
+        (b) => b === 'when:{"Value":true}' || b === 'unless:{"Value":false}',
       );
-      if (!never) kept[id] = knownAgain(policy) as PolicyJson;
+      if (always && policy.effect === "permit" && !this.#forbids.has(id)) permits.push(id);
+      else kept[id] = knownAgain(policy) as PolicyJson;
     }
-    const key = `toolmesh:r:${createHash("sha256").update(JSON.stringify(kept)).digest("hex")}`;
+    const json = JSON.stringify(kept);
+    const key = `toolmesh:r:${createHash("sha256").update(json).digest("hex")}`;
     const parsed = cedar.preparsePolicySet(key, { staticPolicies: kept });
     if (parsed.type === "failure") {
       throw new ToolmeshError(
@@ -284,7 +320,10 @@ export class CompiledPolicySet {
         `policy residual failed: ${parsed.errors[0]?.message ?? "unknown error"}`,
       );
     }
-    return key;
+    // Known entities' attributes are folded into the residual; it needs the entities only when
+    // it still names the principal or the resource.
+    const entities = json.includes('"Var":"principal"') || json.includes('"Var":"resource"');
+    return { key, permits, entities };
   }
 
   /**
