@@ -6,6 +6,8 @@ import { join } from "node:path";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
+import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
+import type { CallToolResult } from "@modelcontextprotocol/client";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { ApprovalEntry } from "@toolmesh/protocol";
 import { ErrorCode, createSubjects } from "@toolmesh/protocol";
@@ -97,6 +99,78 @@ async function approve(callId: string): Promise<void> {
   expect(out.code).toBe(0);
 }
 
+const MODERN = "2026-07-28";
+
+/**
+ * A call from the TypeScript SDK's client pinned to 2026-07-28, declaring `elicitation`
+ * (`capability`), whose handler `onAsk` answers each question the gateway asks.
+ */
+async function modernCall(
+  token: string,
+  tool: string,
+  capability: Record<string, unknown>,
+  onAsk: (params: { mode?: string; url?: string; message: string }) => Promise<string>,
+): Promise<CallToolResult> {
+  const c = new Client(
+    { name: "consent-test", version: "1.0.0" },
+    { versionNegotiation: { mode: { pin: MODERN } }, capabilities: { elicitation: capability } },
+  );
+  c.setRequestHandler("elicitation/create", async (request) => ({
+    action: (await onAsk(request.params as never)) as "accept",
+  }));
+  await c.connect(
+    new StreamableHTTPClientTransport(new URL(gateway.url), {
+      requestInit: { headers: { authorization: `Bearer ${token}` } },
+    }),
+  );
+  try {
+    return await c.callTool({ name: tool, arguments: {} });
+  } finally {
+    await c.close();
+  }
+}
+
+type Wire = { result?: Record<string, unknown> };
+
+/** One raw 2026-07-28 `tools/call` of a client that takes URL-mode elicitation. */
+async function rawCall(token: string, tool: string, retry: Record<string, unknown> = {}) {
+  const response = await fetch(gateway.url, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${token}`,
+      accept: "application/json, text/event-stream",
+      "content-type": "application/json",
+      "mcp-protocol-version": MODERN,
+      "mcp-method": "tools/call",
+      "mcp-name": tool,
+    },
+    body: JSON.stringify({
+      jsonrpc: "2.0",
+      id: 1,
+      method: "tools/call",
+      params: {
+        name: tool,
+        arguments: {},
+        ...retry,
+        _meta: {
+          "io.modelcontextprotocol/protocolVersion": MODERN,
+          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
+          "io.modelcontextprotocol/clientCapabilities": { elicitation: { url: {} } },
+        },
+      },
+    }),
+  });
+  return ((await response.json()) as Wire).result ?? {};
+}
+
+/** The calls the mesh holds a record of for tenant acme. */
+async function recordCount(): Promise<number> {
+  const kv = await new Kvm(nc).open(subjects.callsBucket);
+  let n = 0;
+  for await (const _ of await kv.keys("acme.>")) n++;
+  return n;
+}
+
 /** The services' environment without the token endpoint and keys. */
 let baseEnv: Record<string, string>;
 
@@ -155,6 +229,7 @@ beforeAll(async () => {
     TOOLMESH_GATEWAY_JWT_ISSUER: as.idpIssuer,
     TOOLMESH_GATEWAY_RESOURCE_URL: GATEWAY_AUDIENCE,
     TOOLMESH_GATEWAY_TENANT_CLAIM: "org",
+    TOOLMESH_GATEWAY_CONSENT_URL: `${as.url}/consent?audience={audience}&scope={scope}`,
   });
   for (const sub of ["alice", "bob", "carol", "dave", "frank"])
     await admin("consent", { sub, audience: API_AUDIENCE });
@@ -233,6 +308,77 @@ describe("delegated credentials by token exchange", () => {
         codes.push(record.result.error.code);
     }
     expect(codes).toEqual([ErrorCode.CredentialRequired, ErrorCode.CredentialRequired]);
+  });
+
+  it("asks a 2026-07-28 caller who has not authorized the tool to open the consent page, and runs the call as them once they have", async () => {
+    const before = await recordCount();
+    const asks: { mode?: string; url?: string; message: string }[] = [];
+    const result = await modernCall(await login("grace"), "whoami", { url: {} }, async (ask) => {
+      asks.push(ask);
+      // The user opens the page (the authorization server's) and authorizes the audience; the
+      // first time they accept without having done so, and are asked again.
+      const url = new URL(ask.url ?? "");
+      if (asks.length === 2)
+        await admin("consent", { sub: "grace", audience: url.searchParams.get("audience") });
+      return "accept";
+    });
+    expect(result.isError).toBeFalsy();
+    expect(JSON.parse((result.content[0] as { text: string }).text)).toEqual({
+      sub: "grace",
+      aud: API_AUDIENCE,
+    });
+    expect(asks).toHaveLength(2);
+    for (const ask of asks) {
+      expect(ask.mode).toBe("url");
+      expect(ask.message).toContain(API_AUDIENCE);
+      const url = new URL(ask.url ?? "");
+      expect(`${url.origin}${url.pathname}`).toBe(`${as.url}/consent`);
+      expect(url.searchParams.get("audience")).toBe(API_AUDIENCE);
+      expect(url.searchParams.get("scope")).toBe("api:read");
+    }
+    // Submitted once, after the consent: one record more.
+    expect(await recordCount()).toBe(before + 1);
+  });
+
+  it("submits nothing when the caller declines, and asks no client that does not take URLs", async () => {
+    const before = await recordCount();
+    const token = await login("heidi");
+    const declined = await modernCall(token, "whoami", { url: {} }, () =>
+      Promise.resolve("decline"),
+    );
+    expect(declined.isError).toBe(true);
+    expect(declined.structuredContent).toMatchObject({ code: ErrorCode.Cancelled });
+    expect(await recordCount()).toBe(before);
+    // A client with forms only is not asked: the call runs and ends credential_required.
+    const formsOnly = await modernCall(token, "whoami", { form: {} }, () => {
+      throw new Error("asked a client that does not take URLs");
+    });
+    expect(formsOnly.isError).toBe(true);
+    expect(formsOnly.structuredContent).toMatchObject({ code: ErrorCode.CredentialRequired });
+  });
+
+  it("takes a consent's requestState once, from the caller it was issued to", async () => {
+    const token = await login("ivan");
+    const asked = await rawCall(token, "whoami");
+    expect(asked).toMatchObject({ resultType: "input_required" });
+    const requestState = asked.requestState as string;
+    const inputResponses = { consent: { action: "accept" } };
+    // Another user of the same tenant cannot use it.
+    const foreign = await rawCall(await login("judy"), "whoami", { requestState, inputResponses });
+    expect(foreign).toMatchObject({
+      isError: true,
+      structuredContent: { code: "invalid_request", details: { request_state: "foreign" } },
+    });
+    await admin("consent", { sub: "ivan", audience: API_AUDIENCE });
+    const ran = await rawCall(token, "whoami", { requestState, inputResponses });
+    expect(ran.isError).toBeFalsy();
+    const content = ran.content as { text: string }[];
+    expect(JSON.parse(content[0]?.text ?? "")).toEqual({ sub: "ivan", aud: API_AUDIENCE });
+    const replayed = await rawCall(token, "whoami", { requestState, inputResponses });
+    expect(replayed).toMatchObject({
+      isError: true,
+      structuredContent: { code: "invalid_request", details: { request_state: "used" } },
+    });
   });
 
   it("keeps grants sealed while their calls wait and purges them when the calls end", async () => {

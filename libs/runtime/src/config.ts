@@ -119,6 +119,13 @@ export const GatewayEnvSchema = z.object({
     .min(32, "must be at least 32 characters (every replica needs the same key)")
     .optional(),
   TOOLMESH_GATEWAY_REQUEST_STATE_TTL_MS: positiveInt.min(1_000).default(600_000),
+  TOOLMESH_GATEWAY_CONSENT_URL: z
+    .string()
+    .refine((template) => {
+      const text = template.replaceAll("{audience}", "a").replaceAll("{scope}", "s");
+      return URL.canParse(text) && /^https?:$/.test(new URL(text).protocol);
+    }, "must be an http(s) URL; {audience} and {scope} in it are filled in")
+    .optional(),
 });
 
 /**

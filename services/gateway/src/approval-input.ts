@@ -24,6 +24,7 @@ export interface ApprovalDesk {
  */
 export class ApprovalInput implements InputRequestSource {
   readonly kind = "a";
+  readonly mode = "form";
 
   constructor(private readonly desk: ApprovalDesk) {}
 

@@ -30,6 +30,22 @@ describe("loadGatewayConfig", () => {
     );
   });
 
+  it("takes a consent page's URL with its placeholders, and names a bad one", () => {
+    const template = "https://login.example.com/consent?audience={audience}&scope={scope}";
+    const config = loadGatewayConfig({
+      TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "dev",
+      TOOLMESH_GATEWAY_CONSENT_URL: template,
+    });
+    expect(config.consentUrl).toBe(template);
+    for (const bad of ["login.example.com/consent", "javascript:alert({audience})"])
+      expect(() =>
+        loadGatewayConfig({
+          TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "dev",
+          TOOLMESH_GATEWAY_CONSENT_URL: bad,
+        }),
+      ).toThrow(/^TOOLMESH_GATEWAY_CONSENT_URL: must be an http\(s\) URL/);
+  });
+
   it("takes the flag's port over the variable", () => {
     const config = loadGatewayConfig(
       { TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "dev", TOOLMESH_GATEWAY_PORT: "1" },

@@ -60,6 +60,11 @@ export interface GatewayConfig {
   requestStateKey?: string;
   /** How long a `requestState` stays valid, in ms. Default 600 000. */
   requestStateTtlMs: number;
+  /**
+   * The authorization server's page where a user authorizes a tool's audience, `{audience}` and
+   * `{scope}` filled in: a caller who has not is asked to open it (URL-mode `input_required`).
+   */
+  consentUrl?: string;
   /** The environment, for `env:` entries of the keys file. */
   env: Readonly<Record<string, string | undefined>>;
 }
@@ -139,6 +144,9 @@ export function loadGatewayConfig(
       ? {}
       : { requestStateKey: e.TOOLMESH_GATEWAY_REQUEST_STATE_KEY }),
     requestStateTtlMs: e.TOOLMESH_GATEWAY_REQUEST_STATE_TTL_MS,
+    ...(e.TOOLMESH_GATEWAY_CONSENT_URL === undefined
+      ? {}
+      : { consentUrl: e.TOOLMESH_GATEWAY_CONSENT_URL }),
     env,
   };
 }

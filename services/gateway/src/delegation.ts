@@ -21,6 +21,13 @@ const TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange";
 const ACCESS_TOKEN = "urn:ietf:params:oauth:token-type:access_token";
 const REFRESH_TOKEN = "urn:ietf:params:oauth:token-type:refresh_token";
 
+/** A grant the caller has not given: what the authorization server must be asked to allow. */
+export interface ConsentNeeded {
+  /** The tool's audience at the authorization server. */
+  readonly audience: string;
+  readonly scopes: readonly string[];
+}
+
 /**
  * Deferred delegation at submission (ADR 0063): for a tool declaring `token-exchange`
  * credentials, the caller's verified token is exchanged (RFC 8693) for a refresh token for the
@@ -42,20 +49,21 @@ export class CallDelegation {
 
   /**
    * Obtains and deposits the grant of call `callId` when `tool` needs one. A caller whose
-   * token the authorization server does not exchange (no consent, a key rather than a token)
-   * is let through: the call then ends `credential_required` where it runs, on its record.
-   * An authorization server or executors out of reach is `unavailable`.
+   * token the authorization server does not exchange (no consent) is answered with what to
+   * consent to; the caller may be asked for it, or the call let through to end
+   * `credential_required` where it runs, on its record. A caller with a key rather than a token
+   * is let through. An authorization server or executors out of reach is `unavailable`.
    */
   async prepare(
     callId: string,
     tool: ToolDefinition | undefined,
     principal: Principal,
-  ): Promise<void> {
+  ): Promise<ConsentNeeded | undefined> {
     const declared = tool?.credentials;
-    if (tool === undefined || declared?.type !== "token-exchange") return;
+    if (tool === undefined || declared?.type !== "token-exchange") return undefined;
     const token = bearerTokenOf(principal);
     const identity = principal.identity;
-    if (token === undefined || identity === undefined) return;
+    if (token === undefined || identity === undefined) return undefined;
     let grant: string | undefined;
     try {
       const res = await requestToken(
@@ -79,14 +87,14 @@ export class CallDelegation {
         { tool: tool.name, subject: identity.subject, reason: err.details?.reason },
         "no delegation for the call",
       );
-      return;
+      return { audience: declared.audience, scopes: declared.scopes };
     }
     if (grant === undefined) {
       this.#log.warn(
         { tool: tool.name, audience: declared.audience },
         "the authorization server issued no refresh token for the exchange; the call cannot run later",
       );
-      return;
+      return undefined;
     }
     const deposit: DelegationDeposit = {
       call_id: callId,
@@ -104,5 +112,6 @@ export class CallDelegation {
         timeoutMs: 10_000,
       },
     );
+    return undefined;
   }
 }

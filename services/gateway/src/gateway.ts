@@ -32,6 +32,7 @@ import type { CallObserver, RequestScope } from "./mcp-server.js";
 import { cancelRequest, createMcpServer, requestAuthInfo } from "./mcp-server.js";
 import { InputRequired } from "./input-required.js";
 import { ApprovalInput } from "./approval-input.js";
+import { ConsentInput } from "./consent-input.js";
 import { MissingArgumentsInput } from "./missing-arguments-input.js";
 import type { MeshView } from "./mesh-view.js";
 import { ExchangeTransport } from "./transport.js";
@@ -120,14 +121,15 @@ class GatewayEdge implements GatewayServer {
       ratePerS: config.ratePerS,
       burst: config.rateBurst,
     });
+    const stored = async (tenant: string, id: string) =>
+      (await mesh.record(tenant, id)) !== undefined;
     this.#input = new InputRequired({
       key: config.requestStateKey,
       ttlMs: config.requestStateTtlMs,
       sources: [
-        new MissingArgumentsInput(
-          async (tenant, id) => (await mesh.record(tenant, id)) !== undefined,
-        ),
+        new MissingArgumentsInput(stored),
         new ApprovalInput(mesh),
+        ...(config.consentUrl === undefined ? [] : [new ConsentInput(config.consentUrl, stored)]),
       ],
     });
     if (config.requestStateKey === undefined)

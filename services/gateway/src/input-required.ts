@@ -14,6 +14,7 @@ import type { WaitingApproval } from "@toolmesh/call-store";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { Principal } from "./auth.js";
+import type { ConsentNeeded } from "./delegation.js";
 
 /** A mesh call as the gateway sees it when it may ask its caller for input. */
 export interface CallAtRest {
@@ -27,6 +28,8 @@ export interface CallAtRest {
   readonly message?: ToolMessage;
   /** The person the call waits for, when it waits (read from the approvals bucket). */
   readonly waiting?: WaitingApproval;
+  /** What its caller must authorize before the call, not yet submitted, can run as them. */
+  readonly consent?: ConsentNeeded;
 }
 
 /** What an answer does to the call it answers. */
@@ -46,6 +49,8 @@ export type Resumption =
 export interface InputRequestSource {
   /** Names the source inside `requestState` (short, stable). */
   readonly kind: string;
+  /** The elicitation mode its requests use: asked only of clients that declared it. */
+  readonly mode: "form" | "url";
   /** The input requests for this call, or undefined when this source has nothing to ask. */
   ask(call: CallAtRest): InputRequests | undefined;
   /**
@@ -103,11 +108,12 @@ export class InputRequired {
 
   /**
    * The `input_required` answer for a call, when a source has something to ask and the client
-   * takes form-mode elicitation; undefined otherwise (the call's own answer stands).
+   * takes that source's elicitation mode; undefined otherwise (the call's own answer stands).
    */
   async ask(ctx: ServerContext, call: CallAtRest): Promise<InputRequiredResult | undefined> {
-    if (!acceptsForms(ctx)) return undefined;
+    const modes = elicitationModes(ctx);
     for (const source of this.#sources) {
+      if (!modes.has(source.mode)) continue;
       const inputRequests = source.ask(call);
       if (inputRequests === undefined) continue;
       const payload: StatePayload = {
@@ -172,15 +178,18 @@ export function refusal(reason: StateRefusal): ToolmeshError {
   );
 }
 
-/** Whether the request's client declared form-mode elicitation (2026-07-28 envelope). */
-function acceptsForms(ctx: ServerContext): boolean {
+/** The elicitation modes the request's client declared (2026-07-28 envelope). */
+function elicitationModes(ctx: ServerContext): ReadonlySet<"form" | "url"> {
   const envelope = ctx.mcpReq.envelope as Record<string, unknown> | undefined;
   const capabilities = envelope?.[CLIENT_CAPABILITIES_META_KEY] as
     { elicitation?: { form?: unknown; url?: unknown } } | undefined;
   const elicitation = capabilities?.elicitation;
-  if (elicitation === undefined) return false;
+  const modes = new Set<"form" | "url">();
+  if (elicitation === undefined) return modes;
   // An empty elicitation capability means form mode.
-  return elicitation.form !== undefined || elicitation.url === undefined;
+  if (elicitation.form !== undefined || elicitation.url === undefined) modes.add("form");
+  if (elicitation.url !== undefined) modes.add("url");
+  return modes;
 }
 
 function principalOf(ctx: ServerContext): Principal {

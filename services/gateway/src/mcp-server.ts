@@ -307,6 +307,14 @@ function waitingOf(event: ApprovalRequiredEvent): WaitingApproval {
   };
 }
 
+/** A retried call whose answer was taken: its id, its arguments now, and whether it is in the mesh. */
+interface Resumed {
+  id: MeshCallId;
+  arguments: Record<string, unknown>;
+  /** True when the call was submitted before (the retry joins it); false: submit it now. */
+  submitted: boolean;
+}
+
 /** `tools/call` on the mesh: a synchronous call, or a task-augmented one answered with its task. */
 class MeshCalls {
   constructor(
@@ -321,9 +329,16 @@ class MeshCalls {
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
-    const handle = await this.#submit(request, ctx, scope, meta, false).catch((err: unknown) => {
+    let handle: MeshCallHandle;
+    try {
+      const id = this.#callIdOf(ctx, scope, meta, false);
+      // A task's caller is not asked for consent: without it the task fails credential_required.
+      const name = this.mesh.meshName(request.params.name, scope.names);
+      await this.mesh.delegate(id, name, scope.principal);
+      handle = this.#submit(request, ctx, scope, meta, id, { sync: false });
+    } catch (err) {
       throw asProtocolError(err);
-    });
+    }
     const { task } = await this.#created(scope, handle);
     // The 2026-07-28 extension marks the answer as a task; 2025-11-25 has `{ task }` alone.
     return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
@@ -342,7 +357,7 @@ class MeshCalls {
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
-    let resumed: { id: MeshCallId; arguments: Record<string, unknown> } | undefined;
+    let resumed: Resumed | undefined;
     const state = ctx.mcpReq.envelope === undefined ? undefined : ctx.mcpReq.requestState<string>();
     if (typeof state === "string") {
       try {
@@ -358,9 +373,20 @@ class MeshCalls {
         if (event.mode === "caller") resolve({ waiting: waitingOf(event) });
       };
     });
+    const args = resumed?.arguments ?? request.params.arguments ?? {};
     let handle: MeshCallHandle;
     try {
-      handle = await this.#submit(request, ctx, scope, meta, true, resumed, onApproval);
+      const id = resumed?.id ?? this.#callIdOf(ctx, scope, meta, true);
+      if (resumed?.submitted !== true) {
+        const asked = await this.#delegate(request, ctx, scope, id, args);
+        // Nothing submitted yet: the retry carrying the answer submits the call.
+        if (asked !== undefined) return asked;
+      }
+      handle = this.#submit(request, ctx, scope, meta, id, {
+        sync: true,
+        arguments: args,
+        ...(onApproval === undefined ? {} : { onApproval }),
+      });
     } catch (err) {
       return errorResult(asError(err).toWire());
     }
@@ -380,7 +406,7 @@ class MeshCalls {
         callId: handle.callId,
         tenant,
         tool: request.params.name,
-        arguments: resumed?.arguments ?? request.params.arguments ?? {},
+        arguments: args,
       };
       const first = await Promise.race([
         handle.result.then((message): { message: ToolMessage } => ({ message })),
@@ -403,12 +429,32 @@ class MeshCalls {
     }
   }
 
-  /** The call a retry's `requestState` names and the arguments its answer gives it. */
-  async #resume(
+  /**
+   * Obtains the call's delegation before it is submitted (ADR 0063). When its caller has not
+   * authorized the tool's audience, answers `input_required` asking them to (URL mode), if the
+   * client takes it; otherwise the call goes on and ends `credential_required` where it runs.
+   */
+  async #delegate(
     request: CallToolRequest,
     ctx: ServerContext,
-    state: string,
-  ): Promise<{ id: MeshCallId; arguments: Record<string, unknown> }> {
+    scope: RequestScope,
+    id: MeshCallId,
+    args: Record<string, unknown>,
+  ): Promise<InputRequiredResult | undefined> {
+    const name = this.mesh.meshName(request.params.name, scope.names);
+    const consent = await this.mesh.delegate(id, name, scope.principal);
+    if (consent === undefined) return undefined;
+    return this.input.ask(ctx, {
+      callId: id.id,
+      tenant: scope.principal.tenant,
+      tool: request.params.name,
+      arguments: args,
+      consent,
+    });
+  }
+
+  /** The call a retry's `requestState` names and the arguments its answer gives it. */
+  async #resume(request: CallToolRequest, ctx: ServerContext, state: string): Promise<Resumed> {
     const taken = await this.input.take(ctx, state, {
       tool: request.params.name,
       arguments: request.params.arguments ?? {},
@@ -417,33 +463,47 @@ class MeshCalls {
     if (resumption.kind === "refused") throw resumption.error;
     // A source that resumed the call itself: the same id joins it and answers with its result.
     if (resumption.kind === "resumed")
-      return { id: { id: taken.call.callId }, arguments: request.params.arguments ?? {} };
-    return { id: { id: taken.call.callId }, arguments: resumption.arguments };
+      return {
+        id: { id: taken.call.callId },
+        arguments: request.params.arguments ?? {},
+        submitted: true,
+      };
+    return { id: { id: taken.call.callId }, arguments: resumption.arguments, submitted: false };
   }
 
-  async #submit(
-    request: CallToolRequest,
+  /** The mesh call id of a new call: named by its idempotency key, its request, or made. */
+  #callIdOf(
     ctx: ServerContext,
     scope: RequestScope,
     meta: Record<string, unknown>,
     sync: boolean,
-    resumed?: { id: MeshCallId; arguments: Record<string, unknown> },
-    onApproval?: (event: ApprovalRequiredEvent) => void,
-  ): Promise<MeshCallHandle> {
+  ): MeshCallId {
+    const key = meta[META_IDEMPOTENCY_KEY];
+    return this.mesh.callId(scope.principal.tenant, {
+      credential: scope.principal.credential,
+      ...(typeof key === "string" ? { idempotencyKey: key } : {}),
+      ...(sync && scope.mcpSession !== undefined
+        ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
+        : {}),
+    });
+  }
+
+  #submit(
+    request: CallToolRequest,
+    ctx: ServerContext,
+    scope: RequestScope,
+    meta: Record<string, unknown>,
+    id: MeshCallId,
+    options: {
+      sync: boolean;
+      arguments?: Record<string, unknown>;
+      onApproval?: (event: ApprovalRequiredEvent) => void;
+    },
+  ): MeshCallHandle {
+    const { sync, onApproval } = options;
     const { tenant } = scope.principal;
     const name = this.mesh.meshName(request.params.name, scope.names);
-    const key = meta[META_IDEMPOTENCY_KEY];
     const timeoutMs = meta[META_TIMEOUT_MS] as number | undefined;
-    const id =
-      resumed?.id ??
-      this.mesh.callId(tenant, {
-        credential: scope.principal.credential,
-        ...(typeof key === "string" ? { idempotencyKey: key } : {}),
-        ...(sync && scope.mcpSession !== undefined
-          ? { mcpSession: scope.mcpSession, requestId: clientRequestId(ctx) }
-          : {}),
-      });
-    if (resumed === undefined) await this.mesh.delegate(id, name, scope.principal);
     const progressToken = sync
       ? (meta.progressToken ?? ctx.mcpReq._meta?.progressToken)
       : undefined;
@@ -451,7 +511,7 @@ class MeshCalls {
     const started = performance.now();
     const handle = this.mesh.submit(tenant, id, {
       name,
-      arguments: resumed?.arguments ?? request.params.arguments ?? {},
+      arguments: options.arguments ?? request.params.arguments ?? {},
       ...(scope.agent === undefined ? {} : { agent: scope.agent }),
       ...(scope.principal.identity === undefined ? {} : { identity: scope.principal.identity }),
       ...(timeoutMs === undefined ? {} : { timeoutMs }),

@@ -16,7 +16,7 @@ import type {
 import { ErrorCode, ToolmeshError, ensureError } from "@toolmesh/protocol";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Principal, ToolNames } from "./auth.js";
-import type { CallDelegation } from "./delegation.js";
+import type { CallDelegation, ConsentNeeded } from "./delegation.js";
 import { toCallToolResult } from "./results.js";
 import { shownMessage } from "./tool-names.js";
 
@@ -199,10 +199,15 @@ export class MeshView {
 
   /**
    * Obtains what lets the call act later for its caller, before it is submitted: the
-   * delegation grant of a tool declaring `token-exchange` credentials (ADR 0063).
+   * delegation grant of a tool declaring `token-exchange` credentials (ADR 0063). Answers what
+   * the caller must consent to when the authorization server refused the exchange.
    */
-  async delegate(id: MeshCallId, name: string, principal: Principal): Promise<void> {
-    await this.#o.delegation?.prepare(id.id, this.#o.registry.get(name)?.definition, principal);
+  async delegate(
+    id: MeshCallId,
+    name: string,
+    principal: Principal,
+  ): Promise<ConsentNeeded | undefined> {
+    return this.#o.delegation?.prepare(id.id, this.#o.registry.get(name)?.definition, principal);
   }
 
   /**

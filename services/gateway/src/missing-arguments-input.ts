@@ -32,6 +32,7 @@ type FieldSchema = Record<string, unknown>;
  */
 export class MissingArgumentsInput implements InputRequestSource {
   readonly kind = "m";
+  readonly mode = "form";
 
   /** @param stored whether the mesh holds a record of the call (it then no longer waits). */
   constructor(private readonly stored: (tenant: string, callId: string) => Promise<boolean>) {}
