@@ -132,8 +132,13 @@ async function modernCall(
 
 type Wire = { result?: Record<string, unknown> };
 
-/** One raw 2026-07-28 `tools/call` of a client that takes URL-mode elicitation. */
-async function rawCall(token: string, tool: string, retry: Record<string, unknown> = {}) {
+/** One raw 2026-07-28 request of a client that takes URL-mode elicitation. */
+async function rawRequest(
+  token: string,
+  method: string,
+  params: Record<string, unknown>,
+): Promise<Record<string, unknown>> {
+  const name = params.name ?? params.taskId;
   const response = await fetch(gateway.url, {
     method: "POST",
     headers: {
@@ -141,17 +146,15 @@ async function rawCall(token: string, tool: string, retry: Record<string, unknow
       accept: "application/json, text/event-stream",
       "content-type": "application/json",
       "mcp-protocol-version": MODERN,
-      "mcp-method": "tools/call",
-      "mcp-name": tool,
+      "mcp-method": method,
+      ...(typeof name === "string" ? { "mcp-name": name } : {}),
     },
     body: JSON.stringify({
       jsonrpc: "2.0",
       id: 1,
-      method: "tools/call",
+      method,
       params: {
-        name: tool,
-        arguments: {},
-        ...retry,
+        ...params,
         _meta: {
           "io.modelcontextprotocol/protocolVersion": MODERN,
           "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
@@ -161,6 +164,11 @@ async function rawCall(token: string, tool: string, retry: Record<string, unknow
     }),
   });
   return ((await response.json()) as Wire).result ?? {};
+}
+
+/** A raw `tools/call` of `tool` with no arguments; `extra` adds to its parameters. */
+function rawCall(token: string, tool: string, extra: Record<string, unknown> = {}) {
+  return rawRequest(token, "tools/call", { name: tool, arguments: {}, ...extra });
 }
 
 /** The calls the mesh holds a record of for tenant acme. */
@@ -378,6 +386,33 @@ describe("delegated credentials by token exchange", () => {
     expect(replayed).toMatchObject({
       isError: true,
       structuredContent: { code: "invalid_request", details: { request_state: "used" } },
+    });
+  });
+
+  it("asks before creating a task, and the retry creates the task, which runs as the caller", async () => {
+    const token = await login("mallory");
+    const task = { ttl: 60_000 };
+    const asked = await rawCall(token, "whoami", { task });
+    expect(asked).toMatchObject({
+      resultType: "input_required",
+      inputRequests: { consent: { method: "elicitation/create", params: { mode: "url" } } },
+    });
+    await admin("consent", { sub: "mallory", audience: API_AUDIENCE });
+    const created = await rawCall(token, "whoami", {
+      task,
+      requestState: asked.requestState,
+      inputResponses: { consent: { action: "accept" } },
+    });
+    expect(created).toMatchObject({ resultType: "task", task: { status: "working" } });
+    const taskId = (created.task as { taskId: string }).taskId;
+    const done = await eventually("the task completed", async () => {
+      const got = await rawRequest(token, "tasks/get", { taskId });
+      return got.status === "completed" ? got : undefined;
+    });
+    const result = done.result as { content: { text: string }[] };
+    expect(JSON.parse(result.content[0]?.text ?? "")).toEqual({
+      sub: "mallory",
+      aud: API_AUDIENCE,
     });
   });
 

@@ -323,19 +323,31 @@ class MeshCalls {
     private readonly input: InputRequired,
   ) {}
 
-  /** A task-augmented call: answered with its task once the mesh stored the call. */
+  /**
+   * A task-augmented call: answered with its task once the mesh stored the call, or, before it
+   * is submitted, with `input_required` when its caller must first authorize the tool (the
+   * retry carrying the answer creates the task).
+   */
   async startTask(request: CallToolRequest, ctx: ServerContext): Promise<Result> {
     const scope = scopeOf(ctx);
     const meta = (request.params._meta ?? {}) as Record<string, unknown>;
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
+    let resumed: Resumed | undefined;
+    try {
+      resumed = await this.#resumeIfAnswered(request, ctx);
+    } catch (err) {
+      return errorResult(asError(err).toWire());
+    }
     let handle: MeshCallHandle;
     try {
-      const id = this.#callIdOf(ctx, scope, meta, false);
-      // A task's caller is not asked for consent: without it the task fails credential_required.
-      const name = this.mesh.meshName(request.params.name, scope.names);
-      await this.mesh.delegate(id, name, scope.principal);
-      handle = this.#submit(request, ctx, scope, meta, id, { sync: false });
+      const id = resumed?.id ?? this.#callIdOf(ctx, scope, meta, false);
+      const args = resumed?.arguments ?? request.params.arguments ?? {};
+      if (resumed?.submitted !== true) {
+        const asked = await this.#delegate(request, ctx, scope, id, args);
+        if (asked !== undefined) return asked;
+      }
+      handle = this.#submit(request, ctx, scope, meta, id, { sync: false, arguments: args });
     } catch (err) {
       throw asProtocolError(err);
     }
@@ -358,13 +370,10 @@ class MeshCalls {
     const invalid = checkMeta(meta);
     if (invalid !== undefined) return errorResult(invalid.toWire());
     let resumed: Resumed | undefined;
-    const state = ctx.mcpReq.envelope === undefined ? undefined : ctx.mcpReq.requestState<string>();
-    if (typeof state === "string") {
-      try {
-        resumed = await this.#resume(request, ctx, state);
-      } catch (err) {
-        return errorResult(asError(err).toWire());
-      }
+    try {
+      resumed = await this.#resumeIfAnswered(request, ctx);
+    } catch (err) {
+      return errorResult(asError(err).toWire());
     }
     // A call that waits for its caller is asked of a client that can answer; others wait on.
     let onApproval: ((event: ApprovalRequiredEvent) => void) | undefined;
@@ -451,6 +460,18 @@ class MeshCalls {
       arguments: args,
       consent,
     });
+  }
+
+  /**
+   * For a retry carrying `requestState` (2026-07-28), the call it names and the arguments its
+   * answer gives it; undefined for a request that answers nothing. Throws the state's refusal.
+   */
+  async #resumeIfAnswered(
+    request: CallToolRequest,
+    ctx: ServerContext,
+  ): Promise<Resumed | undefined> {
+    const state = ctx.mcpReq.envelope === undefined ? undefined : ctx.mcpReq.requestState<string>();
+    return typeof state === "string" ? this.#resume(request, ctx, state) : undefined;
   }
 
   /** The call a retry's `requestState` names and the arguments its answer gives it. */
