@@ -16,7 +16,7 @@ import { exchange, startAuthServer } from "./helpers/auth-server.js";
 import type { AuthServer } from "./helpers/auth-server.js";
 import { runCli } from "./helpers/cli.js";
 import { eventually } from "./helpers/eventually.js";
-import { gatewayAgents, mcpClient, startGateway } from "./helpers/gateway.js";
+import { gatewayAgents, mcpClient, modernPost, startGateway } from "./helpers/gateway.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -108,7 +108,7 @@ const MODERN = "2026-07-28";
 async function modernCall(
   token: string,
   tool: string,
-  capability: Record<string, unknown>,
+  capability: { form?: Record<string, never>; url?: Record<string, never> },
   onAsk: (params: { mode?: string; url?: string; message: string }) => Promise<string>,
 ): Promise<CallToolResult> {
   const c = new Client(
@@ -138,30 +138,8 @@ async function rawRequest(
   method: string,
   params: Record<string, unknown>,
 ): Promise<Record<string, unknown>> {
-  const name = params.name ?? params.taskId;
-  const response = await fetch(gateway.url, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${token}`,
-      accept: "application/json, text/event-stream",
-      "content-type": "application/json",
-      "mcp-protocol-version": MODERN,
-      "mcp-method": method,
-      ...(typeof name === "string" ? { "mcp-name": name } : {}),
-    },
-    body: JSON.stringify({
-      jsonrpc: "2.0",
-      id: 1,
-      method,
-      params: {
-        ...params,
-        _meta: {
-          "io.modelcontextprotocol/protocolVersion": MODERN,
-          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
-          "io.modelcontextprotocol/clientCapabilities": { elicitation: { url: {} } },
-        },
-      },
-    }),
+  const response = await modernPost(gateway.url, token, method, params, {
+    elicitation: { url: {} },
   });
   return ((await response.json()) as Wire).result ?? {};
 }

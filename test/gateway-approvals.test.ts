@@ -14,6 +14,7 @@ import {
   gatewayAgents,
   gatewayTools,
   mcpClient,
+  modernPost,
   startGateway,
   tallies,
   writeKeysFile,
@@ -76,31 +77,7 @@ async function modern(
   method: string,
   params: Record<string, unknown>,
 ): Promise<Wire> {
-  const named = params.name ?? params.taskId;
-  const response = await fetch(url, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${key}`,
-      accept: "application/json, text/event-stream",
-      "content-type": "application/json",
-      "mcp-protocol-version": MODERN,
-      "mcp-method": method,
-      ...(typeof named === "string" ? { "mcp-name": named } : {}),
-    },
-    body: JSON.stringify({
-      jsonrpc: "2.0",
-      id: 1,
-      method,
-      params: {
-        ...params,
-        _meta: {
-          "io.modelcontextprotocol/protocolVersion": MODERN,
-          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
-          "io.modelcontextprotocol/clientCapabilities": { elicitation: { form: {} } },
-        },
-      },
-    }),
-  });
+  const response = await modernPost(url, key, method, params, { elicitation: { form: {} } });
   return (await response.json()) as Wire;
 }
 

@@ -9,6 +9,7 @@ import {
   KEYS,
   gatewayAgents,
   gatewayTools,
+  modernPost,
   startGateway,
   writeKeysFile,
 } from "./helpers/gateway.js";
@@ -46,32 +47,7 @@ async function modern(
   params: Record<string, unknown>,
   capabilities: Record<string, unknown> = { elicitation: { form: {} } },
 ): Promise<Wire> {
-  const named = params.name ?? params.taskId;
-  const name: Record<string, string> = typeof named === "string" ? { "mcp-name": named } : {};
-  const response = await fetch(url, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${key}`,
-      accept: "application/json, text/event-stream",
-      "content-type": "application/json",
-      "mcp-protocol-version": MODERN,
-      "mcp-method": method,
-      ...name,
-    },
-    body: JSON.stringify({
-      jsonrpc: "2.0",
-      id: 1,
-      method,
-      params: {
-        ...params,
-        _meta: {
-          "io.modelcontextprotocol/protocolVersion": MODERN,
-          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
-          "io.modelcontextprotocol/clientCapabilities": capabilities,
-        },
-      },
-    }),
-  });
+  const response = await modernPost(url, key, method, params, capabilities);
   return (await response.json()) as Wire;
 }
 

@@ -3,6 +3,7 @@ import {
   KEYS,
   gatewayAgents,
   gatewayTools,
+  modernPost,
   startGateway,
   writeKeysFile,
 } from "./helpers/gateway.js";
@@ -19,49 +20,20 @@ import { startRoundRobinProxy } from "./helpers/round-robin-proxy.js";
 const RATE = 10;
 const BURST = 20;
 const MAX_CONCURRENT = 6;
-const MODERN = "2026-07-28";
 
 let server: NatsServerHandle;
 let proxy: RoundRobinProxy;
 
 /** One 2026-07-28 request through the balancer: the HTTP status. */
-async function post(
-  key: string,
-  method: string,
-  params: Record<string, unknown>,
-  headers: Record<string, string> = {},
-): Promise<number> {
-  const response = await fetch(proxy.url, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${key}`,
-      accept: "application/json, text/event-stream",
-      "content-type": "application/json",
-      "mcp-protocol-version": MODERN,
-      "mcp-method": method,
-      ...headers,
-    },
-    body: JSON.stringify({
-      jsonrpc: "2.0",
-      id: 1,
-      method,
-      params: {
-        ...params,
-        _meta: {
-          "io.modelcontextprotocol/protocolVersion": MODERN,
-          "io.modelcontextprotocol/clientInfo": { name: "limits", version: "1" },
-          "io.modelcontextprotocol/clientCapabilities": {},
-        },
-      },
-    }),
-  });
+async function post(key: string, method: string, params: Record<string, unknown>): Promise<number> {
+  const response = await modernPost(proxy.url, key, method, params);
   await response.arrayBuffer();
   return response.status;
 }
 
 /** A tools/call through the balancer: the HTTP status. */
 function call(key: string, name: string, args: Record<string, unknown>): Promise<number> {
-  return post(key, "tools/call", { name, arguments: args }, { "mcp-name": name });
+  return post(key, "tools/call", { name, arguments: args });
 }
 
 beforeAll(async () => {

@@ -139,3 +139,42 @@ export async function mcpClient(
   await client.connect(transport);
   return client;
 }
+
+/**
+ * One MCP 2026-07-28 request on the wire, without an SDK: the envelope in `_meta` (protocol
+ * version, client info, `capabilities`), the `Mcp-Method` header and `Mcp-Name` for a request
+ * naming a tool or task, with a bearer `key`. Answers the HTTP response.
+ */
+export function modernPost(
+  url: string,
+  key: string,
+  method: string,
+  params: Record<string, unknown>,
+  capabilities: Record<string, unknown> = {},
+): Promise<Response> {
+  const named = params.name ?? params.taskId;
+  return fetch(url, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${key}`,
+      accept: "application/json, text/event-stream",
+      "content-type": "application/json",
+      "mcp-protocol-version": "2026-07-28",
+      "mcp-method": method,
+      ...(typeof named === "string" ? { "mcp-name": named } : {}),
+    },
+    body: JSON.stringify({
+      jsonrpc: "2.0",
+      id: 1,
+      method,
+      params: {
+        ...params,
+        _meta: {
+          "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+          "io.modelcontextprotocol/clientInfo": { name: "raw", version: "1" },
+          "io.modelcontextprotocol/clientCapabilities": capabilities,
+        },
+      },
+    }),
+  });
+}
