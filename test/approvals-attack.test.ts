@@ -197,5 +197,6 @@ describe("approvers in their tenants' accounts, attacked", () => {
     expect((await approvalsAs("approver-acme", "acme", "approve", "victim")).code).toBe(1);
     expect(await runs("victim")).toBe(1);
     session.close();
-  });
+    // A dozen CLI processes (a Node start each): minutes on a loaded machine, never a hang.
+  }, 180_000);
 });
