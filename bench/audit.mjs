@@ -11,7 +11,7 @@ import { parseArgs } from "node:util";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { createSubjects } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
-import { closedLoop, round, sequential } from "./lib/measure.mjs";
+import { phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const { values: flags } = parseArgs({
@@ -35,14 +35,15 @@ const results = { off: [], on: [] };
 try {
   for (const side of ["off", "on", "off", "on"]) {
     const mesh = side === "on" ? on : off;
-    const seq = await sequential((p) => mesh.call(p), SEQUENTIAL, payload);
-    const loop = await closedLoop((p) => mesh.call(p), {
-      inFlight: 64,
-      durationMs: LOOP_MS,
-      payload,
-    });
-    log(`${side}: p50 ${round(seq.p50_ms)} ms, ${loop.calls_per_s} calls/s`);
-    results[side].push({ p50_ms: seq.p50_ms, calls_per_s: loop.calls_per_s });
+    results[side].push(
+      await phase((p) => mesh.call(p), {
+        label: side,
+        sequentialCalls: SEQUENTIAL,
+        loopMs: LOOP_MS,
+        payload,
+        log,
+      }),
+    );
   }
   const info = await (
     await jetstreamManager(on.nc)

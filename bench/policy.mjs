@@ -13,7 +13,7 @@
 import { parseArgs } from "node:util";
 import { createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
-import { closedLoop, round, sequential } from "./lib/measure.mjs";
+import { phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const { values: flags } = parseArgs({
@@ -70,14 +70,13 @@ try {
     const measured = {};
     for (const side of order) {
       await apply(side === "policy");
-      const seq = await sequential((p) => mesh.call(p), SEQUENTIAL, payload);
-      const loop = await closedLoop((p) => mesh.call(p), {
-        inFlight: 64,
-        durationMs: LOOP_MS,
+      measured[side] = await phase((p) => mesh.call(p), {
+        label: side,
+        sequentialCalls: SEQUENTIAL,
+        loopMs: LOOP_MS,
         payload,
+        log,
       });
-      log(`${side}: p50 ${round(seq.p50_ms)} ms, ${loop.calls_per_s} calls/s`);
-      measured[side] = { p50_ms: seq.p50_ms, calls_per_s: loop.calls_per_s };
       results[side].push(measured[side]);
     }
     pairRatios.push({

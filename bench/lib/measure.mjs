@@ -176,3 +176,14 @@ export async function openLoop(call, { rate, durationMs, payload, timeoutMs = 10
   await Promise.all(pending);
   return { rate, calls: n, timeouts, errors, ...summarize(h), hist: h };
 }
+
+/**
+ * One phase of a with/without comparison: `sequentialCalls` calls one at a time (their p50),
+ * then a closed loop of 64 in flight for `loopMs` (its throughput); logs both under `label`.
+ */
+export async function phase(call, { label, sequentialCalls, loopMs, payload, log }) {
+  const seq = await sequential(call, sequentialCalls, payload);
+  const loop = await closedLoop(call, { inFlight: 64, durationMs: loopMs, payload });
+  log(`${label}: p50 ${round(seq.p50_ms)} ms, ${loop.calls_per_s} calls/s`);
+  return { p50_ms: seq.p50_ms, calls_per_s: loop.calls_per_s };
+}

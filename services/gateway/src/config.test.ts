@@ -30,7 +30,7 @@ describe("loadGatewayConfig", () => {
     );
   });
 
-  it("takes a consent page's URL with its placeholders, and names a bad one", () => {
+  it("takes a consent page's URL with {audience} and {scope} in it, and names a bad one", () => {
     const template = "https://login.example.com/consent?audience={audience}&scope={scope}";
     const config = loadGatewayConfig({
       TOOLMESH_GATEWAY_ANONYMOUS_TENANT: "dev",
