@@ -185,6 +185,8 @@ describe("PolicyDecider: what partial evaluation leaves decides as the whole set
     `@id("native") permit(principal, action, resource) when { resource.kind == "native" };\n@id("small") permit(principal, action, resource) when { context.args has n && context.args.n < 10 };\n@id("not-big") forbid(principal, action, resource) when { context.args has n && context.args.n > 100 };`,
     // Only permits that read arguments and the resource together, and an unless.
     `@id("svc-text") permit(principal, action, resource) when { resource.owner == "svc" && context.args has text } unless { context.args has n };\n@id("tmp") forbid(principal, action, resource) unless { context has session && context.session like "s-*" };`,
+    // Attributes of the resource and principal read only after an unknown.
+    `@id("then-owner") permit(principal, action, resource) when { context.args has text && resource.owner == "svc" && resource.groups.contains("default") };\n@id("then-fs") forbid(principal, action, resource) when { context.args has n && resource.groups.contains("fs") };`,
     // Permits satisfied whatever the arguments are, no forbid.
     `@id("a") permit(principal, action, resource);\n@id("b") permit(principal == Toolmesh::Tenant::"acme", action, resource) when { resource.groups.contains("fs") };`,
   ];

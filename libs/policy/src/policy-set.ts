@@ -321,8 +321,10 @@ export class CompiledPolicySet {
       );
     }
     // Known entities' attributes are folded into the residual; it needs the entities only when
-    // it still names the principal or the resource.
-    const entities = json.includes('"Var":"principal"') || json.includes('"Var":"resource"');
+    // it still names the principal, the resource or an entity whose attributes it may read.
+    const entities = ['"Var":"principal"', '"Var":"resource"', '"__entity"'].some((name) =>
+      json.includes(name),
+    );
     return { key, permits, entities };
   }
 
