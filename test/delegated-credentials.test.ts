@@ -355,6 +355,12 @@ describe("delegated credentials by token exchange", () => {
       isError: true,
       structuredContent: { code: "invalid_request", details: { request_state: "foreign" } },
     });
+    // A retry that answers something else than the consent request is refused; nothing is submitted.
+    const unanswered = await rawCall(token, "whoami", { requestState, inputResponses: {} });
+    expect(unanswered).toMatchObject({
+      isError: true,
+      structuredContent: { code: "invalid_request" },
+    });
     await admin("consent", { sub: "ivan", audience: API_AUDIENCE });
     const ran = await rawCall(token, "whoami", { requestState, inputResponses });
     expect(ran.isError).toBeFalsy();

@@ -4,6 +4,7 @@ import type { WaitingApproval } from "@toolmesh/call-store";
 import type { ApprovalReply } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { CallAtRest, InputRequestSource, Resumption } from "./input-required.js";
+import { refused } from "./input-required.js";
 
 /** The key of the one form this source asks. */
 const FORM = "confirm";
@@ -68,8 +69,4 @@ export class ApprovalInput implements InputRequestSource {
       };
     return { kind: "resumed" };
   }
-}
-
-function refused(code: ErrorCode, message: string): Resumption {
-  return { kind: "refused", error: new ToolmeshError(code, message) };
 }

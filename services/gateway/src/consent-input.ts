@@ -1,8 +1,9 @@
 import type { InputRequests } from "@modelcontextprotocol/server";
 import { inputRequired, inputResponse } from "@modelcontextprotocol/server";
-import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { ErrorCode } from "@toolmesh/protocol";
 import type { ConsentNeeded } from "./delegation.js";
 import type { CallAtRest, InputRequestSource, Resumption } from "./input-required.js";
+import { refused } from "./input-required.js";
 
 /** The key of the one URL this source asks the caller to visit. */
 const URL_REQUEST = "consent";
@@ -62,8 +63,4 @@ export function consentUrl(template: string, consent: ConsentNeeded): string {
   return template
     .replaceAll("{audience}", encodeURIComponent(consent.audience))
     .replaceAll("{scope}", encodeURIComponent(consent.scopes.join(" ")));
-}
-
-function refused(code: ErrorCode, message: string): Resumption {
-  return { kind: "refused", error: new ToolmeshError(code, message) };
 }

@@ -41,6 +41,11 @@ export type Resumption =
   /** The answer cannot be used: the call is left as it was. */
   | { readonly kind: "refused"; readonly error: ToolmeshError };
 
+/** The answer a source cannot use: the call is left as it was, the retry gets `code`. */
+export function refused(code: ErrorCode, message: string): Resumption {
+  return { kind: "refused", error: new ToolmeshError(code, message) };
+}
+
 /**
  * One reason a mesh call asks its caller for input: given a call, what to ask (if anything);
  * given the caller's answer, what to do. Sources are tried in order; the first that asks wins, and

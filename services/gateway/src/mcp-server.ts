@@ -339,19 +339,14 @@ class MeshCalls {
     } catch (err) {
       return errorResult(asError(err).toWire());
     }
-    let handle: MeshCallHandle;
+    let opened: InputRequiredResult | MeshCallHandle;
     try {
-      const id = resumed?.id ?? this.#callIdOf(ctx, scope, meta, false);
-      const args = resumed?.arguments ?? request.params.arguments ?? {};
-      if (resumed?.submitted !== true) {
-        const asked = await this.#delegate(request, ctx, scope, id, args);
-        if (asked !== undefined) return asked;
-      }
-      handle = this.#submit(request, ctx, scope, meta, id, { sync: false, arguments: args });
+      opened = await this.#open(request, ctx, scope, meta, resumed, { sync: false });
     } catch (err) {
       throw asProtocolError(err);
     }
-    const { task } = await this.#created(scope, handle);
+    if ("resultType" in opened) return opened;
+    const { task } = await this.#created(scope, opened);
     // The 2026-07-28 extension marks the answer as a task; 2025-11-25 has `{ task }` alone.
     return ctx.mcpReq.envelope === undefined ? { task } : { resultType: "task", task };
   }
@@ -382,20 +377,15 @@ class MeshCalls {
         if (event.mode === "caller") resolve({ waiting: waitingOf(event) });
       };
     });
-    const args = resumed?.arguments ?? request.params.arguments ?? {};
     let handle: MeshCallHandle;
     try {
-      const id = resumed?.id ?? this.#callIdOf(ctx, scope, meta, true);
-      if (resumed?.submitted !== true) {
-        const asked = await this.#delegate(request, ctx, scope, id, args);
-        // Nothing submitted yet: the retry carrying the answer submits the call.
-        if (asked !== undefined) return asked;
-      }
-      handle = this.#submit(request, ctx, scope, meta, id, {
+      const opened = await this.#open(request, ctx, scope, meta, resumed, {
         sync: true,
-        arguments: args,
         ...(onApproval === undefined ? {} : { onApproval }),
       });
+      // Nothing submitted yet: the retry carrying the answer submits the call.
+      if ("resultType" in opened) return opened;
+      handle = opened;
     } catch (err) {
       return errorResult(asError(err).toWire());
     }
@@ -415,7 +405,7 @@ class MeshCalls {
         callId: handle.callId,
         tenant,
         tool: request.params.name,
-        arguments: args,
+        arguments: resumed?.arguments ?? request.params.arguments ?? {},
       };
       const first = await Promise.race([
         handle.result.then((message): { message: ToolMessage } => ({ message })),
@@ -436,6 +426,28 @@ class MeshCalls {
       ctx.mcpReq.signal.removeEventListener("abort", onAbort);
       if (served !== undefined) this.mesh.served.delete(served);
     }
+  }
+
+  /**
+   * Submits a new call, or the call a retry resumed: under the id it names or one made for it,
+   * with its delegation obtained first unless it was submitted before. Answers `input_required`
+   * instead when the caller must first authorize the tool (nothing is submitted then).
+   */
+  async #open(
+    request: CallToolRequest,
+    ctx: ServerContext,
+    scope: RequestScope,
+    meta: Record<string, unknown>,
+    resumed: Resumed | undefined,
+    options: { sync: boolean; onApproval?: (event: ApprovalRequiredEvent) => void },
+  ): Promise<InputRequiredResult | MeshCallHandle> {
+    const id = resumed?.id ?? this.#callIdOf(ctx, scope, meta, options.sync);
+    const args = resumed?.arguments ?? request.params.arguments ?? {};
+    if (resumed?.submitted !== true) {
+      const asked = await this.#delegate(request, ctx, scope, id, args);
+      if (asked !== undefined) return asked;
+    }
+    return this.#submit(request, ctx, scope, meta, id, { ...options, arguments: args });
   }
 
   /**

@@ -1,7 +1,8 @@
 import type { InputRequests } from "@modelcontextprotocol/server";
 import { inputRequired, inputResponse } from "@modelcontextprotocol/server";
-import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { ErrorCode } from "@toolmesh/protocol";
 import type { CallAtRest, InputRequestSource, Resumption } from "./input-required.js";
+import { refused } from "./input-required.js";
 
 /** The key of the one form this source asks. */
 const FORM = "arguments";
@@ -91,8 +92,4 @@ function missingFields(call: CallAtRest): Record<string, FieldSchema> | undefine
     );
   }
   return missing.length === 0 ? undefined : fields;
-}
-
-function refused(code: ErrorCode, message: string): Resumption {
-  return { kind: "refused", error: new ToolmeshError(code, message) };
 }
