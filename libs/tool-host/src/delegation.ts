@@ -26,30 +26,45 @@ export interface Delegation {
   scopes: readonly string[];
 }
 
-/** A cached access token as sealed: the token and when it expires (ms since the epoch). */
+/** A cached access token as sealed: the token and when it expires (server clock, epoch ms). */
 const CachedTokenSchema = z.strictObject({ t: z.string(), exp: z.number() });
 
 /** A cached token is used while it has this long left. */
 const EXPIRY_MARGIN_MS = 30_000;
+
+/** The clock cached tokens expire on: the server's, as every replica estimates it. */
+export interface ExpiryClock {
+  now(): number;
+}
 
 /**
  * The delegated credentials of `token-exchange` tools, in the bucket of users' secrets of the
  * executor's account: each call's delegation grant (a refresh token the gateway obtained when
  * the call was submitted, deposited here and sealed), and access tokens per user and audience,
  * sealed and shared by the replicas until they expire. When a call runs, its grant buys a
- * fresh access token from the authorization server; when it ends, the grant is purged.
+ * fresh access token from the authorization server; when it ends, the grant is purged. A cached
+ * token's expiry is written and read on the server's clock, so replicas whose hosts' clocks
+ * disagree neither use a token past its end nor buy a fresh one early.
  */
 export class DelegatedCredentials {
   readonly #kv: KV;
   readonly #box: SecretBox;
   readonly #subjects: Subjects;
   readonly #endpoint: TokenEndpoint;
+  readonly #clock: ExpiryClock;
 
-  private constructor(kv: KV, box: SecretBox, subjects: Subjects, endpoint: TokenEndpoint) {
+  private constructor(
+    kv: KV,
+    box: SecretBox,
+    subjects: Subjects,
+    endpoint: TokenEndpoint,
+    clock: ExpiryClock,
+  ) {
     this.#kv = kv;
     this.#box = box;
     this.#subjects = subjects;
     this.#endpoint = endpoint;
+    this.#clock = clock;
   }
 
   /** Opens the bucket of users' secrets (made by `toolmesh setup` or the owner's operator). */
@@ -58,9 +73,10 @@ export class DelegatedCredentials {
     subjects: Subjects,
     box: SecretBox,
     endpoint: TokenEndpoint,
+    clock: ExpiryClock,
   ): Promise<DelegatedCredentials> {
     const kv = await new Kvm(nc).open(subjects.userSecretsBucket);
-    return new DelegatedCredentials(kv, box, subjects, endpoint);
+    return new DelegatedCredentials(kv, box, subjects, endpoint, clock);
   }
 
   /**
@@ -133,7 +149,7 @@ export class DelegatedCredentials {
         this.#box.seal(res.refresh_token, grantBinding(grantKey, identity)),
       );
     if (res.expires_in !== undefined) {
-      const exp = Date.now() + res.expires_in * 1000;
+      const exp = this.#clock.now() + res.expires_in * 1000;
       await this.#kv.put(
         cacheKey,
         this.#box.seal(JSON.stringify({ t: res.access_token, exp }), cacheKey),
@@ -167,7 +183,8 @@ export class DelegatedCredentials {
     const sealed = await this.#open(key, key);
     if (sealed === undefined) return undefined;
     const parsed = CachedTokenSchema.safeParse(JSON.parse(sealed));
-    if (!parsed.success || parsed.data.exp - EXPIRY_MARGIN_MS <= Date.now()) return undefined;
+    if (!parsed.success || parsed.data.exp - EXPIRY_MARGIN_MS <= this.#clock.now())
+      return undefined;
     return parsed.data.t;
   }
 }

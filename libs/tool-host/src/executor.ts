@@ -3,6 +3,7 @@ import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { UserSecretStore } from "./user-secrets.js";
 import type { SecretBox } from "./user-secrets.js";
 import { DelegatedCredentials } from "./delegation.js";
+import type { ExpiryClock } from "./delegation.js";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import pRetry from "p-retry";
@@ -192,7 +193,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     shutdown: new AbortController(),
     freshWork: new FreshWork(),
     userSecrets: await userSecretsFor(options),
-    delegated: await delegatedFor(options),
+    delegated: await delegatedFor(options, plane.clock),
   };
   const deposits = deps.delegated?.serveDeposits(nc, options.ownerAccount, log);
   const { running } = deps;
@@ -513,7 +514,10 @@ async function userSecretsFor(options: ExecutorOptions): Promise<UserSecretStore
 }
 
 /** Delegated credentials when a tool acts with a token exchange. */
-async function delegatedFor(options: ExecutorOptions): Promise<DelegatedCredentials | undefined> {
+async function delegatedFor(
+  options: ExecutorOptions,
+  clock: ExpiryClock,
+): Promise<DelegatedCredentials | undefined> {
   if (!options.tools.some((t) => t.credentials?.type === "token-exchange")) return undefined;
   if (options.secretBox === undefined || options.tokenEndpoint === undefined)
     throw new Error(
@@ -524,5 +528,6 @@ async function delegatedFor(options: ExecutorOptions): Promise<DelegatedCredenti
     options.subjects,
     options.secretBox,
     options.tokenEndpoint,
+    clock,
   );
 }
