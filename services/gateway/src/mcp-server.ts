@@ -315,6 +315,13 @@ interface Resumed {
   submitted: boolean;
 }
 
+/** What a `tools/call` starts from: its scope, its `_meta`, and the call a retry resumes. */
+interface Begun {
+  scope: RequestScope;
+  meta: Record<string, unknown>;
+  resumed: Resumed | undefined;
+}
+
 /** `tools/call` on the mesh: a synchronous call, or a task-augmented one answered with its task. */
 class MeshCalls {
   constructor(
@@ -329,16 +336,9 @@ class MeshCalls {
    * retry carrying the answer creates the task).
    */
   async startTask(request: CallToolRequest, ctx: ServerContext): Promise<Result> {
-    const scope = scopeOf(ctx);
-    const meta = (request.params._meta ?? {}) as Record<string, unknown>;
-    const invalid = checkMeta(meta);
-    if (invalid !== undefined) return errorResult(invalid.toWire());
-    let resumed: Resumed | undefined;
-    try {
-      resumed = await this.#resumeIfAnswered(request, ctx);
-    } catch (err) {
-      return errorResult(asError(err).toWire());
-    }
+    const begun = await this.#begin(request, ctx);
+    if ("refused" in begun) return begun.refused;
+    const { scope, meta, resumed } = begun;
     let opened: InputRequiredResult | MeshCallHandle;
     try {
       opened = await this.#open(request, ctx, scope, meta, resumed, { sync: false });
@@ -360,16 +360,9 @@ class MeshCalls {
     request: CallToolRequest,
     ctx: ServerContext,
   ): Promise<CallToolResult | InputRequiredResult> {
-    const scope = scopeOf(ctx);
-    const meta = (request.params._meta ?? {}) as Record<string, unknown>;
-    const invalid = checkMeta(meta);
-    if (invalid !== undefined) return errorResult(invalid.toWire());
-    let resumed: Resumed | undefined;
-    try {
-      resumed = await this.#resumeIfAnswered(request, ctx);
-    } catch (err) {
-      return errorResult(asError(err).toWire());
-    }
+    const begun = await this.#begin(request, ctx);
+    if ("refused" in begun) return begun.refused;
+    const { scope, meta, resumed } = begun;
     // A call that waits for its caller is asked of a client that can answer; others wait on.
     let onApproval: ((event: ApprovalRequiredEvent) => void) | undefined;
     const waits = new Promise<{ waiting: WaitingApproval }>((resolve) => {
@@ -475,15 +468,25 @@ class MeshCalls {
   }
 
   /**
-   * For a retry carrying `requestState` (2026-07-28), the call it names and the arguments its
-   * answer gives it; undefined for a request that answers nothing. Throws the state's refusal.
+   * What every `tools/call` reads first: its scope, its checked `_meta` and, for a retry
+   * carrying `requestState` (2026-07-28), the call it names and the arguments its answer gives
+   * it. An invalid `_meta` or a refused state is the error to answer with.
    */
-  async #resumeIfAnswered(
+  async #begin(
     request: CallToolRequest,
     ctx: ServerContext,
-  ): Promise<Resumed | undefined> {
+  ): Promise<Begun | { refused: CallToolResult }> {
+    const scope = scopeOf(ctx);
+    const meta = (request.params._meta ?? {}) as Record<string, unknown>;
+    const invalid = checkMeta(meta);
+    if (invalid !== undefined) return { refused: errorResult(invalid.toWire()) };
     const state = ctx.mcpReq.envelope === undefined ? undefined : ctx.mcpReq.requestState<string>();
-    return typeof state === "string" ? this.#resume(request, ctx, state) : undefined;
+    if (typeof state !== "string") return { scope, meta, resumed: undefined };
+    try {
+      return { scope, meta, resumed: await this.#resume(request, ctx, state) };
+    } catch (err) {
+      return { refused: errorResult(asError(err).toWire()) };
+    }
   }
 
   /** The call a retry's `requestState` names and the arguments its answer gives it. */
