@@ -4,7 +4,7 @@ import type { KV } from "@nats-io/kv";
 import type { Logger } from "@toolmesh/telemetry";
 import { z } from "zod";
 import { serveRequests } from "@toolmesh/nats";
-import type { RequestServer } from "@toolmesh/nats";
+import type { RequestServer, ServerClock } from "@toolmesh/nats";
 import {
   DelegationDepositSchema,
   ErrorCode,
@@ -33,9 +33,7 @@ const CachedTokenSchema = z.strictObject({ t: z.string(), exp: z.number() });
 const EXPIRY_MARGIN_MS = 30_000;
 
 /** The clock cached tokens expire on: the server's, as every replica estimates it. */
-export interface ExpiryClock {
-  now(): number;
-}
+type ExpiryClock = Pick<ServerClock, "now">;
 
 /**
  * The delegated credentials of `token-exchange` tools, in the bucket of users' secrets of the

@@ -3,7 +3,6 @@ import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { UserSecretStore } from "./user-secrets.js";
 import type { SecretBox } from "./user-secrets.js";
 import { DelegatedCredentials } from "./delegation.js";
-import type { ExpiryClock } from "./delegation.js";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import pRetry from "p-retry";
@@ -516,7 +515,7 @@ async function userSecretsFor(options: ExecutorOptions): Promise<UserSecretStore
 /** Delegated credentials when a tool acts with a token exchange. */
 async function delegatedFor(
   options: ExecutorOptions,
-  clock: ExpiryClock,
+  clock: CallPlane["clock"],
 ): Promise<DelegatedCredentials | undefined> {
   if (!options.tools.some((t) => t.credentials?.type === "token-exchange")) return undefined;
   if (options.secretBox === undefined || options.tokenEndpoint === undefined)
