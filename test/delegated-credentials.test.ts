@@ -20,6 +20,8 @@ import { gatewayAgents, mcpClient, modernPost, startGateway } from "./helpers/ga
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
+import { startTestMcpServer } from "./helpers/mcp-test-server.js";
+import type { TestMcpServer } from "./helpers/mcp-test-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
 // Tools that act as their caller with a token the authorization server issues for the tool's
@@ -160,6 +162,8 @@ async function recordCount(): Promise<number> {
 /** The services' environment without the token endpoint and keys; the executors' with them. */
 let baseEnv: Record<string, string>;
 let executorEnv: Record<string, string>;
+let bridgeEnv: Record<string, string>;
+let mcpServer: TestMcpServer;
 
 beforeAll(async () => {
   server = await startNatsServer();
@@ -191,6 +195,14 @@ beforeAll(async () => {
     join(native, "whoami_http.yaml"),
     `name: whoami_http\ndescription: The caller, as the API sees them.\napi_url: ${api}\ncredentials:\n  type: token-exchange\n  audience: ${API_AUDIENCE}\n`,
   );
+  // An MCP server over HTTP whose tool asks the API who the caller is, with the Authorization
+  // its tools/call request came with; the bridge sends a token issued for each caller.
+  mcpServer = await startTestMcpServer("--http", { MCP_TEST_CALLER_API: api });
+  const mcp = await mkdtemp(join(tmpdir(), "toolmesh-delegation-mcp-"));
+  await writeFile(
+    join(mcp, "api.yaml"),
+    `name: api\ntransport: http\nurl: ${mcpServer.url}\ncredentials:\n  type: token-exchange\n  audience: ${API_AUDIENCE}\n  scopes: [api:read]\n`,
+  );
   const token = {
     TOOLMESH_TOKEN_URL: `${as.url}/token`,
     TOOLMESH_TOKEN_CLIENT_ID: "toolmesh",
@@ -203,10 +215,13 @@ beforeAll(async () => {
     TOOLMESH_CONFIG_DIR: await gatewayAgents(),
   });
   executorEnv = { ...env, ...token, TOOLMESH_SECRET_KEYS: KEYS };
+  bridgeEnv = { ...executorEnv, TOOLMESH_MCP_DIR: mcp };
   services = await Promise.all([
     startService("resolver", env, 60_000),
     startService("executor", executorEnv, 60_000),
+    startService("mcp-bridge", bridgeEnv, 60_000),
   ]);
+  await toolAvailable(services[0] as ServiceProcess, "api.caller");
   await toolAvailable(services[0] as ServiceProcess, "whoami");
   await toolAvailable(services[0] as ServiceProcess, "whoami_http");
   await toolAvailable(services[0] as ServiceProcess, "whoami_held");
@@ -230,6 +245,7 @@ afterAll(async () => {
   for (const close of afterAllClose) await close();
   await nc?.close();
   as?.process.kill();
+  mcpServer?.child.kill();
   await server?.stop();
 });
 
@@ -240,6 +256,9 @@ describe("delegated credentials by token exchange", () => {
     await expect(
       startService("executor", { ...baseEnv, TOOLMESH_SECRET_KEYS: KEYS }, 30_000),
     ).rejects.toThrow(what);
+    // A bridge whose MCP server's tools act as their caller, alike.
+    const bridge = { ...baseEnv, TOOLMESH_MCP_DIR: bridgeEnv.TOOLMESH_MCP_DIR ?? "" };
+    await expect(startService("mcp-bridge", bridge, 30_000)).rejects.toThrow(what);
   });
 
   it("gives each caller a token of their own: the API sees two subjects", async () => {
@@ -256,6 +275,24 @@ describe("delegated credentials by token exchange", () => {
       sub: "bob",
       aud: API_AUDIENCE,
     });
+  });
+
+  it("sends a bridged MCP server each caller's own token on their tools/call, over one session", async () => {
+    const [a, b] = await Promise.all([
+      login("alice").then((t) => call(t, "api.caller")),
+      login("bob").then((t) => call(t, "api.caller")),
+    ]);
+    expect([a.isError, b.isError]).toEqual([false, false]);
+    expect([JSON.parse(a.text), JSON.parse(b.text)]).toEqual([
+      { sub: "alice", aud: API_AUDIENCE },
+      { sub: "bob", aud: API_AUDIENCE },
+    ]);
+    // A caller without consent for the API: credential_required, and the server is not called.
+    const { apiSaw: before } = await admin<{ apiSaw: string[] }>("issued");
+    const never = await call(await login("ivan"), "api.caller");
+    expect(never.isError).toBe(true);
+    expect(never.text).toContain('no delegation of user "ivan"');
+    expect((await admin<{ apiSaw: string[] }>("issued")).apiSaw.length).toBe(before.length);
   });
 
   it("runs a call approved two hours later with a fresh token, the caller's own long expired", async () => {
@@ -290,9 +327,11 @@ describe("delegated credentials by token exchange", () => {
     const codes: string[] = [];
     for await (const key of await kv.keys("acme.>")) {
       const record = (await kv.get(key))?.json<{
+        tool: string;
         result?: { error?: { code: string }; attempts?: number; content: string };
       }>();
-      if (record?.result?.error !== undefined && record.result.attempts === 1)
+      if (!record?.tool.startsWith("whoami")) continue;
+      if (record.result?.error !== undefined && record.result.attempts === 1)
         codes.push(record.result.error.code);
     }
     expect(codes).toEqual([ErrorCode.CredentialRequired, ErrorCode.CredentialRequired]);

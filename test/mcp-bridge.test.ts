@@ -20,6 +20,8 @@ import { ToolRegistry } from "@toolmesh/registry";
 import { runCli } from "./helpers/cli.js";
 import { killAllServices, startService, toolAvailable, toolKnown } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { startTestMcpServer } from "./helpers/mcp-test-server.js";
+import type { TestMcpServer as RemoteServer } from "./helpers/mcp-test-server.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { freePort } from "@toolmesh/nats-launcher";
@@ -60,26 +62,13 @@ let nc: NatsConnection;
 let client: ToolmeshClient;
 let registry: ToolRegistry;
 
-/** A test server in HTTP or SSE mode, its own process. */
-interface RemoteServer {
-  url: string;
-  child: ChildProcess;
-}
-
-async function startRemote(
+/** A test server in HTTP or SSE mode, its own process, recording to the records file. */
+function startRemote(
   mode: "--http" | "--sse",
   extraEnv: Record<string, string>,
   port = 0,
 ): Promise<RemoteServer> {
-  const child = spawn(process.execPath, [TEST_SERVER, mode, "--port", String(port)], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", MCP_TEST_RECORD: records, ...extraEnv },
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const lines = createInterface({ input: child.stdout });
-  const [line] = (await once(lines, "line")) as [string];
-  lines.close();
-  return { url: (JSON.parse(line) as { listening: string }).listening, child };
+  return startTestMcpServer(mode, { MCP_TEST_RECORD: records, ...extraEnv }, port);
 }
 
 /** Stops a remote test server and starts it again on the same port, as a restart. */

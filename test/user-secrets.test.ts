@@ -16,6 +16,8 @@ import { runCliWithInput, runCli } from "./helpers/cli.js";
 import { gatewayAgents, mcpClient, startGateway } from "./helpers/gateway.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
+import { startTestMcpServer } from "./helpers/mcp-test-server.js";
+import type { TestMcpServer } from "./helpers/mcp-test-server.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
@@ -46,6 +48,7 @@ const CRM_TOOL = (url: string) => `export default {
 let server: NatsServerHandle;
 let jwksServer: Server;
 let crm: Server;
+let mcpServer: TestMcpServer;
 let signingKey: CryptoKey;
 let gateway: { url: string; process: ServiceProcess };
 let services: ServiceProcess[];
@@ -143,6 +146,13 @@ beforeAll(async () => {
     join(native, "crm.openapi.yaml"),
     "spec: crm-doc.json\ncredentials:\n  type: user-secret\n",
   );
+  // A bridged MCP server over HTTP whose tool asks the CRM with its request's Authorization.
+  mcpServer = await startTestMcpServer("--http", { MCP_TEST_CALLER_API: crmUrl });
+  const mcp = await mkdtemp(join(tmpdir(), "toolmesh-user-secrets-mcp-"));
+  await writeFile(
+    join(mcp, "crm_mcp.yaml"),
+    `name: crm_mcp\ntransport: http\nurl: ${mcpServer.url}\ncredentials:\n  type: user-secret\n`,
+  );
   const env = {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: tools,
@@ -160,6 +170,11 @@ beforeAll(async () => {
   services = await Promise.all([
     startService("resolver", env, 60_000),
     startService("executor", { ...env, TOOLMESH_SECRET_KEYS: KEYS }, 60_000),
+    startService(
+      "mcp-bridge",
+      { ...env, TOOLMESH_SECRET_KEYS: KEYS, TOOLMESH_MCP_DIR: mcp },
+      60_000,
+    ),
   ]);
   await toolAvailable(services[0] as ServiceProcess, "crm_lookup");
   gateway = await startGateway({
@@ -176,6 +191,7 @@ afterAll(async () => {
   await spy?.close();
   await new Promise((resolve) => jwksServer?.close(resolve));
   await new Promise((resolve) => crm?.close(resolve));
+  mcpServer?.child.kill();
   await server?.stop();
 });
 
@@ -218,6 +234,22 @@ describe("user secrets", () => {
     const bob = await lookup("bob", "crm_http");
     expect(bob.isError).toBe(true);
     expect(bob.text).toContain('no secret of user "bob" for tool "crm_http"');
+  });
+
+  it("sends a bridged MCP server the caller's secret on their tools/call", async () => {
+    await toolAvailable(services[0] as ServiceProcess, "crm_mcp.caller");
+    const before = await lookup("bob", "crm_mcp.caller");
+    expect(before.isError).toBe(true);
+    expect(before.text).toContain('no secret of user "bob" for tool "crm_mcp.caller"');
+    const set = await runCliWithInput(
+      ["secrets", "set", "--tenant", "acme", "--subject", "bob", "--tool", "crm_mcp.caller"],
+      cliEnv,
+      BOB_SECRET,
+    );
+    expect(set.code).toBe(0);
+    expect(JSON.parse((await lookup("bob", "crm_mcp.caller")).text)).toEqual({
+      account_of: "bob",
+    });
   });
 
   it("ends the call with the typed error, not a retry", async () => {

@@ -1,7 +1,6 @@
 import type { AuditTrail } from "@toolmesh/audit";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
-import { UserSecretStore } from "./user-secrets.js";
-import type { SecretBox } from "./user-secrets.js";
+import { SecretBox, UserSecretStore } from "./user-secrets.js";
 import { DelegatedCredentials } from "./delegation.js";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -83,6 +82,11 @@ export interface ExecutorOptions {
    * `credentials` are `token-exchange`; the executor refuses to start with such a tool and none.
    */
   tokenEndpoint?: TokenEndpoint;
+  /**
+   * Credential types of tools added after start (a bridged MCP server's, listed once it is
+   * connected): what they need is opened at start, and refused then when it cannot be.
+   */
+  credentialTypes?: readonly ("user-secret" | "token-exchange")[];
   streamLimits?: StreamLimits;
   /**
    * How long a delivered call stays owned without a sign of life, in ms; heartbeats keep
@@ -502,9 +506,33 @@ async function registerTool(
   return false; // inside the mesh the registry has logged the warning
 }
 
+/**
+ * The keys that seal users' secrets (`TOOLMESH_SECRET_KEYS`) and the token endpoint, as
+ * executor options, from the runtime's configuration.
+ */
+export function credentialSources(config: {
+  secretKeys?: string | undefined;
+  tokenEndpoint?: TokenEndpoint | undefined;
+}): Pick<ExecutorOptions, "secretBox" | "tokenEndpoint"> {
+  return {
+    ...(config.secretKeys === undefined
+      ? {}
+      : { secretBox: SecretBox.fromKeyList(config.secretKeys, "TOOLMESH_SECRET_KEYS") }),
+    ...(config.tokenEndpoint === undefined ? {} : { tokenEndpoint: config.tokenEndpoint }),
+  };
+}
+
+/** Whether a tool of the executor, now or added later, acts with credentials of `type`. */
+function declares(options: ExecutorOptions, type: "user-secret" | "token-exchange"): boolean {
+  return (
+    options.credentialTypes?.includes(type) === true ||
+    options.tools.some((t) => t.credentials?.type === type)
+  );
+}
+
 /** The store of users' secrets when a tool needs them. */
 async function userSecretsFor(options: ExecutorOptions): Promise<UserSecretStore | undefined> {
-  if (!options.tools.some((t) => t.credentials?.type === "user-secret")) return undefined;
+  if (!declares(options, "user-secret")) return undefined;
   if (options.secretBox === undefined)
     throw new Error(
       "a tool declares credentials of type user-secret: set TOOLMESH_SECRET_KEYS to the keys that seal users' secrets",
@@ -517,7 +545,7 @@ async function delegatedFor(
   options: ExecutorOptions,
   clock: CallPlane["clock"],
 ): Promise<DelegatedCredentials | undefined> {
-  if (!options.tools.some((t) => t.credentials?.type === "token-exchange")) return undefined;
+  if (!declares(options, "token-exchange")) return undefined;
   if (options.secretBox === undefined || options.tokenEndpoint === undefined)
     throw new Error(
       "a tool declares credentials of type token-exchange: set TOOLMESH_SECRET_KEYS and TOOLMESH_TOKEN_URL, TOOLMESH_TOKEN_CLIENT_ID, TOOLMESH_TOKEN_CLIENT_SECRET",

@@ -1,5 +1,5 @@
 // --- executor.ts: serves tool modules from their work queues ---
-export { startExecutor } from "./executor.js";
+export { credentialSources, startExecutor } from "./executor.js";
 export type { Executor, ExecutorOptions } from "./executor.js";
 export { ServedTools } from "./served-tools.js";
 export type { SyncLog, ToolSync } from "./served-tools.js";
@@ -19,6 +19,9 @@ export {
   textOf,
 } from "./http-invoke.js";
 export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";
+// --- http-credentials.ts: what a tool reached over HTTP acts with downstream ---
+export { HttpCredentialsSchema, callerScheme, declaredCredentials } from "./http-credentials.js";
+export type { HttpCredentials } from "./http-credentials.js";
 // --- outbound.ts: the guard every outbound HTTP request of a tool goes through ---
 export { outboundFetch, privateAddressCause, trustedHostsOf } from "./outbound.js";
 export type { FetchLike, PrivateAddressAllowance } from "./outbound.js";

@@ -5,7 +5,7 @@ import { Defaults } from "@toolmesh/protocol";
 import type { Runtime } from "@toolmesh/runtime";
 import { meshAuditTrail } from "@toolmesh/runtime";
 import type { Executor } from "@toolmesh/tool-host";
-import { SecretBox, startExecutor } from "@toolmesh/tool-host";
+import { credentialSources, startExecutor } from "@toolmesh/tool-host";
 import { EXECUTOR_SOURCE_KINDS } from "./source-kinds.js";
 import { loadToolSources } from "./tool-source.js";
 
@@ -62,12 +62,9 @@ export async function startExecutorFromRuntime(rt: Runtime): Promise<Executor> {
     maxResultBytes: config.maxResultBytes,
     consumerWaitMs: config.startupTimeoutMs,
     toolkitContext: config.toolkitContext,
-    ...(config.secretKeys === undefined
-      ? {}
-      : { secretBox: SecretBox.fromKeyList(config.secretKeys, "TOOLMESH_SECRET_KEYS") }),
+    ...credentialSources(config),
     ...(config.presetsFile === undefined
       ? {}
       : { presets: await loadPresetsFile(config.presetsFile) }),
-    ...(rt.config.tokenEndpoint === undefined ? {} : { tokenEndpoint: rt.config.tokenEndpoint }),
   });
 }

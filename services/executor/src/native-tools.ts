@@ -14,7 +14,13 @@ import {
 import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
 import type { PrivateAddressAllowance } from "@toolmesh/tool-host";
-import { outboundFetch, trustedHostsOf } from "@toolmesh/tool-host";
+import {
+  HttpCredentialsSchema,
+  callerScheme,
+  declaredCredentials,
+  outboundFetch,
+  trustedHostsOf,
+} from "@toolmesh/tool-host";
 import type { ToolContext, ToolModule } from "@toolmesh/tool-host";
 import type { ToolSourceKind } from "./tool-source.js";
 
@@ -40,44 +46,6 @@ const AuthSchema = z.strictObject({
   header: z.string().regex(HEADER_NAME, "must be an HTTP header name").optional(),
   env: z.string().regex(ENV_NAME, "must be an environment variable name"),
 });
-
-const AuthScheme = z
-  .string()
-  .regex(/^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$/, "must be an HTTP authentication scheme")
-  .default("Bearer");
-
-/**
- * What the tool acts with downstream (ADR 0061): `service` is its `auth`, the same for every
- * caller; `user-secret` sends the calling user's stored secret as the request's
- * `Authorization`, after `scheme` (default `Bearer`); `token-exchange` sends an access token
- * for `audience` issued for the calling user when the call runs.
- */
-export const HttpCredentialsSchema = z.discriminatedUnion("type", [
-  z.strictObject({ type: z.literal("service") }),
-  z.strictObject({ type: z.literal("user-secret"), scheme: AuthScheme }),
-  z.strictObject({
-    type: z.literal("token-exchange"),
-    audience: z.string().min(1),
-    scopes: z.array(z.string().min(1)).default([]),
-    scheme: AuthScheme,
-  }),
-]);
-
-/** The credentials of an HTTP tool file or OpenAPI source, as the tool's definition declares them. */
-export function declaredCredentials(
-  c: z.infer<typeof HttpCredentialsSchema>,
-): NonNullable<ToolModule["credentials"]> {
-  return c.type === "token-exchange"
-    ? { type: c.type, audience: c.audience, scopes: c.scopes }
-    : { type: c.type };
-}
-
-/** The scheme the caller's own credential is sent as `Authorization` with, when it is. */
-export function callerScheme(
-  c: z.infer<typeof HttpCredentialsSchema> | undefined,
-): string | undefined {
-  return c === undefined || c.type === "service" ? undefined : c.scheme;
-}
 
 /**
  * One native tool file (`tools/native/*.yaml`). Field names follow the YAML/wire convention

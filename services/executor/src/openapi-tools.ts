@@ -8,16 +8,17 @@ import type { HttpEndpoint } from "@toolmesh/tool-host";
 import { UrlAllowList, invokeHttp } from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
 import { ToolLoadError } from "./load-tools.js";
-import {
-  HttpCredentialsSchema,
-  callerEndpoint,
-  callerScheme,
-  declaredCredentials,
-  isOpenApiFile,
-} from "./native-tools.js";
+import { callerEndpoint, isOpenApiFile } from "./native-tools.js";
 import type { Credential, OperationPlan, ParamPlan } from "./openapi-request.js";
 import { CredentialStore, buildOperationRequest } from "./openapi-request.js";
-import { outboundFetch, privateAddressCause, trustedHostsOf } from "@toolmesh/tool-host";
+import {
+  HttpCredentialsSchema,
+  callerScheme,
+  declaredCredentials,
+  outboundFetch,
+  privateAddressCause,
+  trustedHostsOf,
+} from "@toolmesh/tool-host";
 import type { ToolModule } from "@toolmesh/tool-host";
 import type { ToolSource, ToolSourceKind, ToolSourceSettings } from "./tool-source.js";
 

@@ -5,6 +5,7 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, it } from "vitest";
 import { Defaults } from "@toolmesh/protocol";
+import { callAuthorization } from "./call-credential.js";
 import {
   McpConfigError,
   loadMcpServers,
@@ -63,6 +64,17 @@ describe("server files", () => {
     });
   });
 
+  it("takes the credentials a server's tools act with, and sends them as the caller's scheme", () => {
+    const server = parseServerFile(
+      "name: x\ntransport: http\nurl: http://h/mcp\ncredentials: { type: user-secret, scheme: Token }\n",
+      "f.yaml",
+    );
+    expect(server.credentials).toEqual({ type: "user-secret", scheme: "Token" });
+    expect(callAuthorization(server, "s3cret")).toBe("Token s3cret");
+    expect(callAuthorization(server, undefined)).toBeUndefined();
+    expect(callAuthorization(parseServerFile(STDIO, "f.yaml"), "s3cret")).toBeUndefined();
+  });
+
   it("applies defaults to stdio servers", () => {
     expect(parseServerFile(STDIO, "f.yaml")).toEqual({
       name: "local",
@@ -96,6 +108,16 @@ describe("server files", () => {
     ["YAML that does not parse", "name: [unclosed\n", "not valid YAML"],
     ["an unknown internal_error policy", `${STDIO}internal_error: sometimes\n`, "internal_error"],
     ["an unknown structured_content form", `${STDIO}structured_content: both\n`, "structured"],
+    [
+      "a stdio server whose tools act as their caller",
+      `${STDIO}credentials: { type: token-exchange, audience: https://api.test/ }\n`,
+      "credentials of type token-exchange need a server over HTTP",
+    ],
+    [
+      "a token exchange without its audience",
+      "name: x\ntransport: http\nurl: http://h/mcp\ncredentials: { type: token-exchange }\n",
+      "audience",
+    ],
   ])("refuses %s, naming the file", (_what, text, problem) => {
     let error: unknown;
     try {

@@ -3,6 +3,7 @@ import { extname, isAbsolute, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
+import { HttpCredentialsSchema } from "@toolmesh/tool-host";
 
 const SERVER_FILE_EXTENSIONS = new Set([".yaml", ".yml", ".json"]);
 
@@ -82,6 +83,12 @@ const common = {
   structured_content: z.enum(["auto", "content", "structured"]).default("auto"),
   /** Serve only tool definitions approved by hash; a changed one waits for approval. */
   pin_tools: z.boolean().default(false),
+  /**
+   * What the server's tools act with (docs/credentials.md): `user-secret` and `token-exchange`
+   * send the calling user's credential as each `tools/call` request's `Authorization`; the
+   * session's other requests keep the configured headers. Over HTTP only.
+   */
+  credentials: HttpCredentialsSchema.optional(),
 };
 
 const StdioServerSchema = z.strictObject({
@@ -138,6 +145,14 @@ export const McpServerConfigSchema = z
         code: "custom",
         path: ["idle_timeout_ms"],
         message: "only a lazy server (lazy: true) is stopped when idle",
+      });
+    }
+    const credentials = server.credentials?.type;
+    if (server.transport === "stdio" && credentials !== undefined && credentials !== "service") {
+      ctx.addIssue({
+        code: "custom",
+        path: ["credentials"],
+        message: `credentials of type ${credentials} need a server over HTTP (transport http or sse): one stdio process serves every caller`,
       });
     }
     if (server.reconnect.max_delay_ms < server.reconnect.initial_delay_ms) {

@@ -13,6 +13,7 @@ import type { FetchLike, ToolContext } from "@toolmesh/tool-host";
 import type { Logger } from "@toolmesh/telemetry";
 import type { McpServerConfig } from "./config.js";
 import { traceToolCall } from "./request-telemetry.js";
+import { callAuthorization, sendingAs, withCallAuthorization } from "./call-credential.js";
 import { remoteHeaders, stdioArgs, stdioEnv } from "./config.js";
 import {
   callError,
@@ -172,26 +173,29 @@ export class ServerConnection {
         const progressToken = `toolmesh-${++this.#progressTokens}`;
         this.#progress.set(progressToken, (progress) => ctx.emit(progress));
         try {
+          const authorization = callAuthorization(this.#config, ctx.credential);
           const result: CallToolResult = await traceToolCall(this.#config.name, tool, (traceMeta) =>
-            client.request(
-              {
-                method: "tools/call",
-                params: {
-                  name: tool,
-                  arguments: args,
-                  _meta: {
-                    ...traceMeta,
-                    progressToken,
-                    [IDEMPOTENCY_META_KEY]: ctx.idempotencyKey,
+            sendingAs(authorization, () =>
+              client.request(
+                {
+                  method: "tools/call",
+                  params: {
+                    name: tool,
+                    arguments: args,
+                    _meta: {
+                      ...traceMeta,
+                      progressToken,
+                      [IDEMPOTENCY_META_KEY]: ctx.idempotencyKey,
+                    },
                   },
                 },
-              },
-              {
-                signal: ctx.signal,
-                // The executor ends the attempt (and aborts the signal) first; this only
-                // keeps the SDK's own 60 s default from cutting long calls short.
-                timeout: Math.max(1_000, ctx.deadlineAt - Date.now() + 5_000),
-              },
+                {
+                  signal: ctx.signal,
+                  // The executor ends the attempt (and aborts the signal) first; this only
+                  // keeps the SDK's own 60 s default from cutting long calls short.
+                  timeout: Math.max(1_000, ctx.deadlineAt - Date.now() + 5_000),
+                },
+              ),
             ),
           );
           if (result.isError === true) throw resultError(result, this.#config.name, tool);
@@ -536,7 +540,7 @@ export function remoteTransport(
   fetch: FetchLike = globalThis.fetch,
 ): Transport {
   const url = new URL(config.url);
-  const options = { requestInit: { headers }, fetch };
+  const options = { requestInit: { headers }, fetch: withCallAuthorization(fetch) };
   return config.transport === "http"
     ? new StreamableHTTPClientTransport(url, options)
     : new SSEClientTransport(url, options);

@@ -2,6 +2,7 @@ import type { Runtime } from "@toolmesh/runtime";
 import type { Bridge } from "./bridge.js";
 import { startBridge } from "./bridge.js";
 import { loadMcpServers } from "./config.js";
+import { credentialSources } from "@toolmesh/tool-host";
 import { observeBridge } from "./observe.js";
 
 /**
@@ -29,6 +30,7 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     maxResultBytes: config.maxResultBytes,
     allowPrivateAddresses: config.allowPrivateAddresses,
     trustConfiguredHosts: config.trustConfiguredHosts,
+    ...credentialSources(config),
   });
   observeBridge(rt, bridge);
   return bridge;

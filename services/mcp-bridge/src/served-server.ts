@@ -1,16 +1,24 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Tool } from "@modelcontextprotocol/client";
-import type { Subjects, ToolDefinition } from "@toolmesh/protocol";
+import type { Subjects, TokenEndpoint, ToolDefinition } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import type {
   Executor,
+  ExecutorOptions,
   PrivateAddressAllowance,
+  SecretBox,
   ToolContext,
   ToolModule,
 } from "@toolmesh/tool-host";
-import { ServedTools, outboundFetch, startExecutor, trustedHostsOf } from "@toolmesh/tool-host";
+import {
+  ServedTools,
+  declaredCredentials,
+  outboundFetch,
+  startExecutor,
+  trustedHostsOf,
+} from "@toolmesh/tool-host";
 import { Defaults, ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { McpServerConfig } from "./config.js";
 import type { ToolPins } from "./pins.js";
@@ -50,6 +58,27 @@ export interface ServedServerOptions {
    * unless its file's `trust_configured_host` says otherwise. Default true.
    */
   trustConfiguredHosts?: boolean;
+  /** Opens users' secrets, for servers whose `credentials` are `user-secret` or `token-exchange`. */
+  secretBox?: SecretBox | undefined;
+  /** The authorization server's token endpoint, for servers whose `credentials` are `token-exchange`. */
+  tokenEndpoint?: TokenEndpoint | undefined;
+}
+
+/**
+ * What a server's executor needs for the credentials its tools act with: the tools are listed
+ * after the executor starts, so their type is named up front and checked then.
+ */
+function callerCredentials(
+  options: ServedServerOptions,
+  config: McpServerConfig,
+): Pick<ExecutorOptions, "credentialTypes" | "secretBox" | "tokenEndpoint"> {
+  const type = config.credentials?.type;
+  if (type === undefined || type === "service") return {};
+  return {
+    credentialTypes: [type],
+    ...(options.secretBox === undefined ? {} : { secretBox: options.secretBox }),
+    ...(options.tokenEndpoint === undefined ? {} : { tokenEndpoint: options.tokenEndpoint }),
+  };
 }
 
 /** The registry owner of a server's tools; every bridge replica uses the same one. */
@@ -98,6 +127,9 @@ export function mcpToolModule(
     ...(config.groups === undefined ? {} : { groups: config.groups }),
     ...(config.timeout_ms === undefined ? {} : { timeoutMs: config.timeout_ms }),
     ...(config.retry === undefined ? {} : { retry: config.retry }),
+    ...(config.credentials === undefined
+      ? {}
+      : { credentials: declaredCredentials(config.credentials) }),
     handler: (args, ctx) => call(tool.name, args, ctx),
     ...(ready === undefined ? {} : { ready }),
   };
@@ -211,6 +243,7 @@ export class ServedServer {
         ? {}
         : { callRetentionMs: options.callRetentionMs }),
       ...(options.maxResultBytes === undefined ? {} : { maxResultBytes: options.maxResultBytes }),
+      ...callerCredentials(options, config),
     });
     const server = new ServedServer(options, config, pins, owner, log, executor);
     await server.#connect();
