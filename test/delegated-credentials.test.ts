@@ -465,6 +465,37 @@ describe("delegated credentials by token exchange", () => {
     });
   });
 
+  it("purges the grant of a call that ended before it reached an executor, at the next sweep, and keeps a waiting call's", async () => {
+    const kv = await new Kvm(nc).open(subjects.userSecretsBucket);
+    const grant = async (user: string, id: string) =>
+      (await kv.get(subjects.delegationGrantKey("acme", user, API_AUDIENCE, id)))?.operation;
+    for (const sub of ["judy", "kim"]) await admin("consent", { sub, audience: API_AUDIENCE });
+    const waiting = call(await login("judy"), "whoami_held");
+    const kept = await held("whoami_held");
+    const denied = call(await login("kim"), "whoami_held");
+    const refused = await eventually("kim's call waiting", async () => {
+      const out = await runCli(["--tenant", "acme", "approvals", "list", "--json"], {
+        NATS_URL: server.url,
+      });
+      return (JSON.parse(out.stdout) as ApprovalEntry[]).find((e) => e.call_id !== kept.call_id);
+    });
+    const no = await runCli(["--tenant", "acme", "approvals", "deny", refused.call_id], {
+      NATS_URL: server.url,
+    });
+    expect(no.code).toBe(0);
+    expect((await denied).isError).toBe(true);
+    // No executor ran the denied call: its grant is still sealed in the bucket.
+    expect(await grant("kim", refused.call_id)).toBe("PUT");
+    // A replica sweeps when it starts: the denied call's grant goes, the waiting call's stays.
+    services.push(await startService("executor", executorEnv, 60_000));
+    await eventually("the denied call's grant purged", async () =>
+      (await grant("kim", refused.call_id)) === "PURGE" ? true : undefined,
+    );
+    expect(await grant("judy", kept.call_id)).toBe("PUT");
+    await approve(kept.call_id);
+    expect(JSON.parse((await waiting).text)).toMatchObject({ sub: "judy" });
+  });
+
   it("lets a replica whose host clock is an hour ahead use the token another replica cached: expiry is on the server's clock", async () => {
     // A user with no token cached: the authorization server's clock is two hours ahead now.
     await admin("consent", { sub: "heidi", audience: API_AUDIENCE });

@@ -4,7 +4,8 @@ import type { KV } from "@nats-io/kv";
 import type { Logger } from "@toolmesh/telemetry";
 import { z } from "zod";
 import { serveRequests } from "@toolmesh/nats";
-import type { RequestServer, ServerClock } from "@toolmesh/nats";
+import type { ServerClock } from "@toolmesh/nats";
+import type { CallRecords } from "@toolmesh/call-store";
 import {
   DelegationDepositSchema,
   ErrorCode,
@@ -28,6 +29,9 @@ export interface Delegation {
 
 /** A cached access token as sealed: the token and when it expires (server clock, epoch ms). */
 const CachedTokenSchema = z.strictObject({ t: z.string(), exp: z.number() });
+
+/** The keys of calls' grants in the bucket: `{tenant}.{subject}.{audience}.grant.{call}`. */
+const GRANT_KEYS = "*.*.*.grant.*";
 
 /** A cached token is used while it has this long left. */
 const EXPIRY_MARGIN_MS = 30_000;
@@ -78,11 +82,17 @@ export class DelegatedCredentials {
   }
 
   /**
-   * Takes the gateway's deposits on `subjects.delegationDeposit(owner)`, one replica each.
-   * Only the gateway may publish there (the owner's account exports it to the mesh alone).
+   * Takes the gateway's deposits on `subjects.delegationDeposit(owner)`, one replica each (only
+   * the gateway may publish there: the owner's account exports it to the mesh alone), and
+   * sweeps the grants of ended calls at once and every `sweep.everyMs` (see {@link sweep}).
    */
-  serveDeposits(nc: NatsConnection, owner: string | undefined, log: Logger): RequestServer {
-    return serveRequests({
+  serve(
+    nc: NatsConnection,
+    owner: string | undefined,
+    log: Logger,
+    sweep: { records: CallRecords; horizonMs: number; everyMs: number },
+  ): { stop(graceMs: number): Promise<void> } {
+    const deposits = serveRequests({
       nc,
       subject: this.#subjects.delegationDeposit(owner),
       queue: "delegation",
@@ -94,6 +104,24 @@ export class DelegatedCredentials {
         return { ok: true };
       },
     });
+    let running: Promise<void> | undefined;
+    const run = () => {
+      running ??= this.sweep(sweep.records, sweep.horizonMs)
+        .then((purged) => {
+          if (purged > 0) log.info({ purged }, "purged the grants of calls that have ended");
+        })
+        .catch((err: unknown) => log.warn({ err }, "cannot sweep delegation grants; trying later"))
+        .finally(() => (running = undefined));
+    };
+    run();
+    const timer = setInterval(run, sweep.everyMs);
+    timer.unref();
+    return {
+      stop: async (graceMs) => {
+        clearInterval(timer);
+        await Promise.all([running, deposits.stop(graceMs)]);
+      },
+    };
   }
 
   /** Seals and stores a call's grant, bound to its tenant, user, audience and call. */
@@ -154,6 +182,37 @@ export class DelegatedCredentials {
       );
     }
     return res.access_token;
+  }
+
+  /**
+   * Purges the grants of calls that ended without their executor purging them (cancelled,
+   * expired, denied before they ran, or an executor that died after ending them), and of calls
+   * never stored. Only the gateway deposits grants, and its calls are their own session and
+   * idempotency key, so a grant's key names its call's record. A grant whose call has no record
+   * is kept for `horizonMs` after it was deposited: the longest a call may wait for approval and
+   * then run (twice the call retention), so a queued call never loses its grant. Returns how
+   * many grants were purged.
+   */
+  async sweep(records: CallRecords, horizonMs: number): Promise<number> {
+    let purged = 0;
+    for await (const key of await this.#kv.keys(GRANT_KEYS)) {
+      const [tenant, , , , call] = key.split(".");
+      if (tenant === undefined || call === undefined) continue;
+      const entry = await this.#kv.get(key);
+      if (entry === null || entry.operation !== "PUT") continue;
+      const found = await records.get({
+        idempotency_key: call,
+        address: { tenant, session: call },
+      });
+      const ended =
+        found === undefined
+          ? this.#clock.now() - entry.created.getTime() > horizonMs
+          : found.record.state === "done";
+      if (!ended) continue;
+      await this.#kv.purge(key);
+      purged++;
+    }
+    return purged;
   }
 
   /** Purges the call's grant: the call has ended. */

@@ -37,6 +37,9 @@ import { FreshWork } from "./fresh-work.js";
 import { ShutdownCode, handleWork } from "./handle-work.js";
 import type { ServedTool, WorkDeps } from "./handle-work.js";
 
+/** How often each replica purges the grants of calls that ended elsewhere, in ms. */
+const GRANT_SWEEP_MS = 10 * 60_000;
+
 /** Options of {@link startExecutor}. Durations in ms. */
 export interface ExecutorOptions {
   nc: NatsConnection;
@@ -198,7 +201,11 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     userSecrets: await userSecretsFor(options),
     delegated: await delegatedFor(options, plane.clock),
   };
-  const deposits = deps.delegated?.serveDeposits(nc, options.ownerAccount, log);
+  const delegation = deps.delegated?.serve(nc, options.ownerAccount, log, {
+    records: plane.store,
+    horizonMs: 2 * (options.callRetentionMs ?? Defaults.callRetentionMs),
+    everyMs: GRANT_SWEEP_MS,
+  });
   const { running } = deps;
   const stopObservingQueues = metrics.observeQueues(() =>
     Promise.all(
@@ -290,7 +297,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       capacity.stop();
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
       aborts.unsubscribe();
-      await deposits?.stop(graceMs);
+      await delegation?.stop(graceMs);
       stopObservingQueues();
       for (const name of served.keys()) metrics.toolServed(name, -1);
     },
