@@ -521,6 +521,26 @@ describe("delegated credentials by token exchange", () => {
     expect(after.at(-1)).toBe(before.at(-1));
   });
 
+  it("waits for an executor of the tool to take the grant while none runs, then runs the call as its caller", async () => {
+    const executors = services.filter(
+      (s) =>
+        s.child.exitCode === null &&
+        s.child.signalCode === null &&
+        s.lines.some((l) => l.msg === "executor started"),
+    );
+    expect(executors.length).toBeGreaterThan(0);
+    for (const executor of executors) await executor.stop();
+    // A user with no token cached: the authorization server's clock is two hours ahead now.
+    await admin("consent", { sub: "lena", audience: API_AUDIENCE });
+    const result = call(await login("lena"), "whoami");
+    // The gateway holds the call while nobody answers the deposit (a restart, a scale from zero).
+    await gateway.process.waitForLog(
+      (l) => l.msg === "no executor took the delegation yet; waiting",
+    );
+    services.push(await startService("executor", executorEnv, 60_000));
+    expect(JSON.parse((await result).text)).toEqual({ sub: "lena", aud: API_AUDIENCE });
+  });
+
   it("lets no token, grant or caller's token reach a record, a stored message or a log line", async () => {
     const { issued, apiSaw } = await admin<{ issued: string[]; apiSaw: string[] }>("issued");
     const secrets = [...new Set([...issued, ...apiSaw])];

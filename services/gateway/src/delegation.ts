@@ -39,12 +39,24 @@ export class CallDelegation {
   readonly #subjects: Subjects;
   readonly #endpoint: TokenEndpoint;
   readonly #log: Logger;
+  readonly #waitMs: number;
 
-  constructor(nc: NatsConnection, subjects: Subjects, endpoint: TokenEndpoint, log: Logger) {
+  /**
+   * `waitMs` bounds how long a deposit waits for an executor of the tool to take it (none
+   * running: a restart, a scale from zero) before the call is refused `unavailable`.
+   */
+  constructor(
+    nc: NatsConnection,
+    subjects: Subjects,
+    endpoint: TokenEndpoint,
+    log: Logger,
+    waitMs: number,
+  ) {
     this.#nc = nc;
     this.#subjects = subjects;
     this.#endpoint = endpoint;
     this.#log = log;
+    this.#waitMs = waitMs;
   }
 
   /**
@@ -102,16 +114,33 @@ export class CallDelegation {
       audience: declared.audience,
       grant,
     };
-    await requestOk(
-      this.#nc,
-      this.#subjects.delegationDeposit(workOwnerOf(tool)),
-      deposit,
-      DelegationDepositReplySchema,
-      {
-        service: `executor of "${tool.name}"`,
-        timeoutMs: 10_000,
-      },
-    );
+    await this.#deposit(deposit, tool);
     return undefined;
+  }
+
+  /**
+   * Hands the grant to an executor of the tool, waiting (with backoff, at most `waitMs`) while
+   * none answers: the grant stays in this process meanwhile, and the call is submitted after.
+   */
+  async #deposit(deposit: DelegationDeposit, tool: ToolDefinition): Promise<void> {
+    const until = Date.now() + this.#waitMs;
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
+      try {
+        await requestOk(
+          this.#nc,
+          this.#subjects.delegationDeposit(workOwnerOf(tool)),
+          deposit,
+          DelegationDepositReplySchema,
+          { service: `executor of "${tool.name}"`, timeoutMs: 10_000 },
+        );
+        return;
+      } catch (err) {
+        const unavailable = err instanceof ToolmeshError && err.code === ErrorCode.Unavailable;
+        if (!unavailable || Date.now() + delay >= until) throw err;
+        if (delay === 100)
+          this.#log.info({ tool: tool.name, err }, "no executor took the delegation yet; waiting");
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
   }
 }

@@ -53,7 +53,15 @@ export async function startGatewayFromRuntime(
     retentionMs: rt.config.callRetentionMs,
     ...(rt.config.tokenEndpoint === undefined
       ? {}
-      : { delegation: new CallDelegation(rt.nc, rt.subjects, rt.config.tokenEndpoint, log) }),
+      : {
+          delegation: new CallDelegation(
+            rt.nc,
+            rt.subjects,
+            rt.config.tokenEndpoint,
+            log,
+            rt.config.defaultTimeoutMs,
+          ),
+        }),
   });
 
   const listeners = new ToolListListeners();
