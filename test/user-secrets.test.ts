@@ -86,6 +86,16 @@ async function lookup(
   }
 }
 
+/** Stores `secret` as user `subject`'s for `tool` with the CLI, as an operator does. */
+async function storeSecret(subject: string, tool: string, secret: string): Promise<void> {
+  const set = await runCliWithInput(
+    ["secrets", "set", "--tenant", "acme", "--subject", subject, "--tool", tool],
+    cliEnv,
+    secret,
+  );
+  expect(set.code).toBe(0);
+}
+
 async function listen(s: Server): Promise<string> {
   await new Promise<void>((resolve) => s.listen(0, "127.0.0.1", resolve));
   return `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
@@ -201,12 +211,7 @@ describe("user secrets", () => {
     const bob = await lookup("bob");
     expect(bob.isError).toBe(true);
     expect(bob.text).toContain('no secret of user "bob" for tool "crm_lookup"');
-    const set = await runCliWithInput(
-      ["secrets", "set", "--tenant", "acme", "--subject", "bob", "--tool", "crm_lookup"],
-      cliEnv,
-      BOB_SECRET,
-    );
-    expect(set.code).toBe(0);
+    await storeSecret("bob", "crm_lookup", BOB_SECRET);
     const [a, b] = await Promise.all([lookup("alice"), lookup("bob")]);
     expect([JSON.parse(a.text), JSON.parse(b.text)]).toEqual([
       { account_of: "alice" },
@@ -215,14 +220,8 @@ describe("user secrets", () => {
   });
 
   it("sends the caller's secret as an HTTP or OpenAPI tool's Authorization, in the scheme named", async () => {
-    for (const tool of ["crm_http", "crm_token", "crm.me"]) {
-      const set = await runCliWithInput(
-        ["secrets", "set", "--tenant", "acme", "--subject", "alice", "--tool", tool],
-        cliEnv,
-        ALICE_SECRET,
-      );
-      expect(set.code).toBe(0);
-    }
+    for (const tool of ["crm_http", "crm_token", "crm.me"])
+      await storeSecret("alice", tool, ALICE_SECRET);
     await toolAvailable(services[0] as ServiceProcess, "crm_token");
     expect(JSON.parse((await lookup("alice", "crm_http")).text)).toEqual({ account_of: "alice" });
     expect(JSON.parse((await lookup("alice", "crm_token")).text)).toEqual({
@@ -241,12 +240,7 @@ describe("user secrets", () => {
     const before = await lookup("bob", "crm_mcp.caller");
     expect(before.isError).toBe(true);
     expect(before.text).toContain('no secret of user "bob" for tool "crm_mcp.caller"');
-    const set = await runCliWithInput(
-      ["secrets", "set", "--tenant", "acme", "--subject", "bob", "--tool", "crm_mcp.caller"],
-      cliEnv,
-      BOB_SECRET,
-    );
-    expect(set.code).toBe(0);
+    await storeSecret("bob", "crm_mcp.caller", BOB_SECRET);
     expect(JSON.parse((await lookup("bob", "crm_mcp.caller")).text)).toEqual({
       account_of: "bob",
     });
