@@ -16,6 +16,13 @@ import { runCliWithInput } from "./helpers/cli.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
+import { startTestMcpServer } from "./helpers/mcp-test-server.js";
+import type { TestMcpServer } from "./helpers/mcp-test-server.js";
+import { createServer } from "node:http";
+import type { Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { McpServerConfigSchema, startBridge } from "@toolmesh/mcp-bridge";
+import type { Bridge } from "@toolmesh/mcp-bridge";
 
 // The users' secrets of an owner's tools live in the owner's own NATS account (ADR 0061): its
 // operator stores them there with `toolmesh secrets set`, its executor opens them for its
@@ -54,6 +61,10 @@ let mesh: NatsConnection;
 let registry: ToolRegistry;
 let resolver: Resolver;
 let executor: Executor;
+let bridge: Bridge | undefined;
+let meshBridge: Bridge | undefined;
+let mcpServer: TestMcpServer | undefined;
+let crm: Server | undefined;
 let client: ToolmeshClient;
 const open: NatsConnection[] = [];
 
@@ -85,11 +96,11 @@ async function victimEntry(): Promise<{ revision: number; value: string } | null
   return entry === null ? null : { revision: entry.revision, value: entry.string() };
 }
 
-async function call(id: string, subject: string) {
+async function call(id: string, subject: string, tool = "crm_lookup") {
   const session = client.session(`secrets-${id}`);
   try {
     return await session.submit(
-      { id, name: "crm_lookup", arguments: {} },
+      { id, name: tool, arguments: {} },
       { identity: { issuer: "https://idp.t1.test/", subject, tenant: "t1" } },
     ).result;
   } finally {
@@ -106,7 +117,7 @@ async function trap(nc: NatsConnection, subject: string, reply: string): Promise
 
 beforeAll(async () => {
   server = await startNatsServer({
-    config: ownerAccountsConfig(subjects, { victim: ["crm_lookup"], rogue: [] }, ["t1"]),
+    config: ownerAccountsConfig(subjects, { victim: ["crm_lookup", "crm.*"], rogue: [] }, ["t1"]),
   });
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
   registry = await ToolRegistry.open(mesh, { subjects, log });
@@ -132,6 +143,10 @@ beforeAll(async () => {
 }, 90_000);
 
 afterAll(async () => {
+  await bridge?.stop(1_000);
+  await meshBridge?.stop(1_000);
+  mcpServer?.child.kill();
+  await new Promise((resolve) => crm?.close(resolve) ?? resolve(undefined));
   await executor?.stop(1_000);
   await resolver?.stop(1_000);
   registry?.close();
@@ -154,6 +169,51 @@ describe("users' secrets of an owner's tools, in the owner's account", () => {
     expect(list).toMatchObject({ code: 0, stdout: "crm_lookup\n" });
   });
 
+  it("are opened by the owner's MCP bridge, as its generated user, for an MCP server over HTTP", async () => {
+    // The CRM answers whose key it got; the MCP server's `caller` tool asks it with the
+    // Authorization of its tools/call request.
+    crm = createServer((req, res) => {
+      const key = /^Bearer (.+)$/.exec(req.headers.authorization ?? "")?.[1];
+      res.writeHead(key === undefined ? 401 : 200, { "content-type": "application/json" });
+      res.end(JSON.stringify(key === undefined ? { error: "no key" } : { key_sha256: sha(key) }));
+    });
+    await new Promise<void>((resolve) => crm?.listen(0, "127.0.0.1", resolve));
+    const crmUrl = `http://127.0.0.1:${(crm.address() as AddressInfo).port}/me`;
+    mcpServer = await startTestMcpServer("--http", { MCP_TEST_CALLER_API: crmUrl });
+    const stored = await runCliWithInput(
+      ["secrets", "set", "--tenant", "t1", "--subject", "alice", "--tool", "crm.caller"],
+      cliAs("operator-victim"),
+      ALICE_SECRET,
+    );
+    expect(stored.code).toBe(0);
+    bridge = await startBridge({
+      nc: await as("mcp-bridge-victim", subjects.ownerInboxPrefix("mcp-bridge", "victim")),
+      subjects,
+      ownerAccount: "victim",
+      servers: [
+        McpServerConfigSchema.parse({
+          name: "crm",
+          transport: "http",
+          url: mcpServer.url,
+          credentials: { type: "user-secret" },
+        }),
+      ],
+      env: {},
+      secretBox: SecretBox.fromKeyList(KEYS, "TOOLMESH_SECRET_KEYS"),
+      log,
+      tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
+    });
+    for (let i = 0; registry.get("crm.caller") === undefined; i++) {
+      if (i === 400) throw new Error("crm.caller was never registered");
+      await new Promise((resolve) => setTimeout(resolve, 25));
+    }
+    const alice = await call("alice-mcp", "alice", "crm.caller");
+    expect(alice.error).toBeUndefined();
+    expect(JSON.parse(alice.content)).toEqual({ key_sha256: sha(ALICE_SECRET) });
+    const bob = await call("bob-mcp", "bob", "crm.caller");
+    expect(bob.error?.code).toBe(ErrorCode.CredentialRequired);
+  });
+
   it("are not in the mesh account, whatever a mesh principal reads", async () => {
     // The mesh's own bucket (what `toolmesh setup` provisions) holds nothing of the owner's.
     const kv = await new Kvm(mesh).create(BUCKET, { history: 1 });
@@ -167,6 +227,42 @@ describe("users' secrets of an owner's tools, in the owner's account", () => {
       "",
     );
     expect(meshOperator).toMatchObject({ code: 0, stdout: "\n" });
+  });
+
+  it("are opened by the mesh account's MCP bridge, as its generated user, from the mesh's bucket", async () => {
+    // The same MCP server, bridged in the mesh account: the secret is the mesh operator's to
+    // store, in the mesh's bucket (made above, as `toolmesh setup` does), and the bridge's
+    // generated user reads it there.
+    const stored = await runCliWithInput(
+      ["secrets", "set", "--tenant", "t1", "--subject", "alice", "--tool", "meshcrm.caller"],
+      cliAs("operator"),
+      ALICE_SECRET,
+    );
+    expect(stored.code).toBe(0);
+    meshBridge = await startBridge({
+      nc: await as("mcp-bridge", subjects.inboxPrefix("mcp-bridge")),
+      subjects,
+      registry,
+      servers: [
+        McpServerConfigSchema.parse({
+          name: "meshcrm",
+          transport: "http",
+          url: mcpServer?.url,
+          credentials: { type: "user-secret" },
+        }),
+      ],
+      env: {},
+      secretBox: SecretBox.fromKeyList(KEYS, "TOOLMESH_SECRET_KEYS"),
+      log,
+      tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
+    });
+    for (let i = 0; registry.get("meshcrm.caller") === undefined; i++) {
+      if (i === 400) throw new Error("meshcrm.caller was never registered");
+      await new Promise((resolve) => setTimeout(resolve, 25));
+    }
+    const alice = await call("alice-mesh-mcp", "alice", "meshcrm.caller");
+    expect(alice.error).toBeUndefined();
+    expect(JSON.parse(alice.content)).toEqual({ key_sha256: sha(ALICE_SECRET) });
   });
 
   it("cannot be read by another owner's executor, nor that owner with every right in its account", async () => {

@@ -461,6 +461,9 @@ function bridgePermissions({ s, role, options }: RoleContext): Permissions {
       role,
       options.servers?.map((server) => `${server}.*`),
     ),
+    // Its servers' tools may act as their callers, as an executor's (ADR 0061, ADR 0063).
+    pub(...bucketRead(s.userSecretsBucket)),
+    delegationHolder(s, s.delegationDeposit(), `_INBOX.${s.prefix}.gateway.>`),
     pub(
       ...bucketRead(approvals),
       `${API}.STREAM.CREATE.KV_${approvals}`,
@@ -780,16 +783,15 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
         `$JS.ACK.${work}.>`,
         `${s.prefix}.v1.owner.${owner}.>`,
         // Its users' secrets, in its own account's JetStream (ADR 0061): `$JS.API` unprefixed.
-        ...(role === "executor" ? bucketRead(s.userSecretsBucket) : []),
+        // A bridge's MCP servers may act as their callers too.
+        ...bucketRead(s.userSecretsBucket),
       ],
     },
     subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },
   };
   // The gateway's deposits cross from the mesh through the account's export; replies go back
   // through the `_R_` subjects the server maps (ADR 0063).
-  return role === "executor"
-    ? merge(base, delegationHolder(s, s.delegationDeposit(owner), "_R_.>"))
-    : base;
+  return merge(base, delegationHolder(s, s.delegationDeposit(owner), "_R_.>"));
 }
 
 /**
