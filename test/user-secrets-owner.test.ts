@@ -108,6 +108,39 @@ async function call(id: string, subject: string, tool = "crm_lookup") {
   }
 }
 
+/**
+ * A bridge on `nc` serving the test MCP server as `server` (its tools act with their caller's
+ * secret), once its `caller` tool is in the registry.
+ */
+async function bridgeAs(
+  nc: NatsConnection,
+  server: string,
+  where: { ownerAccount: string } | { registry: ToolRegistry },
+): Promise<Bridge> {
+  const started = await startBridge({
+    nc,
+    subjects,
+    ...where,
+    servers: [
+      McpServerConfigSchema.parse({
+        name: server,
+        transport: "http",
+        url: mcpServer?.url,
+        credentials: { type: "user-secret" },
+      }),
+    ],
+    env: {},
+    secretBox: SecretBox.fromKeyList(KEYS, "TOOLMESH_SECRET_KEYS"),
+    log,
+    tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
+  });
+  for (let i = 0; registry.get(`${server}.caller`) === undefined; i++) {
+    if (i === 400) throw new Error(`${server}.caller was never registered`);
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  return started;
+}
+
 /** Publishes `subject` with its answer sent to `reply`, then waits for the server to act. */
 async function trap(nc: NatsConnection, subject: string, reply: string): Promise<void> {
   nc.publish(subject, "", { reply });
@@ -186,27 +219,11 @@ describe("users' secrets of an owner's tools, in the owner's account", () => {
       ALICE_SECRET,
     );
     expect(stored.code).toBe(0);
-    bridge = await startBridge({
-      nc: await as("mcp-bridge-victim", subjects.ownerInboxPrefix("mcp-bridge", "victim")),
-      subjects,
-      ownerAccount: "victim",
-      servers: [
-        McpServerConfigSchema.parse({
-          name: "crm",
-          transport: "http",
-          url: mcpServer.url,
-          credentials: { type: "user-secret" },
-        }),
-      ],
-      env: {},
-      secretBox: SecretBox.fromKeyList(KEYS, "TOOLMESH_SECRET_KEYS"),
-      log,
-      tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
-    });
-    for (let i = 0; registry.get("crm.caller") === undefined; i++) {
-      if (i === 400) throw new Error("crm.caller was never registered");
-      await new Promise((resolve) => setTimeout(resolve, 25));
-    }
+    bridge = await bridgeAs(
+      await as("mcp-bridge-victim", subjects.ownerInboxPrefix("mcp-bridge", "victim")),
+      "crm",
+      { ownerAccount: "victim" },
+    );
     const alice = await call("alice-mcp", "alice", "crm.caller");
     expect(alice.error).toBeUndefined();
     expect(JSON.parse(alice.content)).toEqual({ key_sha256: sha(ALICE_SECRET) });
@@ -239,27 +256,11 @@ describe("users' secrets of an owner's tools, in the owner's account", () => {
       ALICE_SECRET,
     );
     expect(stored.code).toBe(0);
-    meshBridge = await startBridge({
-      nc: await as("mcp-bridge", subjects.inboxPrefix("mcp-bridge")),
-      subjects,
-      registry,
-      servers: [
-        McpServerConfigSchema.parse({
-          name: "meshcrm",
-          transport: "http",
-          url: mcpServer?.url,
-          credentials: { type: "user-secret" },
-        }),
-      ],
-      env: {},
-      secretBox: SecretBox.fromKeyList(KEYS, "TOOLMESH_SECRET_KEYS"),
-      log,
-      tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
-    });
-    for (let i = 0; registry.get("meshcrm.caller") === undefined; i++) {
-      if (i === 400) throw new Error("meshcrm.caller was never registered");
-      await new Promise((resolve) => setTimeout(resolve, 25));
-    }
+    meshBridge = await bridgeAs(
+      await as("mcp-bridge", subjects.inboxPrefix("mcp-bridge")),
+      "meshcrm",
+      { registry },
+    );
     const alice = await call("alice-mesh-mcp", "alice", "meshcrm.caller");
     expect(alice.error).toBeUndefined();
     expect(JSON.parse(alice.content)).toEqual({ key_sha256: sha(ALICE_SECRET) });
