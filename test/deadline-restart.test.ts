@@ -13,7 +13,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 
-const HANGING_TIMEOUT_MS = 12_000;
+const HANGING_TIMEOUT_MS = 20_000;
 const MAX_LATENESS_MS = 1_000;
 
 let server: NatsServerHandle;
