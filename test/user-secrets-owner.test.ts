@@ -150,7 +150,11 @@ async function trap(nc: NatsConnection, subject: string, reply: string): Promise
 
 beforeAll(async () => {
   server = await startNatsServer({
-    config: ownerAccountsConfig(subjects, { victim: ["crm_lookup", "crm.*"], rogue: [] }, ["t1"]),
+    config: ownerAccountsConfig(
+      subjects,
+      { victim: ["crm_lookup", "crm.*"], rogue: [], fresh: ["fresh_lookup"] },
+      ["t1"],
+    ),
   });
   mesh = await connect({ servers: server.url, user: "mesh", pass: "mesh" });
   registry = await ToolRegistry.open(mesh, { subjects, log });
@@ -264,6 +268,47 @@ describe("users' secrets of an owner's tools, in the owner's account", () => {
     const alice = await call("alice-mesh-mcp", "alice", "meshcrm.caller");
     expect(alice.error).toBeUndefined();
     expect(JSON.parse(alice.content)).toEqual({ key_sha256: sha(ALICE_SECRET) });
+  });
+
+  it("are kept in a bucket an owner's first executor of such tools makes, the one stream it may make", async () => {
+    const nc = await as("executor-fresh", subjects.ownerInboxPrefix("executor", "fresh"));
+    const jsm = await jetstreamManager(await as("fresh"));
+    await expect(jsm.streams.info(STREAM)).rejects.toThrow(/stream not found/);
+    const fresh = await startExecutor({
+      nc,
+      subjects,
+      ownerAccount: "fresh",
+      tools: [{ ...tools[0]!, name: "fresh_lookup" }],
+      secretBox: SecretBox.fromKeyList(KEYS, "TOOLMESH_SECRET_KEYS"),
+      userSecretsReplicas: 1,
+      log,
+      tracer: initTelemetry({ serviceName: "test", env: {} }).tracer,
+    });
+    try {
+      expect((await jsm.streams.info(STREAM)).config).toMatchObject({
+        num_replicas: 1,
+        max_msgs_per_subject: 1,
+      });
+      const stored = await runCliWithInput(
+        ["secrets", "set", "--tenant", "t1", "--subject", "carol", "--tool", "fresh_lookup"],
+        cliAs("operator-fresh"),
+        "carol-secret\n",
+      );
+      expect(stored).toMatchObject({ code: 0, stderr: "" });
+      const carol = await call("carol-1", "carol", "fresh_lookup");
+      expect(JSON.parse(carol.content)).toEqual({ key_sha256: sha("carol-secret") });
+      // Its user may make that bucket, and no other stream.
+      await expect(
+        nc.request(
+          "$JS.API.STREAM.CREATE.KV_other",
+          JSON.stringify({ name: "KV_other", subjects: ["$KV.other.>"] }),
+          { timeout: 2_000 },
+        ),
+      ).rejects.toThrow();
+      await expect(jsm.streams.info("KV_other")).rejects.toThrow(/stream not found/);
+    } finally {
+      await fresh.stop(1_000);
+    }
   });
 
   it("cannot be read by another owner's executor, nor that owner with every right in its account", async () => {

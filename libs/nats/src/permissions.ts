@@ -783,8 +783,11 @@ function ownerPermissions(s: Subjects, role: string, owner: string): Permissions
         `$JS.ACK.${work}.>`,
         `${s.prefix}.v1.owner.${owner}.>`,
         // Its users' secrets, in its own account's JetStream (ADR 0061): `$JS.API` unprefixed.
-        // A bridge's MCP servers may act as their callers too.
+        // A bridge's MCP servers may act as their callers too. The first of the owner's to need
+        // the bucket makes it.
         ...bucketRead(s.userSecretsBucket),
+        `${API}.INFO`,
+        `${API}.STREAM.CREATE.KV_${s.userSecretsBucket}`,
       ],
     },
     subscribe: { allow: [s.ownerAbort(owner), `${s.inboxPrefix(role)}.${owner}.>`] },

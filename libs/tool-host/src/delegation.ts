@@ -1,5 +1,4 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import { Kvm } from "@nats-io/kv";
 import type { KV } from "@nats-io/kv";
 import type { Logger } from "@toolmesh/telemetry";
 import { z } from "zod";
@@ -19,7 +18,8 @@ import type {
   Subjects,
   TokenEndpoint,
 } from "@toolmesh/protocol";
-import type { SecretBox } from "./user-secrets.js";
+import { openUserSecretsBucket } from "./user-secrets.js";
+import type { SecretBox, UserSecretsBucketOptions } from "./user-secrets.js";
 
 /** A `token-exchange` declaration: the downstream audience and the scopes asked for. */
 export interface Delegation {
@@ -69,15 +69,16 @@ export class DelegatedCredentials {
     this.#clock = clock;
   }
 
-  /** Opens the bucket of users' secrets (made by `toolmesh setup` or the owner's operator). */
+  /** Opens the bucket of users' secrets (see {@link UserSecretsBucketOptions}). */
   static async open(
     nc: NatsConnection,
     subjects: Subjects,
     box: SecretBox,
     endpoint: TokenEndpoint,
     clock: ExpiryClock,
+    bucket: UserSecretsBucketOptions = {},
   ): Promise<DelegatedCredentials> {
-    const kv = await new Kvm(nc).open(subjects.userSecretsBucket);
+    const kv = await openUserSecretsBucket(nc, subjects, bucket);
     return new DelegatedCredentials(kv, box, subjects, endpoint, clock);
   }
 

@@ -1,6 +1,7 @@
 import type { AuditTrail } from "@toolmesh/audit";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { SecretBox, UserSecretStore } from "./user-secrets.js";
+import type { UserSecretsBucketOptions } from "./user-secrets.js";
 import { DelegatedCredentials } from "./delegation.js";
 import type { JetStreamClient, JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -90,6 +91,11 @@ export interface ExecutorOptions {
    * connected): what they need is opened at start, and refused then when it cannot be.
    */
   credentialTypes?: readonly ("user-secret" | "token-exchange")[];
+  /**
+   * With `ownerAccount`: the replicas of the bucket of users' secrets when this executor is the
+   * first of its owner's to need it and makes it. Default 1.
+   */
+  userSecretsReplicas?: number | undefined;
   streamLimits?: StreamLimits;
   /**
    * How long a delivered call stays owned without a sign of life, in ms; heartbeats keep
@@ -520,8 +526,10 @@ async function registerTool(
 export function credentialSources(config: {
   secretKeys?: string | undefined;
   tokenEndpoint?: TokenEndpoint | undefined;
-}): Pick<ExecutorOptions, "secretBox" | "tokenEndpoint"> {
+  streamReplicas?: number | undefined;
+}): Pick<ExecutorOptions, "secretBox" | "tokenEndpoint" | "userSecretsReplicas"> {
   return {
+    userSecretsReplicas: config.streamReplicas,
     ...(config.secretKeys === undefined
       ? {}
       : { secretBox: SecretBox.fromKeyList(config.secretKeys, "TOOLMESH_SECRET_KEYS") }),
@@ -544,7 +552,14 @@ async function userSecretsFor(options: ExecutorOptions): Promise<UserSecretStore
     throw new Error(
       "a tool declares credentials of type user-secret: set TOOLMESH_SECRET_KEYS to the keys that seal users' secrets",
     );
-  return UserSecretStore.open(options.nc, options.subjects, options.secretBox);
+  return UserSecretStore.open(options.nc, options.subjects, options.secretBox, bucketOf(options));
+}
+
+/** In a tool owner's account the executor makes the bucket if none of its owner's did yet. */
+function bucketOf(options: ExecutorOptions): UserSecretsBucketOptions {
+  return options.ownerAccount === undefined
+    ? {}
+    : { create: true, replicas: options.userSecretsReplicas };
 }
 
 /** Delegated credentials when a tool acts with a token exchange. */
@@ -563,5 +578,6 @@ async function delegatedFor(
     options.secretBox,
     options.tokenEndpoint,
     clock,
+    bucketOf(options),
   );
 }

@@ -92,6 +92,31 @@ export class SecretBox {
   }
 }
 
+/**
+ * Where the bucket of users' secrets comes from when it is missing: `toolmesh setup` makes the
+ * mesh account's; in a tool owner's account its operator (`toolmesh secrets`) or its first
+ * executor or bridge of such tools makes it, with `replicas` (default 1).
+ */
+export interface UserSecretsBucketOptions {
+  create?: boolean;
+  replicas?: number | undefined;
+}
+
+/** The KV bucket `subjects.userSecretsBucket` of the account `nc` is in. */
+export async function openUserSecretsBucket(
+  nc: NatsConnection,
+  subjects: Subjects,
+  options: UserSecretsBucketOptions = {},
+): Promise<KV> {
+  const kvm = new Kvm(nc);
+  return options.create === true
+    ? await kvm.create(subjects.userSecretsBucket, {
+        history: 1,
+        replicas: options.replicas ?? 1,
+      })
+    : await kvm.open(subjects.userSecretsBucket);
+}
+
 /** Users' secrets for tools in the KV bucket `subjects.userSecretsBucket`, sealed. */
 export class UserSecretStore {
   readonly #kv: KV;
@@ -104,19 +129,14 @@ export class UserSecretStore {
     this.#subjects = subjects;
   }
 
-  /** Opens the bucket (made by `toolmesh setup`, or here when `create`). */
+  /** Opens the bucket (see {@link UserSecretsBucketOptions}). */
   static async open(
     nc: NatsConnection,
     subjects: Subjects,
     box: SecretBox,
-    options: { create?: boolean } = {},
+    options: UserSecretsBucketOptions = {},
   ): Promise<UserSecretStore> {
-    const kvm = new Kvm(nc);
-    const kv =
-      options.create === true
-        ? await kvm.create(subjects.userSecretsBucket, { history: 1 })
-        : await kvm.open(subjects.userSecretsBucket);
-    return new UserSecretStore(kv, box, subjects);
+    return new UserSecretStore(await openUserSecretsBucket(nc, subjects, options), box, subjects);
   }
 
   /** Stores (replaces) `subject`'s secret for `tool` in `tenant`. */

@@ -34,7 +34,14 @@ function withSecrets(
         "set TOOLMESH_SECRET_KEYS to the keys the executors open users' secrets with",
       );
     const box = SecretBox.fromKeyList(config.secretKeys, "TOOLMESH_SECRET_KEYS");
-    return fn(await UserSecretStore.open(nc, subjects, box, { create: true }), nc, subjects);
+    return fn(
+      await UserSecretStore.open(nc, subjects, box, {
+        create: true,
+        replicas: config.streamReplicas,
+      }),
+      nc,
+      subjects,
+    );
   });
 }
 

@@ -62,6 +62,8 @@ export interface ServedServerOptions {
   secretBox?: SecretBox | undefined;
   /** The authorization server's token endpoint, for servers whose `credentials` are `token-exchange`. */
   tokenEndpoint?: TokenEndpoint | undefined;
+  /** See `ExecutorOptions.userSecretsReplicas`. */
+  userSecretsReplicas?: number | undefined;
 }
 
 /**
@@ -71,11 +73,15 @@ export interface ServedServerOptions {
 function callerCredentials(
   options: ServedServerOptions,
   config: McpServerConfig,
-): Pick<ExecutorOptions, "credentialTypes" | "secretBox" | "tokenEndpoint"> {
+): Pick<
+  ExecutorOptions,
+  "credentialTypes" | "secretBox" | "tokenEndpoint" | "userSecretsReplicas"
+> {
   const type = config.credentials?.type;
   if (type === undefined || type === "service") return {};
   return {
     credentialTypes: [type],
+    userSecretsReplicas: options.userSecretsReplicas,
     ...(options.secretBox === undefined ? {} : { secretBox: options.secretBox }),
     ...(options.tokenEndpoint === undefined ? {} : { tokenEndpoint: options.tokenEndpoint }),
   };
