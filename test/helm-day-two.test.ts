@@ -227,6 +227,41 @@ describe("egress to the endpoints the pods call", () => {
     });
   });
 
+  it("opens the token endpoint's port to the roles that exchange tokens, and keeps their secrets out of env", async () => {
+    const token = { TOOLMESH_TOKEN_URL: "https://login.example.com:8443/token" };
+    const executors = [
+      { name: "crm", env: token, secretEnv: { existingSecret: "crm-credentials" } },
+    ];
+    const ms = await render([
+      "-f",
+      HATCHES,
+      "--set-json",
+      `executors=${JSON.stringify(executors)}`,
+      "--set-json",
+      `gateway.env=${JSON.stringify({ ...token, TOOLMESH_GATEWAY_JWKS_URL: "https://login.example.com/jwks" })}`,
+    ]);
+    const egress = (suffix: string) => find(ms, "NetworkPolicy", suffix).spec.egress as Manifest[];
+    for (const suffix of ["executor-crm", "gateway"])
+      expect(egress(suffix)).toContainEqual({ ports: [{ port: 8443, protocol: "TCP" }] });
+    expect(egress("resolver")).not.toContainEqual({ ports: [{ port: 8443, protocol: "TCP" }] });
+    expect(containerOf(find(ms, "Deployment", "executor-crm")).envFrom).toContainEqual({
+      secretRef: { name: "crm-credentials" },
+    });
+    for (const [variable, role] of [
+      ["TOOLMESH_SECRET_KEYS", "executors[0]"],
+      ["TOOLMESH_TOKEN_CLIENT_SECRET", "gateway"],
+    ] as const) {
+      const values =
+        role === "gateway"
+          ? ["-f", HATCHES, "--set", `gateway.env.${variable}=x`]
+          : ["--set-json", `executors=[{"name":"crm","env":{"${variable}":"x"}}]`];
+      await refuse(
+        values,
+        `${role === "gateway" ? "gateway" : "executor-crm"} env or extraEnv sets ${variable} as plain text: put it in a Secret`,
+      );
+    }
+  });
+
   it("warns in the notes of an endpoint no egress rule reaches, and only then", async () => {
     const notes = async (args: string[]) => {
       const result = await helm([

@@ -343,6 +343,11 @@ call with (dict "root" $ "where" "resolver" "env" $map "extraEnv" $list).
 {{- fail (printf "%s sets %s, which shapes the mesh's streams: set %s instead, so the setup Job and every pod agree (a service whose settings differ from the streams' refuses to start)" $.where $var $where) }}
 {{- end }}
 {{- end }}
+{{- range $var := list "TOOLMESH_SECRET_KEYS" "TOOLMESH_TOKEN_CLIENT_SECRET" }}
+{{- if hasKey (default dict $.env) $var }}
+{{- fail (printf "%s sets %s as plain text: put it in a Secret (an executor's or bridge's secretEnv, or extraEnvFrom, or extraEnv with valueFrom.secretKeyRef)" $.where $var) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* The mesh settings of every pod and the setup Job (`mesh`, setup.streamReplicas). */}}
@@ -371,7 +376,7 @@ of the role; call with (dict "root" $ "c" $c "kind" "liveness" "base" $dict).
 
 {{/*
 Egress rules derived from the endpoints a component calls: the OTLP endpoint (every role) and,
-for the gateway, its JWKS URL, each to its port (`networkPolicy.otelPeers`/`oauthPeers`, default
+for the gateway, its JWKS URL, for any role, the token endpoint (TOOLMESH_TOKEN_URL), each to its port (`networkPolicy.otelPeers`/`oauthPeers`, default
 any address). Returns JSON: {"rules": [...], "endpoints": [{"what", "url", "port"}]}.
 */}}
 {{- define "toolmesh.endpointEgress" -}}
@@ -387,6 +392,9 @@ any address). Returns JSON: {"rules": [...], "endpoints": [{"what", "url", "port
 {{- with get $env "TOOLMESH_GATEWAY_JWKS_URL" }}
 {{- $endpoints = append $endpoints (dict "what" "the gateway's JWKS URL (TOOLMESH_GATEWAY_JWKS_URL)" "url" (toString .) "peers" (default list $np.oauthPeers)) }}
 {{- end }}
+{{- end }}
+{{- with get $env "TOOLMESH_TOKEN_URL" }}
+{{- $endpoints = append $endpoints (dict "what" "the token endpoint (TOOLMESH_TOKEN_URL)" "url" (toString .) "peers" (default list $np.oauthPeers)) }}
 {{- end }}
 {{- $rules := list }}
 {{- $out := list }}
