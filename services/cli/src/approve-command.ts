@@ -1,5 +1,4 @@
 import type { Command } from "commander";
-import { ToolPins } from "@toolmesh/mcp-bridge";
 import { createSubjects } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { meshSettings } from "@toolmesh/runtime";
@@ -40,6 +39,8 @@ export async function approveToolsCommand(
   options: { json?: boolean },
 ): Promise<number> {
   return withConnection(config, async (nc) => {
+    // Loaded here, not with the CLI: only this command needs the bridge.
+    const { ToolPins } = await import("@toolmesh/mcp-bridge");
     const pins = await ToolPins.open(
       nc,
       createSubjects({ prefix: config.prefix }),

@@ -4,13 +4,6 @@ import { pathToFileURL } from "node:url";
 import type { Command } from "commander";
 import { stringify as toYaml } from "yaml";
 import type { OpenApiSourceFile } from "@toolmesh/executor";
-import {
-  OpenApiSourceFileSchema,
-  ToolLoadError,
-  openApiTools,
-  readOpenApiDocument,
-} from "@toolmesh/executor";
-import { outboundFetch, trustedHostsOf } from "@toolmesh/tool-host";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { commaList } from "./comma-list.js";
@@ -78,6 +71,10 @@ export async function importOpenApiCommand(
     ...(o.includeTags === undefined ? {} : { include: { tags: o.includeTags } }),
     ...(o.excludeTags === undefined ? {} : { exclude: { tags: o.excludeTags } }),
   };
+  // Loaded here, not with the CLI: only this command needs them.
+  const { OpenApiSourceFileSchema, ToolLoadError, openApiTools, readOpenApiDocument } =
+    await import("@toolmesh/executor");
+  const { outboundFetch, trustedHostsOf } = await import("@toolmesh/tool-host");
   const parsed = OpenApiSourceFileSchema.safeParse(source);
   if (!parsed.success) {
     throw new ToolLoadError(

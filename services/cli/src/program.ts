@@ -2,7 +2,6 @@ import { addAuditCommands } from "./audit-commands.js";
 import { Command, Option } from "commander";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { loadConfig, serveActors } from "@toolmesh/runtime";
-import { loadGatewayConfig } from "@toolmesh/gateway";
 import type { Role } from "./actors.js";
 import { ROLES, startActors } from "./actors.js";
 import { addToolApprovalCommand } from "./approve-command.js";
@@ -16,7 +15,6 @@ import { addStatsCommand } from "./stats-command.js";
 import { addTopCommand } from "./top-command.js";
 import { addWatchCommand } from "./watch-command.js";
 import { addVersionEverywhere, cliVersion } from "./version.js";
-import { devCommand } from "./dev.js";
 import {
   dlqListCommand,
   dlqPurgeCommand,
@@ -111,7 +109,9 @@ export function buildProgram(
         const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
         // Read before connecting: a gateway with no authentication refuses to start at once.
         const gateway = roles.includes("gateway")
-          ? loadGatewayConfig(env, { TOOLMESH_GATEWAY_PORT: o.port })
+          ? (await import("@toolmesh/gateway")).loadGatewayConfig(env, {
+              TOOLMESH_GATEWAY_PORT: o.port,
+            })
           : undefined;
         await serveActors(c, roles.join("+"), (rt) =>
           startActors(rt, roles, gateway === undefined ? {} : { gateway: () => gateway }),
@@ -127,8 +127,8 @@ export function buildProgram(
     .option("--no-demo", "skip the demo")
     .option("--exit-after-demo", "stop the mesh once the demo is done (exit 1 if it went wrong)")
     .action((o: { toolsDir?: string; demo: boolean; exitAfterDemo?: boolean }) => {
-      run(() =>
-        devCommand(
+      run(async () =>
+        (await import("./dev.js")).devCommand(
           config({
             TOOLMESH_TOOLS_DIR: o.toolsDir,
             // The demo's output is the point of `dev`: quiet logs unless asked.

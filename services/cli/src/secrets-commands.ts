@@ -3,7 +3,7 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import { SecretBox, UserSecretStore } from "@toolmesh/tool-host";
+import type { UserSecretStore } from "@toolmesh/tool-host";
 import { asOperator } from "./commands.js";
 import { say } from "./print.js";
 
@@ -33,6 +33,7 @@ function withSecrets(
         ErrorCode.InvalidRequest,
         "set TOOLMESH_SECRET_KEYS to the keys the executors open users' secrets with",
       );
+    const { SecretBox, UserSecretStore } = await import("@toolmesh/tool-host");
     const box = SecretBox.fromKeyList(config.secretKeys, "TOOLMESH_SECRET_KEYS");
     return fn(
       await UserSecretStore.open(nc, subjects, box, {

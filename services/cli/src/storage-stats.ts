@@ -2,7 +2,6 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamManager, StreamInfo } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { QuotaStore } from "@toolmesh/catalog";
-import { readStored } from "@toolmesh/resolver";
 
 /**
  * What one stream holds against its byte bound (ADR 0050), from the server; or, as stream
@@ -73,6 +72,8 @@ export async function readStoredResults(
   subjects: Subjects,
   options: StoredResultsOptions,
 ): Promise<StreamUsage[]> {
+  // Loaded here, not with the CLI: only `stats` reads stored results.
+  const { readStored } = await import("@toolmesh/resolver");
   try {
     const stored = await readStored(nc, subjects, {
       now: Date.now(),
