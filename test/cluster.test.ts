@@ -377,7 +377,12 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       ].join("\n"),
     );
 
-    expect(failed.map((c) => c.id)).toEqual([]);
+    // Each failed call with what ended it, so a failure in CI says which path lost it.
+    const failure = (c: Tracked): string => {
+      const error = finals(c)[0]?.message.error ?? c.settled?.message.error;
+      return `${c.id} ${error?.code ?? "none"}: ${error?.message ?? ""}`;
+    };
+    expect(failed.map(failure)).toEqual([]);
     expect(several.map((c) => c.id)).toEqual([]);
     expect(late.map((c) => c.id)).toEqual([]);
     expect(duplicated).toEqual([]);
