@@ -7,7 +7,7 @@ import { headers } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamClient, JsMsg } from "@nats-io/jetstream";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { MeshCallPlane } from "@toolmesh/call-store";
 import {
   argumentsHash,
@@ -326,6 +326,16 @@ describe("routeCall", () => {
     const repeat = await route(revision);
     expect(repeat.duplicate).toBe(true);
     expect(await routedUnderRecord(plane.jsm, plane.store, call, repeat, revision)).toBe(true);
+    // A work stream that cannot answer now (here: no responder at that API) is not a gone
+    // message: the check throws, and the call is handed back to be looked at again.
+    const unanswered = await jetstreamManager(nc, {
+      apiPrefix: "hc.nowhere",
+      timeout: 1_000,
+      checkAPI: false,
+    });
+    await expect(
+      routedUnderRecord(unanswered, plane.store, call, repeat, revision),
+    ).rejects.toThrow();
     // Taken and ended by an executor: the record changed since.
     await plane.jsm.streams.deleteMessage(subjects.streams.work, repeat.seq);
     expect(await routedUnderRecord(plane.jsm, plane.store, call, repeat, revision)).toBe(false);

@@ -802,9 +802,10 @@ async function answerVanishedRecord(
 ): Promise<void> {
   const { subjects, plane } = deps;
   const subject = subjects.result(resolved.address, resolved.call_id);
-  const stored = await plane.jsm.streams
-    .getMessage(subjects.streams.sessions, { last_by_subj: subject })
-    .catch(() => null);
+  // Null when no final message is stored; a read that fails now hands the call back.
+  const stored = await plane.jsm.streams.getMessage(subjects.streams.sessions, {
+    last_by_subj: subject,
+  });
   const earlier =
     stored === null ? undefined : ToolMessageSchema.safeParse(decodeJsonOrUndefined(stored.data));
   const message: ToolMessage =

@@ -12,7 +12,8 @@ import type { ResolvedCall } from "@toolmesh/protocol";
  *
  * The duplicate's acknowledgement names the stored work message. While it waits (a work stream
  * keeps work until an executor ends it) its headers name the record it was routed under; once it
- * is gone, the executor that ended it has changed the record since.
+ * is gone, the executor that ended it has changed the record since. Throws when the work
+ * stream or the record cannot be read now.
  */
 export async function routedUnderRecord(
   jsm: JetStreamManager,
@@ -21,7 +22,9 @@ export async function routedUnderRecord(
   ack: PubAck,
   revision: number,
 ): Promise<boolean> {
-  const original = await jsm.streams.getMessage(ack.stream, { seq: ack.seq }).catch(() => null);
+  // Null only when the message is gone; a server that cannot answer now (a leader election)
+  // throws, and the call is handed back to be looked at again, never taken as gone.
+  const original = await jsm.streams.getMessage(ack.stream, { seq: ack.seq });
   if (original !== null) {
     const known = knownRecordOf(call, original.header);
     return known !== undefined && known.revision >= revision;
