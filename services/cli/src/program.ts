@@ -97,47 +97,7 @@ export function buildProgram(
     });
   };
 
-  program
-    .command("serve")
-    .description(`run one or more actors in this process (${ROLES.join(", ")})`)
-    .addArgument(program.createArgument("<roles...>", "actors to run").choices(ROLES))
-    .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
-    .option("--concurrency <n>", "calls run at once by this executor (TOOLMESH_CONCURRENCY)")
-    .option("--port <port>", "port of the MCP gateway's /mcp (TOOLMESH_GATEWAY_PORT)")
-    .action((roles: Role[], o: { toolsDir?: string; concurrency?: string; port?: string }) => {
-      run(async () => {
-        const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
-        // Read before connecting: a gateway with no authentication refuses to start at once.
-        const gateway = roles.includes("gateway")
-          ? (await import("@toolmesh/gateway")).loadGatewayConfig(env, {
-              TOOLMESH_GATEWAY_PORT: o.port,
-            })
-          : undefined;
-        await serveActors(c, roles.join("+"), (rt) =>
-          startActors(rt, roles, gateway === undefined ? {} : { gateway: () => gateway }),
-        );
-        return new Promise<number>(() => undefined);
-      });
-    });
-
-  program
-    .command("dev")
-    .description("run every actor against NATS_URL, or a nats-server it starts, then a demo")
-    .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
-    .option("--no-demo", "skip the demo")
-    .option("--exit-after-demo", "stop the mesh once the demo is done (exit 1 if it went wrong)")
-    .action((o: { toolsDir?: string; demo: boolean; exitAfterDemo?: boolean }) => {
-      run(async () =>
-        (await import("./dev.js")).devCommand(
-          config({
-            TOOLMESH_TOOLS_DIR: o.toolsDir,
-            // The demo's output is the point of `dev`: quiet logs unless asked.
-            TOOLMESH_LOG_LEVEL: chosenLogLevel(program, env) ?? "warn",
-          }),
-          { demo: o.demo, exitAfterDemo: o.exitAfterDemo === true, env },
-        ),
-      );
-    });
+  addActorCommands(program, env, config, run);
 
   const callOptions = (cmd: Command): Command =>
     cmd
@@ -259,4 +219,54 @@ function addDlqCommands(
     .option("--tool <name>", "only the letters of this tool")
     .option("--json", "print JSON")
     .action((o: { tool?: string; json?: boolean }) => run(() => dlqPurgeCommand(config(), o)));
+}
+
+/** `serve` and `dev`: the commands that run actors; their packages load when they run. */
+function addActorCommands(
+  program: Command,
+  env: Readonly<Record<string, string | undefined>>,
+  config: (extra?: Partial<Record<string, string | undefined>>) => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
+  program
+    .command("serve")
+    .description(`run one or more actors in this process (${ROLES.join(", ")})`)
+    .addArgument(program.createArgument("<roles...>", "actors to run").choices(ROLES))
+    .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
+    .option("--concurrency <n>", "calls run at once by this executor (TOOLMESH_CONCURRENCY)")
+    .option("--port <port>", "port of the MCP gateway's /mcp (TOOLMESH_GATEWAY_PORT)")
+    .action((roles: Role[], o: { toolsDir?: string; concurrency?: string; port?: string }) => {
+      run(async () => {
+        const c = config({ TOOLMESH_TOOLS_DIR: o.toolsDir, TOOLMESH_CONCURRENCY: o.concurrency });
+        // Read before connecting: a gateway with no authentication refuses to start at once.
+        const gateway = roles.includes("gateway")
+          ? (await import("@toolmesh/gateway")).loadGatewayConfig(env, {
+              TOOLMESH_GATEWAY_PORT: o.port,
+            })
+          : undefined;
+        await serveActors(c, roles.join("+"), (rt) =>
+          startActors(rt, roles, gateway === undefined ? {} : { gateway: () => gateway }),
+        );
+        return new Promise<number>(() => undefined);
+      });
+    });
+
+  program
+    .command("dev")
+    .description("run every actor against NATS_URL, or a nats-server it starts, then a demo")
+    .option("--tools-dir <dir>", "folder of builtin tool modules (TOOLMESH_TOOLS_DIR)")
+    .option("--no-demo", "skip the demo")
+    .option("--exit-after-demo", "stop the mesh once the demo is done (exit 1 if it went wrong)")
+    .action((o: { toolsDir?: string; demo: boolean; exitAfterDemo?: boolean }) => {
+      run(async () =>
+        (await import("./dev.js")).devCommand(
+          config({
+            TOOLMESH_TOOLS_DIR: o.toolsDir,
+            // The demo's output is the point of `dev`: quiet logs unless asked.
+            TOOLMESH_LOG_LEVEL: chosenLogLevel(program, env) ?? "warn",
+          }),
+          { demo: o.demo, exitAfterDemo: o.exitAfterDemo === true, env },
+        ),
+      );
+    });
 }
