@@ -1,5 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import type { JetStreamManager } from "@nats-io/jetstream";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { JetStreamManager, StoredMsg } from "@nats-io/jetstream";
 import { DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { decodeJsonOrUndefined, subjectToken } from "@toolmesh/protocol";
@@ -14,6 +15,11 @@ export interface ReadTrailOptions {
   /** Keep reading events as they are written, until `signal` aborts. */
   follow?: boolean | undefined;
   signal?: AbortSignal | undefined;
+  /**
+   * Read by direct get, one event per request, as a tenant's approver does from the tenant's
+   * account (no consumer crosses accounts; docs/audit.md). Default: an ordered consumer.
+   */
+  direct?: boolean | undefined;
 }
 
 /** One stored event: its stream sequence and what the stream holds (undefined: not JSON). */
@@ -22,13 +28,20 @@ export interface StoredEvent {
   record: unknown;
 }
 
-/** Reads a tenant's audit stream in order (an ordered consumer: nothing is left behind). */
+/** How often a direct reader that follows the trail looks for new events, in ms. */
+const FOLLOW_POLL_MS = 1_000;
+
+/** Reads a tenant's audit stream in order: nothing is left behind. */
 export async function* readTrail(
   nc: NatsConnection,
   subjects: Subjects,
   tenant: string,
   options: ReadTrailOptions = {},
 ): AsyncGenerator<StoredEvent> {
+  if (options.direct === true) {
+    yield* new DirectTrail(nc, subjects, tenant).events(options);
+    return;
+  }
   const stream = subjects.auditStream(subjectToken(tenant));
   const jsm = await jetstreamManager(nc);
   const info = await jsm.streams.info(stream);
@@ -57,6 +70,66 @@ export async function* readTrail(
   }
 }
 
+/**
+ * A tenant's trail read with the one request its approver may make across accounts (an account
+ * without JetStream answers the rest of the JetStream API itself): direct gets, of the next
+ * event at or after a sequence and of the last one. Each event is one request; a start time is
+ * found by bisecting on stored times.
+ */
+class DirectTrail {
+  readonly #jsm: Promise<JetStreamManager>;
+  readonly #stream: string;
+  readonly #subject: string;
+
+  constructor(nc: NatsConnection, subjects: Subjects, tenant: string) {
+    this.#jsm = jetstreamManager(nc, { checkAPI: false });
+    const token = subjectToken(tenant);
+    this.#stream = subjects.auditStream(token);
+    this.#subject = subjects.audit(token);
+  }
+
+  /** The event at `seq` or the first after it; null past the last. */
+  async at(seq: number): Promise<StoredMsg | null> {
+    const jsm = await this.#jsm;
+    return jsm.direct.getMessage(this.#stream, { seq, next_by_subj: this.#subject });
+  }
+
+  /** The sequence of the last event; 0 when there is none. */
+  async #last(): Promise<number> {
+    const jsm = await this.#jsm;
+    return (await jsm.direct.getMessage(this.#stream, { last_by_subj: this.#subject }))?.seq ?? 0;
+  }
+
+  async *events(options: ReadTrailOptions): AsyncGenerator<StoredEvent> {
+    let last = await this.#last();
+    let seq = options.sinceMs === undefined ? 1 : await this.#firstAt(last, options.sinceMs);
+    for (;;) {
+      while (seq <= last && options.signal?.aborted !== true) {
+        const m = await this.at(seq);
+        if (m === null) break;
+        yield { seq: m.seq, record: decodeJsonOrUndefined(m.data) };
+        seq = m.seq + 1;
+      }
+      if (options.follow !== true || options.signal?.aborted === true) return;
+      await sleep(FOLLOW_POLL_MS, undefined, { signal: options.signal }).catch(() => undefined);
+      last = await this.#last();
+    }
+  }
+
+  /** The sequence of the first event stored at or after `sinceMs` (`last + 1` when none). */
+  async #firstAt(last: number, sinceMs: number): Promise<number> {
+    let low = 1;
+    let high = last + 1;
+    while (low < high) {
+      const mid = Math.floor((low + high) / 2);
+      const m = await this.at(mid);
+      if (m === null || m.time.getTime() >= sinceMs) high = mid;
+      else low = m.seq + 1;
+    }
+    return low;
+  }
+}
+
 /** What `audit verify` found. */
 export type VerifyOutcome =
   { ok: true; count: number } | { ok: false; count: number; broken: BrokenLink };
@@ -69,15 +142,21 @@ export async function verifyTrail(
   nc: NatsConnection,
   subjects: Subjects,
   tenant: string,
-  options: { sinceMs?: number | undefined } = {},
+  options: { sinceMs?: number | undefined; direct?: boolean | undefined } = {},
 ): Promise<VerifyOutcome> {
   const verifier = new ChainVerifier(subjectToken(tenant));
   let anchored = options.sinceMs === undefined;
-  const jsm = await jetstreamManager(nc);
+  const before =
+    options.direct === true
+      ? (seq: number) => new DirectTrail(nc, subjects, tenant).at(seq)
+      : async (seq: number) =>
+          (await jetstreamManager(nc)).streams
+            .getMessage(subjects.auditStream(subjectToken(tenant)), { seq })
+            .catch(() => null);
   for await (const { seq, record } of readTrail(nc, subjects, tenant, options)) {
     if (!anchored) {
       anchored = true;
-      const anchor = await anchorBefore(jsm, subjects.auditStream(subjectToken(tenant)), seq);
+      const anchor = await anchorBefore(before, seq);
       if (anchor !== undefined) verifier.anchor(anchor);
     }
     const broken = verifier.check(seq, record);
@@ -88,14 +167,13 @@ export async function verifyTrail(
 
 /** The event before `seq`, when it is stored and its own hash holds. */
 async function anchorBefore(
-  jsm: JetStreamManager,
-  stream: string,
+  get: (seq: number) => Promise<StoredMsg | null>,
   seq: number,
 ): Promise<{ seq: number; hash: string } | undefined> {
   if (seq <= 1) return undefined;
-  const msg = await jsm.streams.getMessage(stream, { seq: seq - 1 }).catch(() => null);
-  const record =
-    msg === null ? undefined : (decodeJsonOrUndefined(msg.data) as AuditRecord | undefined);
+  const msg = await get(seq - 1);
+  if (msg === null || msg.seq !== seq - 1) return undefined;
+  const record = decodeJsonOrUndefined(msg.data) as AuditRecord | undefined;
   if (record === undefined || record.hash !== recordHash(record)) return undefined;
   return { seq: seq - 1, hash: record.hash };
 }

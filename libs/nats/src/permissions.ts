@@ -292,7 +292,8 @@ function frontendPermissions({ s, n, options }: RoleContext): Permissions {
 function approverPermissions({ s, options }: RoleContext): Permissions {
   if (options.tenant === undefined) bad("the approver role needs --tenant <id>");
   return {
-    publish: { allow: [s.approvalsRpc(options.tenant)] },
+    // Its tenant's calls waiting for approval, and its tenant's audit trail (read only).
+    publish: { allow: [s.approvalsRpc(options.tenant), ...auditReads(s, options.tenant)] },
     subscribe: { allow: [`${s.approverInboxPrefix(options.tenant)}.>`] },
   };
 }
@@ -731,8 +732,21 @@ function tenantCrossings(s: Subjects, tenant: string) {
     { subject: s.approvalsRpc(tenant) },
     { subject: `${base}.rpc.${tenant}.*` },
     { subject: `${API}.DIRECT.GET.${s.streams.sessions}.${base}.sessions.${tenant}.>` },
+    ...auditReads(s, tenant).map((subject) => ({ subject })),
   ];
   return { services, streams: [`${base}.sessions.${tenant}.>`] };
+}
+
+/**
+ * How a tenant's approver reads its tenant's audit trail from the tenant's account (docs/audit.md):
+ * direct gets, served by the stream itself, so they cross into an account without JetStream
+ * (whose own JetStream API would answer any other request).
+ */
+function auditReads(s: Subjects, tenant: string): string[] {
+  const token = subjectToken(tenant);
+  const get = `${API}.DIRECT.GET.${s.auditStream(token)}`;
+  // By sequence, and the last event (its subject in the API subject).
+  return [get, `${get}.${s.audit(token)}`];
 }
 
 /** One service crossing: the mesh's subject, imported `as` another when given. */

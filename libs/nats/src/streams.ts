@@ -284,6 +284,8 @@ export function tenantAuditStreamSpec(
       max_bytes: limits.tenantStoreBytes ?? Defaults.tenantStoreBytes,
       deny_delete: true,
       deny_purge: true,
+      // The tenant's approver reads its own trail from the tenant's account by direct get.
+      allow_direct: true,
     },
     settings: {
       num_replicas: REPLICAS_SETTING,

@@ -3,7 +3,7 @@ import { Option } from "commander";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { ApprovalEntry, ApprovalReply, ApprovalRequest } from "@toolmesh/protocol";
 import { ApprovalReplySchema, createSubjects } from "@toolmesh/protocol";
-import { connectNats, requestOk } from "@toolmesh/nats";
+import { requestOk } from "@toolmesh/nats";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { connectCli } from "./commands.js";
 import { say, typedFailure } from "./print.js";
@@ -29,12 +29,7 @@ interface DecideOptions extends ApprovalsOptions {
 const DECIDE_TIMEOUT_MS = 10_000;
 
 function connect(config: RuntimeConfig, as: Acting | undefined): Promise<NatsConnection> {
-  if (as !== "approver") return connectCli(config, "operator");
-  return connectNats({
-    ...config.nats,
-    name: "toolmesh-cli",
-    inboxPrefix: createSubjects({ prefix: config.prefix }).approverInboxPrefix(config.tenant),
-  });
+  return connectCli(config, as === "approver" ? "approver" : "operator");
 }
 
 async function ask(

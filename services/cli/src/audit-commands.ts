@@ -7,8 +7,16 @@ import { asOperator } from "./commands.js";
 import { durationMs } from "./policy-commands.js";
 import { say } from "./print.js";
 
+/**
+ * Who reads: the operator (an ordered consumer), or the tenant's approver user from the
+ * tenant's account (direct gets of its own trail only; docs/audit.md).
+ */
+interface ReadAs {
+  as: "operator" | "approver";
+}
+
 /** Options of `toolmesh audit tail`. */
-interface TailOptions {
+interface TailOptions extends ReadAs {
   call?: string;
   follow?: boolean;
   json?: boolean;
@@ -20,24 +28,30 @@ async function auditTailCommand(
   tenant: string,
   options: TailOptions,
 ): Promise<number> {
-  return asOperator(config, options.json, async (nc, subjects) => {
-    const stop = new AbortController();
-    const onSignal = (): void => stop.abort();
-    process.once("SIGINT", onSignal);
-    try {
-      for await (const { seq, record } of readTrail(nc, subjects, tenant, {
-        follow: options.follow === true,
-        signal: stop.signal,
-      })) {
-        const event = record as AuditRecord | undefined;
-        if (options.call !== undefined && event?.call_id !== options.call) continue;
-        say(options.json === true ? JSON.stringify(record) : line(seq, event));
+  return asOperator(
+    config,
+    options.json,
+    async (nc, subjects) => {
+      const stop = new AbortController();
+      const onSignal = (): void => stop.abort();
+      process.once("SIGINT", onSignal);
+      try {
+        for await (const { seq, record } of readTrail(nc, subjects, tenant, {
+          follow: options.follow === true,
+          signal: stop.signal,
+          direct: options.as === "approver",
+        })) {
+          const event = record as AuditRecord | undefined;
+          if (options.call !== undefined && event?.call_id !== options.call) continue;
+          say(options.json === true ? JSON.stringify(record) : line(seq, event));
+        }
+      } finally {
+        process.off("SIGINT", onSignal);
       }
-    } finally {
-      process.off("SIGINT", onSignal);
-    }
-    return 0;
-  });
+      return 0;
+    },
+    options.as,
+  );
 }
 
 function line(seq: number, event: AuditRecord | undefined): string {
@@ -61,35 +75,47 @@ function line(seq: number, event: AuditRecord | undefined): string {
 async function auditVerifyCommand(
   config: RuntimeConfig,
   tenant: string,
-  options: { since?: number; json?: boolean },
+  options: ReadAs & { since?: number; json?: boolean },
 ): Promise<number> {
-  return asOperator(config, options.json, async (nc, subjects) => {
-    const outcome = await verifyTrail(nc, subjects, tenant, {
-      sinceMs: options.since === undefined ? undefined : Date.now() - options.since,
-    });
-    if (options.json === true) say(JSON.stringify(outcome));
-    else if (outcome.ok) say(`verified ${outcome.count} events`);
-    else
-      say(
-        `broken link at event ${outcome.broken.seq}: ${outcome.broken.reason} (${outcome.count} events before it verified)`,
-      );
-    return outcome.ok ? 0 : 1;
-  });
+  return asOperator(
+    config,
+    options.json,
+    async (nc, subjects) => {
+      const outcome = await verifyTrail(nc, subjects, tenant, {
+        sinceMs: options.since === undefined ? undefined : Date.now() - options.since,
+        direct: options.as === "approver",
+      });
+      if (options.json === true) say(JSON.stringify(outcome));
+      else if (outcome.ok) say(`verified ${outcome.count} events`);
+      else
+        say(
+          `broken link at event ${outcome.broken.seq}: ${outcome.broken.reason} (${outcome.count} events before it verified)`,
+        );
+      return outcome.ok ? 0 : 1;
+    },
+    options.as,
+  );
 }
 
 /** `toolmesh audit export`: a tenant's events since a time, as JSON lines. */
 async function auditExportCommand(
   config: RuntimeConfig,
   tenant: string,
-  options: { since: number },
+  options: ReadAs & { since: number },
 ): Promise<number> {
-  return asOperator(config, true, async (nc, subjects) => {
-    for await (const { record } of readTrail(nc, subjects, tenant, {
-      sinceMs: Date.now() - options.since,
-    }))
-      say(JSON.stringify(record));
-    return 0;
-  });
+  return asOperator(
+    config,
+    true,
+    async (nc, subjects) => {
+      for await (const { record } of readTrail(nc, subjects, tenant, {
+        sinceMs: Date.now() - options.since,
+        direct: options.as === "approver",
+      }))
+        say(JSON.stringify(record));
+      return 0;
+    },
+    options.as,
+  );
 }
 
 /** Adds `toolmesh audit tail|verify|export` (docs/audit.md). */
@@ -103,12 +129,20 @@ export function addAuditCommands(
   const audit = program
     .command("audit")
     .description("read and verify tenants' audit trails (docs/audit.md)");
+  const asOption = () =>
+    new Option(
+      "--as <role>",
+      "connect as the operator, or as the tenant's approver user (auth config), who reads its own tenant's trail",
+    )
+      .choices(["operator", "approver"])
+      .default("operator");
   audit
     .command("tail")
     .description("print a tenant's audit events, oldest first (--tenant, default TOOLMESH_TENANT)")
     .option("--call <id>", "only the events of this call")
     .option("--follow", "keep printing events as they are written (Ctrl-C stops)")
     .option("--json", "print each event as JSON")
+    .addOption(asOption())
     .action((o: TailOptions) => run(() => auditTailCommand(config(), tenantOf(), o)));
   audit
     .command("verify")
@@ -121,7 +155,8 @@ export function addAuditCommands(
       ),
     )
     .option("--json", "print JSON")
-    .action((o: { since?: number; json?: boolean }) =>
+    .addOption(asOption())
+    .action((o: ReadAs & { since?: number; json?: boolean }) =>
       run(() => auditVerifyCommand(config(), tenantOf(), o)),
     );
   audit
@@ -132,5 +167,8 @@ export function addAuditCommands(
         .argParser(durationMs)
         .makeOptionMandatory(),
     )
-    .action((o: { since: number }) => run(() => auditExportCommand(config(), tenantOf(), o)));
+    .addOption(asOption())
+    .action((o: ReadAs & { since: number }) =>
+      run(() => auditExportCommand(config(), tenantOf(), o)),
+    );
 }

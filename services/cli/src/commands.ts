@@ -9,8 +9,8 @@ import { createLogger } from "@toolmesh/telemetry";
 import type { Logger } from "@toolmesh/telemetry";
 import { say, typedFailure } from "./print.js";
 
-/** The role a command connects as. */
-export type CliRole = "frontend" | "operator";
+/** The role a command connects as: the tenant's approver is `approver-{tenant}` of auth config. */
+export type CliRole = "frontend" | "operator" | "approver";
 
 /**
  * The log of a command's own NATS helpers (a registry read, stats): warnings and errors only,
@@ -30,7 +30,11 @@ export function connectCli(config: RuntimeConfig, as: CliRole): Promise<NatsConn
     ...config.nats,
     name: "toolmesh-cli",
     inboxPrefix:
-      as === "frontend" ? subjects.frontendInboxPrefix(config.tenant) : subjects.inboxPrefix(as),
+      as === "frontend"
+        ? subjects.frontendInboxPrefix(config.tenant)
+        : as === "approver"
+          ? subjects.approverInboxPrefix(config.tenant)
+          : subjects.inboxPrefix(as),
   });
 }
 
@@ -59,14 +63,19 @@ export function asOperator(
   config: RuntimeConfig,
   json: boolean | undefined,
   fn: (nc: NatsConnection, subjects: Subjects) => Promise<number>,
+  as: CliRole = "operator",
 ): Promise<number> {
-  return withConnection(config, async (nc) => {
-    try {
-      return await fn(nc, createSubjects({ prefix: config.prefix }));
-    } catch (err) {
-      return typedFailure(err, json);
-    }
-  });
+  return withConnection(
+    config,
+    async (nc) => {
+      try {
+        return await fn(nc, createSubjects({ prefix: config.prefix }));
+      } catch (err) {
+        return typedFailure(err, json);
+      }
+    },
+    as,
+  );
 }
 
 /** Runs `fn` with a client connected as this configuration's frontend, then disconnects. */
