@@ -236,12 +236,13 @@ describe("permissions", () => {
 
   it("gives an owner's executor its owner's crossings only, and refuses an empty tenant", () => {
     const owned = rolePermissions("executor", { owner: "acme" });
-    // Besides its crossings, only its own account's bucket of users' secrets: read, and written
-    // for delegation grants and cached tokens only (keys of five and four tokens), with the
-    // replies to the deposits that crossed into its account.
+    // Besides its crossings, only its own account's bucket of users' secrets: made when missing
+    // (its account's JetStream info, and creating that one stream), read, and written for
+    // delegation grants and cached tokens only (keys of five and four tokens), with the replies
+    // to the deposits that crossed into its account.
     for (const subject of owned.publish.allow) {
       expect(subject).toMatch(
-        /TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\.|^\$JS\.(API\.(STREAM\.(INFO|MSG\.GET)|DIRECT\.GET|CONSUMER\.(CREATE|DELETE|INFO|MSG\.NEXT))|FC)\.KV_toolmesh_user_secrets(\.|$)|^\$KV\.toolmesh_user_secrets\.\*\.\*\.\*\.(grant\.\*|token)$|^_R_\.>$/,
+        /TOOLMESH_WORK_acme\.|toolmesh\.v1\.owner\.acme\.|^\$JS\.API\.INFO$|^\$JS\.(API\.(STREAM\.(INFO|MSG\.GET|CREATE)|DIRECT\.GET|CONSUMER\.(CREATE|DELETE|INFO|MSG\.NEXT))|FC)\.KV_toolmesh_user_secrets(\.|$)|^\$KV\.toolmesh_user_secrets\.\*\.\*\.\*\.(grant\.\*|token)$|^_R_\.>$/,
       );
     }
     expect(owned.subscribe.allow).toContain("toolmesh.v1.delegation.owner.acme");
