@@ -13,7 +13,7 @@ import { ErrorCode, createSubjects } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
-import { accountUsers } from "./helpers/account-users.js";
+import { accountUsers, everyRight } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
 import { present } from "./helpers/present.js";
 
@@ -35,7 +35,7 @@ const SESSIONS = subjects.streams.sessions;
 let pki: TestPki;
 let server: NatsServerHandle;
 const open: NatsConnection[] = [];
-const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
+const { exportPasswords, credentials, connectAs, closeAll } = accountUsers(() => ({
   url: server.url,
   pki,
 }));
@@ -59,25 +59,11 @@ export function attackConfig(tenants: string[]): string {
       },
       // A principal with every right inside its tenant's account: the account boundary alone
       // must hold it.
-      {
-        account: tenantAccount("acme"),
-        user: "acme-root",
-        permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
-      },
+      everyRight(tenantAccount("acme"), "acme-root"),
       // Labelled: the test's observer of the mesh (every right in the mesh account).
-      {
-        account: MESH_ACCOUNT,
-        user: "observer",
-        permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
-      },
+      everyRight(MESH_ACCOUNT, "observer"),
     ],
   });
-}
-
-function exportPasswords(config: string): void {
-  for (const m of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)) {
-    process.env[m[2]!] = password(m[1]!);
-  }
 }
 
 /** Everything a connection receives on `subject`, collected as it comes. */

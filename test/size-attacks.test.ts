@@ -39,7 +39,7 @@ let server: NatsServerHandle;
 let services: ServiceProcess[] = [];
 let mesh: NatsConnection;
 let globex: ToolmeshClient;
-const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
+const { exportPasswords, credentials, connectAs, closeAll } = accountUsers(() => ({
   url: server.url,
   pki,
 }));
@@ -86,9 +86,7 @@ function expectAllRunning(): void {
 beforeAll(async () => {
   pki = await createTestPki();
   const config = attackConfig();
-  for (const m of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)) {
-    process.env[m[2]!] = password(m[1]!);
-  }
+  exportPasswords(config);
   server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
   const setup = await runCli(
     ["setup", "--tenants", "acme,globex", "--owners", "rogue"],

@@ -47,7 +47,7 @@ let pki: TestPki;
 let server: NatsServerHandle;
 let resolver: ServiceProcess;
 let executor: ServiceProcess;
-const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
+const { exportPasswords, credentials, connectAs, closeAll } = accountUsers(() => ({
   url: server.url,
   pki,
 }));
@@ -55,9 +55,7 @@ const { password, credentials, connectAs, closeAll } = accountUsers(() => ({
 beforeAll(async () => {
   pki = await createTestPki();
   const config = renderAccountConfig({ tenants: ["flood", "steady"] });
-  for (const m of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g)) {
-    process.env[m[2]!] = password(m[1]!);
-  }
+  exportPasswords(config);
   server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
   const setup = await runCli(["setup", "--tenants", "flood,steady"], {
     ...credentials("setup"),

@@ -9,6 +9,8 @@ import type { TestPki } from "./tls.js";
 export interface AccountUsers {
   /** The user's password, made on first use. */
   password(user: string): string;
+  /** Puts each user's password where a rendered account configuration reads it (its variable). */
+  exportPasswords(config: string): void;
   /** The environment (`NATS_*`) a service or the CLI connects as `user` with. */
   credentials(user: string): Record<string, string>;
   /** A connection as `user`, closed by {@link AccountUsers.closeAll}. */
@@ -25,6 +27,10 @@ export function accountUsers(where: () => { url: string; pki: TestPki }): Accoun
     (passwords[user] ??= `pw-${user}-${Math.random().toString(36).slice(2)}`);
   return {
     password,
+    exportPasswords(config) {
+      for (const m of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g))
+        process.env[m[2]!] = password(m[1]!);
+    },
     credentials(user) {
       const { url, pki } = where();
       return {
@@ -53,5 +59,14 @@ export function accountUsers(where: () => { url: string; pki: TestPki }): Accoun
     async closeAll() {
       await Promise.all(open.splice(0).map((nc) => nc.close().catch(() => undefined)));
     },
+  };
+}
+
+/** A user with every right inside `account`: what the account's imports and exports alone bound. */
+export function everyRight(account: string, user: string) {
+  return {
+    account,
+    user,
+    permissions: { publish: { allow: [">"] }, subscribe: { allow: [">"] } },
   };
 }
