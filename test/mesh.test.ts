@@ -7,7 +7,6 @@ import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
 import type { ToolMessage } from "@toolmesh/protocol";
-import { initTelemetry } from "@toolmesh/telemetry";
 import type { Telemetry } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -15,7 +14,7 @@ import { fixtureTools, killAllServices, startService, toolAvailable } from "./he
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { present } from "./helpers/present.js";
 import { until } from "./helpers/eventually.js";
-import { startOtlpReceiver } from "./helpers/otlp-receiver.js";
+import { freshTelemetry, startOtlpReceiver } from "./helpers/otlp-receiver.js";
 import type { CollectedSpan, OtlpReceiver } from "./helpers/otlp-receiver.js";
 
 let server: NatsServerHandle;
@@ -42,7 +41,7 @@ beforeAll(async () => {
   resolver = await startService("resolver", env);
   executors = await Promise.all([startService("executor", env), startService("executor", env)]);
   await toolAvailable(resolver, "inspect", "misbehave", "whoami");
-  telemetry = initTelemetry({ serviceName: "test-frontend", env });
+  telemetry = await freshTelemetry({ serviceName: "test-frontend", env });
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc, { tracer: telemetry.tracer, defaultTimeoutMs: 15_000 });
 });

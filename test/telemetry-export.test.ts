@@ -9,13 +9,13 @@ import {
   MessagingOperationType,
   SpanKind,
   extractTraceContext,
-  initTelemetry,
   injectTraceHeaders,
   withSpan,
   type Telemetry,
 } from "@toolmesh/telemetry";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import {
+  freshTelemetry,
   startOtlpReceiver,
   type CollectedSpan,
   type OtlpReceiver,
@@ -44,7 +44,7 @@ const named = (spans: CollectedSpan[], name: string) => spans.find((span) => spa
 
 describe("trace export over OTLP/HTTP", () => {
   it("exports a parent and child with their link and the service name on forceFlush", async () => {
-    telemetry = initTelemetry({
+    telemetry = await freshTelemetry({
       serviceName: "toolmesh-export-test",
       serviceVersion: "0.0.1",
       env: { OTEL_EXPORTER_OTLP_ENDPOINT: receiver.url, OTEL_BSP_SCHEDULE_DELAY: "50" },
@@ -88,7 +88,7 @@ describe("trace export over OTLP/HTTP", () => {
   it("exports on the OTEL_BSP_SCHEDULE_DELAY from env, and links hops through NATS headers", async () => {
     // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as given; no forceFlush, so only the 50 ms batch
     // delay read from `env` gets the spans out before the 3 s wait (the SDK default is 5 s).
-    telemetry = initTelemetry({
+    telemetry = await freshTelemetry({
       serviceName: "toolmesh-hop-test",
       env: {
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: `${receiver.url}/v1/traces`,

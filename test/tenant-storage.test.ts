@@ -197,6 +197,7 @@ async function floodWhileSteadyCalls(
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
   let floodSeen: MeshStats["tenants"] = [];
+  const lookFailures: string[] = [];
   const steadyRefused: WireError[] = [];
   const steadyIds: string[] = [];
   try {
@@ -210,10 +211,16 @@ async function floodWhileSteadyCalls(
       // The operator sees who fills the calls streams, from the server. The resolver drains
       // them as the flood fills them: a sample may catch a moment with nothing stored, so the
       // operator looks again, as `toolmesh top` would.
+      // A look the flooded server does not answer in time (exit 2, one line on stderr) is
+      // another look.
       for (let look = 0; look < 5 && floodSeen.length === 0; look++) {
         const stats = await runCli(["stats", "--tenant", "flood", "--json"], {
           ...credentials("operator"),
         });
+        if (stats.code !== 0) {
+          lookFailures.push(stats.stderr.trim());
+          continue;
+        }
         floodSeen = (JSON.parse(stats.stdout) as MeshStats).tenants;
       }
     }
@@ -228,7 +235,15 @@ async function floodWhileSteadyCalls(
   // Every call of the flood the server stored ends in exactly one final message.
   await flood.answered(accepted);
   const floodUnanswered = accepted.filter((id) => flood.finals.get(id)?.length !== 1);
-  return { steadyRefused, steadyIds, steadyWrong, floodSeen, refusals, floodUnanswered };
+  return {
+    steadyRefused,
+    steadyIds,
+    steadyWrong,
+    floodSeen,
+    refusals,
+    floodUnanswered,
+    lookFailures,
+  };
 }
 
 describe("one tenant flooding its calls stream", () => {
@@ -238,7 +253,7 @@ describe("one tenant flooding its calls stream", () => {
     expect(seen.steadyIds).toHaveLength(60);
     expect(seen.steadyWrong).toEqual([]);
 
-    expect(seen.floodSeen).toHaveLength(1);
+    expect(seen.floodSeen, seen.lookFailures.join("\n")).toHaveLength(1);
     expect(seen.floodSeen[0]?.tenant).toBe("flood");
     expect(seen.floodSeen[0]?.stored.sessions).toBe(1);
     expect(seen.floodSeen[0]?.stored.max_session).toBeGreaterThan(0);
@@ -258,7 +273,7 @@ describe("one tenant flooding its calls stream", () => {
     expect(seen.steadyIds).toHaveLength(60);
     expect(seen.steadyWrong).toEqual([]);
 
-    expect(seen.floodSeen).toHaveLength(1);
+    expect(seen.floodSeen, seen.lookFailures.join("\n")).toHaveLength(1);
     expect(seen.floodSeen[0]?.stored.sessions).toBeGreaterThan(1);
     expect(seen.floodSeen[0]?.stored.calls).toBeGreaterThan(0);
     expect(seen.floodSeen[0]?.stored.calls).toBeLessThanOrEqual(

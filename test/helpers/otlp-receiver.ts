@@ -6,6 +6,8 @@
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { gunzipSync } from "node:zlib";
+import { initTelemetry } from "@toolmesh/telemetry";
+import type { Telemetry, TelemetryOptions } from "@toolmesh/telemetry";
 
 /** One received span. Ids are lowercase hex, as in OTLP JSON. */
 export interface CollectedSpan {
@@ -217,4 +219,14 @@ function toValue(value: OtlpAnyValue | undefined): unknown {
   if (value.arrayValue !== undefined) return (value.arrayValue.values ?? []).map(toValue);
   if (value.kvlistValue !== undefined) return toRecord(value.kvlistValue.values);
   return undefined;
+}
+
+/**
+ * Tracing for this test file as `options` ask, whatever an earlier file of the same worker left:
+ * `initTelemetry` hands every later caller the process's first handle (tracing off, for a file
+ * that set none), so that handle is shut down first. The caller shuts this one down.
+ */
+export async function freshTelemetry(options: TelemetryOptions): Promise<Telemetry> {
+  await initTelemetry({ serviceName: "earlier", env: {} }).shutdown();
+  return initTelemetry(options);
 }
