@@ -222,6 +222,12 @@ describe("tenants in their own accounts, attacked", () => {
       { subject: "toolmesh.v1.rpc.acme.catalog", body: "{}" },
       { subject: "toolmesh.v1.rpc.acme.groups", body: "{}" },
       { subject: "toolmesh.v1.rpc.acme.resolve", body: "{}" },
+      // its audit trail's direct gets (its approver's reads): an event, and the last one
+      { subject: `$JS.API.DIRECT.GET.${subjects.auditStream("acme")}`, body: '{"seq":1}' },
+      {
+        subject: `$JS.API.DIRECT.GET.${subjects.auditStream("acme")}.${subjects.audit("acme")}`,
+        body: "",
+      },
     ];
     const targets = [
       `$JS.API.STREAM.DELETE.${subjects.streams.calls}`,
@@ -246,6 +252,8 @@ describe("tenants in their own accounts, attacked", () => {
       `$JS.API.CONSUMER.DELETE.${subjects.callsStream("globex")}.resolver`,
       "toolmesh.v1.tenant-calls.globex.g1",
       subjects.intake,
+      `$JS.API.STREAM.DELETE.${subjects.auditStream("globex")}`,
+      `$JS.API.STREAM.UPDATE.${subjects.auditStream("acme")}`,
       // crossings of its own account: a second request whose body is the first answer
       `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.x`,
     ];

@@ -1,11 +1,10 @@
 import type { Command } from "commander";
-import { Option } from "commander";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { ApprovalEntry, ApprovalReply, ApprovalRequest } from "@toolmesh/protocol";
 import { ApprovalReplySchema, createSubjects } from "@toolmesh/protocol";
 import { requestOk } from "@toolmesh/nats";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import { connectCli } from "./commands.js";
+import { actingAsOption, connectCli } from "./commands.js";
 import { say, typedFailure } from "./print.js";
 
 // `toolmesh approvals`: the calls of a tenant that wait for a person (ADR 0059), listed and
@@ -119,19 +118,12 @@ export function addApprovalCommands(
   const approvals = program
     .command("approvals")
     .description("list, approve and deny calls that wait for a person (docs/policy.md)");
-  const asOption = () =>
-    new Option(
-      "--as <role>",
-      "connect as the operator, or as the tenant's approver user (auth config)",
-    )
-      .choices(["operator", "approver"])
-      .default("operator");
 
   approvals
     .command("list")
     .description("the tenant's calls waiting for approval (--tenant, default TOOLMESH_TENANT)")
     .option("--json", "print a JSON array")
-    .addOption(asOption())
+    .addOption(actingAsOption())
     .action((o: ApprovalsOptions) => run(() => listApprovals(config(), o)));
 
   for (const op of ["approve", "deny"] as const) {
@@ -147,7 +139,7 @@ export function addApprovalCommands(
       .option("--session <id>", "the call's session, when its id is used in two sessions")
       .option("--by <name>", "a name recorded with the decision")
       .option("--json", "print JSON")
-      .addOption(asOption())
+      .addOption(actingAsOption())
       .action((callId: string, o: DecideOptions) =>
         run(() => decideApproval(config(), op, callId, o)),
       );

@@ -3,7 +3,7 @@ import { Option } from "commander";
 import type { AuditRecord } from "@toolmesh/audit";
 import { readTrail, verifyTrail } from "@toolmesh/audit";
 import type { RuntimeConfig } from "@toolmesh/runtime";
-import { asOperator } from "./commands.js";
+import { actingAsOption, asOperator } from "./commands.js";
 import { durationMs } from "./policy-commands.js";
 import { say } from "./print.js";
 
@@ -129,20 +129,13 @@ export function addAuditCommands(
   const audit = program
     .command("audit")
     .description("read and verify tenants' audit trails (docs/audit.md)");
-  const asOption = () =>
-    new Option(
-      "--as <role>",
-      "connect as the operator, or as the tenant's approver user (auth config), who reads its own tenant's trail",
-    )
-      .choices(["operator", "approver"])
-      .default("operator");
   audit
     .command("tail")
     .description("print a tenant's audit events, oldest first (--tenant, default TOOLMESH_TENANT)")
     .option("--call <id>", "only the events of this call")
     .option("--follow", "keep printing events as they are written (Ctrl-C stops)")
     .option("--json", "print each event as JSON")
-    .addOption(asOption())
+    .addOption(actingAsOption())
     .action((o: TailOptions) => run(() => auditTailCommand(config(), tenantOf(), o)));
   audit
     .command("verify")
@@ -155,7 +148,7 @@ export function addAuditCommands(
       ),
     )
     .option("--json", "print JSON")
-    .addOption(asOption())
+    .addOption(actingAsOption())
     .action((o: ReadAs & { since?: number; json?: boolean }) =>
       run(() => auditVerifyCommand(config(), tenantOf(), o)),
     );
@@ -167,7 +160,7 @@ export function addAuditCommands(
         .argParser(durationMs)
         .makeOptionMandatory(),
     )
-    .addOption(asOption())
+    .addOption(actingAsOption())
     .action((o: ReadAs & { since: number }) =>
       run(() => auditExportCommand(config(), tenantOf(), o)),
     );

@@ -6,6 +6,7 @@ import { connectNats } from "@toolmesh/nats";
 import { ToolRegistry } from "@toolmesh/registry";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
+import { Option } from "commander";
 import type { Logger } from "@toolmesh/telemetry";
 import { say, typedFailure } from "./print.js";
 
@@ -156,4 +157,14 @@ export async function openForReading(
     watch: false,
     existing: "keep",
   });
+}
+
+/** `--as operator|approver`: a tenant's command run as the operator or as its approver user. */
+export function actingAsOption(): Option {
+  return new Option(
+    "--as <role>",
+    "connect as the operator, or as the tenant's approver user (auth config)",
+  )
+    .choices(["operator", "approver"])
+    .default("operator");
 }
