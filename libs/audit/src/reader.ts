@@ -149,10 +149,13 @@ export async function verifyTrail(
   const before =
     options.direct === true
       ? (seq: number) => new DirectTrail(nc, subjects, tenant).at(seq)
-      : async (seq: number) =>
-          (await jetstreamManager(nc)).streams
-            .getMessage(subjects.auditStream(subjectToken(tenant)), { seq })
-            .catch(() => null);
+      : // Null only when the event is gone; a read that fails fails the verification, which
+        // must not start unanchored as if the trail began there.
+        async (seq: number) =>
+          (await jetstreamManager(nc)).streams.getMessage(
+            subjects.auditStream(subjectToken(tenant)),
+            { seq },
+          );
   for await (const { seq, record } of readTrail(nc, subjects, tenant, options)) {
     if (!anchored) {
       anchored = true;
