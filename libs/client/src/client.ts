@@ -69,6 +69,15 @@ const STREAM_FOUND_MS = 60_000;
  * runs (`toolmesh setup --tenants`) takes its calls within seconds.
  */
 const STREAM_MISSING_MS = 5_000;
+/**
+ * After a reconnect, waiting calls look up their stored answers at once and again after these
+ * delays, in ms: an answer published on another server of a cluster before this connection's
+ * subscription reached it goes to nobody live, and a replica that serves the look-up may not
+ * hold it yet (a restarted server catching up).
+ */
+const CATCH_UP_AGAIN_MS = [1_000, 5_000];
+/** A look-up that failed (no stream leader yet, a timeout) is tried again after this, doubling. */
+const LOOKUP_RETRY_MS = { first: 250, max: 2_000 };
 
 /** Options of {@link ToolmeshClient}. Durations in ms. */
 export interface ClientOptions {
@@ -80,7 +89,10 @@ export interface ClientOptions {
   defaultTimeoutMs?: number;
   /** Extra wait past a call's deadline before the client answers it itself, in ms. Default 2 000. */
   deadlineGraceMs?: number;
-  /** How long request-reply exchanges (dry runs, cancellations) wait, in ms. Default 5 000. */
+  /**
+   * How long request-reply exchanges (dry runs, cancellations, reads of stored answers) wait,
+   * in ms. Default 5 000.
+   */
   requestTimeoutMs?: number;
   /** Tracer for the call spans; default the global tracer named `toolmesh-client`. */
   tracer?: Tracer;
@@ -440,6 +452,10 @@ export class Session {
   readonly #callAt = new Map<number, string>();
   // Rejections that came before their submission's PubAck, by sequence, oldest first.
   readonly #earlyRejections = new Map<number, Rejection>();
+  // The later passes of a catch-up after a reconnect.
+  readonly #catchUpTimers = new Set<NodeJS.Timeout>();
+  // Calls whose stored answer is being looked up.
+  readonly #lookingUp = new Set<string>();
   readonly #onClosed: () => void;
   #closed = false;
   // Headers of the final message being delivered, for the receipt span (settled synchronously).
@@ -623,7 +639,7 @@ export class Session {
           },
         );
         this.#submitted(callId, ack.seq);
-        if (ack.duplicate) await this.#answerFromStore(callId);
+        if (ack.duplicate) void this.#lookUpStored(callId);
         return;
       } catch (err) {
         const error = ensureError(err, ErrorCode.Unavailable);
@@ -641,12 +657,16 @@ export class Session {
    * settles it only if it names the submission's tool and arguments (`args_hash`).
    */
   async #answerFromStore(callId: string): Promise<void> {
-    const jsm = await jetstreamManager(this.#client.nc, { checkAPI: false });
+    const jsm = await jetstreamManager(this.#client.nc, {
+      checkAPI: false,
+      timeout: this.#options.requestTimeoutMs,
+    });
     const { subjects } = this.#client;
     const seq = this.#seqOf.get(callId);
     // Direct get names the subject in the request subject, which permissions can confine.
+    // Null only when the stream holds no such message; a failed read throws.
     const lastOn = (subject: string) =>
-      jsm.direct.getMessage(subjects.streams.sessions, { last_by_subj: subject }).catch(() => null);
+      jsm.direct.getMessage(subjects.streams.sessions, { last_by_subj: subject });
     if (seq !== undefined) {
       const rejected = await lastOn(subjects.rejected(this.address, seq));
       const refusal =
@@ -660,6 +680,32 @@ export class Session {
     if (stored === null) return; // still running: the answer will arrive live
     const parsed = ToolMessageSchema.safeParse(decodeJsonOrUndefined(stored.data));
     if (parsed.success) this.#deliver({ type: "result", message: parsed.data });
+  }
+
+  /**
+   * {@link #answerFromStore}, tried again while it fails and the call still waits: a failed
+   * read is no "not there", and the answer may be nowhere else. Never rejects.
+   */
+  async #lookUpStored(callId: string): Promise<void> {
+    if (this.#lookingUp.has(callId)) return; // one look-up per call at a time
+    this.#lookingUp.add(callId);
+    try {
+      await this.#lookUpUntilRead(callId);
+    } finally {
+      this.#lookingUp.delete(callId);
+    }
+  }
+
+  async #lookUpUntilRead(callId: string): Promise<void> {
+    for (let delay = LOOKUP_RETRY_MS.first; ; delay = Math.min(delay * 2, LOOKUP_RETRY_MS.max)) {
+      if (!this.#pending.has(callId) || this.#closed) return;
+      try {
+        await this.#answerFromStore(callId);
+        return;
+      } catch {
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
   }
 
   /** Remembers which submission a waiting call is, and settles it if already rejected. */
@@ -737,10 +783,21 @@ export class Session {
     }
   }
 
-  /** Looks up, in the sessions stream, the final messages of every call still waiting. */
+  /**
+   * Looks up, in the sessions stream, the final messages of every call still waiting: at once
+   * and again after {@link CATCH_UP_AGAIN_MS}.
+   */
   catchUp(): void {
-    for (const callId of this.#pending.keys()) {
-      void this.#answerFromStore(callId).catch(() => undefined);
+    const lookUpAll = (): void => {
+      for (const callId of this.#pending.keys()) void this.#lookUpStored(callId);
+    };
+    lookUpAll();
+    for (const delay of CATCH_UP_AGAIN_MS) {
+      const timer = setTimeout(() => {
+        this.#catchUpTimers.delete(timer);
+        lookUpAll();
+      }, delay);
+      this.#catchUpTimers.add(timer);
     }
   }
 
@@ -750,6 +807,8 @@ export class Session {
     this.#closed = true;
     this.#onClosed();
     this.#sub.unsubscribe();
+    for (const timer of this.#catchUpTimers) clearTimeout(timer);
+    this.#catchUpTimers.clear();
     for (const [callId] of this.#pending) {
       this.#settle(
         callId,

@@ -81,6 +81,13 @@ __all__ = [
 _FINISHED_REMEMBERED = 4096
 # Rejections kept while their submission's PubAck is on its way.
 _EARLY_REJECTIONS_REMEMBERED = 256
+# After a reconnect, waiting calls read their stored answers at once and again after these
+# delays (seconds): on a cluster, an answer published on another server before the new
+# subscription reached it goes to nobody live, and the replica that answers a direct get may not
+# hold it yet.
+_CATCH_UP_AGAIN = (1.0, 5.0)
+# A read that failed (no stream leader yet, a timeout) is tried again after this, doubling.
+_LOOKUP_RETRY_FIRST, _LOOKUP_RETRY_MAX = 0.25, 2.0
 _STREAM_FULL_CODES = frozenset({JS_ERR_STREAM_FULL, 10047, 10028})
 
 
@@ -367,14 +374,21 @@ class Mesh:
         return reply
 
     async def _last_stored(self, subject: str) -> dict[str, Any] | None:
-        """The last message stored on a session subject, by direct get (None: none stored, or
-        the read failed — the live subscription may still bring it)."""
+        """The last message stored on a session subject, by direct get (None: none stored).
+        Raises :class:`UnavailableError` when the read fails: that is no "not there"."""
         try:
-            msg = await self.nc.request(self.subjects.direct_get(subject), b"", timeout=2.0)
-        except (TimeoutError, nats.errors.Error, OSError):
-            return None
+            msg = await self.nc.request(
+                self.subjects.direct_get(subject), b"", timeout=self.request_timeout
+            )
+        except (TimeoutError, nats.errors.Error, OSError) as err:
+            raise UnavailableError(f"cannot read the sessions stream: {err!r}") from err
         status = (msg.headers or {}).get("Status")
-        if status is not None or not msg.data:
+        if status == "404":
+            return None
+        if status is not None:
+            description = (msg.headers or {}).get("Description", "")
+            raise UnavailableError(f"cannot read the sessions stream: {status} {description}")
+        if not msg.data:
             return None
         body = json.loads(msg.data)
         return body if isinstance(body, dict) else None
@@ -474,6 +488,9 @@ class Session:
         self._schema_waiters: list[tuple[str, asyncio.Future[None]]] = []
         # Cancel requests of calls whose awaiting task was cancelled, by call id.
         self._cancelling: dict[str, asyncio.Task[CancelReply]] = {}
+        # Reads of stored answers under way, by call id, and the later passes of a catch-up.
+        self._looking_up: dict[str, asyncio.Task[None]] = {}
+        self._catch_up_timers: set[asyncio.TimerHandle] = set()
         self._closed = False
         # The sessions subject is built now, so a bad session id fails here.
         self._events_subject = self._subjects.session_events(session_id)
@@ -753,11 +770,37 @@ class Session:
             self._listeners.discard(queue)
 
     def catch_up(self) -> None:
-        """Reads, from the sessions stream, the answers of every call still waiting (done after
-        each reconnect: answers published while the connection was down are not redelivered)."""
+        """Reads, from the sessions stream, the answers of every call still waiting, at once and
+        again 1 s and 5 s later (done after each reconnect: answers published while the
+        connection was down are not redelivered)."""
+        loop = asyncio.get_running_loop()
+        self._look_up_all()
+        for delay in _CATCH_UP_AGAIN:
+            self._catch_up_timers.add(loop.call_later(delay, self._look_up_all))
+
+    def _look_up_all(self) -> None:
         for call_id in list(self._pending):
-            task = asyncio.get_running_loop().create_task(self._answer_from_store(call_id))
-            task.add_done_callback(_ignore_failure)
+            self._look_up_stored(call_id)
+
+    def _look_up_stored(self, call_id: str) -> None:
+        """Reads a waiting call's stored answers, again while the read fails and it still waits
+        (one read per call at a time)."""
+        if call_id in self._looking_up or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._look_up_until_read(call_id))
+        self._looking_up[call_id] = task
+        task.add_done_callback(lambda _: self._looking_up.pop(call_id, None))
+        task.add_done_callback(_ignore_failure)
+
+    async def _look_up_until_read(self, call_id: str) -> None:
+        delay = _LOOKUP_RETRY_FIRST
+        while call_id in self._pending and not self._closed:
+            try:
+                await self._answer_from_store(call_id)
+                return
+            except UnavailableError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _LOOKUP_RETRY_MAX)
 
     async def close(self) -> None:
         """Stops listening; calls still waiting settle with ``cancelled``."""
@@ -765,6 +808,9 @@ class Session:
             return
         self._closed = True
         self.mesh._forget(self)
+        for timer in self._catch_up_timers:
+            timer.cancel()
+        self._catch_up_timers.clear()
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
@@ -910,7 +956,7 @@ class Session:
                 continue
             self._submitted(call_id, ack.seq)
             if ack.duplicate:
-                await self._answer_from_store(call_id)
+                self._look_up_stored(call_id)
             return
 
     def _submitted(self, call_id: str, seq: int) -> None:
