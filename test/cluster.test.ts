@@ -12,6 +12,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
 import type { CallHandle } from "@toolmesh/client";
@@ -23,11 +24,12 @@ import {
   streamLeader,
   waitForStreamLeader,
 } from "@toolmesh/nats-launcher";
-import { createSubjects } from "@toolmesh/protocol";
-import type { ToolMessage } from "@toolmesh/protocol";
+import { createSubjects, decodeJsonOrUndefined } from "@toolmesh/protocol";
+import type { SessionAddress, ToolMessage } from "@toolmesh/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
 import { readLedgers } from "./helpers/ledgers.js";
 
 /**
@@ -80,6 +82,43 @@ const now = (): number => performance.now();
 function percentile(sorted: readonly number[], p: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? NaN;
+}
+
+/**
+ * What the mesh kept of a call that failed, to say which path lost it: its final message in the
+ * sessions stream (stored: the frontend missed it; none: the mesh never ended the call) and the
+ * services' log lines about it.
+ */
+async function whatBecameOf(
+  services: Record<string, ServiceProcess>,
+  address: SessionAddress,
+  callId: string,
+): Promise<string> {
+  const subjects = createSubjects();
+  const jsm = await jetstreamManager(nc);
+  const stored = await jsm.direct
+    .getMessage(subjects.streams.sessions, { last_by_subj: subjects.result(address, callId) })
+    .then(
+      (m) => {
+        if (m === null) return "none";
+        const message = decodeJsonOrUndefined(m.data) as ToolMessage | undefined;
+        return `${message?.error?.code ?? "ok"} (stream seq ${m.seq})`;
+      },
+      (err: unknown) => `unread (${String(err)})`,
+    );
+  const trail = Object.entries(services).flatMap(([name, service]) =>
+    service.lines.filter((l) => l.callId === callId).map((l) => `${name}: ${String(l.msg)}`),
+  );
+  return `stored ${stored}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
+}
+
+/** The services of a test by name (`resolver-0`, `executor-1`…), for {@link whatBecameOf}. */
+function named(list: Record<string, ServiceProcess[]>): Record<string, ServiceProcess> {
+  return Object.fromEntries(
+    Object.entries(list).flatMap(([kind, services]) =>
+      services.map((service, i) => [`${kind}-${i}`, service] as const),
+    ),
+  );
 }
 
 /** A fresh 3-node cluster on the chosen nats-server. */
@@ -150,8 +189,9 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     };
     expect((await setup(env)).changed).toBe(19);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
-    await Promise.all([0, 1].map(() => startService("executor", env)));
+    const executors = await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(resolvers.map((r) => toolAvailable(r, TOOL)));
+    const services = named({ resolver: resolvers, executor: executors });
 
     // One node leads the three streams every call goes through: killing it hits all of them.
     const critical = [subjects.streams.calls, subjects.streams.work, `KV_${subjects.callsBucket}`];
@@ -167,6 +207,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     const sessions = Array.from({ length: SESSIONS }, (_, i) => client.session(`cl-s${i}`));
     interface Tracked {
       id: string;
+      address: SessionAddress;
       submittedAt: number;
       handle: CallHandle;
       live: { at: number; message: ToolMessage }[];
@@ -240,6 +281,7 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       if (session === undefined) throw new Error("no session");
       const call: Tracked = {
         id,
+        address: session.address,
         submittedAt: now(),
         handle: session.submit(
           { id, name: TOOL, arguments: { work_ms: 5 + ((i * 7919) % 26) } },
@@ -377,12 +419,14 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       ].join("\n"),
     );
 
-    // Each failed call with what ended it, so a failure in CI says which path lost it.
-    const failure = (c: Tracked): string => {
+    // Each failed call with what ended it and what the mesh kept of it, so a failure in CI says
+    // which path lost it.
+    const failure = async (c: Tracked): Promise<string> => {
       const error = finals(c)[0]?.message.error ?? c.settled?.message.error;
-      return `${c.id} ${error?.code ?? "none"}: ${error?.message ?? ""}`;
+      const kept = await whatBecameOf(services, c.address, c.id);
+      return `${c.id} ${error?.code ?? "none"}: ${error?.message ?? ""}; ${kept}`;
     };
-    expect(failed.map(failure)).toEqual([]);
+    expect(await Promise.all(failed.slice(0, 10).map(failure))).toEqual([]);
     expect(several.map((c) => c.id)).toEqual([]);
     expect(late.map((c) => c.id)).toEqual([]);
     expect(duplicated).toEqual([]);
@@ -403,13 +447,15 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     // Every new stream and consumer has its leader and replicas before the services read them.
     await cluster.waitHealthy(60_000);
     const resolvers = await Promise.all([0, 1].map(() => startService("resolver", env)));
-    await Promise.all([0, 1].map(() => startService("executor", env)));
+    const executors = await Promise.all([0, 1].map(() => startService("executor", env)));
     await Promise.all(resolvers.map((r) => toolAvailable(r, TOOL)));
+    const services = named({ resolver: resolvers, executor: executors });
     const client = new ToolmeshClient(nc);
     const sessions = Array.from({ length: SESSIONS }, (_, i) => client.session(`rr-s${i}`));
     type Mode = "SIGTERM" | "lame duck";
     interface Call {
       id: string;
+      address: SessionAddress;
       at: number;
       result: Promise<ToolMessage>;
       done?: number;
@@ -435,7 +481,13 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
           { id, name: TOOL, arguments: { work_ms: 5 + ((i * 7919) % 26) } },
           { timeoutMs: TIMEOUT_MS },
         );
-        const call: Call = { id, at: now(), result: handle.result, live: [] };
+        const call: Call = {
+          id,
+          address: session.address,
+          at: now(),
+          result: handle.result,
+          live: [],
+        };
         calls.set(id, call);
         void handle.result.then((message) => {
           call.done = now();
@@ -498,7 +550,16 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
       ].join("\n"),
     );
 
-    expect(wrong.map((c) => [c.id, c.message?.error?.code, effects.get(c.id)])).toEqual([]);
+    expect(
+      await Promise.all(
+        wrong
+          .slice(0, 10)
+          .map(
+            async (c) =>
+              `${c.id} ${c.message?.error?.code ?? "ok"}, effects ${effects.get(c.id) ?? 0}; ${await whatBecameOf(services, c.address, c.id)}`,
+          ),
+      ),
+    ).toEqual([]);
     expect(several.map((c) => c.id)).toEqual([]);
     for (const f of figures) {
       expect(f.p99, `${f.name} p99`).toBeLessThanOrEqual(ROLLING_P99_MS);
