@@ -86,8 +86,8 @@ function percentile(sorted: readonly number[], p: number): number {
 
 /**
  * What the mesh kept of a call that failed, to say which path lost it: its final message in the
- * sessions stream (stored: the frontend missed it; none: the mesh never ended the call) and the
- * services' log lines about it.
+ * sessions stream (stored: the frontend missed it; none: the mesh never ended the call), whether
+ * its submission still waits in the calls stream, and the services' log lines about it.
  */
 async function whatBecameOf(
   services: Record<string, ServiceProcess>,
@@ -106,10 +106,29 @@ async function whatBecameOf(
       },
       (err: unknown) => `unread (${String(err)})`,
     );
+  const waiting = await waitingCallIds().then(
+    (ids) => (ids.has(callId) ? "yes" : "no"),
+    (err: unknown) => `unread (${String(err)})`,
+  );
   const trail = Object.entries(services).flatMap(([name, service]) =>
     service.lines.filter((l) => l.callId === callId).map((l) => `${name}: ${String(l.msg)}`),
   );
-  return `stored ${stored}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
+  return `stored ${stored}; still in the calls stream ${waiting}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
+}
+
+/** The call ids of the submissions the calls stream still holds (not yet taken by a resolver). */
+async function waitingCallIds(): Promise<Set<string>> {
+  const subjects = createSubjects();
+  const jsm = await jetstreamManager(nc);
+  const { state } = await jsm.streams.info(subjects.streams.calls);
+  const ids = new Set<string>();
+  if (state.messages > 5_000) return ids;
+  for (let seq = state.first_seq; seq <= state.last_seq; seq++) {
+    const m = await jsm.direct.getMessage(subjects.streams.calls, { seq }).catch(() => null);
+    const request = m && (decodeJsonOrUndefined(m.data) as { tool_call?: { id?: string } });
+    if (request?.tool_call?.id !== undefined) ids.add(request.tool_call.id);
+  }
+  return ids;
 }
 
 /** The services of a test by name (`resolver-0`, `executor-1`…), for {@link whatBecameOf}. */

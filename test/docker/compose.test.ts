@@ -22,6 +22,7 @@ import {
   type OtlpReceiver,
 } from "../helpers/otlp-receiver.js";
 import {
+  buildProjectImage,
   command,
   composeCommand,
   dockerEngine,
@@ -138,26 +139,7 @@ describe.skipIf(!engine.ok)("container image and docker-compose stack", () => {
     tmp = await mkdtemp(join(tmpdir(), "toolmesh-docker-"));
     receiver = await startOtlpReceiver("0.0.0.0");
     compose = await composeCommand();
-    const buildArgs = NODE_IMAGE ? ["--build-arg", `NODE_IMAGE=${NODE_IMAGE}`] : [];
-    // The build stage first (the stack's MCP example server runs from it), then the image.
-    await mustRun(
-      "docker",
-      [
-        "build",
-        "-f",
-        "deploy/Dockerfile",
-        ...buildArgs,
-        "--target",
-        "build",
-        "-t",
-        `${IMAGE}-build`,
-        ".",
-      ],
-      { timeoutMs: BUILD_MS },
-    );
-    await mustRun("docker", ["build", "-f", "deploy/Dockerfile", ...buildArgs, "-t", IMAGE, "."], {
-      timeoutMs: BUILD_MS,
-    });
+    await buildProjectImage();
 
     // Test-only additions: containers reach the test's OTLP receiver on the host.
     const override = join(tmp, "docker-compose.test.yml");

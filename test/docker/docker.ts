@@ -61,6 +61,14 @@ export async function mustRun(
   return result.stdout;
 }
 
+/**
+ * Builds the project's image (`TOOLMESH_TEST_IMAGE`, default `toolmesh:test`) and its build
+ * stage with test/docker/build-image.sh, which CI also runs ahead of the tests.
+ */
+export async function buildProjectImage(): Promise<void> {
+  await mustRun("bash", ["test/docker/build-image.sh"], { timeoutMs: 20 * 60_000 });
+}
+
 /** Whether a Docker engine answers, and if not, why. */
 export async function dockerEngine(): Promise<
   { ok: true; version: string } | { ok: false; why: string }

@@ -18,13 +18,19 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
 import { mcpClient } from "../helpers/gateway.js";
 import { helm } from "../helpers/helm.js";
-import { command, dockerEngine, mustRun, repoRoot, waitUntil } from "./docker.js";
+import {
+  buildProjectImage,
+  command,
+  dockerEngine,
+  mustRun,
+  repoRoot,
+  waitUntil,
+} from "./docker.js";
 
 const engine = await dockerEngine();
 if (!engine.ok) console.warn(`!! HELM PATH DOCKER TEST NOT RUN: no Docker engine (${engine.why})`);
 
 const IMAGE = process.env.TOOLMESH_TEST_IMAGE ?? "toolmesh:test";
-const NODE_IMAGE = process.env.TOOLMESH_TEST_NODE_IMAGE;
 const NATS_IMAGE = process.env.TOOLMESH_TEST_NATS_IMAGE ?? "nats:2.15.1-alpine";
 type Manifest = Record<string, any>;
 /** The gateway's API key, in the keys file the README's Secret holds (docs/gateway.md). */
@@ -101,10 +107,7 @@ describe.skipIf(!engine.ok)("the README's Helm path, in containers", () => {
   };
 
   beforeAll(async () => {
-    const buildArgs = NODE_IMAGE ? ["--build-arg", `NODE_IMAGE=${NODE_IMAGE}`] : [];
-    await mustRun("docker", ["build", "-f", "deploy/Dockerfile", ...buildArgs, "-t", IMAGE, "."], {
-      timeoutMs: 20 * 60_000,
-    });
+    await buildProjectImage();
     const [repository, tag] = IMAGE.split(":") as [string, string];
     const commands = await readmeHelmCommands();
     const install = commands.find((l) => l.startsWith("helm install toolmesh helm/toolmesh"));
