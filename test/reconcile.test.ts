@@ -88,12 +88,23 @@ beforeAll(async () => {
   const setup = await openCallPlane(before, { subjects });
   await consumers(setup.jsm);
   const js = setup.js;
-  for (const id of ["c1", "c2", "c3"])
+  for (const id of ["c1", "c2", "c3", "c4"])
     await js.publish(subjects.call(address), JSON.stringify(request(id)), { msgID: `s/${id}` });
+  // c4 was refused: answered, with no record.
+  await js.publish(
+    subjects.result(address, "c4"),
+    JSON.stringify({
+      role: "tool",
+      tool_call_id: "c4",
+      name: "t",
+      content: "refused",
+      session_id: "s",
+    }),
+  );
   for (const id of ["w1", "w2"])
     await js.publish(subjects.work("t"), JSON.stringify(work(id)), { msgID: `s/${id}` });
-  // Ended: c1, w1. Accepted and not ended: c2. No record: c3 (answered as invalid, or given up
-  // by its consumer), w2.
+  // Ended: c1, w1. Accepted and not ended: c2. No record: c3 (never taken by a resolver, or
+  // given up by its consumer), c4 (refused), w2.
   for (const [id, state] of [
     ["c1", "done"],
     ["w1", "done"],
@@ -131,19 +142,21 @@ afterAll(async () => {
 describe("reconciliation of orphaned messages", () => {
   it("finds acknowledged messages back in the work queues, below their consumers' ack floors", async () => {
     const jsm = await jetstreamManager(nc);
-    expect([...(await contents(jsm, subjects.streams.calls)).keys()]).toEqual([1, 2, 3]);
+    expect([...(await contents(jsm, subjects.streams.calls)).keys()]).toEqual([1, 2, 3, 4]);
     expect([...(await contents(jsm, subjects.streams.work)).keys()]).toEqual([1, 2]);
     const work = await jsm.consumers.info(subjects.streams.work, subjects.workConsumer("t"));
     expect(work.ack_floor.stream_seq).toBe(2);
     expect(work.num_pending).toBe(0);
   });
 
-  it("removes those of ended calls, leaves open work to the keepers, and removes old calls on a second pass", async () => {
+  it("removes those of ended calls, leaves open work to the keepers, and on a second pass removes calls taken and submits again a call nobody took", async () => {
     const { jsm, store } = plane;
     const suspects = [new Set<string>(), new Set<string>()];
     // Two resolvers reconciling at once: each message is acted on once.
     const first = await Promise.all(
-      suspects.map((s) => reconcileOrphans({ jsm, subjects, store, log, suspects: s })),
+      suspects.map((s) =>
+        reconcileOrphans({ jsm, js: plane.js, subjects, store, log, suspects: s }),
+      ),
     );
     expect(first.reduce((n, o) => n + o.deleted, 0)).toBe(2); // c1, w1
 
@@ -157,18 +170,33 @@ describe("reconciliation of orphaned messages", () => {
     expect(keeper.watched).toBe(1);
     keeper.stop();
 
-    // c2 and c3 have not ended: the first pass only suspects them (the dead-letter keeper
+    // c2, c3 and c4 have not ended: the first pass only suspects them (the dead-letter keeper
     // comes first for calls their consumer gave up on).
-    expect([...(await contents(jsm, subjects.streams.calls)).values()]).toEqual(["s/c2", "s/c3"]);
+    expect([...(await contents(jsm, subjects.streams.calls)).values()]).toEqual([
+      "s/c2",
+      "s/c3",
+      "s/c4",
+    ]);
+    const floor = (await jsm.consumers.info(subjects.streams.calls, subjects.resolverConsumer))
+      .ack_floor.stream_seq;
     const second = await reconcileOrphans({
       jsm,
+      js: plane.js,
       subjects,
       store,
       log,
       suspects: suspects[0],
     });
-    expect(second).toMatchObject({ found: 3, deleted: 2 });
-    expect((await contents(jsm, subjects.streams.calls)).size).toBe(0);
+    expect(second).toMatchObject({ found: 4, deleted: 3 });
+    // c2 was routed (it has a record) and c4 answered: removed. c3 was never taken: it is
+    // submitted again, above the floor, where its consumer delivers it.
+    const left = await contents(jsm, subjects.streams.calls);
+    expect([...left.values()]).toEqual([expect.stringMatching(/^requeue/)]);
+    const [seq] = [...left.keys()];
+    expect(seq).toBeGreaterThan(floor);
+    const again = await jsm.streams.getMessage(subjects.streams.calls, { seq: seq as number });
+    expect(again?.subject).toBe(subjects.call(address));
+    expect(again?.json<CallRequest>().tool_call.id).toBe("c3");
     expect((await jsm.streams.info(subjects.streams.work)).state.messages).toBe(1);
   });
 });

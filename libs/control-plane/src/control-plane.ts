@@ -126,7 +126,7 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
   // Calls found below their ack floor are acted on by a second pass, soon after the first.
   const suspects = new Set<string>();
   const reconcile = (): void => {
-    reconcileOrphans({ jsm, subjects, store, log, suspects }).then(
+    reconcileOrphans({ jsm, js: plane.js, subjects, store, log, suspects }).then(
       (outcome) => {
         if (outcome.deleted > 0) log.info(outcome, "orphaned messages reconciled");
         if (suspects.size > 0 && !stopped) setTimeout(() => reconcile(), SECOND_LOOK_MS).unref();

@@ -1,12 +1,15 @@
-import type { JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import { headers as createHeaders } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { Subjects } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   Defaults,
+  Header,
   SessionAddressSchema,
   decodeJsonOrUndefined,
   idempotencyKeyOf,
+  requeueMsgId,
 } from "@toolmesh/protocol";
 import type { CallRef, CallStore } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
@@ -14,6 +17,8 @@ import type { Logger } from "@toolmesh/telemetry";
 /** Options of {@link reconcileOrphans}. */
 export interface ReconcileOptions {
   jsm: JetStreamManager;
+  /** Submits again a call that no resolver took (see {@link reconcileOrphans}). */
+  js: JetStreamClient;
   subjects: Subjects;
   store: CallStore;
   log: Logger;
@@ -48,9 +53,12 @@ const KeyedSchema = z.object({ idempotency_key: z.string(), address: SessionAddr
  * call ended. The ack floor also passes messages the server gave up on after `max_deliver`
  * (they wait there for the dead-letter keeper), so a message whose call has not ended is
  * handled with care: work is left to the dead-letter and deadline keepers (an orphan of a call
- * not ended is still in the work stream, so the deadline keeper sees it), and a call is removed
- * only when an earlier pass saw it too (the dead-letter keeper had its chance). Deleting decides who acts:
- * replicas reconciling at once never both act on one message.
+ * not ended is still in the work stream, so the deadline keeper sees it), and a call is acted
+ * on only when an earlier pass saw it too (the dead-letter keeper had its chance). A call with
+ * a record was routed: it is removed. A call with neither a record nor an answer in the sessions
+ * stream was never taken by a resolver, whatever the ack floor says: it is submitted again,
+ * not dropped. Deleting decides who acts: replicas reconciling at once never both act on one
+ * message.
  */
 export async function reconcileOrphans(options: ReconcileOptions): Promise<ReconcileOutcome> {
   const { jsm, subjects } = options;
@@ -98,26 +106,84 @@ async function scan(
     outcome.found++;
     const id = `${stream}:${msg.seq}`;
     const key = keyOf(subjects, stream, msg);
-    const ended = key !== undefined && (await options.store.get(key))?.record.state === "done";
-    if (ended) {
+    const known = key === undefined ? undefined : await options.store.get(key);
+    if (known?.record.state === "done") {
       if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
       continue;
     }
     seen.add(id);
-    if (subjects.isCallsStream(stream)) {
-      if (options.suspects?.delete(id) === true) {
-        if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
-        log.warn({ stream, seq: msg.seq }, "call left below its consumer's ack floor; removed");
-      } else {
-        options.suspects?.add(id);
-      }
+    if (!subjects.isCallsStream(stream)) continue;
+    if (options.suspects?.delete(id) !== true) {
+      options.suspects?.add(id);
+      continue;
+    }
+    const callId = key?.call_id;
+    if (
+      key !== undefined &&
+      callId !== undefined &&
+      known === undefined &&
+      !(await answered(options, msg, key.address, callId))
+    ) {
+      if (await resubmit(options, stream, msg)) outcome.deleted++;
+      log.warn(
+        { stream, seq: msg.seq, callId },
+        "call left below its consumer's ack floor that no resolver took; submitted again",
+      );
+    } else {
+      if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
+      log.warn(
+        { stream, seq: msg.seq, callId },
+        "call left below its consumer's ack floor; removed",
+      );
     }
   }
   log.warn({ stream, filter, maxScan }, "more orphans than one pass looks at; the next goes on");
 }
 
+/**
+ * Whether the sessions stream holds an answer to a submission: a final message on its call id or
+ * a rejection of its sequence (what a refused submission, which makes no record, leaves).
+ */
+async function answered(
+  { jsm, subjects }: ReconcileOptions,
+  msg: StoredMsg,
+  address: CallRef["address"],
+  callId: string,
+): Promise<boolean> {
+  for (const subject of [subjects.result(address, callId), subjects.rejected(address, msg.seq)]) {
+    const found = await jsm.streams.getMessage(subjects.streams.sessions, {
+      last_by_subj: subject,
+    });
+    if (found !== null) return true;
+  }
+  return false;
+}
+
+/**
+ * Publishes a call's submission again on its subject (its headers but its message id kept) and
+ * deletes the old one; true when this process deleted it. A resolver takes it as any other: an
+ * accepted call is answered from its record.
+ */
+async function resubmit(
+  { js, jsm }: ReconcileOptions,
+  stream: string,
+  msg: StoredMsg,
+): Promise<boolean> {
+  const headers = createHeaders();
+  for (const [name, values] of msg.header ?? []) {
+    if (name === Header.MsgId) continue;
+    for (const value of values) headers.append(name, value);
+  }
+  await js.publish(msg.subject, msg.data, { headers, msgID: requeueMsgId(stream, msg.seq) });
+  return remove(jsm, stream, msg.seq);
+}
+
 /** The call a message belongs to; undefined when the message does not say. */
-function keyOf(subjects: Subjects, stream: string, msg: StoredMsg): CallRef | undefined {
+function keyOf(
+  subjects: Subjects,
+  stream: string,
+  msg: StoredMsg,
+): (CallRef & { call_id?: string }) | undefined {
   const body = decodeJsonOrUndefined(msg.data);
   if (!subjects.isCallsStream(stream)) return KeyedSchema.safeParse(body).data;
   const request = CallRequestSchema.safeParse(body).data;
@@ -126,6 +192,7 @@ function keyOf(subjects: Subjects, stream: string, msg: StoredMsg): CallRef | un
   return {
     address,
     idempotency_key: idempotencyKeyOf(request, request.tool_call.id),
+    call_id: request.tool_call.id,
   };
 }
 
