@@ -4,8 +4,11 @@ sessions stream after the reconnect."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -14,88 +17,83 @@ import toolmesh
 from conftest import NatsServer, TcpProxy
 
 
-async def test_a_result_published_while_disconnected_arrives_after_the_reconnect(
-    nats_server: NatsServer, mesh: toolmesh.Mesh
-) -> None:
+@contextlib.asynccontextmanager
+async def _behind_proxy(
+    nats_server: NatsServer, **options: Any
+) -> AsyncIterator[tuple[TcpProxy, toolmesh.Mesh]]:
+    """A frontend connected through a proxy whose link the test can cut."""
     proxy = TcpProxy(nats_server.port)
     await proxy.start()
     frontend = await toolmesh.connect(
-        f"nats://127.0.0.1:{proxy.port}",
-        reconnect_time_wait=0.1,
-        default_timeout=20,
+        f"nats://127.0.0.1:{proxy.port}", reconnect_time_wait=0.1, default_timeout=20, **options
     )
-    session_id = f"py-rc-{uuid.uuid4().hex[:8]}"
     try:
-        session = frontend.session(session_id)
-        handle = await session.submit("slow", {"ms": 700, "steps": 1}, call_id="rc-1")
-        async for _ in handle.progress():
-            break  # running: accepted and stored
-        proxy.cut()
-        # The result is stored while this frontend cannot hear it.
-        stored = None
-        for _ in range(200):
-            stored = await mesh._last_stored(mesh.subjects.result(session_id, "rc-1"))
-            if stored is not None:
-                break
-            await asyncio.sleep(0.05)
-        assert stored is not None, "the mesh did not store the result"
-        assert not handle._pending.future.done()
-        proxy.restore()
-        message = await asyncio.wait_for(handle.result(), 15)
-        assert json.loads(message["content"]) == {"slept": 700}
+        yield proxy, frontend
     finally:
         await frontend.close()
         await proxy.close()
 
 
+async def _stored_while_away(
+    mesh: toolmesh.Mesh, frontend: toolmesh.Mesh, proxy: TcpProxy, call_id: str
+) -> toolmesh.CallHandle:
+    """Submits a slow call, cuts the frontend's link once it runs and waits until the mesh has
+    stored its result: only a read of the sessions stream can deliver it now."""
+    session_id = f"py-{call_id}-{uuid.uuid4().hex[:8]}"
+    handle = await frontend.session(session_id).submit(
+        "slow", {"ms": 700, "steps": 1}, call_id=call_id
+    )
+    async for _ in handle.progress():
+        break  # running: accepted and stored
+    proxy.cut()
+    stored = None
+    for _ in range(200):
+        stored = await mesh._last_stored(mesh.subjects.result(session_id, call_id))
+        if stored is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert stored is not None, "the mesh did not store the result"
+    assert not handle._pending.future.done()
+    return handle
+
+
+async def test_a_result_published_while_disconnected_arrives_after_the_reconnect(
+    nats_server: NatsServer, mesh: toolmesh.Mesh
+) -> None:
+    async with _behind_proxy(nats_server) as (proxy, frontend):
+        handle = await _stored_while_away(mesh, frontend, proxy, "rc-1")
+        proxy.restore()
+        message = await asyncio.wait_for(handle.result(), 15)
+        assert json.loads(message["content"]) == {"slept": 700}
+
+
 async def test_a_failed_first_read_after_the_reconnect_is_tried_again(
     nats_server: NatsServer, mesh: toolmesh.Mesh
 ) -> None:
-    proxy = TcpProxy(nats_server.port)
-    await proxy.start()
-    # Reads that find no responder fail at once on a current server and time out on 2.9.
-    frontend = await toolmesh.connect(
-        f"nats://127.0.0.1:{proxy.port}",
-        reconnect_time_wait=0.1,
-        default_timeout=20,
-        request_timeout=0.5,
-    )
     js = mesh.nc.jetstream()
     stream = mesh.subjects.sessions_stream
-    session_id = f"py-rf-{uuid.uuid4().hex[:8]}"
 
     async def direct_reads(allowed: bool) -> None:
         config = (await js.stream_info(stream)).config
         config.allow_direct = allowed
         await js.update_stream(config)
 
-    try:
-        session = frontend.session(session_id)
-        handle = await session.submit("slow", {"ms": 700, "steps": 1}, call_id="rf-1")
-        async for _ in handle.progress():
-            break  # running: accepted and stored
-        proxy.cut()
-        stored = None
-        for _ in range(200):
-            stored = await mesh._last_stored(mesh.subjects.result(session_id, "rf-1"))
-            if stored is not None:
-                break
-            await asyncio.sleep(0.05)
-        assert stored is not None, "the mesh did not store the result"
-        # Unreadable by direct get when the frontend comes back: its first reads fail.
-        await direct_reads(False)
-        proxy.restore()
-        # Long enough for both reads of the catch-up (the submission's rejection, then its
-        # result) to fail, also where a read waited 2 s for its answer.
-        await asyncio.sleep(4.5)
-        assert not handle._pending.future.done()
-        await direct_reads(True)
-        message = await asyncio.wait_for(handle.result(), 15)
-        assert json.loads(message["content"]) == {"slept": 700}
-    finally:
-        await direct_reads(True)
-        await frontend.close()
-        await proxy.close()
+    # Reads that find no responder fail at once on a current server and time out on 2.9.
+    async with _behind_proxy(nats_server, request_timeout=0.5) as (proxy, frontend):
+        try:
+            handle = await _stored_while_away(mesh, frontend, proxy, "rf-1")
+            # Unreadable by direct get when the frontend comes back: its first reads fail.
+            await direct_reads(False)
+            proxy.restore()
+            # Long enough for both reads of the catch-up (the submission's rejection, then its
+            # result) to fail, also where a read waited 2 s for its answer.
+            await asyncio.sleep(4.5)
+            assert not handle._pending.future.done()
+            await direct_reads(True)
+            message = await asyncio.wait_for(handle.result(), 15)
+            assert json.loads(message["content"]) == {"slept": 700}
+        finally:
+            await direct_reads(True)
 
 
 async def test_a_duplicate_puback_is_answered_from_the_store(
