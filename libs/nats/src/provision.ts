@@ -222,6 +222,32 @@ function reason(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/**
+ * How long creating a replicated stream or consumer waits for a cluster peer that is offline
+ * (a server restarting, or one a loaded machine has not heard from for a moment), in ms.
+ */
+const PEER_OFFLINE_WAIT_MS = 30_000;
+
+/**
+ * Runs `create` again while the cluster refuses it because a peer is offline, for at most
+ * {@link PEER_OFFLINE_WAIT_MS}; then, or for any other refusal, throws what it threw.
+ */
+async function whilePeerOffline<T>(create: () => Promise<T>): Promise<T> {
+  const until = Date.now() + PEER_OFFLINE_WAIT_MS;
+  for (let pause = 250; ; pause = Math.min(pause * 2, 2_000)) {
+    try {
+      return await create();
+    } catch (err) {
+      if (!(peerOffline(err) && Date.now() + pause < until)) throw err;
+      await new Promise((resolve) => setTimeout(resolve, pause));
+    }
+  }
+}
+
+function peerOffline(err: unknown): boolean {
+  return err instanceof JetStreamApiError && /peer offline/i.test(err.message);
+}
+
 function describe(changes: FieldChange[]): string {
   return changes
     .map(
@@ -279,7 +305,7 @@ export async function ensureStream(
   if (info === undefined) {
     if (options.dryRun !== true) {
       try {
-        await jsm.streams.add(spec.config);
+        await whilePeerOffline(() => jsm.streams.add(spec.config));
       } catch (err) {
         // Another process created it meanwhile: go through the checks again.
         if (err instanceof JetStreamApiError && err.code === JsApiCode.StreamNameExist)
@@ -380,6 +406,8 @@ function hintFor(err: unknown): string {
   const text = reason(err);
   if (/replicas > 1 not supported in non-clustered mode/i.test(text))
     return `, or set ${REPLICAS_SETTING}=1 for a server that is not part of a cluster`;
+  if (/peer offline/i.test(text))
+    return `, or start the cluster's JetStream server that is offline (it was waited for ${PEER_OFFLINE_WAIT_MS / 1_000} s)`;
   if (/insufficient resources|no suitable peers/i.test(text))
     return `, or set ${REPLICAS_SETTING} to at most the number of JetStream servers in the cluster`;
   if (/can not change|cannot change|can not be changed/i.test(text))
@@ -407,7 +435,7 @@ export async function ensureConsumer(
   if (info === undefined) {
     if (options.dryRun !== true) {
       try {
-        await jsm.consumers.add(spec.stream, spec.config);
+        await whilePeerOffline(() => jsm.consumers.add(spec.stream, spec.config));
       } catch (err) {
         // Created meanwhile by another replica: check it like an existing one.
         if (err instanceof JetStreamApiError && err.code !== JsApiCode.ConsumerNotFound) {
