@@ -35,6 +35,10 @@ import { ApprovalInput } from "./approval-input.js";
 import { ConsentInput } from "./consent-input.js";
 import { MissingArgumentsInput } from "./missing-arguments-input.js";
 import type { MeshView } from "./mesh-view.js";
+
+/** How long an idle connection is kept, in ms, and the shorter time the Keep-Alive header advertises, in s. */
+const KEEP_ALIVE_MS = 65_000;
+const ADVERTISED_KEEP_ALIVE_S = 55;
 import { ExchangeTransport } from "./transport.js";
 
 /** What {@link createGatewayServer} needs. */
@@ -140,6 +144,7 @@ class GatewayEdge implements GatewayServer {
     // Connecting an in-process transport completes at once; requests wait for nothing.
     void this.#legacy.connect(this.#transport);
     this.http = createServer((req, res) => {
+      res.setHeader("Keep-Alive", `timeout=${ADVERTISED_KEEP_ALIVE_S}`);
       void this.#route(req, res).catch((err: unknown) => {
         options.log.error({ err }, "gateway request failed");
         if (!res.headersSent) sendJson(res, 500, { error: "internal error" });
@@ -147,9 +152,11 @@ class GatewayEdge implements GatewayServer {
       });
     });
     // Longer than the idle timeouts of clients and load balancers (60 s is common): a server that
-    // closes an idle connection first races the client's next request on it (ECONNRESET).
-    this.http.keepAliveTimeout = 65_000;
-    this.http.headersTimeout = 66_000;
+    // closes an idle connection first races the client's next request on it (ECONNRESET). Clients
+    // that follow the Keep-Alive header (Node's fetch keeps a socket until the advertised timeout
+    // less 2 s) are told less than is kept, so a busy client's late reuse still finds it open.
+    this.http.keepAliveTimeout = KEEP_ALIVE_MS;
+    this.http.headersTimeout = KEEP_ALIVE_MS + 1_000;
   }
 
   listen(): Promise<number> {
