@@ -24,7 +24,8 @@ import {
   streamLeader,
   waitForStreamLeader,
 } from "@toolmesh/nats-launcher";
-import { createSubjects, decodeJsonOrUndefined } from "@toolmesh/protocol";
+import { CallStore } from "@toolmesh/call-store";
+import { Header, callKey, createSubjects, decodeJsonOrUndefined } from "@toolmesh/protocol";
 import type { SessionAddress, ToolMessage } from "@toolmesh/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli.js";
@@ -110,10 +111,34 @@ async function whatBecameOf(
     (ids) => (ids.has(callId) ? "yes" : "no"),
     (err: unknown) => `unread (${String(err)})`,
   );
+  const record = await CallStore.bind(nc, subjects)
+    .then((store) => store.get({ address, idempotency_key: callId }))
+    .then(
+      (r) => (r === undefined ? "none" : `${r.record.state} (revision ${r.revision})`),
+      (err: unknown) => `unread (${String(err)})`,
+    );
+  const work = await workSeqs(callKey(address, callId)).then(
+    (seqs) => (seqs.length === 0 ? "none" : `at ${seqs.join(", ")}`),
+    (err: unknown) => `unread (${String(err)})`,
+  );
   const trail = Object.entries(services).flatMap(([name, service]) =>
     service.lines.filter((l) => l.callId === callId).map((l) => `${name}: ${String(l.msg)}`),
   );
-  return `stored ${stored}; still in the calls stream ${waiting}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
+  return `stored ${stored}; still in the calls stream ${waiting}; record ${record}; work ${work}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
+}
+
+/** The work stream's sequences of the work of call `key` still there. */
+async function workSeqs(key: string): Promise<number[]> {
+  const subjects = createSubjects();
+  const jsm = await jetstreamManager(nc);
+  const { state } = await jsm.streams.info(subjects.streams.work);
+  const seqs: number[] = [];
+  if (state.messages > 5_000) return seqs;
+  for (let seq = state.first_seq; seq <= state.last_seq && state.messages > 0; seq++) {
+    const m = await jsm.streams.getMessage(subjects.streams.work, { seq }).catch(() => null);
+    if (m?.header.get(Header.CallKey) === key) seqs.push(seq);
+  }
+  return seqs;
 }
 
 /** The call ids of the submissions the calls stream still holds (not yet taken by a resolver). */
@@ -443,7 +468,8 @@ describe("the mesh on a 3-node cluster with replicas 3", () => {
     const failure = async (c: Tracked): Promise<string> => {
       const error = finals(c)[0]?.message.error ?? c.settled?.message.error;
       const kept = await whatBecameOf(services, c.address, c.id);
-      return `${c.id} ${error?.code ?? "none"}: ${error?.message ?? ""}; ${kept}`;
+      const ran = `handler ran ${invocations.get(c.id) ?? 0}x, effects ${effects.get(c.id) ?? 0}`;
+      return `${c.id} ${error?.code ?? "none"}: ${error?.message ?? ""}; ${ran}; ${kept}`;
     };
     expect(await Promise.all(failed.slice(0, 10).map(failure))).toEqual([]);
     expect(several.map((c) => c.id)).toEqual([]);
