@@ -7,7 +7,7 @@ import type { MeshCallPlane, CallRecord } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
 import { ensureDurableConsumer } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
-import type { CallRequest, ResolvedCall } from "@toolmesh/protocol";
+import type { CallRequest, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
 import { reconcileOrphans, startDeadlineKeeper } from "@toolmesh/control-plane/internal";
 import { createLogger } from "@toolmesh/telemetry";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -149,7 +149,7 @@ describe("reconciliation of orphaned messages", () => {
     expect(work.num_pending).toBe(0);
   });
 
-  it("removes those of ended calls, leaves open work to the keepers, and on a second pass removes calls taken and submits again a call nobody took", async () => {
+  it("removes those of ended calls, leaves open work to the keepers, and on a second pass removes calls taken and answers a call nobody took", async () => {
     const { jsm, store } = plane;
     const suspects = [new Set<string>(), new Set<string>()];
     // Two resolvers reconciling at once: each message is acted on once.
@@ -177,8 +177,6 @@ describe("reconciliation of orphaned messages", () => {
       "s/c3",
       "s/c4",
     ]);
-    const floor = (await jsm.consumers.info(subjects.streams.calls, subjects.resolverConsumer))
-      .ack_floor.stream_seq;
     const second = await reconcileOrphans({
       jsm,
       js: plane.js,
@@ -188,15 +186,18 @@ describe("reconciliation of orphaned messages", () => {
       suspects: suspects[0],
     });
     expect(second).toMatchObject({ found: 4, deleted: 3 });
+    expect((await contents(jsm, subjects.streams.calls)).size).toBe(0);
     // c2 was routed (it has a record) and c4 answered: removed. c3 was never taken: it is
-    // submitted again, above the floor, where its consumer delivers it.
-    const left = await contents(jsm, subjects.streams.calls);
-    expect([...left.values()]).toEqual([expect.stringMatching(/^requeue/)]);
-    const [seq] = [...left.keys()];
-    expect(seq).toBeGreaterThan(floor);
-    const again = await jsm.streams.getMessage(subjects.streams.calls, { seq: seq as number });
-    expect(again?.subject).toBe(subjects.call(address));
-    expect(again?.json<CallRequest>().tool_call.id).toBe("c3");
+    // answered, retryable, before it goes.
+    const answer = await jsm.streams.getMessage(subjects.streams.sessions, {
+      last_by_subj: subjects.result(address, "c3"),
+    });
+    expect(answer?.json<ToolMessage>()).toMatchObject({
+      tool_call_id: "c3",
+      name: "t",
+      session_id: "s",
+      error: { code: "unavailable", retryable: true },
+    });
     expect((await jsm.streams.info(subjects.streams.work)).state.messages).toBe(1);
   });
 });

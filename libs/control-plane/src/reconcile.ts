@@ -1,15 +1,18 @@
 import type { JetStreamClient, JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
-import { headers as createHeaders } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { Subjects } from "@toolmesh/protocol";
 import {
   CallRequestSchema,
   Defaults,
-  Header,
+  ErrorCode,
   SessionAddressSchema,
+  ToolmeshError,
+  callKey,
   decodeJsonOrUndefined,
+  encodeJson,
+  errorToolMessage,
   idempotencyKeyOf,
-  requeueMsgId,
+  resultMsgId,
 } from "@toolmesh/protocol";
 import type { CallRef, CallStore } from "@toolmesh/call-store";
 import type { Logger } from "@toolmesh/telemetry";
@@ -17,7 +20,7 @@ import type { Logger } from "@toolmesh/telemetry";
 /** Options of {@link reconcileOrphans}. */
 export interface ReconcileOptions {
   jsm: JetStreamManager;
-  /** Submits again a call that no resolver took (see {@link reconcileOrphans}). */
+  /** Answers a call that no resolver took (see {@link reconcileOrphans}). */
   js: JetStreamClient;
   subjects: Subjects;
   store: CallStore;
@@ -56,9 +59,9 @@ const KeyedSchema = z.object({ idempotency_key: z.string(), address: SessionAddr
  * not ended is still in the work stream, so the deadline keeper sees it), and a call is acted
  * on only when an earlier pass saw it too (the dead-letter keeper had its chance). A call with
  * a record was routed: it is removed. A call with neither a record nor an answer in the sessions
- * stream was never taken by a resolver, whatever the ack floor says: it is submitted again,
- * not dropped. Deleting decides who acts: replicas reconciling at once never both act on one
- * message.
+ * stream was never taken by a resolver, whatever the ack floor says: it is answered
+ * `unavailable` (retryable: submit it again) and removed, never dropped unanswered. Deleting
+ * decides who acts: replicas reconciling at once never both act on one message.
  */
 export async function reconcileOrphans(options: ReconcileOptions): Promise<ReconcileOutcome> {
   const { jsm, subjects } = options;
@@ -124,10 +127,11 @@ async function scan(
       known === undefined &&
       !(await answered(options, msg, key.address, callId))
     ) {
-      if (await resubmit(options, stream, msg)) outcome.deleted++;
+      await answerUntaken(options, msg, key, callId);
+      if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
       log.warn(
         { stream, seq: msg.seq, callId },
-        "call left below its consumer's ack floor that no resolver took; submitted again",
+        "call left below its consumer's ack floor that no resolver took; answered unavailable",
       );
     } else {
       if (await remove(jsm, stream, msg.seq)) outcome.deleted++;
@@ -160,22 +164,33 @@ async function answered(
 }
 
 /**
- * Publishes a call's submission again on its subject (its headers but its message id kept) and
- * deletes the old one; true when this process deleted it. A resolver takes it as any other: an
- * accepted call is answered from its record.
+ * Ends a call no resolver took with a retryable `unavailable`, on its result subject under the
+ * message id of its key's final message: a later answer of the same call is dropped as a
+ * duplicate, so it has one final message.
  */
-async function resubmit(
-  { js, jsm }: ReconcileOptions,
-  stream: string,
+async function answerUntaken(
+  { js, subjects }: ReconcileOptions,
   msg: StoredMsg,
-): Promise<boolean> {
-  const headers = createHeaders();
-  for (const [name, values] of msg.header ?? []) {
-    if (name === Header.MsgId) continue;
-    for (const value of values) headers.append(name, value);
-  }
-  await js.publish(msg.subject, msg.data, { headers, msgID: requeueMsgId(stream, msg.seq) });
-  return remove(jsm, stream, msg.seq);
+  key: CallRef,
+  callId: string,
+): Promise<void> {
+  const request = CallRequestSchema.safeParse(decodeJsonOrUndefined(msg.data)).data;
+  const message = errorToolMessage(
+    {
+      tool_call_id: callId,
+      name: request?.tool_call.function.name ?? "",
+      session_id: request?.session_id ?? key.address.session,
+    },
+    new ToolmeshError(
+      ErrorCode.Unavailable,
+      `call ${callId} was lost before a resolver took it (its submission was left below its consumer's acknowledgement floor); submit it again`,
+      { retryable: true },
+    ),
+    { attempts: 0 },
+  );
+  await js.publish(subjects.result(key.address, callId), encodeJson(message), {
+    msgID: resultMsgId(callKey(key.address, key.idempotency_key)),
+  });
 }
 
 /** The call a message belongs to; undefined when the message does not say. */
