@@ -190,6 +190,25 @@ describe("the deadline keeper", () => {
     expect(await inMsgs("keeper-quiet")).toBe(before);
   });
 
+  it("ends at its deadline a call whose work was lost before the call ended", async () => {
+    const { keeper: k } = await keeper("keeper-lost-work");
+    const results = collect(subjects.allResults);
+    const aborts = collect(subjects.abort);
+    const c = call(1_500);
+    const seq = await route(c);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    // The work disappears while the call's record is still open (a server lost the write).
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    const final = decodeJson(results[0]!.data) as ToolMessage;
+    expect(final.error?.code).toBe("deadline_exceeded");
+    expect(final.tool_call_id).toBe(c.call_id);
+    expect(plane.clock.now()).toBeGreaterThanOrEqual(c.deadline_at);
+    expect((await plane.store.get(c))?.record.state).toBe("done");
+    expect(aborts).toHaveLength(1);
+    expect(k.watched).toBe(0);
+  });
+
   it("forgets, when it reads the stream again, calls whose work left while it looked away", async () => {
     const { keeper: k } = await keeper("keeper-reread");
     const c = call(60_000);

@@ -214,8 +214,13 @@ export class CallStore {
   }
 
   /** The record of a call, with its revision. */
-  async get(call: CallRef): Promise<{ record: CallRecord; revision: number } | undefined> {
-    const entry = await this.#kv.get(callKey(call.address, call.idempotency_key));
+  get(call: CallRef): Promise<{ record: CallRecord; revision: number } | undefined> {
+    return this.byKey(callKey(call.address, call.idempotency_key));
+  }
+
+  /** The record stored under a call key ({@link callKey}), with its revision. */
+  async byKey(key: string): Promise<{ record: CallRecord; revision: number } | undefined> {
+    const entry = await this.#kv.get(key);
     if (entry === null || entry.operation !== "PUT") return undefined;
     return { record: CallRecordSchema.parse(decodeJson(entry.value)), revision: entry.revision };
   }

@@ -1,6 +1,6 @@
 import type { Msg, MsgHdrs, Subscription } from "@nats-io/nats-core";
 import type { MsgRequest, StoredMsg } from "@nats-io/jetstream";
-import type { AbortMessage, ResolvedCall } from "@toolmesh/protocol";
+import type { AbortMessage, CallRecord, ResolvedCall } from "@toolmesh/protocol";
 import {
   Defaults,
   ErrorCode,
@@ -52,10 +52,10 @@ const RETRY_MS = 500;
  * work only after its call ended. The keeper learns of work from a core subscription to the
  * work subjects (the headers of {@link deadlineHeaders}), and at start or after a reconnect
  * from the stream itself; it forgets a call when it sees the call's final message on a core
- * subscription to the results. At a deadline it looks for the work: gone, the call ended; still
- * there, the call is ended with `deadline_exceeded` through the call store (one final message
- * however many keepers act), `control.abort` goes out when this keeper ended it, and the work is
- * deleted. Why not a consumer on the work stream: a work queue refuses consumers without acks
+ * subscription to the results. At a deadline it looks for the work: still there, the call is
+ * ended with `deadline_exceeded` through the call store (one final message however many keepers
+ * act), `control.abort` goes out when this keeper ended it, and the work is deleted; gone, the
+ * call ended, unless its record says otherwise (the work was lost): then it is ended the same way. Why not a consumer on the work stream: a work queue refuses consumers without acks
  * and consumers whose filters overlap the executors' (docs/adr/0028).
  */
 export async function startDeadlineKeeper(
@@ -212,20 +212,13 @@ export class DeadlineKeeper {
         entry.seq === undefined
           ? await this.#find(stream, entry)
           : await this.#messageAt(stream, entry.seq, entry.key);
-      if (stored === undefined) return; // gone: the call ended
+      if (stored === undefined) {
+        await this.#endWithoutWork(entry, stream);
+        return;
+      }
       const call = ResolvedCallSchema.safeParse(decodeJsonOrUndefined(stored.data)).data;
       if (call === undefined) return; // not a call: the executor dead-letters it
-      const won = await plane.finalize(call, deadlineMessage(call));
-      if (won) {
-        publishEphemeral(this.#deps.nc, subjects.abortOf(stream), {
-          call_key: entry.key,
-          reason: "deadline_exceeded",
-        } satisfies AbortMessage);
-        log.info(
-          { callId: call.call_id, tool: call.tool, sessionId: call.session_id },
-          "call passed its deadline",
-        );
-      }
+      await this.#end(call, undefined, entry.key, stream);
       // Work nobody took must not outlive its call. Removed after the call ended, so that a
       // keeper dying in between leaves work behind (taken and dropped by an executor, or ended
       // again by the next keeper), never an open call without work.
@@ -237,6 +230,42 @@ export class DeadlineKeeper {
     } finally {
       this.#slots.release();
     }
+  }
+
+  /**
+   * A call whose work is gone at its deadline. Work leaves only once its call ended, so the
+   * record is normally `done`; a record still open means the work was lost (a server failing
+   * before it replicated a write, a stream limit), and the call is ended like any other past its
+   * deadline rather than left without an answer.
+   */
+  async #endWithoutWork(entry: Watched, stream: string): Promise<void> {
+    const known = await this.#deps.plane.store.byKey(entry.key);
+    if (known === undefined || known.record.state === "done") return;
+    const { record } = known;
+    this.#deps.log.warn(
+      { callId: record.call_id, tool: record.tool, sessionId: record.session_id, stream },
+      "call's work is gone though the call never ended; ending it at its deadline",
+    );
+    await this.#end(record, known, entry.key, stream);
+  }
+
+  /** Ends a call with `deadline_exceeded`; when this keeper's message won, aborts any attempt. */
+  async #end(
+    call: DeadlineTarget,
+    known: { record: CallRecord; revision: number } | undefined,
+    key: string,
+    stream: string,
+  ): Promise<void> {
+    const { plane, subjects, log, nc } = this.#deps;
+    if (!(await plane.finalize(call, deadlineMessage(call), known))) return;
+    publishEphemeral(nc, subjects.abortOf(stream), {
+      call_key: key,
+      reason: "deadline_exceeded",
+    } satisfies AbortMessage);
+    log.info(
+      { callId: call.call_id, tool: call.tool, sessionId: call.session_id },
+      "call passed its deadline",
+    );
   }
 
   /** The work message at `seq`, if it is still there and still the call's. */
@@ -288,13 +317,21 @@ function keyOf(msg: StoredMsg): string | undefined {
   return readWork(msg.header, msg.data)?.key;
 }
 
-function deadlineMessage(call: ResolvedCall) {
+/** What the keeper needs of a call to end it: its work message, or its record. */
+type DeadlineTarget = Pick<
+  ResolvedCall,
+  "call_id" | "tool" | "session_id" | "address" | "idempotency_key" | "deadline_at"
+> & { timeout_ms?: number };
+
+function deadlineMessage(call: DeadlineTarget) {
+  const within = call.timeout_ms === undefined ? "by its deadline" : `within ${call.timeout_ms} ms`;
   return errorToolMessage(
     { tool_call_id: call.call_id, name: call.tool, session_id: call.session_id },
-    new ToolmeshError(
-      ErrorCode.DeadlineExceeded,
-      `call ${call.call_id} did not finish within ${call.timeout_ms} ms`,
-      { details: { deadline_at: call.deadline_at, timeout_ms: call.timeout_ms } },
-    ),
+    new ToolmeshError(ErrorCode.DeadlineExceeded, `call ${call.call_id} did not finish ${within}`, {
+      details: {
+        deadline_at: call.deadline_at,
+        ...(call.timeout_ms === undefined ? {} : { timeout_ms: call.timeout_ms }),
+      },
+    }),
   );
 }
