@@ -59,6 +59,17 @@ async function keeper(name: string): Promise<{ keeper: DeadlineKeeper; conn: Nat
   return { keeper: k, conn };
 }
 
+/** A tool's answer to `c`. */
+function doneMessage(c: ResolvedCall): ToolMessage {
+  return {
+    role: "tool",
+    tool_call_id: c.call_id,
+    name: c.tool,
+    content: "ok",
+    session_id: c.session_id,
+  };
+}
+
 /** Every message published on a subject from now on, as it comes. */
 function collect(subject: string): Msg[] {
   const seen: Msg[] = [];
@@ -173,13 +184,7 @@ describe("the deadline keeper", () => {
     const seq = await route(c);
     await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
     // An executor ends the call and acknowledges its work (here: removes it).
-    const done: ToolMessage = {
-      role: "tool",
-      tool_call_id: c.call_id,
-      name: c.tool,
-      content: "ok",
-      session_id: c.session_id,
-    };
+    const done = doneMessage(c);
     expect(await plane.finalize(c, done)).toBe(true);
     await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
     await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(0);
@@ -215,11 +220,30 @@ describe("the deadline keeper", () => {
     const seq = await route(c);
     await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
     // The call ended and its work went while this keeper missed the final message (as across a
-    // reconnect): only the work's absence tells.
+    // reconnect): the work's absence and the record tell.
+    await plane.store.finish(c, doneMessage(c));
     await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
     expect(k.watched).toBe(1);
     await k.replay();
     expect(k.watched).toBe(0);
+  });
+
+  it("keeps watching, when it reads the stream again, a call whose work was lost, and ends it at its deadline", async () => {
+    const { keeper: k } = await keeper("keeper-reread-lost");
+    const results = collect(subjects.allResults);
+    const c = call(2_500);
+    const seq = await route(c);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    // The work goes while the record stays open (a server lost it), then the keeper reads the
+    // stream again (as after a reconnect).
+    await plane.jsm.streams.deleteMessage(subjects.streams.work, seq);
+    await k.replay();
+    expect(k.watched).toBe(1);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    const final = decodeJson(results[0]!.data) as ToolMessage;
+    expect(final.error?.code).toBe("deadline_exceeded");
+    expect(final.error?.message).toBe(`call ${c.call_id} did not finish by its deadline`);
+    expect((await plane.store.get(c))?.record.state).toBe("done");
   });
 
   it("two keepers end a call once", async () => {

@@ -140,7 +140,7 @@ export class DeadlineKeeper {
   /**
    * Reads the whole work stream (at start, and after a reconnect, when work and results may
    * have been missed) and watches every call found there. Calls watched before whose work is
-   * no longer there ended meanwhile and are dropped.
+   * no longer there ended meanwhile and are dropped, unless their record is still open.
    */
   async replay(): Promise<void> {
     const { plane, subjects, log } = this.#deps;
@@ -165,8 +165,23 @@ export class DeadlineKeeper {
         if (work !== undefined) this.#watch(work.key, work.deadline, msg.subject, msg.seq);
       }
     }
-    this.#calls.endReplay(mark);
+    const left = this.#calls.endReplay(mark);
     this.#arm();
+    await this.#keepLost(left);
+  }
+
+  /**
+   * Of the calls whose work a read of the stream no longer found, watches again those whose
+   * record is still open (their work was lost), so that their deadline ends them; a record that
+   * cannot be read counts as open. The others ended while this keeper looked away.
+   */
+  async #keepLost(left: readonly Watched[]): Promise<void> {
+    for (const entry of left) {
+      if (this.#stopped) return;
+      const known = await this.#deps.plane.store.byKey(entry.key).catch(() => "unread" as const);
+      if (known === undefined || (known !== "unread" && known.record.state === "done")) continue;
+      if (this.#calls.watchLost(entry) && entry.deadline < this.#timerAt) this.#arm();
+    }
   }
 
   stop(): void {
@@ -209,9 +224,11 @@ export class DeadlineKeeper {
     const stream = subjects.workStreamOf(entry.subject) ?? subjects.streams.work;
     try {
       const stored =
-        entry.seq === undefined
-          ? await this.#find(stream, entry)
-          : await this.#messageAt(stream, entry.seq, entry.key);
+        entry.workLost === true
+          ? undefined
+          : entry.seq === undefined
+            ? await this.#find(stream, entry)
+            : await this.#messageAt(stream, entry.seq, entry.key);
       if (stored === undefined) {
         await this.#endWithoutWork(entry, stream);
         return;

@@ -40,9 +40,20 @@ describe("WatchedCalls", () => {
     const mark = calls.beginReplay();
     calls.watch("kept", 100, "work.t", 2);
     calls.watch("new", 100, "work.t", 3);
-    calls.endReplay(mark);
+    expect(calls.endReplay(mark).map((c) => c.key)).toEqual(["gone"]);
     expect(calls.has("gone")).toBe(false);
     expect(calls.takeDue(100).map((c) => c.key)).toEqual(expect.arrayContaining(["kept", "new"]));
+  });
+
+  it("watches again a dropped call whose work is lost, until its work is seen again", () => {
+    const calls = new WatchedCalls();
+    calls.watch("lost", 100, "work.t", 1);
+    const [lost] = calls.endReplay(calls.beginReplay());
+    expect(calls.watchLost(lost!)).toBe(true);
+    expect(calls.watchLost(lost!)).toBe(false);
+    expect(calls.nextDeadline()).toBe(100);
+    calls.watch("lost", 100, "work.t", undefined);
+    expect(calls.takeDue(100)).toEqual([expect.objectContaining({ key: "lost", workLost: false })]);
   });
 
   it("rebuilds its heap when settled calls pile up, keeping the live ones due", () => {

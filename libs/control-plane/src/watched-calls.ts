@@ -8,6 +8,8 @@ export interface Watched {
   seq: number | undefined;
   /** The replay that last saw the call's work (or a later one, for work seen live). */
   mark: number;
+  /** A read of the stream did not find its work though its record was open: the work is lost. */
+  workLost?: boolean;
 }
 
 // Stale heap entries (calls that ended) beyond which the heap is rebuilt from the live ones.
@@ -44,6 +46,7 @@ export class WatchedCalls {
       // sequence read earlier may be gone: its work is looked up when it is due.
       known.seq = seq;
       known.mark = this.#generation;
+      known.workLost = false;
       return false;
     }
     // One string per work subject (one per tool), not one per call.
@@ -93,11 +96,30 @@ export class WatchedCalls {
   }
 
   /**
-   * Ends a read of the work stream: calls watched before whose work it did not find ended
-   * while results were missed (a reconnect); work seen live during the read carries this
-   * mark or a later one.
+   * Ends a read of the work stream: calls watched before whose work it did not find are
+   * forgotten and returned (they ended while results were missed, as across a reconnect, or
+   * their work was lost); work seen live during the read carries this mark or a later one.
    */
-  endReplay(mark: number): void {
-    for (const entry of this.#live.values()) if (entry.mark < mark) this.#live.delete(entry.key);
+  endReplay(mark: number): Watched[] {
+    const left: Watched[] = [];
+    for (const entry of this.#live.values()) {
+      if (entry.mark >= mark) continue;
+      this.#live.delete(entry.key);
+      left.push(entry);
+    }
+    return left;
+  }
+
+  /**
+   * Watches again a call {@link endReplay} returned whose record is still open: its work is
+   * lost, and only its deadline ends it. False when the call is watched anew meanwhile.
+   */
+  watchLost(entry: Watched): boolean {
+    if (this.#live.has(entry.key)) return false;
+    entry.workLost = true;
+    entry.mark = this.#generation;
+    this.#live.set(entry.key, entry);
+    this.#heap.push(entry);
+    return true;
   }
 }
