@@ -17,6 +17,7 @@ const subjects = createSubjects();
 const TENANT = "acme";
 const WRITERS = 4;
 const EVENTS = 400;
+const REPEATING = "initech";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -24,7 +25,9 @@ beforeAll(async () => {
   server = await startNatsServer();
   const nc = await connect({ servers: server.url });
   connections.push(nc);
-  await ensureStream(await jetstreamManager(nc), tenantAuditStreamSpec(subjects, TENANT));
+  const jsm = await jetstreamManager(nc);
+  await ensureStream(jsm, tenantAuditStreamSpec(subjects, TENANT));
+  await ensureStream(jsm, tenantAuditStreamSpec(subjects, REPEATING));
 }, 30_000);
 
 afterAll(async () => {
@@ -70,4 +73,28 @@ describe("writers racing for one tenant's chain", () => {
     const verified = await verifyTrail(connections[0] as NatsConnection, subjects, TENANT);
     expect(verified).toEqual({ ok: true, count: WRITERS * EVENTS });
   }, 120_000);
+
+  it("keeps a step recorded again under its id once, in the middle of a batch too", async () => {
+    const nc = connections[0] as NatsConnection;
+    const trail = await AuditTrail.open(nc, { subjects, mode: "required", writer: "again" });
+    const step = (i: number) => ({
+      id: `step-${i}`,
+      type: AuditEventType.Admitted,
+      call_id: `c${i}`,
+      at: Date.now(),
+      data: { i },
+    });
+    await trail.record(REPEATING, step(1));
+    // The same step again (a delivery handled twice), among new ones, in one batch.
+    const written = await Promise.all(
+      [step(1), step(2), step(1), step(3)].map((e) => trail.tryRecord(REPEATING, e)),
+    );
+    expect(written).toEqual([true, true, true, true]);
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, REPEATING))
+      events.push(record as AuditRecord);
+    expect(events.map((e) => e.id)).toEqual(["step-1", "step-2", "step-3"]);
+    expect(await verifyTrail(nc, subjects, REPEATING)).toEqual({ ok: true, count: 3 });
+    trail.stop();
+  });
 });

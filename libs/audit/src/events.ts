@@ -31,6 +31,11 @@ export type AuditEventType = (typeof AuditEventType)[keyof typeof AuditEventType
 
 /** What a service records: the event without its place in the chain. `at` in ms since the epoch. */
 export interface AuditEventInput {
+  /**
+   * The step's own event id, the same each time the step is done again (a redelivered call),
+   * so that the trail keeps it once; a fresh one when absent. `auditEventMsgId` makes them.
+   */
+  id?: string | undefined;
   type: AuditEventType;
   call_id?: string | undefined;
   session?: string | undefined;

@@ -40,12 +40,14 @@ export interface AuditTrailOptions {
 }
 
 interface Pending {
-  event: AuditEventInput;
+  event: Omit<AuditEventInput, "id">;
   id: string;
   /** Settled after the first attempt: whether the event was written. */
   first?: ((written: boolean) => void) | undefined;
   /** Withdrawn instead of retried when its first attempt fails. */
   withdrawOnFailure: boolean;
+  /** The hash of the record last published for it: whether an attempt whose answer was lost landed. */
+  sealed?: string | undefined;
   done: () => void;
 }
 
@@ -99,7 +101,7 @@ export class AuditTrail {
    */
   record(tenant: string, event: AuditEventInput): Promise<void> {
     return new Promise((resolve) => {
-      this.#enqueue(tenant, { event, id: randomUUID(), withdrawOnFailure: false, done: resolve });
+      this.#enqueue(tenant, { ...identified(event), withdrawOnFailure: false, done: resolve });
     });
   }
 
@@ -111,8 +113,7 @@ export class AuditTrail {
   tryRecord(tenant: string, event: AuditEventInput): Promise<boolean> {
     return new Promise((resolve) => {
       this.#enqueue(tenant, {
-        event,
-        id: randomUUID(),
+        ...identified(event),
         withdrawOnFailure: true,
         first: resolve,
         done: () => undefined,
@@ -236,8 +237,9 @@ export class AuditTrail {
     } catch (err) {
       return { written: 0, failure: { err } };
     }
-    // Earlier attempts whose answers were lost may have landed: the tail names the last of them.
-    const landed = batch.findIndex((p) => p.id === tail.id);
+    // Earlier attempts whose answers were lost may have landed: the tail is then the last of
+    // them, exactly as this process sealed it (its id alone could be a step recorded before).
+    const landed = tail.hash === null ? -1 : batch.findIndex((p) => p.sealed === tail.hash);
     if (landed >= 0) return { written: landed + 1 };
     const records: AuditRecord[] = [];
     const acks = batch.map((pending, i) => {
@@ -253,6 +255,7 @@ export class AuditTrail {
           ? { lastSubjectSequence: tail.hash === null ? 0 : tail.seq }
           : { lastMsgID: tail.id };
       records.push(record);
+      pending.sealed = record.hash;
       tail = { seq: record.seq, hash: record.hash, id: record.id };
       return this.#js.publish(chain.subject, JSON.stringify(record), {
         msgID: pending.id,
@@ -287,6 +290,11 @@ export class AuditTrail {
     chain.tail = undefined;
     return { written, failure: isChainRace(first.reason) ? "raced" : { err: first.reason } };
   }
+}
+
+/** An event and its id: the step's own, or a fresh one. */
+function identified({ id, ...event }: AuditEventInput): Pick<Pending, "event" | "id"> {
+  return { event, id: id ?? randomUUID() };
 }
 
 /** How one batch went: its first `written` events are in the stream. */
