@@ -15,7 +15,9 @@ import {
   knownRecordHeaders,
   openCallPlane,
 } from "@toolmesh/call-store";
-import { ensureConsumer, meshPlan } from "@toolmesh/nats";
+import { ensureConsumer, ensureStream, meshPlan, tenantAuditStreamSpec } from "@toolmesh/nats";
+import type { AuditRecord } from "@toolmesh/audit";
+import { AuditTrail, readTrail, verifyTrail } from "@toolmesh/audit";
 import type { CallRequest, ResolvedCall, ToolMessage } from "@toolmesh/protocol";
 import {
   ErrorCode,
@@ -142,6 +144,34 @@ describe("handleCall", () => {
     expect(answer?.content).toContain('did you mean "echo"');
     expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
     expect(await workMessages()).toBe(0);
+  });
+
+  it("records each step of a delivery handled twice once in the tenant's audit trail", async () => {
+    await ensureStream(plane.jsm, tenantAuditStreamSpec(subjects, address.tenant));
+    const audit = await AuditTrail.open(nc, { subjects, mode: "required", writer: "test" });
+    const consumer = await js.consumers.get(subjects.streams.calls, subjects.resolverConsumer);
+    /** Handles a delivery as a resolver that dies before acknowledging it, then again. */
+    const twice = async (body: CallRequest): Promise<void> => {
+      const first = await submitted(body);
+      const unacked = Object.assign(Object.create(first) as JsMsg, { ack: () => first.nak() });
+      await handleCall(deps({ audit }), unacked);
+      const again = await consumer.next({ expires: 5_000 });
+      expect(again?.seq).toBe(first.seq);
+      await handleCall(deps({ audit }), present(again, "the call delivered again"));
+    };
+    await twice(request("audit-1", "echo", { text: "hi" }));
+    await twice(request("audit-2", "ecko", { text: "hi" }));
+    await expect.poll(() => audit.pending).toBe(0);
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, address.tenant))
+      events.push(record as AuditRecord);
+    expect(events.map((e) => `${e.call_id} ${e.type}`)).toEqual([
+      "audit-1 call.admitted",
+      "audit-2 call.refused",
+    ]);
+    expect(await verifyTrail(nc, subjects, address.tenant)).toEqual({ ok: true, count: 2 });
+    expect(await callsSettled()).toEqual({ messages: 0, pending: 0 });
+    audit.stop();
   });
 
   it("answers a body that is not JSON, keyed by its stream sequence", async () => {

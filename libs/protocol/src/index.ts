@@ -98,6 +98,7 @@ export type {
 } from "./tool-definition.js";
 export { Header } from "./headers.js";
 export {
+  auditEventMsgId,
   callKeyOfResultMsgId,
   deadLetterMsgId,
   deliveryResultMsgId,

@@ -77,3 +77,13 @@ export function requeueMsgId(stream: string, seq: number): string {
 export function replayMsgId(dlqStream: string, seq: number): string {
   return `replay:${dlqStream}:${seq}`;
 }
+
+/**
+ * The id of the audit event of one step of one delivery of a call: `audit:{step}:{call key}:{seq}`,
+ * `seq` being the submission's sequence in the calls stream. A delivery handled again (the
+ * resolver died before acknowledging it) records the same step under the same id, which the
+ * audit stream keeps once.
+ */
+export function auditEventMsgId(step: string, callKey: string, seq: number): string {
+  return `audit:${step}:${callKey}:${seq}`;
+}

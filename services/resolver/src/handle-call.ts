@@ -13,6 +13,7 @@ import type {
   ToolMessage,
 } from "@toolmesh/protocol";
 import {
+  auditEventMsgId,
   CallRequestSchema,
   ErrorCode,
   ToolMessageSchema,
@@ -475,6 +476,7 @@ async function recordAdmission(route: Route, held: boolean): Promise<boolean> {
   const { resolved } = route;
   const event = {
     ...auditIds(resolved),
+    id: auditEventMsgId(AuditEventType.Admitted, route.key, route.msg.seq),
     type: AuditEventType.Admitted,
     data: {
       args_hash: route.argsHash,
@@ -511,15 +513,20 @@ function auditUnavailable(resolved: ResolvedCall): ToolmeshError {
   );
 }
 
-/** Records a refusal (a call answered with an error before it ran) in its tenant's trail. */
+/**
+ * Records a refusal (a call answered with an error before it ran) in its tenant's trail, under
+ * the id of the delivery it answers (`key` and `seq`: {@link auditEventMsgId}).
+ */
 function recordRefusal(
   deps: ResolverDeps,
   tenant: string,
   ids: { call_id?: string | undefined; session?: string | undefined; tool?: string | undefined },
   error: ToolmeshError,
+  delivery: { key: string; seq: number },
 ): void {
   void deps.audit?.record(tenant, {
     ...ids,
+    id: auditEventMsgId(AuditEventType.Refused, delivery.key, delivery.seq),
     type: AuditEventType.Refused,
     at: Date.now(),
     data: { code: error.code, message: error.message },
@@ -601,6 +608,7 @@ function policyRefusal(route: Route): ToolmeshError | undefined {
   deps.metrics.policyDecision(effect);
   void deps.audit?.record(resolved.address.tenant, {
     ...auditIds(resolved),
+    id: auditEventMsgId(AuditEventType.PolicyDecided, route.key, route.msg.seq),
     type: AuditEventType.PolicyDecided,
     data: { effect, policies: policy.policies, version: policy.version },
   });
@@ -660,8 +668,8 @@ async function awaitApproval(route: Route): Promise<"waiting" | undefined> {
 
 /** Answers a call on its session with `error` as its final message, under `msgId`. */
 async function publishRefusal(route: Route, error: ToolmeshError, msgId: string): Promise<void> {
-  const { deps, resolved, target, argsHash } = route;
-  recordRefusal(deps, resolved.address.tenant, auditIds(resolved), error);
+  const { deps, resolved, target, argsHash, key, msg } = route;
+  recordRefusal(deps, resolved.address.tenant, auditIds(resolved), error, { key, seq: msg.seq });
   await deps.plane.publishFinal(
     deps.subjects.result(resolved.address, resolved.call_id),
     { ...errorToolMessage(target, error, { attempts: 0 }), args_hash: argsHash },
@@ -878,23 +886,18 @@ export async function answerInvalid(
     { attempts: 0 },
   );
   if (resolution.argsHash !== undefined) message.args_hash = resolution.argsHash;
+  const key = callKey(
+    address,
+    request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`,
+  );
   recordRefusal(
     deps,
     address.tenant,
     { call_id: callId, session: message.session_id, tool: resolution.tool },
     error,
+    { key, seq },
   );
-  await publishFinal(
-    subjects.result(address, callId),
-    message,
-    invalidResultMsgId(
-      callKey(
-        address,
-        request?.idempotency_key ?? `${request?.session_id ?? address.session}/${callId}`,
-      ),
-      seq,
-    ),
-  );
+  await publishFinal(subjects.result(address, callId), message, invalidResultMsgId(key, seq));
 }
 
 /**
