@@ -97,4 +97,17 @@ describe("writers racing for one tenant's chain", () => {
     expect(await verifyTrail(nc, subjects, REPEATING)).toEqual({ ok: true, count: 3 });
     trail.stop();
   });
+
+  it("settles: waits for what is recorded, and says how much could not be written by then", async () => {
+    const nc = connections[0] as NatsConnection;
+    const trail = await AuditTrail.open(nc, { subjects, mode: "best-effort", writer: "settling" });
+    const event = { type: AuditEventType.Ended, at: Date.now(), data: {} };
+    void trail.record(REPEATING, event);
+    // A tenant with no audit stream: its event cannot be written.
+    void trail.record("no-such-tenant", event);
+    expect(await trail.settle(1_000)).toBe(1);
+    // Stopped: what is recorded now stays unwritten.
+    void trail.record(REPEATING, event);
+    expect(await trail.settle(1_000)).toBe(2);
+  });
 });

@@ -2,7 +2,7 @@ export { AuditEventType, AuditRecordSchema } from "./events.js";
 export type { AuditEventInput, AuditRecord } from "./events.js";
 export { ChainVerifier, canonicalDigest, recordHash, sealRecord } from "./chain.js";
 export type { BrokenLink, ChainTail } from "./chain.js";
-export { AuditTrail, readTail } from "./trail.js";
+export { AuditTrail, readTail, settleAudit } from "./trail.js";
 export type { AuditMode, AuditTrailObserver, AuditTrailOptions } from "./trail.js";
 export { readTrail, verifyTrail } from "./reader.js";
 export type { ReadTrailOptions, StoredEvent, VerifyOutcome } from "./reader.js";

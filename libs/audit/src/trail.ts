@@ -78,6 +78,8 @@ export class AuditTrail {
   readonly #options: AuditTrailOptions;
   readonly #chains = new Map<string, TenantChain>();
   readonly #stop = new AbortController();
+  // Waiting for every event recorded to be written (settle).
+  #idle: (() => void)[] = [];
 
   private constructor(js: JetStreamClient, jsm: JetStreamManager, options: AuditTrailOptions) {
     this.#js = js;
@@ -157,6 +159,20 @@ export class AuditTrail {
     this.#stop.abort();
   }
 
+  /**
+   * Waits until every event recorded so far is written, at most `timeoutMs`, then stops
+   * retrying: what a service does when it shuts down, before it closes its connection.
+   * Resolves with how many events are left unwritten (lost).
+   */
+  async settle(timeoutMs: number): Promise<number> {
+    if (this.pending > 0) {
+      const idle = new Promise<void>((resolve) => this.#idle.push(resolve));
+      await Promise.race([idle, sleep(timeoutMs, undefined, { ref: false })]);
+    }
+    this.stop();
+    return this.pending;
+  }
+
   #enqueue(tenant: string, pending: Pending): void {
     let chain = this.#chains.get(tenant);
     if (chain === undefined) {
@@ -180,6 +196,7 @@ export class AuditTrail {
           done.first?.(true);
           done.done();
         }
+        this.#wakeIfIdle();
         if (written > 0) {
           pause = this.#options.retryMinMs ?? 100;
           this.#healthy(chain, true);
@@ -187,7 +204,9 @@ export class AuditTrail {
         if (failure === undefined || failure === "raced") continue;
         this.#options.observer?.auditWriteFailed();
         this.#healthy(chain, false, failure.err);
-        if (this.#settleFailed(chain, batch.slice(written))) continue;
+        const noneKept = this.#settleFailed(chain, batch.slice(written));
+        this.#wakeIfIdle();
+        if (noneKept) continue;
         await sleep(pause, undefined, { signal: this.#stop.signal, ref: false }).catch(
           () => undefined,
         );
@@ -196,6 +215,12 @@ export class AuditTrail {
     } finally {
       chain.pumping = false;
     }
+  }
+
+  /** Resolves the waits of {@link settle} once no event is left to write. */
+  #wakeIfIdle(): void {
+    if (this.#idle.length > 0 && this.pending === 0)
+      for (const resolve of this.#idle.splice(0)) resolve();
   }
 
   /**
@@ -290,6 +315,21 @@ export class AuditTrail {
     chain.tail = undefined;
     return { written, failure: isChainRace(first.reason) ? "raced" : { err: first.reason } };
   }
+}
+
+/**
+ * What a service's shutdown does with its trail, before its connection closes: waits for the
+ * events recorded to be written, until `stopBy` (epoch ms) and at least a second, and logs
+ * those that are not (lost).
+ */
+export async function settleAudit(
+  audit: Pick<AuditTrail, "settle"> | undefined,
+  stopBy: number,
+  log: { warn(obj: object, msg: string): void },
+): Promise<void> {
+  const unwritten = await audit?.settle(Math.max(1_000, stopBy - Date.now()));
+  if (unwritten !== undefined && unwritten > 0)
+    log.warn({ unwritten }, "audit events not written by the end of the shutdown; they are lost");
 }
 
 /** An event and its id: the step's own, or a fresh one. */

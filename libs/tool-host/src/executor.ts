@@ -1,4 +1,5 @@
 import type { AuditTrail } from "@toolmesh/audit";
+import { settleAudit } from "@toolmesh/audit";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { SecretBox, UserSecretStore } from "./user-secrets.js";
 import type { UserSecretsBucketOptions } from "./user-secrets.js";
@@ -237,17 +238,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     };
     const previous = served.get(definition.name);
     served.set(definition.name, tool);
-    // Right after `toolmesh setup`, or while a node restarts, the consumer's leader may be being
-    // elected: wait for it (not ready meanwhile), one line per kind of trouble.
-    const consumerWait = {
-      budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
-      onRetry: (kind: UnavailableKind, err: unknown) => {
-        log.warn(
-          { tool: definition.name, kind, reason: ensureError(err).message },
-          `work consumer cannot be read yet (${kind}); trying again`,
-        );
-      },
-    };
+    const consumerWait = consumerWaitOf(options, definition.name);
     await retryWhileUnavailable(() => link.ensureWorkConsumer(definition), {
       ...consumerWait,
       what: `ensure the work consumer of ${definition.name}`,
@@ -299,6 +290,7 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       });
     },
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
+      const stopBy = Date.now() + graceMs;
       const handBack = (): void => handBackAll(deps);
       capacity.stop();
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
@@ -306,6 +298,24 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       await delegation?.stop(graceMs);
       stopObservingQueues();
       for (const name of served.keys()) metrics.toolServed(name, -1);
+      await settleAudit(options.audit, stopBy, log);
+    },
+  };
+}
+
+/**
+ * How long and how loudly a tool's loop waits for its work consumer: right after `toolmesh
+ * setup`, or while a node restarts, the consumer's leader may be being elected (the executor
+ * is not ready meanwhile); one line per kind of trouble.
+ */
+function consumerWaitOf(options: ExecutorOptions, tool: string) {
+  return {
+    budgetMs: options.consumerWaitMs ?? Defaults.startupTimeoutMs,
+    onRetry: (kind: UnavailableKind, err: unknown) => {
+      options.log.warn(
+        { tool, kind, reason: ensureError(err).message },
+        `work consumer cannot be read yet (${kind}); trying again`,
+      );
     },
   };
 }

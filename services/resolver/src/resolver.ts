@@ -1,5 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { AuditTrail } from "@toolmesh/audit";
+import { settleAudit } from "@toolmesh/audit";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
@@ -233,6 +234,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   return {
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
+      const stopBy = Date.now() + graceMs;
       stopWatching();
       admission.stop();
       await approvals.stop(graceMs);
@@ -245,6 +247,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       admission.quotas?.close();
       await admission.stored?.close();
       stopReportingQuotas();
+      await settleAudit(options.audit, stopBy, log);
     },
   };
 }
