@@ -1,5 +1,7 @@
-import { readFile, readdir, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { mkdtemp, readFile, readdir, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
@@ -19,6 +21,7 @@ import { until } from "./helpers/eventually.js";
 // The audit trail through a real mesh: three resolvers and an executor with
 // TOOLMESH_AUDIT=required, the tenant's audit stream made by `toolmesh setup --tenants`.
 
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const subjects = createSubjects();
 const STREAM = subjects.auditStream("default");
 let server: NatsServerHandle;
@@ -41,7 +44,21 @@ beforeAll(async () => {
   expect((await runCli(["setup", "--tenants", "default"], env)).code).toBe(0);
   for (let i = 0; i < 3; i++) resolvers.push(await startService("resolver", env));
   await startService("executor", env);
-  await Promise.all(resolvers.map((r) => toolAvailable(r, "inspect", "misbehave", "whoami")));
+  // An MCP server's tools, through the bridge.
+  const mcpDir = await mkdtemp(join(tmpdir(), "toolmesh-audit-mcp-"));
+  await writeFile(
+    join(mcpDir, "fx.yaml"),
+    [
+      "name: fx",
+      "transport: stdio",
+      `command: ${JSON.stringify(process.execPath)}`,
+      `args: [${JSON.stringify(join(ROOT, "test", "fixtures", "mcp", "test-server.mjs"))}]`,
+    ].join("\n"),
+  );
+  await startService("mcp-bridge", { ...env, TOOLMESH_MCP_DIR: mcpDir }, 60_000);
+  await Promise.all(
+    resolvers.map((r) => toolAvailable(r, "inspect", "misbehave", "whoami", "fx.echo")),
+  );
   nc = await connect({ servers: server.url });
   client = new ToolmeshClient(nc, { defaultTimeoutMs: 15_000 });
 }, 90_000);
@@ -84,6 +101,21 @@ describe("each outcome's events, in order", () => {
     );
     expect(ended?.data).toMatchObject({ outcome: "ok" });
     expect(String(ended?.data.result_digest)).toMatch(/^sha256:[0-9a-f]{64}$/);
+  });
+
+  it("a bridged MCP tool: admitted, the attempt, ended, written by the bridge", async () => {
+    const handle = client.session("s-mcp").submit({ name: "fx.echo", arguments: { text: "hi" } });
+    expect((await handle.result).error).toBeUndefined();
+    expect(await typesOf(handle.callId, "call.ended")).toEqual([
+      "call.admitted",
+      "attempt.started",
+      "attempt.ended",
+      "call.ended",
+    ]);
+    const events = (await trail()).filter((e) => e.call_id === handle.callId);
+    expect(events.slice(1).map((e) => e.by)).toEqual(
+      Array.from({ length: 3 }, () => expect.stringMatching(/^mcp-bridge@/)),
+    );
   });
 
   it("a typed error: the attempt's code and the call's", async () => {

@@ -318,17 +318,16 @@ export class AuditTrail {
 }
 
 /**
- * What a service's shutdown does with its trail, before its connection closes: waits for the
- * events recorded to be written, until `stopBy` (epoch ms) and at least a second, and logs
- * those that are not (lost).
+ * What a service's shutdown does with its trail, before its connection closes: waits up to
+ * `withinMs` for the events recorded to be written, and logs those that are not (lost).
  */
 export async function settleAudit(
-  audit: Pick<AuditTrail, "settle"> | undefined,
-  stopBy: number,
+  audit: Pick<AuditTrail, "settle">,
+  withinMs: number,
   log: { warn(obj: object, msg: string): void },
 ): Promise<void> {
-  const unwritten = await audit?.settle(Math.max(1_000, stopBy - Date.now()));
-  if (unwritten !== undefined && unwritten > 0)
+  const unwritten = await audit.settle(withinMs);
+  if (unwritten > 0)
     log.warn({ unwritten }, "audit events not written by the end of the shutdown; they are lost");
 }
 

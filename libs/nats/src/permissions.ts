@@ -452,7 +452,7 @@ function delegationHolder(s: Subjects, deposits: string, replies: string): Permi
 }
 
 /** An MCP bridge in the mesh account, with the approvals bucket of its servers. */
-function bridgePermissions({ s, role, options }: RoleContext): Permissions {
+function bridgePermissions({ s, role, options, auditWrites }: RoleContext): Permissions {
   // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
   // bucket, and a bridge allowed to creates it when it first pins.
   const approvals = approvalsBucket(s);
@@ -462,8 +462,9 @@ function bridgePermissions({ s, role, options }: RoleContext): Permissions {
       role,
       options.servers?.map((server) => `${server}.*`),
     ),
-    // Its servers' tools may act as their callers, as an executor's (ADR 0061, ADR 0063).
-    pub(...bucketRead(s.userSecretsBucket)),
+    // Its servers' tools may act as their callers, as an executor's (ADR 0061, ADR 0063); it
+    // records their calls' attempts and ends in the tenants' trails, as an executor does.
+    pub(...auditWrites, ...bucketRead(s.userSecretsBucket)),
     delegationHolder(s, s.delegationDeposit(), `_INBOX.${s.prefix}.gateway.>`),
     pub(
       ...bucketRead(approvals),
@@ -632,8 +633,8 @@ export function rolePermissions(
   const tenantStreams = (options.tenants ?? []).map((t) =>
     s.callsStream(checkAccountId("tenant", t)),
   );
-  // Each tenant's audit trail (ADR 0060): written by the resolvers and executors, made by setup,
-  // read by operators; never deleted or purged (the stream denies it too).
+  // Each tenant's audit trail (ADR 0060): written by the resolvers, executors and MCP bridges,
+  // made by setup, read by operators; never deleted or purged (the stream denies it too).
   const auditStreams = (options.tenants ?? []).map((t) => s.auditStream(subjectToken(t)));
   const auditWrites = [
     `${n0(s)}.audit.*`,
@@ -655,9 +656,9 @@ export function rolePermissions(
   }
   if (
     options.tenants !== undefined &&
-    !["resolver", "operator", "setup", "executor"].includes(role)
+    !["resolver", "operator", "setup", "executor", "mcp-bridge"].includes(role)
   ) {
-    bad("--tenants is for the resolver, operator, setup and executor roles");
+    bad("--tenants is for the resolver, operator, setup, executor and mcp-bridge roles");
   }
   if (options.servers !== undefined && role !== "mcp-bridge") {
     bad("--servers is for the mcp-bridge role");
@@ -1036,7 +1037,7 @@ function meshAccounts(
         ...prefix,
         ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds, tenants } : {}),
         // Executors write their attempts into each tenant's audit trail (ADR 0060).
-        ...(role === "executor" ? { tenants } : {}),
+        ...(role === "executor" || role === "mcp-bridge" ? { tenants } : {}),
       }),
     })),
     exports: [],

@@ -1,5 +1,5 @@
 import { hostname } from "node:os";
-import { AuditTrail } from "@toolmesh/audit";
+import { AuditTrail, settleAudit } from "@toolmesh/audit";
 import type { AddressInfo } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import pRetry from "p-retry";
@@ -53,7 +53,9 @@ export interface Runtime {
    * `livenessDisconnectedMs` (`/healthz`).
    */
   alive(): boolean;
-  /** Drains the connection and flushes telemetry. */
+  /** Runs `task` when the runtime closes, before the connection drains (a service's last writes). */
+  onClose(task: () => Promise<void>): void;
+  /** Runs the tasks of {@link onClose}, drains the connection and flushes telemetry. */
   close(): Promise<void>;
 }
 
@@ -154,6 +156,7 @@ export async function openRuntime(
       isConnected() ? { ok: true } : { ok: false, detail: "not connected; reconnecting" },
     );
     const processMetrics = metrics;
+    const closing: (() => Promise<void>)[] = [];
     return {
       config,
       nc,
@@ -167,7 +170,11 @@ export async function openRuntime(
       connected: isConnected,
       alive: () => !nc.isClosed() && watch.alive(),
       streamLimits: meshSettings(config),
+      onClose(task) {
+        closing.push(task);
+      },
       async close() {
+        for (const task of closing.splice(0)) await task().catch(() => undefined);
         stats.unsubscribe();
         registry?.close();
         await nc.drain().catch(() => undefined);
@@ -421,7 +428,7 @@ export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditT
   if (audit === "off" || rt.config.owner !== undefined) return undefined;
   const metrics = toolmeshMetrics();
   const log = rt.log.child({ actor, part: "audit" });
-  return AuditTrail.open(rt.nc, {
+  const trail = await AuditTrail.open(rt.nc, {
     subjects: rt.subjects,
     mode: audit,
     writer: `${actor}@${hostname()}/${process.pid}`,
@@ -438,4 +445,7 @@ export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditT
         log.warn({ tenant, err }, "cannot write the audit trail; its events are kept and retried");
     },
   });
+  // What it still holds is written once the actor stopped, within the shutdown force time.
+  rt.onClose(() => settleAudit(trail, rt.config.shutdownForceMs, log));
+  return trail;
 }

@@ -1,5 +1,4 @@
 import type { AuditTrail } from "@toolmesh/audit";
-import { settleAudit } from "@toolmesh/audit";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import { SecretBox, UserSecretStore } from "./user-secrets.js";
 import type { UserSecretsBucketOptions } from "./user-secrets.js";
@@ -290,7 +289,6 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       });
     },
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      const stopBy = Date.now() + graceMs;
       const handBack = (): void => handBackAll(deps);
       capacity.stop();
       await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
@@ -298,7 +296,6 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
       await delegation?.stop(graceMs);
       stopObservingQueues();
       for (const name of served.keys()) metrics.toolServed(name, -1);
-      await settleAudit(options.audit, stopBy, log);
     },
   };
 }

@@ -1,4 +1,5 @@
 import type { Runtime } from "@toolmesh/runtime";
+import { meshAuditTrail } from "@toolmesh/runtime";
 import type { Bridge } from "./bridge.js";
 import { startBridge } from "./bridge.js";
 import { loadMcpServers } from "./config.js";
@@ -28,6 +29,7 @@ export async function startBridgeFromRuntime(rt: Runtime): Promise<Bridge> {
     ackWaitMs: config.ackWaitMs,
     callRetentionMs: config.callRetentionMs,
     maxResultBytes: config.maxResultBytes,
+    audit: await meshAuditTrail(rt, "mcp-bridge"),
     allowPrivateAddresses: config.allowPrivateAddresses,
     trustConfiguredHosts: config.trustConfiguredHosts,
     ...credentialSources(config),

@@ -49,6 +49,8 @@ export interface ServedServerOptions {
   callRetentionMs?: number;
   /** See the executor's `maxResultBytes`. Default 512 KiB. */
   maxResultBytes?: number;
+  /** Where each call's attempts and end are recorded (ADR 0060): see the executor's `audit`. */
+  audit?: ExecutorOptions["audit"];
   /** How long a removed tool's running calls may take to finish, in ms. Default 10 000. */
   removeGraceMs?: number;
   /** Private addresses HTTP/SSE servers may be reached at (`TOOLMESH_ALLOW_PRIVATE_ADDRESSES`). Default none. */
@@ -249,6 +251,7 @@ export class ServedServer {
         ? {}
         : { callRetentionMs: options.callRetentionMs }),
       ...(options.maxResultBytes === undefined ? {} : { maxResultBytes: options.maxResultBytes }),
+      audit: options.audit,
       ...callerCredentials(options, config),
     });
     const server = new ServedServer(options, config, pins, owner, log, executor);

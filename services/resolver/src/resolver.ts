@@ -1,6 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { AuditTrail } from "@toolmesh/audit";
-import { settleAudit } from "@toolmesh/audit";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
@@ -234,7 +233,6 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
 
   return {
     async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      const stopBy = Date.now() + graceMs;
       stopWatching();
       admission.stop();
       await approvals.stop(graceMs);
@@ -247,7 +245,6 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       admission.quotas?.close();
       await admission.stored?.close();
       stopReportingQuotas();
-      await settleAudit(options.audit, stopBy, log);
     },
   };
 }
