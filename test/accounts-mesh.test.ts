@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -14,6 +14,7 @@ import { ApprovalsAtRest } from "@toolmesh/call-store";
 import { connectNats } from "@toolmesh/nats";
 import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
+import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
 import { killAllServices, startService, type ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers } from "./helpers/account-users.js";
@@ -113,15 +114,7 @@ beforeAll(async () => {
   work = await mkdtemp(join(tmpdir(), "toolmesh-accounts-"));
   const mcpDir = join(work, "mcp");
   await mkdir(mcpDir);
-  await writeFile(
-    join(mcpDir, "fx.yaml"),
-    [
-      "name: fx",
-      "transport: stdio",
-      `command: ${JSON.stringify(process.execPath)}`,
-      `args: [${JSON.stringify(join(ROOT, "test", "fixtures", "mcp", "test-server.mjs"))}]`,
-    ].join("\n"),
-  );
+  await writeStdioTestServer(mcpDir, "fx");
   server = await startNatsServer({ jetstream: false, config: serverConfig(["acme", "globex"]) });
   const setup = await runCli(["setup", "--tenants", "acme,globex"], credentials("setup"));
   expect(setup.stderr).toBe("");

@@ -1,7 +1,6 @@
 import { mkdtemp, readFile, readdir, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
@@ -16,12 +15,12 @@ import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
+import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
 import { until } from "./helpers/eventually.js";
 
 // The audit trail through a real mesh: three resolvers and an executor with
 // TOOLMESH_AUDIT=required, the tenant's audit stream made by `toolmesh setup --tenants`.
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const subjects = createSubjects();
 const STREAM = subjects.auditStream("default");
 let server: NatsServerHandle;
@@ -46,15 +45,7 @@ beforeAll(async () => {
   await startService("executor", env);
   // An MCP server's tools, through the bridge.
   const mcpDir = await mkdtemp(join(tmpdir(), "toolmesh-audit-mcp-"));
-  await writeFile(
-    join(mcpDir, "fx.yaml"),
-    [
-      "name: fx",
-      "transport: stdio",
-      `command: ${JSON.stringify(process.execPath)}`,
-      `args: [${JSON.stringify(join(ROOT, "test", "fixtures", "mcp", "test-server.mjs"))}]`,
-    ].join("\n"),
-  );
+  await writeStdioTestServer(mcpDir, "fx");
   await startService("mcp-bridge", { ...env, TOOLMESH_MCP_DIR: mcpDir }, 60_000);
   await Promise.all(
     resolvers.map((r) => toolAvailable(r, "inspect", "misbehave", "whoami", "fx.echo")),

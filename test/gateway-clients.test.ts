@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { execFile, spawnSync } from "node:child_process";
-import { mkdir, mkdtemp, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -19,6 +19,7 @@ import {
   writeKeysFile,
 } from "./helpers/gateway.js";
 import { killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -77,16 +78,7 @@ beforeAll(async () => {
   ]);
   const mcpDir = await mkdtemp(join(tmpdir(), "toolmesh-gateway-mcp-"));
   await mkdir(mcpDir, { recursive: true });
-  await writeFile(
-    join(mcpDir, "t.yaml"),
-    JSON.stringify({
-      name: "t",
-      transport: "stdio",
-      command: process.execPath,
-      args: [join(ROOT, "test", "fixtures", "mcp", "test-server.mjs")],
-      env: { MCP_TEST_NAME: "t" },
-    }),
-  );
+  await writeStdioTestServer(mcpDir, "t", { MCP_TEST_NAME: "t" });
   env = {
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: tools,

@@ -2,7 +2,7 @@ import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -12,6 +12,7 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
+import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -42,16 +43,10 @@ beforeAll(async () => {
   work = await mkdtemp(join(tmpdir(), "toolmesh-observability-"));
   records = join(work, "records.jsonl");
   await mkdir(join(work, "mcp"));
-  await writeFile(
-    join(work, "mcp", "t.yaml"),
-    JSON.stringify({
-      name: "t",
-      transport: "stdio",
-      command: process.execPath,
-      args: [join(ROOT, "test", "fixtures", "mcp", "test-server.mjs")],
-      env: { MCP_TEST_NAME: "t", MCP_TEST_RECORD: records },
-    }),
-  );
+  await writeStdioTestServer(join(work, "mcp"), "t", {
+    MCP_TEST_NAME: "t",
+    MCP_TEST_RECORD: records,
+  });
   env = {
     NATS_URL: server.url,
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: `${receiver.url}/v1/traces`,

@@ -1,6 +1,7 @@
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { once } from "node:events";
+import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 
@@ -27,4 +28,23 @@ export async function startTestMcpServer(
   const [line] = (await once(lines, "line")) as [string];
   lines.close();
   return { url: (JSON.parse(line) as { listening: string }).listening, child };
+}
+
+/**
+ * Writes the bridge's server file `{name}.yaml` in `dir`: the test MCP server over stdio, as
+ * server `name`, with `env` for it.
+ */
+export async function writeStdioTestServer(
+  dir: string,
+  name: string,
+  env?: Record<string, string>,
+): Promise<void> {
+  const file = {
+    name,
+    transport: "stdio",
+    command: process.execPath,
+    args: [TEST_SERVER],
+    ...(env === undefined ? {} : { env }),
+  };
+  await writeFile(join(dir, `${name}.yaml`), JSON.stringify(file));
 }
