@@ -2,10 +2,12 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { createSubjects } from "@toolmesh/protocol";
+import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import type { AuditRecord } from "@toolmesh/audit";
 import { AuditEventType, AuditTrail, readTrail, verifyTrail } from "@toolmesh/audit";
+import { openCallPlane } from "@toolmesh/call-store";
+import { resolvedCall } from "./helpers/calls.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
@@ -18,6 +20,7 @@ const TENANT = "acme";
 const WRITERS = 4;
 const EVENTS = 400;
 const REPEATING = "initech";
+const LETTERS = "hooli";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -28,6 +31,7 @@ beforeAll(async () => {
   const jsm = await jetstreamManager(nc);
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, TENANT));
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, REPEATING));
+  await ensureStream(jsm, tenantAuditStreamSpec(subjects, LETTERS));
 }, 30_000);
 
 afterAll(async () => {
@@ -109,5 +113,41 @@ describe("writers racing for one tenant's chain", () => {
     // Stopped: what is recorded now stays unwritten.
     void trail.record(REPEATING, event);
     expect(await trail.settle(1_000)).toBe(2);
+  });
+});
+
+describe("the call plane", () => {
+  it("records a dead-lettered call in its tenant's trail, and a letter that holds no call nowhere", async () => {
+    const nc = connections[0] as NatsConnection;
+    const trail = await AuditTrail.open(nc, { subjects, mode: "required", writer: "plane" });
+    const plane = await openCallPlane(nc, { subjects, audit: trail });
+    const call = resolvedCall({
+      id: "dl-1",
+      tool: "echo",
+      address: { tenant: LETTERS, session: "s" },
+    });
+    const letter = {
+      tool: "echo",
+      reason: "max_deliveries",
+      stream: subjects.streams.work,
+      subject: subjects.work("echo"),
+      deliveries: 5,
+    };
+    await plane.deadLetter({ ...letter, seq: 7, data: encodeJson(call) });
+    await plane.deadLetter({ ...letter, seq: 8, data: new TextEncoder().encode("not a call") });
+    await expect.poll(() => trail.pending).toBe(0);
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, LETTERS))
+      events.push(record as AuditRecord);
+    expect(events).toEqual([
+      expect.objectContaining({
+        type: "call.dead_lettered",
+        call_id: "dl-1",
+        session: "s",
+        tool: "echo",
+        data: { reason: "max_deliveries", deliveries: 5, stream: subjects.streams.work },
+      }),
+    ]);
+    trail.stop();
   });
 });
