@@ -2,11 +2,12 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
+import type { ToolMessage } from "@toolmesh/protocol";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import type { AuditRecord } from "@toolmesh/audit";
 import { AuditEventType, AuditTrail, readTrail, verifyTrail } from "@toolmesh/audit";
-import { openCallPlane } from "@toolmesh/call-store";
+import { callRecordOf, openCallPlane } from "@toolmesh/call-store";
 import { resolvedCall } from "./helpers/calls.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -21,6 +22,7 @@ const WRITERS = 4;
 const EVENTS = 400;
 const REPEATING = "initech";
 const LETTERS = "hooli";
+const ENDED = "pied";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -32,6 +34,7 @@ beforeAll(async () => {
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, TENANT));
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, REPEATING));
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, LETTERS));
+  await ensureStream(jsm, tenantAuditStreamSpec(subjects, ENDED));
 }, 30_000);
 
 afterAll(async () => {
@@ -147,6 +150,39 @@ describe("the call plane", () => {
         tool: "echo",
         data: { reason: "max_deliveries", deliveries: 5, stream: subjects.streams.work },
       }),
+    ]);
+    trail.stop();
+  });
+
+  it("records a call's end once, also when its publisher stopped before it could", async () => {
+    const nc = connections[0] as NatsConnection;
+    const trail = await AuditTrail.open(nc, { subjects, mode: "required", writer: "plane" });
+    const plane = await openCallPlane(nc, { subjects, audit: trail });
+    // The executor that ended the call recorded nothing (it was killed right after publishing).
+    const unrecorded = await openCallPlane(nc, { subjects });
+    const call = resolvedCall({
+      id: "end-1",
+      tool: "echo",
+      address: { tenant: ENDED, session: "s" },
+    });
+    await plane.store.accept(callRecordOf(call, "h"));
+    const done: ToolMessage = {
+      role: "tool",
+      tool_call_id: call.call_id,
+      name: call.tool,
+      content: "ok",
+      session_id: call.session_id,
+    };
+    expect(await unrecorded.finalize(call, done)).toBe(true);
+    // Its work comes back to another executor, which finds the call ended; twice, here.
+    expect(await plane.finalize(call, done)).toBe(false);
+    expect(await plane.finalize(call, done)).toBe(false);
+    await expect.poll(() => trail.pending).toBe(0);
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, ENDED))
+      events.push(record as AuditRecord);
+    expect(events.map((e) => `${e.call_id} ${e.type} ${String(e.data.outcome)}`)).toEqual([
+      "end-1 call.ended ok",
     ]);
     trail.stop();
   });

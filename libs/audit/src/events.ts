@@ -50,7 +50,10 @@ export const AuditRecordSchema = z
     v: z.literal(1),
     /** Its sequence in the tenant's audit stream: a gap or a repeat breaks the chain. */
     seq: z.number().int().positive(),
-    /** Unique per event: the message id that keeps a retried write single. */
+    /**
+     * The message id that keeps a retried write single: the step's own (the same each time the
+     * step is done again, so the stream keeps it once) or a random one.
+     */
     id: z.string().min(1),
     tenant: z.string().min(1),
     type: z.enum(Object.values(AuditEventType) as [AuditEventType, ...AuditEventType[]]),

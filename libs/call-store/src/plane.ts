@@ -3,7 +3,13 @@ import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
 import type { MsgHdrs } from "@nats-io/nats-core";
 import type { ProgressEvent, Subjects, ToolMessage } from "@toolmesh/protocol";
-import { callKey, decodeJsonOrUndefined, resultMsgId, deadLetterMsgId } from "@toolmesh/protocol";
+import {
+  callKey,
+  deadLetterMsgId,
+  decodeJsonOrUndefined,
+  finalEventMsgId,
+  resultMsgId,
+} from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import {
   ServerClock,
@@ -124,16 +130,23 @@ export async function openCallPlane(
   ): Promise<unknown> => {
     const ack = await publishDurable(js, subject, message, { msgId });
     // Whoever publishes a final message records it: every path to an answer comes through here.
-    const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
-    if (tenant !== undefined && !ack.duplicate) void audit?.record(tenant, callEnded(message));
+    if (!ack.duplicate) recordEnded(subject, message, msgId);
     return ack;
   };
 
-  async function alreadyStored(subject: string): Promise<boolean> {
+  /** Records a final message in its tenant's trail, under an id of that message. */
+  function recordEnded(subject: string, message: ToolMessage, msgId: string): void {
+    const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
+    if (tenant !== undefined)
+      void audit?.record(tenant, { ...callEnded(message), id: finalEventMsgId(msgId) });
+  }
+
+  /** When the final message on `subject` was stored (epoch ms), if it is. */
+  async function storedAt(subject: string): Promise<number | undefined> {
     const stored = await jsm.streams
       .getMessage(subjects.streams.sessions, { last_by_subj: subject })
       .catch(() => null);
-    return stored !== null;
+    return stored?.time.getTime();
   }
 
   return {
@@ -166,16 +179,29 @@ export async function openCallPlane(
       // Live subscribers see every publication, whatever the stream keeps: a loser only
       // publishes when the winner's message is nowhere to be found. The sessions stream is
       // the record of what went out, so the success path writes no "published" mark.
-      if (outcome?.won === false && (await alreadyStored(subject))) return false;
-      await publishFinal(
-        subject,
-        outcome?.result ?? message,
-        resultMsgId(callKey(call.address, call.idempotency_key)),
-      );
+      const msgId = resultMsgId(callKey(call.address, call.idempotency_key));
+      if (outcome?.won === false) {
+        const at = await storedAt(subject);
+        if (at !== undefined) {
+          // Its publisher may have stopped before recording it (an executor killed right after
+          // publishing, whose work comes back): recorded again under the same id, which the
+          // trail keeps once while it remembers the id.
+          if (Date.now() - at < RECORD_AGAIN_WITHIN_MS) recordEnded(subject, outcome.result, msgId);
+          return false;
+        }
+      }
+      await publishFinal(subject, outcome?.result ?? message, msgId);
       return outcome === undefined || outcome.won;
     },
   };
 }
+
+/**
+ * How recently a final message must have been stored for a party that finds it to record it
+ * again: inside the audit stream's duplicate window (the server's default, 2 minutes), so that a
+ * record that did land is kept once.
+ */
+const RECORD_AGAIN_WITHIN_MS = 90_000;
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
 function recordDeadLetter(audit: Pick<AuditTrail, "record">, letter: DeadLetterOut): void {

@@ -102,6 +102,7 @@ export {
   callKeyOfResultMsgId,
   deadLetterMsgId,
   deliveryResultMsgId,
+  finalEventMsgId,
   missingArgumentsMsgId,
   overloadedMsgId,
   refusedMsgId,

@@ -87,3 +87,8 @@ export function replayMsgId(dlqStream: string, seq: number): string {
 export function auditEventMsgId(step: string, callKey: string, seq: number): string {
   return `audit:${step}:${callKey}:${seq}`;
 }
+
+/** The id of the audit event of a final message: `audit:{its Nats-Msg-Id}`. */
+export function finalEventMsgId(finalMsgId: string): string {
+  return `audit:${finalMsgId}`;
+}
