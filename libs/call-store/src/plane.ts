@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
@@ -37,7 +38,7 @@ export interface CallPlaneOptions {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number | undefined;
   /** Where final messages and dead letters are recorded (ADR 0060); nothing when undefined. */
-  audit?: Pick<AuditTrail, "record"> | undefined;
+  audit?: Pick<AuditTrail, "record" | "required"> | undefined;
 }
 
 /** Reads call records. */
@@ -130,15 +131,22 @@ export async function openCallPlane(
   ): Promise<unknown> => {
     const ack = await publishDurable(js, subject, message, { msgId });
     // Whoever publishes a final message records it: every path to an answer comes through here.
-    if (!ack.duplicate) recordEnded(subject, message, msgId);
+    if (!ack.duplicate) await recordEnded(subject, message, msgId);
     return ack;
   };
 
-  /** Records a final message in its tenant's trail, under an id of that message. */
-  function recordEnded(subject: string, message: ToolMessage, msgId: string): void {
+  /**
+   * Records a final message in its tenant's trail, under an id of that message. When the trail
+   * is required, the step that published it (and then acknowledges its work) waits for the
+   * record, up to {@link RECORD_WAIT_MS}: a process killed once its work is acknowledged would
+   * otherwise take the record with it, and nothing would bring the call back to record it.
+   */
+  async function recordEnded(subject: string, message: ToolMessage, msgId: string): Promise<void> {
     const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
-    if (tenant !== undefined)
-      void audit?.record(tenant, { ...callEnded(message), id: finalEventMsgId(msgId) });
+    if (audit === undefined || tenant === undefined) return;
+    const recorded = audit.record(tenant, { ...callEnded(message), id: finalEventMsgId(msgId) });
+    if (audit.required)
+      await Promise.race([recorded, sleep(RECORD_WAIT_MS, undefined, { ref: false })]);
   }
 
   /** When the final message on `subject` was stored (epoch ms), if it is. */
@@ -186,7 +194,8 @@ export async function openCallPlane(
           // Its publisher may have stopped before recording it (an executor killed right after
           // publishing, whose work comes back): recorded again under the same id, which the
           // trail keeps once while it remembers the id.
-          if (Date.now() - at < RECORD_AGAIN_WITHIN_MS) recordEnded(subject, outcome.result, msgId);
+          if (Date.now() - at < RECORD_AGAIN_WITHIN_MS)
+            await recordEnded(subject, outcome.result, msgId);
           return false;
         }
       }
@@ -202,6 +211,9 @@ export async function openCallPlane(
  * record that did land is kept once.
  */
 const RECORD_AGAIN_WITHIN_MS = 90_000;
+
+/** Longest a step waits for its final message's record before it goes on (the record stays queued). */
+const RECORD_WAIT_MS = 5_000;
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
 function recordDeadLetter(audit: Pick<AuditTrail, "record">, letter: DeadLetterOut): void {

@@ -1,0 +1,125 @@
+import { mkdtemp } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { ToolmeshClient } from "@toolmesh/client";
+import type { ToolMessage } from "@toolmesh/protocol";
+import { createSubjects } from "@toolmesh/protocol";
+import type { AuditRecord } from "@toolmesh/audit";
+import { readTrail, verifyTrail } from "@toolmesh/audit";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import type { ServiceProcess } from "./helpers/mesh.js";
+import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
+import { runCli } from "./helpers/cli.js";
+import { until } from "./helpers/eventually.js";
+
+// The audit trail through executor and resolver kills (SIGKILL, mid-call): every call that ended
+// has its admission and its end in the trail, each once, and the chain verifies.
+
+const subjects = createSubjects();
+const CALLS = 240;
+let server: NatsServerHandle;
+let nc: NatsConnection;
+let env: Record<string, string>;
+
+beforeAll(async () => {
+  server = await startNatsServer();
+  const ledgerDir = await mkdtemp(join(tmpdir(), "toolmesh-audit-kills-"));
+  env = {
+    NATS_URL: server.url,
+    TOOLMESH_TOOLS_DIR: fixtureTools("tools-rel"),
+    TOOLMESH_TOOLKIT_CONTEXT: JSON.stringify({ ledgerDir }),
+    TOOLMESH_AUDIT: "required",
+  };
+  expect((await runCli(["setup", "--tenants", "default"], env)).code).toBe(0);
+  nc = await connect({ servers: server.url });
+}, 60_000);
+
+afterAll(async () => {
+  await nc?.close();
+  await killAllServices();
+  await server?.stop();
+});
+
+describe("the audit trail through executor and resolver kills", () => {
+  it("holds every ended call's admission and end, once each, and verifies", async () => {
+    let resolver = await startService("resolver", env);
+    const executors: ServiceProcess[] = [
+      await startService("executor", env),
+      await startService("executor", env),
+    ];
+    await toolAvailable(resolver, "sleepy");
+    const client = new ToolmeshClient(nc, { defaultTimeoutMs: 60_000 });
+    const session = client.session("s-kills");
+    const results: Promise<ToolMessage>[] = [];
+    const ids: string[] = [];
+    let kills = 0;
+    for (let i = 0; i < CALLS; i++) {
+      const handle = session.submit({ name: "sleepy", arguments: { ms: 20 + (i % 5) * 20 } });
+      ids.push(handle.callId);
+      results.push(handle.result);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      if (i % 40 === 39) {
+        // One executor killed mid-call and replaced.
+        await executors.shift()?.kill();
+        kills++;
+        executors.push(await startService("executor", env));
+      }
+      if (i === CALLS / 2) {
+        // The resolver too, while it admits calls.
+        await resolver.kill();
+        kills++;
+        resolver = await startService("resolver", env);
+      }
+    }
+    const answers = await Promise.all(results);
+    const failed = answers.filter((m) => m.error !== undefined).map((m) => m.error?.code);
+    const byCall = new Map<string, AuditRecord[]>();
+    let events: AuditRecord[] = [];
+    // The services write on their own time: read until every call's end is in.
+    await until(
+      "every call's end in the trail",
+      async () => {
+        events = [];
+        for await (const { record } of readTrail(nc, subjects, "default"))
+          events.push(record as AuditRecord);
+        byCall.clear();
+        for (const e of events) {
+          if (e.call_id === undefined) continue;
+          byCall.set(e.call_id, [...(byCall.get(e.call_id) ?? []), e]);
+        }
+        return ids.every((id) => byCall.get(id)?.some((e) => e.type === "call.ended"));
+      },
+      { timeoutMs: 30_000 },
+    ).catch(() => undefined);
+    const count = (id: string, type: string) =>
+      (byCall.get(id) ?? []).filter((e) => e.type === type).length;
+    const without = (type: string) => ids.filter((id) => count(id, type) === 0);
+    const twice = (type: string) => ids.filter((id) => count(id, type) > 1);
+    const summary = {
+      kills,
+      failed,
+      events: events.length,
+      noAdmission: without("call.admitted").length,
+      noEnd: without("call.ended").length,
+      admittedTwice: twice("call.admitted").length,
+      endedTwice: twice("call.ended").length,
+      startedWithoutEnd: ids.filter(
+        (id) => count(id, "attempt.started") > count(id, "attempt.ended"),
+      ).length,
+      repeatedIds: events.length - new Set(events.map((e) => e.id)).size,
+    };
+    console.log("audit through kills", JSON.stringify(summary));
+    expect(summary).toMatchObject({
+      noAdmission: 0,
+      noEnd: 0,
+      admittedTwice: 0,
+      endedTwice: 0,
+      repeatedIds: 0,
+    });
+    expect(await verifyTrail(nc, subjects, "default")).toEqual({ ok: true, count: events.length });
+  }, 240_000);
+});
