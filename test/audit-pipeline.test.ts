@@ -105,13 +105,16 @@ describe("writers racing for one tenant's chain", () => {
     trail.stop();
   });
 
-  it("settles: waits for what is recorded, and says how much could not be written by then", async () => {
+  it("settles: waits for what is recorded, and says how much could not be written by then; a step is told of a first write", async () => {
     const nc = connections[0] as NatsConnection;
     const trail = await AuditTrail.open(nc, { subjects, mode: "best-effort", writer: "settling" });
     const event = { type: AuditEventType.Ended, at: Date.now(), data: {} };
     void trail.record(REPEATING, event);
-    // A tenant with no audit stream: its event cannot be written.
-    void trail.record("no-such-tenant", event);
+    // A tenant with no audit stream: its event cannot be written. A step that waits for its
+    // first write is told so at once; the event is kept and retried.
+    expect(await trail.recordAndWait("no-such-tenant", event)).toBe(false);
+    expect(await trail.recordAndWait(REPEATING, event)).toBe(true);
+    expect(trail.pending).toBe(1);
     expect(await trail.settle(1_000)).toBe(1);
     // Stopped: what is recorded now stays unwritten.
     void trail.record(REPEATING, event);

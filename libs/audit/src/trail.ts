@@ -108,6 +108,21 @@ export class AuditTrail {
   }
 
   /**
+   * Records `event` and resolves once its first write is done: true when written, false when it
+   * failed (the event is kept and retried, as {@link record}'s are).
+   */
+  recordAndWait(tenant: string, event: AuditEventInput): Promise<boolean> {
+    return new Promise((resolve) => {
+      this.#enqueue(tenant, {
+        ...identified(event),
+        withdrawOnFailure: false,
+        first: resolve,
+        done: () => undefined,
+      });
+    });
+  }
+
+  /**
    * Records `event` if its first write passes: true when written, false when that write failed
    * and the event was withdrawn (the fact it records must then not happen, e.g. an admission
    * in `required` mode). Events recorded before it are written first.

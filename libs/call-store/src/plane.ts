@@ -38,7 +38,7 @@ export interface CallPlaneOptions {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number | undefined;
   /** Where final messages and dead letters are recorded (ADR 0060); nothing when undefined. */
-  audit?: Pick<AuditTrail, "record" | "required"> | undefined;
+  audit?: Pick<AuditTrail, "record" | "recordAndWait" | "required"> | undefined;
 }
 
 /** Reads call records. */
@@ -138,15 +138,20 @@ export async function openCallPlane(
   /**
    * Records a final message in its tenant's trail, under an id of that message. When the trail
    * is required, the step that published it (and then acknowledges its work) waits for the
-   * record, up to {@link RECORD_WAIT_MS}: a process killed once its work is acknowledged would
+   * record's first write, up to {@link RECORD_WAIT_MS}: a process killed once its work is acknowledged would
    * otherwise take the record with it, and nothing would bring the call back to record it.
    */
   async function recordEnded(subject: string, message: ToolMessage, msgId: string): Promise<void> {
     const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
     if (audit === undefined || tenant === undefined) return;
-    const recorded = audit.record(tenant, { ...callEnded(message), id: finalEventMsgId(msgId) });
-    if (audit.required)
-      await Promise.race([recorded, sleep(RECORD_WAIT_MS, undefined, { ref: false })]);
+    const event = { ...callEnded(message), id: finalEventMsgId(msgId) };
+    if (!audit.required) {
+      void audit.record(tenant, event);
+      return;
+    }
+    // Until its first write is done: a trail that cannot be written now holds nothing up.
+    const written = audit.recordAndWait(tenant, event);
+    await Promise.race([written, sleep(RECORD_WAIT_MS, undefined, { ref: false })]);
   }
 
   /** When the final message on `subject` was stored (epoch ms), if it is. */
