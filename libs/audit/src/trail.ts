@@ -112,14 +112,7 @@ export class AuditTrail {
    * failed (the event is kept and retried, as {@link record}'s are).
    */
   recordAndWait(tenant: string, event: AuditEventInput): Promise<boolean> {
-    return new Promise((resolve) => {
-      this.#enqueue(tenant, {
-        ...identified(event),
-        withdrawOnFailure: false,
-        first: resolve,
-        done: () => undefined,
-      });
-    });
+    return this.#recordFirst(tenant, event, false);
   }
 
   /**
@@ -128,13 +121,14 @@ export class AuditTrail {
    * in `required` mode). Events recorded before it are written first.
    */
   tryRecord(tenant: string, event: AuditEventInput): Promise<boolean> {
-    return new Promise((resolve) => {
-      this.#enqueue(tenant, {
-        ...identified(event),
-        withdrawOnFailure: true,
-        first: resolve,
-        done: () => undefined,
-      });
+    return this.#recordFirst(tenant, event, true);
+  }
+
+  /** Records `event`; resolves with how its first write went (withdrawn when it failed, if so). */
+  #recordFirst(tenant: string, event: AuditEventInput, withdrawOnFailure: boolean) {
+    return new Promise<boolean>((resolve) => {
+      const done = (): void => undefined;
+      this.#enqueue(tenant, { ...identified(event), withdrawOnFailure, first: resolve, done });
     });
   }
 

@@ -131,28 +131,9 @@ export async function openCallPlane(
   ): Promise<unknown> => {
     const ack = await publishDurable(js, subject, message, { msgId });
     // Whoever publishes a final message records it: every path to an answer comes through here.
-    if (!ack.duplicate) await recordEnded(subject, message, msgId);
+    if (!ack.duplicate) await recordEnded(audit, subjects, subject, message, msgId);
     return ack;
   };
-
-  /**
-   * Records a final message in its tenant's trail, under an id of that message. When the trail
-   * is required, the step that published it (and then acknowledges its work) waits for the
-   * record's first write, up to {@link RECORD_WAIT_MS}: a process killed once its work is acknowledged would
-   * otherwise take the record with it, and nothing would bring the call back to record it.
-   */
-  async function recordEnded(subject: string, message: ToolMessage, msgId: string): Promise<void> {
-    const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
-    if (audit === undefined || tenant === undefined) return;
-    const event = { ...callEnded(message), id: finalEventMsgId(msgId) };
-    if (!audit.required) {
-      void audit.record(tenant, event);
-      return;
-    }
-    // Until its first write is done: a trail that cannot be written now holds nothing up.
-    const written = audit.recordAndWait(tenant, event);
-    await Promise.race([written, sleep(RECORD_WAIT_MS, undefined, { ref: false })]);
-  }
 
   /** When the final message on `subject` was stored (epoch ms), if it is. */
   async function storedAt(subject: string): Promise<number | undefined> {
@@ -200,7 +181,7 @@ export async function openCallPlane(
           // publishing, whose work comes back): recorded again under the same id, which the
           // trail keeps once while it remembers the id.
           if (Date.now() - at < RECORD_AGAIN_WITHIN_MS)
-            await recordEnded(subject, outcome.result, msgId);
+            await recordEnded(audit, subjects, subject, outcome.result, msgId);
           return false;
         }
       }
@@ -219,6 +200,31 @@ const RECORD_AGAIN_WITHIN_MS = 90_000;
 
 /** Longest a step waits for its final message's record before it goes on (the record stays queued). */
 const RECORD_WAIT_MS = 5_000;
+
+/**
+ * Records a final message published on `subject` in its tenant's trail, under an id of that
+ * message. When the trail is required, the step that published it (and then acknowledges its
+ * work) waits for the record's first write, up to {@link RECORD_WAIT_MS}: a process killed once
+ * its work is acknowledged would otherwise take the record with it, and nothing would bring the
+ * call back to record it. A trail that cannot be written now holds nothing up.
+ */
+async function recordEnded(
+  audit: CallPlaneOptions["audit"],
+  subjects: Subjects,
+  subject: string,
+  message: ToolMessage,
+  msgId: string,
+): Promise<void> {
+  const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
+  if (audit === undefined || tenant === undefined) return;
+  const event = { ...callEnded(message), id: finalEventMsgId(msgId) };
+  if (!audit.required) {
+    void audit.record(tenant, event);
+    return;
+  }
+  const written = audit.recordAndWait(tenant, event);
+  await Promise.race([written, sleep(RECORD_WAIT_MS, undefined, { ref: false })]);
+}
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
 function recordDeadLetter(audit: Pick<AuditTrail, "record">, letter: DeadLetterOut): void {
