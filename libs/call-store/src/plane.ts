@@ -135,7 +135,9 @@ export async function openCallPlane(
     return ack;
   };
 
-  /** When the final message on `subject` was stored (epoch ms), if it is. */
+  const clock = new ServerClock();
+
+  /** When the final message on `subject` was stored (epoch ms, the server's clock), if it is. */
   async function storedAt(subject: string): Promise<number | undefined> {
     const stored = await jsm.streams
       .getMessage(subjects.streams.sessions, { last_by_subj: subject })
@@ -147,7 +149,7 @@ export async function openCallPlane(
     jsm,
     js,
     store,
-    clock: new ServerClock(),
+    clock,
     publishFinal,
     publishProgress(call, event) {
       publishEphemeral(nc, subjects.progress(call.address, call.call_id), event);
@@ -180,7 +182,7 @@ export async function openCallPlane(
           // Its publisher may have stopped before recording it (an executor killed right after
           // publishing, whose work comes back): recorded again under the same id, which the
           // trail keeps once while it remembers the id.
-          if (Date.now() - at < RECORD_AGAIN_WITHIN_MS)
+          if (clock.now() - at < RECORD_AGAIN_WITHIN_MS)
             await recordEnded(audit, subjects, subject, outcome.result, msgId);
           return false;
         }
