@@ -1,4 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { connect } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
+import { createSubjects } from "@toolmesh/protocol";
 import {
   KEYS,
   gatewayAgents,
@@ -12,6 +15,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import type { RoundRobinProxy } from "./helpers/round-robin-proxy.js";
 import { startRoundRobinProxy } from "./helpers/round-robin-proxy.js";
+import { until } from "./helpers/eventually.js";
 
 // Per-credential limits shared by three gateway replicas behind a round-robin balancer
 // (TOOLMESH_GATEWAY_LIMITS=mesh): a credential gets the figures once in all, not once per replica.
@@ -29,6 +33,24 @@ async function post(key: string, method: string, params: Record<string, unknown>
   const response = await modernPost(proxy.url, key, method, params);
   await response.arrayBuffer();
   return response.status;
+}
+
+/** The requests in flight the replicas' shared usage entries hold, over every credential. */
+async function slotsHeld(): Promise<number> {
+  const nc = await connect({ servers: server.url });
+  try {
+    const kv = await new Kvm(nc).open(createSubjects().quotaUsageBucket);
+    let held = 0;
+    for await (const key of await kv.keys("gateway.>")) {
+      const entry = await kv.get(key);
+      if (entry === null || entry.operation !== "PUT") continue;
+      const usage = entry.json<{ in_flight?: Record<string, number> }>();
+      held += Object.keys(usage.in_flight ?? {}).length;
+    }
+    return held;
+  } finally {
+    await nc.close();
+  }
 }
 
 /** A tools/call through the balancer: the HTTP status. */
@@ -117,7 +139,9 @@ describe("mesh-wide per-credential limits over three replicas", () => {
     );
     expect(statuses.filter((s) => s === 200)).toHaveLength(MAX_CONCURRENT);
     expect(statuses.filter((s) => s === 429)).toHaveLength(MAX_CONCURRENT);
-    // Ended requests give their slots back: the next ones are admitted.
+    // Ended requests give their slots back: the next ones are admitted. A replica gives a slot
+    // back in a write of its own, which may land just after the answer went out.
+    await until("every slot of the credential given back", async () => (await slotsHeld()) === 0);
     const after = await Promise.all(
       Array.from({ length: MAX_CONCURRENT }, () =>
         call(KEYS.acmeWriter, "slow", { ms: 10, value: "c" }),
