@@ -2,12 +2,16 @@
 // then come from MCP clients through it) run with `--cpu-prof` while a closed loop of `echo` calls
 // goes through them; prints the functions with the most self time per process. `--gateway --http`
 // sends the calls from the minimal JSON-RPC client instead of MCP SDK clients.
-// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing] [--gateway [--http]]
+// `--audit` records every call in the tenant's audit trail (TOOLMESH_AUDIT=required).
+// Usage: node bench/profile.mjs [--seconds 10] [--dir DIR] [--tracing] [--audit] [--gateway [--http]]
 // (`npm run build` first)
 import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { createSubjects } from "@toolmesh/protocol";
+import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import { closedLoop } from "./lib/measure.mjs";
 import { payloadOf, startMesh } from "./lib/systems.mjs";
 
@@ -17,6 +21,7 @@ const { values: flags } = parseArgs({
     dir: { type: "string", default: join(tmpdir(), `toolmesh-profile-${process.pid}`) },
     top: { type: "string", default: "25" },
     tracing: { type: "boolean", default: false },
+    audit: { type: "boolean", default: false },
     gateway: { type: "boolean", default: false },
     http: { type: "boolean", default: false },
   },
@@ -26,6 +31,11 @@ const mesh = await startMesh({
   tracing: flags.tracing,
   gateway: flags.gateway,
   nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${flags.dir}`],
+  ...(flags.audit && {
+    env: { TOOLMESH_AUDIT: "required" },
+    prepare: async (nc) =>
+      ensureStream(await jetstreamManager(nc), tenantAuditStreamSpec(createSubjects(), "default")),
+  }),
 });
 const call = flags.gateway && flags.http ? mesh.callHttp : mesh.call;
 let calls;

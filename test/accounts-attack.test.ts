@@ -254,6 +254,10 @@ describe("tenants in their own accounts, attacked", () => {
       subjects.intake,
       `$JS.API.STREAM.DELETE.${subjects.auditStream("globex")}`,
       `$JS.API.STREAM.UPDATE.${subjects.auditStream("acme")}`,
+      // the audit trails, written directly or handed to the resolvers (ADR 0064)
+      subjects.audit("acme"),
+      subjects.auditWrite("acme"),
+      subjects.auditWrite("globex"),
       // crossings of its own account: a second request whose body is the first answer
       `$JS.API.DIRECT.GET.${SESSIONS}.toolmesh.v1.sessions.acme.s1.result.x`,
     ];
@@ -538,6 +542,31 @@ describe("tenants in their own accounts, attacked", () => {
     expect(read).not.toContain("s2-private");
     await settle(s1.nc);
     for (const msg of seenByS1) expect(msg.string()).not.toContain("s2-private");
+  });
+});
+
+describe("the mesh's own services and the audit trails", () => {
+  it("only the resolvers write a trail; only executors and bridges hand events to them", async () => {
+    const trail = subjects.auditStream("acme");
+    const before = (await jsm.streams.info(trail)).state.last_seq;
+    const forged = JSON.stringify({ v: 1, type: "call.ended", tenant: "acme", by: "forger" });
+    const handed = JSON.stringify({ events: [] });
+    for (const user of ["gateway", "schema-expander", "executor", "mcp-bridge"]) {
+      const nc = await connectAs(user, { inboxPrefix: subjects.inboxPrefix(user) });
+      open.push(nc);
+      // Straight into the stream: refused to every service but the resolvers.
+      await expect(nc.request(subjects.audit("acme"), forged, { timeout: 2_000 })).rejects.toThrow(
+        /permissions violation/i,
+      );
+      const handOn = nc.request(subjects.auditWrite("acme"), handed, { timeout: 2_000 });
+      if (user === "executor" || user === "mcp-bridge") {
+        // Allowed; no resolver here records an audit trail, so nobody answers.
+        await expect(handOn).rejects.toThrow(/no responders/i);
+      } else {
+        await expect(handOn).rejects.toThrow(/permissions violation/i);
+      }
+    }
+    expect((await jsm.streams.info(trail)).state.last_seq).toBe(before);
   });
 });
 

@@ -6,7 +6,14 @@ import type { ToolMessage } from "@toolmesh/protocol";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import type { AuditRecord } from "@toolmesh/audit";
-import { AuditEventType, AuditTrail, readTrail, verifyTrail } from "@toolmesh/audit";
+import {
+  AuditEventType,
+  AuditTrail,
+  readTrail,
+  serveAuditWrites,
+  verifyTrail,
+} from "@toolmesh/audit";
+import { pino } from "pino";
 import { callRecordOf, openCallPlane } from "@toolmesh/call-store";
 import { resolvedCall } from "./helpers/calls.js";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -23,6 +30,7 @@ const EVENTS = 400;
 const REPEATING = "initech";
 const LETTERS = "hooli";
 const ENDED = "pied";
+const HANDED = "umbrella";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -35,6 +43,7 @@ beforeAll(async () => {
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, REPEATING));
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, LETTERS));
   await ensureStream(jsm, tenantAuditStreamSpec(subjects, ENDED));
+  await ensureStream(jsm, tenantAuditStreamSpec(subjects, HANDED));
 }, 30_000);
 
 afterAll(async () => {
@@ -48,7 +57,13 @@ describe("writers racing for one tenant's chain", () => {
       Array.from({ length: WRITERS }, async (_, w) => {
         const nc = await connect({ servers: server.url });
         connections.push(nc);
-        return AuditTrail.open(nc, { subjects, mode: "required", writer: `w${w}`, batchMax: 32 });
+        return AuditTrail.open(nc, {
+          subjects,
+          mode: "required",
+          chains: true,
+          writer: `w${w}`,
+          batchMax: 32,
+        });
       }),
     );
     const writes: Promise<unknown>[] = [];
@@ -83,7 +98,12 @@ describe("writers racing for one tenant's chain", () => {
 
   it("keeps a step recorded again under its id once, in the middle of a batch too", async () => {
     const nc = connections[0] as NatsConnection;
-    const trail = await AuditTrail.open(nc, { subjects, mode: "required", writer: "again" });
+    const trail = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "again",
+    });
     const step = (i: number) => ({
       id: `step-${i}`,
       type: AuditEventType.Admitted,
@@ -107,7 +127,12 @@ describe("writers racing for one tenant's chain", () => {
 
   it("settles: waits for what is recorded, and says how much could not be written by then; a step is told of a first write", async () => {
     const nc = connections[0] as NatsConnection;
-    const trail = await AuditTrail.open(nc, { subjects, mode: "best-effort", writer: "settling" });
+    const trail = await AuditTrail.open(nc, {
+      subjects,
+      mode: "best-effort",
+      chains: true,
+      writer: "settling",
+    });
     const event = { type: AuditEventType.Ended, at: Date.now(), data: {} };
     void trail.record(REPEATING, event);
     // A tenant with no audit stream: its event cannot be written. A step that waits for its
@@ -122,10 +147,79 @@ describe("writers racing for one tenant's chain", () => {
   });
 });
 
+describe("events handed to the resolvers", () => {
+  it("are chained under their own writer's name, kept while no resolver answers, and a bad batch is refused", async () => {
+    const nc = connections[0] as NatsConnection;
+    const executor = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: false,
+      writer: "executor@x/1",
+      retryMinMs: 50,
+      retryMaxMs: 100,
+    });
+    const event = (i: number) => ({
+      type: AuditEventType.AttemptStarted,
+      call_id: `h${i}`,
+      at: Date.now(),
+      data: { i },
+    });
+    // No resolver yet: the first write fails, the events are kept and retried.
+    expect(await executor.recordAndWait(HANDED, event(0))).toBe(false);
+    void executor.record(HANDED, event(1));
+    expect(executor.pending).toBe(2);
+
+    const resolver = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "resolver@x/2",
+    });
+    const served = serveAuditWrites(nc, subjects, resolver, pino({ level: "silent" }));
+    await resolver.record(HANDED, { ...event(2), type: AuditEventType.Admitted });
+    // Written after the ones kept, which the same run carries.
+    expect(await executor.recordAndWait(HANDED, event(3))).toBe(true);
+    expect(executor.pending).toBe(0);
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, HANDED))
+      events.push(record as AuditRecord);
+    // Each under the process that did the step, the handed ones in the order recorded.
+    expect(events.filter((e) => e.by === "executor@x/1").map((e) => e.data.i)).toEqual([0, 1, 3]);
+    expect(events.filter((e) => e.by === "resolver@x/2").map((e) => e.data.i)).toEqual([2]);
+    expect(events).toHaveLength(4);
+
+    // A batch of another shape, an unknown event type, a body that is not JSON: refused with
+    // a typed error that says what was wrong; nothing written, the service goes on.
+    for (const body of [
+      JSON.stringify({ events: [{ ...event(9), id: "x" }] }),
+      JSON.stringify({ events: [{ ...event(9), id: "x", by: "y", type: "call.forged" }] }),
+      "{not json",
+    ]) {
+      const reply = (await nc.request(subjects.auditWrite(HANDED), body)).json<{
+        ok: boolean;
+        error: { code: string; message: string };
+      }>();
+      expect(reply.ok).toBe(false);
+      expect(reply.error.code).toBe("invalid_request");
+      expect(reply.error.message).toMatch(/audit write request/);
+    }
+    expect(await executor.recordAndWait(HANDED, event(4))).toBe(true);
+    expect(await verifyTrail(nc, subjects, HANDED)).toEqual({ ok: true, count: 5 });
+    await served.stop();
+    resolver.stop();
+    executor.stop();
+  });
+});
+
 describe("the call plane", () => {
   it("records a dead-lettered call in its tenant's trail, and a letter that holds no call nowhere", async () => {
     const nc = connections[0] as NatsConnection;
-    const trail = await AuditTrail.open(nc, { subjects, mode: "required", writer: "plane" });
+    const trail = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "plane",
+    });
     const plane = await openCallPlane(nc, { subjects, audit: trail });
     const call = resolvedCall({
       id: "dl-1",
@@ -159,7 +253,12 @@ describe("the call plane", () => {
 
   it("records a call's end once, also when its publisher stopped before it could", async () => {
     const nc = connections[0] as NatsConnection;
-    const trail = await AuditTrail.open(nc, { subjects, mode: "required", writer: "plane" });
+    const trail = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "plane",
+    });
     const plane = await openCallPlane(nc, { subjects, audit: trail });
     // The executor that ended the call recorded nothing (it was killed right after publishing).
     const unrecorded = await openCallPlane(nc, { subjects });

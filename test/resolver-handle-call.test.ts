@@ -148,7 +148,12 @@ describe("handleCall", () => {
 
   it("records each step of a delivery handled twice once in the tenant's audit trail", async () => {
     await ensureStream(plane.jsm, tenantAuditStreamSpec(subjects, address.tenant));
-    const audit = await AuditTrail.open(nc, { subjects, mode: "required", writer: "test" });
+    const audit = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "test",
+    });
     const consumer = await js.consumers.get(subjects.streams.calls, subjects.resolverConsumer);
     /** Handles a delivery as a resolver that dies before acknowledging it, then again. */
     const twice = async (body: CallRequest): Promise<void> => {

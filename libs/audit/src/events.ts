@@ -37,6 +37,8 @@ export interface AuditEventInput {
    */
   id?: string | undefined;
   type: AuditEventType;
+  /** The process that did the step, when another writes its event; the writer by default. */
+  by?: string | undefined;
   call_id?: string | undefined;
   session?: string | undefined;
   tool?: string | undefined;

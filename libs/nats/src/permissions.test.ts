@@ -195,7 +195,7 @@ describe("permissions", () => {
     const mesh = config.slice(config.indexOf("TOOLMESH: {"), config.indexOf("TENANT_acme: {"));
     expect(mesh).toContain('"$JS.ACK.TOOLMESH_CALLS_globex.resolver.>"');
     expect(() => rolePermissions("gateway", { tenants: ["acme"] })).toThrow(
-      "--tenants is for the resolver, operator, setup, executor and mcp-bridge roles",
+      "--tenants is for the resolver, operator and setup roles",
     );
   });
 

@@ -258,7 +258,7 @@ interface RoleContext {
   tenantStreams: string[];
   /** Audit trails of the tenants with accounts (ADR 0060). */
   auditStreams: string[];
-  /** What the resolvers and executors write into the audit trails: events, and each tail read. */
+  /** What the resolvers write into the audit trails: events, and each tail read. */
   auditWrites: string[];
 }
 
@@ -315,6 +315,8 @@ function resolverPermissions({
       s.allResolveRpc,
       // Approvals: the approvers' and operator's requests, and callers' confirmations.
       s.allApprovalsRpc,
+      // The other services' audit events, which it appends to the tenants' chains (ADR 0064).
+      s.allAuditWrites,
       s.allConfirm,
       s.allWork,
       s.allResults,
@@ -431,11 +433,12 @@ function gatewayPermissions({ s, n, role }: RoleContext): Permissions {
 }
 
 /** An executor in the mesh account, trusted like a service. */
-function executorPermissions({ s, role, options, auditWrites }: RoleContext): Permissions {
+function executorPermissions({ s, role, options }: RoleContext): Permissions {
   // Users' secrets of its tools that act as their caller (ADR 0061), sealed.
   return merge(
     toolHost(s, role, options.tools),
-    pub(...auditWrites, ...bucketRead(s.userSecretsBucket)),
+    // Hands its attempts and calls' ends to the resolvers, which chain them (ADR 0064).
+    pub(s.allAuditWrites, ...bucketRead(s.userSecretsBucket)),
     delegationHolder(s, s.delegationDeposit(), `_INBOX.${s.prefix}.gateway.>`),
   );
 }
@@ -452,7 +455,7 @@ function delegationHolder(s: Subjects, deposits: string, replies: string): Permi
 }
 
 /** An MCP bridge in the mesh account, with the approvals bucket of its servers. */
-function bridgePermissions({ s, role, options, auditWrites }: RoleContext): Permissions {
+function bridgePermissions({ s, role, options }: RoleContext): Permissions {
   // Approved (pinned) tool definitions, one key per server; `toolmesh setup` provisions the
   // bucket, and a bridge allowed to creates it when it first pins.
   const approvals = approvalsBucket(s);
@@ -463,8 +466,8 @@ function bridgePermissions({ s, role, options, auditWrites }: RoleContext): Perm
       options.servers?.map((server) => `${server}.*`),
     ),
     // Its servers' tools may act as their callers, as an executor's (ADR 0061, ADR 0063); it
-    // records their calls' attempts and ends in the tenants' trails, as an executor does.
-    pub(...auditWrites, ...bucketRead(s.userSecretsBucket)),
+    // hands their calls' attempts and ends to the resolvers, as an executor does (ADR 0064).
+    pub(s.allAuditWrites, ...bucketRead(s.userSecretsBucket)),
     delegationHolder(s, s.delegationDeposit(), `_INBOX.${s.prefix}.gateway.>`),
     pub(
       ...bucketRead(approvals),
@@ -633,8 +636,8 @@ export function rolePermissions(
   const tenantStreams = (options.tenants ?? []).map((t) =>
     s.callsStream(checkAccountId("tenant", t)),
   );
-  // Each tenant's audit trail (ADR 0060): written by the resolvers, executors and MCP bridges,
-  // made by setup, read by operators; never deleted or purged (the stream denies it too).
+  // Each tenant's audit trail (ADR 0060): written by the resolvers (ADR 0064), made by setup,
+  // read by operators; never deleted or purged (the stream denies it too).
   const auditStreams = (options.tenants ?? []).map((t) => s.auditStream(subjectToken(t)));
   const auditWrites = [
     `${n0(s)}.audit.*`,
@@ -654,11 +657,8 @@ export function rolePermissions(
   if (options.owners !== undefined && !["resolver", "operator", "setup"].includes(role)) {
     bad("--owners is for the resolver, operator and setup roles");
   }
-  if (
-    options.tenants !== undefined &&
-    !["resolver", "operator", "setup", "executor", "mcp-bridge"].includes(role)
-  ) {
-    bad("--tenants is for the resolver, operator, setup, executor and mcp-bridge roles");
+  if (options.tenants !== undefined && !["resolver", "operator", "setup"].includes(role)) {
+    bad("--tenants is for the resolver, operator and setup roles");
   }
   if (options.servers !== undefined && role !== "mcp-bridge") {
     bad("--servers is for the mcp-bridge role");
@@ -1036,8 +1036,6 @@ function meshAccounts(
       permissions: rolePermissions(role, {
         ...prefix,
         ...(["resolver", "operator", "setup"].includes(role) ? { owners: ownerIds, tenants } : {}),
-        // Executors write their attempts into each tenant's audit trail (ADR 0060).
-        ...(role === "executor" || role === "mcp-bridge" ? { tenants } : {}),
       }),
     })),
     exports: [],

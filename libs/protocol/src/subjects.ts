@@ -160,6 +160,13 @@ export interface Subjects {
   /** Where the audit events of the tenant with token `tenant` are written: `{p}.v1.audit.{tenant}`. */
   audit(tenant: string): string;
   /**
+   * Where a service that does not chain events itself hands a tenant's events to the resolvers,
+   * which write them into the tenant's chain (ADR 0064): `{p}.v1.audit-write.{tenant}`.
+   */
+  auditWrite(tenant: string): string;
+  /** Every tenant's {@link auditWrite}: what the resolvers serve in one queue group. */
+  readonly allAuditWrites: string;
+  /**
    * Where the resolvers' push consumer of every tenant's calls stream delivers (ADR 0048):
    * `{p}.v1.intake`, read by every resolver in one queue group. One literal subject for every
    * tenant: the server counts a push consumer's interest by its deliver subject as written, so
@@ -460,6 +467,8 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     isCallsStream: (stream) => stream === `${stem}_CALLS` || stream.startsWith(`${stem}_CALLS_`),
     auditStream: (tenant) => `${stem}_AUDIT_${tenant}`,
     audit: (tenant) => `${base}.audit.${tenant}`,
+    auditWrite: (tenant) => `${base}.audit-write.${tenant}`,
+    allAuditWrites: `${base}.audit-write.*`,
     intake: `${base}.intake`,
     cancel: (at) => `${base}.cancel.${at.tenant}.${at.session}`,
     allCancel: `${base}.cancel.*.*`,

@@ -1,5 +1,5 @@
 import { hostname } from "node:os";
-import { AuditTrail, settleAudit } from "@toolmesh/audit";
+import { AuditTrail, serveAuditWrites, settleAudit } from "@toolmesh/audit";
 import type { AddressInfo } from "node:net";
 import type { NatsConnection } from "@nats-io/nats-core";
 import pRetry from "p-retry";
@@ -422,8 +422,14 @@ export function meshRegistry(rt: Runtime): ToolRegistry {
 /**
  * The audit trail of a mesh-account actor when `TOOLMESH_AUDIT` is on (ADR 0060), else
  * undefined; an actor in a tool owner's account writes none (the mesh records its calls).
+ * `chains`: the actor appends to the tenants' chains itself and writes what the other
+ * services hand on (the resolver); the others hand their events to it (ADR 0064).
  */
-export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditTrail | undefined> {
+export async function meshAuditTrail(
+  rt: Runtime,
+  actor: string,
+  { chains = false }: { chains?: boolean } = {},
+): Promise<AuditTrail | undefined> {
   const { audit } = rt.config;
   if (audit === "off" || rt.config.owner !== undefined) return undefined;
   const metrics = toolmeshMetrics();
@@ -431,6 +437,7 @@ export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditT
   const trail = await AuditTrail.open(rt.nc, {
     subjects: rt.subjects,
     mode: audit,
+    chains,
     writer: `${actor}@${hostname()}/${process.pid}`,
     observer: metrics,
     argumentsRecording: new Map(
@@ -445,7 +452,12 @@ export async function meshAuditTrail(rt: Runtime, actor: string): Promise<AuditT
         log.warn({ tenant, err }, "cannot write the audit trail; its events are kept and retried");
     },
   });
-  // What it still holds is written once the actor stopped, within the shutdown force time.
-  rt.onClose(() => settleAudit(trail, rt.config.shutdownForceMs, log));
+  const handedOn = chains ? serveAuditWrites(rt.nc, rt.subjects, trail, log) : undefined;
+  // What it still holds is written once the actor stopped, within the shutdown force time;
+  // what the other services hand on is taken and written until then.
+  rt.onClose(async () => {
+    await settleAudit(trail, rt.config.shutdownForceMs, log);
+    await handedOn?.stop(rt.config.shutdownForceMs);
+  });
   return trail;
 }

@@ -78,7 +78,7 @@ function addPermissionsCommand(
     )
     .option(
       "--tenants <ids>",
-      "resolver, operator, setup: the tenants with accounts, whose calls streams it reads or manages, and whose audit trails it writes, reads or makes; executor, mcp-bridge: whose audit trails it writes",
+      "resolver, operator, setup: the tenants with accounts, whose calls streams it reads or manages, and whose audit trails it writes, reads or makes",
       commaList,
     )
     .option("--json", "print JSON")

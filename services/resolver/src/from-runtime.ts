@@ -58,7 +58,7 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     fairShareWindow: rt.config.fairShareWindow,
     fairShareIdleMs: rt.config.fairShareIdleMs,
     tenantMaxBytesInFlight: rt.config.tenantMaxBytesInFlight,
-    audit: await meshAuditTrail(rt, "resolver"),
+    audit: await meshAuditTrail(rt, "resolver", { chains: true }),
   });
   return {
     async stop(graceMs) {
