@@ -16,11 +16,12 @@ import { fixtureTools, killAllServices, startService, toolAvailable } from "./he
 import { runCli } from "./helpers/cli.js";
 import { until } from "./helpers/eventually.js";
 
-// The audit trail through executor and resolver kills (SIGKILL, mid-call): every call that ended
-// has its admission and its end in the trail, each once, and the chain verifies.
+// The audit trail through executor, resolver and NATS kills (SIGKILL, mid-call): every call
+// that ended has its admission and its end in the trail, each once, and the chain verifies.
+// TOOLMESH_TEST_AUDIT_KILL_CALLS runs more calls (the kills scale with them).
 
 const subjects = createSubjects();
-const CALLS = 240;
+const CALLS = Number(process.env.TOOLMESH_TEST_AUDIT_KILL_CALLS ?? 240);
 let server: NatsServerHandle;
 let nc: NatsConnection;
 let env: Record<string, string>;
@@ -44,82 +45,95 @@ afterAll(async () => {
   await server?.stop();
 });
 
-describe("the audit trail through executor and resolver kills", () => {
-  it("holds every ended call's admission and end, once each, and verifies", async () => {
-    let resolver = await startService("resolver", env);
-    const executors: ServiceProcess[] = [
-      await startService("executor", env),
-      await startService("executor", env),
-    ];
-    await toolAvailable(resolver, "sleepy");
-    const client = new ToolmeshClient(nc, { defaultTimeoutMs: 60_000 });
-    const session = client.session("s-kills");
-    const results: Promise<ToolMessage>[] = [];
-    const ids: string[] = [];
-    let kills = 0;
-    for (let i = 0; i < CALLS; i++) {
-      const handle = session.submit({ name: "sleepy", arguments: { ms: 20 + (i % 5) * 20 } });
-      ids.push(handle.callId);
-      results.push(handle.result);
-      await new Promise((resolve) => setTimeout(resolve, 20));
-      if (i % 40 === 39) {
-        // One executor killed mid-call and replaced.
-        await executors.shift()?.kill();
-        kills++;
-        executors.push(await startService("executor", env));
-      }
-      if (i === CALLS / 2) {
-        // The resolver too, while it admits calls.
-        await resolver.kill();
-        kills++;
-        resolver = await startService("resolver", env);
-      }
-    }
-    const answers = await Promise.all(results);
-    const failed = answers.filter((m) => m.error !== undefined).map((m) => m.error?.code);
-    const byCall = new Map<string, AuditRecord[]>();
-    let events: AuditRecord[] = [];
-    // The services write on their own time: read until every call's end is in.
-    await until(
-      "every call's end in the trail",
-      async () => {
-        events = [];
-        for await (const { record } of readTrail(nc, subjects, "default"))
-          events.push(record as AuditRecord);
-        byCall.clear();
-        for (const e of events) {
-          if (e.call_id === undefined) continue;
-          byCall.set(e.call_id, [...(byCall.get(e.call_id) ?? []), e]);
+describe("the audit trail through executor, resolver and NATS kills", () => {
+  it(
+    "holds every ended call's admission and end, once each, and verifies",
+    async () => {
+      let resolver = await startService("resolver", env);
+      const executors: ServiceProcess[] = [
+        await startService("executor", env),
+        await startService("executor", env),
+      ];
+      await toolAvailable(resolver, "sleepy");
+      const client = new ToolmeshClient(nc, { defaultTimeoutMs: 60_000 });
+      const session = client.session("s-kills");
+      const results: Promise<ToolMessage>[] = [];
+      const ids: string[] = [];
+      let kills = 0;
+      for (let i = 0; i < CALLS; i++) {
+        const handle = session.submit({ name: "sleepy", arguments: { ms: 20 + (i % 5) * 20 } });
+        ids.push(handle.callId);
+        results.push(handle.result);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        if (i % 40 === 39) {
+          // One executor killed mid-call and replaced.
+          await executors.shift()?.kill();
+          kills++;
+          executors.push(await startService("executor", env));
         }
-        return ids.every((id) => byCall.get(id)?.some((e) => e.type === "call.ended"));
-      },
-      { timeoutMs: 30_000 },
-    ).catch(() => undefined);
-    const count = (id: string, type: string) =>
-      (byCall.get(id) ?? []).filter((e) => e.type === type).length;
-    const without = (type: string) => ids.filter((id) => count(id, type) === 0);
-    const twice = (type: string) => ids.filter((id) => count(id, type) > 1);
-    const summary = {
-      kills,
-      failed,
-      events: events.length,
-      noAdmission: without("call.admitted").length,
-      noEnd: without("call.ended").length,
-      admittedTwice: twice("call.admitted").length,
-      endedTwice: twice("call.ended").length,
-      startedWithoutEnd: ids.filter(
-        (id) => count(id, "attempt.started") > count(id, "attempt.ended"),
-      ).length,
-      repeatedIds: events.length - new Set(events.map((e) => e.id)).size,
-    };
-    console.log("audit through kills", JSON.stringify(summary));
-    expect(summary).toMatchObject({
-      noAdmission: 0,
-      noEnd: 0,
-      admittedTwice: 0,
-      endedTwice: 0,
-      repeatedIds: 0,
-    });
-    expect(await verifyTrail(nc, subjects, "default")).toEqual({ ok: true, count: events.length });
-  }, 240_000);
+        if (i % 240 === 120) {
+          // The resolver too, while it admits calls.
+          await resolver.kill();
+          kills++;
+          resolver = await startService("resolver", env);
+        }
+        if (i % 240 === 200) {
+          // And the server, while calls run and the trail is written: back on the same store.
+          await server.kill();
+          kills++;
+          await server.restart();
+        }
+      }
+      const answers = await Promise.all(results);
+      const failed = answers.filter((m) => m.error !== undefined).map((m) => m.error?.code);
+      const byCall = new Map<string, AuditRecord[]>();
+      let events: AuditRecord[] = [];
+      // The services write on their own time: read until every call's end is in.
+      await until(
+        "every call's end in the trail",
+        async () => {
+          events = [];
+          for await (const { record } of readTrail(nc, subjects, "default"))
+            events.push(record as AuditRecord);
+          byCall.clear();
+          for (const e of events) {
+            if (e.call_id === undefined) continue;
+            byCall.set(e.call_id, [...(byCall.get(e.call_id) ?? []), e]);
+          }
+          return ids.every((id) => byCall.get(id)?.some((e) => e.type === "call.ended"));
+        },
+        { timeoutMs: 30_000 },
+      ).catch(() => undefined);
+      const count = (id: string, type: string) =>
+        (byCall.get(id) ?? []).filter((e) => e.type === type).length;
+      const without = (type: string) => ids.filter((id) => count(id, type) === 0);
+      const twice = (type: string) => ids.filter((id) => count(id, type) > 1);
+      const summary = {
+        kills,
+        failed,
+        events: events.length,
+        noAdmission: without("call.admitted").length,
+        noEnd: without("call.ended").length,
+        admittedTwice: twice("call.admitted").length,
+        endedTwice: twice("call.ended").length,
+        startedWithoutEnd: ids.filter(
+          (id) => count(id, "attempt.started") > count(id, "attempt.ended"),
+        ).length,
+        repeatedIds: events.length - new Set(events.map((e) => e.id)).size,
+      };
+      console.log("audit through kills", JSON.stringify({ calls: CALLS, ...summary }));
+      expect(summary).toMatchObject({
+        noAdmission: 0,
+        noEnd: 0,
+        admittedTwice: 0,
+        endedTwice: 0,
+        repeatedIds: 0,
+      });
+      expect(await verifyTrail(nc, subjects, "default")).toEqual({
+        ok: true,
+        count: events.length,
+      });
+    },
+    Math.max(240_000, CALLS * 200),
+  );
 });
