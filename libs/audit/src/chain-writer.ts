@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import { headers } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager, PubAck } from "@nats-io/jetstream";
-import { JetStreamApiError, jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiError, PubHeaders, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
 import { JsApiCode, isWrongLastSequence } from "@toolmesh/nats";
 import type { ChainTail } from "./chain.js";
@@ -18,6 +19,7 @@ export class ChainWriter implements BatchWriter {
   readonly #tails = new Map<string, ChainTail>();
 
   private constructor(
+    private readonly nc: NatsConnection,
     private readonly js: JetStreamClient,
     private readonly jsm: JetStreamManager,
     private readonly subjects: Subjects,
@@ -29,15 +31,16 @@ export class ChainWriter implements BatchWriter {
     subjects: Subjects,
     written?: (type: string, lagMs: number) => void,
   ): Promise<ChainWriter> {
-    return new ChainWriter(jetstream(nc), await jetstreamManager(nc), subjects, written);
+    return new ChainWriter(nc, jetstream(nc), await jetstreamManager(nc), subjects, written);
   }
 
   /**
    * One attempt to append `batch` after the chain's tail: the batch is sealed as one run of the
    * chain and published back to back, each event expecting the sequence and (after the first)
-   * the message id of the one before it, and the acks are awaited together. Because of that
-   * expectation an event lands only right after its predecessor, so the written events are the
-   * run up to the last one acknowledged; the rest is written again after the tail is read anew.
+   * the message id of the one before it. Because of that expectation an event lands only right
+   * after its predecessor: when the last is stored, every one before it is, so only the first
+   * (whose answer says whether it was a repeat) and the last are acknowledged. When the last is
+   * not stored, the tail says how far the run got; the rest is sealed again on the new tail.
    */
   async write(tenant: string, batch: readonly QueuedEvent[]): Promise<BatchOutcome> {
     const stream = this.subjects.auditStream(tenant);
@@ -50,13 +53,14 @@ export class ChainWriter implements BatchWriter {
     }
     // Earlier attempts whose answers were lost may have landed: the tail is then the last of
     // them, exactly as this process sealed it (its id alone could be a step recorded before).
-    const landed = tail.hash === null ? -1 : batch.findIndex((p) => p.sealed === tail.hash);
-    if (landed >= 0) {
+    const landed = this.#landed(batch, tail);
+    if (landed > 0) {
       this.#tails.set(tenant, tail);
-      return { written: landed + 1 };
+      return { written: landed };
     }
     const records: AuditRecord[] = [];
-    const acks = batch.map((queued, i) => {
+    const acks: Promise<PubAck>[] = [];
+    batch.forEach((queued, i) => {
       const record = sealRecord(
         { v: 1, id: queued.id, tenant, by: queued.by, ...queued.event },
         tail,
@@ -71,38 +75,92 @@ export class ChainWriter implements BatchWriter {
       records.push(record);
       queued.sealed = record.hash;
       tail = { seq: record.seq, hash: record.hash, id: record.id };
-      return this.js.publish(subject, JSON.stringify(record), {
-        msgID: queued.id,
-        expect: { ...expect, ...after },
-      });
+      const data = JSON.stringify(record);
+      if (i === 0 || i === batch.length - 1) {
+        acks.push(
+          this.js.publish(subject, data, { msgID: queued.id, expect: { ...expect, ...after } }),
+        );
+      } else {
+        this.nc.publish(subject, data, {
+          headers: publishHeaders(queued.id, { ...expect, ...after }),
+        });
+      }
     });
-    return this.#afterBatch(tenant, records, await Promise.allSettled(acks));
+    const settled = await Promise.allSettled(acks);
+    return this.#afterBatch(tenant, batch, records, settled);
   }
 
-  /** What a batch's acks say: how many of its events are written, and why the rest is not. */
-  #afterBatch(
-    tenant: string,
-    records: readonly AuditRecord[],
-    settled: readonly PromiseSettledResult<PubAck>[],
-  ): BatchOutcome {
-    let written = 0;
-    let duplicate = false;
-    settled.forEach((result, i) => {
-      if (result.status !== "fulfilled") return;
-      written = i + 1;
-      duplicate = result.value.duplicate;
-      const record = records[i] as AuditRecord;
-      if (!duplicate) this.written?.(record.type, Date.now() - record.at);
-    });
-    const last = records[written - 1];
-    // A duplicate landed in an earlier attempt, somewhere before: the tail is read anew.
-    if (last === undefined || duplicate) this.#tails.delete(tenant);
-    else this.#tails.set(tenant, { seq: last.seq, hash: last.hash, id: last.id });
-    const first = settled[written];
-    if (first === undefined || first.status === "fulfilled") return { written };
-    this.#tails.delete(tenant);
-    return { written, failure: isChainRace(first.reason) ? "raced" : { err: first.reason } };
+  /** How many events of `batch`, from the first, end at `tail`: what an earlier attempt wrote. */
+  #landed(batch: readonly QueuedEvent[], tail: ChainTail): number {
+    return tail.hash === null ? 0 : batch.findIndex((p) => p.sealed === tail.hash) + 1;
   }
+
+  /**
+   * What a batch's first and last acks say: how many of its events are written, and why the
+   * rest is not. A first event that was a repeat (kept from an earlier attempt) counts as
+   * written; after it, the run is known only when the last is stored anew, else from the tail.
+   */
+  async #afterBatch(
+    tenant: string,
+    batch: readonly QueuedEvent[],
+    records: readonly AuditRecord[],
+    [first, last = first]: PromiseSettledResult<PubAck>[],
+  ): Promise<BatchOutcome> {
+    if (first === undefined || last === undefined) return { written: 0 };
+    const stored = (ack: PromiseSettledResult<PubAck>) =>
+      ack.status === "fulfilled" && !ack.value.duplicate;
+    if (stored(first)) this.#reportWritten(records[0]);
+    if (first.status === "fulfilled" && stored(last)) {
+      for (const record of records.slice(1)) this.#reportWritten(record);
+      const end = records[records.length - 1] as AuditRecord;
+      this.#tails.set(tenant, { seq: end.seq, hash: end.hash, id: end.id });
+      return { written: records.length };
+    }
+    // A repeat, or a run that stopped somewhere: the tail is read anew.
+    this.#tails.delete(tenant);
+    const written = first.status === "fulfilled" ? 1 : 0;
+    if (last.status === "fulfilled") return { written };
+    const reached = Math.max(written, await this.#reached(tenant, batch));
+    const failed = reached === 0 ? first : last;
+    const reason: unknown = failed.status === "rejected" ? failed.reason : undefined;
+    return { written: reached, failure: isChainRace(reason) ? "raced" : { err: reason } };
+  }
+
+  /** How many events of `batch`, from the first, the chain holds now (0 when unreadable). */
+  async #reached(tenant: string, batch: readonly QueuedEvent[]): Promise<number> {
+    const { subjects } = this;
+    try {
+      const tail = await readTail(this.jsm, subjects.auditStream(tenant), subjects.audit(tenant));
+      this.#tails.set(tenant, tail);
+      return this.#landed(batch, tail);
+    } catch {
+      return 0;
+    }
+  }
+
+  #reportWritten(record: AuditRecord | undefined): void {
+    if (record !== undefined) this.written?.(record.type, Date.now() - record.at);
+  }
+}
+
+/** The JetStream headers of an event published without waiting for its acknowledgement. */
+function publishHeaders(
+  msgID: string,
+  expect: {
+    lastSequence: number;
+    streamName: string;
+    lastSubjectSequence?: number;
+    lastMsgID?: string | undefined;
+  },
+) {
+  const h = headers();
+  h.set(PubHeaders.MsgIdHdr, msgID);
+  h.set(PubHeaders.ExpectedStreamHdr, expect.streamName);
+  h.set(PubHeaders.ExpectedLastSeqHdr, `${expect.lastSequence}`);
+  if (expect.lastMsgID !== undefined) h.set(PubHeaders.ExpectedLastMsgIdHdr, expect.lastMsgID);
+  if (expect.lastSubjectSequence !== undefined)
+    h.set(PubHeaders.ExpectedLastSubjectSequenceHdr, `${expect.lastSubjectSequence}`);
+  return h;
 }
 
 /** Another writer appended first: the expected last sequence or message id is not the tail. */
