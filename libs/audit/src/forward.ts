@@ -30,8 +30,12 @@ const ForwardReplySchema = z.object({ written: z.number().int().nonnegative() })
 /** Most bytes of events handed on in one request. */
 const FORWARD_MAX_BYTES = 256 * 1_024;
 
-/** How long a request waits for the resolvers to write what it handed on. */
-const FORWARD_TIMEOUT_MS = 10_000;
+/**
+ * How long a request waits for the resolvers to write what it handed on. A resolver killed
+ * holding it never answers: the events are handed on again (kept once by their ids) after this
+ * long, which also holds up a call's end in `required` mode (at most 5 s).
+ */
+const FORWARD_TIMEOUT_MS = 3_000;
 
 /**
  * Writes a tenant's events by handing them to the resolvers (`{p}.v1.audit-write.{tenant}`),
