@@ -551,6 +551,16 @@ describe("the mesh's own services and the audit trails", () => {
     const before = (await jsm.streams.info(trail)).state.last_seq;
     const forged = JSON.stringify({ v: 1, type: "call.ended", tenant: "acme", by: "forger" });
     const handed = JSON.stringify({ events: [] });
+    // A resolver's user answers what is handed on (the mesh here runs without audit).
+    const resolver = await connectAs("resolver", { inboxPrefix: subjects.inboxPrefix("resolver") });
+    open.push(resolver);
+    resolver.subscribe(subjects.allAuditWrites, {
+      queue: "toolmesh-audit-write",
+      callback: (_err, msg) => {
+        msg.respond(JSON.stringify({ written: 0 }));
+      },
+    });
+    await resolver.flush();
     for (const user of ["gateway", "schema-expander", "executor", "mcp-bridge"]) {
       const nc = await connectAs(user, { inboxPrefix: subjects.inboxPrefix(user) });
       open.push(nc);
@@ -560,8 +570,8 @@ describe("the mesh's own services and the audit trails", () => {
       );
       const handOn = nc.request(subjects.auditWrite("acme"), handed, { timeout: 2_000 });
       if (user === "executor" || user === "mcp-bridge") {
-        // Allowed; no resolver here records an audit trail, so nobody answers.
-        await expect(handOn).rejects.toThrow(/no responders/i);
+        // Allowed both ways: the resolver's answer reaches the service's own inbox.
+        expect((await handOn).json()).toEqual({ written: 0 });
       } else {
         await expect(handOn).rejects.toThrow(/permissions violation/i);
       }

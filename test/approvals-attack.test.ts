@@ -9,13 +9,14 @@ import { ToolmeshClient } from "@toolmesh/client";
 import type { ApprovalEntry, ToolMessage } from "@toolmesh/protocol";
 import { callKey, createSubjects, encodeJson } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
+import { readTrail } from "@toolmesh/audit";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers, everyRight } from "./helpers/account-users.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
-import { eventually } from "./helpers/eventually.js";
+import { eventually, until } from "./helpers/eventually.js";
 
 // The approver role attacked, in the accounts layout `toolmesh auth config` generates (with
 // TLS): another tenant's approver, the tenant's own frontend and a principal with every right in
@@ -235,6 +236,20 @@ describe("a tenant's approver and its tenant's audit trail", () => {
       }
       session.close();
     }
+    // The executor hands its events to the resolver, which writes them at once: within
+    // seconds every call's end is in acme's trail (an unanswered hand-on retries after 3 s).
+    await until(
+      "every call's end in acme's trail",
+      async () => {
+        const ended = new Set<string>();
+        for await (const { record } of readTrail(mesh, subjects, "acme")) {
+          const event = record as { type?: string; call_id?: string };
+          if (event.type === "call.ended" && event.call_id !== undefined) ended.add(event.call_id);
+        }
+        return ["c1", "c2"].every((id) => ended.has(id));
+      },
+      { timeoutMs: 2_500 },
+    );
   }, START_MS);
 
   it("tails, verifies and exports it as the operator reads it", async () => {

@@ -329,6 +329,9 @@ function resolverPermissions({
     ),
     pub(
       ...n.replies,
+      // Answers to the audit events executors and MCP bridges hand on (ADR 0064).
+      `_INBOX.${s.prefix}.executor.>`,
+      `_INBOX.${s.prefix}.mcp-bridge.>`,
       ...auditWrites,
       s.allWork,
       // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
