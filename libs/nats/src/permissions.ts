@@ -315,8 +315,6 @@ function resolverPermissions({
       s.allResolveRpc,
       // Approvals: the approvers' and operator's requests, and callers' confirmations.
       s.allApprovalsRpc,
-      // The other services' audit events, which it appends to the tenants' chains (ADR 0064).
-      s.allAuditWrites,
       s.allConfirm,
       s.allWork,
       s.allResults,
@@ -327,30 +325,11 @@ function resolverPermissions({
       // Every tenant's own calls stream pushes to the resolvers' queue group (ADR 0048).
       s.intake,
     ),
+    auditChainer(s, auditWrites),
     pub(
       ...n.replies,
-      // Answers to the audit events executors and MCP bridges hand on (ADR 0064).
-      `_INBOX.${s.prefix}.executor.>`,
-      `_INBOX.${s.prefix}.mcp-bridge.>`,
-      ...auditWrites,
       s.allWork,
-      // Each owner's work stream (ADR 0041): created and kept like the mesh's, its work
-      // routed, watched for deadlines, reconciled and dead-lettered.
-      ...(ownerStreams.length === 0
-        ? []
-        : [
-            s.allOwnerWork,
-            // Adds each owner's max-deliveries advisories to the advisories stream.
-            `${API}.STREAM.UPDATE.${s.streams.advisories}`,
-          ]),
-      ...ownerStreams.flatMap((st) => [
-        ...["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"].map(
-          (op) => `${API}.STREAM.${op}.${st}`,
-        ),
-        ...["INFO", "CREATE", "DURABLE.CREATE"].map((op) => `${API}.CONSUMER.${op}.${st}.*`),
-        `${API}.CONSUMER.CREATE.${st}.*.>`,
-        `${API}.CONSUMER.LIST.${st}`,
-      ]),
+      ...ownerStreamRights(s, ownerStreams),
       // Reconciliation and dead letters find owners' and tenants' streams by listing them.
       `${API}.STREAM.NAMES`,
       ...tenantStreams.flatMap((st) => [
@@ -401,6 +380,39 @@ function resolverPermissions({
       `${n.base}.sessions.*.*.approval.*`,
     ),
   );
+}
+
+/**
+ * The resolver's part in the tenants' audit trails (ADR 0060, ADR 0064): it writes them and
+ * reads their tails, and takes the events executors and MCP bridges hand on, answering on
+ * their inboxes.
+ */
+function auditChainer(s: Subjects, auditWrites: string[]): Permissions {
+  return merge(
+    sub(s.allAuditWrites),
+    pub(`_INBOX.${s.prefix}.executor.>`, `_INBOX.${s.prefix}.mcp-bridge.>`, ...auditWrites),
+  );
+}
+
+/**
+ * Each owner's work stream (ADR 0041), as the resolver keeps it: created and kept like the
+ * mesh's, its work routed, watched for deadlines, reconciled and dead-lettered.
+ */
+function ownerStreamRights(s: Subjects, ownerStreams: string[]): string[] {
+  if (ownerStreams.length === 0) return [];
+  return [
+    s.allOwnerWork,
+    // Adds each owner's max-deliveries advisories to the advisories stream.
+    `${API}.STREAM.UPDATE.${s.streams.advisories}`,
+    ...ownerStreams.flatMap((st) => [
+      ...["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"].map(
+        (op) => `${API}.STREAM.${op}.${st}`,
+      ),
+      ...["INFO", "CREATE", "DURABLE.CREATE"].map((op) => `${API}.CONSUMER.${op}.${st}.*`),
+      `${API}.CONSUMER.CREATE.${st}.*.>`,
+      `${API}.CONSUMER.LIST.${st}`,
+    ]),
+  ];
 }
 
 /** The MCP gateway: submits and follows calls for every tenant it authenticates. */
