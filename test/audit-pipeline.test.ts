@@ -149,7 +149,12 @@ describe("writers racing for one tenant's chain", () => {
 
 describe("events handed to the resolvers", () => {
   it("are chained under their own writer's name, kept while no resolver answers, and a bad batch is refused", async () => {
-    const nc = connections[0] as NatsConnection;
+    // An executor's connection: answers come to its own inbox.
+    const nc = await connect({
+      servers: server.url,
+      inboxPrefix: subjects.inboxPrefix("executor"),
+    });
+    connections.push(nc);
     const executor = await AuditTrail.open(nc, {
       subjects,
       mode: "required",
@@ -203,7 +208,20 @@ describe("events handed to the resolvers", () => {
       expect(reply.error.code).toBe("invalid_request");
       expect(reply.error.message).toMatch(/audit write request/);
     }
+    // A request whose answer would go anywhere but a hand-on service's inbox (here a subject
+    // someone listens on; a KV key or a stream's subject alike) is neither written nor answered.
+    const elsewhere = "toolmesh.v1.elsewhere";
+    const heard: string[] = [];
+    nc.subscribe(elsewhere, {
+      callback: (_err, msg) => {
+        heard.push(msg.string());
+      },
+    });
+    const misdirected = { events: [{ ...event(8), id: "misdirected", by: "executor@x/1" }] };
+    nc.publish(subjects.auditWrite(HANDED), JSON.stringify(misdirected), { reply: elsewhere });
+    await nc.flush();
     expect(await executor.recordAndWait(HANDED, event(4))).toBe(true);
+    expect(heard).toEqual([]);
     expect(await verifyTrail(nc, subjects, HANDED)).toEqual({ ok: true, count: 5 });
     await served.stop();
     resolver.stop();

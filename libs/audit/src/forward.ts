@@ -101,6 +101,11 @@ export function serveAuditWrites(
     queue: "toolmesh-audit-write",
     log,
     what: "audit write request",
+    // Answered only on the inboxes of the services that hand events on: executors, bridges,
+    // and `toolmesh dev`, which runs every actor on one connection.
+    replyPrefixes: ["executor", "mcp-bridge", "dev"].map(
+      (role) => `${subjects.inboxPrefix(role)}.`,
+    ),
     scope: (msg) => msg.subject.slice(stem.length),
     handle: async (body, _msg, tenant) => {
       const { events } = ForwardedEventsSchema.parse(body);

@@ -43,6 +43,13 @@ export interface RequestKind<S = undefined> {
    * else (a bug) is logged and becomes `internal`.
    */
   handle: (body: unknown, msg: Msg, scope: S) => unknown;
+  /**
+   * The subject prefixes a reply may go to (each ending in `.`). A request whose reply subject
+   * is under none of them is neither handled nor answered, only logged: the answer would go out
+   * with this service's rights wherever the requester named (a KV key, a stream's subject).
+   * Default: any reply subject.
+   */
+  replyPrefixes?: readonly string[];
   /** The reply for a request that failed. Default {@link requestFailure}, `{ ok: false, error }`. */
   refusal?: (error: WireError) => unknown;
   /** Name of the requests in errors and logs (`"cancel request"`). Default `"request"`. */
@@ -138,6 +145,16 @@ export function serveRequests<S = undefined>(options: ServeRequestsOptions<S>): 
 export async function answerRequest<S = undefined>(msg: Msg, kind: RequestKind<S>): Promise<void> {
   const what = kind.what ?? "request";
   const refusal = kind.refusal ?? requestFailure;
+  if (
+    kind.replyPrefixes !== undefined &&
+    !kind.replyPrefixes.some((p) => msg.reply?.startsWith(p))
+  ) {
+    kind.log.warn(
+      { subject: msg.subject, reply: msg.reply },
+      `${what} ignored: its reply subject is not allowed`,
+    );
+    return;
+  }
   let reply: unknown;
   try {
     const scope = kind.scope === undefined ? (undefined as S) : kind.scope(msg);
