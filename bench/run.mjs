@@ -480,8 +480,9 @@ async function memoryPerInFlightCall(n) {
     const until = Date.now() + 600_000;
     for (let i = 0; i < n; i++)
       void m.submit("hold", { until }, { timeoutMs: 900_000 }).catch(() => undefined);
-    // In flight once every call is accepted and routed: held by an executor (acknowledgement
-    // pending) or waiting in the work stream for one (the work consumer bounds what is handed out).
+    // In flight once every call is accepted: held by an executor (acknowledgement pending),
+    // waiting in the work stream for one (the work consumer bounds what is handed out), or held
+    // by a resolver for its turn (acknowledgement of the calls stream's message pending).
     const started = performance.now();
     for (;;) {
       // Slow under this load: a longer timeout than the launcher's.
@@ -494,6 +495,8 @@ async function memoryPerInFlightCall(n) {
         for (const st of acct.stream_detail ?? [])
           for (const c of st.consumer_detail ?? [])
             if (c.name.includes("hold")) inFlight += c.num_ack_pending + c.num_pending;
+            else if (st.name.includes("_CALLS") && c.name === "resolver")
+              inFlight += c.num_ack_pending;
       if (inFlight >= n) break;
       if (performance.now() - started > 180_000)
         throw new Error(`only ${inFlight} of ${n} calls in flight after 3 minutes`);

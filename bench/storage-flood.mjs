@@ -31,7 +31,7 @@ import { Worker, isMainThread, parentPort, workerData } from "node:worker_thread
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
-import { createSubjects } from "@toolmesh/protocol";
+import { Defaults, createSubjects } from "@toolmesh/protocol";
 import { newHistogram, round, summarize } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
@@ -173,7 +173,11 @@ async function runVariant(name, env) {
   const mesh = await startMesh({
     name: `storage-flood-${name}`,
     concurrency: 64,
-    env: { TOOLMESH_STORE_BYTES: String(STORE_BYTES), ...env },
+    env: {
+      TOOLMESH_STORE_BYTES: String(STORE_BYTES),
+      TOOLMESH_TENANT_MAX_STORED_BYTES: String(Defaults.tenantMaxStoredBytes),
+      ...env,
+    },
     nodeArgs: flags["cpu-prof"]
       ? ["--cpu-prof", `--cpu-prof-dir=${join(flags["cpu-prof"], name)}`]
       : [],

@@ -140,8 +140,13 @@ export function writeReport(result, dir, stamp) {
         `| ${n} | ${keys.map((k) => f(result.systems[n].payload_sizes[k].p50_ms, 3)).join(" | ")} |`,
       );
   }
-  const x = result.extras;
+  // An extra that failed is reported as such (run.mjs keeps its error), not with its figures.
+  const x = {};
   lines.push("", "## Mesh extras", "");
+  for (const [key, value] of Object.entries(result.extras)) {
+    if (value?.error === undefined) x[key] = value;
+    else lines.push(`- ${key.replace(/_/g, " ")}: failed (${value.error}).`);
+  }
   if (x.idle_mesh)
     lines.push(
       `- Idle mesh (resolver + executor, no calls, ${x.idle_mesh.seconds} s): ${x.idle_mesh.in_msgs_per_s} client→server and ${x.idle_mesh.out_msgs_per_s} server→client messages per second.`,

@@ -356,6 +356,10 @@ export async function startMesh({
     NATS_URL: server.url,
     TOOLMESH_TOOLS_DIR: join(BENCH, "tools"),
     TOOLMESH_CONCURRENCY: String(concurrency),
+    // The benchmarks measure calls, not the bound of results a tenant may have stored: at
+    // thousands of calls a second the bench's tenant would reach the default within minutes.
+    // `storage-flood.mjs` sets it back.
+    TOOLMESH_TENANT_MAX_STORED_BYTES: "0",
     ...(sessionMaxInFlight === undefined
       ? {}
       : { TOOLMESH_SESSION_MAX_IN_FLIGHT: String(sessionMaxInFlight) }),
