@@ -394,6 +394,10 @@ describe("one tenant storing large results", () => {
       max_stored_bytes: bound,
     });
     expect(refusals[0]?.error?.retryable).toBe(true);
+    // One line that says when to retry and what an operator can do.
+    expect(refusals[0]?.error?.message).toMatch(
+      /: retry in \d+ min, when its oldest results expire, or have an operator raise the bound \(toolmesh quotas set flood --max-stored-bytes <bytes>\)$/,
+    );
     // About 3 MiB of 100 kB answers were stored before the first refusal.
     expect(floodFinals.length - refusals.length).toBeGreaterThanOrEqual(25);
     expect(steadyWrong).toEqual([]);

@@ -181,7 +181,9 @@ export class StoredBytes {
     if (bound <= 0 || bytes < bound) return undefined;
     return new ToolmeshError(
       ErrorCode.QuotaExceeded,
-      `tenant ${tenant} has stored ${bytes} bytes of results, its bound is ${bound}`,
+      `tenant ${tenant} has stored ${bytes} bytes of results, its bound is ${bound}: retry in ` +
+        `${Math.ceil(freesInMs / 60_000)} min, when its oldest results expire, or have an operator ` +
+        `raise the bound (toolmesh quotas set ${tenant} --max-stored-bytes <bytes>)`,
       {
         retryable: true,
         details: {
