@@ -5,7 +5,7 @@ import { JetStreamApiError, PubHeaders, jetstream, jetstreamManager } from "@nat
 import type { Subjects } from "@toolmesh/protocol";
 import { JsApiCode, isWrongLastSequence } from "@toolmesh/nats";
 import type { ChainTail } from "./chain.js";
-import { sealRecord } from "./chain.js";
+import { sealForStore } from "./chain.js";
 import type { AuditRecord } from "./events.js";
 import type { BatchOutcome, BatchWriter, QueuedEvent } from "./writer.js";
 
@@ -61,7 +61,7 @@ export class ChainWriter implements BatchWriter {
     const records: AuditRecord[] = [];
     const acks: Promise<PubAck>[] = [];
     batch.forEach((queued, i) => {
-      const record = sealRecord(
+      const { record, data } = sealForStore(
         { v: 1, id: queued.id, tenant, by: queued.by, ...queued.event },
         tail,
       );
@@ -75,7 +75,6 @@ export class ChainWriter implements BatchWriter {
       records.push(record);
       queued.sealed = record.hash;
       tail = { seq: record.seq, hash: record.hash, id: record.id };
-      const data = JSON.stringify(record);
       if (i === 0 || i === batch.length - 1) {
         acks.push(
           this.js.publish(subject, data, { msgID: queued.id, expect: { ...expect, ...after } }),

@@ -1,12 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { ChainVerifier, recordHash, sealRecord } from "./chain.js";
+import { ChainVerifier, recordHash, sealForStore } from "./chain.js";
 import type { AuditRecord } from "./events.js";
 
 function chain(n: number): AuditRecord[] {
   const out: AuditRecord[] = [];
   let tail = { seq: 0, hash: null as string | null };
   for (let i = 0; i < n; i++) {
-    const record = sealRecord(
+    const { record, data } = sealForStore(
       {
         v: 1,
         id: `e${i}`,
@@ -19,7 +19,9 @@ function chain(n: number): AuditRecord[] {
       },
       tail,
     );
-    out.push(record);
+    // What is stored is the record, whatever its key order.
+    expect(JSON.parse(data)).toEqual(record);
+    out.push(JSON.parse(data) as AuditRecord);
     tail = { seq: record.seq, hash: record.hash };
   }
   return out;

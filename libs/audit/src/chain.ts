@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash as digest } from "node:crypto";
 import canonicalizeModule from "canonicalize";
 
 // The package is CommonJS (`module.exports = fn`) with an ES-style `export default` in its types:
@@ -8,10 +8,7 @@ import type { AuditRecord } from "./events.js";
 
 /** sha256 (hex) of the RFC 8785 canonical JSON of `value`. */
 export function canonicalDigest(value: unknown): string {
-  const text = canonicalize(value);
-  return createHash("sha256")
-    .update(text ?? "null")
-    .digest("hex");
+  return digest("sha256", canonicalize(value) ?? "null", "hex");
 }
 
 /** The hash an event must carry: of all its fields but `hash`. */
@@ -28,13 +25,18 @@ export interface ChainTail {
   id?: string | undefined;
 }
 
-/** Seals `event` as the event after `tail`. */
-export function sealRecord(
+/**
+ * Seals `event` as the event after `tail`, with the JSON text to store: its canonical JSON
+ * (what the hash is of) with `hash` added last, so the event is serialized once.
+ */
+export function sealForStore(
   event: Omit<AuditRecord, "hash" | "seq" | "prev">,
   tail: ChainTail,
-): AuditRecord {
+): { record: AuditRecord; data: string } {
   const unsealed = { ...event, seq: tail.seq + 1, prev: tail.hash };
-  return { ...unsealed, hash: recordHash(unsealed) };
+  const text = canonicalize(unsealed) as string;
+  const hash = digest("sha256", text, "hex");
+  return { record: { ...unsealed, hash }, data: `${text.slice(0, -1)},"hash":"${hash}"}` };
 }
 
 /** Where a chain breaks: the stream sequence and what is wrong there. */

@@ -1,6 +1,6 @@
 export { AuditEventType, AuditRecordSchema } from "./events.js";
 export type { AuditEventInput, AuditRecord } from "./events.js";
-export { ChainVerifier, canonicalDigest, recordHash, sealRecord } from "./chain.js";
+export { ChainVerifier, canonicalDigest, recordHash, sealForStore } from "./chain.js";
 export type { BrokenLink, ChainTail } from "./chain.js";
 export { AuditTrail, settleAudit } from "./trail.js";
 export { ChainWriter, readTail } from "./chain-writer.js";
