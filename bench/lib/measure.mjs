@@ -180,10 +180,23 @@ export async function openLoop(call, { rate, durationMs, payload, timeoutMs = 10
 /**
  * One phase of a with/without comparison: `sequentialCalls` calls one at a time (their p50),
  * then a closed loop of 64 in flight for `loopMs` (its throughput); logs both under `label`.
+ * With `system` (a mesh of `startMesh`), also the CPU per call of each of its processes through
+ * the closed loop: where a difference between two sides is spent.
  */
-export async function phase(call, { label, sequentialCalls, loopMs, payload, log }) {
+export async function phase(call, { label, sequentialCalls, loopMs, payload, log, system }) {
   const seq = await sequential(call, sequentialCalls, payload);
+  const before = system === undefined ? undefined : await snapshot(system);
   const loop = await closedLoop(call, { inFlight: 64, durationMs: loopMs, payload });
-  log(`${label}: p50 ${round(seq.p50_ms)} ms, ${loop.calls_per_s} calls/s`);
-  return { p50_ms: seq.p50_ms, calls_per_s: loop.calls_per_s };
+  // CPU per call of each process through the closed loop, when the system's processes are known.
+  const cost =
+    before === undefined ? undefined : costPerCall(before, await snapshot(system), loop.calls);
+  log(
+    `${label}: p50 ${round(seq.p50_ms)} ms, ${loop.calls_per_s} calls/s` +
+      (cost === undefined ? "" : `, CPU µs per call ${JSON.stringify(cost.cpu_us_by_process)}`),
+  );
+  return {
+    p50_ms: seq.p50_ms,
+    calls_per_s: loop.calls_per_s,
+    ...(cost === undefined ? {} : { cpu_us_by_process: cost.cpu_us_by_process }),
+  };
 }
