@@ -112,6 +112,8 @@ export class StoredBytes {
   readonly #entries = new Map<string, { entry: StoredEntry; revision: number }>();
   // Tenant → bytes counted here and not yet written.
   readonly #pending = new Map<string, number>();
+  // Tenant → bytes being written now: still counted until the entry that holds them is known.
+  readonly #writing = new Map<string, number>();
   #timer: NodeJS.Timeout | undefined;
   #flushing: Promise<void> = Promise.resolve();
 
@@ -167,12 +169,26 @@ export class StoredBytes {
       entry === undefined
         ? { bytes: 0, freesInMs: 0 }
         : storedNow(entry, now, this.#options.windowMs);
-    const bytes = written.bytes + (this.#pending.get(tenant) ?? 0);
+    const bytes =
+      written.bytes + (this.#pending.get(tenant) ?? 0) + (this.#writing.get(tenant) ?? 0);
     const freesInMs =
       written.freesInMs > 0
         ? written.freesInMs
         : slotMsOf(this.#options.windowMs) + this.#options.windowMs;
     return { bytes, bound, freesInMs };
+  }
+
+  /** What every tenant known here has stored now, and its bound: what the metrics report. */
+  readings(): { tenant: string; bytes: number; bound: number }[] {
+    const tenants = new Set([
+      ...this.#entries.keys(),
+      ...this.#pending.keys(),
+      ...this.#writing.keys(),
+    ]);
+    return [...tenants].map((tenant) => {
+      const { bytes, bound } = this.stored(tenant);
+      return { tenant, bytes, bound };
+    });
   }
 
   /** `quota_exceeded` `storage` when the tenant is at its bound; a map read, no round trip. */
@@ -224,6 +240,7 @@ export class StoredBytes {
   async #write(): Promise<void> {
     const batch = [...this.#pending];
     this.#pending.clear();
+    for (const [tenant, bytes] of batch) this.#writing.set(tenant, bytes);
     // Tenants' entries are independent: written WRITES_AT_ONCE at a time, not one by one.
     for (let i = 0; i < batch.length; i += WRITES_AT_ONCE) {
       await Promise.all(
@@ -237,16 +254,19 @@ export class StoredBytes {
               { err, tenant },
               "cannot write a tenant's stored bytes; will retry",
             );
+          } finally {
+            this.#writing.delete(tenant);
           }
         }),
       );
     }
   }
 
+  /** Adds `bytes` to the tenant's entry and keeps the entry written (its bytes now counted there). */
   async #addTo(tenant: string, bytes: number): Promise<void> {
     const { usage, windowMs } = this.#options;
     const key = storedKey(tenant);
-    await modifyKvEntry(
+    const written = await modifyKvEntry(
       usage,
       key,
       (value) => (value === undefined ? { slots: {} } : decodeEntry(value)),
@@ -260,5 +280,8 @@ export class StoredBytes {
         return true;
       },
     );
+    const known = this.#entries.get(tenant);
+    if (written !== undefined && (known === undefined || known.revision < written.revision))
+      this.#entries.set(tenant, { entry: written.value, revision: written.revision });
   }
 }
