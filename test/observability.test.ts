@@ -12,6 +12,7 @@ import { connect } from "@nats-io/transport-node";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
+import { sample, scrapeMetrics } from "./helpers/metrics.js";
 import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
@@ -259,27 +260,6 @@ describe("one call is one trace, from the frontend to its receipt", () => {
   });
 });
 
-/** Prometheus text → the sum of the samples of `name` whose labels include `labels`. */
-function sample(text: string, name: string, labels: Record<string, string> = {}): number {
-  let total = 0;
-  for (const line of text.split("\n")) {
-    const match = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
-    if (match === null || match[1] !== name) continue;
-    const found = Object.fromEntries(
-      [...(match[2] ?? "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)].map((m) => [m[1], m[2]]),
-    );
-    const noError = labels.error_type === "";
-    if (
-      Object.entries(labels).every(([k, v]) =>
-        v === "" ? found[k] === undefined : found[k] === v,
-      ) &&
-      (!noError || found.error_type === undefined)
-    )
-      total += Number(match[3]);
-  }
-  return total;
-}
-
 describe("metrics after known traffic", () => {
   it("count calls, attempts, retries, timeouts and rejections per tool and error type, and toolmesh stats shows the same", async () => {
     // Known traffic on top of the two calls traced above (misbehave flaky: 2 attempts; t.echo)
@@ -299,16 +279,10 @@ describe("metrics after known traffic", () => {
       "unknown_tool",
     ]);
 
-    const scrape = async (service: ServiceProcess) =>
-      (
-        await fetch(
-          `http://127.0.0.1:${await portOf(service, "metrics served at /metrics")}/metrics`,
-        )
-      ).text();
     const [executorText, resolverText, bridgeText] = await Promise.all([
-      scrape(executor),
-      scrape(resolver),
-      scrape(bridge),
+      scrapeMetrics(executor),
+      scrapeMetrics(resolver),
+      scrapeMetrics(bridge),
     ]);
     const calls = (tool: string, error_type: string) =>
       sample(executorText, "toolmesh_tool_calls_total", { gen_ai_tool_name: tool, error_type });

@@ -6,6 +6,7 @@ import { ErrorCode, createSubjects, encodeJson } from "@toolmesh/protocol";
 import type { ToolMessage, WireError } from "@toolmesh/protocol";
 import { runCli } from "./helpers/cli.js";
 import { killAllServices, startService } from "./helpers/mesh.js";
+import { sample, scrapeMetrics } from "./helpers/metrics.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers } from "./helpers/account-users.js";
@@ -64,7 +65,7 @@ beforeAll(async () => {
   expect(setup.stderr).toBe("");
   const env = (user: string) => ({ ...credentials(user), ...LIMITS });
   [resolver, executor] = await Promise.all([
-    startService("resolver", env("resolver"), START_MS),
+    startService("resolver", { ...env("resolver"), TOOLMESH_METRICS_PORT: "0" }, START_MS),
     startService("executor", { ...env("executor"), TOOLMESH_TOOLS_DIR: "tools/builtin" }, START_MS),
   ]);
 }, 3 * START_MS);
@@ -394,6 +395,14 @@ describe("one tenant storing large results", () => {
       max_stored_bytes: bound,
     });
     expect(refusals[0]?.error?.retryable).toBe(true);
+    // What an operator alerts on before tenants are refused: stored results against the bound.
+    const metrics = await scrapeMetrics(resolver);
+    expect(
+      sample(metrics, "toolmesh_tenant_stored_bytes", { toolmesh_tenant: "flood" }),
+    ).toBeGreaterThanOrEqual(bound);
+    expect(
+      sample(metrics, "toolmesh_tenant_stored_bytes_limit", { toolmesh_tenant: "flood" }),
+    ).toBe(bound);
     // One line that says when to retry and what an operator can do.
     expect(refusals[0]?.error?.message).toMatch(
       /: retry in \d+ min, when its oldest results expire, or have an operator raise the bound \(toolmesh quotas set flood --max-stored-bytes <bytes>\)$/,

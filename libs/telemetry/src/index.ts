@@ -47,7 +47,12 @@ export {
   ToolmeshMetrics,
   toolmeshMetrics,
 } from "./instruments.js";
-export type { McpServerReading, QueueReading, TenantReading } from "./instruments.js";
+export type {
+  McpServerReading,
+  QueueReading,
+  StoredReading,
+  TenantReading,
+} from "./instruments.js";
 export {
   MAX_PAYLOAD_CHARS,
   payloadRecording,

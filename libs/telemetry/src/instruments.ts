@@ -50,6 +50,8 @@ export const MetricName = {
   ApprovalDecisionTime: "toolmesh.approvals.decision_time",
   TenantInFlight: "toolmesh.tenant.in_flight",
   TenantQueued: "toolmesh.tenant.queued",
+  TenantStored: "toolmesh.tenant.stored_bytes",
+  TenantStoredLimit: "toolmesh.tenant.stored_bytes.limit",
   GatewayCalls: "toolmesh.gateway.calls",
   GatewayCallDuration: "toolmesh.gateway.call.duration",
 } as const;
@@ -64,6 +66,14 @@ export interface TenantReading {
   tenant: string;
   inFlight: number;
   queued: number;
+}
+
+/** What a tenant's calls have stored (their final messages, within the call retention). */
+export interface StoredReading {
+  tenant: string;
+  bytes: number;
+  /** The tenant's bound of stored results; 0: none. */
+  bound: number;
 }
 
 /** The states an MCP server connection reports, one gauge series each. */
@@ -116,6 +126,7 @@ export class ToolmeshMetrics {
   readonly #approvalDecisionTime: Histogram;
   #approvalsWaiting: () => number = () => 0;
   readonly #tenants = new Set<() => TenantReading[]>();
+  readonly #stored = new Set<() => StoredReading[]>();
 
   // eslint-disable-next-line max-lines-per-function -- a declarative table: each instrument with its name, unit and description, one after another
   constructor(provider: MeterProvider) {
@@ -259,6 +270,29 @@ export class ToolmeshMetrics {
       .addCallback((result) => {
         for (const reading of this.#readTenants())
           result.observe(reading.queued, { [ATTR_TOOLMESH_TENANT]: reading.tenant });
+      });
+    meter
+      .createObservableGauge(MetricName.TenantStored, {
+        unit: "By",
+        description:
+          "Bytes of results a tenant's calls have stored within the call retention, by toolmesh.tenant; every resolver reports the same",
+        valueType: ValueType.INT,
+      })
+      .addCallback((result) => {
+        for (const reading of this.#readStored())
+          result.observe(reading.bytes, { [ATTR_TOOLMESH_TENANT]: reading.tenant });
+      });
+    meter
+      .createObservableGauge(MetricName.TenantStoredLimit, {
+        unit: "By",
+        description:
+          "A tenant's bound of stored results, past which its calls are refused quota_exceeded storage, by toolmesh.tenant (tenants with a bound)",
+        valueType: ValueType.INT,
+      })
+      .addCallback((result) => {
+        for (const reading of this.#readStored())
+          if (reading.bound > 0)
+            result.observe(reading.bound, { [ATTR_TOOLMESH_TENANT]: reading.tenant });
       });
     meter
       .createObservableGauge(MetricName.QueuePending, {
@@ -418,6 +452,22 @@ export class ToolmeshMetrics {
   observeTenants(read: () => TenantReading[]): () => void {
     this.#tenants.add(read);
     return () => this.#tenants.delete(read);
+  }
+
+  /** Reports tenants' stored results at each collection; returns the function that stops it. */
+  observeStoredResults(read: () => StoredReading[]): () => void {
+    this.#stored.add(read);
+    return () => this.#stored.delete(read);
+  }
+
+  #readStored(): StoredReading[] {
+    return [...this.#stored].flatMap((read) => {
+      try {
+        return read();
+      } catch {
+        return [];
+      }
+    });
   }
 
   #readTenants(): TenantReading[] {

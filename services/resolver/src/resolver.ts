@@ -326,6 +326,9 @@ function reportQuotas(admission: Admission, metrics: ToolmeshMetrics, log: Logge
     const current = quotas.view.get(key);
     log.info({ quota: key, limits: current?.quota ?? null }, "quota applied");
   });
+  const stopReportingStored = admission.stored
+    ? metrics.observeStoredResults(() => admission.stored?.readings() ?? [])
+    : undefined;
   const stopReporting = metrics.observeTenants(() =>
     quotas === undefined
       ? []
@@ -337,6 +340,7 @@ function reportQuotas(admission: Admission, metrics: ToolmeshMetrics, log: Logge
   );
   return () => {
     stopReporting();
+    stopReportingStored?.();
     stopLogging?.();
   };
 }
