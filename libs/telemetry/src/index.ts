@@ -1,7 +1,7 @@
 // Re-exported so services can name span kinds and contexts without depending on the API package.
 export { SpanKind, trace } from "@opentelemetry/api";
 export type { Context, Link, Span, SpanContext, Tracer } from "@opentelemetry/api";
-export { DEFAULT_REDACT_PATHS, REDACTED, createLogger } from "./logger.js";
+export { DEFAULT_REDACT_PATHS, REDACTED, createLogger, lazyChild } from "./logger.js";
 export type { Logger, LoggerOptions } from "./logger.js";
 export { extractTraceContext, injectTraceHeaders, traceContextFields } from "./propagation.js";
 export type { TraceHeaders } from "./propagation.js";

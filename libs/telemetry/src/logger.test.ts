@@ -1,7 +1,7 @@
 import { ROOT_CONTEXT, TraceFlags, context, trace } from "@opentelemetry/api";
 import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { REDACTED, createLogger, type LoggerOptions } from "./logger.js";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { REDACTED, createLogger, lazyChild, type LoggerOptions } from "./logger.js";
 
 const spanContext = {
   traceId: "4bf92f3577b34da6a3ce929d0e0e4736",
@@ -95,5 +95,28 @@ describe("createLogger", () => {
       span_id: spanContext.spanId,
       msg: "inside",
     });
+  });
+});
+
+describe("lazyChild", () => {
+  it("makes the child only when a line is written, and writes it as the child would", () => {
+    const { logger, records } = captureLogger({ service: "executor" });
+    const child = vi.spyOn(logger, "child");
+    const callLog = lazyChild(logger, { callId: "c1", user: { password: "hunter2" } });
+    callLog.debug("below the level");
+    expect(child).not.toHaveBeenCalled();
+    expect(records()).toEqual([]);
+
+    callLog.info({ attempt: 2 }, "ran");
+    callLog.warn("twice");
+    expect(child).toHaveBeenCalledTimes(1);
+    expect(records()).toMatchObject([
+      { callId: "c1", attempt: 2, msg: "ran", user: { password: REDACTED } },
+      { callId: "c1", msg: "twice", level: 40 },
+    ]);
+    // A grandchild (a tool's own) keeps the bindings.
+    callLog.child({ step: "x" }).error("failed");
+    expect(records()[2]).toMatchObject({ callId: "c1", step: "x", level: 50 });
+    expect(callLog.isLevelEnabled("debug")).toBe(false);
   });
 });

@@ -60,6 +60,28 @@ export function createLogger(options: LoggerOptions): Logger {
   );
 }
 
+const LEVELS: ReadonlySet<string> = new Set(["trace", "debug", "info", "warn", "error", "fatal"]);
+const noop = (): void => undefined;
+
+/**
+ * A child of `log` with `bindings`, made only once something is logged through it. A call's
+ * logger is made for every call and used by few: a pino child serializes (and redacts) its
+ * bindings when it is made. A level `log` does not write costs nothing.
+ */
+export function lazyChild(log: Logger, bindings: Record<string, unknown>): Logger {
+  let child: Logger | undefined;
+  return new Proxy(log, {
+    get(_target, prop) {
+      if (typeof prop === "string" && LEVELS.has(prop) && !log.isLevelEnabled(prop)) return noop;
+      child ??= log.child(bindings);
+      const value: unknown = Reflect.get(child, prop, child);
+      return typeof value === "function"
+        ? (value as (...args: unknown[]) => unknown).bind(child)
+        : value;
+    },
+  });
+}
+
 // Returns a fresh object every time: pino's default merge strategy `Object.assign`s the log line
 // into it, so a shared constant would leak fields between lines.
 function activeSpanFields(): Record<string, string> {

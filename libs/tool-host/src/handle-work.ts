@@ -30,6 +30,7 @@ import {
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
+  lazyChild,
   linkableContext,
   processSpanOptions,
   withSpan,
@@ -108,7 +109,7 @@ export async function handleWork(deps: WorkDeps, tool: ServedTool, msg: JsMsg): 
     return;
   }
   const attempt = msg.info.deliveryCount;
-  const callLog = log.child({
+  const callLog = lazyChild(log, {
     callId: call.call_id,
     sessionId: call.session_id,
     tool: call.tool,

@@ -57,6 +57,7 @@ import {
   ATTR_TOOLMESH_CALL_ID,
   ATTR_TOOLMESH_SESSION_ID,
   ATTR_TOOLMESH_TOOL,
+  lazyChild,
   markOutcome,
   processSpanOptions,
   withSpan,
@@ -391,7 +392,7 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
         tool !== undefined && registry.get(tool) !== undefined ? tool : undefined,
       );
       if (!resolution.ok) markOutcome(span, resolution.error.code, resolution.error.message);
-      const callLog = log.child({ callId, sessionId: address.session, tool });
+      const callLog = lazyChild(log, { callId, sessionId: address.session, tool });
       try {
         if (resolution.ok) {
           // A held call is acknowledged when its turn comes (or its deadline).
@@ -1060,7 +1061,7 @@ export async function routeApproved(
   argsHash: string,
   seq: number,
 ): Promise<void> {
-  const callLog = deps.log.child({
+  const callLog = lazyChild(deps.log, {
     callId: resolved.call_id,
     sessionId: resolved.address.session,
     tool: resolved.tool,
