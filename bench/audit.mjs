@@ -11,7 +11,7 @@ import { parseArgs } from "node:util";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { createSubjects } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
-import { phase, round } from "./lib/measure.mjs";
+import { fastest, phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const { values: flags } = parseArgs({
@@ -54,12 +54,10 @@ try {
   await Promise.all([off.stop(), on.stop()]);
 }
 const best = (side, key, pick) => pick(...results[side].map((r) => r[key]));
-// The side's faster loop, whose CPU per call of each process is reported.
-const fastest = (side) => results[side].reduce((a, b) => (b.calls_per_s > a.calls_per_s ? b : a));
 const summary = (side) => ({
   p50_ms: best(side, "p50_ms", Math.min),
   calls_per_s: best(side, "calls_per_s", Math.max),
-  cpu_us_by_process: fastest(side).cpu_us_by_process,
+  cpu_us_by_process: fastest(results[side]).cpu_us_by_process,
 });
 const [a, b] = [summary("off"), summary("on")];
 const line = JSON.stringify({

@@ -13,7 +13,7 @@
 import { parseArgs } from "node:util";
 import { createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
-import { phase, round } from "./lib/measure.mjs";
+import { fastest, phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const { values: flags } = parseArgs({
@@ -94,8 +94,6 @@ const median = (values) => {
   return sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 };
 const best = (side, key, pick) => pick(...results[side].map((r) => r[key]));
-// The side's faster loop, whose CPU per call of each process is reported.
-const fastest = (side) => results[side].reduce((a, b) => (b.calls_per_s > a.calls_per_s ? b : a));
 console.log(
   JSON.stringify({
     bench: "policy",
@@ -108,12 +106,12 @@ console.log(
       none: {
         p50_ms: best("none", "p50_ms", Math.min),
         calls_per_s: best("none", "calls_per_s", Math.max),
-        cpu_us_by_process: fastest("none").cpu_us_by_process,
+        cpu_us_by_process: fastest(results.none).cpu_us_by_process,
       },
       policy: {
         p50_ms: best("policy", "p50_ms", Math.min),
         calls_per_s: best("policy", "calls_per_s", Math.max),
-        cpu_us_by_process: fastest("policy").cpu_us_by_process,
+        cpu_us_by_process: fastest(results.policy).cpu_us_by_process,
       },
     },
   }),

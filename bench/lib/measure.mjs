@@ -177,6 +177,11 @@ export async function openLoop(call, { rate, durationMs, payload, timeoutMs = 10
   return { rate, calls: n, timeouts, errors, ...summarize(h), hist: h };
 }
 
+/** Of several {@link phase} results, the one with the most calls per second. */
+export function fastest(phases) {
+  return phases.reduce((a, b) => (b.calls_per_s > a.calls_per_s ? b : a));
+}
+
 /**
  * One phase of a with/without comparison: `sequentialCalls` calls one at a time (their p50),
  * then a closed loop of 64 in flight for `loopMs` (its throughput); logs both under `label`.

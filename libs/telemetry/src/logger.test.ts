@@ -118,5 +118,11 @@ describe("lazyChild", () => {
     callLog.child({ step: "x" }).error("failed");
     expect(records()[2]).toMatchObject({ callId: "c1", step: "x", level: 50 });
     expect(callLog.isLevelEnabled("debug")).toBe(false);
+    // A level set through it is the child's: the parent keeps its own.
+    callLog.level = "debug";
+    callLog.debug("now written");
+    logger.debug("still not");
+    expect(records().map((r) => r.msg)).toEqual(["ran", "twice", "failed", "now written"]);
+    expect(logger.level).toBe("info");
   });
 });

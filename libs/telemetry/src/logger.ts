@@ -70,14 +70,22 @@ const noop = (): void => undefined;
  */
 export function lazyChild(log: Logger, bindings: Record<string, unknown>): Logger {
   let child: Logger | undefined;
+  const made = (): Logger => (child ??= log.child(bindings));
   return new Proxy(log, {
     get(_target, prop) {
-      if (typeof prop === "string" && LEVELS.has(prop) && !log.isLevelEnabled(prop)) return noop;
-      child ??= log.child(bindings);
-      const value: unknown = Reflect.get(child, prop, child);
+      // Until it is made, the child writes what its parent writes.
+      if (typeof prop === "string" && LEVELS.has(prop) && !(child ?? log).isLevelEnabled(prop))
+        return noop;
+      const target = made();
+      const value: unknown = Reflect.get(target, prop, target);
       return typeof value === "function"
-        ? (value as (...args: unknown[]) => unknown).bind(child)
+        ? (value as (...args: unknown[]) => unknown).bind(target)
         : value;
+    },
+    // What is set (a tool raising its logger's level) is the child's, never the parent's.
+    set(_target, prop, value) {
+      const target = made();
+      return Reflect.set(target, prop, value, target);
     },
   });
 }
