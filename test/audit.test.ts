@@ -9,6 +9,7 @@ import { ToolmeshClient } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
 import type { AuditRecord } from "@toolmesh/audit";
 import { readTrail } from "@toolmesh/audit";
+import { CallStore } from "@toolmesh/call-store";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -210,11 +211,24 @@ describe("the chain", () => {
 });
 
 describe("a tenant whose audit stream cannot be written", () => {
-  it("has its calls refused unavailable (required), not run unrecorded", async () => {
+  it("has its calls refused unavailable (required), not run unrecorded; the same call runs once it can be", async () => {
     const other = new ToolmeshClient(nc, { tenant: "unrecorded", defaultTimeoutMs: 15_000 });
-    const result = await other.session("s").submit({ name: "whoami", arguments: {} }).result;
+    const submit = () =>
+      other.session("s").submit({ name: "whoami", arguments: {} }, { idempotencyKey: "once" })
+        .result;
+    const result = await submit();
     expect(result.error?.code).toBe("unavailable");
     expect(result.error?.message).toMatch(/audit trail/);
+    // Nothing of the call is kept: no record stays in flight for a call that never ran.
+    const store = await CallStore.bind(nc, subjects);
+    const ref = { address: { tenant: "unrecorded", session: "s" }, idempotency_key: "once" };
+    expect(await store.get(ref)).toBeUndefined();
+    // Once the tenant's trail can be written, trying again runs it.
+    expect((await runCli(["setup", "--tenants", "unrecorded"], env)).code).toBe(0);
+    await until("the call tried again runs", async () => (await submit()).error === undefined, {
+      timeoutMs: 30_000,
+      everyMs: 500,
+    });
   });
 });
 

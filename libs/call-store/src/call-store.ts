@@ -213,6 +213,14 @@ export class CallStore {
     }
   }
 
+  /**
+   * Takes back a record {@link accept} stored as new at `revision`, for a call that then did
+   * not go on: its key is free again. Throws when the record changed since.
+   */
+  async withdraw(call: CallRef, revision: number): Promise<void> {
+    await this.#kv.delete(callKey(call.address, call.idempotency_key), { previousSeq: revision });
+  }
+
   /** The record of a call, with its revision. */
   get(call: CallRef): Promise<{ record: CallRecord; revision: number } | undefined> {
     return this.byKey(callKey(call.address, call.idempotency_key));

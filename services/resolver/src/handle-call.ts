@@ -416,7 +416,7 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
  * Routes a resolved call: refuses it when it could outlive its record or is past its deadline,
  * asks admission whether it goes on (a session over its in-flight limit or a quota refuses it,
  * a busy tool holds it), accepts it in the call store (a known key is answered as a
- * resubmission), then publishes it on its tool's work subject and arms its deadline — or, when
+ * resubmission) while its admission is written to the audit trail, then publishes it on its tool's work subject and arms its deadline — or, when
  * admission holds it, does that at its fair turn ("held": the message is acknowledged then, not
  * by the caller). Throws when a publish fails in a way that may pass: the caller hands the call
  * back.
@@ -451,12 +451,19 @@ export async function routeCall(
     return undefined;
   }
   const { ticket } = admitted;
-  if (!(await recordAdmission(route, admitted.decision === "hold"))) {
+  // The admission is written while the call is accepted (two round trips at once); the call
+  // goes on only when both passed.
+  const record = callRecordOf(resolved, route.argsHash);
+  const [recorded, outcome] = await Promise.all([
+    recordAdmission(route, admitted.decision === "hold"),
+    deps.plane.store.accept(record),
+  ]);
+  if (!recorded) {
     await ticket.withdraw();
-    await refuseUnaccepted(route, auditUnavailable(resolved));
+    await refuseUnrecorded(route, { record, outcome });
     return undefined;
   }
-  const accepted = await acceptCall(route, ticket);
+  const accepted = await settleAcceptance(route, ticket, { record, outcome });
   if (accepted === undefined) return undefined;
   const work = (): Promise<void> => publishWork({ ...route, seq: msg.seq }, accepted);
   if (admitted.decision === "hold") {
@@ -701,13 +708,39 @@ interface Accepted {
 }
 
 /**
- * Accepts the call in the call store. A known key's call (another call id, or one that ended)
- * is answered as a resubmission and gives its admission back: `undefined`, nothing to route.
+ * Refuses a call whose admission could not be written (`unavailable`, to try again later): a
+ * record accepted for it just now is taken back, so a retry is accepted afresh; a known key is
+ * answered as {@link refuseUnaccepted} does.
  */
-async function acceptCall(route: Route, ticket: AdmissionTicket): Promise<Accepted | undefined> {
-  const { deps, resolved, request, argsHash, msg, callLog } = route;
-  const record = callRecordOf(resolved, argsHash);
-  const outcome = await deps.plane.store.accept(record);
+async function refuseUnrecorded(
+  route: Route,
+  { record, outcome }: { record: CallRecord; outcome: AcceptOutcome },
+): Promise<void> {
+  const error = auditUnavailable(route.resolved);
+  if (outcome.status !== "new") {
+    await refuseUnaccepted(route, error);
+    return;
+  }
+  // Left in flight when it cannot be taken back (changed meanwhile): a retry routes it then.
+  await route.deps.plane.store
+    .withdraw(record, outcome.revision)
+    .catch((err: unknown) =>
+      route.callLog.warn({ err }, "cannot take back the record of a call refused unrecorded"),
+    );
+  await publishRefusal(route, error, resultMsgId(route.key));
+}
+
+/**
+ * What the call store's acceptance means for the call. A known key's call (another call id, or
+ * one that ended) is answered as a resubmission and gives its admission back: `undefined`,
+ * nothing to route.
+ */
+async function settleAcceptance(
+  route: Route,
+  ticket: AdmissionTicket,
+  { record, outcome }: { record: CallRecord; outcome: AcceptOutcome },
+): Promise<Accepted | undefined> {
+  const { deps, resolved, request, msg, callLog } = route;
   if (outcome.status === "conflict" || outcome.status === "done") {
     await ticket.withdraw();
     await answerResubmission(deps, outcome, resolved, request, msg.seq, callLog);
