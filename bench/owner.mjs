@@ -16,7 +16,7 @@ import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
 import { Defaults } from "@toolmesh/protocol";
 import { startMesh } from "./lib/systems.mjs";
-import { closedLoop, costPerCall, round, sequential, snapshot } from "./lib/measure.mjs";
+import { closedLoop, costPerCall, median, round, sequential, snapshot } from "./lib/measure.mjs";
 
 const { values: flags } = parseArgs({
   options: {
@@ -61,7 +61,6 @@ for (let round_ = 0; round_ < Number(flags.rounds); round_++) {
   }
 }
 
-const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const of = (path, key) => median(results[path].map((r) => r[key]));
 const summary = {};
 for (const key of ["p50_ms", "calls_per_s", "msgs_per_call"]) {

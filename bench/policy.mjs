@@ -13,7 +13,7 @@
 import { parseArgs } from "node:util";
 import { createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
-import { fastest, phase, round } from "./lib/measure.mjs";
+import { fastest, median, phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const { values: flags } = parseArgs({
@@ -88,11 +88,6 @@ try {
 } finally {
   await mesh.stop();
 }
-const median = (values) => {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = Math.floor(sorted.length / 2);
-  return sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
-};
 const best = (side, key, pick) => pick(...results[side].map((r) => r[key]));
 console.log(
   JSON.stringify({

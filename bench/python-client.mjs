@@ -7,7 +7,7 @@ import { spawn } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { closedLoop, round, sequential } from "./lib/measure.mjs";
+import { closedLoop, median, round, sequential } from "./lib/measure.mjs";
 
 const ratio = (x) => round(x, 2);
 import { payloadOf, startMesh } from "./lib/systems.mjs";
@@ -53,7 +53,6 @@ function runPython(url) {
 }
 
 const mesh = await startMesh({ name: "M", concurrency: 64 });
-const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)];
 try {
   const payload = payloadOf(1024);
   // Alternating rounds, so load that comes and goes on a shared machine falls on both clients.

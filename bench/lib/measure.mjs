@@ -177,6 +177,13 @@ export async function openLoop(call, { rate, durationMs, payload, timeoutMs = 10
   return { rate, calls: n, timeouts, errors, ...summarize(h), hist: h };
 }
 
+/** The median of some numbers (the mean of the middle two when their count is even). */
+export function median(values) {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
 /** Of several {@link phase} results, the one with the most calls per second. */
 export function fastest(phases) {
   return phases.reduce((a, b) => (b.calls_per_s > a.calls_per_s ? b : a));
