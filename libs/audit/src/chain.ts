@@ -33,10 +33,11 @@ export function sealForStore(
   event: Omit<AuditRecord, "hash" | "seq" | "prev">,
   tail: ChainTail,
 ): { record: AuditRecord; data: string } {
-  const unsealed = { ...event, seq: tail.seq + 1, prev: tail.hash };
-  const text = canonicalize(unsealed) as string;
-  const hash = digest("sha256", text, "hex");
-  return { record: { ...unsealed, hash }, data: `${text.slice(0, -1)},"hash":"${hash}"}` };
+  const record = { ...event, seq: tail.seq + 1, prev: tail.hash } as AuditRecord;
+  const text = canonicalize(record) as string;
+  // The hash is of every field but itself: added once the text is made.
+  record.hash = digest("sha256", text, "hex");
+  return { record, data: `${text.slice(0, -1)},"hash":"${record.hash}"}` };
 }
 
 /** Where a chain breaks: the stream sequence and what is wrong there. */
