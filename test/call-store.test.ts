@@ -105,6 +105,23 @@ describe("CallStore.accept", () => {
   });
 });
 
+describe("CallStore.withdraw", () => {
+  it("takes back a new record, so the key is accepted afresh; a record changed since stays", async () => {
+    const { store } = plane;
+    const first = await store.accept(record("w1"));
+    if (first.status !== "new") throw new Error(`accepted as ${first.status}`);
+    await store.withdraw(target("w1"), first.revision);
+    expect(await store.get(target("w1"))).toBeUndefined();
+    const again = await store.accept(record("w1"));
+    expect(again.status).toBe("new");
+    if (again.status !== "new") return;
+    // Finished meanwhile: not the record accepted, so it is not taken back.
+    await store.finish(target("w1"), message("w1", "done"));
+    await expect(store.withdraw(target("w1"), again.revision)).rejects.toThrow();
+    expect((await store.get(target("w1")))?.record.state).toBe("done");
+  });
+});
+
 describe("a work message's record headers", () => {
   const call = {
     idempotency_key: "h1",
