@@ -31,6 +31,7 @@ const REPEATING = "initech";
 const LETTERS = "hooli";
 const ENDED = "pied";
 const HANDED = "umbrella";
+const TAIL_REPEAT = "soylent";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -123,6 +124,37 @@ describe("writers racing for one tenant's chain", () => {
     expect(events.map((e) => e.id)).toEqual(["step-1", "step-2", "step-3"]);
     expect(await verifyTrail(nc, subjects, REPEATING)).toEqual({ ok: true, count: 3 });
     trail.stop();
+  });
+
+  it("keeps a repeat of the chain's last event once, and chains the event behind it", async () => {
+    const nc = connections[0] as NatsConnection;
+    const jsm = await jetstreamManager(nc);
+    await ensureStream(jsm, tenantAuditStreamSpec(subjects, TAIL_REPEAT));
+    const open = (writer: string) =>
+      AuditTrail.open(nc, { subjects, mode: "required", chains: true, writer });
+    const step = (i: number) => ({
+      id: `tail-${i}`,
+      type: AuditEventType.Admitted,
+      call_id: `t${i}`,
+      at: Date.now(),
+      data: { i },
+    });
+    const first = await open("first");
+    expect(await first.tryRecord(TAIL_REPEAT, step(1))).toBe(true);
+    // Another process records the same step (it never saw it written), twice, then a new one:
+    // the first goes alone, the second and the new one in one batch on the tail the first is.
+    const second = await open("second");
+    const written = await Promise.all(
+      [step(1), step(1), step(2)].map((e) => second.tryRecord(TAIL_REPEAT, e)),
+    );
+    expect(written).toEqual([true, true, true]);
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, TAIL_REPEAT))
+      events.push(record as AuditRecord);
+    expect(events.map((e) => e.id)).toEqual(["tail-1", "tail-2"]);
+    expect(await verifyTrail(nc, subjects, TAIL_REPEAT)).toEqual({ ok: true, count: 2 });
+    first.stop();
+    second.stop();
   });
 
   it("settles: waits for what is recorded, and says how much could not be written by then; a step is told of a first write", async () => {

@@ -36,8 +36,8 @@ export class ChainWriter implements BatchWriter {
 
   /**
    * One attempt to append `batch` after the chain's tail: the batch is sealed as one run of the
-   * chain and published back to back, the first event expecting the tail's sequence, each after
-   * it the message id of the one before it. Because of that expectation an event lands only right
+   * chain and published back to back, each event expecting the sequence and (after the first)
+   * the message id of the one before it. Because of that expectation an event lands only right
    * after its predecessor: when the last is stored, every one before it is, so only the first
    * (whose answer says whether it was a repeat) and the last are acknowledged. When the last is
    * not stored, the tail says how far the run got; the rest is sealed again on the new tail.
@@ -65,21 +65,23 @@ export class ChainWriter implements BatchWriter {
         { v: 1, id: queued.id, tenant, by: queued.by, ...queued.event },
         tail,
       );
-      // The first event expects the chain's tail: the stream's last sequence, and its one
-      // subject's, which the server checks even when 0 (it ignores an expected last sequence of
-      // 0), so the first event of an empty trail is single too. Each event after it expects the
-      // one before it by id, which places it right after that one.
+      // Each event expects the stream's last sequence to be its predecessor's. The first also
+      // expects its one subject's, which the server checks even when 0 (it ignores an expected
+      // last sequence of 0), so the first event of an empty trail is single too; each after it
+      // also expects the id of the one before it, so that the predecessor is this batch's event
+      // (the sequence alone: another writer's could have taken its place), stored now (the id
+      // alone: a repeat of the stream's last event is not stored, and leaves its id last).
       const expect =
         i === 0
           ? { lastSequence: tail.seq, lastSubjectSequence: tail.hash === null ? 0 : tail.seq }
-          : { lastMsgID: tail.id };
+          : { lastSequence: tail.seq, lastMsgID: tail.id };
       records.push(record);
       queued.sealed = record.hash;
       tail = { seq: record.seq, hash: record.hash, id: record.id };
       if (i === 0 || i === batch.length - 1) {
         acks.push(this.js.publish(subject, data, { msgID: queued.id, expect }));
       } else {
-        this.nc.publish(subject, data, { headers: afterHeaders(queued.id, expect.lastMsgID) });
+        this.nc.publish(subject, data, { headers: afterHeaders(queued.id, expect) });
       }
     });
     const settled = await Promise.allSettled(acks);
@@ -141,12 +143,13 @@ export class ChainWriter implements BatchWriter {
 
 /**
  * The JetStream headers of an event published after another of its batch, without waiting for
- * its acknowledgement: its id, and the id of the event it must follow.
+ * its acknowledgement: its id, and the sequence and id of the event it must follow.
  */
-function afterHeaders(msgID: string, lastMsgID: string | undefined) {
+function afterHeaders(msgID: string, expect: { lastSequence: number; lastMsgID?: string }) {
   const h = headers();
   h.set(PubHeaders.MsgIdHdr, msgID);
-  if (lastMsgID !== undefined) h.set(PubHeaders.ExpectedLastMsgIdHdr, lastMsgID);
+  h.set(PubHeaders.ExpectedLastSeqHdr, `${expect.lastSequence}`);
+  if (expect.lastMsgID !== undefined) h.set(PubHeaders.ExpectedLastMsgIdHdr, expect.lastMsgID);
   return h;
 }
 
