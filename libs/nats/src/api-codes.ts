@@ -15,6 +15,11 @@ export const JsApiCode = {
   StreamMessageExceedsMaximum: 10054,
   /** A stream of that name exists with another configuration (a concurrent create). */
   StreamNameExist: 10058,
+  /**
+   * Another stream takes some of the subjects; also nats-server 2.9's answer to a create of a
+   * stream that another process is creating with other subjects.
+   */
+  StreamSubjectOverlap: 10065,
   /** The stream's store refused the write: its `max_bytes` or `max_msgs` with discard new. */
   StreamStoreFailed: 10077,
   /** The server or account has no file storage left. */

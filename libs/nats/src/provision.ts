@@ -283,6 +283,21 @@ function serverVersion(jsm: JetStreamManager): string | undefined {
   return (jsm as Partial<{ nc: NatsConnection }>).nc?.info?.version;
 }
 
+/**
+ * Whether a create failed because another process created the stream at the same time: the
+ * name is taken, or (nats-server 2.9, when the other create has other subjects) the subjects
+ * overlap and the stream now exists.
+ */
+async function createdMeanwhile(jsm: JetStreamManager, name: string, err: unknown) {
+  if (!(err instanceof JetStreamApiError)) return false;
+  if (err.code === JsApiCode.StreamNameExist) return true;
+  if (err.code !== JsApiCode.StreamSubjectOverlap) return false;
+  const info = await readOrUndefined(jsm.streams.info(name), JsApiCode.StreamNotFound).catch(
+    () => undefined,
+  );
+  return info !== undefined;
+}
+
 /** Creates, updates or leaves alone one stream (or bucket stream); see the module comment. */
 export async function ensureStream(
   jsm: JetStreamManager,
@@ -308,7 +323,7 @@ export async function ensureStream(
         await whilePeerOffline(() => jsm.streams.add(spec.config));
       } catch (err) {
         // Another process created it meanwhile: go through the checks again.
-        if (err instanceof JetStreamApiError && err.code === JsApiCode.StreamNameExist)
+        if (await createdMeanwhile(jsm, spec.config.name, err))
           return ensureStream(jsm, wanted, options);
         throw new ProvisionError(
           `${label} does not exist and cannot be created (${reason(err)}): run \`toolmesh setup\` with credentials that may manage streams${hintFor(err)}`,
