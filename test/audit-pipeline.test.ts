@@ -52,6 +52,17 @@ afterAll(async () => {
   await server?.stop();
 });
 
+/** The admission of call `i`, under a step's own id (`{prefix}-{i}`), as a resolver records it. */
+function admission(prefix: string, i: number) {
+  return {
+    id: `${prefix}-${i}`,
+    type: AuditEventType.Admitted,
+    call_id: `${prefix}${i}`,
+    at: Date.now(),
+    data: { i },
+  };
+}
+
 describe("writers racing for one tenant's chain", () => {
   it("keep one verifying chain, every event once and in each writer's order", async () => {
     const trails = await Promise.all(
@@ -105,13 +116,7 @@ describe("writers racing for one tenant's chain", () => {
       chains: true,
       writer: "again",
     });
-    const step = (i: number) => ({
-      id: `step-${i}`,
-      type: AuditEventType.Admitted,
-      call_id: `c${i}`,
-      at: Date.now(),
-      data: { i },
-    });
+    const step = (i: number) => admission("step", i);
     await trail.record(REPEATING, step(1));
     // The same step again (a delivery handled twice), among new ones, in one batch.
     const written = await Promise.all(
@@ -132,13 +137,7 @@ describe("writers racing for one tenant's chain", () => {
     await ensureStream(jsm, tenantAuditStreamSpec(subjects, TAIL_REPEAT));
     const open = (writer: string) =>
       AuditTrail.open(nc, { subjects, mode: "required", chains: true, writer });
-    const step = (i: number) => ({
-      id: `tail-${i}`,
-      type: AuditEventType.Admitted,
-      call_id: `t${i}`,
-      at: Date.now(),
-      data: { i },
-    });
+    const step = (i: number) => admission("tail", i);
     const first = await open("first");
     expect(await first.tryRecord(TAIL_REPEAT, step(1))).toBe(true);
     // Another process records the same step (it never saw it written), twice, then a new one:
