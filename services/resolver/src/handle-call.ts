@@ -416,10 +416,10 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
  * Routes a resolved call: refuses it when it could outlive its record or is past its deadline,
  * asks admission whether it goes on (a session over its in-flight limit or a quota refuses it,
  * a busy tool holds it), accepts it in the call store (a known key is answered as a
- * resubmission) while its admission is written to the audit trail, then publishes it on its tool's work subject and arms its deadline — or, when
- * admission holds it, does that at its fair turn ("held": the message is acknowledged then, not
- * by the caller). Throws when a publish fails in a way that may pass: the caller hands the call
- * back.
+ * resubmission) while its admission is written to the audit trail, then publishes it on its
+ * tool's work subject and arms its deadline — or, when admission holds it, does that at its
+ * fair turn ("held": the message is acknowledged then, not by the caller). Throws when a
+ * publish fails in a way that may pass: the caller hands the call back.
  */
 export async function routeCall(
   deps: ResolverDeps,
