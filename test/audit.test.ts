@@ -17,7 +17,7 @@ import type { ServiceProcess } from "./helpers/mesh.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { runCli } from "./helpers/cli.js";
 import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
-import { until } from "./helpers/eventually.js";
+import { eventually, until } from "./helpers/eventually.js";
 
 // The audit trail through a real mesh: three resolvers and an executor with
 // TOOLMESH_AUDIT=required, the tenant's audit stream made by `toolmesh setup --tenants`.
@@ -214,9 +214,8 @@ describe("a tenant whose audit stream cannot be written", () => {
   it("has its calls refused unavailable (required), not run unrecorded; the same call runs once it can be", async () => {
     const other = new ToolmeshClient(nc, { tenant: "unrecorded", defaultTimeoutMs: 15_000 });
     const submit = () =>
-      other.session("s").submit({ name: "whoami", arguments: {} }, { idempotencyKey: "once" })
-        .result;
-    const result = await submit();
+      other.session("s").submit({ name: "whoami", arguments: {} }, { idempotencyKey: "once" });
+    const result = await submit().result;
     expect(result.error?.code).toBe("unavailable");
     expect(result.error?.message).toMatch(/audit trail/);
     // Nothing of the call is kept: no record stays in flight for a call that never ran.
@@ -225,9 +224,31 @@ describe("a tenant whose audit stream cannot be written", () => {
     expect(await store.get(ref)).toBeUndefined();
     // Once the tenant's trail can be written, trying again runs it.
     expect((await runCli(["setup", "--tenants", "unrecorded"], env)).code).toBe(0);
-    await until("the call tried again runs", async () => (await submit()).error === undefined, {
-      timeoutMs: 30_000,
-      everyMs: 500,
+    const ran = await eventually(
+      "the call tried again runs",
+      async () => {
+        const call = submit();
+        return (await call.result).error === undefined ? call.callId : undefined;
+      },
+      { timeoutMs: 30_000, everyMs: 500 },
+    );
+    // Its end is the one stored and recorded: the refusal before it took no id the run needs.
+    const stored = await (
+      await jetstreamManager(nc)
+    ).streams.getMessage(subjects.streams.sessions, {
+      last_by_subj: subjects.result({ tenant: "unrecorded", session: "s" }, ran),
+    });
+    expect(stored?.json<{ error?: unknown; content?: unknown }>()).toMatchObject({
+      content: expect.anything(),
+    });
+    expect(stored?.json<{ error?: unknown }>().error).toBeUndefined();
+    await until("the run's end in the trail", async () => {
+      for await (const { record } of readTrail(nc, subjects, "unrecorded")) {
+        const event = record as AuditRecord;
+        if (event.call_id === ran && event.type === "call.ended")
+          return event.data.outcome === "ok";
+      }
+      return false;
     });
   });
 });

@@ -25,6 +25,7 @@ import {
   ensureError,
   errorToolMessage,
   malformedRequest,
+  refusedMsgId,
   resultMsgId,
   requestIssues,
   subjectToken,
@@ -685,7 +686,11 @@ async function publishRefusal(route: Route, error: ToolmeshError, msgId: string)
   );
 }
 
-/** Refuses a call before acceptance, which must not take the place of a known call's result. */
+/**
+ * Refuses a call before acceptance, which must not take the place of a known call's result:
+ * the refusal answers this delivery (its id is the delivery's), so a later submission of the
+ * same key that runs stores its own result.
+ */
 async function refuseUnaccepted(route: Route, error: ToolmeshError): Promise<void> {
   const { deps, resolved, request, argsHash, msg, callLog } = route;
   const refused = {
@@ -697,7 +702,7 @@ async function refuseUnaccepted(route: Route, error: ToolmeshError): Promise<voi
     argsHash,
   };
   if (!(await answerKnownKey(deps, refused, resolved.address, msg.seq, callLog)))
-    await publishRefusal(route, error, resultMsgId(route.key));
+    await publishRefusal(route, error, refusedMsgId(route.key, msg.seq));
 }
 
 /** A call's record as accepted in the call store. */
@@ -727,7 +732,7 @@ async function refuseUnrecorded(
     .catch((err: unknown) =>
       route.callLog.warn({ err }, "cannot take back the record of a call refused unrecorded"),
     );
-  await publishRefusal(route, error, resultMsgId(route.key));
+  await publishRefusal(route, error, refusedMsgId(route.key, route.msg.seq));
 }
 
 /**
