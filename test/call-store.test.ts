@@ -12,7 +12,7 @@ import {
   openCallPlane,
 } from "@toolmesh/call-store";
 import type { ResolvedCall, ToolMessage } from "@toolmesh/protocol";
-import { Header, createSubjects, decodeJson } from "@toolmesh/protocol";
+import { Header, createSubjects, decodeJson, encodeJson } from "@toolmesh/protocol";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
@@ -146,6 +146,7 @@ describe("a work message's record headers", () => {
     expect(await store.finish(target("h1"), message("h1", "ok"), known)).toEqual({
       won: true,
       result: final("h1", "ok"),
+      encoded: Buffer.from(encodeJson(final("h1", "ok"))),
     });
   });
 
@@ -181,14 +182,18 @@ describe("a work message's record headers", () => {
 describe("CallStore.finish", () => {
   it("moves a call to done once; later parties get the stored message", async () => {
     const { store } = plane;
-    await store.accept(record("f1"));
+    const accepted = record("f1");
+    await store.accept(accepted);
+    // The winner gets its message as the bytes to publish; the record is stored with it.
     expect(await store.finish(target("f1"), message("f1", "first"))).toEqual({
       won: true,
       result: final("f1", "first"),
+      encoded: Buffer.from(encodeJson(final("f1", "first"))),
     });
     const second = await store.finish(target("f1"), message("f1", "second"));
     expect(second).toEqual({ won: false, result: final("f1", "first") });
-    expect((await store.get(target("f1")))?.record.result?.content).toBe("first");
+    const stored = await store.get(target("f1"));
+    expect(stored?.record).toEqual({ ...accepted, state: "done", result: final("f1", "first") });
   });
 
   it("has exactly one winner when many parties finish at once", async () => {

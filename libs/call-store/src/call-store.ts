@@ -18,6 +18,7 @@ import {
   callKey,
   decodeJson,
   encodeJson,
+  encodeJsonWithMember,
 } from "@toolmesh/protocol";
 
 export { CallRecordSchema, CallStateSchema } from "@toolmesh/protocol";
@@ -320,10 +321,16 @@ export class CallStore {
         return { won: false, result: record.result };
       }
       const stamped = stampArguments(result, record);
-      const done: CallRecord = { ...record, state: "done", result: stamped };
+      // Serialized once for the record and for its publication: results may be large.
+      const json = JSON.stringify(stamped);
+      const { result: _earlier, ...rest } = record;
       try {
-        await this.#kv.update(key, encodeJson(done), revision);
-        return { won: true, result: stamped };
+        await this.#kv.update(
+          key,
+          encodeJsonWithMember({ ...rest, state: "done" }, "result", json),
+          revision,
+        );
+        return { won: true, result: stamped, encoded: Buffer.from(json, "utf8") };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
         current = undefined; // changed meanwhile: read it again
@@ -345,4 +352,6 @@ export interface FinishOutcome {
   won: boolean;
   /** The final message: this caller's when it won, the stored one otherwise. */
   result: ToolMessage;
+  /** `result` as UTF-8 JSON, when this caller won: the bytes to publish. */
+  encoded?: Uint8Array;
 }

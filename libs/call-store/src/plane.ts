@@ -98,8 +98,16 @@ export interface MeshCallPlane extends CallPlane {
   readonly jsm: JetStreamManager;
   readonly js: JetStreamClient;
   readonly store: CallStore;
-  /** Publishes a final message to the sessions stream under a message id. */
-  publishFinal: (subject: string, message: ToolMessage, msgId: string) => Promise<unknown>;
+  /**
+   * Publishes a final message to the sessions stream under a message id; `encoded`, when given,
+   * is the message as UTF-8 JSON already.
+   */
+  publishFinal: (
+    subject: string,
+    message: ToolMessage,
+    msgId: string,
+    encoded?: Uint8Array,
+  ) => Promise<unknown>;
 }
 
 /** Creates or updates the streams and opens the call store. */
@@ -128,8 +136,9 @@ export async function openCallPlane(
     subject: string,
     message: ToolMessage,
     msgId: string,
+    encoded?: Uint8Array,
   ): Promise<unknown> => {
-    const ack = await publishDurable(js, subject, message, { msgId });
+    const ack = await publishDurable(js, subject, encoded ?? message, { msgId });
     // Whoever publishes a final message records it: every path to an answer comes through here.
     if (!ack.duplicate) await recordEnded(audit, subjects, subject, message, msgId);
     return ack;
@@ -187,7 +196,7 @@ export async function openCallPlane(
           return false;
         }
       }
-      await publishFinal(subject, outcome?.result ?? message, msgId);
+      await publishFinal(subject, outcome?.result ?? message, msgId, outcome?.encoded);
       return outcome === undefined || outcome.won;
     },
   };

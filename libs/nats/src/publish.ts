@@ -127,7 +127,10 @@ export function publishError(
   );
 }
 
-/** Publishes JSON to a stream and waits for the ack; failures become typed errors. */
+/**
+ * Publishes JSON to a stream and waits for the ack; failures become typed errors. `value` is
+ * encoded, unless it is bytes (JSON encoded already).
+ */
 export async function publishDurable(
   js: JetStreamClient,
   subject: string,
@@ -135,7 +138,7 @@ export async function publishDurable(
   options: PublishOptions = {},
 ): Promise<PubAck> {
   const headers = options.headers ?? tracedHeaders();
-  const data = encodeJson(value);
+  const data = value instanceof Uint8Array ? value : encodeJson(value);
   try {
     return await js.publish(subject, data, {
       headers,

@@ -1,11 +1,25 @@
 import { ErrorCode, ToolmeshError } from "./errors.js";
 
-const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });
 
-/** Encodes a value as UTF-8 JSON bytes for a NATS payload. */
+/**
+ * Encodes a value as UTF-8 JSON bytes for a NATS payload. `Buffer.from` rather than
+ * `TextEncoder`: several times faster for the small messages of a call's path (it slices a
+ * shared pool), and no slower for large ones.
+ */
 export function encodeJson(value: unknown): Uint8Array {
-  return encoder.encode(JSON.stringify(value));
+  return Buffer.from(JSON.stringify(value) ?? "", "utf8");
+}
+
+/**
+ * The UTF-8 JSON bytes of `value` with one member more, `key`, whose value is given as the
+ * JSON text `json` (as `JSON.stringify` wrote it): the bytes `encodeJson({ ...value, [key]: v })`
+ * gives, without serializing a large `v` once more. `value` is a plain object without `key`.
+ */
+export function encodeJsonWithMember(value: object, key: string, json: string): Uint8Array {
+  const head = JSON.stringify(value);
+  const comma = head === "{}" ? "" : ",";
+  return Buffer.from(`${head.slice(0, -1)}${comma}${JSON.stringify(key)}:${json}}`, "utf8");
 }
 
 /**

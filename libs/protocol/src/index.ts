@@ -132,6 +132,7 @@ export {
   decodeJson,
   decodeJsonOrUndefined,
   encodeJson,
+  encodeJsonWithMember,
   nestsDeeperThan,
 } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";

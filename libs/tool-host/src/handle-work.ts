@@ -15,7 +15,6 @@ import {
   callKey,
   scopedIdempotencyKey,
   decodeJson,
-  encodeJson,
   ensureError,
   errorToolMessage,
   isRetryableByDefault,
@@ -334,7 +333,7 @@ export function finalMessage(
   const message: ToolMessage = outcome.ok
     ? { role: "tool", ...target, content: outcome.content, ...extra }
     : errorToolMessage(target, outcome.error, extra);
-  const bytes = encodeJson(message).length;
+  const bytes = Buffer.byteLength(JSON.stringify(message), "utf8");
   if (bytes <= maxResultBytes) return message;
   return errorToolMessage(
     target,
