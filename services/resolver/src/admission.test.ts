@@ -100,7 +100,7 @@ describe("Admission", () => {
     });
     expect(share.held).toBe(1);
     outstanding = 0;
-    share.ended("someone-else", "work");
+    share.ended("someone-else", () => "work");
     await dispatched;
     expect(share.held).toBe(0);
   });

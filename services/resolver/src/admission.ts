@@ -138,7 +138,7 @@ export class Admission {
    * Settles the call a final message was published for (its session address and call token,
    * from the result subject), whichever process admitted it: its session slot and quota counts
    * here are given back, and fair share is told (`tool`, read from the message only while calls
-   * are held, says which tool may have a free executor now; `resultBytes`, the message's size,
+   * are held and only for a call another resolver started, says which tool may have a free executor now; `resultBytes`, the message's size,
    * teaches the bytes-in-flight gate). Never throws.
    */
   settle(
@@ -150,12 +150,7 @@ export class Admission {
     this.limits.settled(at, callToken);
     this.quotas?.ended(at.tenant, at.session, callToken);
     const { fairShare } = this;
-    if (fairShare !== undefined)
-      fairShare.ended(
-        admissionId(at, callToken),
-        fairShare.held > 0 ? toolOf() : undefined,
-        resultBytes,
-      );
+    if (fairShare !== undefined) fairShare.ended(admissionId(at, callToken), toolOf, resultBytes);
   }
 
   /** The bytes a call is expected to move, for the bytes-in-flight gate (0 without one). */

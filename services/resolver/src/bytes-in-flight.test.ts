@@ -170,12 +170,12 @@ describe("fair share with a bytes-in-flight gate", () => {
 
     // A's first call ends: its bytes come down to 600, so one held call goes on, and A is at
     // its bound again.
-    m.share.ended("a.s.1", "echo", 900);
+    m.share.ended("a.s.1", () => "echo", 900);
     await until(() => m.dispatched.length === 1);
     expect(m.dispatched).toEqual(["a.s.3"]);
     expect(m.bytes.inFlight("a")).toBe(1_200);
-    m.share.ended("a.s.2", "echo", 900);
-    m.share.ended("a.s.3", "echo", 900);
+    m.share.ended("a.s.2", () => "echo", 900);
+    m.share.ended("a.s.3", () => "echo", 900);
     await until(() => m.dispatched.length === 2);
     expect(m.dispatched).toEqual(["a.s.3", "a.s.4"]);
     expect(m.share.held).toBe(0);

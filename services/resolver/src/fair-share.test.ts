@@ -349,3 +349,27 @@ describe("a window read per tool (its announced capacity)", () => {
     await until(() => m.dispatched.length === 1);
   });
 });
+
+describe("the tool a final message names", () => {
+  it("is read only for a call another process started, and only while calls are held", async () => {
+    const m = mesh();
+    const reads: string[] = [];
+    const toolOf = (id: string) => () => {
+      reads.push(id);
+      return TOOL;
+    };
+    for (let n = 0; n < 4; n++) expect(await m.call("a", n)).toBe("started");
+    // Nothing held: no final message is read.
+    m.running.delete("a.s.0");
+    m.share.ended("a.s.0", toolOf("a.s.0"));
+    m.share.ended("elsewhere.s.0", toolOf("elsewhere.s.0"));
+    expect(await m.call("a", 4)).toBe("started");
+    expect(await m.call("b", 0)).toBe("held");
+    // Held: this process's own call is known without reading its message; another's is read.
+    m.running.delete("a.s.1");
+    m.share.ended("a.s.1", toolOf("a.s.1"));
+    m.share.ended("elsewhere.s.1", toolOf("elsewhere.s.1"));
+    expect(reads).toEqual(["elsewhere.s.1"]);
+    await until(() => m.dispatched.includes("b.s.0"));
+  });
+});

@@ -365,11 +365,11 @@ export class FairShare {
   }
 
   /**
-   * A final message went by (`tool` as its message names it, when known; `resultBytes`, its
-   * size, when seen): a held call it names leaves its queue, acknowledged, and the tool's loop
-   * looks at its work again at once.
+   * A final message went by (`toolOf` reads the tool its message names, asked only for a call
+   * this process did not start; `resultBytes`, its size, when seen): a held call it names leaves
+   * its queue, acknowledged, and the tool's loop looks at its work again at once.
    */
-  ended(id: string, tool?: string, resultBytes?: number): void {
+  ended(id: string, toolOf?: () => string | undefined, resultBytes?: number): void {
     // The gate may count a call let through and not started yet.
     this.#gate?.ended(id, resultBytes);
     const started = this.#started.get(id);
@@ -384,7 +384,10 @@ export class FairShare {
         this.#demand(queue as ToolQueue, started.call.tenant, activity);
       }
       queue?.wake?.();
-    } else if (tool !== undefined) this.#tools.get(tool)?.wake?.();
+    } else if (this.#held.size > 0) {
+      const tool = toolOf?.();
+      if (tool !== undefined) this.#tools.get(tool)?.wake?.();
+    }
     const held = this.#held.get(id);
     if (held === undefined) return;
     this.#held.delete(id);
