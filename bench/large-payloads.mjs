@@ -78,9 +78,9 @@ async function measure(name, root) {
 function medians(rounds) {
   const roles = Object.keys(rounds[0].cpu_us_by_process);
   return {
-    calls_per_s: median(rounds.map((r) => r.calls_per_s)),
+    calls_per_s: round(median(rounds.map((r) => r.calls_per_s)), 1),
     cpu_us_by_process: Object.fromEntries(
-      roles.map((role) => [role, median(rounds.map((r) => r.cpu_us_by_process[role]))]),
+      roles.map((role) => [role, round(median(rounds.map((r) => r.cpu_us_by_process[role])), 1)]),
     ),
   };
 }
