@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import tracemalloc
 import uuid
 from typing import Any
 
@@ -324,3 +326,27 @@ async def test_a_reused_call_id_is_not_settled_by_the_owners_stored_result(
         session.catch_up()
         with pytest.raises(IdempotencyConflictError):
             await handle.result()
+
+
+async def test_a_session_remembers_digests_of_final_messages_not_their_text(
+    mesh: toolmesh.Mesh,
+) -> None:
+    """Repeated final messages are dropped by a digest of each: large results leave the
+    session's memory about as it was."""
+    text = "x" * (256 * 1024)
+    async with mesh.session(sid()) as session:
+        await session.call("echo", {"text": "warm"})
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(24):
+                message = await session.call("echo", {"text": f"{text}{i}"})
+                assert len(message["content"]) == len(text) + len(str(i))
+                del message
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    # Keeping each result's text would hold 6 MB.
+    assert grown < 2 * 1024 * 1024

@@ -1,4 +1,4 @@
-import { randomUUID } from "node:crypto";
+import { createHash, randomUUID } from "node:crypto";
 import type { Msg, MsgHdrs, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -445,7 +445,9 @@ export class Session {
   readonly #listeners = new Set<(event: SessionEvent) => void>();
   readonly #onClose = new Set<() => void>();
   readonly #schemas = new SchemaInbox();
-  // The final message delivered per call id, oldest first, to drop repeats.
+  // A digest of the final message delivered per call id, oldest first, to drop repeats: a
+  // digest, not the message, so that remembering thousands of large results costs no more than
+  // remembering small ones.
   readonly #finished = new Map<string, string>();
   // The calls-stream sequence of each waiting call's submission, and back: a rejection names it.
   readonly #seqOf = new Map<string, number>();
@@ -975,10 +977,10 @@ export class Session {
   #deliver(event: SessionEvent): void {
     if (event.type === "result") {
       const callId = event.message.tool_call_id;
-      const text = JSON.stringify(event.message);
-      if (this.#finished.get(callId) === text) return;
+      const digest = createHash("sha256").update(JSON.stringify(event.message)).digest("base64");
+      if (this.#finished.get(callId) === digest) return;
       this.#finished.delete(callId);
-      this.#finished.set(callId, text);
+      this.#finished.set(callId, digest);
       if (this.#finished.size > FINISHED_REMEMBERED) {
         this.#finished.delete(this.#finished.keys().next().value as string);
       }
@@ -1054,7 +1056,7 @@ function withoutSeq(rejection: Rejection): ToolMessage {
 // Rejections kept while their submission's PubAck is on its way.
 const EARLY_REJECTIONS_REMEMBERED = 256;
 
-// How many finished call ids a session remembers to drop repeated final messages.
+// How many finished call ids a session remembers (a digest of each final message) to drop repeats.
 const FINISHED_REMEMBERED = 4_096;
 
 // Node timers hold at most 2^31 - 1 ms; a longer wait would fire at once.

@@ -77,7 +77,7 @@ __all__ = [
     "connect",
 ]
 
-# How many finished call ids a session remembers to drop repeated final messages.
+# How many finished call ids a session remembers (a digest of each final message) to drop repeats.
 _FINISHED_REMEMBERED = 4096
 # Rejections kept while their submission's PubAck is on its way.
 _EARLY_REJECTIONS_REMEMBERED = 256
@@ -1043,11 +1043,13 @@ class Session:
         if event.type == "result":
             message = cast(ToolMessage, event.body)
             call_id = message["tool_call_id"]
-            text = json.dumps(message, sort_keys=True)
-            if self._finished.get(call_id) == text:
+            # A digest, not the message: remembering thousands of large results costs no more
+            # than remembering small ones.
+            digest = hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()
+            if self._finished.get(call_id) == digest:
                 return
             self._finished.pop(call_id, None)
-            self._finished[call_id] = text
+            self._finished[call_id] = digest
             while len(self._finished) > _FINISHED_REMEMBERED:
                 self._finished.popitem(last=False)
             if _answers(self._pending.get(call_id), message):
