@@ -132,18 +132,7 @@ export async function openCallPlane(
       : { storeBytes: options.streamLimits.storeBytes }),
   });
   const { audit } = options;
-  const publishFinal = async (
-    subject: string,
-    message: ToolMessage,
-    msgId: string,
-    encoded?: Uint8Array,
-  ): Promise<unknown> => {
-    const ack = await publishDurable(js, subject, encoded ?? message, { msgId });
-    // Whoever publishes a final message records it: every path to an answer comes through here.
-    if (!ack.duplicate) await recordEnded(audit, subjects, subject, message, msgId);
-    return ack;
-  };
-
+  const publishFinal = finalPublisher(js, subjects, audit);
   const clock = new ServerClock();
 
   /** When the final message on `subject` was stored (epoch ms, the server's clock), if it is. */
@@ -199,6 +188,22 @@ export async function openCallPlane(
       await publishFinal(subject, outcome?.result ?? message, msgId, outcome?.encoded);
       return outcome === undefined || outcome.won;
     },
+  };
+}
+
+/**
+ * The one way final messages go out ({@link MeshCallPlane.publishFinal}): whoever publishes a
+ * final message records it, since every path to an answer comes through here.
+ */
+function finalPublisher(
+  js: JetStreamClient,
+  subjects: Subjects,
+  audit: CallPlaneOptions["audit"],
+): MeshCallPlane["publishFinal"] {
+  return async (subject, message, msgId, encoded) => {
+    const ack = await publishDurable(js, subject, encoded ?? message, { msgId });
+    if (!ack.duplicate) await recordEnded(audit, subjects, subject, message, msgId);
+    return ack;
   };
 }
 
