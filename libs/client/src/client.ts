@@ -1,4 +1,4 @@
-import { createHash, randomUUID } from "node:crypto";
+import { hash, randomUUID } from "node:crypto";
 import type { Msg, MsgHdrs, NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
@@ -977,7 +977,7 @@ export class Session {
   #deliver(event: SessionEvent): void {
     if (event.type === "result") {
       const callId = event.message.tool_call_id;
-      const digest = createHash("sha256").update(JSON.stringify(event.message)).digest("base64");
+      const digest = hash("sha256", JSON.stringify(event.message), "base64");
       if (this.#finished.get(callId) === digest) return;
       this.#finished.delete(callId);
       this.#finished.set(callId, digest);
