@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { SessionEvent } from "@toolmesh/client";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
@@ -21,12 +22,28 @@ const subjects = createSubjects();
 
 let server: NatsServerHandle;
 let admin: NatsConnection;
+let jsm: JetStreamManager;
 
 beforeAll(async () => {
   server = await startNatsServer();
   admin = await connect({ servers: server.url });
-  await ensureStreams(admin, subjects);
+  jsm = await ensureStreams(admin, subjects);
 });
+
+/** Calls stored in the calls stream so far. */
+async function callsStored(): Promise<number> {
+  return (await jsm.streams.info(subjects.streams.calls)).state.messages;
+}
+
+/**
+ * Waits until the calls stream holds `count` calls: the session's subscription, sent on the same
+ * connection before its submissions, is then in place to receive their answers live.
+ */
+async function stored(count: number): Promise<void> {
+  await eventually(`${count} calls stored`, async () =>
+    (await callsStored()) >= count ? true : undefined,
+  );
+}
 
 afterAll(async () => {
   await admin?.close();
@@ -53,7 +70,9 @@ describe("a session's final messages", () => {
       session.onEvent((event: SessionEvent) => {
         if (event.type === "result") results.push(event.message.content);
       });
+      const before = await callsStored();
       const handle = session.submit({ id: "c1", name: "lookup", arguments: { q: "x" } });
+      await stored(before + 1);
       const js = jetstream(admin);
       const subject = subjects.result(session.address, "c1");
       await js.publish(subject, encodeJson(answer("c1", "repeats", "first")));
@@ -76,6 +95,7 @@ describe("a session's final messages", () => {
     try {
       const session = new ToolmeshClient(nc).session("large");
       const calls = 64;
+      const submittedBefore = await callsStored();
       let settled = 0;
       // Only whether each call settled is kept: a handle holds its result.
       const done = Array.from({ length: calls }, (_, i) =>
@@ -83,6 +103,7 @@ describe("a session's final messages", () => {
           .submit({ id: `big-${i}`, name: "lookup", arguments: { i } })
           .result.then(() => void settled++),
       );
+      await stored(submittedBefore + calls);
       const before = heapAfterGc();
       const js = jetstream(admin);
       for (let i = 0; i < calls; i++) {
