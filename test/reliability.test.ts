@@ -173,6 +173,29 @@ describe("deadlines", () => {
   });
 });
 
+describe("the log line of a call's outcome", () => {
+  it("carries small arguments whole and large ones by their size only", async () => {
+    const e = await executor();
+    const session = client.session("rel-logged-args");
+    const small = { ms: 0, tag: "small" };
+    const large = { ms: 0, tag: "x".repeat(64 * 1024) };
+    for (const [id, args] of [
+      ["s1", small],
+      ["l1", large],
+    ] as const)
+      expect(
+        (await session.submit({ id, name: "sleepy", arguments: args }).result).error,
+      ).toBeUndefined();
+    session.close();
+    const line = (callId: string) =>
+      e.waitForLog((l) => l.callId === callId && l.msg === "call succeeded");
+    expect(await line("s1")).toMatchObject({ args: small });
+    const logged = await line("l1");
+    expect(logged.args).toBeUndefined();
+    expect(logged.args_bytes).toBeGreaterThan(64 * 1024);
+  });
+});
+
 describe("crashes", () => {
   it("redelivers the call of an executor killed mid-call to another executor", async () => {
     await Promise.all([executor(), executor()]);

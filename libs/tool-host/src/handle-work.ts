@@ -244,19 +244,40 @@ async function runAndSettle(
     callLog.info("call had already ended (cancelled or past its deadline); result dropped");
   else if (outcome.ok)
     callLog.info(
-      { args: call.arguments, duration_ms: durationMs, result_chars: message.content.length },
+      {
+        ...loggedArguments(call, msg.data.length),
+        duration_ms: durationMs,
+        result_chars: message.content.length,
+      },
       "call succeeded",
     );
   else
     callLog.info(
       {
-        args: call.arguments,
+        ...loggedArguments(call, msg.data.length),
         duration_ms: durationMs,
         code: outcome.error.code,
         err: outcome.error,
       },
       "call failed",
     );
+}
+
+/** Work messages up to this size have their arguments in the log line of their outcome. */
+const LOGGED_ARGUMENTS_MAX_BYTES = 8 * 1024;
+
+/**
+ * The arguments of a call as its outcome's log line carries them: whole when its work message
+ * (`messageBytes`) is small, else only that size (`args_bytes`), so that a call of large
+ * arguments neither writes a line of that size nor pays for serializing it.
+ */
+function loggedArguments(
+  call: Pick<ResolvedCall, "arguments">,
+  messageBytes: number,
+): { args: ResolvedCall["arguments"] } | { args_bytes: number } {
+  return messageBytes <= LOGGED_ARGUMENTS_MAX_BYTES
+    ? { args: call.arguments }
+    : { args_bytes: messageBytes };
 }
 
 /**
