@@ -27,6 +27,8 @@ import toolmesh
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 TOOLS = HERE / "tools"
+# Longest log line of the services the tests read.
+LOG_LINE_LIMIT = 16 * 1024 * 1024
 
 
 @dataclass
@@ -138,6 +140,9 @@ async def start_mesh(
         env={"PATH": os.environ.get("PATH", ""), "TOOLMESH_LOG_LEVEL": "info", **env},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
+        # Log lines longer than the reader's default 64 KiB would end the reader, and the
+        # services would then block writing their log.
+        limit=LOG_LINE_LIMIT,
     )
     services = MeshServices(process)
     task = asyncio.get_running_loop().create_task(services.read())
