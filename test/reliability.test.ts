@@ -192,7 +192,7 @@ describe("the log line of a call's outcome", () => {
     expect(await line("s1")).toMatchObject({ args: small });
     const logged = await line("l1");
     expect(logged.args).toBeUndefined();
-    expect(logged.args_bytes).toBeGreaterThan(64 * 1024);
+    expect(logged.work_bytes).toBeGreaterThan(64 * 1024);
   });
 });
 

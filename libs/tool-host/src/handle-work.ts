@@ -268,16 +268,16 @@ const LOGGED_ARGUMENTS_MAX_BYTES = 8 * 1024;
 
 /**
  * The arguments of a call as its outcome's log line carries them: whole when its work message
- * (`messageBytes`) is small, else only that size (`args_bytes`), so that a call of large
- * arguments neither writes a line of that size nor pays for serializing it.
+ * (`messageBytes`) is small, else only that message's size (`work_bytes`), so that a call of
+ * large arguments neither writes a line of that size nor pays for serializing it.
  */
 function loggedArguments(
   call: Pick<ResolvedCall, "arguments">,
   messageBytes: number,
-): { args: ResolvedCall["arguments"] } | { args_bytes: number } {
+): { args: ResolvedCall["arguments"] } | { work_bytes: number } {
   return messageBytes <= LOGGED_ARGUMENTS_MAX_BYTES
     ? { args: call.arguments }
-    : { args_bytes: messageBytes };
+    : { work_bytes: messageBytes };
 }
 
 /**

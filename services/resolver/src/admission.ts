@@ -137,9 +137,10 @@ export class Admission {
   /**
    * Settles the call a final message was published for (its session address and call token,
    * from the result subject), whichever process admitted it: its session slot and quota counts
-   * here are given back, and fair share is told (`tool`, read from the message only while calls
-   * are held and only for a call another resolver started, says which tool may have a free executor now; `resultBytes`, the message's size,
-   * teaches the bytes-in-flight gate). Never throws.
+   * here are given back, and fair share is told (`toolOf` reads the tool from the message, asked
+   * only while calls are held and only for a call another resolver started: which tool may have
+   * a free executor now; `resultBytes`, the message's size, teaches the bytes-in-flight gate).
+   * Never throws.
    */
   settle(
     at: SessionAddress,
