@@ -200,9 +200,13 @@ describe("events handed to the resolvers", () => {
       at: Date.now(),
       data: { i },
     });
-    // No resolver yet: the first write fails, the events are kept and retried.
-    expect(await executor.recordAndWait(HANDED, event(0))).toBe(false);
+    // No resolver yet: the events are kept and retried, and a step waiting for its record waits
+    // for a resolver to take it (one that went on would take the record with it if killed).
+    let first: boolean | undefined;
+    const waiting = executor.recordAndWait(HANDED, event(0)).then((w) => (first = w));
     void executor.record(HANDED, event(1));
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    expect(first).toBeUndefined();
     expect(executor.pending).toBe(2);
 
     const resolver = await AuditTrail.open(nc, {
@@ -213,9 +217,14 @@ describe("events handed to the resolvers", () => {
     });
     const served = serveAuditWrites(nc, subjects, resolver, pino({ level: "silent" }));
     await resolver.record(HANDED, { ...event(2), type: AuditEventType.Admitted });
+    expect(await waiting).toBe(true);
     // Written after the ones kept, which the same run carries.
     expect(await executor.recordAndWait(HANDED, event(3))).toBe(true);
     expect(executor.pending).toBe(0);
+    // A tenant whose trail refuses the events (it has no audit stream): the resolver answers so,
+    // and the step is told at once; the event stays queued.
+    expect(await executor.recordAndWait("no-such-tenant", event(5))).toBe(false);
+    expect(executor.pending).toBe(1);
     const events: AuditRecord[] = [];
     for await (const { record } of readTrail(nc, subjects, HANDED))
       events.push(record as AuditRecord);

@@ -1,6 +1,7 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { Subjects } from "@toolmesh/protocol";
+import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { RequestServer, ServeRequestsOptions } from "@toolmesh/nats";
 import { requestOk, serveRequests } from "@toolmesh/nats";
 import { AuditEventType } from "./events.js";
@@ -72,7 +73,10 @@ export class ForwardingWriter implements BatchWriter {
       );
       return { written, failure: { err } };
     } catch (err) {
-      return { written: 0, failure: { err } };
+      // `unavailable`: no resolver took the request (none listening, none answering in time,
+      // the connection down); a resolver's answer that it could not write them is above.
+      const unanswered = err instanceof ToolmeshError && err.code === ErrorCode.Unavailable;
+      return { written: 0, failure: unanswered ? { err, unanswered } : { err } };
     }
   }
 }

@@ -33,7 +33,11 @@ export interface AuditTrailOptions {
   observer?: AuditTrailObserver | undefined;
   /** Called once per failing tenant when writes start failing, and when they pass again. */
   onHealth?: ((tenant: string, healthy: boolean, err?: unknown) => void) | undefined;
-  /** First and longest pause between retries of a failed write. Default 100 and 5 000. */
+  /**
+   * First and longest pause between retries of a failed write. Default 100, and 5 000 where
+   * this process chains (1 000 where it hands events on: a retry while no resolver runs costs
+   * nothing, and a step waiting for a resolver learns of its return within a second).
+   */
   retryMinMs?: number | undefined;
   retryMaxMs?: number | undefined;
   /** How each tenant's arguments are recorded (by tenant token); a tenant not named: digest. */
@@ -43,7 +47,10 @@ export interface AuditTrailOptions {
 }
 
 interface Pending extends QueuedEvent {
-  /** Settled after the first attempt: whether the event was written. */
+  /**
+   * Settled after the first attempt that was answered (or when the trail stops): whether the
+   * event was written.
+   */
   first?: ((written: boolean) => void) | undefined;
   /** Withdrawn instead of retried when its first attempt fails. */
   withdrawOnFailure: boolean;
@@ -86,7 +93,25 @@ export class AuditTrail {
     const writer = options.chains
       ? await ChainWriter.open(nc, subjects, (type, lag) => observer?.auditWritten(type, lag))
       : new ForwardingWriter(nc, subjects);
-    return new AuditTrail(writer, options);
+    const trail = new AuditTrail(writer, {
+      ...options,
+      retryMaxMs: options.retryMaxMs ?? (options.chains ? 5_000 : 1_000),
+    });
+    trail.#retryOnReconnect(nc);
+    return trail;
+  }
+
+  /** A write that failed because the connection was down is tried again as soon as it is back. */
+  #retryOnReconnect(nc: NatsConnection): void {
+    void (async () => {
+      for await (const status of nc.status()) if (status.type === "reconnect") this.#retryNow();
+    })();
+  }
+
+  /** Cuts every pause between retries short. */
+  #retryNow(): void {
+    this.#hurry.abort();
+    this.#hurry = new AbortController();
   }
 
   /** Whether admissions must be recorded before calls go on. */
@@ -109,8 +134,10 @@ export class AuditTrail {
   }
 
   /**
-   * Records `event` and resolves once its first write is done: true when written, false when it
-   * failed (the event is kept and retried, as {@link record}'s are).
+   * Records `event` and resolves once it is written (true), or once a write of it failed for a
+   * reason of the tenant's own (false; the event is kept and retried, as {@link record}'s are).
+   * While no resolver takes the events handed on, it waits for one: a step that goes on
+   * without its record would take the record with it if killed (callers bound the wait).
    */
   recordAndWait(tenant: string, event: AuditEventInput): Promise<boolean> {
     return this.#recordFirst(tenant, event, false);
@@ -169,9 +196,17 @@ export class AuditTrail {
     return n;
   }
 
-  /** Stops retrying; events not written by then stay unwritten (logged by the caller). */
+  /**
+   * Stops retrying; events not written by then stay unwritten (logged by the caller), and steps
+   * still waiting for a first write are told it failed.
+   */
   stop(): void {
     this.#stop.abort();
+    for (const chain of this.#chains.values())
+      for (const pending of chain.queue) {
+        pending.first?.(false);
+        pending.first = undefined;
+      }
   }
 
   /**
@@ -180,8 +215,7 @@ export class AuditTrail {
    * Resolves with how many events are left unwritten (lost).
    */
   async settle(timeoutMs: number): Promise<number> {
-    this.#hurry.abort();
-    this.#hurry = new AbortController();
+    this.#retryNow();
     if (this.pending > 0) {
       const idle = new Promise<void>((resolve) => this.#idle.push(resolve));
       await Promise.race([idle, sleep(timeoutMs, undefined, { ref: false })]);
@@ -226,7 +260,7 @@ export class AuditTrail {
         if (failure === undefined || failure === "raced") continue;
         this.#options.observer?.auditWriteFailed();
         this.#healthy(chain, false, failure.err);
-        const noneKept = this.#settleFailed(chain, batch.slice(written));
+        const noneKept = this.#settleFailed(chain, batch.slice(written), failure.unanswered);
         this.#wakeIfIdle();
         if (noneKept) continue;
         const signal = AbortSignal.any([this.#stop.signal, this.#hurry.signal]);
@@ -245,18 +279,24 @@ export class AuditTrail {
   }
 
   /**
-   * Settles events whose first write failed: withdraws those recorded to be withdrawn, keeps the
-   * others to retry. True when none is kept (the queue goes on without a pause).
+   * Settles events whose write failed: withdraws those recorded to be withdrawn, keeps the
+   * others to retry. Steps waiting for a first write are told it failed, unless no resolver
+   * answered (`unanswered`): those wait for a later attempt. True when none is kept (the queue
+   * goes on without a pause).
    */
-  #settleFailed(chain: TenantQueue, failed: readonly Pending[]): boolean {
+  #settleFailed(chain: TenantQueue, failed: readonly Pending[], unanswered = false): boolean {
     let kept = 0;
     for (const pending of failed) {
-      pending.first?.(false);
-      pending.first = undefined;
       if (!pending.withdrawOnFailure) {
+        if (!unanswered) {
+          pending.first?.(false);
+          pending.first = undefined;
+        }
         kept++;
         continue;
       }
+      pending.first?.(false);
+      pending.first = undefined;
       const at = chain.queue.indexOf(pending);
       if (at >= 0) chain.queue.splice(at, 1);
     }

@@ -13,8 +13,12 @@ export interface QueuedEvent {
 /** How one batch went: its first `written` events are written. */
 export interface BatchOutcome {
   written: number;
-  /** Why the next one is not: another writer moved the tail, or the write failed. */
-  failure?: "raced" | { err: unknown } | undefined;
+  /**
+   * Why the next one is not: another writer moved the tail, or the write failed. `unanswered`:
+   * no resolver took the events handed on (none running, or none answering in time), which is
+   * the mesh's state, not the tenant's.
+   */
+  failure?: "raced" | { err: unknown; unanswered?: true } | undefined;
 }
 
 /**

@@ -215,14 +215,15 @@ function finalPublisher(
 const RECORD_AGAIN_WITHIN_MS = 90_000;
 
 /** Longest a step waits for its final message's record before it goes on (the record stays queued). */
-const RECORD_WAIT_MS = 5_000;
+const RECORD_WAIT_MS = 10_000;
 
 /**
  * Records a final message published on `subject` in its tenant's trail, under an id of that
  * message. When the trail is required, the step that published it (and then acknowledges its
- * work) waits for the record's first write, up to {@link RECORD_WAIT_MS}: a process killed once
+ * work) waits for the record to be written, up to {@link RECORD_WAIT_MS}: a process killed once
  * its work is acknowledged would otherwise take the record with it, and nothing would bring the
- * call back to record it. A trail that cannot be written now holds nothing up.
+ * call back to record it. A tenant's trail that refuses the write holds nothing up; while no
+ * resolver takes the records handed on (one restarting), the step waits for one.
  */
 async function recordEnded(
   audit: CallPlaneOptions["audit"],
