@@ -179,6 +179,43 @@ describe("handleCall", () => {
     audit.stop();
   });
 
+  it("routes a call another delivery took up while the first could not record its admission, and refuses nothing", async () => {
+    await ensureStream(plane.jsm, tenantAuditStreamSpec(subjects, address.tenant));
+    const audit = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "test",
+    });
+    // The first delivery's admission cannot be written, which it learns only after its ack
+    // wait: the call came to a second delivery meanwhile.
+    let release = (): void => undefined;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const unwritten = new Proxy(audit, {
+      get(target, prop) {
+        if (prop === "tryRecord") return () => gate.then(() => false);
+        const value: unknown = Reflect.get(target, prop, target);
+        return typeof value === "function" ? (value as () => unknown).bind(target) : value;
+      },
+    });
+    const msg = await submitted(request("taken-up", "echo", { text: "hi" }));
+    const delivery = () =>
+      Object.assign(Object.create(msg) as JsMsg, { ack: () => undefined, nak: () => undefined });
+    const key = callKey(address, `${address.session}/taken-up`);
+    const first = handleCall(deps({ audit: unwritten }), delivery());
+    await vi.waitFor(async () => expect(await plane.store.byKey(key)).toBeDefined());
+    await handleCall(deps({ audit }), delivery());
+    expect(await workMessages()).toBe(1);
+    release();
+    await first;
+    // The first delivery cannot take the record back: the call goes on, and nothing refuses it.
+    expect((await plane.store.byKey(key))?.record.state).toBe("accepted");
+    expect(await resultFor("taken-up")).toBeUndefined();
+    msg.ack();
+    await expect.poll(() => audit.pending).toBe(0);
+    audit.stop();
+  });
+
   it("answers a body that is not JSON, keyed by its stream sequence", async () => {
     await js.publish(subjects.call(address), new TextEncoder().encode("{not json"));
     const consumer = await js.consumers.get(subjects.streams.calls, subjects.resolverConsumer);

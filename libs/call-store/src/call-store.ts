@@ -14,7 +14,9 @@ import type {
 import {
   Defaults,
   CallRecordSchema,
+  ErrorCode,
   Header,
+  ToolmeshError,
   callKey,
   decodeJson,
   encodeJson,
@@ -215,8 +217,28 @@ export class CallStore {
   }
 
   /**
+   * Takes up a record accepted before ({@link accept}'s `in_flight` at `revision`) for another
+   * delivery of its call to route: stored again as it is, under a new revision, so the delivery
+   * that accepted it can no longer take it back ({@link withdraw}). Resolves with the new
+   * revision; throws when the record changed meanwhile (taken back, or ended): the call is
+   * accepted again on its next delivery.
+   */
+  async takeUp(call: CallRef, revision: number): Promise<number> {
+    const key = callKey(call.address, call.idempotency_key);
+    const entry = await this.#kv.get(key);
+    if (entry === null || entry.operation !== "PUT" || entry.revision !== revision)
+      throw new ToolmeshError(
+        ErrorCode.Unavailable,
+        "the call's record changed while another delivery of it was taken up; it is accepted again",
+        { retryable: true },
+      );
+    return this.#kv.update(key, entry.value, revision);
+  }
+
+  /**
    * Takes back a record {@link accept} stored as new at `revision`, for a call that then did
-   * not go on: its key is free again. Throws when the record changed since.
+   * not go on: its key is free again. Throws when the record changed since (taken up by
+   * another delivery of the call: {@link takeUp}).
    */
   async withdraw(call: CallRef, revision: number): Promise<void> {
     await this.#kv.delete(callKey(call.address, call.idempotency_key), { previousSeq: revision });

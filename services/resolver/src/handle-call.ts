@@ -40,6 +40,7 @@ import type { RequestKind } from "@toolmesh/nats";
 import {
   ServerClock,
   answerRequest,
+  isWrongLastSequence,
   publishDurable,
   rpcTenantScope,
   tracedHeaders,
@@ -726,12 +727,18 @@ async function refuseUnrecorded(
     await refuseUnaccepted(route, error);
     return;
   }
-  // Left in flight when it cannot be taken back (changed meanwhile): a retry routes it then.
-  await route.deps.plane.store
-    .withdraw(record, outcome.revision)
-    .catch((err: unknown) =>
-      route.callLog.warn({ err }, "cannot take back the record of a call refused unrecorded"),
-    );
+  try {
+    await route.deps.plane.store.withdraw(record, outcome.revision);
+  } catch (err) {
+    if (isWrongLastSequence(err)) {
+      // Taken up meanwhile by another delivery of the call (this one outlived its ack wait),
+      // which recorded its admission and routes it: nothing to refuse.
+      route.callLog.info("call taken up by another delivery of it; not refused");
+      return;
+    }
+    // Left in flight: a retry routes it then.
+    route.callLog.warn({ err }, "cannot take back the record of a call refused unrecorded");
+  }
   await publishRefusal(route, error, refusedMsgId(route.key, route.msg.seq));
 }
 
@@ -743,9 +750,10 @@ async function refuseUnrecorded(
 async function settleAcceptance(
   route: Route,
   ticket: AdmissionTicket,
-  { record, outcome }: { record: CallRecord; outcome: AcceptOutcome },
+  { record, outcome: accepted }: { record: CallRecord; outcome: AcceptOutcome },
 ): Promise<Accepted | undefined> {
   const { deps, resolved, request, msg, callLog } = route;
+  let outcome = accepted;
   if (outcome.status === "conflict" || outcome.status === "done") {
     await ticket.withdraw();
     await answerResubmission(deps, outcome, resolved, request, msg.seq, callLog);
@@ -753,8 +761,16 @@ async function settleAcceptance(
   }
   if (outcome.status === "in_flight") {
     // Accepted before but maybe never routed: a crash between accepting and routing, or a
-    // killed server that forgot the first delivery (it comes back as delivery 1). Route
-    // again: the work's message id makes a repeat harmless within the window.
+    // killed server that forgot the first delivery (it comes back as delivery 1), or a
+    // delivery still at work past its ack wait. Taken up under a new revision (the delivery
+    // that accepted it can no longer take it back), then routed again: the work's message id
+    // makes a repeat harmless within the window.
+    try {
+      outcome = { ...outcome, revision: await deps.plane.store.takeUp(record, outcome.revision) };
+    } catch (err) {
+      await ticket.withdraw();
+      throw err;
+    }
     callLog.info("call accepted before; routing it again");
     // Its final message goes to the call id accepted first: another id is told so.
     if (outcome.record.call_id !== resolved.call_id)
