@@ -94,6 +94,12 @@ async function resultFor(callId: string): Promise<ToolMessage | undefined> {
   return stored === null ? undefined : (decodeJson(stored.data) as ToolMessage);
 }
 
+/** A resolver's trail in `required` mode, with the tenant's audit stream in place. */
+async function requiredTrail(): Promise<AuditTrail> {
+  await ensureStream(plane.jsm, tenantAuditStreamSpec(subjects, address.tenant));
+  return AuditTrail.open(nc, { subjects, mode: "required", chains: true, writer: "test" });
+}
+
 /** Whether the calls stream is empty and nothing is pending: every call taken was acked. */
 async function callsSettled(): Promise<{ messages: number; pending: number }> {
   await nc.flush();
@@ -147,13 +153,7 @@ describe("handleCall", () => {
   });
 
   it("records each step of a delivery handled twice once in the tenant's audit trail", async () => {
-    await ensureStream(plane.jsm, tenantAuditStreamSpec(subjects, address.tenant));
-    const audit = await AuditTrail.open(nc, {
-      subjects,
-      mode: "required",
-      chains: true,
-      writer: "test",
-    });
+    const audit = await requiredTrail();
     const consumer = await js.consumers.get(subjects.streams.calls, subjects.resolverConsumer);
     /** Handles a delivery as a resolver that dies before acknowledging it, then again. */
     const twice = async (body: CallRequest): Promise<void> => {
@@ -180,13 +180,7 @@ describe("handleCall", () => {
   });
 
   it("routes a call another delivery took up while the first could not record its admission, and refuses nothing", async () => {
-    await ensureStream(plane.jsm, tenantAuditStreamSpec(subjects, address.tenant));
-    const audit = await AuditTrail.open(nc, {
-      subjects,
-      mode: "required",
-      chains: true,
-      writer: "test",
-    });
+    const audit = await requiredTrail();
     // The first delivery's admission cannot be written, which it learns only after its ack
     // wait: the call came to a second delivery meanwhile.
     let release = (): void => undefined;
