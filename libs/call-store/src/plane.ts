@@ -16,6 +16,7 @@ import {
   ServerClock,
   deadLetterHeaders,
   ensureStreams,
+  finalHeaders,
   publishDurable,
   publishEphemeral,
 } from "@toolmesh/nats";
@@ -201,7 +202,10 @@ function finalPublisher(
   audit: CallPlaneOptions["audit"],
 ): MeshCallPlane["publishFinal"] {
   return async (subject, message, msgId, encoded) => {
-    const ack = await publishDurable(js, subject, encoded ?? message, { msgId });
+    const ack = await publishDurable(js, subject, encoded ?? message, {
+      msgId,
+      headers: finalHeaders(message),
+    });
     if (!ack.duplicate) await recordEnded(audit, subjects, subject, message, msgId);
     return ack;
   };

@@ -27,6 +27,7 @@ import {
   answerRequest,
   deadLetterHeaders,
   ensureConsumer,
+  finalHeaders,
   meshPlan,
   publishDurable,
   publishEphemeral,
@@ -38,6 +39,7 @@ import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import type { ControlDeps } from "./deps.js";
 import { startDeadlineKeeper } from "./deadline-keeper.js";
+import type { FinalSeen } from "./deadline-keeper.js";
 import { reconcileOrphans } from "./reconcile.js";
 
 /** What the server says when a consumer gives up on a message. */
@@ -62,7 +64,7 @@ export interface ControlPlaneOptions extends ControlDeps {
    * Shown every final message the deadline keeper sees go by, so the process needs no second
    * subscription to the results (the resolver counts its sessions' calls in flight with it).
    */
-  onResult?: (msg: Msg) => void;
+  onResult?: (result: FinalSeen) => void;
 }
 
 /** The parts of the mesh that keep the guarantees once a call is accepted. */
@@ -404,6 +406,7 @@ export async function deadLetter(
       else
         await publishDurable(js, subjects.result(address, callId), message, {
           msgId: resultMsgId(callKey(address, target.idempotency_key), subjectToken(callId)),
+          headers: finalHeaders(message),
         });
     }
   }

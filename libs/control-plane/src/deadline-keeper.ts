@@ -31,12 +31,30 @@ export function deadlineHeaders(
   return headers;
 }
 
+/** A final message as the keeper saw it go by: its subject, size and tool. */
+export interface FinalSeen {
+  subject: string;
+  /** Its body's size in bytes. */
+  bytes: number;
+  /** The tool it ends a call of; undefined when it does not say. Read only when asked. */
+  tool: () => string | undefined;
+}
+
 /** Options of {@link startDeadlineKeeper}. */
 export interface DeadlineKeeperOptions {
   /** Most work messages read to find one whose sequence is not known. Default 10 000. */
   scanLimit?: number;
-  /** Shown every final message seen on the results subscription. */
-  onResult?: ((msg: Msg) => void) | undefined;
+  /** Shown every final message seen go by. */
+  onResult?: ((result: FinalSeen) => void) | undefined;
+}
+
+/**
+ * What the keeper follows: each kind's republished headers when every stream of that kind
+ * republishes them (ADR 0066), else the stored subjects themselves, bodies and all.
+ */
+interface Feeds {
+  workHeads: boolean;
+  resultHeads: boolean;
 }
 
 // Timers are re-armed at least this often, so a long wait never overflows setTimeout.
@@ -62,7 +80,7 @@ export async function startDeadlineKeeper(
   deps: ControlDeps,
   options: DeadlineKeeperOptions = {},
 ): Promise<DeadlineKeeper> {
-  const keeper = new DeadlineKeeper(deps, options);
+  const keeper = new DeadlineKeeper(deps, options, await feedsOf(deps));
   // Registered at the server before the stream is read: work published meanwhile is seen live.
   await deps.nc.flush();
   keeper.followClock();
@@ -83,37 +101,45 @@ export class DeadlineKeeper {
   #stopFollowingClock: () => void = () => undefined;
 
   /** @internal made by {@link startDeadlineKeeper} only */
-  constructor(deps: ControlDeps, options: DeadlineKeeperOptions) {
+  constructor(deps: ControlDeps, options: DeadlineKeeperOptions, feeds: Feeds) {
     this.#deps = deps;
     this.#scanLimit = options.scanLimit ?? Defaults.streamScanLimit;
-    const { nc, subjects, log } = deps;
+    const { subjects } = deps;
     // The mesh's work stream and every tool owner's (ADR 0041).
+    const work = feeds.workHeads
+      ? [subjects.allWorkHeads]
+      : [subjects.allWork, subjects.allOwnerWork];
     this.#subscriptions = [
-      ...[subjects.allWork, subjects.allOwnerWork].map((subject) =>
-        nc.subscribe(subject, {
-          callback: (err, msg) => {
-            if (err !== null) {
-              log.error({ err }, "deadline keeper cannot follow the work stream");
-              return;
-            }
-            this.#traffic++;
-            const work = readWork(msg.headers, msg.data);
-            if (work !== undefined) this.#watch(work.key, work.deadline, msg.subject, undefined);
-          },
+      ...work.map((subject) =>
+        this.#follow(subject, "the work stream", (msg) => {
+          const seen = republished(msg);
+          const found = readWork(msg.headers, msg.data);
+          if (found !== undefined)
+            this.#watch(found.key, found.deadline, seen?.subject ?? msg.subject, seen?.seq);
         }),
       ),
-      nc.subscribe(subjects.allResults, {
-        callback: (err, msg) => {
-          if (err !== null) {
-            log.error({ err }, "deadline keeper cannot follow the results");
-            return;
-          }
-          this.#traffic++;
+      this.#follow(
+        feeds.resultHeads ? subjects.allResultHeads : subjects.allResults,
+        "the results",
+        (msg) => {
           this.#settled(msg);
-          options.onResult?.(msg);
+          options.onResult?.(finalSeen(msg));
         },
-      }),
+      ),
     ];
+  }
+
+  #follow(subject: string, what: string, take: (msg: Msg) => void): Subscription {
+    return this.#deps.nc.subscribe(subject, {
+      callback: (err, msg) => {
+        if (err !== null) {
+          this.#deps.log.error({ err }, `deadline keeper cannot follow ${what}`);
+          return;
+        }
+        this.#traffic++;
+        take(msg);
+      },
+    });
   }
 
   /** Calls watched now. */
@@ -328,6 +354,58 @@ function readWork(
   return call === undefined
     ? undefined
     : { key: callKey(call.address, call.idempotency_key), deadline: call.deadline_at };
+}
+
+/** Where a republished message was stored; undefined for a message as it was published. */
+function republished(msg: Msg): { subject: string; seq: number | undefined } | undefined {
+  const subject = msg.headers?.get(Header.RepublishedSubject);
+  if (subject === undefined || subject === "") return undefined;
+  const seq = Number(msg.headers?.get(Header.RepublishedSequence));
+  return { subject, seq: Number.isSafeInteger(seq) && seq > 0 ? seq : undefined };
+}
+
+/** A final message seen, whole or as its republished headers. */
+function finalSeen(msg: Msg): FinalSeen {
+  const heads = republished(msg);
+  if (heads === undefined)
+    return { subject: msg.subject, bytes: msg.data.length, tool: () => toolOf(msg) };
+  return {
+    subject: heads.subject,
+    bytes: Number(msg.headers?.get(Header.RepublishedSize)) || 0,
+    tool: () => toolOf(msg),
+  };
+}
+
+/** The tool a final message names: its header, else its body's `name` (when it has one). */
+function toolOf(msg: Msg): string | undefined {
+  const header = msg.headers?.get(Header.Tool);
+  if (header !== undefined && header !== "") return header;
+  const name = (decodeJsonOrUndefined(msg.data) as { name?: unknown } | undefined)?.name;
+  return typeof name === "string" ? name : undefined;
+}
+
+/**
+ * Which feeds the keeper follows (ADR 0066): a kind's republished headers when the mesh's
+ * stream of that kind, and for work every owner's, republishes them; else (a stream made
+ * before, on a server that cannot add a republish to it, or one that cannot be read) the
+ * stored subjects.
+ */
+async function feedsOf({ plane, subjects }: ControlDeps): Promise<Feeds> {
+  const republishes = async (stream: string, heads: string): Promise<boolean> => {
+    const info = await plane.jsm.streams.info(stream).catch(() => undefined);
+    const republish = info?.config.republish;
+    return republish?.headers_only === true && republish.dest.startsWith(heads.slice(0, -1));
+  };
+  let workHeads = await republishes(subjects.streams.work, subjects.allWorkHeads);
+  try {
+    for await (const stream of plane.jsm.streams.names(subjects.allOwnerWork))
+      if (workHeads && subjects.isWorkStream(stream))
+        workHeads = await republishes(stream, subjects.allWorkHeads);
+  } catch {
+    workHeads = false;
+  }
+  const resultHeads = await republishes(subjects.streams.sessions, subjects.allResultHeads);
+  return { workHeads, resultHeads };
 }
 
 function keyOf(msg: StoredMsg): string | undefined {

@@ -2,6 +2,6 @@
 export { deadLetter } from "./control-plane.js";
 export type { ControlDeps } from "./deps.js";
 export { startDeadlineKeeper } from "./deadline-keeper.js";
-export type { DeadlineKeeper, DeadlineKeeperOptions } from "./deadline-keeper.js";
+export type { DeadlineKeeper, DeadlineKeeperOptions, FinalSeen } from "./deadline-keeper.js";
 export { reconcileOrphans } from "./reconcile.js";
 export type { ReconcileOptions, ReconcileOutcome } from "./reconcile.js";

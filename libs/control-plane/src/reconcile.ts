@@ -15,6 +15,7 @@ import {
   resultMsgId,
 } from "@toolmesh/protocol";
 import type { CallRef, CallStore } from "@toolmesh/call-store";
+import { finalHeaders } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
 
 /** Options of {@link reconcileOrphans}. */
@@ -190,6 +191,7 @@ async function answerUntaken(
   );
   await js.publish(subjects.result(key.address, callId), encodeJson(message), {
     msgID: resultMsgId(callKey(key.address, key.idempotency_key)),
+    headers: finalHeaders(message),
   });
 }
 

@@ -26,6 +26,7 @@ export {
   publishDurable,
   publishEphemeral,
   publishError,
+  finalHeaders,
   tracedHeaders,
 } from "./publish.js";
 export type { DeadLetterOrigin, PublishOptions } from "./publish.js";

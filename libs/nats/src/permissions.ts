@@ -309,13 +309,16 @@ function resolverPermissions({
 }: RoleContext): Permissions {
   return merge(
     serviceBase(s, role),
-    // The deadline keeper follows work and results as they are published (core NATS).
+    // The deadline keeper follows work and results as the streams store them: their headers,
+    // which the streams republish (ADR 0066), or the stored subjects themselves.
     sub(
       s.allCancel,
       s.allResolveRpc,
       // Approvals: the approvers' and operator's requests, and callers' confirmations.
       s.allApprovalsRpc,
       s.allConfirm,
+      s.allWorkHeads,
+      s.allResultHeads,
       s.allWork,
       s.allResults,
       s.allOwnerServices,

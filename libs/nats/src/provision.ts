@@ -39,6 +39,9 @@ export type StreamCompression = "s2" | "none";
 /** The first nats-server that can compress a stream's blocks; older ones store them as they are. */
 export const COMPRESSION_SERVER_VERSION = "2.10.0";
 
+/** The first nats-server that lets an update change a stream's republish (2.9 refuses it). */
+const REPUBLISH_UPDATE_SERVER_VERSION = "2.10.0";
+
 /** A stream (or the stream behind a KV bucket) as toolmesh wants it. */
 export interface StreamSpec {
   kind: "stream" | "bucket";
@@ -278,6 +281,12 @@ export function specForServer(spec: StreamSpec, serverVersion: string | undefine
   return { ...spec, config };
 }
 
+/** Whether the server lets an update change a stream's republish (2.10 and later). */
+function republishChanges(jsm: JetStreamManager): boolean {
+  const version = serverVersion(jsm);
+  return version !== undefined && compareVersions(version, REPUBLISH_UPDATE_SERVER_VERSION) >= 0;
+}
+
 /** The version of the server a manager's connection is on (the `nc` of nats.js's manager). */
 function serverVersion(jsm: JetStreamManager): string | undefined {
   return (jsm as Partial<{ nc: NatsConnection }>).nc?.info?.version;
@@ -333,6 +342,12 @@ export async function ensureStream(
       }
     }
     return { kind, name, action: "created", changes: [] };
+  }
+  if (!same(info.config.republish, spec.config.republish) && !republishChanges(jsm)) {
+    // Servers before 2.10 take a republish only when the stream is made: the stream is kept
+    // as it is, and its readers follow its subjects instead (ADR 0066).
+    const { republish: _, ...config } = spec.config;
+    spec = { ...spec, config };
   }
   if (spec.addsSubjects === true) {
     const subjects = [

@@ -1,7 +1,15 @@
 import { describe, expect, it } from "vitest";
 import { JetStreamApiError } from "@nats-io/jetstream";
-import { ErrorCode } from "@toolmesh/protocol";
-import { publishError } from "./publish.js";
+import { ErrorCode, Header } from "@toolmesh/protocol";
+import { finalHeaders, publishError } from "./publish.js";
+
+describe("finalHeaders", () => {
+  it("names the tool when a header can carry its name, and leaves it out otherwise", () => {
+    expect(finalHeaders({ name: "fx.echo" }).get(Header.Tool)).toBe("fx.echo");
+    for (const name of ["bad\nname", "", "é", "x".repeat(257)])
+      expect(finalHeaders({ name }).has(Header.Tool)).toBe(false);
+  });
+});
 
 describe("publishError", () => {
   it("reports a value JSON.stringify cannot encode without the engine's words", () => {

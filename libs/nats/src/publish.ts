@@ -37,6 +37,20 @@ export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
 }
 
 /**
+ * The headers of a final message: the trace context and the tool it ends a call of, which the
+ * readers of its republished headers take instead of its body (ADR 0066).
+ */
+export function finalHeaders(message: { name: string }): MsgHdrs {
+  // A name a header cannot carry (a refused call's may hold a newline) is left out.
+  return HEADER_SAFE.test(message.name)
+    ? tracedHeaders({ [Header.Tool]: message.name })
+    : tracedHeaders();
+}
+
+/** Printable ASCII, at most 256 characters: what a header value carries as it is. */
+const HEADER_SAFE = /^[ -~]{1,256}$/;
+
+/**
  * Maps a NATS publish failure to a typed error; `size` (the message's `bytes` and the
  * server's `limit`) goes into the details of a `payload_too_large`.
  */

@@ -126,6 +126,8 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       discard: DiscardPolicy.New,
       max_msgs: maxMsgs,
       duplicate_window: dup,
+      // The deadline keepers read a work message's headers only (ADR 0066).
+      republish: { src: subjects.allWork, dest: subjects.workHeads(), headers_only: true },
     },
     {
       ...common,
@@ -138,6 +140,8 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       discard: DiscardPolicy.Old,
       max_age: nanos(limits.sessionRetentionMs ?? Defaults.sessionRetentionMs),
       duplicate_window: dup,
+      // The deadline keepers and admission read a final message's headers only (ADR 0066).
+      republish: { src: subjects.allResults, dest: subjects.resultHeads, headers_only: true },
     },
     {
       ...common,
@@ -219,6 +223,11 @@ export function ownerWorkStreamSpec(
       ...work.config,
       name,
       subjects: [subjects.ownerWork(owner)],
+      republish: {
+        src: subjects.ownerWork(owner),
+        dest: subjects.workHeads(owner),
+        headers_only: true,
+      },
       max_bytes: limits.ownerStoreBytes ?? Defaults.ownerStoreBytes,
     },
     settings: { ...work.settings, max_bytes: "TOOLMESH_OWNER_STORE_BYTES" },

@@ -36,4 +36,15 @@ export const Header = {
    * many deliveries the earlier message had (ADR 0030).
    */
   Requeued: "Toolmesh-Requeued",
+  /**
+   * On a final message: the tool it ends a call of, for readers of its republished headers
+   * (ADR 0066), which have no body to read the name from.
+   */
+  Tool: "Toolmesh-Tool",
+  /** On a message a stream republished: the subject it was stored under. */
+  RepublishedSubject: "Nats-Subject",
+  /** On a message a stream republished: its sequence in that stream. */
+  RepublishedSequence: "Nats-Sequence",
+  /** On headers a stream republished without the body: the body's size in bytes. */
+  RepublishedSize: "Nats-Msg-Size",
 } as const;

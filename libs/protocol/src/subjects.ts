@@ -215,6 +215,21 @@ export interface Subjects {
   workStreamOf(subject: string): string | undefined;
   /** Whether `stream` is the mesh's work stream or an owner's. */
   isWorkStream(stream: string): boolean;
+  /**
+   * Where a work stream republishes the headers (no body) of each work message it stores, for
+   * the deadline keepers (ADR 0066): `{p}.v1.heads.work.{tool}`, `{p}.v1.heads.work.{owner}.{tool}`.
+   * A republish destination: the tool token is `{{wildcard(1)}}`.
+   */
+  workHeads(owner?: string): string;
+  /** Wildcard over every work stream's republished headers: `{p}.v1.heads.work.>`. */
+  readonly allWorkHeads: string;
+  /**
+   * Where the sessions stream republishes the headers of each final message it stores:
+   * `{p}.v1.heads.result.{tenant}.{session}.{call}`, as a republish destination.
+   */
+  readonly resultHeads: string;
+  /** Wildcard over the final messages' republished headers: `{p}.v1.heads.result.>`. */
+  readonly allResultHeads: string;
   /** Every event of one session: `{p}.v1.sessions.{tenant}.{session}.>`. */
   sessionEvents(at: SessionAddress): string;
   /** The final message of one call: `{p}.v1.sessions.{tenant}.{session}.result.{call}`. */
@@ -497,6 +512,13 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
         : undefined;
     },
     isWorkStream: (stream) => stream === `${stem}_WORK` || stream.startsWith(`${stem}_WORK_`),
+    workHeads: (owner) =>
+      owner === undefined
+        ? `${base}.heads.work.{{wildcard(1)}}`
+        : `${base}.heads.work.${t(owner)}.{{wildcard(1)}}`,
+    allWorkHeads: `${base}.heads.work.>`,
+    resultHeads: `${base}.heads.result.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}`,
+    allResultHeads: `${base}.heads.result.>`,
     sessionEvents: (at) => `${base}.sessions.${at.tenant}.${at.session}.>`,
     result: (at, callId) => `${base}.sessions.${at.tenant}.${at.session}.result.${t(callId)}`,
     rejected: (at, seq) => `${base}.sessions.${at.tenant}.${at.session}.rejected.${seq}`,

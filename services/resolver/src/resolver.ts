@@ -3,7 +3,7 @@ import type { AuditTrail } from "@toolmesh/audit";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
-import { Defaults, decodeJson, workOwnerOf } from "@toolmesh/protocol";
+import { Defaults, workOwnerOf } from "@toolmesh/protocol";
 import type { RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
@@ -109,16 +109,6 @@ export interface ResolverOptions {
   approvalSweepMs?: number;
 }
 
-/** The tool a final message names, or undefined when it cannot be read. */
-function toolOf(data: Uint8Array): string | undefined {
-  try {
-    const name = (decodeJson(data) as { name?: unknown } | null)?.name;
-    return typeof name === "string" ? name : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
 /** A tool's outstanding work: its work consumer's undelivered and unacknowledged messages. */
 function workDepth(jsm: JetStreamManager, subjects: Subjects, registry: ToolRegistry): WorkDepth {
   return async (tool) => {
@@ -164,10 +154,10 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
       return subjects.workStream(definition && workOwnerOf(definition));
     },
     // The deadline keeper follows every result already: settle admitted calls from it.
-    onResult: (msg) => {
-      const settled = subjects.parseResultSubject(msg.subject);
+    onResult: (result) => {
+      const settled = subjects.parseResultSubject(result.subject);
       if (settled !== undefined)
-        admission.settle(settled.address, settled.call, () => toolOf(msg.data), msg.data.length);
+        admission.settle(settled.address, settled.call, result.tool, result.bytes);
     },
   });
   const stopReportingQuotas = reportQuotas(admission, metrics, log);

@@ -1,0 +1,180 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Msg, NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import type { MeshCallPlane } from "@toolmesh/call-store";
+import { openCallPlane } from "@toolmesh/call-store";
+import { deadlineHeaders } from "@toolmesh/control-plane";
+import type { DeadlineKeeper, FinalSeen } from "@toolmesh/control-plane/internal";
+import { startDeadlineKeeper } from "@toolmesh/control-plane/internal";
+import { ensureStream, publishDurable, streamSpecs } from "@toolmesh/nats";
+import type { ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
+import { callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
+import { createLogger } from "@toolmesh/telemetry";
+import { startNatsServer } from "./helpers/nats-server.js";
+import type { NatsServerHandle } from "./helpers/nats-server.js";
+import { resolvedCall } from "./helpers/calls.js";
+
+// What the deadline keeper follows (ADR 0066): the headers the work and sessions streams
+// republish, or, for streams made without that (before it, on a server that cannot add it to a
+// stream), the stored subjects, bodies and all. Either way it ends a call at its deadline and
+// sees every final message; only the headers spare it the bodies. Run on both server versions.
+
+const log = createLogger({ service: "test", level: "silent" });
+const address = { tenant: "default", session: "s" };
+const BIG = 256 * 1024;
+let server: NatsServerHandle;
+const open: NatsConnection[] = [];
+const keepers: DeadlineKeeper[] = [];
+let n = 0;
+
+beforeAll(async () => {
+  server = await startNatsServer();
+}, 30_000);
+
+afterAll(async () => {
+  for (const k of keepers) k.stop();
+  for (const conn of open) await conn.close().catch(() => undefined);
+  await server?.stop();
+});
+
+/** A mesh of streams under `prefix`; `bodies`: its work and sessions streams republish nothing. */
+async function mesh(
+  prefix: string,
+  bodies: boolean,
+): Promise<{ s: Subjects; plane: MeshCallPlane }> {
+  const s = createSubjects({ prefix });
+  const nc = await connect({ servers: server.url });
+  open.push(nc);
+  const made = [s.streams.work, s.streams.sessions];
+  if (bodies) {
+    // Made as before the republish: 2.9 keeps them so, 2.10 and later add it, taken out below.
+    const jsm = await jetstreamManager(nc);
+    for (const spec of streamSpecs(s).filter((spec) => made.includes(spec.name))) {
+      const { republish: _, ...config } = spec.config;
+      await ensureStream(jsm, { ...spec, config });
+    }
+  }
+  const plane = await openCallPlane(nc, { subjects: s });
+  if (bodies)
+    for (const name of made) {
+      const { config } = await plane.jsm.streams.info(name);
+      if (config.republish === undefined) continue;
+      const { name: _name, ...rest } = config;
+      // The client merges an update into the stream's configuration: named, to take it out.
+      await plane.jsm.streams.update(name, { ...rest, republish: undefined });
+    }
+  return { s, plane };
+}
+
+/**
+ * A keeper whose subscriptions are on a connection of its own, named `name` (it reads through
+ * `plane`, which sets no stream up again), and the final messages it saw.
+ */
+async function keeper(
+  s: Subjects,
+  plane: MeshCallPlane,
+  name: string,
+): Promise<{ k: DeadlineKeeper; seen: FinalSeen[] }> {
+  const conn = await connect({ servers: server.url, name });
+  open.push(conn);
+  const seen: FinalSeen[] = [];
+  const k = await startDeadlineKeeper(
+    { nc: conn, plane, subjects: s, log },
+    { onResult: (result) => seen.push(result) },
+  );
+  keepers.push(k);
+  await k.replay();
+  return { k, seen };
+}
+
+/** Server → client bytes of one named connection, from the server's `/connz`. */
+async function outBytes(name: string): Promise<number> {
+  const res = await fetch(`${server.monitorUrl}/connz?limit=1024`);
+  const body = (await res.json()) as { connections: { name?: string; out_bytes: number }[] };
+  const conn = body.connections.find((c) => c.name === name);
+  if (conn === undefined) throw new Error(`no connection named ${name}`);
+  return conn.out_bytes;
+}
+
+/** Records and routes a call with `BIG` bytes of arguments, as the resolver does. */
+async function route(s: Subjects, plane: MeshCallPlane, timeoutMs: number): Promise<ResolvedCall> {
+  const c = resolvedCall({
+    id: `c${++n}`,
+    tool: "idle",
+    address,
+    now: plane.clock.now(),
+    timeoutMs,
+    arguments: { text: "x".repeat(BIG) },
+  });
+  await plane.store.accept({
+    idempotency_key: c.idempotency_key,
+    call_id: c.call_id,
+    session_id: c.session_id,
+    address: c.address,
+    tool: c.tool,
+    args_hash: "h",
+    state: "accepted",
+    deadline_at: c.deadline_at,
+  });
+  await publishDurable(plane.js, s.work(c.tool), c, {
+    msgId: callKey(c.address, c.idempotency_key),
+    headers: deadlineHeaders(c),
+  });
+  return c;
+}
+
+function collect(nc: NatsConnection, subject: string): Msg[] {
+  const got: Msg[] = [];
+  nc.subscribe(subject, {
+    callback: (err, msg) => {
+      if (err === null) got.push(msg);
+    },
+  });
+  return got;
+}
+
+describe.each([
+  { feed: "the streams' republished headers", bodies: false },
+  { feed: "the stored subjects, for streams made without them", bodies: true },
+])("the deadline keeper following $feed", ({ bodies }) => {
+  it("ends a call at its deadline, and sees a call that ends in time end, with its size and tool", async () => {
+    const prefix = bodies ? "bodies" : "heads";
+    const { s, plane } = await mesh(prefix, bodies);
+    const name = `keeper-${prefix}`;
+    const { k, seen } = await keeper(s, plane, name);
+    const watcher = await connect({ servers: server.url });
+    open.push(watcher);
+    const results = collect(watcher, s.allResults);
+    await watcher.flush();
+    const late = await route(s, plane, 1_500);
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    expect((decodeJson(results[0]!.data) as ToolMessage).error?.code).toBe("deadline_exceeded");
+    await expect.poll(() => seen.length, { timeout: 5_000 }).toBe(1);
+    expect(seen[0]?.subject).toBe(s.result(address, late.call_id));
+    expect(seen[0]?.tool()).toBe("idle");
+
+    // A call that ends in time with a large result: what reaches the keeper's connection.
+    const before = await outBytes(name);
+    const c = await route(s, plane, 60_000);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(1);
+    const done = { ...finalOf(c), content: "y".repeat(BIG) };
+    expect(await plane.finalize(c, done)).toBe(true);
+    await expect.poll(() => k.watched, { timeout: 5_000 }).toBe(0);
+    expect(seen[1]?.bytes).toBeGreaterThan(BIG);
+    expect(seen[1]?.tool()).toBe("idle");
+    const moved = (await outBytes(name)) - before;
+    if (bodies) expect(moved).toBeGreaterThan(2 * BIG);
+    else expect(moved).toBeLessThan(16 * 1024);
+  });
+});
+
+function finalOf(c: ResolvedCall): ToolMessage {
+  return {
+    role: "tool",
+    tool_call_id: c.call_id,
+    name: c.tool,
+    content: "",
+    session_id: c.session_id,
+  };
+}
