@@ -204,7 +204,14 @@ function same(a: unknown, b: unknown): boolean {
     (b === undefined && (a === false || a === 0))
   )
     return true;
+  // A nested setting (a republish) is the same when each of its fields is.
+  if (isRecord(a) && isRecord(b))
+    return [...new Set([...Object.keys(a), ...Object.keys(b)])].every((k) => same(a[k], b[k]));
   return a === b;
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
 function differences(
