@@ -2,7 +2,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Msg, NatsConnection } from "@nats-io/nats-core";
+import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
@@ -14,6 +14,7 @@ import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers, everyRight } from "./helpers/account-users.js";
+import { collect } from "./helpers/collect.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
 import { present } from "./helpers/present.js";
 
@@ -64,17 +65,6 @@ export function attackConfig(tenants: string[]): string {
       everyRight(MESH_ACCOUNT, "observer"),
     ],
   });
-}
-
-/** Everything a connection receives on `subject`, collected as it comes. */
-function collect(nc: NatsConnection, subject: string): Msg[] {
-  const got: Msg[] = [];
-  nc.subscribe(subject, {
-    callback: (err, msg) => {
-      if (err === null) got.push(msg);
-    },
-  });
-  return got;
 }
 
 /** Lets the server route what was published (a round trip on each connection involved). */

@@ -1,19 +1,19 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Msg, NatsConnection } from "@nats-io/nats-core";
+import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { MeshCallPlane } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
-import { deadlineHeaders } from "@toolmesh/control-plane";
 import type { DeadlineKeeper, FinalSeen } from "@toolmesh/control-plane/internal";
 import { startDeadlineKeeper } from "@toolmesh/control-plane/internal";
-import { ensureStream, publishDurable, streamSpecs } from "@toolmesh/nats";
+import { ensureStream, streamSpecs } from "@toolmesh/nats";
 import type { ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
-import { callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
+import { createSubjects, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
-import { startNatsServer } from "./helpers/nats-server.js";
+import { connectionCounters, startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { resolvedCall } from "./helpers/calls.js";
+import { resolvedCall, routeAsResolver } from "./helpers/calls.js";
+import { collect } from "./helpers/collect.js";
 
 // What the deadline keeper follows (ADR 0066): the headers the work and sessions streams
 // republish, or, for streams made without that (before it, on a server that cannot add it to a
@@ -88,13 +88,9 @@ async function keeper(
   return { k, seen };
 }
 
-/** Server → client bytes of one named connection, from the server's `/connz`. */
+/** Server → client bytes of one named connection. */
 async function outBytes(name: string): Promise<number> {
-  const res = await fetch(`${server.monitorUrl}/connz?limit=1024`);
-  const body = (await res.json()) as { connections: { name?: string; out_bytes: number }[] };
-  const conn = body.connections.find((c) => c.name === name);
-  if (conn === undefined) throw new Error(`no connection named ${name}`);
-  return conn.out_bytes;
+  return (await connectionCounters(server, name)).out_bytes ?? 0;
 }
 
 /** Records and routes a call with `BIG` bytes of arguments, as the resolver does. */
@@ -107,31 +103,8 @@ async function route(s: Subjects, plane: MeshCallPlane, timeoutMs: number): Prom
     timeoutMs,
     arguments: { text: "x".repeat(BIG) },
   });
-  await plane.store.accept({
-    idempotency_key: c.idempotency_key,
-    call_id: c.call_id,
-    session_id: c.session_id,
-    address: c.address,
-    tool: c.tool,
-    args_hash: "h",
-    state: "accepted",
-    deadline_at: c.deadline_at,
-  });
-  await publishDurable(plane.js, s.work(c.tool), c, {
-    msgId: callKey(c.address, c.idempotency_key),
-    headers: deadlineHeaders(c),
-  });
+  await routeAsResolver(plane, s, c);
   return c;
-}
-
-function collect(nc: NatsConnection, subject: string): Msg[] {
-  const got: Msg[] = [];
-  nc.subscribe(subject, {
-    callback: (err, msg) => {
-      if (err === null) got.push(msg);
-    },
-  });
-  return got;
 }
 
 describe.each([

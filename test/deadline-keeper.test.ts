@@ -10,9 +10,9 @@ import { ensureDurableConsumer, publishDurable, tracedHeaders } from "@toolmesh/
 import type { ResolvedCall, ToolMessage } from "@toolmesh/protocol";
 import { Header, callKey, createSubjects, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
-import { startNatsServer } from "./helpers/nats-server.js";
+import { connectionCounters, startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import { resolvedCall } from "./helpers/calls.js";
+import { resolvedCall, routeAsResolver } from "./helpers/calls.js";
 
 // The deadline keeper against a real server: it follows the work stream (core subscription
 // and replay) and the results, with no message of its own for a call that ends in time.
@@ -31,22 +31,8 @@ function call(timeoutMs: number, tool = "idle"): ResolvedCall {
 }
 
 /** Records and routes a call as the resolver does; returns the work message's sequence. */
-async function route(c: ResolvedCall): Promise<number> {
-  await plane.store.accept({
-    idempotency_key: c.idempotency_key,
-    call_id: c.call_id,
-    session_id: c.session_id,
-    address: c.address,
-    tool: c.tool,
-    args_hash: "h",
-    state: "accepted",
-    deadline_at: c.deadline_at,
-  });
-  const ack = await publishDurable(plane.js, subjects.work(c.tool), c, {
-    msgId: callKey(c.address, c.idempotency_key),
-    headers: deadlineHeaders(c),
-  });
-  return ack.seq;
+function route(c: ResolvedCall): Promise<number> {
+  return routeAsResolver(plane, subjects, c);
 }
 
 async function keeper(name: string): Promise<{ keeper: DeadlineKeeper; conn: NatsConnection }> {
@@ -85,13 +71,9 @@ async function workHolds(seq: number): Promise<boolean> {
   return (await plane.jsm.streams.getMessage(subjects.streams.work, { seq })) !== null;
 }
 
-/** Client → server messages of one named connection, from the server's `/connz`. */
+/** Client → server messages of one named connection. */
 async function inMsgs(name: string): Promise<number> {
-  const res = await fetch(`${server.monitorUrl}/connz?limit=1024`);
-  const body = (await res.json()) as { connections: { name?: string; in_msgs: number }[] };
-  const conn = body.connections.find((c) => c.name === name);
-  if (conn === undefined) throw new Error(`no connection named ${name}`);
-  return conn.in_msgs;
+  return (await connectionCounters(server, name)).in_msgs ?? 0;
 }
 
 beforeAll(async () => {

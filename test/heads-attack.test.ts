@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Msg, NatsConnection } from "@nats-io/nats-core";
+import type { Msg } from "@nats-io/nats-core";
 import { headers } from "@nats-io/nats-core";
 import { jetstream } from "@nats-io/jetstream";
 import { MESH_ACCOUNT, ownerAccount, renderAccountConfig, tenantAccount } from "@toolmesh/nats";
@@ -7,6 +7,7 @@ import { Header, callKey, createSubjects, resultMsgId } from "@toolmesh/protocol
 import { runCli } from "./helpers/cli.js";
 import { startNatsServer, type NatsServerHandle } from "./helpers/nats-server.js";
 import { accountUsers, everyRight } from "./helpers/account-users.js";
+import { collect } from "./helpers/collect.js";
 import { createTestPki, type TestPki } from "./helpers/tls.js";
 
 // The headers the streams republish for the deadline keepers (ADR 0066) are trusted: a forged
@@ -53,17 +54,6 @@ afterAll(async () => {
   await closeAll();
   await server?.stop();
 });
-
-/** Everything a connection receives on `subject`, collected as it comes. */
-function collect(nc: NatsConnection, subject: string): Msg[] {
-  const got: Msg[] = [];
-  nc.subscribe(subject, {
-    callback: (err, msg) => {
-      if (err === null) got.push(msg);
-    },
-  });
-  return got;
-}
 
 describe("the heads the streams republish", () => {
   it("reach a keeper from the streams only: no principal can forge a work or a result head", async () => {

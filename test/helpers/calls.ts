@@ -1,4 +1,8 @@
-import type { ResolvedCall, SessionAddress } from "@toolmesh/protocol";
+import type { MeshCallPlane } from "@toolmesh/call-store";
+import { deadlineHeaders } from "@toolmesh/control-plane";
+import { publishDurable } from "@toolmesh/nats";
+import type { ResolvedCall, SessionAddress, Subjects } from "@toolmesh/protocol";
+import { callKey } from "@toolmesh/protocol";
 
 /** What a test says about a resolved call; the rest is filled in as the resolver would. */
 export interface ResolvedCallSpec {
@@ -34,4 +38,30 @@ export function resolvedCall(spec: ResolvedCallSpec): ResolvedCall {
     resolved_at: now,
     tool_revision: 1,
   };
+}
+
+/**
+ * Records call `c` and publishes its work as the resolver does (record accepted, work under
+ * the call key with its deadline headers); resolves with the work message's sequence.
+ */
+export async function routeAsResolver(
+  plane: MeshCallPlane,
+  subjects: Subjects,
+  c: ResolvedCall,
+): Promise<number> {
+  await plane.store.accept({
+    idempotency_key: c.idempotency_key,
+    call_id: c.call_id,
+    session_id: c.session_id,
+    address: c.address,
+    tool: c.tool,
+    args_hash: "h",
+    state: "accepted",
+    deadline_at: c.deadline_at,
+  });
+  const ack = await publishDurable(plane.js, subjects.work(c.tool), c, {
+    msgId: callKey(c.address, c.idempotency_key),
+    headers: deadlineHeaders(c),
+  });
+  return ack.seq;
 }

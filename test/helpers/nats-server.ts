@@ -38,3 +38,17 @@ export const startNatsServer: (opts?: StartNatsServerOptions) => Promise<NatsSer
 /** Kills every server (or removes every container) a test left running. */
 export const stopAll: () => Promise<void> =
   natsMode === "container" ? stopAllContainerNatsServers : stopAllProcesses;
+
+/** The server's counters of one named connection, from its `/connz` (`in_msgs`, `out_bytes`…). */
+export async function connectionCounters(
+  server: Pick<NatsServerHandle, "monitorUrl">,
+  name: string,
+): Promise<Record<string, number>> {
+  const res = await fetch(`${server.monitorUrl}/connz?limit=1024`);
+  const body = (await res.json()) as {
+    connections: ({ name?: string } & Record<string, number>)[];
+  };
+  const conn = body.connections.find((c) => c.name === name);
+  if (conn === undefined) throw new Error(`no connection named ${name}`);
+  return conn;
+}
