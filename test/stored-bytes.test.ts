@@ -3,6 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
 import { connect } from "@nats-io/transport-node";
+import { jetstream } from "@nats-io/jetstream";
+import { ensureStreams } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import { StoredBytes } from "@toolmesh/resolver/internal";
 import { createLogger } from "@toolmesh/telemetry";
@@ -27,10 +29,11 @@ afterAll(async () => {
   await server?.stop();
 });
 
-async function ledger(): Promise<StoredBytes> {
+async function ledger(results = subjects.allResults): Promise<StoredBytes> {
   return StoredBytes.open({
     nc,
     subjects,
+    results,
     usage: await new Kvm(nc).open(subjects.quotaUsageBucket),
     boundOf: () => undefined,
     defaultBound: 1_000,
@@ -67,6 +70,20 @@ describe("a resolver's count of stored results", () => {
       expect(other.stored("acme").bytes).toBe(1_200);
     } finally {
       await other.close();
+    }
+  });
+
+  it("counts each final message by its size, from the headers the sessions stream republishes", async () => {
+    await ensureStreams(nc, subjects);
+    const counted = await ledger(subjects.allResultHeads);
+    try {
+      const js = jetstream(nc);
+      const at = { tenant: "initech", session: "s1" };
+      await js.publish(subjects.result(at, "c1"), new Uint8Array(4_321));
+      await js.publish(subjects.result(at, "c2"), new Uint8Array(79));
+      await expect.poll(() => counted.stored("initech").bytes).toBe(4_400);
+    } finally {
+      await counted.close();
     }
   });
 });

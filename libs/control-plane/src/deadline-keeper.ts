@@ -365,7 +365,7 @@ function republished(msg: Msg): { subject: string; seq: number | undefined } | u
 }
 
 /** A final message seen, whole or as its republished headers. */
-function finalSeen(msg: Msg): FinalSeen {
+export function finalSeen(msg: Msg): FinalSeen {
   const heads = republished(msg);
   if (heads === undefined)
     return { subject: msg.subject, bytes: msg.data.length, tool: () => toolOf(msg) };
@@ -390,22 +390,48 @@ function toolOf(msg: Msg): string | undefined {
  * before, on a server that cannot add a republish to it, or one that cannot be read) the
  * stored subjects.
  */
-async function feedsOf({ plane, subjects }: ControlDeps): Promise<Feeds> {
-  const republishes = async (stream: string, heads: string): Promise<boolean> => {
-    const info = await plane.jsm.streams.info(stream).catch(() => undefined);
-    const republish = info?.config.republish;
-    return republish?.headers_only === true && republish.dest.startsWith(heads.slice(0, -1));
-  };
-  let workHeads = await republishes(subjects.streams.work, subjects.allWorkHeads);
+async function feedsOf({
+  plane,
+  subjects,
+}: Pick<ControlDeps, "plane" | "subjects">): Promise<Feeds> {
+  let workHeads = await republishes(plane, subjects.streams.work, subjects.allWorkHeads);
   try {
     for await (const stream of plane.jsm.streams.names(subjects.allOwnerWork))
       if (workHeads && subjects.isWorkStream(stream))
-        workHeads = await republishes(stream, subjects.allWorkHeads);
+        workHeads = await republishes(plane, stream, subjects.allWorkHeads);
   } catch {
     workHeads = false;
   }
-  const resultHeads = await republishes(subjects.streams.sessions, subjects.allResultHeads);
-  return { workHeads, resultHeads };
+  return { workHeads, resultHeads: await resultHeadsRepublished({ plane, subjects }) };
+}
+
+/**
+ * Where final messages are followed (read with {@link finalSeen}): their republished headers
+ * when the sessions stream republishes them (ADR 0066), else the stored subjects.
+ */
+export async function followedResults(
+  deps: Pick<ControlDeps, "plane" | "subjects">,
+): Promise<string> {
+  const { subjects } = deps;
+  return (await resultHeadsRepublished(deps)) ? subjects.allResultHeads : subjects.allResults;
+}
+
+async function resultHeadsRepublished({
+  plane,
+  subjects,
+}: Pick<ControlDeps, "plane" | "subjects">): Promise<boolean> {
+  return republishes(plane, subjects.streams.sessions, subjects.allResultHeads);
+}
+
+/** Whether `stream` republishes the headers of what it stores under the wildcard `heads`. */
+async function republishes(
+  plane: ControlDeps["plane"],
+  stream: string,
+  heads: string,
+): Promise<boolean> {
+  const info = await plane.jsm.streams.info(stream).catch(() => undefined);
+  const republish = info?.config.republish;
+  return republish?.headers_only === true && republish.dest.startsWith(heads.slice(0, -1));
 }
 
 function keyOf(msg: StoredMsg): string | undefined {

@@ -2,7 +2,7 @@
 export { startControlPlane } from "./control-plane.js";
 export type { ControlPlane, ControlPlaneOptions } from "./control-plane.js";
 // --- deadline-keeper.ts: deadlines kept by watching the work stream ---
-export { deadlineHeaders } from "./deadline-keeper.js";
+export { deadlineHeaders, finalSeen, followedResults } from "./deadline-keeper.js";
 export type { FinalSeen } from "./deadline-keeper.js";
 // --- dead-letters.ts: the operations behind `toolmesh dlq` ---
 export { listDeadLetters, replayDeadLetter, showDeadLetter } from "./dead-letters.js";

@@ -20,7 +20,7 @@ import type { ToolRegistry } from "@toolmesh/registry";
 import { ToolCapacity } from "@toolmesh/registry";
 import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
-import { startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
+import { followedResults, startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
 import type { ControlPlane } from "@toolmesh/control-plane";
 import { dryRunRequests, handleCall, routeApproved } from "./handle-call.js";
 import { ApprovalDesk } from "./approvals.js";
@@ -264,6 +264,7 @@ async function openAdmission(
       : await StoredBytes.open({
           nc,
           subjects,
+          results: await followedResults({ plane, subjects }),
           usage: await new Kvm(nc).open(subjects.quotaUsageBucket),
           boundOf: (tenant) => quotas.view.get(tenant)?.quota.max_stored_bytes,
           defaultBound: options.tenantMaxStoredBytes ?? Defaults.tenantMaxStoredBytes,

@@ -4,6 +4,7 @@ import { Kvm, KvWatchInclude } from "@nats-io/kv";
 import type { Subjects } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, decodeJson } from "@toolmesh/protocol";
 import { modifyKvEntry } from "@toolmesh/nats";
+import { finalSeen } from "@toolmesh/control-plane";
 import type { Logger } from "@toolmesh/telemetry";
 
 // What a tenant's calls have stored (ADR 0050): the bytes of every final message of its calls,
@@ -88,6 +89,8 @@ export async function readStored(
 export interface StoredBytesOptions {
   nc: NatsConnection;
   subjects: Subjects;
+  /** Where final messages go by (`followedResults`): their republished headers, or themselves. */
+  results: string;
   /** The quota usage bucket `{p}_quota_usage`. */
   usage: KV;
   /** A tenant's own bound (its quota's `max_stored_bytes`), if it has one. */
@@ -138,15 +141,16 @@ export class StoredBytes {
       if (entry !== null) ledger.#seen(entry);
     }
     const { nc, subjects } = options;
-    ledger.#results = nc.subscribe(subjects.allResults, {
+    ledger.#results = nc.subscribe(options.results, {
       queue: QUEUE,
       callback: (err, msg) => {
         if (err !== null) {
           options.log.error({ err }, "cannot follow final messages to count stored bytes");
           return;
         }
-        const settled = subjects.parseResultSubject(msg.subject);
-        if (settled !== undefined) ledger.add(settled.address.tenant, msg.data.length);
+        const final = finalSeen(msg);
+        const settled = subjects.parseResultSubject(final.subject);
+        if (settled !== undefined) ledger.add(settled.address.tenant, final.bytes);
       },
     });
     await nc.flush();
