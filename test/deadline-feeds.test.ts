@@ -1,12 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { jetstreamManager } from "@nats-io/jetstream";
 import type { MeshCallPlane } from "@toolmesh/call-store";
 import { openCallPlane } from "@toolmesh/call-store";
+import { followedResults } from "@toolmesh/control-plane";
 import type { DeadlineKeeper, FinalSeen } from "@toolmesh/control-plane/internal";
 import { startDeadlineKeeper } from "@toolmesh/control-plane/internal";
-import { ensureStream, streamSpecs } from "@toolmesh/nats";
 import type { ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
 import { createSubjects, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
@@ -16,8 +15,8 @@ import { resolvedCall, routeAsResolver } from "./helpers/calls.js";
 import { collect } from "./helpers/collect.js";
 
 // What the deadline keeper follows (ADR 0066): the headers the work and sessions streams
-// republish, or, for streams made without that (before it, on a server that cannot add it to a
-// stream), the stored subjects, bodies and all. Either way it ends a call at its deadline and
+// republish (TOOLMESH_REPUBLISH_HEADS=on), or, for streams made without that, the stored
+// subjects, bodies and all. Either way it ends a call at its deadline and
 // sees every final message; only the headers spare it the bodies. Run on both server versions.
 
 const log = createLogger({ service: "test", level: "silent" });
@@ -46,24 +45,10 @@ async function mesh(
   const s = createSubjects({ prefix });
   const nc = await connect({ servers: server.url });
   open.push(nc);
-  const made = [s.streams.work, s.streams.sessions];
-  if (bodies) {
-    // Made as before the republish: 2.9 keeps them so, 2.10 and later add it, taken out below.
-    const jsm = await jetstreamManager(nc);
-    for (const spec of streamSpecs(s).filter((spec) => made.includes(spec.name))) {
-      const { republish: _, ...config } = spec.config;
-      await ensureStream(jsm, { ...spec, config });
-    }
-  }
-  const plane = await openCallPlane(nc, { subjects: s });
-  if (bodies)
-    for (const name of made) {
-      const { config } = await plane.jsm.streams.info(name);
-      if (config.republish === undefined) continue;
-      const { name: _name, ...rest } = config;
-      // The client merges an update into the stream's configuration: named, to take it out.
-      await plane.jsm.streams.update(name, { ...rest, republish: undefined });
-    }
+  const plane = await openCallPlane(nc, {
+    subjects: s,
+    streamLimits: { republishHeads: !bodies },
+  });
   return { s, plane };
 }
 
@@ -109,7 +94,7 @@ async function route(s: Subjects, plane: MeshCallPlane, timeoutMs: number): Prom
 
 describe.each([
   { feed: "the streams' republished headers", bodies: false },
-  { feed: "the stored subjects, for streams made without them", bodies: true },
+  { feed: "the stored subjects, for streams that republish nothing", bodies: true },
 ])("the deadline keeper following $feed", ({ bodies }) => {
   it("ends a call at its deadline, and sees a call that ends in time end, with its size and tool", async () => {
     const prefix = bodies ? "bodies" : "heads";
@@ -151,3 +136,22 @@ function finalOf(c: ResolvedCall): ToolMessage {
     session_id: c.session_id,
   };
 }
+
+describe("TOOLMESH_REPUBLISH_HEADS turned on over streams made without it", () => {
+  it("adds the republish where the server can (2.10+), else keeps the streams and the keeper reads bodies", async () => {
+    const { s } = await mesh("turned-on", true);
+    const nc = await connect({ servers: server.url });
+    open.push(nc);
+    // What every service does at start with the setting on: never a failure.
+    const plane = await openCallPlane(nc, { subjects: s, streamLimits: { republishHeads: true } });
+    const [major, minor] = (nc.info?.version ?? "0.0").split(".").map(Number);
+    const adds = (major ?? 0) > 2 || ((major ?? 0) === 2 && (minor ?? 0) >= 10);
+    for (const name of [s.streams.work, s.streams.sessions]) {
+      const { config } = await plane.jsm.streams.info(name);
+      expect(config.republish?.headers_only === true).toBe(adds);
+    }
+    expect(await followedResults({ plane, subjects: s })).toBe(
+      adds ? s.allResultHeads : s.allResults,
+    );
+  });
+});

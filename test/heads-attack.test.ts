@@ -43,10 +43,10 @@ beforeAll(async () => {
   });
   exportPasswords(config);
   server = await startNatsServer({ config: `${config}\n${pki.serverTlsBlock()}\n` });
-  const setup = await runCli(
-    ["setup", "--tenants", "acme", "--owners", "rogue"],
-    credentials("setup"),
-  );
+  const setup = await runCli(["setup", "--tenants", "acme", "--owners", "rogue"], {
+    ...credentials("setup"),
+    TOOLMESH_REPUBLISH_HEADS: "on",
+  });
   expect(setup.stderr).toBe("");
 }, 60_000);
 

@@ -125,18 +125,12 @@ describe("register", () => {
     const stream = await plane.jsm.streams.info(subjects.workStream("acme"));
     const work = await plane.jsm.streams.info(subjects.streams.work);
     expect(stream.config.subjects).toEqual([subjects.ownerWork("acme")]);
-    // The mesh's work stream's settings, but its own byte bound (TOOLMESH_OWNER_STORE_BYTES)
-    // and its own work's headers republished (ADR 0066).
+    // The mesh's work stream's settings, but its own byte bound (TOOLMESH_OWNER_STORE_BYTES).
     expect({ ...stream.config, name: "", subjects: [] }).toEqual({
       ...work.config,
       name: "",
       subjects: [],
       max_bytes: 256 * 1024 ** 2,
-      republish: {
-        src: subjects.ownerWork("acme"),
-        dest: subjects.workHeads("acme"),
-        headers_only: true,
-      },
     });
     expect(registry.get("echo")?.definition.owner_account).toBe(true);
     expect((await acme.register(definition("echo"))).status).toBe("unchanged");

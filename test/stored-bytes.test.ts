@@ -74,7 +74,7 @@ describe("a resolver's count of stored results", () => {
   });
 
   it("counts each final message by its size, from the headers the sessions stream republishes", async () => {
-    await ensureStreams(nc, subjects);
+    await ensureStreams(nc, subjects, { republishHeads: true });
     const counted = await ledger(subjects.allResultHeads);
     try {
       const js = jetstream(nc);

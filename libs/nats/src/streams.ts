@@ -52,6 +52,13 @@ export interface StreamLimits {
    * they are, ADR 0044). Default `s2`.
    */
   compression?: StreamCompression;
+  /**
+   * Whether the work streams and the sessions stream republish the headers of what they store,
+   * for the deadline keepers and the count of stored bytes to read instead of every body (ADR
+   * 0066). Default off: it spares the resolvers the bodies of large calls and costs the server
+   * a little on every call.
+   */
+  republishHeads?: boolean;
 }
 
 /**
@@ -102,6 +109,7 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
     max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
     max_msgs_per_subject: "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION",
     max_bytes: "TOOLMESH_STORE_BYTES",
+    republish: "TOOLMESH_REPUBLISH_HEADS",
   };
   const maxMsgs = limits.maxQueuedCalls ?? Defaults.maxQueuedCalls;
   const configs: (Partial<StreamConfig> & { name: string })[] = [
@@ -127,7 +135,9 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       max_msgs: maxMsgs,
       duplicate_window: dup,
       // The deadline keepers read a work message's headers only (ADR 0066).
-      republish: { src: subjects.allWork, dest: subjects.workHeads(), headers_only: true },
+      ...(limits.republishHeads === true
+        ? { republish: { src: subjects.allWork, dest: subjects.workHeads(), headers_only: true } }
+        : {}),
     },
     {
       ...common,
@@ -141,7 +151,15 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       max_age: nanos(limits.sessionRetentionMs ?? Defaults.sessionRetentionMs),
       duplicate_window: dup,
       // The deadline keepers and admission read a final message's headers only (ADR 0066).
-      republish: { src: subjects.allResults, dest: subjects.resultHeads, headers_only: true },
+      ...(limits.republishHeads === true
+        ? {
+            republish: {
+              src: subjects.allResults,
+              dest: subjects.resultHeads,
+              headers_only: true,
+            },
+          }
+        : {}),
     },
     {
       ...common,
@@ -223,11 +241,16 @@ export function ownerWorkStreamSpec(
       ...work.config,
       name,
       subjects: [subjects.ownerWork(owner)],
-      republish: {
-        src: subjects.ownerWork(owner),
-        dest: subjects.workHeads(owner),
-        headers_only: true,
-      },
+      // The mesh's work stream's republish, over the owner's subjects (ADR 0066).
+      ...(work.config.republish === undefined
+        ? {}
+        : {
+            republish: {
+              src: subjects.ownerWork(owner),
+              dest: subjects.workHeads(owner),
+              headers_only: true,
+            },
+          }),
       max_bytes: limits.ownerStoreBytes ?? Defaults.ownerStoreBytes,
     },
     settings: { ...work.settings, max_bytes: "TOOLMESH_OWNER_STORE_BYTES" },

@@ -232,6 +232,7 @@ export const EnvSchema = z.object({
   TOOLMESH_TRUST_CONFIGURED_HOSTS: z.enum(["true", "false"]).default("true"),
   TOOLMESH_STREAM_REPLICAS: z.coerce.number().int().min(1).max(5).default(1),
   TOOLMESH_STREAM_COMPRESSION: z.enum(["s2", "none"]).default(Defaults.streamCompression),
+  TOOLMESH_REPUBLISH_HEADS: z.enum(["on", "off"]).default("off"),
   TOOLMESH_METRICS_PORT: z.coerce.number().int().min(0).max(65_535).optional(),
   TOOLMESH_TRACE_PAYLOADS: z.enum(["true", "false"]).default("false"),
   TOOLMESH_STARTUP_TIMEOUT_MS: z.coerce.number().int().min(0).default(Defaults.startupTimeoutMs),
@@ -365,6 +366,8 @@ export interface RuntimeConfig {
   streamReplicas: number;
   /** Compression of every stream and KV bucket on nats-server 2.10+ (ADR 0044). */
   streamCompression: "s2" | "none";
+  /** Whether the work and sessions streams republish headers for the keepers (ADR 0066). */
+  republishHeads: boolean;
   /** How long a service keeps trying to reach NATS at start-up before it exits, in ms. */
   startupTimeoutMs: number;
   /** How long a running service may stay disconnected from NATS and still be alive, in ms. */
@@ -476,6 +479,7 @@ export function loadConfig(
     trustConfiguredHosts: e.TOOLMESH_TRUST_CONFIGURED_HOSTS === "true",
     streamReplicas: e.TOOLMESH_STREAM_REPLICAS,
     streamCompression: e.TOOLMESH_STREAM_COMPRESSION,
+    republishHeads: e.TOOLMESH_REPUBLISH_HEADS === "on",
     startupTimeoutMs: e.TOOLMESH_STARTUP_TIMEOUT_MS,
     livenessDisconnectedMs: e.TOOLMESH_LIVENESS_DISCONNECTED_MS,
     env,

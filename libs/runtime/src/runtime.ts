@@ -74,6 +74,7 @@ export function meshSettings(config: RuntimeConfig): MeshSettings {
     maxDeadLetters: config.maxDeadLetters,
     replicas: config.streamReplicas,
     compression: config.streamCompression,
+    republishHeads: config.republishHeads,
     callRetentionMs: config.callRetentionMs,
     sessionStateTtlMs: config.sessionStateTtlMs,
     ackWaitMs: config.ackWaitMs,
