@@ -2,12 +2,13 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import type { MeshCallPlane } from "@toolmesh/call-store";
-import { openCallPlane } from "@toolmesh/call-store";
-import { followedResults } from "@toolmesh/control-plane";
+import { callRecordOf, openCallPlane } from "@toolmesh/call-store";
+import { deadlineHeaders, followedResults } from "@toolmesh/control-plane";
 import type { DeadlineKeeper, FinalSeen } from "@toolmesh/control-plane/internal";
 import { startDeadlineKeeper } from "@toolmesh/control-plane/internal";
+import { publishDurable } from "@toolmesh/nats";
 import type { ResolvedCall, Subjects, ToolMessage } from "@toolmesh/protocol";
-import { createSubjects, decodeJson } from "@toolmesh/protocol";
+import { Header, createSubjects, decodeJson } from "@toolmesh/protocol";
 import { createLogger } from "@toolmesh/telemetry";
 import { connectionCounters, startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
@@ -136,6 +137,37 @@ function finalOf(c: ResolvedCall): ToolMessage {
     session_id: c.session_id,
   };
 }
+
+describe("the deadline keeper following the stored subjects", () => {
+  it("takes a work message's own subject and sequence, whatever republish headers it carries", async () => {
+    const { s, plane } = await mesh("forged", true);
+    await keeper(s, plane, "keeper-forged");
+    const watcher = await connect({ servers: server.url });
+    open.push(watcher);
+    const results = collect(watcher, s.allResults);
+    await watcher.flush();
+    const c = resolvedCall({
+      id: "forged",
+      tool: "idle",
+      address,
+      now: plane.clock.now(),
+      timeoutMs: 1_500,
+    });
+    await plane.store.accept({ ...callRecordOf(c, "h") });
+    // Headers only a stream's republish sets, pointing at another owner's stream.
+    const headers = deadlineHeaders(c);
+    headers.set(Header.RepublishedSubject, s.work("idle", "ghost"));
+    headers.set(Header.RepublishedSequence, "999999");
+    const { seq } = await publishDurable(plane.js, s.work(c.tool), c, { headers });
+    await expect.poll(() => results.length, { timeout: 10_000 }).toBe(1);
+    // Ended, and its work found where it is and removed.
+    await expect
+      .poll(async () => (await plane.jsm.streams.getMessage(s.streams.work, { seq })) !== null, {
+        timeout: 5_000,
+      })
+      .toBe(false);
+  });
+});
 
 describe("TOOLMESH_REPUBLISH_HEADS turned on over streams made without it", () => {
   it("adds the republish where the server can (2.10+), else keeps the streams and the keeper reads bodies", async () => {

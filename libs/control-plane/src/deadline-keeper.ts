@@ -1,6 +1,6 @@
 import type { Msg, MsgHdrs, Subscription } from "@nats-io/nats-core";
 import type { MsgRequest, StoredMsg } from "@nats-io/jetstream";
-import type { AbortMessage, CallRecord, ResolvedCall } from "@toolmesh/protocol";
+import type { AbortMessage, CallRecord, ResolvedCall, Subjects } from "@toolmesh/protocol";
 import {
   Defaults,
   ErrorCode,
@@ -112,7 +112,7 @@ export class DeadlineKeeper {
     this.#subscriptions = [
       ...work.map((subject) =>
         this.#follow(subject, "the work stream", (msg) => {
-          const seen = republished(msg);
+          const seen = republished(msg, subjects);
           const found = readWork(msg.headers, msg.data);
           if (found !== undefined)
             this.#watch(found.key, found.deadline, seen?.subject ?? msg.subject, seen?.seq);
@@ -123,7 +123,7 @@ export class DeadlineKeeper {
         "the results",
         (msg) => {
           this.#settled(msg);
-          options.onResult?.(finalSeen(msg));
+          options.onResult?.(finalSeen(msg, subjects));
         },
       ),
     ];
@@ -356,8 +356,15 @@ function readWork(
     : { key: callKey(call.address, call.idempotency_key), deadline: call.deadline_at };
 }
 
-/** Where a republished message was stored; undefined for a message as it was published. */
-function republished(msg: Msg): { subject: string; seq: number | undefined } | undefined {
+/**
+ * Where a message a stream republished under the heads (`{p}.v1.heads.>`) was stored; undefined
+ * for a message as it was published (whatever headers it carries).
+ */
+function republished(
+  msg: Msg,
+  subjects: Subjects,
+): { subject: string; seq: number | undefined } | undefined {
+  if (!msg.subject.startsWith(subjects.allWorkHeads.slice(0, -"work.>".length))) return undefined;
   const subject = msg.headers?.get(Header.RepublishedSubject);
   if (subject === undefined || subject === "") return undefined;
   const seq = Number(msg.headers?.get(Header.RepublishedSequence));
@@ -365,8 +372,8 @@ function republished(msg: Msg): { subject: string; seq: number | undefined } | u
 }
 
 /** A final message seen, whole or as its republished headers. */
-export function finalSeen(msg: Msg): FinalSeen {
-  const heads = republished(msg);
+export function finalSeen(msg: Msg, subjects: Subjects): FinalSeen {
+  const heads = republished(msg, subjects);
   if (heads === undefined)
     return { subject: msg.subject, bytes: msg.data.length, tool: () => toolOf(msg) };
   return {

@@ -148,7 +148,7 @@ export class StoredBytes {
           options.log.error({ err }, "cannot follow final messages to count stored bytes");
           return;
         }
-        const final = finalSeen(msg);
+        const final = finalSeen(msg, subjects);
         const settled = subjects.parseResultSubject(final.subject);
         if (settled !== undefined) ledger.add(settled.address.tenant, final.bytes);
       },
