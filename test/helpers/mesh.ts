@@ -115,7 +115,10 @@ export function spawnService(service: ServiceName, env: Record<string, string>):
           waiters.delete(waiter);
           reject(
             new Error(
-              `${service} ${child.pid}: no matching log line within ${waitMs} ms\n${stderr}`,
+              // Its last log lines say where it stands (what it waits for).
+              `${service} ${child.pid}: no matching log line within ${waitMs} ms; its last: ${JSON.stringify(
+                lines.slice(-5).map((l) => [l.time, l.msg]),
+              )}\n${stderr}`,
             ),
           );
         }, waitMs);
