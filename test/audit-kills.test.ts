@@ -155,24 +155,24 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
     await toolAvailable(resolver, "sleepy");
     const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
     const handle = client.session("s-outage").submit({ name: "sleepy", arguments: { ms: 1_500 } });
-    await new Promise((resolve) => setTimeout(resolve, 500));
+    const inTrail = (type: string) => async () => {
+      for await (const { record } of readTrail(nc, subjects, "default")) {
+        const e = record as AuditRecord;
+        if (e.call_id === handle.callId && e.type === type) return true;
+      }
+      return false;
+    };
+    await until("the call's attempt started", inTrail("attempt.started"), { timeoutMs: 20_000 });
     // The call runs; the resolver goes (a restart that takes long), so the executor cannot hand
-    // on the call's end. It is killed 6 s after the answer went out: had it acknowledged the
-    // work by then, the record went with it.
+    // on the call's end. It is killed 6 s after the answer went out (longer than the executor
+    // used to wait, on purpose): had it acknowledged the work by then, the record went with it.
     await resolver.kill();
     expect((await handle.result).error).toBeUndefined();
     await new Promise((resolve) => setTimeout(resolve, 6_000));
     await executor.kill();
     await startService("resolver", env);
     await startService("executor", env);
-    const ended = async () => {
-      for await (const { record } of readTrail(nc, subjects, "default")) {
-        const e = record as AuditRecord;
-        if (e.call_id === handle.callId && e.type === "call.ended") return true;
-      }
-      return false;
-    };
-    await until("the call's end in the trail", ended, { timeoutMs: 20_000 });
+    await until("the call's end in the trail", inTrail("call.ended"), { timeoutMs: 20_000 });
     expect(await verifyTrail(nc, subjects, "default")).toMatchObject({ ok: true });
   }, 60_000);
 });

@@ -186,6 +186,7 @@ describe("events handed to the resolvers", () => {
       inboxPrefix: subjects.inboxPrefix("executor"),
     });
     connections.push(nc);
+    let failedWrites = 0;
     const executor = await AuditTrail.open(nc, {
       subjects,
       mode: "required",
@@ -193,6 +194,7 @@ describe("events handed to the resolvers", () => {
       writer: "executor@x/1",
       retryMinMs: 50,
       retryMaxMs: 100,
+      observer: { auditWritten: () => undefined, auditWriteFailed: () => void failedWrites++ },
     });
     const event = (i: number) => ({
       type: AuditEventType.AttemptStarted,
@@ -205,7 +207,8 @@ describe("events handed to the resolvers", () => {
     let first: boolean | undefined;
     const waiting = executor.recordAndWait(HANDED, event(0)).then((w) => (first = w));
     void executor.record(HANDED, event(1));
-    await new Promise((resolve) => setTimeout(resolve, 400));
+    // Three hand-ons nobody answered, and the step still waits.
+    await expect.poll(() => failedWrites, { timeout: 5_000 }).toBeGreaterThanOrEqual(3);
     expect(first).toBeUndefined();
     expect(executor.pending).toBe(2);
 

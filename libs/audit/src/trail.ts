@@ -57,6 +57,12 @@ interface Pending extends QueuedEvent {
   done: () => void;
 }
 
+/** Tells a step waiting for an event's first write that it failed (once). */
+function firstFailed(pending: Pending): void {
+  pending.first?.(false);
+  pending.first = undefined;
+}
+
 /** One tenant's events as this process writes them. */
 class TenantQueue {
   readonly queue: Pending[] = [];
@@ -203,10 +209,7 @@ export class AuditTrail {
   stop(): void {
     this.#stop.abort();
     for (const chain of this.#chains.values())
-      for (const pending of chain.queue) {
-        pending.first?.(false);
-        pending.first = undefined;
-      }
+      for (const pending of chain.queue) firstFailed(pending);
   }
 
   /**
@@ -287,16 +290,11 @@ export class AuditTrail {
   #settleFailed(chain: TenantQueue, failed: readonly Pending[], unanswered = false): boolean {
     let kept = 0;
     for (const pending of failed) {
+      if (pending.withdrawOnFailure || !unanswered) firstFailed(pending);
       if (!pending.withdrawOnFailure) {
-        if (!unanswered) {
-          pending.first?.(false);
-          pending.first = undefined;
-        }
         kept++;
         continue;
       }
-      pending.first?.(false);
-      pending.first = undefined;
       const at = chain.queue.indexOf(pending);
       if (at >= 0) chain.queue.splice(at, 1);
     }
