@@ -110,6 +110,21 @@ export function addPolicyCommands(
 ): void {
   // `--tenant` is the program's own option (given before or after the subcommand): whose set.
   const tenantFlag = (): string | undefined => program.opts<{ tenant?: string }>().tenant;
+  /** Runs a subcommand with the policies bucket, its options completed with `--tenant`. */
+  const scoped =
+    <O extends { json?: boolean }>(
+      fn: (
+        o: O & { tenant: string | undefined },
+        store: PolicyStore,
+        nc: NatsConnection,
+        subjects: Subjects,
+      ) => Promise<number>,
+    ) =>
+    (given: O): void =>
+      run(() => {
+        const o = { ...given, tenant: tenantFlag() };
+        return withPolicies(config(), o.json, (store, nc, subjects) => fn(o, store, nc, subjects));
+      });
   const policy = program
     .command("policy")
     .description("decide who may call and list which tools with Cedar policies (docs/policy.md)");
@@ -120,49 +135,21 @@ export function addPolicyCommands(
     .argument("<file>", "the Cedar policy set (with --tenant T: tenant T's, not the operator's)")
     .option("--json", "print JSON")
     .action((file: string, given: ScopeOptions) =>
-      run(() => {
-        const o = { ...given, tenant: tenantFlag() };
-        return withPolicies(config(), o.json, (store) => setPolicy(store, file, o));
-      }),
+      scoped<ScopeOptions>((o, store) => setPolicy(store, file, o))(given),
     );
 
   policy
     .command("get")
     .description("print the policy set in force")
     .option("--json", "print JSON")
-    .action((given: ScopeOptions) =>
-      run(() => {
-        const o = { ...given, tenant: tenantFlag() };
-        return withPolicies(config(), o.json, (store) => getPolicy(store, o));
-      }),
-    );
+    .action(scoped<ScopeOptions>((o, store) => getPolicy(store, o)));
 
   policy
     .command("rm")
     .description("remove a policy set (its history stays in the bucket)")
     .option("--operator", "the operator's set: with none left, every tool is open again")
     .option("--json", "print JSON")
-    .action((given: ScopeOptions & { operator?: boolean }) =>
-      run(() => {
-        const o = { ...given, tenant: tenantFlag() };
-        return withPolicies(config(), o.json, async (store) => {
-          if (o.tenant === undefined && o.operator !== true)
-            throw new ToolmeshError(
-              ErrorCode.InvalidRequest,
-              "say whose set: --tenant T, or --operator",
-            );
-          const removed = await store.rm(o.tenant);
-          say(
-            o.json === true
-              ? JSON.stringify({ removed })
-              : removed
-                ? "removed"
-                : `toolmesh: no such set`,
-          );
-          return removed ? 0 : 1;
-        });
-      }),
-    );
+    .action(scoped<ScopeOptions & { operator?: boolean }>((o, store) => removePolicy(store, o)));
 
   policy
     .command("check")
@@ -198,19 +185,9 @@ export function addPolicyCommands(
     )
     .option("--json", "print JSON lines")
     .action((file: string, given: ScopeOptions & { since?: number }) =>
-      run(() => {
-        const o = { ...given, tenant: tenantFlag() };
-        return withPolicies(config(), o.json, async (store, nc, subjects) => {
-          const candidate = CompiledPolicySet.compile(await readPolicyFile(file));
-          const counts = await replayCalls(nc, subjects, store, candidate, o);
-          say(
-            o.json === true
-              ? JSON.stringify({ replayed: counts.replayed, changed: counts.changed })
-              : `${counts.replayed} calls replayed, ${counts.changed} decisions would change`,
-          );
-          return 0;
-        });
-      }),
+      scoped<ScopeOptions & { since?: number }>((o, store, nc, subjects) =>
+        replayPolicy(store, nc, subjects, file, o),
+      )(given),
     );
 }
 
@@ -256,6 +233,38 @@ async function getPolicy(
           text: stored.text,
         })
       : `// version ${stored.revision}, stored ${new Date(stored.storedAt).toISOString()}\n${stored.text}`,
+  );
+  return 0;
+}
+
+/** `policy rm`: removes the tenant's set, or the operator's when asked for by name. */
+async function removePolicy(
+  store: PolicyStore,
+  o: ScopeOptions & { tenant: string | undefined; operator?: boolean },
+): Promise<number> {
+  if (o.tenant === undefined && o.operator !== true)
+    throw new ToolmeshError(ErrorCode.InvalidRequest, "say whose set: --tenant T, or --operator");
+  const removed = await store.rm(o.tenant);
+  say(
+    o.json === true ? JSON.stringify({ removed }) : removed ? "removed" : `toolmesh: no such set`,
+  );
+  return removed ? 0 : 1;
+}
+
+/** `policy replay`: the calls in the store decided again with a candidate set. */
+async function replayPolicy(
+  store: PolicyStore,
+  nc: NatsConnection,
+  subjects: Subjects,
+  file: string,
+  o: ScopeOptions & { tenant: string | undefined; since?: number },
+): Promise<number> {
+  const candidate = CompiledPolicySet.compile(await readPolicyFile(file));
+  const counts = await replayCalls(nc, subjects, store, candidate, o);
+  say(
+    o.json === true
+      ? JSON.stringify({ replayed: counts.replayed, changed: counts.changed })
+      : `${counts.replayed} calls replayed, ${counts.changed} decisions would change`,
   );
   return 0;
 }

@@ -91,6 +91,43 @@ function describe(q: ScopedQuota): string {
   return `${where}: ${limits.length === 0 ? "no limits" : limits.join(" ")}`;
 }
 
+/** `quotas set`: the limits given change, the others are kept. */
+async function setQuota(
+  store: QuotaStore,
+  tenant: string,
+  o: ScopeOptions & LimitOptions & Record<string, unknown>,
+): Promise<number> {
+  const limits: LimitOptions = {};
+  for (const l of LIMIT_FLAGS) {
+    const key = l.flag.replace(/-(\w)/g, (_, c: string) => c.toUpperCase());
+    const value = o[key] as number | null | undefined;
+    if (value !== undefined) limits[l.field] = value;
+  }
+  const stored = await store.set(scopeOf(tenant, o), limits);
+  say(o.json === true ? JSON.stringify(stored) : describe(stored));
+  return 0;
+}
+
+/** `quotas get`: a quota and what its scope uses now. */
+async function getQuota(store: QuotaStore, tenant: string, o: ScopeOptions): Promise<number> {
+  const scope = scopeOf(tenant, o);
+  const found = await store.get(scope);
+  if (found === undefined) {
+    say(o.json === true ? "null" : "toolmesh: no quota for that scope");
+    return 1;
+  }
+  const usage = await store.usage(scope);
+  if (o.json === true) say(JSON.stringify({ ...found, usage }));
+  else {
+    say(describe(found));
+    say(
+      `  in flight ${usage.in_flight} (queued ${usage.queued}), today ${usage.today}` +
+        (usage.tokens === undefined ? "" : `, tokens ${usage.tokens}`),
+    );
+  }
+  return 0;
+}
+
 /** `toolmesh quotas set|get|list|rm`. */
 export function addQuotaCommands(
   program: Command,
@@ -115,43 +152,12 @@ export function addQuotaCommands(
   for (const l of LIMIT_FLAGS)
     set.addOption(new Option(`--${l.flag} <n>`, l.what).argParser(limitValue(l.integer)));
   set.action((tenant: string, o: ScopeOptions & LimitOptions & Record<string, unknown>) =>
-    run(() =>
-      withQuotas(config(), o.json, async (store) => {
-        const limits: LimitOptions = {};
-        for (const l of LIMIT_FLAGS) {
-          const key = l.flag.replace(/-(\w)/g, (_, c: string) => c.toUpperCase());
-          const value = o[key] as number | null | undefined;
-          if (value !== undefined) limits[l.field] = value;
-        }
-        const stored = await store.set(scopeOf(tenant, o), limits);
-        say(o.json === true ? JSON.stringify(stored) : describe(stored));
-        return 0;
-      }),
-    ),
+    run(() => withQuotas(config(), o.json, (store) => setQuota(store, tenant, o))),
   );
 
   scoped(quotas.command("get").description("print a quota and what its scope uses now")).action(
     (tenant: string, o: ScopeOptions) =>
-      run(() =>
-        withQuotas(config(), o.json, async (store) => {
-          const scope = scopeOf(tenant, o);
-          const found = await store.get(scope);
-          if (found === undefined) {
-            say(o.json === true ? "null" : "toolmesh: no quota for that scope");
-            return 1;
-          }
-          const usage = await store.usage(scope);
-          if (o.json === true) say(JSON.stringify({ ...found, usage }));
-          else {
-            say(describe(found));
-            say(
-              `  in flight ${usage.in_flight} (queued ${usage.queued}), today ${usage.today}` +
-                (usage.tokens === undefined ? "" : `, tokens ${usage.tokens}`),
-            );
-          }
-          return 0;
-        }),
-      ),
+      run(() => withQuotas(config(), o.json, (store) => getQuota(store, tenant, o))),
   );
 
   quotas
