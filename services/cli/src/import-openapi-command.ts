@@ -3,7 +3,7 @@ import { basename, join, relative, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import type { Command } from "commander";
 import { stringify as toYaml } from "yaml";
-import type { OpenApiSourceFile } from "@toolmesh/executor";
+import type { OpenApiSourceFile, OpenApiTools } from "@toolmesh/executor";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { commaList } from "./comma-list.js";
@@ -96,19 +96,29 @@ export async function importOpenApiCommand(
     ...(config.nativeAllowedUrls === undefined ? {} : { allowedUrls: config.nativeAllowedUrls }),
   });
   const file = join(config.nativeToolsDir, `${prefix}.openapi.yaml`);
-  if (o.dryRun !== true) {
-    try {
-      await writeFile(file, toYaml(source), { flag: "wx" });
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      throw new ToolLoadError(
-        code === "EEXIST"
-          ? `${file} exists already; choose another --prefix or remove it`
-          : `cannot write ${file}: ${(err as Error).message}`,
-        { cause: err },
-      );
-    }
+  if (o.dryRun !== true) await writeSourceFile(file, source);
+  printImport(result, file, o);
+  return 0;
+}
+
+/** Writes the source file executors load; never over an existing one. */
+async function writeSourceFile(file: string, source: OpenApiSourceFile): Promise<void> {
+  const { ToolLoadError } = await import("@toolmesh/executor");
+  try {
+    await writeFile(file, toYaml(source), { flag: "wx" });
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    throw new ToolLoadError(
+      code === "EEXIST"
+        ? `${file} exists already; choose another --prefix or remove it`
+        : `cannot write ${file}: ${(err as Error).message}`,
+      { cause: err },
+    );
   }
+}
+
+/** Prints the tools imported, a warning for each part not served, and what was written. */
+function printImport(result: OpenApiTools, file: string, o: ImportOpenApiOptions): void {
   if (o.json === true) {
     say(
       JSON.stringify({
@@ -124,7 +134,7 @@ export async function importOpenApiCommand(
         ...(o.dryRun === true ? {} : { written: file }),
       }),
     );
-    return 0;
+    return;
   }
   for (const t of result.tools) {
     const origin = t.origin as { method: string; path: string };
@@ -142,7 +152,6 @@ export async function importOpenApiCommand(
       o.dryRun === true ? "dry run, nothing written" : `wrote ${file}`
     }`,
   );
-  return 0;
 }
 
 /** `specs/petstore.openapi.yaml` → `petstore`; a URL's last path segment likewise. */

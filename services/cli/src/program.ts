@@ -98,7 +98,34 @@ export function buildProgram(
   };
 
   addActorCommands(program, env, config, run);
+  addCallCommands(program, config, run);
+  addToolsCommands(program, () => config(), run);
+  addDlqCommands(program, () => config(), run);
 
+  addCatalogCommands(program, () => config(), run);
+  addSetupCommand(program, config, run);
+  addQuotaCommands(program, () => config(), run);
+  addPolicyCommands(program, () => config(), run);
+  addApprovalCommands(program, () => config(), run);
+  addSecretsCommands(program, () => config(), run);
+  addAuditCommands(program, () => config(), run);
+  addStatsCommand(program, () => config(), run);
+  addTopCommand(program, () => config(), run);
+  addWatchCommand(program, () => config(), run);
+  addCancelCommand(program, () => config(), run);
+  addAuthCommands(program, () => config(), run);
+
+  addVersionEverywhere(program);
+
+  return program;
+}
+
+/** `toolmesh call` and `toolmesh resolve`: one call, run or only resolved. */
+function addCallCommands(
+  program: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+): void {
   const callOptions = (cmd: Command): Command =>
     cmd
       .option("--args <json>", "function.arguments as JSON text", "{}")
@@ -129,26 +156,6 @@ export function buildProgram(
   ).action((tool: string, o: CallOptions) => {
     run(() => resolveCommand(config(), tool, o));
   });
-
-  addToolsCommands(program, () => config(), run);
-  addDlqCommands(program, () => config(), run);
-
-  addCatalogCommands(program, () => config(), run);
-  addSetupCommand(program, config, run);
-  addQuotaCommands(program, () => config(), run);
-  addPolicyCommands(program, () => config(), run);
-  addApprovalCommands(program, () => config(), run);
-  addSecretsCommands(program, () => config(), run);
-  addAuditCommands(program, () => config(), run);
-  addStatsCommand(program, () => config(), run);
-  addTopCommand(program, () => config(), run);
-  addWatchCommand(program, () => config(), run);
-  addCancelCommand(program, () => config(), run);
-  addAuthCommands(program, () => config(), run);
-
-  addVersionEverywhere(program);
-
-  return program;
 }
 
 /** `toolmesh tools`: the registry, MCP tool approvals and OpenAPI imports. */
