@@ -90,29 +90,26 @@ export function storeBudget(
   }));
 }
 
-/** The streams for a prefix, each with the variables that set its fields. */
-export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): StreamSpec[] {
-  const maxMsgSize = limits.maxMessageBytes ?? Defaults.maxMessageBytes;
-  const budget = new Map(storeBudget(subjects, limits).map((b) => [b.stream, b.maxBytes]));
-  const dup = nanos(limits.duplicateWindowMs ?? Defaults.duplicateWindowMs);
-  const common = {
-    storage: StorageType.File,
-    num_replicas: limits.replicas ?? 1,
-    max_msg_size: maxMsgSize,
-    compression: limits.compression ?? Defaults.streamCompression,
+type StreamConfigOf = Partial<StreamConfig> & { name: string };
+
+/** What every stream of the mesh shares, and the duplicate window of those that have one. */
+function commonConfig(limits: StreamLimits) {
+  return {
+    common: {
+      storage: StorageType.File,
+      num_replicas: limits.replicas ?? 1,
+      max_msg_size: limits.maxMessageBytes ?? Defaults.maxMessageBytes,
+      compression: limits.compression ?? Defaults.streamCompression,
+    },
+    dup: nanos(limits.duplicateWindowMs ?? Defaults.duplicateWindowMs),
   };
-  const settings = {
-    num_replicas: REPLICAS_SETTING,
-    compression: COMPRESSION_SETTING,
-    max_msg_size: "TOOLMESH_MAX_MESSAGE_BYTES",
-    duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
-    max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
-    max_msgs_per_subject: "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION",
-    max_bytes: "TOOLMESH_STORE_BYTES",
-    republish: "TOOLMESH_REPUBLISH_HEADS",
-  };
+}
+
+/** The work queues: calls waiting for a resolver and work waiting for an executor. */
+function queueStreams(subjects: Subjects, limits: StreamLimits): StreamConfigOf[] {
+  const { common, dup } = commonConfig(limits);
   const maxMsgs = limits.maxQueuedCalls ?? Defaults.maxQueuedCalls;
-  const configs: (Partial<StreamConfig> & { name: string })[] = [
+  return [
     {
       ...common,
       name: subjects.streams.calls,
@@ -139,6 +136,13 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
         ? { republish: { src: subjects.allWork, dest: subjects.workHeads(), headers_only: true } }
         : {}),
     },
+  ];
+}
+
+/** The streams kept by age or bounds: answers, events, dead letters and advisories. */
+function keptStreams(subjects: Subjects, limits: StreamLimits): StreamConfigOf[] {
+  const { common, dup } = commonConfig(limits);
+  return [
     {
       ...common,
       name: subjects.streams.sessions,
@@ -195,6 +199,22 @@ export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): Stre
       discard: DiscardPolicy.Old,
     },
   ];
+}
+
+/** The streams for a prefix, each with the variables that set its fields. */
+export function streamSpecs(subjects: Subjects, limits: StreamLimits = {}): StreamSpec[] {
+  const budget = new Map(storeBudget(subjects, limits).map((b) => [b.stream, b.maxBytes]));
+  const settings = {
+    num_replicas: REPLICAS_SETTING,
+    compression: COMPRESSION_SETTING,
+    max_msg_size: "TOOLMESH_MAX_MESSAGE_BYTES",
+    duplicate_window: "TOOLMESH_DUPLICATE_WINDOW_MS",
+    max_msgs: "TOOLMESH_MAX_QUEUED_CALLS",
+    max_msgs_per_subject: "TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION",
+    max_bytes: "TOOLMESH_STORE_BYTES",
+    republish: "TOOLMESH_REPUBLISH_HEADS",
+  };
+  const configs = [...queueStreams(subjects, limits), ...keptStreams(subjects, limits)];
   return configs.map((config) => ({
     kind: "stream",
     name: config.name,
