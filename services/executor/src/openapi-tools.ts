@@ -676,15 +676,6 @@ function securitySchemes(
 ): Map<string, Credential> {
   const components = isObject(document.components) ? document.components : {};
   const schemes = isObject(components.securitySchemes) ? components.securitySchemes : {};
-  const secret = (variable: string, scheme: string): string => {
-    const value = env[variable];
-    if (value === undefined || value === "") {
-      throw new ToolLoadError(
-        `auth.${scheme} needs the environment variable ${variable}, which is not set`,
-      );
-    }
-    return value;
-  };
   const out = new Map<string, Credential>();
   for (const scheme of Object.keys(options.auth ?? {})) {
     if (!(scheme in schemes)) {
@@ -693,79 +684,100 @@ function securitySchemes(
   }
   for (const [scheme, raw] of Object.entries(schemes)) {
     if (!isObject(raw)) continue;
-    const auth = options.auth?.[scheme];
-    const type = raw.type;
-    const unusable = (why: string): void => {
-      warn(`security scheme ${scheme}: ${why}; its operations are called without it`);
-    };
-    if (type === "apiKey" && (raw.in === "header" || raw.in === "query" || raw.in === "cookie")) {
-      if (auth === undefined) continue;
-      if (!("env" in auth)) {
-        throw new ToolLoadError(`auth.${scheme}: an API key is given as { env: VARIABLE }`);
-      }
-      out.set(scheme, {
-        type: "apiKey",
-        in: raw.in,
-        name: String(raw.name),
-        value: secret(auth.env, scheme),
-      });
-    } else if (
-      type === "http" &&
-      typeof raw.scheme === "string" &&
-      raw.scheme.toLowerCase() === "bearer"
-    ) {
-      if (auth === undefined) continue;
-      if (!("env" in auth)) {
-        throw new ToolLoadError(`auth.${scheme}: a bearer token is given as { env: VARIABLE }`);
-      }
-      out.set(scheme, { type: "bearer", token: secret(auth.env, scheme) });
-    } else if (
-      type === "http" &&
-      typeof raw.scheme === "string" &&
-      raw.scheme.toLowerCase() === "basic"
-    ) {
-      if (auth === undefined) continue;
-      if (!("username_env" in auth)) {
-        throw new ToolLoadError(
-          `auth.${scheme}: basic credentials are given as { username_env, password_env }`,
-        );
-      }
-      out.set(scheme, {
-        type: "basic",
-        username: secret(auth.username_env, scheme),
-        password: secret(auth.password_env, scheme),
-      });
-    } else if (type === "oauth2" && isObject(raw.flows) && isObject(raw.flows.clientCredentials)) {
-      if (auth === undefined) continue;
-      if (!("client_id_env" in auth)) {
-        throw new ToolLoadError(
-          `auth.${scheme}: OAuth2 client credentials are given as { client_id_env, client_secret_env }`,
-        );
-      }
-      const tokenUrl = auth.token_url ?? raw.flows.clientCredentials.tokenUrl;
-      if (typeof tokenUrl !== "string" || !URL.canParse(tokenUrl)) {
-        throw new ToolLoadError(
-          `auth.${scheme}: the token URL ${String(tokenUrl)} is not absolute; set token_url`,
-        );
-      }
-      out.set(scheme, {
-        type: "oauth2",
-        tokenUrl: new URL(tokenUrl),
-        clientId: secret(auth.client_id_env, scheme),
-        clientSecret: secret(auth.client_secret_env, scheme),
-        scopes: auth.scopes ?? [],
-      });
-    } else if (type === "oauth2") {
-      unusable("only the OAuth2 client-credentials flow is supported");
-    } else if (type === "http") {
-      unusable(
-        `HTTP authentication "${String(raw.scheme)}" is not supported (basic and bearer are)`,
-      );
-    } else {
-      unusable(`type ${String(type)} is not supported`);
-    }
+    const credential = schemeCredential(scheme, raw, options.auth?.[scheme], env, warn);
+    if (credential !== undefined) out.set(scheme, credential);
   }
   return out;
+}
+
+/**
+ * One security scheme's credential, its secrets read from `env`. Undefined when the source file
+ * gives it none, or (warned) when toolmesh cannot send it: its operations go without it.
+ */
+function schemeCredential(
+  scheme: string,
+  raw: Json,
+  auth: z.output<typeof SchemeAuthSchema> | undefined,
+  env: Readonly<Record<string, string | undefined>>,
+  warn: (message: string) => void,
+): Credential | undefined {
+  const type = raw.type;
+  if (type === "apiKey" && (raw.in === "header" || raw.in === "query" || raw.in === "cookie")) {
+    if (auth === undefined) return undefined;
+    if (!("env" in auth)) {
+      throw new ToolLoadError(`auth.${scheme}: an API key is given as { env: VARIABLE }`);
+    }
+    return {
+      type: "apiKey",
+      in: raw.in,
+      name: String(raw.name),
+      value: secretOf(env, auth.env, scheme),
+    };
+  }
+  if (type === "http" && typeof raw.scheme === "string" && raw.scheme.toLowerCase() === "bearer") {
+    if (auth === undefined) return undefined;
+    if (!("env" in auth)) {
+      throw new ToolLoadError(`auth.${scheme}: a bearer token is given as { env: VARIABLE }`);
+    }
+    return { type: "bearer", token: secretOf(env, auth.env, scheme) };
+  }
+  if (type === "http" && typeof raw.scheme === "string" && raw.scheme.toLowerCase() === "basic") {
+    if (auth === undefined) return undefined;
+    if (!("username_env" in auth)) {
+      throw new ToolLoadError(
+        `auth.${scheme}: basic credentials are given as { username_env, password_env }`,
+      );
+    }
+    return {
+      type: "basic",
+      username: secretOf(env, auth.username_env, scheme),
+      password: secretOf(env, auth.password_env, scheme),
+    };
+  }
+  if (type === "oauth2" && isObject(raw.flows) && isObject(raw.flows.clientCredentials)) {
+    if (auth === undefined) return undefined;
+    if (!("client_id_env" in auth)) {
+      throw new ToolLoadError(
+        `auth.${scheme}: OAuth2 client credentials are given as { client_id_env, client_secret_env }`,
+      );
+    }
+    const tokenUrl = auth.token_url ?? raw.flows.clientCredentials.tokenUrl;
+    if (typeof tokenUrl !== "string" || !URL.canParse(tokenUrl)) {
+      throw new ToolLoadError(
+        `auth.${scheme}: the token URL ${String(tokenUrl)} is not absolute; set token_url`,
+      );
+    }
+    return {
+      type: "oauth2",
+      tokenUrl: new URL(tokenUrl),
+      clientId: secretOf(env, auth.client_id_env, scheme),
+      clientSecret: secretOf(env, auth.client_secret_env, scheme),
+      scopes: auth.scopes ?? [],
+    };
+  }
+  const why =
+    type === "oauth2"
+      ? "only the OAuth2 client-credentials flow is supported"
+      : type === "http"
+        ? `HTTP authentication "${String(raw.scheme)}" is not supported (basic and bearer are)`
+        : `type ${String(type)} is not supported`;
+  warn(`security scheme ${scheme}: ${why}; its operations are called without it`);
+  return undefined;
+}
+
+/** The value of an environment variable a scheme's `auth` names; unset or empty fails the load. */
+function secretOf(
+  env: Readonly<Record<string, string | undefined>>,
+  variable: string,
+  scheme: string,
+): string {
+  const value = env[variable];
+  if (value === undefined || value === "") {
+    throw new ToolLoadError(
+      `auth.${scheme} needs the environment variable ${variable}, which is not set`,
+    );
+  }
+  return value;
 }
 
 /** Reads a source file: an OpenAPI document itself, or `spec:` and options. */
