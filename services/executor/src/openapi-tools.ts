@@ -208,122 +208,197 @@ export async function readOpenApiDocument(
  * value, a secret missing from the environment, a server outside the allowed URLs) throws.
  */
 export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApiTools {
-  const { options } = opts;
-  const prefix = options.prefix ?? "api";
-  const warnings: OpenApiWarning[] = [];
-  const warn = (message: string, tool?: string): void => {
-    warnings.push(tool === undefined ? { message } : { tool, message });
-  };
-  if (isObject(document.webhooks) && Object.keys(document.webhooks).length > 0) {
-    warn("webhooks are not served: they are requests the API makes, not operations to call");
-  }
-  const fetchTo = (urls: readonly URL[]) => opts.fetchTrusting?.(urls) ?? opts.fetch;
-  const schemes = securitySchemes(document, options, opts.env, warn);
-  const tokenUrls = [...schemes.values()].flatMap((c) => (c.type === "oauth2" ? [c.tokenUrl] : []));
-  const credentials = new CredentialStore(schemes, fetchTo(tokenUrls));
-  const userScheme = callerScheme(options.credentials);
-  if (userScheme !== undefined && credentials.sendsAuthorization()) {
-    throw new ToolLoadError(
-      `${opts.location}: credentials of type ${options.credentials?.type} send the caller's credential as Authorization, which a scheme in auth sends too: drop one`,
-    );
-  }
-  const allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
-  /** The endpoint of one tool; its base URL is fixed here, so its host may be trusted. */
-  const endpoint = (tool: string, base: URL): HttpEndpoint => ({
-    tool,
-    allowed,
-    // Authorization among them: the caller's secret, when sent, stays on its origin too.
-    credentialHeaders: credentials.headerNames(),
-    secrets: credentials.secrets(),
-    maxResponseBytes: opts.maxResponseBytes ?? Defaults.maxMessageBytes,
-    fetch: fetchTo([base]),
-  });
-  const tools: ToolModule[] = [];
-  const names = new Set<string>();
-  let operations = 0;
+  const tools = new OpenApiToolsBuilder(document, opts);
   const paths = isObject(document.paths) ? document.paths : {};
   for (const [path, rawItem] of Object.entries(paths)) {
     if (!isObject(rawItem)) continue;
     for (const method of METHODS) {
       const operation = rawItem[method];
-      if (!isObject(operation)) continue;
-      operations++;
-      const upper = method.toUpperCase();
-      const operationId =
-        typeof operation.operationId === "string" && operation.operationId !== ""
-          ? operation.operationId
-          : derivedOperationId(method, path);
-      const tags = Array.isArray(operation.tags) ? operation.tags.map(String) : [];
-      if (!kept({ tags, operationId, method: upper }, options)) continue;
-      const name = `${prefix}.${operationId}`;
-      if (name.length > 128) {
-        warn(`the tool name is longer than 128 characters; operation skipped`, name);
-        continue;
-      }
-      if (names.has(name)) {
-        warn(`operationId ${operationId} is used twice; the first one is kept`, name);
-        continue;
-      }
-      if (isObject(operation.callbacks) && Object.keys(operation.callbacks).length > 0) {
-        warn("callbacks are not served; the operation is, without them", name);
-      }
-      const plan = planOperation(document, rawItem, operation, path, upper, name, opts, warn);
-      if (plan === undefined) continue;
-      names.add(name);
-      const security = credentials.requirementOf(
-        operation.security ?? document.security,
-        (message) => warn(message, name),
-      );
-      const http = endpoint(name, plan.base);
-      const idempotent = IDEMPOTENT.has(upper);
-      const summary = typeof operation.summary === "string" ? operation.summary.trim() : "";
-      const detail = typeof operation.description === "string" ? operation.description.trim() : "";
-      const description =
-        [summary, detail].filter((t) => t !== "").join("\n\n") || `${upper} ${path}`;
-      const retry =
-        idempotent || options.retry_non_idempotent
-          ? options.retry
-          : { ...options.retry, max_attempts: 1 };
-      const groups = [...tags.map((t) => `${prefix}.${t}`), ...(options.groups ?? [])];
-      tools.push({
-        name,
-        description,
-        ...(summary === "" ? {} : { summary }),
-        parameters: plan.schema,
-        // Every param belongs to the API: none is a toolmesh system param.
-        systemParams: [],
-        ...(groups.length === 0 ? {} : { groups }),
-        ...(options.timeout_ms === undefined ? {} : { timeoutMs: options.timeout_ms }),
-        ...(retry === undefined ? {} : { retry }),
-        kind: "native",
-        ...(options.credentials === undefined
-          ? {}
-          : { credentials: declaredCredentials(options.credentials) }),
-        annotations: {
-          ...(summary === "" ? {} : { title: summary }),
-          readOnlyHint: upper === "GET" || upper === "HEAD",
-          ...(upper === "PUT" || upper === "DELETE" ? { idempotentHint: true } : {}),
-          ...(operation.deprecated === true ? { deprecated: true } : {}),
-        },
-        origin: {
-          openapi: opts.location,
-          operation_id: operationId,
-          method: upper,
-          path,
-          server: plan.base.href,
-          ...(tags.length === 0 ? {} : { tags }),
-        },
-        handler: async (args, ctx) => {
-          const applied = await credentials.apply(security, ctx);
-          const request = buildOperationRequest(plan, args, ctx, applied);
-          if (userScheme !== undefined && ctx.credential !== undefined)
-            request.headers.set("authorization", `${userScheme} ${ctx.credential}`);
-          return invokeHttp(callerEndpoint(http, userScheme, ctx), request, ctx);
-        },
-      });
+      if (isObject(operation)) tools.add(path, rawItem, method, operation);
     }
   }
-  return { tools, warnings, operations };
+  return tools.result();
+}
+
+/** An operation the filters keep, under the name of its tool. */
+interface KeptOperation {
+  operation: Json;
+  path: string;
+  /** Upper case, as sent. */
+  method: string;
+  operationId: string;
+  tags: string[];
+  /** The tool's name, `{prefix}.{operationId}`. */
+  name: string;
+}
+
+/**
+ * The tools of one document as its operations are added, the warnings met on the way, and what
+ * every tool of the document shares: its security schemes' credentials and the caller's scheme.
+ */
+class OpenApiToolsBuilder {
+  readonly #document: Json;
+  readonly #opts: OpenApiToolsOptions;
+  readonly #prefix: string;
+  readonly #credentials: CredentialStore;
+  readonly #userScheme: string | undefined;
+  readonly #allowed: UrlAllowList | undefined;
+  readonly #tools: ToolModule[] = [];
+  readonly #warnings: OpenApiWarning[] = [];
+  readonly #names = new Set<string>();
+  #operations = 0;
+
+  /** Reads the document-wide parts: webhooks (warned), security schemes and the caller's scheme. */
+  constructor(document: Json, opts: OpenApiToolsOptions) {
+    const { options } = opts;
+    this.#document = document;
+    this.#opts = opts;
+    this.#prefix = options.prefix ?? "api";
+    if (isObject(document.webhooks) && Object.keys(document.webhooks).length > 0) {
+      this.#warn(
+        "webhooks are not served: they are requests the API makes, not operations to call",
+      );
+    }
+    const schemes = securitySchemes(document, options, opts.env, this.#warn);
+    const tokenUrls = [...schemes.values()].flatMap((c) =>
+      c.type === "oauth2" ? [c.tokenUrl] : [],
+    );
+    this.#credentials = new CredentialStore(schemes, this.#fetchTo(tokenUrls));
+    this.#userScheme = callerScheme(options.credentials);
+    if (this.#userScheme !== undefined && this.#credentials.sendsAuthorization()) {
+      throw new ToolLoadError(
+        `${opts.location}: credentials of type ${options.credentials?.type} send the caller's credential as Authorization, which a scheme in auth sends too: drop one`,
+      );
+    }
+    this.#allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
+  }
+
+  /** Adds the tool of one operation, unless the filters leave it out or it cannot be served. */
+  add(path: string, item: Json, method: (typeof METHODS)[number], operation: Json): void {
+    const { options } = this.#opts;
+    this.#operations++;
+    const upper = method.toUpperCase();
+    const operationId =
+      typeof operation.operationId === "string" && operation.operationId !== ""
+        ? operation.operationId
+        : derivedOperationId(method, path);
+    const tags = Array.isArray(operation.tags) ? operation.tags.map(String) : [];
+    if (!kept({ tags, operationId, method: upper }, options)) return;
+    const name = `${this.#prefix}.${operationId}`;
+    if (name.length > 128) {
+      this.#warn(`the tool name is longer than 128 characters; operation skipped`, name);
+      return;
+    }
+    if (this.#names.has(name)) {
+      this.#warn(`operationId ${operationId} is used twice; the first one is kept`, name);
+      return;
+    }
+    if (isObject(operation.callbacks) && Object.keys(operation.callbacks).length > 0) {
+      this.#warn("callbacks are not served; the operation is, without them", name);
+    }
+    const plan = planOperation(
+      this.#document,
+      item,
+      operation,
+      path,
+      upper,
+      name,
+      this.#opts,
+      this.#warn,
+    );
+    if (plan === undefined) return;
+    this.#names.add(name);
+    this.#tools.push(
+      this.#toolOf({ operation, path, method: upper, operationId, tags, name }, plan),
+    );
+  }
+
+  /** The tools added, with every warning and the count of the document's operations. */
+  result(): OpenApiTools {
+    return { tools: this.#tools, warnings: this.#warnings, operations: this.#operations };
+  }
+
+  /** The tool module of a kept operation: its description, its origin and its handler. */
+  #toolOf(op: KeptOperation, plan: OperationPlan): ToolModule {
+    const { options } = this.#opts;
+    const { operation, path, method: upper, operationId, tags, name } = op;
+    const credentials = this.#credentials;
+    const userScheme = this.#userScheme;
+    const security = credentials.requirementOf(
+      operation.security ?? this.#document.security,
+      (message) => this.#warn(message, name),
+    );
+    const http = this.#endpoint(name, plan.base);
+    const idempotent = IDEMPOTENT.has(upper);
+    const summary = typeof operation.summary === "string" ? operation.summary.trim() : "";
+    const detail = typeof operation.description === "string" ? operation.description.trim() : "";
+    const description =
+      [summary, detail].filter((t) => t !== "").join("\n\n") || `${upper} ${path}`;
+    const retry =
+      idempotent || options.retry_non_idempotent
+        ? options.retry
+        : { ...options.retry, max_attempts: 1 };
+    const groups = [...tags.map((t) => `${this.#prefix}.${t}`), ...(options.groups ?? [])];
+    return {
+      name,
+      description,
+      ...(summary === "" ? {} : { summary }),
+      parameters: plan.schema,
+      // Every param belongs to the API: none is a toolmesh system param.
+      systemParams: [],
+      ...(groups.length === 0 ? {} : { groups }),
+      ...(options.timeout_ms === undefined ? {} : { timeoutMs: options.timeout_ms }),
+      ...(retry === undefined ? {} : { retry }),
+      kind: "native",
+      ...(options.credentials === undefined
+        ? {}
+        : { credentials: declaredCredentials(options.credentials) }),
+      annotations: {
+        ...(summary === "" ? {} : { title: summary }),
+        readOnlyHint: upper === "GET" || upper === "HEAD",
+        ...(upper === "PUT" || upper === "DELETE" ? { idempotentHint: true } : {}),
+        ...(operation.deprecated === true ? { deprecated: true } : {}),
+      },
+      origin: {
+        openapi: this.#opts.location,
+        operation_id: operationId,
+        method: upper,
+        path,
+        server: plan.base.href,
+        ...(tags.length === 0 ? {} : { tags }),
+      },
+      handler: async (args, ctx) => {
+        const applied = await credentials.apply(security, ctx);
+        const request = buildOperationRequest(plan, args, ctx, applied);
+        if (userScheme !== undefined && ctx.credential !== undefined)
+          request.headers.set("authorization", `${userScheme} ${ctx.credential}`);
+        return invokeHttp(callerEndpoint(http, userScheme, ctx), request, ctx);
+      },
+    };
+  }
+
+  /** The endpoint of one tool; its base URL is fixed here, so its host may be trusted. */
+  #endpoint(tool: string, base: URL): HttpEndpoint {
+    return {
+      tool,
+      allowed: this.#allowed,
+      // Authorization among them: the caller's secret, when sent, stays on its origin too.
+      credentialHeaders: this.#credentials.headerNames(),
+      secrets: this.#credentials.secrets(),
+      maxResponseBytes: this.#opts.maxResponseBytes ?? Defaults.maxMessageBytes,
+      fetch: this.#fetchTo([base]),
+    };
+  }
+
+  /** The fetch of requests to URLs fixed at load, which may trust their exact hosts. */
+  #fetchTo(urls: readonly URL[]): typeof globalThis.fetch {
+    return this.#opts.fetchTrusting?.(urls) ?? this.#opts.fetch;
+  }
+
+  /** Notes something the document's tools cannot do; `tool` names the one it concerns. */
+  readonly #warn = (message: string, tool?: string): void => {
+    this.#warnings.push(tool === undefined ? { message } : { tool, message });
+  };
 }
 
 function kept(
