@@ -400,11 +400,14 @@ function tokenEndpointOf(e: z.infer<typeof EnvSchema>): { tokenEndpoint?: TokenE
   return endpoint === undefined ? {} : { tokenEndpoint: endpoint };
 }
 
-/** Parses the environment (and flag overrides, which win) into a {@link RuntimeConfig}. */
-export function loadConfig(
+/**
+ * The environment with flag overrides applied, parsed and checked as a whole; throws a
+ * {@link ConfigError} naming every variable that cannot be used.
+ */
+function parseEnv(
   env: Readonly<Record<string, string | undefined>>,
-  overrides: Partial<Record<keyof z.input<typeof EnvSchema>, string | undefined>> = {},
-): RuntimeConfig {
+  overrides: Partial<Record<keyof z.input<typeof EnvSchema>, string | undefined>>,
+): z.infer<typeof EnvSchema> {
   const merged: Record<string, string | undefined> = { ...env };
   for (const [k, v] of Object.entries(overrides)) if (v !== undefined) merged[k] = v;
   // Empty variables count as unset, as shells and compose files often leave them so.
@@ -420,18 +423,32 @@ export function loadConfig(
       "invalid configuration: NATS_CERT and NATS_KEY (--tlscert, --tlskey) are set together: a client certificate and its key",
     );
   }
+  return e;
+}
+
+/** The NATS connection settings (`NATS_*`), only those that are set. */
+function natsOf(e: z.infer<typeof EnvSchema>): RuntimeConfig["nats"] {
   return {
-    nats: {
-      servers: e.NATS_URL,
-      ...(e.NATS_CREDS === undefined ? {} : { creds: e.NATS_CREDS }),
-      ...(e.NATS_NKEY === undefined ? {} : { nkey: e.NATS_NKEY }),
-      ...(e.NATS_USER === undefined ? {} : { user: e.NATS_USER }),
-      ...(e.NATS_PASSWORD === undefined ? {} : { password: e.NATS_PASSWORD }),
-      ...(e.NATS_TOKEN === undefined ? {} : { token: e.NATS_TOKEN }),
-      ...(e.NATS_CERT === undefined ? {} : { tlsCert: e.NATS_CERT }),
-      ...(e.NATS_KEY === undefined ? {} : { tlsKey: e.NATS_KEY }),
-      ...(e.NATS_CA === undefined ? {} : { tlsCa: e.NATS_CA }),
-    },
+    servers: e.NATS_URL,
+    ...(e.NATS_CREDS === undefined ? {} : { creds: e.NATS_CREDS }),
+    ...(e.NATS_NKEY === undefined ? {} : { nkey: e.NATS_NKEY }),
+    ...(e.NATS_USER === undefined ? {} : { user: e.NATS_USER }),
+    ...(e.NATS_PASSWORD === undefined ? {} : { password: e.NATS_PASSWORD }),
+    ...(e.NATS_TOKEN === undefined ? {} : { token: e.NATS_TOKEN }),
+    ...(e.NATS_CERT === undefined ? {} : { tlsCert: e.NATS_CERT }),
+    ...(e.NATS_KEY === undefined ? {} : { tlsKey: e.NATS_KEY }),
+    ...(e.NATS_CA === undefined ? {} : { tlsCa: e.NATS_CA }),
+  };
+}
+
+/** Parses the environment (and flag overrides, which win) into a {@link RuntimeConfig}. */
+export function loadConfig(
+  env: Readonly<Record<string, string | undefined>>,
+  overrides: Partial<Record<keyof z.input<typeof EnvSchema>, string | undefined>> = {},
+): RuntimeConfig {
+  const e = parseEnv(env, overrides);
+  return {
+    nats: natsOf(e),
     prefix: e.TOOLMESH_PREFIX,
     tenant: e.TOOLMESH_TENANT,
     logLevel: e.TOOLMESH_LOG_LEVEL,

@@ -305,6 +305,30 @@ function pathPlaceholders(apiUrl: string): Set<string> {
   return new Set([...apiUrl.matchAll(PLACEHOLDER)].map((m) => m[1] ?? ""));
 }
 
+/**
+ * The header a tool file's `auth` sets and its value, the secret read from `env` now; none
+ * without `auth`. A secret missing from `env` fails the load.
+ */
+function configuredAuth(
+  spec: z.output<typeof NativeToolFileSchema>,
+  file: string,
+  env: Readonly<Record<string, string | undefined>>,
+): CompiledTool["auth"] {
+  if (spec.auth === undefined) return undefined;
+  const secret = env[spec.auth.env];
+  if (secret === undefined || secret === "") {
+    throw new ToolLoadError(
+      `${file}: auth needs the environment variable ${spec.auth.env}, which is not set`,
+    );
+  }
+  const bearer = spec.auth.method === "bearer";
+  return {
+    header: spec.auth.header ?? (bearer ? "Authorization" : "X-API-Key"),
+    value: bearer ? `Bearer ${secret}` : secret,
+  };
+}
+
+/** The tool module of one checked tool file, its handler holding what it needs compiled. */
 function nativeToolModule(
   spec: z.output<typeof NativeToolFileSchema>,
   file: string,
@@ -318,20 +342,7 @@ function nativeToolModule(
       `${file}: api_url ${spec.api_url} is outside TOOLMESH_NATIVE_ALLOWED_URLS`,
     );
   }
-  let auth: CompiledTool["auth"];
-  if (spec.auth !== undefined) {
-    const secret = env[spec.auth.env];
-    if (secret === undefined || secret === "") {
-      throw new ToolLoadError(
-        `${file}: auth needs the environment variable ${spec.auth.env}, which is not set`,
-      );
-    }
-    const bearer = spec.auth.method === "bearer";
-    auth = {
-      header: spec.auth.header ?? (bearer ? "Authorization" : "X-API-Key"),
-      value: bearer ? `Bearer ${secret}` : secret,
-    };
-  }
+  const auth = configuredAuth(spec, file, env);
   const userScheme = callerScheme(spec.credentials);
   if (userScheme !== undefined && auth?.header.toLowerCase() === "authorization") {
     throw new ToolLoadError(

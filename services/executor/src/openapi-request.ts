@@ -237,6 +237,49 @@ export function buildOperationRequest(
   credentials: AppliedCredentials,
 ): HttpRequest {
   const headers = new Headers({ accept: DEFAULT_ACCEPT });
+  const { query, cookies, pathValues } = placeParameters(plan, args, headers);
+  let missing: string | undefined;
+  const path = plan.path.replace(/\{([^{}]+)\}/g, (_, name: string) => {
+    const value = pathValues.get(name);
+    if (value === undefined) missing ??= name;
+    return value ?? "";
+  });
+  if (missing !== undefined) throw invalidParameter(missing, "is required: the URL path holds it");
+  const base = plan.base.href.replace(/\/+$/, "");
+  const url = new URL(`${base}${path}`);
+  for (const [k, v] of query) url.searchParams.append(k, v);
+  const body = jsonBody(plan, args);
+  if (plan.body !== undefined && body !== undefined) {
+    headers.set(
+      "content-type",
+      plan.body.mediaType === "*/*" ? "application/json" : plan.body.mediaType,
+    );
+  }
+  if (plan.method !== "GET" && plan.method !== "HEAD" && !headers.has("idempotency-key")) {
+    // Lets the API make the side effect exactly-once across retries and redeliveries.
+    headers.set("idempotency-key", ctx.idempotencyKey);
+  }
+  for (const [k, v] of credentials.query) url.searchParams.set(k, v);
+  const allCookies = [
+    ...cookies.filter(([k]) => !credentials.cookies.some(([c]) => c === k)),
+    ...credentials.cookies,
+  ];
+  if (allCookies.length > 0) {
+    headers.set("cookie", allCookies.map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("; "));
+  }
+  for (const [k, v] of credentials.headers) headers.set(k, v);
+  return { method: plan.method, url, headers, body };
+}
+
+/**
+ * Puts each argument where its parameter says: headers are set on `headers`; query pairs,
+ * cookies and path values are returned for the URL and the credentials to join.
+ */
+function placeParameters(
+  plan: OperationPlan,
+  args: Record<string, unknown>,
+  headers: Headers,
+): { query: [string, string][]; cookies: [string, string][]; pathValues: Map<string, string> } {
   const query: [string, string][] = [];
   const cookies: [string, string][] = [];
   const pathValues = new Map<string, string>();
@@ -271,48 +314,25 @@ export function buildOperationRequest(
         break;
     }
   }
-  let missing: string | undefined;
-  const path = plan.path.replace(/\{([^{}]+)\}/g, (_, name: string) => {
-    const value = pathValues.get(name);
-    if (value === undefined) missing ??= name;
-    return value ?? "";
-  });
-  if (missing !== undefined) throw invalidParameter(missing, "is required: the URL path holds it");
-  const base = plan.base.href.replace(/\/+$/, "");
-  const url = new URL(`${base}${path}`);
-  for (const [k, v] of query) url.searchParams.append(k, v);
-  let body: string | undefined;
-  if (plan.body !== undefined) {
-    if (plan.body.property !== undefined) {
-      const value = args[plan.body.property];
-      if (value !== undefined) body = JSON.stringify(value);
-    } else {
-      const fields = Object.fromEntries(
-        plan.body.properties.filter((k) => args[k] !== undefined).map((k) => [k, args[k]]),
-      );
-      if (Object.keys(fields).length > 0 || plan.method !== "GET") body = JSON.stringify(fields);
-    }
-    if (body !== undefined) {
-      headers.set(
-        "content-type",
-        plan.body.mediaType === "*/*" ? "application/json" : plan.body.mediaType,
-      );
-    }
+  return { query, cookies, pathValues };
+}
+
+/**
+ * The JSON body text: the one property holding it, else the body's properties given (an empty
+ * object too, except for GET); undefined when there is none to send.
+ */
+function jsonBody(plan: OperationPlan, args: Record<string, unknown>): string | undefined {
+  if (plan.body === undefined) return undefined;
+  if (plan.body.property !== undefined) {
+    const value = args[plan.body.property];
+    return value === undefined ? undefined : JSON.stringify(value);
   }
-  if (plan.method !== "GET" && plan.method !== "HEAD" && !headers.has("idempotency-key")) {
-    // Lets the API make the side effect exactly-once across retries and redeliveries.
-    headers.set("idempotency-key", ctx.idempotencyKey);
-  }
-  for (const [k, v] of credentials.query) url.searchParams.set(k, v);
-  const allCookies = [
-    ...cookies.filter(([k]) => !credentials.cookies.some(([c]) => c === k)),
-    ...credentials.cookies,
-  ];
-  if (allCookies.length > 0) {
-    headers.set("cookie", allCookies.map(([k, v]) => `${k}=${encodeURIComponent(v)}`).join("; "));
-  }
-  for (const [k, v] of credentials.headers) headers.set(k, v);
-  return { method: plan.method, url, headers, body };
+  const fields = Object.fromEntries(
+    plan.body.properties.filter((k) => args[k] !== undefined).map((k) => [k, args[k]]),
+  );
+  return Object.keys(fields).length > 0 || plan.method !== "GET"
+    ? JSON.stringify(fields)
+    : undefined;
 }
 
 /** `simple` style: arrays comma-joined, objects `k,v,k,v` (or `k=v,k=v` exploded). */

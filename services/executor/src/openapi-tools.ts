@@ -208,122 +208,197 @@ export async function readOpenApiDocument(
  * value, a secret missing from the environment, a server outside the allowed URLs) throws.
  */
 export function openApiTools(document: Json, opts: OpenApiToolsOptions): OpenApiTools {
-  const { options } = opts;
-  const prefix = options.prefix ?? "api";
-  const warnings: OpenApiWarning[] = [];
-  const warn = (message: string, tool?: string): void => {
-    warnings.push(tool === undefined ? { message } : { tool, message });
-  };
-  if (isObject(document.webhooks) && Object.keys(document.webhooks).length > 0) {
-    warn("webhooks are not served: they are requests the API makes, not operations to call");
-  }
-  const fetchTo = (urls: readonly URL[]) => opts.fetchTrusting?.(urls) ?? opts.fetch;
-  const schemes = securitySchemes(document, options, opts.env, warn);
-  const tokenUrls = [...schemes.values()].flatMap((c) => (c.type === "oauth2" ? [c.tokenUrl] : []));
-  const credentials = new CredentialStore(schemes, fetchTo(tokenUrls));
-  const userScheme = callerScheme(options.credentials);
-  if (userScheme !== undefined && credentials.sendsAuthorization()) {
-    throw new ToolLoadError(
-      `${opts.location}: credentials of type ${options.credentials?.type} send the caller's credential as Authorization, which a scheme in auth sends too: drop one`,
-    );
-  }
-  const allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
-  /** The endpoint of one tool; its base URL is fixed here, so its host may be trusted. */
-  const endpoint = (tool: string, base: URL): HttpEndpoint => ({
-    tool,
-    allowed,
-    // Authorization among them: the caller's secret, when sent, stays on its origin too.
-    credentialHeaders: credentials.headerNames(),
-    secrets: credentials.secrets(),
-    maxResponseBytes: opts.maxResponseBytes ?? Defaults.maxMessageBytes,
-    fetch: fetchTo([base]),
-  });
-  const tools: ToolModule[] = [];
-  const names = new Set<string>();
-  let operations = 0;
+  const tools = new OpenApiToolsBuilder(document, opts);
   const paths = isObject(document.paths) ? document.paths : {};
   for (const [path, rawItem] of Object.entries(paths)) {
     if (!isObject(rawItem)) continue;
     for (const method of METHODS) {
       const operation = rawItem[method];
-      if (!isObject(operation)) continue;
-      operations++;
-      const upper = method.toUpperCase();
-      const operationId =
-        typeof operation.operationId === "string" && operation.operationId !== ""
-          ? operation.operationId
-          : derivedOperationId(method, path);
-      const tags = Array.isArray(operation.tags) ? operation.tags.map(String) : [];
-      if (!kept({ tags, operationId, method: upper }, options)) continue;
-      const name = `${prefix}.${operationId}`;
-      if (name.length > 128) {
-        warn(`the tool name is longer than 128 characters; operation skipped`, name);
-        continue;
-      }
-      if (names.has(name)) {
-        warn(`operationId ${operationId} is used twice; the first one is kept`, name);
-        continue;
-      }
-      if (isObject(operation.callbacks) && Object.keys(operation.callbacks).length > 0) {
-        warn("callbacks are not served; the operation is, without them", name);
-      }
-      const plan = planOperation(document, rawItem, operation, path, upper, name, opts, warn);
-      if (plan === undefined) continue;
-      names.add(name);
-      const security = credentials.requirementOf(
-        operation.security ?? document.security,
-        (message) => warn(message, name),
-      );
-      const http = endpoint(name, plan.base);
-      const idempotent = IDEMPOTENT.has(upper);
-      const summary = typeof operation.summary === "string" ? operation.summary.trim() : "";
-      const detail = typeof operation.description === "string" ? operation.description.trim() : "";
-      const description =
-        [summary, detail].filter((t) => t !== "").join("\n\n") || `${upper} ${path}`;
-      const retry =
-        idempotent || options.retry_non_idempotent
-          ? options.retry
-          : { ...options.retry, max_attempts: 1 };
-      const groups = [...tags.map((t) => `${prefix}.${t}`), ...(options.groups ?? [])];
-      tools.push({
-        name,
-        description,
-        ...(summary === "" ? {} : { summary }),
-        parameters: plan.schema,
-        // Every param belongs to the API: none is a toolmesh system param.
-        systemParams: [],
-        ...(groups.length === 0 ? {} : { groups }),
-        ...(options.timeout_ms === undefined ? {} : { timeoutMs: options.timeout_ms }),
-        ...(retry === undefined ? {} : { retry }),
-        kind: "native",
-        ...(options.credentials === undefined
-          ? {}
-          : { credentials: declaredCredentials(options.credentials) }),
-        annotations: {
-          ...(summary === "" ? {} : { title: summary }),
-          readOnlyHint: upper === "GET" || upper === "HEAD",
-          ...(upper === "PUT" || upper === "DELETE" ? { idempotentHint: true } : {}),
-          ...(operation.deprecated === true ? { deprecated: true } : {}),
-        },
-        origin: {
-          openapi: opts.location,
-          operation_id: operationId,
-          method: upper,
-          path,
-          server: plan.base.href,
-          ...(tags.length === 0 ? {} : { tags }),
-        },
-        handler: async (args, ctx) => {
-          const applied = await credentials.apply(security, ctx);
-          const request = buildOperationRequest(plan, args, ctx, applied);
-          if (userScheme !== undefined && ctx.credential !== undefined)
-            request.headers.set("authorization", `${userScheme} ${ctx.credential}`);
-          return invokeHttp(callerEndpoint(http, userScheme, ctx), request, ctx);
-        },
-      });
+      if (isObject(operation)) tools.add(path, rawItem, method, operation);
     }
   }
-  return { tools, warnings, operations };
+  return tools.result();
+}
+
+/** An operation the filters keep, under the name of its tool. */
+interface KeptOperation {
+  operation: Json;
+  path: string;
+  /** Upper case, as sent. */
+  method: string;
+  operationId: string;
+  tags: string[];
+  /** The tool's name, `{prefix}.{operationId}`. */
+  name: string;
+}
+
+/**
+ * The tools of one document as its operations are added, the warnings met on the way, and what
+ * every tool of the document shares: its security schemes' credentials and the caller's scheme.
+ */
+class OpenApiToolsBuilder {
+  readonly #document: Json;
+  readonly #opts: OpenApiToolsOptions;
+  readonly #prefix: string;
+  readonly #credentials: CredentialStore;
+  readonly #userScheme: string | undefined;
+  readonly #allowed: UrlAllowList | undefined;
+  readonly #tools: ToolModule[] = [];
+  readonly #warnings: OpenApiWarning[] = [];
+  readonly #names = new Set<string>();
+  #operations = 0;
+
+  /** Reads the document-wide parts: webhooks (warned), security schemes and the caller's scheme. */
+  constructor(document: Json, opts: OpenApiToolsOptions) {
+    const { options } = opts;
+    this.#document = document;
+    this.#opts = opts;
+    this.#prefix = options.prefix ?? "api";
+    if (isObject(document.webhooks) && Object.keys(document.webhooks).length > 0) {
+      this.#warn(
+        "webhooks are not served: they are requests the API makes, not operations to call",
+      );
+    }
+    const schemes = securitySchemes(document, options, opts.env, this.#warn);
+    const tokenUrls = [...schemes.values()].flatMap((c) =>
+      c.type === "oauth2" ? [c.tokenUrl] : [],
+    );
+    this.#credentials = new CredentialStore(schemes, this.#fetchTo(tokenUrls));
+    this.#userScheme = callerScheme(options.credentials);
+    if (this.#userScheme !== undefined && this.#credentials.sendsAuthorization()) {
+      throw new ToolLoadError(
+        `${opts.location}: credentials of type ${options.credentials?.type} send the caller's credential as Authorization, which a scheme in auth sends too: drop one`,
+      );
+    }
+    this.#allowed = opts.allowedUrls === undefined ? undefined : new UrlAllowList(opts.allowedUrls);
+  }
+
+  /** Adds the tool of one operation, unless the filters leave it out or it cannot be served. */
+  add(path: string, item: Json, method: (typeof METHODS)[number], operation: Json): void {
+    const { options } = this.#opts;
+    this.#operations++;
+    const upper = method.toUpperCase();
+    const operationId =
+      typeof operation.operationId === "string" && operation.operationId !== ""
+        ? operation.operationId
+        : derivedOperationId(method, path);
+    const tags = Array.isArray(operation.tags) ? operation.tags.map(String) : [];
+    if (!kept({ tags, operationId, method: upper }, options)) return;
+    const name = `${this.#prefix}.${operationId}`;
+    if (name.length > 128) {
+      this.#warn(`the tool name is longer than 128 characters; operation skipped`, name);
+      return;
+    }
+    if (this.#names.has(name)) {
+      this.#warn(`operationId ${operationId} is used twice; the first one is kept`, name);
+      return;
+    }
+    if (isObject(operation.callbacks) && Object.keys(operation.callbacks).length > 0) {
+      this.#warn("callbacks are not served; the operation is, without them", name);
+    }
+    const plan = planOperation(
+      this.#document,
+      item,
+      operation,
+      path,
+      upper,
+      name,
+      this.#opts,
+      this.#warn,
+    );
+    if (plan === undefined) return;
+    this.#names.add(name);
+    this.#tools.push(
+      this.#toolOf({ operation, path, method: upper, operationId, tags, name }, plan),
+    );
+  }
+
+  /** The tools added, with every warning and the count of the document's operations. */
+  result(): OpenApiTools {
+    return { tools: this.#tools, warnings: this.#warnings, operations: this.#operations };
+  }
+
+  /** The tool module of a kept operation: its description, its origin and its handler. */
+  #toolOf(op: KeptOperation, plan: OperationPlan): ToolModule {
+    const { options } = this.#opts;
+    const { operation, path, method: upper, operationId, tags, name } = op;
+    const credentials = this.#credentials;
+    const userScheme = this.#userScheme;
+    const security = credentials.requirementOf(
+      operation.security ?? this.#document.security,
+      (message) => this.#warn(message, name),
+    );
+    const http = this.#endpoint(name, plan.base);
+    const idempotent = IDEMPOTENT.has(upper);
+    const summary = typeof operation.summary === "string" ? operation.summary.trim() : "";
+    const detail = typeof operation.description === "string" ? operation.description.trim() : "";
+    const description =
+      [summary, detail].filter((t) => t !== "").join("\n\n") || `${upper} ${path}`;
+    const retry =
+      idempotent || options.retry_non_idempotent
+        ? options.retry
+        : { ...options.retry, max_attempts: 1 };
+    const groups = [...tags.map((t) => `${this.#prefix}.${t}`), ...(options.groups ?? [])];
+    return {
+      name,
+      description,
+      ...(summary === "" ? {} : { summary }),
+      parameters: plan.schema,
+      // Every param belongs to the API: none is a toolmesh system param.
+      systemParams: [],
+      ...(groups.length === 0 ? {} : { groups }),
+      ...(options.timeout_ms === undefined ? {} : { timeoutMs: options.timeout_ms }),
+      ...(retry === undefined ? {} : { retry }),
+      kind: "native",
+      ...(options.credentials === undefined
+        ? {}
+        : { credentials: declaredCredentials(options.credentials) }),
+      annotations: {
+        ...(summary === "" ? {} : { title: summary }),
+        readOnlyHint: upper === "GET" || upper === "HEAD",
+        ...(upper === "PUT" || upper === "DELETE" ? { idempotentHint: true } : {}),
+        ...(operation.deprecated === true ? { deprecated: true } : {}),
+      },
+      origin: {
+        openapi: this.#opts.location,
+        operation_id: operationId,
+        method: upper,
+        path,
+        server: plan.base.href,
+        ...(tags.length === 0 ? {} : { tags }),
+      },
+      handler: async (args, ctx) => {
+        const applied = await credentials.apply(security, ctx);
+        const request = buildOperationRequest(plan, args, ctx, applied);
+        if (userScheme !== undefined && ctx.credential !== undefined)
+          request.headers.set("authorization", `${userScheme} ${ctx.credential}`);
+        return invokeHttp(callerEndpoint(http, userScheme, ctx), request, ctx);
+      },
+    };
+  }
+
+  /** The endpoint of one tool; its base URL is fixed here, so its host may be trusted. */
+  #endpoint(tool: string, base: URL): HttpEndpoint {
+    return {
+      tool,
+      allowed: this.#allowed,
+      // Authorization among them: the caller's secret, when sent, stays on its origin too.
+      credentialHeaders: this.#credentials.headerNames(),
+      secrets: this.#credentials.secrets(),
+      maxResponseBytes: this.#opts.maxResponseBytes ?? Defaults.maxMessageBytes,
+      fetch: this.#fetchTo([base]),
+    };
+  }
+
+  /** The fetch of requests to URLs fixed at load, which may trust their exact hosts. */
+  #fetchTo(urls: readonly URL[]): typeof globalThis.fetch {
+    return this.#opts.fetchTrusting?.(urls) ?? this.#opts.fetch;
+  }
+
+  /** Notes something the document's tools cannot do; `tool` names the one it concerns. */
+  readonly #warn = (message: string, tool?: string): void => {
+    this.#warnings.push(tool === undefined ? { message } : { tool, message });
+  };
 }
 
 function kept(
@@ -676,15 +751,6 @@ function securitySchemes(
 ): Map<string, Credential> {
   const components = isObject(document.components) ? document.components : {};
   const schemes = isObject(components.securitySchemes) ? components.securitySchemes : {};
-  const secret = (variable: string, scheme: string): string => {
-    const value = env[variable];
-    if (value === undefined || value === "") {
-      throw new ToolLoadError(
-        `auth.${scheme} needs the environment variable ${variable}, which is not set`,
-      );
-    }
-    return value;
-  };
   const out = new Map<string, Credential>();
   for (const scheme of Object.keys(options.auth ?? {})) {
     if (!(scheme in schemes)) {
@@ -693,79 +759,100 @@ function securitySchemes(
   }
   for (const [scheme, raw] of Object.entries(schemes)) {
     if (!isObject(raw)) continue;
-    const auth = options.auth?.[scheme];
-    const type = raw.type;
-    const unusable = (why: string): void => {
-      warn(`security scheme ${scheme}: ${why}; its operations are called without it`);
-    };
-    if (type === "apiKey" && (raw.in === "header" || raw.in === "query" || raw.in === "cookie")) {
-      if (auth === undefined) continue;
-      if (!("env" in auth)) {
-        throw new ToolLoadError(`auth.${scheme}: an API key is given as { env: VARIABLE }`);
-      }
-      out.set(scheme, {
-        type: "apiKey",
-        in: raw.in,
-        name: String(raw.name),
-        value: secret(auth.env, scheme),
-      });
-    } else if (
-      type === "http" &&
-      typeof raw.scheme === "string" &&
-      raw.scheme.toLowerCase() === "bearer"
-    ) {
-      if (auth === undefined) continue;
-      if (!("env" in auth)) {
-        throw new ToolLoadError(`auth.${scheme}: a bearer token is given as { env: VARIABLE }`);
-      }
-      out.set(scheme, { type: "bearer", token: secret(auth.env, scheme) });
-    } else if (
-      type === "http" &&
-      typeof raw.scheme === "string" &&
-      raw.scheme.toLowerCase() === "basic"
-    ) {
-      if (auth === undefined) continue;
-      if (!("username_env" in auth)) {
-        throw new ToolLoadError(
-          `auth.${scheme}: basic credentials are given as { username_env, password_env }`,
-        );
-      }
-      out.set(scheme, {
-        type: "basic",
-        username: secret(auth.username_env, scheme),
-        password: secret(auth.password_env, scheme),
-      });
-    } else if (type === "oauth2" && isObject(raw.flows) && isObject(raw.flows.clientCredentials)) {
-      if (auth === undefined) continue;
-      if (!("client_id_env" in auth)) {
-        throw new ToolLoadError(
-          `auth.${scheme}: OAuth2 client credentials are given as { client_id_env, client_secret_env }`,
-        );
-      }
-      const tokenUrl = auth.token_url ?? raw.flows.clientCredentials.tokenUrl;
-      if (typeof tokenUrl !== "string" || !URL.canParse(tokenUrl)) {
-        throw new ToolLoadError(
-          `auth.${scheme}: the token URL ${String(tokenUrl)} is not absolute; set token_url`,
-        );
-      }
-      out.set(scheme, {
-        type: "oauth2",
-        tokenUrl: new URL(tokenUrl),
-        clientId: secret(auth.client_id_env, scheme),
-        clientSecret: secret(auth.client_secret_env, scheme),
-        scopes: auth.scopes ?? [],
-      });
-    } else if (type === "oauth2") {
-      unusable("only the OAuth2 client-credentials flow is supported");
-    } else if (type === "http") {
-      unusable(
-        `HTTP authentication "${String(raw.scheme)}" is not supported (basic and bearer are)`,
-      );
-    } else {
-      unusable(`type ${String(type)} is not supported`);
-    }
+    const credential = schemeCredential(scheme, raw, options.auth?.[scheme], env, warn);
+    if (credential !== undefined) out.set(scheme, credential);
   }
   return out;
+}
+
+/**
+ * One security scheme's credential, its secrets read from `env`. Undefined when the source file
+ * gives it none, or (warned) when toolmesh cannot send it: its operations go without it.
+ */
+function schemeCredential(
+  scheme: string,
+  raw: Json,
+  auth: z.output<typeof SchemeAuthSchema> | undefined,
+  env: Readonly<Record<string, string | undefined>>,
+  warn: (message: string) => void,
+): Credential | undefined {
+  const type = raw.type;
+  if (type === "apiKey" && (raw.in === "header" || raw.in === "query" || raw.in === "cookie")) {
+    if (auth === undefined) return undefined;
+    if (!("env" in auth)) {
+      throw new ToolLoadError(`auth.${scheme}: an API key is given as { env: VARIABLE }`);
+    }
+    return {
+      type: "apiKey",
+      in: raw.in,
+      name: String(raw.name),
+      value: secretOf(env, auth.env, scheme),
+    };
+  }
+  if (type === "http" && typeof raw.scheme === "string" && raw.scheme.toLowerCase() === "bearer") {
+    if (auth === undefined) return undefined;
+    if (!("env" in auth)) {
+      throw new ToolLoadError(`auth.${scheme}: a bearer token is given as { env: VARIABLE }`);
+    }
+    return { type: "bearer", token: secretOf(env, auth.env, scheme) };
+  }
+  if (type === "http" && typeof raw.scheme === "string" && raw.scheme.toLowerCase() === "basic") {
+    if (auth === undefined) return undefined;
+    if (!("username_env" in auth)) {
+      throw new ToolLoadError(
+        `auth.${scheme}: basic credentials are given as { username_env, password_env }`,
+      );
+    }
+    return {
+      type: "basic",
+      username: secretOf(env, auth.username_env, scheme),
+      password: secretOf(env, auth.password_env, scheme),
+    };
+  }
+  if (type === "oauth2" && isObject(raw.flows) && isObject(raw.flows.clientCredentials)) {
+    if (auth === undefined) return undefined;
+    if (!("client_id_env" in auth)) {
+      throw new ToolLoadError(
+        `auth.${scheme}: OAuth2 client credentials are given as { client_id_env, client_secret_env }`,
+      );
+    }
+    const tokenUrl = auth.token_url ?? raw.flows.clientCredentials.tokenUrl;
+    if (typeof tokenUrl !== "string" || !URL.canParse(tokenUrl)) {
+      throw new ToolLoadError(
+        `auth.${scheme}: the token URL ${String(tokenUrl)} is not absolute; set token_url`,
+      );
+    }
+    return {
+      type: "oauth2",
+      tokenUrl: new URL(tokenUrl),
+      clientId: secretOf(env, auth.client_id_env, scheme),
+      clientSecret: secretOf(env, auth.client_secret_env, scheme),
+      scopes: auth.scopes ?? [],
+    };
+  }
+  const why =
+    type === "oauth2"
+      ? "only the OAuth2 client-credentials flow is supported"
+      : type === "http"
+        ? `HTTP authentication "${String(raw.scheme)}" is not supported (basic and bearer are)`
+        : `type ${String(type)} is not supported`;
+  warn(`security scheme ${scheme}: ${why}; its operations are called without it`);
+  return undefined;
+}
+
+/** The value of an environment variable a scheme's `auth` names; unset or empty fails the load. */
+function secretOf(
+  env: Readonly<Record<string, string | undefined>>,
+  variable: string,
+  scheme: string,
+): string {
+  const value = env[variable];
+  if (value === undefined || value === "") {
+    throw new ToolLoadError(
+      `auth.${scheme} needs the environment variable ${variable}, which is not set`,
+    );
+  }
+  return value;
 }
 
 /** Reads a source file: an OpenAPI document itself, or `spec:` and options. */

@@ -317,6 +317,7 @@ function isNullSchema(value: unknown): boolean {
   return isRecord(value) && value.type === "null";
 }
 
+/** One node of {@link toGeminiSchema}; `refs` are the references being inlined above it. */
 function convertSchema(node: unknown, root: Record<string, unknown>, refs: string[]): GeminiSchema {
   if (!isRecord(node)) return {};
 
@@ -338,59 +339,12 @@ function convertSchema(node: unknown, root: Record<string, unknown>, refs: strin
 
   const out: GeminiSchema = {};
   let nullable = node.nullable === true;
-
-  const variants = Array.isArray(node.anyOf)
-    ? node.anyOf
-    : Array.isArray(node.oneOf)
-      ? node.oneOf
-      : undefined;
-  if (variants !== undefined) {
-    const kept = variants.filter((variant) => !isNullSchema(variant));
-    if (kept.length < variants.length) nullable = true;
-    if (kept.length === 1) {
-      const merged = convertSchema(kept[0], root, refs);
-      if (merged.nullable === true) nullable = true;
-      Object.assign(out, merged);
-    } else if (kept.length > 1) {
-      out.anyOf = kept.map((variant) => convertSchema(variant, root, refs));
-    }
-  }
-
-  const rawTypes =
-    typeof node.type === "string"
-      ? [node.type]
-      : Array.isArray(node.type)
-        ? node.type.filter((t): t is string => typeof t === "string")
-        : undefined;
-  if (rawTypes !== undefined) {
-    const types = rawTypes.filter((t) => t !== "null");
-    if (types.length < rawTypes.length) nullable = true;
-    if (types.length === 1) out.type = types[0];
-    else if (types.length > 1 && out.anyOf === undefined) {
-      out.anyOf = types.map((t) => ({ type: t }));
-    }
-  }
+  if (convertVariants(node, out, root, refs)) nullable = true;
+  if (convertType(node, out)) nullable = true;
 
   if (typeof node.description === "string") out.description = node.description;
 
-  const enumSource = Array.isArray(node.enum)
-    ? (node.enum as unknown[])
-    : "const" in node
-      ? [node.const]
-      : undefined;
-  if (enumSource !== undefined) {
-    const values = enumSource.filter((value) => value !== null);
-    if (values.length < enumSource.length) nullable = true;
-    if (values.every((value) => typeof value === "string")) {
-      if (values.length > 0) {
-        out.enum = values;
-        out.type ??= "string";
-      }
-    } else {
-      const allowed = `Allowed values: ${values.map((value) => JSON.stringify(value)).join(", ")}.`;
-      out.description = out.description === undefined ? allowed : `${out.description} ${allowed}`;
-    }
-  }
+  if (convertEnum(node, out)) nullable = true;
 
   if (typeof node.format === "string" && out.type !== undefined) {
     if (GEMINI_FORMATS[out.type]?.includes(node.format) === true) out.format = node.format;
@@ -420,4 +374,77 @@ function convertSchema(node: unknown, root: Record<string, unknown>, refs: strin
   if (typeof node.pattern === "string") out.pattern = node.pattern;
   if (nullable) out.nullable = true;
   return out;
+}
+
+/**
+ * Writes a node's `anyOf`/`oneOf` into `out` without its null members: one left is merged, more
+ * become `anyOf`. True when a member allowed null, which Gemini says with `nullable`.
+ */
+function convertVariants(
+  node: Record<string, unknown>,
+  out: GeminiSchema,
+  root: Record<string, unknown>,
+  refs: string[],
+): boolean {
+  const variants = Array.isArray(node.anyOf)
+    ? node.anyOf
+    : Array.isArray(node.oneOf)
+      ? node.oneOf
+      : undefined;
+  if (variants === undefined) return false;
+  let nullable = false;
+  const kept = variants.filter((variant) => !isNullSchema(variant));
+  if (kept.length < variants.length) nullable = true;
+  if (kept.length === 1) {
+    const merged = convertSchema(kept[0], root, refs);
+    if (merged.nullable === true) nullable = true;
+    Object.assign(out, merged);
+  } else if (kept.length > 1) {
+    out.anyOf = kept.map((variant) => convertSchema(variant, root, refs));
+  }
+  return nullable;
+}
+
+/**
+ * Writes a node's `type` into `out`: one non-null type as is, several as `anyOf` (unless the
+ * variants gave one). True when `null` was among them.
+ */
+function convertType(node: Record<string, unknown>, out: GeminiSchema): boolean {
+  const rawTypes =
+    typeof node.type === "string"
+      ? [node.type]
+      : Array.isArray(node.type)
+        ? node.type.filter((t): t is string => typeof t === "string")
+        : undefined;
+  if (rawTypes === undefined) return false;
+  const types = rawTypes.filter((t) => t !== "null");
+  if (types.length === 1) out.type = types[0];
+  else if (types.length > 1 && out.anyOf === undefined) {
+    out.anyOf = types.map((t) => ({ type: t }));
+  }
+  return types.length < rawTypes.length;
+}
+
+/**
+ * Writes a node's `enum` (or `const`) into `out`: string values as `enum`, others listed in the
+ * description, as Gemini takes string enums only. True when `null` was among them.
+ */
+function convertEnum(node: Record<string, unknown>, out: GeminiSchema): boolean {
+  const enumSource = Array.isArray(node.enum)
+    ? (node.enum as unknown[])
+    : "const" in node
+      ? [node.const]
+      : undefined;
+  if (enumSource === undefined) return false;
+  const values = enumSource.filter((value) => value !== null);
+  if (values.every((value) => typeof value === "string")) {
+    if (values.length > 0) {
+      out.enum = values;
+      out.type ??= "string";
+    }
+  } else {
+    const allowed = `Allowed values: ${values.map((value) => JSON.stringify(value)).join(", ")}.`;
+    out.description = out.description === undefined ? allowed : `${out.description} ${allowed}`;
+  }
+  return values.length < enumSource.length;
 }
