@@ -109,30 +109,65 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
           .then((consumer) => consumer.consume());
   const leaderMoved =
     options.push === undefined ? pullAgainOnNewLeader(options, messages) : undefined;
-  const running = new Set<Promise<void>>();
-  let stopping = false;
-  let lastArrival = 0;
-  let signalStop: () => void = () => undefined;
-  const stopRequested = new Promise<void>((resolve) => (signalStop = resolve));
+  return new ConsumingWorkLoop(options, messages, leaderMoved);
+}
 
-  const heartbeat = (msg: JsMsg): (() => void) => {
-    if (options.heartbeatMs === undefined) return () => undefined;
-    const timer = setInterval(() => msg.working(), options.heartbeatMs);
+/** A work loop taking messages from its consumer: its handlers running, and how it stops. */
+class ConsumingWorkLoop implements WorkLoop {
+  readonly #options: WorkLoopOptions;
+  readonly #messages: ConsumerMessages;
+  readonly #leaderMoved: Subscription | undefined;
+  readonly #running = new Set<Promise<void>>();
+  #stopping = false;
+  #lastArrival = 0;
+  readonly #signalStop: () => void;
+  readonly #stopRequested: Promise<void>;
+  readonly #pump: Promise<void>;
+
+  /** Starts taking messages from `messages` at once. */
+  constructor(
+    options: WorkLoopOptions,
+    messages: ConsumerMessages,
+    leaderMoved: Subscription | undefined,
+  ) {
+    this.#options = options;
+    this.#messages = messages;
+    this.#leaderMoved = leaderMoved;
+    let signalStop: () => void = () => undefined;
+    this.#stopRequested = new Promise<void>((resolve) => (signalStop = resolve));
+    this.#signalStop = signalStop;
+    this.#pump = this.#consume().catch((err: unknown) => this.#options.onError(err));
+  }
+
+  /** How many handlers run right now. */
+  get inFlight(): number {
+    return this.#running.size;
+  }
+
+  /** Keeps `msg` owned (`heartbeatMs`) until the returned function is called; off without it. */
+  #heartbeat(msg: JsMsg): () => void {
+    if (this.#options.heartbeatMs === undefined) return () => undefined;
+    const timer = setInterval(() => msg.working(), this.#options.heartbeatMs);
     return () => clearInterval(timer);
-  };
+  }
 
   /** Waits for a slot; false once stopping begins first (a slot won later is given back). */
-  const slotUnlessStopping = async (): Promise<boolean> => {
-    const acquired = options.slots.acquire();
-    const won = await Promise.race([acquired.then(() => true), stopRequested.then(() => false)]);
-    if (!won) void acquired.then(() => options.slots.release());
+  async #slotUnlessStopping(): Promise<boolean> {
+    const { slots } = this.#options;
+    const acquired = slots.acquire();
+    const won = await Promise.race([
+      acquired.then(() => true),
+      this.#stopRequested.then(() => false),
+    ]);
+    if (!won) void acquired.then(() => slots.release());
     return won;
-  };
+  }
 
   /** Waits for a slot and starts handling `msg`; resolves once it started or was handed back. */
-  const start = async (msg: JsMsg, stopBeating: () => void): Promise<void> => {
-    const slot = await slotUnlessStopping();
-    if (!slot || stopping) {
+  async #start(msg: JsMsg, stopBeating: () => void): Promise<void> {
+    const options = this.#options;
+    const slot = await this.#slotUnlessStopping();
+    if (!slot || this.#stopping) {
       if (slot) options.slots.release();
       stopBeating();
       msg.nak(HAND_BACK_DELAY_MS);
@@ -145,62 +180,65 @@ export async function startWorkLoop(options: WorkLoopOptions): Promise<WorkLoop>
       .finally(() => {
         stopBeating();
         options.slots.release();
-        running.delete(task);
+        this.#running.delete(task);
       });
-    running.add(task);
-  };
+    this.#running.add(task);
+  }
 
-  const pump = (async () => {
-    for await (const msg of messages) {
+  /** Takes every message as it arrives: started when a slot frees, handed back once stopping. */
+  async #consume(): Promise<void> {
+    for await (const msg of this.#messages) {
       // Stopping: whatever did not start goes back at once, so another replica can run it.
-      if (stopping) {
-        lastArrival = Date.now();
+      if (this.#stopping) {
+        this.#lastArrival = Date.now();
         msg.nak(HAND_BACK_DELAY_MS);
         continue;
       }
-      const stopBeating = heartbeat(msg);
+      const stopBeating = this.#heartbeat(msg);
       // A pull asks for more only as this loop takes messages: wait for the slot before taking
       // the next. A push consumer sends up to its max_ack_pending whatever this loop does: each
       // message waits for its slot on its own, owned (heartbeat) from its arrival, so none waits
       // out its ack wait in a buffer.
-      if (options.push === undefined) await start(msg, stopBeating);
-      else void start(msg, stopBeating);
+      if (this.#options.push === undefined) await this.#start(msg, stopBeating);
+      else void this.#start(msg, stopBeating);
     }
-  })().catch((err: unknown) => options.onError(err));
+  }
 
-  return {
-    get inFlight() {
-      return running.size;
-    },
-    async stop(graceMs = Defaults.shutdownGraceMs, onGraceExpired) {
-      stopping = true;
-      signalStop();
-      let timer: NodeJS.Timeout | undefined;
-      const expired = new Promise<boolean>((resolve) => {
-        timer = setTimeout(() => resolve(true), graceMs);
-      });
-      const finished = Promise.allSettled([...running]).then(() => false);
-      if (await Promise.race([finished, expired])) {
-        onGraceExpired?.();
-        await Promise.allSettled([...running]);
-      }
-      clearTimeout(timer);
-      // What the handlers handed back is delivered again at once, maybe to this loop's own pull:
-      // bounce it (delivered again after the delay, when this loop no longer pulls) while still
-      // subscribed, until none came for a while. A message arriving after the unsubscribe would
-      // be dropped here and wait out its ack wait.
-      const settleFrom = Date.now();
-      lastArrival = Math.max(lastArrival, settleFrom);
-      while (Date.now() - lastArrival < SETTLE_QUIET_MS && Date.now() - settleFrom < SETTLE_MAX_MS)
-        await new Promise((resolve) => setTimeout(resolve, 25));
-      // Unsubscribed only now: the server keeps an unsubscribed pull request alive until it
-      // expires and (on 2.9) delivers redeliveries into it, so messages the handlers handed back
-      // after an early unsubscribe would wait out the ack wait instead of going to a replica.
-      leaderMoved?.unsubscribe();
-      await messages.close().catch(() => undefined);
-      await pump;
-    },
-  };
+  /** Stops as {@link WorkLoop.stop} says: hands back, waits for the handlers, unsubscribes last. */
+  async stop(
+    graceMs: number = Defaults.shutdownGraceMs,
+    onGraceExpired?: () => void,
+  ): Promise<void> {
+    this.#stopping = true;
+    this.#signalStop();
+    let timer: NodeJS.Timeout | undefined;
+    const expired = new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(true), graceMs);
+    });
+    const finished = Promise.allSettled([...this.#running]).then(() => false);
+    if (await Promise.race([finished, expired])) {
+      onGraceExpired?.();
+      await Promise.allSettled([...this.#running]);
+    }
+    clearTimeout(timer);
+    // What the handlers handed back is delivered again at once, maybe to this loop's own pull:
+    // bounce it (delivered again after the delay, when this loop no longer pulls) while still
+    // subscribed, until none came for a while. A message arriving after the unsubscribe would
+    // be dropped here and wait out its ack wait.
+    const settleFrom = Date.now();
+    this.#lastArrival = Math.max(this.#lastArrival, settleFrom);
+    while (
+      Date.now() - this.#lastArrival < SETTLE_QUIET_MS &&
+      Date.now() - settleFrom < SETTLE_MAX_MS
+    )
+      await new Promise((resolve) => setTimeout(resolve, 25));
+    // Unsubscribed only now: the server keeps an unsubscribed pull request alive until it
+    // expires and (on 2.9) delivers redeliveries into it, so messages the handlers handed back
+    // after an early unsubscribe would wait out the ack wait instead of going to a replica.
+    this.#leaderMoved?.unsubscribe();
+    await this.#messages.close().catch(() => undefined);
+    await this.#pump;
+  }
 }
 
 /** The messages of the durable pull consumer `options.consumer`, waiting out elections. */

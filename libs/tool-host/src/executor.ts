@@ -30,7 +30,7 @@ import {
 } from "@toolmesh/nats";
 import type { ToolRegistry } from "@toolmesh/registry";
 import { CapacityAnnouncer } from "@toolmesh/registry";
-import type { Logger, Tracer } from "@toolmesh/telemetry";
+import type { Logger, QueueReading, Tracer, ToolmeshMetrics } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import type { ToolModule } from "./tool-module.js";
 import { AttemptTelemetry } from "./attempt-telemetry.js";
@@ -180,17 +180,170 @@ function withoutParams(
  * its stored result and not run again.
  */
 export async function startExecutor(options: ExecutorOptions): Promise<Executor> {
+  return RunningExecutor.open(options);
+}
+
+/** A started executor: the tools it serves, their work loops, and what stopping releases. */
+class RunningExecutor implements Executor {
+  readonly #options: ExecutorOptions;
+  readonly #link: MeshLink;
+  readonly #deps: WorkDeps;
+  readonly #metrics: ToolmeshMetrics;
+  readonly #owner: string;
+  readonly #workStream: string;
+  readonly #slots: Semaphore;
+  readonly #served = new Map<string, ServedTool>();
+  readonly #loops = new Map<string, WorkLoop>();
+  readonly #delegation: { stop(graceMs: number): Promise<void> } | undefined;
+  readonly #stopObservingQueues: () => void;
+  // Set by open as the start proceeds; only methods called once it returned use them.
+  #aborts: Subscription | undefined;
+  #capacity: CapacityAnnouncer | undefined;
+
+  /** Takes the delegation deposits (when a tool needs them) and reports the tools' queues. */
+  private constructor(
+    options: ExecutorOptions,
+    link: MeshLink,
+    deps: WorkDeps,
+    metrics: ToolmeshMetrics,
+  ) {
+    this.#options = options;
+    this.#link = link;
+    this.#deps = deps;
+    this.#metrics = metrics;
+    this.#owner = options.ownerAccount ?? options.owner ?? "executor";
+    // An owner's tools' work waits on the owner's own work stream (ADR 0041).
+    this.#workStream = options.subjects.workStream(options.ownerAccount);
+    this.#slots = new Semaphore(options.concurrency ?? Defaults.concurrency);
+    const { plane } = link;
+    this.#delegation = deps.delegated?.serve(options.nc, options.ownerAccount, options.log, {
+      records: plane.store,
+      horizonMs: 2 * (options.callRetentionMs ?? Defaults.callRetentionMs),
+      everyMs: GRANT_SWEEP_MS,
+    });
+    this.#stopObservingQueues = metrics.observeQueues(() => this.#queues());
+  }
+
+  /** Reaches the mesh, follows aborts, serves every tool, then announces its capacity. */
+  static async open(options: ExecutorOptions): Promise<RunningExecutor> {
+    const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
+    const link = await linkToMesh(options, ackWaitMs);
+    const metrics = toolmeshMetrics();
+    const deps = await workDepsOf(options, link.plane, metrics, ackWaitMs);
+    const executor = new RunningExecutor(options, link, deps, metrics);
+    executor.#aborts = await followAborts(deps, executor.#workStream);
+    for (const module of options.tools) await executor.#serve(module);
+    // Resolvers size each tool's fair-share window from what its replicas announce (ADR 0055).
+    executor.#capacity = new CapacityAnnouncer({
+      nc: options.nc,
+      subjects: options.subjects,
+      owner: executor.#owner,
+      concurrency: options.concurrency ?? Defaults.concurrency,
+      tools: () => [...executor.#loops.keys()],
+    });
+    options.log.info(
+      { tools: [...executor.#served.keys()], owner: executor.#owner },
+      "executor started",
+    );
+    return executor;
+  }
+
+  /** Names of the tools this executor serves (registration conflicts excluded). */
+  get tools(): readonly string[] {
+    return [...this.#served.keys()];
+  }
+
+  /** Serves one more tool, or a new definition of one, and announces the change. */
+  async addTool(module: ToolModule): Promise<boolean> {
+    return this.#serve(module).finally(() => this.#capacity?.changed());
+  }
+
+  /** Keys (`callKey`) of the calls running right now. */
+  inFlight(): readonly string[] {
+    return [...this.#deps.running.keys()];
+  }
+
+  /** Stops serving a tool (running calls finish within `graceMs`) and unregisters it. */
+  async removeTool(name: string, graceMs: number = Defaults.shutdownGraceMs): Promise<void> {
+    const loop = this.#loops.get(name);
+    this.#loops.delete(name);
+    if (this.#served.delete(name)) this.#metrics.toolServed(name, -1);
+    this.#capacity?.changed();
+    await loop?.stop(graceMs);
+    await this.#link.unregister(name, this.#owner).catch((err: unknown) => {
+      this.#options.log.warn({ err, tool: name }, "cannot remove the tool from the registry");
+    });
+  }
+
+  /** Stops pulling work and waits for running calls (at most `graceMs`). */
+  async stop(graceMs: number = Defaults.shutdownGraceMs): Promise<void> {
+    const handBack = (): void => handBackAll(this.#deps);
+    this.#capacity?.stop();
+    await Promise.all([...this.#loops.values()].map((loop) => loop.stop(graceMs, handBack)));
+    this.#aborts?.unsubscribe();
+    await this.#delegation?.stop(graceMs);
+    this.#stopObservingQueues();
+    for (const name of this.#served.keys()) this.#metrics.toolServed(name, -1);
+  }
+
+  /** Registers a tool and starts consuming its work; false when another owner has the name. */
+  async #serve(module: ToolModule): Promise<boolean> {
+    const options = this.#options;
+    const definition = toolDefinitionOf(module, this.#owner);
+    if (!(await registerTool(this.#link, options, definition, this.#owner))) return false;
+    const tool: ServedTool = {
+      module,
+      definition,
+      presets: { ...module.presets, ...options.presets?.[module.name] },
+    };
+    const previous = this.#served.get(definition.name);
+    this.#served.set(definition.name, tool);
+    const consumerWait = consumerWaitOf(options, definition.name);
+    await retryWhileUnavailable(() => this.#link.ensureWorkConsumer(definition), {
+      ...consumerWait,
+      what: `ensure the work consumer of ${definition.name}`,
+    });
+    // A new definition of a tool already served: the running loop picks it up.
+    if (previous !== undefined && this.#loops.has(definition.name)) return true;
+    if (previous === undefined) this.#metrics.toolServed(definition.name, 1);
+    this.#loops.set(
+      definition.name,
+      await startToolLoop(this.#deps, {
+        stream: this.#workStream,
+        js: this.#link.js,
+        slots: this.#slots,
+        consumerWait,
+        handle: (msg) => handleWork(this.#deps, this.#served.get(definition.name) ?? tool, msg),
+        tool: definition.name,
+      }),
+    );
+    return true;
+  }
+
+  /** Each served tool's work waiting and delivered but not acked, for the metrics. */
+  #queues(): Promise<QueueReading[]> {
+    const { jsm } = this.#link;
+    return Promise.all(
+      [...this.#served.keys()].map(async (tool) => {
+        const info = await jsm.consumers.info(
+          this.#workStream,
+          this.#options.subjects.workConsumer(tool),
+        );
+        return { tool, pending: info.num_pending, ackPending: info.num_ack_pending };
+      }),
+    );
+  }
+}
+
+/** What every delivery of this executor's work is handled with. */
+async function workDepsOf(
+  options: ExecutorOptions,
+  plane: CallPlane,
+  metrics: ToolmeshMetrics,
+  ackWaitMs: number,
+): Promise<WorkDeps> {
   const { nc, subjects, log, tracer } = options;
-  const ackWaitMs = options.ackWaitMs ?? Defaults.ackWaitMs;
-  const link = await linkToMesh(options, ackWaitMs);
-  const owner = options.ownerAccount ?? options.owner ?? "executor";
-  const { plane, jsm, js } = link;
-  // An owner's tools' work waits on the owner's own work stream (ADR 0041).
-  const workStream = subjects.workStream(options.ownerAccount);
-  const slots = new Semaphore(options.concurrency ?? Defaults.concurrency);
-  const served = new Map<string, ServedTool>();
-  const metrics = toolmeshMetrics();
-  const deps: WorkDeps = {
+  return {
     nc,
     subjects,
     plane,
@@ -206,97 +359,6 @@ export async function startExecutor(options: ExecutorOptions): Promise<Executor>
     freshWork: new FreshWork(),
     userSecrets: await userSecretsFor(options),
     delegated: await delegatedFor(options, plane.clock),
-  };
-  const delegation = deps.delegated?.serve(nc, options.ownerAccount, log, {
-    records: plane.store,
-    horizonMs: 2 * (options.callRetentionMs ?? Defaults.callRetentionMs),
-    everyMs: GRANT_SWEEP_MS,
-  });
-  const { running } = deps;
-  const stopObservingQueues = metrics.observeQueues(() =>
-    Promise.all(
-      [...served.keys()].map(async (tool) => {
-        const info = await jsm.consumers.info(workStream, subjects.workConsumer(tool));
-        return { tool, pending: info.num_pending, ackPending: info.num_ack_pending };
-      }),
-    ),
-  );
-
-  const aborts = await followAborts(deps, workStream);
-
-  const loops = new Map<string, WorkLoop>();
-
-  /** Registers a tool and starts consuming its work; false when another owner has the name. */
-  async function serve(module: ToolModule): Promise<boolean> {
-    const definition = toolDefinitionOf(module, owner);
-    if (!(await registerTool(link, options, definition, owner))) return false;
-    const tool: ServedTool = {
-      module,
-      definition,
-      presets: { ...module.presets, ...options.presets?.[module.name] },
-    };
-    const previous = served.get(definition.name);
-    served.set(definition.name, tool);
-    const consumerWait = consumerWaitOf(options, definition.name);
-    await retryWhileUnavailable(() => link.ensureWorkConsumer(definition), {
-      ...consumerWait,
-      what: `ensure the work consumer of ${definition.name}`,
-    });
-    // A new definition of a tool already served: the running loop picks it up.
-    if (previous !== undefined && loops.has(definition.name)) return true;
-    if (previous === undefined) metrics.toolServed(definition.name, 1);
-    loops.set(
-      definition.name,
-      await startToolLoop(deps, {
-        stream: workStream,
-        js,
-        slots,
-        consumerWait,
-        handle: (msg) => handleWork(deps, served.get(definition.name) ?? tool, msg),
-        tool: definition.name,
-      }),
-    );
-    return true;
-  }
-
-  for (const module of options.tools) await serve(module);
-  // Resolvers size each tool's fair-share window from what its replicas announce (ADR 0055).
-  const capacity = new CapacityAnnouncer({
-    nc,
-    subjects,
-    owner,
-    concurrency: options.concurrency ?? Defaults.concurrency,
-    tools: () => [...loops.keys()],
-  });
-  log.info({ tools: [...served.keys()], owner }, "executor started");
-
-  return {
-    get tools() {
-      return [...served.keys()];
-    },
-    async addTool(module) {
-      return serve(module).finally(() => capacity.changed());
-    },
-    inFlight: () => [...running.keys()],
-    async removeTool(name, graceMs: number = Defaults.shutdownGraceMs) {
-      const loop = loops.get(name);
-      loops.delete(name);
-      if (served.delete(name)) metrics.toolServed(name, -1);
-      capacity.changed();
-      await loop?.stop(graceMs);
-      await link.unregister(name, owner).catch((err: unknown) => {
-        log.warn({ err, tool: name }, "cannot remove the tool from the registry");
-      });
-    },
-    async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      const handBack = (): void => handBackAll(deps);
-      capacity.stop();
-      await Promise.all([...loops.values()].map((loop) => loop.stop(graceMs, handBack)));
-      aborts.unsubscribe();
-      await delegation?.stop(graceMs);
-      stopObservingQueues();
-      for (const name of served.keys()) metrics.toolServed(name, -1);
-    },
   };
 }
 

@@ -208,7 +208,7 @@ async function runAndSettle(
     call,
     attempt,
     attempt === 1 ? (clock.now() - call.resolved_at) / 1000 : undefined,
-    () => runAttempt(deps, tool, call, attempt, callLog),
+    () => runAttempt(work),
   );
   const durationMs = Math.round((performance.now() - started) * 1000) / 1000;
   const code = outcome.ok ? undefined : outcome.error.code;
@@ -430,13 +430,15 @@ async function publishDeadLetter(
   });
 }
 
-async function runAttempt(
-  deps: WorkDeps,
-  tool: ServedTool,
-  call: ResolvedCall,
-  attempt: number,
-  callLog: Logger,
-): Promise<AttemptOutcome> {
+/** One attempt of a call: what its delivery is handled with, less the message. */
+type CallAttempt = Omit<WorkDelivery, "msg">;
+
+/**
+ * Runs the tool's handler once for the call, within the attempt's timeout and the call's
+ * deadline, once the tool is ready and its credential known; what it returned or threw.
+ */
+async function runAttempt(run: CallAttempt): Promise<AttemptOutcome> {
+  const { deps, tool, call, attempt } = run;
   const { clock } = deps.plane;
   if (tool.module.ready !== undefined) {
     // The attempt's clock starts once the tool can take it (a restarted MCP server).
@@ -473,41 +475,7 @@ async function runAttempt(
           ),
     );
   }, timeoutMs);
-  let seq = 0;
-  const ctx: ToolContext = {
-    callId: call.call_id,
-    idempotencyKey: scopedIdempotencyKey(call.address, call.idempotency_key),
-    sessionId: call.session_id,
-    tool: call.tool,
-    attempt,
-    ...(call.identity === undefined ? {} : { identity: call.identity }),
-    ...(credential === undefined ? {} : { credential }),
-    context: { ...deps.toolkitContext, ...call.agent_context, ...call.context },
-    signal: controller.signal,
-    deadlineAt: call.deadline_at + clock.offsetMs,
-    log: callLog,
-    emit(data) {
-      if (!tool.definition.progress) {
-        if (seq++ === 0) callLog.warn("tool emitted progress without declaring it; dropped");
-        return;
-      }
-      if (controller.signal.aborted) return;
-      const event: ProgressEvent = {
-        tool_call_id: call.tool_call_id,
-        name: call.tool,
-        session_id: call.session_id,
-        seq: seq++,
-        attempt,
-        data,
-        at: Date.now(),
-      };
-      try {
-        deps.plane.publishProgress(call, event);
-      } catch (err) {
-        callLog.warn({ err }, "cannot publish progress");
-      }
-    },
-  };
+  const ctx = toolContextOf(run, controller.signal, credential);
   try {
     const args = { ...call.arguments, ...tool.presets };
     const value = await Promise.race([
@@ -527,6 +495,52 @@ async function runAttempt(
       controller.abort(ATTEMPT_FINISHED);
     }
   }
+}
+
+/**
+ * What the handler of one attempt is given: the call, its contexts merged, the attempt's
+ * signal, and `emit`, which publishes progress when the tool declares it.
+ */
+function toolContextOf(
+  { deps, tool, call, attempt, callLog }: CallAttempt,
+  signal: AbortSignal,
+  credential: string | undefined,
+): ToolContext {
+  let seq = 0;
+  return {
+    callId: call.call_id,
+    idempotencyKey: scopedIdempotencyKey(call.address, call.idempotency_key),
+    sessionId: call.session_id,
+    tool: call.tool,
+    attempt,
+    ...(call.identity === undefined ? {} : { identity: call.identity }),
+    ...(credential === undefined ? {} : { credential }),
+    context: { ...deps.toolkitContext, ...call.agent_context, ...call.context },
+    signal,
+    deadlineAt: call.deadline_at + deps.plane.clock.offsetMs,
+    log: callLog,
+    emit(data) {
+      if (!tool.definition.progress) {
+        if (seq++ === 0) callLog.warn("tool emitted progress without declaring it; dropped");
+        return;
+      }
+      if (signal.aborted) return;
+      const event: ProgressEvent = {
+        tool_call_id: call.tool_call_id,
+        name: call.tool,
+        session_id: call.session_id,
+        seq: seq++,
+        attempt,
+        data,
+        at: Date.now(),
+      };
+      try {
+        deps.plane.publishProgress(call, event);
+      } catch (err) {
+        callLog.warn({ err }, "cannot publish progress");
+      }
+    },
+  };
 }
 
 /** Purges the call's delegation grant once the call has ended; a failure is logged. */

@@ -78,9 +78,33 @@ export async function invokeHttp(
   ctx: ToolContext,
 ): Promise<unknown> {
   const { headers } = request;
-  let { url, body, method } = request;
   injectTraceHeaders({ get: (k) => headers.get(k) ?? "", set: (k, v) => headers.set(k, v) });
   const started = performance.now();
+  const { response, url, method } = await fetchFollowingRedirects(endpoint, request, ctx);
+  ctx.log.debug(
+    {
+      method,
+      host: url.host,
+      status: response.status,
+      duration_ms: Math.round((performance.now() - started) * 1000) / 1000,
+    },
+    "HTTP tool request answered",
+  );
+  return outcomeOf(endpoint, response, url, ctx);
+}
+
+/**
+ * Sends the request and follows its redirects, checking every hop against the allow-list and
+ * dropping the credential headers (from `request.headers`) when a hop leaves the origin: the
+ * final response, and the URL and method that got it.
+ */
+async function fetchFollowingRedirects(
+  endpoint: HttpEndpoint,
+  request: HttpRequest,
+  ctx: ToolContext,
+): Promise<{ response: Response; url: URL; method: string }> {
+  const { headers } = request;
+  let { url, body, method } = request;
   let response: Response;
   for (let hop = 0; ; hop++) {
     if (endpoint.allowed !== undefined && !endpoint.allowed.allows(url)) {
@@ -130,16 +154,21 @@ export async function invokeHttp(
     }
     url = next;
   }
+  return { response, url, method };
+}
+
+/**
+ * What the final response means: a 2xx body is the result (too large a one is
+ * `payload_too_large`); 429 and 5xx are retryable, other statuses terminal, with an excerpt of
+ * the body in the error's details.
+ */
+async function outcomeOf(
+  endpoint: HttpEndpoint,
+  response: Response,
+  url: URL,
+  ctx: ToolContext,
+): Promise<unknown> {
   const status = response.status;
-  ctx.log.debug(
-    {
-      method,
-      host: url.host,
-      status,
-      duration_ms: Math.round((performance.now() - started) * 1000) / 1000,
-    },
-    "HTTP tool request answered",
-  );
   if (status >= 200 && status < 300) {
     const { text, truncated } = await readBody(
       response,
