@@ -1,7 +1,7 @@
 import type { Msg, NatsConnection } from "@nats-io/nats-core";
 import { z } from "zod";
 import type { MeshCallPlane } from "@toolmesh/call-store";
-import type { ToolRegistry } from "@toolmesh/registry";
+import type { RegisterOutcome, ToolRegistry } from "@toolmesh/registry";
 import type { Logger } from "@toolmesh/telemetry";
 import type {
   CallRecord,
@@ -153,32 +153,8 @@ async function serve(
   const { subjects, plane, registry } = options;
   const { owner, service } = target;
   switch (service) {
-    case "register": {
-      const request = OwnerRegisterRequestSchema.parse(body);
-      const definition = ToolDefinitionSchema.parse({
-        ...request.definition,
-        owner,
-        owner_account: true,
-      });
-      // The subject names the registry key, and the owner's account may publish only the keys
-      // of the names its operator granted it (ADR 0041): the body must name the same tool.
-      const key = subjects.registryKey(definition.name);
-      if (target.key !== key) {
-        throw new ToolmeshError(
-          ErrorCode.InvalidRequest,
-          `"${definition.name}" is registered on ${subjects.ownerRegister(owner, definition.name)}, not on ${subjects.ownerService(owner, "register")}${target.key === undefined ? "" : `.${target.key}`}`,
-          { retryable: false, details: { name: definition.name } },
-        );
-      }
-      const outcome = await registry.register(definition);
-      if (outcome.status === "conflict") return outcome;
-      await ensureWorkConsumer(
-        options,
-        definition,
-        request.ack_wait_ms ?? options.ackWaitMs ?? Defaults.ackWaitMs,
-      );
-      return outcome;
-    }
+    case "register":
+      return registerOwnTool(options, target, body);
     case "unregister": {
       const request = OwnerUnregisterRequestSchema.parse(body);
       return { removed: await registry.unregister(request.name, owner) };
@@ -202,24 +178,8 @@ async function serve(
       };
       return { won: await plane.finalize(call, message, known, verify) };
     }
-    case "progress": {
-      const { call, event } = OwnerProgressRequestSchema.parse(body);
-      // As for finalize, the record this process stored saves a read; without it a progress
-      // event sent before its call's final message could be published after it. A call ended
-      // here has no kept record any more: it is read, and found done.
-      const known = plane.store.peek(call);
-      let stored: { record: CallRecord; revision: number };
-      if (known === undefined) stored = await recordOf(options, owner, call);
-      else {
-        checkAddress(call);
-        ownRecord(options, owner, call, known.record);
-        stored = known;
-      }
-      matchesCall(stored.record, event);
-      if (stored.record.state === "done") return { ok: true }; // ended: nobody waits for it
-      plane.publishProgress(call, event);
-      return { ok: true };
-    }
+    case "progress":
+      return progressOwnCall(options, owner, body);
     case "dead-letter": {
       const letter = OwnerDeadLetterRequestSchema.parse(body);
       ownTool(options, owner, letter.tool);
@@ -235,6 +195,65 @@ async function serve(
       return { ok: true };
     }
   }
+}
+
+/** Registers a tool of the owner, then makes its work stream and work consumer. */
+async function registerOwnTool(
+  options: OwnerServicesOptions,
+  target: OwnerTarget,
+  body: unknown,
+): Promise<RegisterOutcome> {
+  const { subjects, registry } = options;
+  const { owner } = target;
+  const request = OwnerRegisterRequestSchema.parse(body);
+  const definition = ToolDefinitionSchema.parse({
+    ...request.definition,
+    owner,
+    owner_account: true,
+  });
+  // The subject names the registry key, and the owner's account may publish only the keys
+  // of the names its operator granted it (ADR 0041): the body must name the same tool.
+  const key = subjects.registryKey(definition.name);
+  if (target.key !== key) {
+    throw new ToolmeshError(
+      ErrorCode.InvalidRequest,
+      `"${definition.name}" is registered on ${subjects.ownerRegister(owner, definition.name)}, not on ${subjects.ownerService(owner, "register")}${target.key === undefined ? "" : `.${target.key}`}`,
+      { retryable: false, details: { name: definition.name } },
+    );
+  }
+  const outcome = await registry.register(definition);
+  if (outcome.status === "conflict") return outcome;
+  await ensureWorkConsumer(
+    options,
+    definition,
+    request.ack_wait_ms ?? options.ackWaitMs ?? Defaults.ackWaitMs,
+  );
+  return outcome;
+}
+
+/** Publishes a progress event of a call of one of the owner's tools, unless the call ended. */
+async function progressOwnCall(
+  options: OwnerServicesOptions,
+  owner: string,
+  body: unknown,
+): Promise<{ ok: true }> {
+  const { plane } = options;
+  const { call, event } = OwnerProgressRequestSchema.parse(body);
+  // As for finalize, the record this process stored saves a read; without it a progress
+  // event sent before its call's final message could be published after it. A call ended
+  // here has no kept record any more: it is read, and found done.
+  const known = plane.store.peek(call);
+  let stored: { record: CallRecord; revision: number };
+  if (known === undefined) stored = await recordOf(options, owner, call);
+  else {
+    checkAddress(call);
+    ownRecord(options, owner, call, known.record);
+    stored = known;
+  }
+  matchesCall(stored.record, event);
+  if (stored.record.state === "done") return { ok: true }; // ended: nobody waits for it
+  plane.publishProgress(call, event);
+  return { ok: true };
 }
 
 /**

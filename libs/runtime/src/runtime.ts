@@ -1,7 +1,7 @@
 import { hostname } from "node:os";
 import { AuditTrail, serveAuditWrites, settleAudit } from "@toolmesh/audit";
 import type { AddressInfo } from "node:net";
-import type { NatsConnection } from "@nats-io/nats-core";
+import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
 import { ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
@@ -151,41 +151,94 @@ export async function openRuntime(
     });
     if (metrics.prometheusPort !== undefined)
       logger.info({ port: metrics.prometheusPort }, "metrics served at /metrics");
-    const readiness = options.readiness ?? new Readiness();
-    const isConnected = (): boolean => watch.connected() && !nc.isClosed();
-    readiness.set("nats", () =>
-      isConnected() ? { ok: true } : { ok: false, detail: "not connected; reconnecting" },
-    );
-    const processMetrics = metrics;
-    const closing: (() => Promise<void>)[] = [];
-    return {
+    const rt = new ProcessRuntime({
       config,
       nc,
       subjects,
       registry,
       log: logger,
-      tracer: telemetry.tracer,
       telemetry,
-      metrics: processMetrics,
-      readiness,
-      connected: isConnected,
-      alive: () => !nc.isClosed() && watch.alive(),
-      streamLimits: meshSettings(config),
-      onClose(task) {
-        closing.push(task);
-      },
-      async close() {
-        for (const task of closing.splice(0)) await task().catch(() => undefined);
-        stats.unsubscribe();
-        registry?.close();
-        await nc.drain().catch(() => undefined);
-        await Promise.all([telemetry.shutdown(), processMetrics.shutdown()]);
-      },
-    };
+      metrics,
+      readiness: options.readiness ?? new Readiness(),
+      watch,
+      stats,
+    });
+    rt.readiness.set("nats", () =>
+      rt.connected() ? { ok: true } : { ok: false, detail: "not connected; reconnecting" },
+    );
+    return rt;
   } catch (err) {
     await nc.close();
     await metrics?.shutdown();
     throw err;
+  }
+}
+
+/** What {@link ProcessRuntime} is made of: what {@link openRuntime} opened and started. */
+interface RuntimeParts {
+  config: RuntimeConfig;
+  nc: NatsConnection;
+  subjects: Subjects;
+  registry: ToolRegistry | undefined;
+  log: Logger;
+  telemetry: Telemetry;
+  metrics: Metrics;
+  readiness: Readiness;
+  /** Whether and since when the connection is down. */
+  watch: ConnectionWatch;
+  /** The subscription answering the stats subject. */
+  stats: Subscription;
+}
+
+/** One process's runtime ({@link openRuntime}); the tasks to run when it closes are its state. */
+class ProcessRuntime implements Runtime {
+  readonly config: RuntimeConfig;
+  readonly nc: NatsConnection;
+  readonly subjects: Subjects;
+  readonly registry: ToolRegistry | undefined;
+  readonly log: Logger;
+  readonly tracer: Tracer;
+  readonly telemetry: Telemetry;
+  readonly metrics: Metrics;
+  readonly readiness: Readiness;
+  readonly streamLimits: StreamLimits;
+  readonly #watch: ConnectionWatch;
+  readonly #stats: Subscription;
+  readonly #closing: (() => Promise<void>)[] = [];
+
+  constructor(parts: RuntimeParts) {
+    this.config = parts.config;
+    this.nc = parts.nc;
+    this.subjects = parts.subjects;
+    this.registry = parts.registry;
+    this.log = parts.log;
+    this.tracer = parts.telemetry.tracer;
+    this.telemetry = parts.telemetry;
+    this.metrics = parts.metrics;
+    this.readiness = parts.readiness;
+    this.streamLimits = meshSettings(parts.config);
+    this.#watch = parts.watch;
+    this.#stats = parts.stats;
+  }
+
+  connected(): boolean {
+    return this.#watch.connected() && !this.nc.isClosed();
+  }
+
+  alive(): boolean {
+    return !this.nc.isClosed() && this.#watch.alive();
+  }
+
+  onClose(task: () => Promise<void>): void {
+    this.#closing.push(task);
+  }
+
+  async close(): Promise<void> {
+    for (const task of this.#closing.splice(0)) await task().catch(() => undefined);
+    this.#stats.unsubscribe();
+    this.registry?.close();
+    await this.nc.drain().catch(() => undefined);
+    await Promise.all([this.telemetry.shutdown(), this.metrics.shutdown()]);
   }
 }
 

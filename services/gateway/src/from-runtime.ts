@@ -1,13 +1,15 @@
+import type { Logger } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { CallStore } from "@toolmesh/call-store";
 import { StateStore } from "@toolmesh/catalog";
 import { subjectToken } from "@toolmesh/protocol";
 import type { Runtime, Stoppable } from "@toolmesh/runtime";
 import { meshRegistry, packageVersion } from "@toolmesh/runtime";
+import type { ToolRegistry } from "@toolmesh/registry";
 import { Authenticator } from "./auth.js";
 import { CallDelegation } from "./delegation.js";
 import type { GatewayConfig } from "./config.js";
-import type { GatewayServer } from "./gateway.js";
+import type { GatewayServer, GatewayServerOptions } from "./gateway.js";
 import { createGatewayServer } from "./gateway.js";
 import { MeshCredentialLimits } from "./mesh-limits.js";
 import { MeshView } from "./mesh-view.js";
@@ -43,7 +45,64 @@ export async function startGatewayFromRuntime(
     compression: rt.config.streamCompression,
   });
   const calls = await CallStore.bind(rt.nc, rt.subjects);
-  const mesh = new MeshView({
+  const mesh = meshViewOf(rt, registry, calls, log);
+
+  const listeners = new ToolListListeners();
+  const stopRegistry = registry.onChange(() => listeners.notify());
+  const groupWatch = await store.groups.watch({ include: "updates" });
+  void (async () => {
+    for await (const entry of groupWatch) listeners.notify(entry.key);
+  })().catch(() => undefined);
+
+  const instruments = toolmeshMetrics();
+
+  const gateway = new RunningGateway(
+    rt,
+    {
+      config,
+      auth,
+      mesh,
+      log,
+      tracer: rt.tracer,
+      version: gatewayVersion(),
+      alive: () => rt.alive(),
+      observe: (tenant, tool, outcome, durationMs) =>
+        instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
+      onToolsChanged: (tenant, listener) => listeners.add(tenant, listener),
+      ...(config.limits === "mesh"
+        ? {
+            meshLimits: await MeshCredentialLimits.open(rt.nc, rt.subjects, {
+              maxConcurrent: config.maxConcurrent,
+              ratePerS: config.ratePerS,
+              burst: config.rateBurst,
+              // A request counts no longer than the longest call it may wait for, and a grace.
+              holdMs: rt.config.defaultTimeoutMs + 30_000,
+            }),
+          }
+        : {}),
+    },
+    () => {
+      stopRegistry();
+      groupWatch.stop();
+    },
+  );
+  await gateway.listen();
+  log.info(
+    {
+      port: gateway.port,
+      host: config.host,
+      keys: config.keysFile !== undefined,
+      jwt: config.jwt !== undefined,
+      anonymousTenant: config.anonymousTenant,
+    },
+    "gateway started",
+  );
+  return gateway;
+}
+
+/** The gateway's view of the mesh: tools, calls and, with a token endpoint, call delegation. */
+function meshViewOf(rt: Runtime, registry: ToolRegistry, calls: CallStore, log: Logger): MeshView {
+  return new MeshView({
     nc: rt.nc,
     subjects: rt.subjects,
     prefix: rt.config.prefix,
@@ -63,73 +122,60 @@ export async function startGatewayFromRuntime(
           ),
         }),
   });
+}
 
-  const listeners = new ToolListListeners();
-  const stopRegistry = registry.onChange(() => listeners.notify());
-  const groupWatch = await store.groups.watch({ include: "updates" });
-  void (async () => {
-    for await (const entry of groupWatch) listeners.notify(entry.key);
-  })().catch(() => undefined);
+/**
+ * A running gateway ({@link startGatewayFromRuntime}): its server, and whether it drains, which
+ * its readiness checks report.
+ */
+class RunningGateway implements Gateway {
+  readonly server: GatewayServer;
+  readonly #rt: Runtime;
+  readonly #auth: Authenticator;
+  readonly #stopFollowing: () => void;
+  #port = 0;
+  #draining = false;
 
-  const instruments = toolmeshMetrics();
+  /** `stopFollowing` stops following the changes of the tool lists. */
+  constructor(
+    rt: Runtime,
+    options: Omit<GatewayServerOptions, "ready">,
+    stopFollowing: () => void,
+  ) {
+    this.#rt = rt;
+    this.#auth = options.auth;
+    this.#stopFollowing = stopFollowing;
+    this.server = createGatewayServer({ ...options, ready: () => this.#ready() });
+  }
 
-  let draining = false;
-  const server = createGatewayServer({
-    config,
-    auth,
-    mesh,
-    log,
-    tracer: rt.tracer,
-    version: gatewayVersion(),
-    alive: () => rt.alive(),
-    ready: () => {
-      if (draining) return { ok: false, detail: "shutting down" };
-      if (!rt.connected()) return { ok: false, detail: "NATS connection down" };
-      return { ok: true };
-    },
-    observe: (tenant, tool, outcome, durationMs) =>
-      instruments.gatewayCallEnded(tenant, tool, outcome, durationMs / 1_000),
-    onToolsChanged: (tenant, listener) => listeners.add(tenant, listener),
-    ...(config.limits === "mesh"
-      ? {
-          meshLimits: await MeshCredentialLimits.open(rt.nc, rt.subjects, {
-            maxConcurrent: config.maxConcurrent,
-            ratePerS: config.ratePerS,
-            burst: config.rateBurst,
-            // A request counts no longer than the longest call it may wait for, and a grace.
-            holdMs: rt.config.defaultTimeoutMs + 30_000,
-          }),
-        }
-      : {}),
-  });
-  const port = await server.listen();
-  rt.readiness.set("gateway", () =>
-    draining ? { ok: false, detail: "shutting down" } : { ok: true },
-  );
-  log.info(
-    {
-      port,
-      host: config.host,
-      keys: config.keysFile !== undefined,
-      jwt: config.jwt !== undefined,
-      anonymousTenant: config.anonymousTenant,
-    },
-    "gateway started",
-  );
-  return {
-    port,
-    server,
-    async stop(graceMs) {
-      draining = true;
-      const until = Date.now() + graceMs;
-      while (server.inFlight() > 0 && Date.now() < until)
-        await new Promise((resolve) => setTimeout(resolve, 50));
-      stopRegistry();
-      groupWatch.stop();
-      auth.close();
-      await server.close();
-    },
-  };
+  get port(): number {
+    return this.#port;
+  }
+
+  /** Serves `/mcp` and adds the gateway's own readiness check (not draining). */
+  async listen(): Promise<void> {
+    this.#port = await this.server.listen();
+    this.#rt.readiness.set("gateway", () =>
+      this.#draining ? { ok: false, detail: "shutting down" } : { ok: true },
+    );
+  }
+
+  async stop(graceMs: number): Promise<void> {
+    this.#draining = true;
+    const until = Date.now() + graceMs;
+    while (this.server.inFlight() > 0 && Date.now() < until)
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    this.#stopFollowing();
+    this.#auth.close();
+    await this.server.close();
+  }
+
+  /** Whether this replica can serve: not draining, and its NATS connection up. */
+  #ready(): { ok: boolean; detail?: string } {
+    if (this.#draining) return { ok: false, detail: "shutting down" };
+    if (!this.#rt.connected()) return { ok: false, detail: "NATS connection down" };
+    return { ok: true };
+  }
 }
 
 /** Tool-list listeners by tenant: a registry change concerns everyone, a group switch its tenant. */

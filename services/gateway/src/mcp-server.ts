@@ -181,90 +181,129 @@ function registerTaskHandlers(
   era: Era,
   input: InputRequired,
 ): void {
-  const notFound = (id: string): ProtocolError =>
-    new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
-  /** The task, if the caller's principal may see it (another principal's is not found). */
-  const visible = async (ctx: ServerContext, taskId: string): Promise<Task> => {
-    const { principal, names } = scopeOf(ctx);
-    const { tenant, credential } = principal;
-    const task = mesh.boundTo(tenant, credential, taskId)
-      ? await mesh.task(tenant, taskId, names)
-      : undefined;
-    if (task === undefined) throw notFound(taskId);
-    return task;
-  };
-  server.setRequestHandler("tasks/get", { params: TaskIdParams }, async (params, ctx) => {
-    const task = await visible(ctx, params.taskId);
-    if (era === "modern" && task.status === "input_required")
-      return { ...task, ...(await taskInput(ctx, mesh, input, params.taskId)) };
-    if (era === "legacy" || task.status === "working" || task.status === "input_required")
+  const tasks = new MeshTasks(mesh, era, input);
+  server.setRequestHandler("tasks/get", { params: TaskIdParams }, (params, ctx) =>
+    tasks.get(ctx, params.taskId),
+  );
+  server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, (params, ctx) =>
+    tasks.cancel(ctx, params.taskId),
+  );
+  if (era === "modern") {
+    server.setRequestHandler("tasks/update", { params: TaskUpdateParams }, (params, ctx) =>
+      tasks.update(ctx, params),
+    );
+    return;
+  }
+  server.setRequestHandler("tasks/result", { params: TaskIdParams }, (params, ctx) =>
+    tasks.result(ctx, params.taskId),
+  );
+  server.setRequestHandler("tasks/list", { params: CursorParams }, (params, ctx) =>
+    tasks.list(ctx, params?.cursor),
+  );
+}
+
+/** The task methods of {@link registerTaskHandlers}, one method each. */
+class MeshTasks {
+  constructor(
+    private readonly mesh: MeshView,
+    private readonly era: Era,
+    private readonly input: InputRequired,
+  ) {}
+
+  /** `tasks/get`: the task; in the extension, with what it asks or, once ended, its result. */
+  async get(ctx: ServerContext, taskId: string): Promise<Result> {
+    const task = await this.#visible(ctx, taskId);
+    if (this.era === "modern" && task.status === "input_required")
+      return { ...task, ...(await taskInput(ctx, this.mesh, this.input, taskId)) };
+    if (this.era === "legacy" || task.status === "working" || task.status === "input_required")
       return task;
     // The extension has no tasks/result: an ended task carries its tool result.
     const scope = scopeOf(ctx);
-    const result = await mesh.taskResult(scope.principal.tenant, params.taskId, scope.names);
+    const result = await this.mesh.taskResult(scope.principal.tenant, taskId, scope.names);
     return result === undefined ? task : { ...task, result };
-  });
-  server.setRequestHandler("tasks/cancel", { params: TaskIdParams }, async (params, ctx) => {
-    await visible(ctx, params.taskId);
+  }
+
+  /** `tasks/cancel`: cancels the task's call and answers with the task. */
+  async cancel(ctx: ServerContext, taskId: string): Promise<Task> {
+    await this.#visible(ctx, taskId);
     const { tenant } = scopeOf(ctx).principal;
-    const state = await mesh.cancel(tenant, params.taskId);
-    const task = await visible(ctx, params.taskId);
+    const state = await this.mesh.cancel(tenant, taskId);
+    const task = await this.#visible(ctx, taskId);
     // The call ended by this request: cancelled, even before its record says so.
     return state === "cancelled" ? { ...task, status: "cancelled" as const } : task;
-  });
-  if (era === "modern") {
-    server.setRequestHandler("tasks/update", { params: TaskUpdateParams }, async (params, ctx) => {
-      const task = await visible(ctx, params.taskId);
-      const state = params.requestState ?? ctx.mcpReq.requestState<string>();
-      if (typeof state !== "string")
-        throw new ProtocolError(
-          ProtocolErrorCode.InvalidParams,
-          `task ${params.taskId} is not waiting for input (status ${task.status})`,
-        );
-      try {
-        const { tenant } = scopeOf(ctx).principal;
-        const taken = await input.take(ctx, state, { callId: params.taskId });
-        const responses = params.inputResponses ?? ctx.mcpReq.inputResponses ?? {};
-        const resumption = await taken.source.answer(taken.call, responses);
-        if (resumption.kind === "refused") throw resumption.error;
-        // The task's call goes on under its id: joined by a resubmission, or resumed by the source.
-        if (resumption.kind === "resubmit")
-          mesh.submit(
-            tenant,
-            { id: params.taskId },
-            { name: taken.call.tool, arguments: resumption.arguments },
-          );
-        return await visible(ctx, params.taskId);
-      } catch (err) {
-        throw asProtocolError(err);
-      }
-    });
-    return;
   }
-  server.setRequestHandler("tasks/result", { params: TaskIdParams }, async (params, ctx) => {
+
+  /** `tasks/update` (2026-07-28): gives a task in `input_required` the answers it asked for. */
+  async update(ctx: ServerContext, params: z.infer<typeof TaskUpdateParams>): Promise<Task> {
+    const task = await this.#visible(ctx, params.taskId);
+    const state = params.requestState ?? ctx.mcpReq.requestState<string>();
+    if (typeof state !== "string")
+      throw new ProtocolError(
+        ProtocolErrorCode.InvalidParams,
+        `task ${params.taskId} is not waiting for input (status ${task.status})`,
+      );
+    try {
+      const { tenant } = scopeOf(ctx).principal;
+      const taken = await this.input.take(ctx, state, { callId: params.taskId });
+      const responses = params.inputResponses ?? ctx.mcpReq.inputResponses ?? {};
+      const resumption = await taken.source.answer(taken.call, responses);
+      if (resumption.kind === "refused") throw resumption.error;
+      // The task's call goes on under its id: joined by a resubmission, or resumed by the source.
+      if (resumption.kind === "resubmit")
+        this.mesh.submit(
+          tenant,
+          { id: params.taskId },
+          { name: taken.call.tool, arguments: resumption.arguments },
+        );
+      return await this.#visible(ctx, params.taskId);
+    } catch (err) {
+      throw asProtocolError(err);
+    }
+  }
+
+  /** `tasks/result` (2025-11-25): waits for the task to end and answers with its result. */
+  async result(ctx: ServerContext, taskId: string): Promise<Result> {
     const scope = scopeOf(ctx);
     for (let delay = 50; ; delay = Math.min(delay * 2, TASK_POLL_INTERVAL_MS)) {
-      const task = await visible(ctx, params.taskId);
+      const task = await this.#visible(ctx, taskId);
       if (task.status !== "working" && task.status !== "input_required") {
-        const result = await mesh.taskResult(scope.principal.tenant, params.taskId, scope.names);
-        if (result === undefined) throw notFound(params.taskId);
+        const result = await this.mesh.taskResult(scope.principal.tenant, taskId, scope.names);
+        if (result === undefined) throw taskNotFound(taskId);
         return result;
       }
-      if (ctx.mcpReq.signal.aborted) throw notFound(params.taskId);
+      if (ctx.mcpReq.signal.aborted) throw taskNotFound(taskId);
       await new Promise((resolve) => setTimeout(resolve, delay));
     }
-  });
-  server.setRequestHandler("tasks/list", { params: CursorParams }, async (params, ctx) => {
+  }
+
+  /** `tasks/list` (2025-11-25): a page of the tasks of the caller's principal. */
+  async list(ctx: ServerContext, cursor: string | undefined): Promise<Result> {
     try {
       const { principal, names } = scopeOf(ctx);
       const { tenant, credential } = principal;
-      const page = await mesh.listTasks(tenant, params?.cursor, names);
-      const tasks = page.tasks.filter((t) => mesh.boundTo(tenant, credential, t.taskId));
+      const page = await this.mesh.listTasks(tenant, cursor, names);
+      const tasks = page.tasks.filter((t) => this.mesh.boundTo(tenant, credential, t.taskId));
       return { ...page, tasks };
     } catch (err) {
       throw asProtocolError(err);
     }
-  });
+  }
+
+  /** The task, if the caller's principal may see it (another principal's is not found). */
+  async #visible(ctx: ServerContext, taskId: string): Promise<Task> {
+    const { principal, names } = scopeOf(ctx);
+    const { tenant, credential } = principal;
+    const task = this.mesh.boundTo(tenant, credential, taskId)
+      ? await this.mesh.task(tenant, taskId, names)
+      : undefined;
+    if (task === undefined) throw taskNotFound(taskId);
+    return task;
+  }
+}
+
+/** The error of a task that does not exist, or that the caller may not see. */
+function taskNotFound(id: string): ProtocolError {
+  return new ProtocolError(ProtocolErrorCode.InvalidParams, `Task not found: ${id}`);
 }
 
 /**

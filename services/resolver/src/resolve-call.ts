@@ -13,7 +13,7 @@ import type {
   ResolvedCall,
   SessionAddress,
 } from "@toolmesh/protocol";
-import type { CompiledTool, ErrorObject } from "@toolmesh/registry";
+import type { CompiledParam, CompiledTool, ErrorObject } from "@toolmesh/registry";
 
 /** Characters of input shown on each side of a JSON syntax error in `details.snippet`. */
 const SNIPPET_RADIUS = 20;
@@ -474,23 +474,7 @@ export function resolveCall(
 
   for (const name of systemParams) if (Object.hasOwn(args, name)) delete args[name];
   const given = properties.map((param) => isPresent(args, param.name));
-  for (const param of properties) {
-    // Ajv tests `args[name] === undefined`, which sees Object.prototype: it would never fill a
-    // param named `constructor` or `toString`, and would validate the inherited member.
-    if (
-      !param.system &&
-      param.hasDefault &&
-      !Object.hasOwn(args, param.name) &&
-      param.name in args
-    ) {
-      Object.defineProperty(args, param.name, {
-        value: structuredClone(param.default),
-        writable: true,
-        enumerable: true,
-        configurable: true,
-      });
-    }
-  }
+  fillInheritedDefaults(properties, args);
 
   const valid = tool.validate(args);
   const ajvErrors = valid ? null : tool.validate.errors;
@@ -521,22 +505,7 @@ export function resolveCall(
     if (errors.length > 0) throw invalidParameters(name, errors);
   }
 
-  const inputParameters: InputParameter[] = [];
-  properties.forEach((param, index) => {
-    if (param.system) return;
-    const entry = { name: param.name, type: param.type };
-    if (edges.has(param.name)) {
-      inputParameters.push({ ...entry, value: "", source: "edge" });
-    } else if (given[index] === true) {
-      inputParameters.push({ ...entry, value: args[param.name], source: "tool_args" });
-    } else if (param.hasDefault && param.default !== null) {
-      // The filled value, not the schema's: it is a fresh copy with nested defaults filled.
-      const value = Object.hasOwn(args, param.name) ? args[param.name] : param.default;
-      inputParameters.push({ ...entry, value, source: "default" });
-    } else {
-      inputParameters.push({ ...entry, value: zeroValue(param.type), source: "zero_value" });
-    }
-  });
+  const inputParameters = inputParametersOf(properties, args, given, edges);
 
   const timeoutMs = request.timeout_ms ?? options.defaultTimeoutMs;
   const resolved: ResolvedCall = {
@@ -562,6 +531,62 @@ export function resolveCall(
   if (request.attempt_timeout_ms !== undefined)
     resolved.attempt_timeout_ms = request.attempt_timeout_ms;
   return resolved;
+}
+
+/**
+ * Fills the defaults of params whose name an inherited member holds, which Ajv cannot fill.
+ * Ajv tests `args[name] === undefined`, which sees Object.prototype: it would never fill a
+ * param named `constructor` or `toString`, and would validate the inherited member.
+ */
+function fillInheritedDefaults(
+  properties: readonly CompiledParam[],
+  args: Record<string, unknown>,
+): void {
+  for (const param of properties) {
+    if (
+      !param.system &&
+      param.hasDefault &&
+      !Object.hasOwn(args, param.name) &&
+      param.name in args
+    ) {
+      Object.defineProperty(args, param.name, {
+        value: structuredClone(param.default),
+        writable: true,
+        enumerable: true,
+        configurable: true,
+      });
+    }
+  }
+}
+
+/**
+ * The `input_parameters` of a workflow node: where each non-system param's value comes from
+ * (an edge, the model's arguments, a default, or its type's zero value). `given` tells, by
+ * index, which params the model gave before defaults were filled.
+ */
+function inputParametersOf(
+  properties: readonly CompiledParam[],
+  args: Record<string, unknown>,
+  given: readonly boolean[],
+  edges: ReadonlySet<string>,
+): InputParameter[] {
+  const inputParameters: InputParameter[] = [];
+  properties.forEach((param, index) => {
+    if (param.system) return;
+    const entry = { name: param.name, type: param.type };
+    if (edges.has(param.name)) {
+      inputParameters.push({ ...entry, value: "", source: "edge" });
+    } else if (given[index] === true) {
+      inputParameters.push({ ...entry, value: args[param.name], source: "tool_args" });
+    } else if (param.hasDefault && param.default !== null) {
+      // The filled value, not the schema's: it is a fresh copy with nested defaults filled.
+      const value = Object.hasOwn(args, param.name) ? args[param.name] : param.default;
+      inputParameters.push({ ...entry, value, source: "default" });
+    } else {
+      inputParameters.push({ ...entry, value: zeroValue(param.type), source: "zero_value" });
+    }
+  });
+  return inputParameters;
 }
 
 function isPresent(args: Record<string, unknown>, name: string): boolean {

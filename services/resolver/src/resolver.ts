@@ -21,7 +21,7 @@ import { ToolCapacity } from "@toolmesh/registry";
 import type { Logger, ToolmeshMetrics, Tracer } from "@toolmesh/telemetry";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import { followedResults, startControlPlane, startOwnerServices } from "@toolmesh/control-plane";
-import type { ControlPlane } from "@toolmesh/control-plane";
+import type { ControlPlane, OwnerServices } from "@toolmesh/control-plane";
 import { dryRunRequests, handleCall, routeApproved } from "./handle-call.js";
 import { ApprovalDesk } from "./approvals.js";
 import type { ResolverDeps, ToolAccessPolicy } from "./handle-call.js";
@@ -143,23 +143,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   await ensureConsumer(plane.jsm, meshPlan(subjects, { ackWaitMs }).consumers.resolver);
   const metrics = toolmeshMetrics();
   const admission = await openAdmission(options, plane, ackWaitMs, metrics);
-  const control: ControlPlane = await startControlPlane({
-    queue: QUEUE,
-    nc,
-    plane,
-    subjects,
-    log,
-    workStreamOf: (tool) => {
-      const definition = registry.get(tool)?.definition;
-      return subjects.workStream(definition && workOwnerOf(definition));
-    },
-    // The deadline keeper follows every result already: settle admitted calls from it.
-    onResult: (result) => {
-      const settled = subjects.parseResultSubject(result.subject);
-      if (settled !== undefined)
-        admission.settle(settled.address, settled.call, result.tool, result.bytes);
-    },
-  });
+  const control = await startResolverControl(options, plane, admission);
   const stopReportingQuotas = reportQuotas(admission, metrics, log);
   // Executors and bridges in tool owners' accounts register and end their calls through these.
   const owners = startOwnerServices({
@@ -172,19 +156,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     streamLimits: options.streamLimits,
     maxResultBytes: options.maxResultBytes,
   });
-  const approvals = await ApprovalDesk.open({
-    nc,
-    subjects,
-    plane,
-    registry,
-    policies: options.policies,
-    log,
-    metrics,
-    callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
-    replicas: options.replicas,
-    sweepMs: options.approvalSweepMs,
-    audit: options.audit,
-  });
+  const approvals = await openApprovals(options, plane, metrics);
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -221,22 +193,113 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   const stopWatching = logToolChanges(registry, log);
   log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
 
-  return {
-    async stop(graceMs: number = Defaults.shutdownGraceMs) {
-      stopWatching();
-      admission.stop();
-      await approvals.stop(graceMs);
-      await Promise.all([
-        rpc.stop(graceMs),
-        owners.stop(graceMs),
-        ...loops.map((loop) => loop.stop(graceMs)),
-      ]);
-      await control.stop(graceMs);
-      admission.quotas?.close();
-      await admission.stored?.close();
-      stopReportingQuotas();
+  return new RunningResolver({
+    admission,
+    control,
+    approvals,
+    owners,
+    loops,
+    rpc,
+    stopWatching,
+    stopReportingQuotas,
+  });
+}
+
+/** What a running resolver started, and stops in turn. */
+interface ResolverParts {
+  admission: Admission;
+  control: ControlPlane;
+  approvals: ApprovalDesk;
+  owners: OwnerServices;
+  loops: WorkLoop[];
+  rpc: RequestServer;
+  stopWatching: () => void;
+  stopReportingQuotas: () => void;
+}
+
+/** A running resolver ({@link startResolver}): the parts it started are its fields. */
+class RunningResolver implements Resolver {
+  readonly #admission: Admission;
+  readonly #control: ControlPlane;
+  readonly #approvals: ApprovalDesk;
+  readonly #owners: OwnerServices;
+  readonly #loops: WorkLoop[];
+  readonly #rpc: RequestServer;
+  readonly #stopWatching: () => void;
+  readonly #stopReportingQuotas: () => void;
+
+  constructor(parts: ResolverParts) {
+    this.#admission = parts.admission;
+    this.#control = parts.control;
+    this.#approvals = parts.approvals;
+    this.#owners = parts.owners;
+    this.#loops = parts.loops;
+    this.#rpc = parts.rpc;
+    this.#stopWatching = parts.stopWatching;
+    this.#stopReportingQuotas = parts.stopReportingQuotas;
+  }
+
+  async stop(graceMs: number = Defaults.shutdownGraceMs): Promise<void> {
+    this.#stopWatching();
+    this.#admission.stop();
+    await this.#approvals.stop(graceMs);
+    await Promise.all([
+      this.#rpc.stop(graceMs),
+      this.#owners.stop(graceMs),
+      ...this.#loops.map((loop) => loop.stop(graceMs)),
+    ]);
+    await this.#control.stop(graceMs);
+    this.#admission.quotas?.close();
+    await this.#admission.stored?.close();
+    this.#stopReportingQuotas();
+  }
+}
+
+/** The control plane of this resolver, whose view of the results settles admitted calls. */
+function startResolverControl(
+  options: ResolverOptions,
+  plane: MeshCallPlane,
+  admission: Admission,
+): Promise<ControlPlane> {
+  const { nc, subjects, registry, log } = options;
+  return startControlPlane({
+    queue: QUEUE,
+    nc,
+    plane,
+    subjects,
+    log,
+    workStreamOf: (tool) => {
+      const definition = registry.get(tool)?.definition;
+      return subjects.workStream(definition && workOwnerOf(definition));
     },
-  };
+    // The deadline keeper follows every result already: settle admitted calls from it.
+    onResult: (result) => {
+      const settled = subjects.parseResultSubject(result.subject);
+      if (settled !== undefined)
+        admission.settle(settled.address, settled.call, result.tool, result.bytes);
+    },
+  });
+}
+
+/** Where this resolver keeps the calls waiting for approval (ADR 0059). */
+function openApprovals(
+  options: ResolverOptions,
+  plane: MeshCallPlane,
+  metrics: ToolmeshMetrics,
+): Promise<ApprovalDesk> {
+  return ApprovalDesk.open({
+    nc: options.nc,
+    subjects: options.subjects,
+    plane,
+    registry: options.registry,
+    policies: options.policies,
+    log: options.log,
+    metrics,
+    callRetentionMs: options.callRetentionMs ?? Defaults.callRetentionMs,
+    replicas: options.replicas,
+    sweepMs: options.approvalSweepMs,
+    audit: options.audit,
+  });
 }
 
 /** The session slots, quota gate and fair share of this resolver, as one {@link Admission}. */
