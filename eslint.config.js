@@ -9,7 +9,7 @@ const JS_FILES = ["**/*.js", "**/*.mjs", "**/*.cjs"];
 const TEST_FILES = ["**/*.test.ts", "test/**/*.ts"];
 const PACKAGE_SOURCES = ["libs/*/src/**", "services/*/src/**"];
 
-/** Configuration is parsed once, in entrypoints (STYLE.md rule 4); the CLI and tests read env. */
+/** Configuration is parsed once, in entrypoints (docs/style.md, rule 4); the CLI and tests read env. */
 // Examples and benchmarks are programs run as they are: they read their environment like any app.
 const ENV_ALLOWED = [
   "services/*/src/main.ts",
@@ -168,7 +168,7 @@ export default defineConfig(
     rules: {
       "max-lines-per-function": [
         "error",
-        { max: 120, skipBlankLines: true, skipComments: true, IIFEs: true },
+        { max: 80, skipBlankLines: true, skipComments: true, IIFEs: true },
       ],
     },
   },
