@@ -303,6 +303,34 @@ export function invalidParameter(name: string, problem: string): ToolmeshError {
   });
 }
 
+/**
+ * `template` with each `{name}` that `placeholder` matches replaced by its value (already
+ * encoded); `invalid_parameters` naming the first placeholder without one.
+ */
+export function fillPath(
+  template: string,
+  placeholder: RegExp,
+  values: ReadonlyMap<string, string>,
+): string {
+  let missing: string | undefined;
+  const filled = template.replace(placeholder, (_, name: string) => {
+    const value = values.get(name);
+    if (value === undefined) missing ??= name;
+    return value ?? "";
+  });
+  if (missing !== undefined) throw invalidParameter(missing, "is required: the URL path holds it");
+  return filled;
+}
+
+/**
+ * Gives a request that may have a side effect the call's idempotency key, unless the arguments
+ * set one: the API can then make the effect exactly-once across retries and redeliveries.
+ */
+export function setIdempotencyKey(headers: Headers, method: string, key: string): void {
+  if (method !== "GET" && method !== "HEAD" && !headers.has("idempotency-key"))
+    headers.set("idempotency-key", key);
+}
+
 /** A value as it goes into a URL or a header: strings as they are, the rest as JSON. */
 export function textOf(value: unknown): string {
   if (typeof value === "string") return value;

@@ -14,8 +14,10 @@ export type { DefineToolOptions, ToolContext, ToolHandler, ToolModule } from "./
 export {
   DEFAULT_ACCEPT,
   UrlAllowList,
+  fillPath,
   invalidParameter,
   invokeHttp,
+  setIdempotencyKey,
   textOf,
 } from "./http-invoke.js";
 export type { HttpEndpoint, HttpRequest } from "./http-invoke.js";

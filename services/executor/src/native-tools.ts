@@ -7,8 +7,10 @@ import type { HttpEndpoint, HttpRequest } from "@toolmesh/tool-host";
 import {
   DEFAULT_ACCEPT,
   UrlAllowList,
+  fillPath,
   invalidParameter,
   invokeHttp,
+  setIdempotencyKey,
   textOf,
 } from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
@@ -464,21 +466,9 @@ function buildRequest(
         break;
     }
   }
-  let missing: string | undefined;
-  const expanded = tool.apiUrl.replace(PLACEHOLDER, (_, name: string) => {
-    const value = pathValues.get(name);
-    if (value === undefined) missing ??= name;
-    return value ?? "";
-  });
-  if (missing !== undefined) {
-    throw invalidParameter(missing, "is required: the URL path holds it");
-  }
-  const url = new URL(expanded);
+  const url = new URL(fillPath(tool.apiUrl, PLACEHOLDER, pathValues));
   for (const [name, value] of query) url.searchParams.append(name, value);
-  if (tool.method !== "GET" && !headers.has("idempotency-key")) {
-    // Lets the API make the side effect exactly-once across retries and redeliveries.
-    headers.set("idempotency-key", ctx.idempotencyKey);
-  }
+  setIdempotencyKey(headers, tool.method, ctx.idempotencyKey);
   const sendsBody =
     hasBody || tool.method === "POST" || tool.method === "PUT" || tool.method === "PATCH";
   if (sendsBody) headers.set("content-type", "application/json");

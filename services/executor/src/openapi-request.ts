@@ -1,6 +1,13 @@
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { HttpRequest } from "@toolmesh/tool-host";
-import { DEFAULT_ACCEPT, invalidParameter, invokeHttp, textOf } from "@toolmesh/tool-host";
+import {
+  DEFAULT_ACCEPT,
+  fillPath,
+  invalidParameter,
+  invokeHttp,
+  setIdempotencyKey,
+  textOf,
+} from "@toolmesh/tool-host";
 import type { ToolContext } from "@toolmesh/tool-host";
 
 /** Where one parameter of an operation goes, and how it is serialised (OpenAPI `style`). */
@@ -238,13 +245,7 @@ export function buildOperationRequest(
 ): HttpRequest {
   const headers = new Headers({ accept: DEFAULT_ACCEPT });
   const { query, cookies, pathValues } = placeParameters(plan, args, headers);
-  let missing: string | undefined;
-  const path = plan.path.replace(/\{([^{}]+)\}/g, (_, name: string) => {
-    const value = pathValues.get(name);
-    if (value === undefined) missing ??= name;
-    return value ?? "";
-  });
-  if (missing !== undefined) throw invalidParameter(missing, "is required: the URL path holds it");
+  const path = fillPath(plan.path, /\{([^{}]+)\}/g, pathValues);
   const base = plan.base.href.replace(/\/+$/, "");
   const url = new URL(`${base}${path}`);
   for (const [k, v] of query) url.searchParams.append(k, v);
@@ -255,10 +256,7 @@ export function buildOperationRequest(
       plan.body.mediaType === "*/*" ? "application/json" : plan.body.mediaType,
     );
   }
-  if (plan.method !== "GET" && plan.method !== "HEAD" && !headers.has("idempotency-key")) {
-    // Lets the API make the side effect exactly-once across retries and redeliveries.
-    headers.set("idempotency-key", ctx.idempotencyKey);
-  }
+  setIdempotencyKey(headers, plan.method, ctx.idempotencyKey);
   for (const [k, v] of credentials.query) url.searchParams.set(k, v);
   const allCookies = [
     ...cookies.filter(([k]) => !credentials.cookies.some(([c]) => c === k)),
