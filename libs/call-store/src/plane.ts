@@ -244,7 +244,12 @@ async function recordEnded(
     return;
   }
   const written = audit.recordAndWait(tenant, event);
-  await Promise.race([written, sleep(RECORD_WAIT_MS, undefined, { ref: false })]);
+  // The bound's timer goes with the wait: one per call would otherwise outlive it by seconds.
+  const bound = new AbortController();
+  await Promise.race([
+    written,
+    sleep(RECORD_WAIT_MS, undefined, { ref: false, signal: bound.signal }),
+  ]).finally(() => bound.abort());
 }
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
