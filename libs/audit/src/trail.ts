@@ -3,6 +3,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { Subjects } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { followStatus } from "@toolmesh/nats";
 import { ChainWriter } from "./chain-writer.js";
 import type { AuditEventInput } from "./events.js";
 import { ForwardingWriter } from "./forward.js";
@@ -109,9 +110,8 @@ export class AuditTrail {
 
   /** A write that failed because the connection was down is tried again as soon as it is back. */
   #retryOnReconnect(nc: NatsConnection): void {
-    void (async () => {
-      for await (const status of nc.status()) if (status.type === "reconnect") this.#retryNow();
-    })();
+    const stopFollowing = followStatus(nc, { reconnect: () => this.#retryNow() });
+    this.#stop.signal.addEventListener("abort", stopFollowing, { once: true });
   }
 
   /** Cuts every pause between retries short. */

@@ -28,6 +28,7 @@ import {
   deadLetterHeaders,
   ensureConsumer,
   finalHeaders,
+  followStatus,
   meshPlan,
   publishDurable,
   publishEphemeral,
@@ -150,19 +151,19 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     reconcile();
   }, options.reconcileEveryMs ?? Defaults.reconcileEveryMs);
   reconcileTimer.unref();
-  void (async () => {
-    for await (const status of nc.status()) {
-      if (status.type !== "reconnect") continue;
+  const stopFollowing = followStatus(nc, {
+    reconnect: () => {
       replayDeadlines();
       setTimeout(() => reconcile(), 1_000).unref();
-    }
-  })();
+    },
+  });
 
   return {
     deadLetter: (stream, seq, reason, deliveries) =>
       deadLetter(deps, stream, seq, reason, deliveries),
     async stop(graceMs) {
       stopped = true;
+      stopFollowing();
       clearInterval(reconcileTimer);
       deadlines.stop();
       await Promise.all([cancels.stop(graceMs), deadLetters.stop(graceMs)]);

@@ -7,6 +7,8 @@ export {
   redactUrl,
 } from "./connection.js";
 export type { NatsConnectOptions } from "./connection.js";
+export { followStatus } from "./status.js";
+export type { StatusHandlers } from "./status.js";
 export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
 export { modifyKvEntry } from "./kv-modify.js";
 export {

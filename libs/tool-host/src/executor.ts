@@ -23,6 +23,7 @@ import type { StreamLimits, UnavailableKind, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   ensureDurableConsumer,
+  followStatus,
   retryWhileUnavailable,
   startWorkLoop,
   warnUnavailable,
@@ -197,7 +198,7 @@ class RunningExecutor implements Executor {
   readonly #delegation: { stop(graceMs: number): Promise<void> } | undefined;
   readonly #stopObservingQueues: () => void;
   // Set by open as the start proceeds; only methods called once it returned use them.
-  #aborts: Subscription | undefined;
+  #aborts: Pick<Subscription, "unsubscribe"> | undefined;
   #capacity: CapacityAnnouncer | undefined;
 
   /** Takes the delegation deposits (when a tool needs them) and reports the tools' queues. */
@@ -487,9 +488,12 @@ function resultLimit(
 /**
  * Aborts the attempt of a call cancelled or past its deadline: both are decided elsewhere and
  * broadcast. Resolves once the server has the subscription, from when every abort reaches this
- * process until the connection drops (which fresh work is told).
+ * process until the connection drops (which fresh work is told); unsubscribing stops both.
  */
-async function followAborts(deps: WorkDeps, workStream: string): Promise<Subscription> {
+async function followAborts(
+  deps: WorkDeps,
+  workStream: string,
+): Promise<Pick<Subscription, "unsubscribe">> {
   const { nc, subjects, freshWork, running } = deps;
   const aborts = nc.subscribe(subjects.abortOf(workStream), {
     callback: (err, msg) => {
@@ -508,13 +512,16 @@ async function followAborts(deps: WorkDeps, workStream: string): Promise<Subscri
   });
   await nc.flush();
   freshWork.listening();
-  void (async () => {
-    for await (const status of nc.status()) {
-      if (status.type === "disconnect") freshWork.disconnected();
-      else if (status.type === "reconnect") freshWork.listening();
-    }
-  })();
-  return aborts;
+  const stopFollowing = followStatus(nc, {
+    disconnect: () => freshWork.disconnected(),
+    reconnect: () => freshWork.listening(),
+  });
+  return {
+    unsubscribe: () => {
+      stopFollowing();
+      aborts.unsubscribe();
+    },
+  };
 }
 
 /** Where and how one tool's work loop takes its work. */

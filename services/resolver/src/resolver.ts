@@ -8,6 +8,7 @@ import type { RequestServer, StreamLimits, WorkLoop } from "@toolmesh/nats";
 import {
   Semaphore,
   ensureConsumer,
+  followStatus,
   meshPlan,
   serveRequests,
   startWorkLoop,
@@ -175,10 +176,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   };
   approvals.start((call, argsHash) => routeApproved(deps, call, argsHash, call.resolved_at));
 
-  void (async () => {
-    for await (const status of nc.status())
-      if (status.type === "reconnect") admission.reconnected();
-  })();
+  const stopFollowing = followStatus(nc, { reconnect: () => admission.reconnected() });
 
   const loops = await startIntake(deps, options, ackWaitMs);
 
@@ -190,7 +188,11 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // A dry run carries a call: it may be as large as a call the calls stream takes.
     maxRequestBytes: options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes,
   });
-  const stopWatching = logToolChanges(registry, log);
+  const stopLogging = logToolChanges(registry, log);
+  const stopWatching = (): void => {
+    stopLogging();
+    stopFollowing();
+  };
   log.info({ prefix: subjects.prefix, tools: [...registry.names()] }, "resolver started");
 
   return new RunningResolver({
