@@ -39,6 +39,7 @@ import {
 import { ANY_ARGUMENTS } from "@toolmesh/call-store";
 import { toolmeshMetrics } from "@toolmesh/telemetry";
 import type { ControlDeps } from "./deps.js";
+import type { DeadlineKeeper } from "./deadline-keeper.js";
 import { startDeadlineKeeper } from "./deadline-keeper.js";
 import type { FinalSeen } from "./deadline-keeper.js";
 import { reconcileOrphans } from "./reconcile.js";
@@ -94,29 +95,18 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     log,
     ...(workStreamOf === undefined ? {} : { workStreamOf }),
   };
-  const { js, jsm, store } = plane;
   const { consumers } = meshPlan(subjects);
   // Advisories are kept in a stream, so a give-up while no resolver runs is handled later.
-  await ensureConsumer(jsm, consumers.deadLetters);
-
-  let stopped = false;
+  await ensureConsumer(plane.jsm, consumers.deadLetters);
   const deadlines = await startDeadlineKeeper(deps, { onResult: options.onResult });
-  const replayDeadlines = (): void => {
-    deadlines.replay().catch((err: unknown) => {
-      log.warn({ err }, "cannot read the work stream for deadlines; will try again");
-      if (!stopped) setTimeout(replayDeadlines, SECOND_LOOK_MS).unref();
-    });
-  };
-
   const cancels: RequestServer = serveRequests({
     nc,
     subject: subjects.allCancel,
     queue: options.queue,
     ...cancelRequests(deps),
   });
-
   const deadLetters: WorkLoop = await startWorkLoop({
-    js,
+    js: plane.js,
     stream: subjects.streams.advisories,
     consumer: subjects.deadLetterConsumer,
     slots: new Semaphore(8),
@@ -125,50 +115,95 @@ export async function startControlPlane(options: ControlPlaneOptions): Promise<C
     onConsumerUnavailable: warnUnavailable(log, subjects.deadLetterConsumer),
     onError: (err) => log.error({ err }, "dead-letter keeper error"),
   });
+  return new RunningControlPlane(deps, { deadlines, cancels, deadLetters }, options);
+}
 
-  // Calls found below their ack floor are acted on by a second pass, soon after the first.
-  const suspects = new Set<string>();
-  const reconcile = (): void => {
-    reconcileOrphans({ jsm, js: plane.js, subjects, store, log, suspects }).then(
+/** What a running control plane started, and stops in turn. */
+interface ControlParts {
+  deadlines: DeadlineKeeper;
+  cancels: RequestServer;
+  deadLetters: WorkLoop;
+}
+
+/**
+ * A started control plane: its keepers, and when it looks again for deadlines and orphaned
+ * work-queue messages (at its start, after each return of the connection, and while calls come
+ * and go).
+ */
+class RunningControlPlane implements ControlPlane {
+  readonly #deps: ControlDeps;
+  readonly #parts: ControlParts;
+  /** Calls found below their ack floor: a second pass acts on them, soon after the first. */
+  readonly #suspects = new Set<string>();
+  readonly #reconcileTimer: NodeJS.Timeout;
+  readonly #stopFollowing: () => void;
+  #stopped = false;
+
+  constructor(deps: ControlDeps, parts: ControlParts, options: ControlPlaneOptions) {
+    this.#deps = deps;
+    this.#parts = parts;
+    // Orphans come with a server restart: look as soon as it is back (or this resolver starts,
+    // maybe after one), and now and then. Work and results published while this process was
+    // away are caught up by reading the work stream again.
+    this.#replayDeadlines();
+    this.#reconcile();
+    // An idle mesh makes no orphans: the periodic look waits for traffic since the last one.
+    let trafficSeen = parts.deadlines.traffic;
+    this.#reconcileTimer = setInterval(() => {
+      if (parts.deadlines.traffic === trafficSeen) return;
+      trafficSeen = parts.deadlines.traffic;
+      this.#reconcile();
+    }, options.reconcileEveryMs ?? Defaults.reconcileEveryMs);
+    this.#reconcileTimer.unref();
+    this.#stopFollowing = followStatus(deps.nc, {
+      reconnect: () => {
+        this.#replayDeadlines();
+        setTimeout(() => this.#reconcile(), 1_000).unref();
+      },
+    });
+  }
+
+  /** Moves a stream message to the dead-letter stream and ends its call with an error. */
+  deadLetter(stream: string, seq: number, reason: string, deliveries?: number): Promise<void> {
+    return deadLetter(this.#deps, stream, seq, reason, deliveries);
+  }
+
+  /** Stops looking and keeping; requests and dead letters in hand finish within `graceMs`. */
+  async stop(graceMs: number): Promise<void> {
+    this.#stopped = true;
+    this.#stopFollowing();
+    clearInterval(this.#reconcileTimer);
+    this.#parts.deadlines.stop();
+    await Promise.all([this.#parts.cancels.stop(graceMs), this.#parts.deadLetters.stop(graceMs)]);
+  }
+
+  #replayDeadlines(): void {
+    this.#parts.deadlines.replay().catch((err: unknown) => {
+      this.#deps.log.warn({ err }, "cannot read the work stream for deadlines; will try again");
+      if (!this.#stopped) setTimeout(() => this.#replayDeadlines(), SECOND_LOOK_MS).unref();
+    });
+  }
+
+  #reconcile(): void {
+    const { plane, subjects, log } = this.#deps;
+    const suspects = this.#suspects;
+    reconcileOrphans({
+      jsm: plane.jsm,
+      js: plane.js,
+      subjects,
+      store: plane.store,
+      log,
+      suspects,
+    }).then(
       (outcome) => {
         if (outcome.deleted > 0) log.info(outcome, "orphaned messages reconciled");
-        if (suspects.size > 0 && !stopped) setTimeout(() => reconcile(), SECOND_LOOK_MS).unref();
+        if (suspects.size > 0 && !this.#stopped)
+          setTimeout(() => this.#reconcile(), SECOND_LOOK_MS).unref();
       },
       (err: unknown) =>
         log.warn({ err }, "reconciliation of orphaned messages failed; will try again"),
     );
-  };
-  // Orphans come with a server restart: look as soon as it is back (or this resolver starts,
-  // maybe after one), and now and then. Work and results published while this process was
-  // away are caught up by reading the work stream again.
-  replayDeadlines();
-  reconcile();
-  // An idle mesh makes no orphans: the periodic look waits for traffic since the last one.
-  let trafficSeen = deadlines.traffic;
-  const reconcileTimer = setInterval(() => {
-    if (deadlines.traffic === trafficSeen) return;
-    trafficSeen = deadlines.traffic;
-    reconcile();
-  }, options.reconcileEveryMs ?? Defaults.reconcileEveryMs);
-  reconcileTimer.unref();
-  const stopFollowing = followStatus(nc, {
-    reconnect: () => {
-      replayDeadlines();
-      setTimeout(() => reconcile(), 1_000).unref();
-    },
-  });
-
-  return {
-    deadLetter: (stream, seq, reason, deliveries) =>
-      deadLetter(deps, stream, seq, reason, deliveries),
-    async stop(graceMs) {
-      stopped = true;
-      stopFollowing();
-      clearInterval(reconcileTimer);
-      deadlines.stop();
-      await Promise.all([cancels.stop(graceMs), deadLetters.stop(graceMs)]);
-    },
-  };
+  }
 }
 
 /**
