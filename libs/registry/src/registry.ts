@@ -261,6 +261,21 @@ export class ToolRegistry {
     return () => this.#listeners.delete(listener);
   }
 
+  /**
+   * Logs each tool that becomes available (with its revision and owner) or is removed, as the
+   * watcher sees it; returns the way to stop.
+   */
+  logChanges(log: { info(obj: object, msg: string): void }): () => void {
+    return this.onChange(({ name, tool }) => {
+      if (tool === undefined) log.info({ tool: name }, "tool removed");
+      else
+        log.info(
+          { tool: name, revision: tool.revision, owner: tool.definition.owner },
+          "tool available",
+        );
+    });
+  }
+
   /** Stops watching. */
   close(): void {
     this.#watcher?.stop();

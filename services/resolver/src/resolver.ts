@@ -188,7 +188,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     // A dry run carries a call: it may be as large as a call the calls stream takes.
     maxRequestBytes: options.streamLimits?.maxMessageBytes ?? Defaults.maxMessageBytes,
   });
-  const stopLogging = logToolChanges(registry, log);
+  const stopLogging = registry.logChanges(log);
   const stopWatching = (): void => {
     stopLogging();
     stopFollowing();
@@ -434,16 +434,4 @@ function startIntake(
       push: { deliverSubject: subjects.intake, deliverGroup: subjects.resolverConsumer },
     }),
   ]);
-}
-
-/** Logs every tool that becomes available or is removed; returns how to stop. */
-function logToolChanges(registry: ToolRegistry, log: Logger): () => void {
-  return registry.onChange(({ name, tool }) => {
-    if (tool === undefined) log.info({ tool: name }, "tool removed");
-    else
-      log.info(
-        { tool: name, revision: tool.revision, owner: tool.definition.owner },
-        "tool available",
-      );
-  });
 }

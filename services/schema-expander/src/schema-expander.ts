@@ -184,10 +184,7 @@ export async function startSchemaExpander(options: SchemaExpanderOptions): Promi
     serve(subjects.allGroupsRpc, answerGroups),
   ];
 
-  const stopWatching = registry.onChange(({ name, tool }) => {
-    if (tool === undefined) log.info({ tool: name }, "tool removed");
-    else log.info({ tool: name, revision: tool.revision }, "tool available");
-  });
+  const stopWatching = registry.logChanges(log);
   log.info(
     {
       prefix: subjects.prefix,
