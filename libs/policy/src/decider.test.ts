@@ -174,6 +174,36 @@ describe("PolicyDecider.decideCall", () => {
   });
 });
 
+describe("PolicyDecider.decideCallSoon", () => {
+  const SET = `@id("all") permit(principal, action, resource);
+@id("no-secrets") forbid(principal, action, resource == Toolmesh::Tool::"write_file") when { context.args has text && context.args.text like "*password*" };`;
+  const call = (text: string) => ({
+    address: { tenant: "acme", session: "s" },
+    arguments: { text },
+  });
+
+  it("decides the calls of one turn together, each as decideCall does", async () => {
+    const d = decider(SET);
+    const texts = ["hello", "my password", "x".repeat(64), "password", "fine"];
+    const soon = await Promise.all(texts.map((t) => d.decideCallSoon(call(t), WRITE)));
+    expect(soon).toEqual(texts.map((t) => d.decideCall(call(t), WRITE)));
+    expect(soon.map((decision) => decision?.allowed)).toEqual([true, false, true, false, true]);
+    expect(soon[1]?.policies).toEqual(["operator:no-secrets"]);
+  });
+
+  it("answers at once what it knows without the arguments, and nothing with no set", async () => {
+    const d = decider(SET);
+    let turnEnded = false;
+    setImmediate(() => (turnEnded = true));
+    const known = await d.decideCallSoon(call("my password"), READ);
+    const unknownTool = await d.decideCallSoon(call("hello"), undefined);
+    expect(turnEnded).toBe(false);
+    expect(known).toMatchObject({ allowed: true, policies: ["operator:all"] });
+    expect(unknownTool?.allowed).toBe(false);
+    expect(await decider().decideCallSoon(call("hello"), WRITE)).toBeUndefined();
+  });
+});
+
 describe("PolicyDecider: what partial evaluation leaves decides as the whole set does", () => {
   // Every call decision is made from a residual (the policies still undecided with arguments
   // and session unknown) and the permits already known satisfied; each must equal Cedar's

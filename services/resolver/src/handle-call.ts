@@ -435,7 +435,7 @@ export async function routeCall(
   const unfit =
     unroutable(resolved, deps.callRetentionMs, now) ??
     deps.audit?.refusal(resolved.address.tenant) ??
-    policyRefusal(route);
+    (await policyRefusal(route));
   if (unfit !== undefined) {
     await refuseUnaccepted(route, unfit);
     return undefined;
@@ -608,11 +608,14 @@ function unroutable(
 
 /**
  * The policies' refusal of a call, decided before anything is counted or stored
- * (docs/policy.md); counts the decision. None when no policy set is in force.
+ * (docs/policy.md); counts the decision. None when no policy set is in force. A decision that
+ * reads the arguments is made with the other calls of this turn of the event loop.
  */
-function policyRefusal(route: Route): ToolmeshError | undefined {
+async function policyRefusal(route: Route): Promise<ToolmeshError | undefined> {
   const { deps, resolved, callLog } = route;
-  const policy = deps.policies?.decideCall(resolved, deps.registry.get(resolved.tool)?.definition);
+  if (deps.policies?.active !== true) return undefined;
+  const definition = deps.registry.get(resolved.tool)?.definition;
+  const policy = await deps.policies.decideCallSoon(resolved, definition);
   if (policy === undefined) return undefined;
   const effect = !policy.allowed ? "deny" : policy.approval === undefined ? "allow" : "approval";
   deps.metrics.policyDecision(effect);
