@@ -343,16 +343,16 @@ export class CallStore {
         return { won: false, result: record.result };
       }
       const stamped = stampArguments(result, record);
-      // Serialized once for the record and for its publication: results may be large.
-      const json = JSON.stringify(stamped);
+      // Serialized and encoded once for the record and for its publication: results may be large.
+      const encoded = encodeJson(stamped);
       const { result: _earlier, ...rest } = record;
       try {
         await this.#kv.update(
           key,
-          encodeJsonWithMember({ ...rest, state: "done" }, "result", json),
+          encodeJsonWithMember({ ...rest, state: "done" }, "result", encoded),
           revision,
         );
-        return { won: true, result: stamped, encoded: Buffer.from(json, "utf8") };
+        return { won: true, result: stamped, encoded };
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
         current = undefined; // changed meanwhile: read it again

@@ -15,7 +15,7 @@ describe("encodeJsonWithMember", () => {
     const member = { role: "tool", content: 'quote " and \\ and é€😀\n' };
     const cases: object[] = [{}, { a: 1 }, { state: "running", nested: { x: [1, "two"] } }];
     for (const value of cases) {
-      const bytes = encodeJsonWithMember(value, "result", JSON.stringify(member));
+      const bytes = encodeJsonWithMember(value, "result", encodeJson(member));
       expect(Buffer.from(bytes).equals(Buffer.from(encodeJson({ ...value, result: member })))).toBe(
         true,
       );

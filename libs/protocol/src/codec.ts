@@ -13,14 +13,21 @@ export function encodeJson(value: unknown): Uint8Array {
 
 /**
  * The UTF-8 JSON bytes of `value` with one member more, `key`, whose value is given as the
- * JSON text `json` (as `JSON.stringify` wrote it): the bytes `encodeJson({ ...value, [key]: v })`
- * gives, without serializing a large `v` once more. `value` is a plain object without `key`.
+ * UTF-8 bytes of its JSON text (as `encodeJson` wrote them): the bytes
+ * `encodeJson({ ...value, [key]: v })` gives, without serializing or encoding a large `v` once
+ * more. `value` is a plain object without `key`.
  */
-export function encodeJsonWithMember(value: object, key: string, json: string): Uint8Array {
+export function encodeJsonWithMember(value: object, key: string, json: Uint8Array): Uint8Array {
   const head = JSON.stringify(value);
   const comma = head === "{}" ? "" : ",";
-  return Buffer.from(`${head.slice(0, -1)}${comma}${JSON.stringify(key)}:${json}}`, "utf8");
+  return Buffer.concat([
+    Buffer.from(`${head.slice(0, -1)}${comma}${JSON.stringify(key)}:`, "utf8"),
+    json,
+    CLOSE_BRACE,
+  ]);
 }
+
+const CLOSE_BRACE = Buffer.from("}");
 
 /**
  * Decodes UTF-8 JSON bytes. Throws `TypeError` on invalid UTF-8 and `SyntaxError` on
