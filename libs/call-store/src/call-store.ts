@@ -20,6 +20,7 @@ import {
   callKey,
   decodeJson,
   encodeJson,
+  encodeWithMemberAdded,
   encodeJsonWithMember,
 } from "@toolmesh/protocol";
 
@@ -324,13 +325,15 @@ export class CallStore {
    * became the final one; otherwise `result` is the stored one. `known` (a record just read)
    * saves a read when it is still current. `verify` sees every record (undefined: none) before it
    * is changed and throws to refuse it, a record read again after a lost compare-and-set too.
-   * Undefined when no record exists.
+   * `encodedResult`, when given, is `result` as `encodeJson` wrote it. Undefined when no record
+   * exists.
    */
   async finish(
     call: CallRef,
     result: ToolMessage,
     known?: { record: CallRecord; revision: number },
     verify?: (record: CallRecord | undefined) => void,
+    encodedResult?: Uint8Array,
   ): Promise<FinishOutcome | undefined> {
     const key = callKey(call.address, call.idempotency_key);
     let current = known;
@@ -343,8 +346,14 @@ export class CallStore {
         return { won: false, result: record.result };
       }
       const stamped = stampArguments(result, record);
-      // Serialized and encoded once for the record and for its publication: results may be large.
-      const encoded = encodeJson(stamped);
+      // Serialized and encoded once for the record and for its publication (from the bytes the
+      // caller made of it, when given): results may be large.
+      const encoded =
+        encodedResult === undefined
+          ? encodeJson(stamped)
+          : stamped === result
+            ? encodedResult
+            : encodeWithMemberAdded(encodedResult, "args_hash", stamped.args_hash);
       const { result: _earlier, ...rest } = record;
       try {
         await this.#kv.update(

@@ -77,13 +77,15 @@ export interface CallPlane {
    * published — unless the sessions stream does not hold that party's message (it may have
    * died between recording and publishing); then the stored message is published. Returns
    * whether this caller's message became the final one. `verify` sees every record (undefined:
-   * none) before it is changed and throws to refuse it.
+   * none) before it is changed and throws to refuse it. `encoded`, when given, is `message` as
+   * `encodeJson` wrote it: a large result is not serialized again.
    */
   finalize: (
     call: CallTarget,
     message: ToolMessage,
     known?: { record: CallRecord; revision: number },
     verify?: (record: CallRecord | undefined) => void,
+    encoded?: Uint8Array,
   ) => Promise<boolean>;
   /** Sends a progress event of a running call to its session (best effort, never throws). */
   publishProgress: (call: CallTarget, event: ProgressEvent) => void;
@@ -168,9 +170,9 @@ export async function openCallPlane(
       });
       if (audit !== undefined && !ack.duplicate) recordDeadLetter(audit, letter);
     },
-    async finalize(call, message, known, verify) {
+    async finalize(call, message, known, verify, encoded) {
       const subject = subjects.result(call.address, call.call_id);
-      const outcome = await store.finish(call, message, known, verify);
+      const outcome = await store.finish(call, message, known, verify, encoded);
       // Live subscribers see every publication, whatever the stream keeps: a loser only
       // publishes when the winner's message is nowhere to be found. The sessions stream is
       // the record of what went out, so the success path writes no "published" mark.
@@ -186,7 +188,12 @@ export async function openCallPlane(
           return false;
         }
       }
-      await publishFinal(subject, outcome?.result ?? message, msgId, outcome?.encoded);
+      await publishFinal(
+        subject,
+        outcome?.result ?? message,
+        msgId,
+        outcome === undefined ? encoded : outcome.encoded,
+      );
       return outcome === undefined || outcome.won;
     },
   };

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { decodeJson, encodeJson, encodeJsonWithMember } from "./codec.js";
+import { decodeJson, encodeJson, encodeJsonWithMember, encodeWithMemberAdded } from "./codec.js";
 
 describe("encodeJson", () => {
   it("encodes UTF-8 JSON, and undefined as no bytes", () => {
@@ -20,6 +20,18 @@ describe("encodeJsonWithMember", () => {
         true,
       );
       expect(decodeJson(bytes)).toEqual({ ...value, result: member });
+    }
+  });
+});
+
+describe("encodeWithMemberAdded", () => {
+  it("gives the bytes of the encoded object with the member added last", () => {
+    const cases: object[] = [{}, { a: 1 }, { content: 'quote " and \\ and é€😀\n', n: [1, "two"] }];
+    for (const value of cases) {
+      const bytes = encodeWithMemberAdded(encodeJson(value), "args_hash", "sha256:é");
+      expect(
+        Buffer.from(bytes).equals(Buffer.from(encodeJson({ ...value, args_hash: "sha256:é" }))),
+      ).toBe(true);
     }
   });
 });

@@ -30,6 +30,23 @@ export function encodeJsonWithMember(value: object, key: string, json: Uint8Arra
 const CLOSE_BRACE = Buffer.from("}");
 
 /**
+ * `encoded`, the UTF-8 JSON bytes of a plain object without `key` (as `encodeJson` wrote them),
+ * with `key` added last: the bytes `encodeJson({ ...object, [key]: value })` gives, without
+ * serializing the object again.
+ */
+export function encodeWithMemberAdded(
+  encoded: Uint8Array,
+  key: string,
+  value: unknown,
+): Uint8Array {
+  const empty = encoded.length === 2;
+  return Buffer.concat([
+    encoded.subarray(0, encoded.length - 1),
+    Buffer.from(`${empty ? "" : ","}${JSON.stringify(key)}:${JSON.stringify(value)}}`, "utf8"),
+  ]);
+}
+
+/**
  * Decodes UTF-8 JSON bytes. Throws `TypeError` on invalid UTF-8 and `SyntaxError` on
  * invalid JSON; callers turn these into typed errors at their boundary.
  */

@@ -133,6 +133,7 @@ export {
   decodeJsonOrUndefined,
   encodeJson,
   encodeJsonWithMember,
+  encodeWithMemberAdded,
   nestsDeeperThan,
 } from "./codec.js";
 export { wireSchemas } from "./wire-schemas.js";

@@ -37,20 +37,22 @@ describe("afterAttempt", () => {
 });
 
 describe("finalMessage", () => {
-  it("carries the content, the attempts and the duration", () => {
-    expect(finalMessage(call, { ok: true, content: "hi" }, 2, 12.5, 1_000)).toEqual({
+  it("carries the content, the attempts and the duration, with the bytes it measured", () => {
+    const { message, encoded } = finalMessage(call, { ok: true, content: "hi é" }, 2, 12.5, 1_000);
+    expect(message).toEqual({
       role: "tool",
       tool_call_id: "c1",
       name: "echo",
       session_id: "s1",
-      content: "hi",
+      content: "hi é",
       attempts: 2,
       duration_ms: 12.5,
     });
+    expect(Buffer.from(encoded).equals(Buffer.from(JSON.stringify(message), "utf8"))).toBe(true);
   });
 
   it("carries a failure as the message's error", () => {
-    const message = finalMessage(
+    const { message } = finalMessage(
       call,
       failed(new ToolmeshError(ErrorCode.Timeout, "slow", { retryable: false })),
       1,
@@ -61,8 +63,15 @@ describe("finalMessage", () => {
   });
 
   it("turns a result larger than the limit into payload_too_large", () => {
-    const message = finalMessage(call, { ok: true, content: "x".repeat(2_000) }, 1, 5, 1_000);
+    const { message, encoded } = finalMessage(
+      call,
+      { ok: true, content: "x".repeat(2_000) },
+      1,
+      5,
+      1_000,
+    );
     expect(message.error).toMatchObject({ code: "payload_too_large", retryable: false });
+    expect(Buffer.from(encoded).equals(Buffer.from(JSON.stringify(message), "utf8"))).toBe(true);
     expect(message.error?.details).toMatchObject({ limit: 1_000 });
     expect(message.content.length).toBeLessThan(1_000);
   });

@@ -15,6 +15,7 @@ import {
   callKey,
   scopedIdempotencyKey,
   decodeJson,
+  encodeJson,
   ensureError,
   errorToolMessage,
   isRetryableByDefault,
@@ -233,9 +234,15 @@ async function runAndSettle(
     msg.nak(next.delayMs);
     return;
   }
-  const message = finalMessage(call, outcome, attempt, durationMs, deps.maxResultBytes);
+  const { message, encoded } = finalMessage(
+    call,
+    outcome,
+    attempt,
+    durationMs,
+    deps.maxResultBytes,
+  );
   telemetry.attemptEnded(call, code, false);
-  const { won, retried } = await recordOutcome(deps, call, message, stored, callLog);
+  const { won, retried } = await recordOutcome(deps, call, { message, encoded }, stored, callLog);
   msg.ack();
   await releaseDelegation(deps, tool, call, callLog);
   if (won) telemetry.callEnded(call, message.error?.code, (clock.now() - call.resolved_at) / 1000);
@@ -335,7 +342,8 @@ export function afterAttempt(
 }
 
 /**
- * The final message of a call that ends with this attempt's outcome; a result larger than
+ * The final message of a call that ends with this attempt's outcome, with its UTF-8 JSON bytes
+ * (made to measure it, and kept so that it is not serialized again); a result larger than
  * `maxResultBytes` encoded becomes a `payload_too_large` error.
  */
 export function finalMessage(
@@ -344,7 +352,7 @@ export function finalMessage(
   attempt: number,
   durationMs: number,
   maxResultBytes: number,
-): ToolMessage {
+): { message: ToolMessage; encoded: Uint8Array } {
   const target = {
     tool_call_id: call.tool_call_id,
     name: call.tool,
@@ -354,9 +362,10 @@ export function finalMessage(
   const message: ToolMessage = outcome.ok
     ? { role: "tool", ...target, content: outcome.content, ...extra }
     : errorToolMessage(target, outcome.error, extra);
-  const bytes = Buffer.byteLength(JSON.stringify(message), "utf8");
-  if (bytes <= maxResultBytes) return message;
-  return errorToolMessage(
+  const encoded = encodeJson(message);
+  const bytes = encoded.length;
+  if (bytes <= maxResultBytes) return { message, encoded };
+  const refused = errorToolMessage(
     target,
     new ToolmeshError(
       ErrorCode.PayloadTooLarge,
@@ -368,6 +377,7 @@ export function finalMessage(
     ),
     extra,
   );
+  return { message: refused, encoded: encodeJson(refused) };
 }
 
 /**
@@ -378,7 +388,7 @@ export function finalMessage(
 async function recordOutcome(
   deps: WorkDeps,
   call: ResolvedCall,
-  message: ToolMessage,
+  { message, encoded }: { message: ToolMessage; encoded: Uint8Array },
   stored: { record: CallRecord; revision: number } | undefined,
   callLog: Logger,
 ): Promise<{ won: boolean; retried: boolean }> {
@@ -388,7 +398,7 @@ async function recordOutcome(
   const won = await pRetry(
     async () => {
       try {
-        return await plane.finalize(call, message, known);
+        return await plane.finalize(call, message, known, undefined, encoded);
       } catch (err) {
         known = undefined; // the record may have changed: read it again
         throw err;
