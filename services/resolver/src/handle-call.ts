@@ -613,9 +613,8 @@ function unroutable(
  */
 async function policyRefusal(route: Route): Promise<ToolmeshError | undefined> {
   const { deps, resolved, callLog } = route;
-  if (deps.policies?.active !== true) return undefined;
   const definition = deps.registry.get(resolved.tool)?.definition;
-  const policy = await deps.policies.decideCallSoon(resolved, definition);
+  const policy = await deps.policies?.decideCallSoon(resolved, definition);
   if (policy === undefined) return undefined;
   const effect = !policy.allowed ? "deny" : policy.approval === undefined ? "allow" : "approval";
   deps.metrics.policyDecision(effect);
