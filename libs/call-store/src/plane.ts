@@ -1,4 +1,3 @@
-import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { JetStreamClient, JetStreamManager } from "@nats-io/jetstream";
 import { jetstream } from "@nats-io/jetstream";
@@ -250,13 +249,21 @@ async function recordEnded(
     void audit.record(tenant, event);
     return;
   }
-  const written = audit.recordAndWait(tenant, event);
-  // The bound's timer goes with the wait: one per call would otherwise outlive it by seconds.
-  const bound = new AbortController();
-  await Promise.race([
-    written,
-    sleep(RECORD_WAIT_MS, undefined, { ref: false, signal: bound.signal }),
-  ]).finally(() => bound.abort());
+  await settledWithin(audit.recordAndWait(tenant, event), RECORD_WAIT_MS);
+}
+
+/**
+ * Waits for `promise` at most `ms`. The bound's timer is cleared with the wait (one per call would
+ * otherwise outlive it by seconds), and plainly: aborting a timer promise makes an `AbortError`
+ * (a `DOMException` with its stack) each time, a cost the executor paid on every call.
+ */
+async function settledWithin(promise: Promise<unknown>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  const bound = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, ms);
+    timer.unref();
+  });
+  await Promise.race([promise, bound]).finally(() => clearTimeout(timer));
 }
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
