@@ -1,6 +1,9 @@
+import canonicalizeModule from "canonicalize";
 import { describe, expect, it } from "vitest";
 import { ChainVerifier, recordHash, sealForStore } from "./chain.js";
 import type { AuditRecord } from "./events.js";
+
+const canonicalize = canonicalizeModule as unknown as (input: unknown) => string | undefined;
 
 function chain(n: number): AuditRecord[] {
   const out: AuditRecord[] = [];
@@ -61,5 +64,41 @@ describe("ChainVerifier", () => {
     const [a, , c] = chain(3);
     expect(v.check(1, a)).toBeUndefined();
     expect(v.check(3, c)).toEqual({ seq: 3, reason: "event 2 is missing" });
+  });
+});
+
+describe("sealForStore", () => {
+  const event = {
+    v: 1 as const,
+    id: "e1",
+    tenant: "acme",
+    type: "call.admitted" as const,
+    at: 1_700_000_000_123,
+    by: "resolver@host/1",
+    data: {},
+  };
+  const cases: [string, Omit<AuditRecord, "hash" | "seq" | "prev">][] = [
+    ["no optional fields", event],
+    ["every field", { ...event, call_id: "c1", session: "s1", tool: "echo" }],
+    [
+      "data that needs sorting, nesting, odd numbers and text",
+      {
+        ...event,
+        tool: "ünï\u2028\"q\"\\",
+        data: {
+          zeta: [3, { b: null, a: -0 }, "\u{1F600}"],
+          alpha: { y: 1e21, x: 0.1 + 0.2, "\u00e9": true, E: "\n" },
+          skipped: undefined,
+        },
+      },
+    ],
+    ["a field of no known name", { ...event, extra: { b: 1, a: 2 } } as typeof event],
+  ];
+
+  it.each(cases)("stores the canonical JSON of the record and hashes it: %s", (_name, input) => {
+    const { record, data } = sealForStore(input, { seq: 41, hash: "f".repeat(64) });
+    const { hash, ...rest } = record;
+    expect(data).toBe(`${canonicalize(rest)?.slice(0, -1)},"hash":"${hash}"}`);
+    expect(hash).toBe(recordHash(record));
   });
 });

@@ -34,10 +34,48 @@ export function sealForStore(
   tail: ChainTail,
 ): { record: AuditRecord; data: string } {
   const record = { ...event, seq: tail.seq + 1, prev: tail.hash } as AuditRecord;
-  const text = canonicalize(record) as string;
+  const open = canonicalOpen(record);
   // The hash is of every field but itself: added once the text is made.
-  record.hash = digest("sha256", text, "hex");
-  return { record, data: `${text.slice(0, -1)},"hash":"${record.hash}"}` };
+  record.hash = digest("sha256", `${open}}`, "hex");
+  return { record, data: `${open},"hash":"${record.hash}"}` };
+}
+
+/** An event's fields but `hash`, in the order RFC 8785 sorts them (by UTF-16 code units). */
+const SEALED_FIELDS = [
+  "at",
+  "by",
+  "call_id",
+  "data",
+  "id",
+  "prev",
+  "seq",
+  "session",
+  "tenant",
+  "tool",
+  "type",
+  "v",
+] as const;
+
+/**
+ * The canonical JSON of `record` without its closing brace. An event's own fields are known, so
+ * they are written in their canonical order and only each value is canonicalized (`data` is the
+ * one object); a record with any other field is canonicalized whole. Equal to
+ * `canonicalize(record)` but the brace (`chain.test.ts` compares them).
+ */
+function canonicalOpen(record: Omit<AuditRecord, "hash">): string {
+  const fields = record as Record<string, unknown>;
+  let text = "{";
+  let written = 0;
+  for (const key of SEALED_FIELDS) {
+    const value = fields[key];
+    if (value === undefined) continue;
+    text += `${written === 0 ? "" : ","}"${key}":${canonicalize(value) as string}`;
+    written++;
+  }
+  let present = 0;
+  for (const key in fields) if (fields[key] !== undefined) present++;
+  if (present === written) return text;
+  return (canonicalize(record) as string).slice(0, -1);
 }
 
 /** Where a chain breaks: the stream sequence and what is wrong there. */
