@@ -65,15 +65,17 @@ export class ChainWriter implements BatchWriter {
         { v: 1, id: queued.id, tenant, by: queued.by, ...queued.event },
         tail,
       );
-      // Each event expects the stream's last sequence to be its predecessor's. The first also
-      // expects its one subject's, which the server checks even when 0 (it ignores an expected
-      // last sequence of 0), so the first event of an empty trail is single too; each after it
-      // also expects the id of the one before it, so that the predecessor is this batch's event
-      // (the sequence alone: another writer's could have taken its place), stored now (the id
-      // alone: a repeat of the stream's last event is not stored, and leaves its id last).
+      // Each event expects the stream's last sequence to be its predecessor's. The first of an
+      // empty trail also expects its one subject to hold nothing (sequence 0), which the server
+      // checks where it ignores an expected last sequence of 0, so that event is single too. Only
+      // then: the server checks a subject's last sequence by loading the stream's last message,
+      // and the stream's own from memory. Each event after the first also expects the id of the
+      // one before it, so that the predecessor is this batch's event (the sequence alone: another
+      // writer's could have taken its place), stored now (the id alone: a repeat of the stream's
+      // last event is not stored, and leaves its id last).
       const expect =
         i === 0
-          ? { lastSequence: tail.seq, lastSubjectSequence: tail.hash === null ? 0 : tail.seq }
+          ? { lastSequence: tail.seq, ...(tail.hash === null && { lastSubjectSequence: 0 }) }
           : { lastSequence: tail.seq, lastMsgID: tail.id };
       records.push(record);
       queued.sealed = record.hash;
