@@ -84,7 +84,7 @@ describe("sealForStore", () => {
       "data that needs sorting, nesting, odd numbers and text",
       {
         ...event,
-        tool: "ünï\u2028\"q\"\\",
+        tool: 'ünï\u2028"q"\\',
         data: {
           zeta: [3, { b: null, a: -0 }, "\u{1F600}"],
           alpha: { y: 1e21, x: 0.1 + 0.2, "\u00e9": true, E: "\n" },
