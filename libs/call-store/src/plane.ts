@@ -120,19 +120,7 @@ export async function openCallPlane(
   const { subjects } = options;
   const jsm = await ensureStreams(nc, subjects, options.streamLimits);
   const js = jetstream(nc);
-  const store = await CallStore.open(nc, {
-    subjects,
-    ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
-    ...(options.streamLimits?.replicas === undefined
-      ? {}
-      : { replicas: options.streamLimits.replicas }),
-    ...(options.streamLimits?.compression === undefined
-      ? {}
-      : { compression: options.streamLimits.compression }),
-    ...(options.streamLimits?.storeBytes === undefined
-      ? {}
-      : { storeBytes: options.streamLimits.storeBytes }),
-  });
+  const store = await CallStore.open(nc, callStoreOptions(options));
   const { audit } = options;
   const publishFinal = finalPublisher(js, subjects, audit);
   const clock = new ServerClock();
@@ -154,21 +142,7 @@ export async function openCallPlane(
     publishProgress(call, event) {
       publishEphemeral(nc, subjects.progress(call.address, call.call_id), event);
     },
-    async deadLetter(letter) {
-      const headers = deadLetterHeaders({
-        stream: letter.stream,
-        subject: letter.subject,
-        seq: letter.seq,
-        reason: letter.reason,
-        deliveries: letter.deliveries,
-        headers: letter.headers,
-      });
-      const ack = await js.publish(subjects.dlq(letter.tool), letter.data, {
-        headers,
-        msgID: deadLetterMsgId(letter.stream, letter.seq),
-      });
-      if (audit !== undefined && !ack.duplicate) recordDeadLetter(audit, letter);
-    },
+    deadLetter: deadLetterPublisher(js, subjects, audit),
     async finalize(call, message, known, verify, encoded) {
       const subject = subjects.result(call.address, call.call_id);
       const outcome = await store.finish(call, message, known, verify, encoded);
@@ -195,6 +169,41 @@ export async function openCallPlane(
       );
       return outcome === undefined || outcome.won;
     },
+  };
+}
+
+/** The call store's options from the plane's. */
+function callStoreOptions(options: CallPlaneOptions): Parameters<typeof CallStore.open>[1] {
+  const limits = options.streamLimits;
+  return {
+    subjects: options.subjects,
+    ...(options.callRetentionMs === undefined ? {} : { retentionMs: options.callRetentionMs }),
+    ...(limits?.replicas === undefined ? {} : { replicas: limits.replicas }),
+    ...(limits?.compression === undefined ? {} : { compression: limits.compression }),
+    ...(limits?.storeBytes === undefined ? {} : { storeBytes: limits.storeBytes }),
+  };
+}
+
+/** Dead-letters a delivery under an id of its place in its stream, and records it. */
+function deadLetterPublisher(
+  js: JetStreamClient,
+  subjects: Subjects,
+  audit: CallPlaneOptions["audit"],
+): MeshCallPlane["deadLetter"] {
+  return async (letter) => {
+    const headers = deadLetterHeaders({
+      stream: letter.stream,
+      subject: letter.subject,
+      seq: letter.seq,
+      reason: letter.reason,
+      deliveries: letter.deliveries,
+      headers: letter.headers,
+    });
+    const ack = await js.publish(subjects.dlq(letter.tool), letter.data, {
+      headers,
+      msgID: deadLetterMsgId(letter.stream, letter.seq),
+    });
+    if (audit !== undefined && !ack.duplicate) recordDeadLetter(audit, letter);
   };
 }
 

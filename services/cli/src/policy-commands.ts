@@ -111,15 +111,8 @@ export function addPolicyCommands(
   // `--tenant` is the program's own option (given before or after the subcommand): whose set.
   const tenantFlag = (): string | undefined => program.opts<{ tenant?: string }>().tenant;
   /** Runs a subcommand with the policies bucket, its options completed with `--tenant`. */
-  const scoped =
-    <O extends { json?: boolean }>(
-      fn: (
-        o: O & { tenant: string | undefined },
-        store: PolicyStore,
-        nc: NatsConnection,
-        subjects: Subjects,
-      ) => Promise<number>,
-    ) =>
+  const scoped: Scoped =
+    <O extends { json?: boolean }>(fn: ScopedCommand<O>) =>
     (given: O): void =>
       run(() => {
         const o = { ...given, tenant: tenantFlag() };
@@ -151,6 +144,28 @@ export function addPolicyCommands(
     .option("--json", "print JSON")
     .action(scoped<ScopeOptions & { operator?: boolean }>((o, store) => removePolicy(store, o)));
 
+  addPolicyEvaluation(policy, config, run, tenantFlag, scoped);
+}
+
+/** A subcommand's body, given its options with `--tenant`, the policies bucket and the mesh. */
+type ScopedCommand<O> = (
+  o: O & { tenant: string | undefined },
+  store: PolicyStore,
+  nc: NatsConnection,
+  subjects: Subjects,
+) => Promise<number>;
+
+/** Makes a subcommand's action from its body (see `addPolicyCommands`). */
+type Scoped = <O extends { json?: boolean }>(fn: ScopedCommand<O>) => (given: O) => void;
+
+/** `toolmesh policy check|replay`: decisions on one call, or on the stored calls under a candidate. */
+function addPolicyEvaluation(
+  policy: Command,
+  config: () => RuntimeConfig,
+  run: (command: () => Promise<number>) => void,
+  tenantFlag: () => string | undefined,
+  scoped: Scoped,
+): void {
   policy
     .command("check")
     .description("print the decision on a call and the ids of the policies that made it")

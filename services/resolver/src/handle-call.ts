@@ -203,22 +203,10 @@ export function resolveRequest(
     const subject = request.identity?.subject;
     const tool = registry.get(name);
     if (tool === undefined) {
-      // Only tools the session may call are suggested.
-      const callable =
+      throw unknownTool(name, registry, (definition) =>
         access === undefined
-          ? registry.names()
-          : [...registry.tools()]
-              .filter(
-                (t) => access.check(t.definition, address, request.agent, subject) === undefined,
-              )
-              .map((t) => t.definition.name);
-      const closeMatches = findCloseMatches(name, callable);
-      throw new ToolmeshError(
-        ErrorCode.UnknownTool,
-        closeMatches.length > 0
-          ? `unknown tool "${name}"; did you mean ${closeMatches.map((m) => `"${m}"`).join(", ")}?`
-          : `unknown tool "${name}"`,
-        { details: { tool: name, close_matches: closeMatches } },
+          ? true
+          : access.check(definition, address, request.agent, subject) === undefined,
       );
     }
     const denied = access?.check(tool.definition, address, request.agent, subject);
@@ -233,6 +221,25 @@ export function resolveRequest(
   } catch (err) {
     return { ok: false, error: ensureError(err), toolCallId, tool: name, request, argsHash };
   }
+}
+
+/** `unknown_tool`, suggesting close names among the tools the session `may` call. */
+function unknownTool(
+  name: string,
+  registry: ToolRegistry,
+  may: (definition: ToolDefinition) => boolean,
+): ToolmeshError {
+  const callable = [...registry.tools()]
+    .filter((t) => may(t.definition))
+    .map((t) => t.definition.name);
+  const closeMatches = findCloseMatches(name, callable);
+  return new ToolmeshError(
+    ErrorCode.UnknownTool,
+    closeMatches.length > 0
+      ? `unknown tool "${name}"; did you mean ${closeMatches.map((m) => `"${m}"`).join(", ")}?`
+      : `unknown tool "${name}"`,
+    { details: { tool: name, close_matches: closeMatches } },
+  );
 }
 
 /**
