@@ -121,9 +121,19 @@ async function whatBecameOf(
     (seqs) => (seqs.length === 0 ? "none" : `at ${seqs.join(", ")}`),
     (err: unknown) => `unread (${String(err)})`,
   );
-  const trail = Object.entries(services).flatMap(([name, service]) =>
-    service.lines.filter((l) => l.callId === callId).map((l) => `${name}: ${String(l.msg)}`),
-  );
+  // In the order they were logged, each with its error: which step failed, and why.
+  const at = (l: Record<string, unknown>): number => new Date(l.time as string | number).getTime();
+  const trail = Object.entries(services)
+    .flatMap(([name, service]) =>
+      service.lines.filter((l) => l.callId === callId).map((l) => ({ name, l, t: at(l) })),
+    )
+    .sort((a, b) => a.t - b.t)
+    .map(({ name, l, t }) => {
+      const err = (l.err as { message?: unknown } | undefined)?.message;
+      const why = typeof err === "string" ? ` (${err.slice(0, 200)})` : "";
+      const when = Number.isNaN(t) ? "" : ` ${new Date(t).toISOString().slice(11, 23)}`;
+      return `${name}${when}: ${String(l.msg)}${why}`;
+    });
   return `stored ${stored}; still in the calls stream ${waiting}; record ${record}; work ${work}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
 }
 
