@@ -9,6 +9,7 @@ import {
   decodeJsonOrUndefined,
   finalEventMsgId,
   resultMsgId,
+  settledWithin,
 } from "@toolmesh/protocol";
 import type { StreamLimits } from "@toolmesh/nats";
 import {
@@ -259,20 +260,6 @@ async function recordEnded(
     return;
   }
   await settledWithin(audit.recordAndWait(tenant, event), RECORD_WAIT_MS);
-}
-
-/**
- * Waits for `promise` at most `ms`. The bound's timer is cleared with the wait (one per call would
- * otherwise outlive it by seconds), and plainly: aborting a timer promise makes an `AbortError`
- * (a `DOMException` with its stack) each time, a cost the executor paid on every call.
- */
-async function settledWithin(promise: Promise<unknown>, ms: number): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  const bound = new Promise<void>((resolve) => {
-    timer = setTimeout(resolve, ms);
-    timer.unref();
-  });
-  await Promise.race([promise, bound]).finally(() => clearTimeout(timer));
 }
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */

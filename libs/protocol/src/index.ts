@@ -206,7 +206,7 @@ export {
   toolNameOf,
 } from "./tool-names.js";
 export type { NameMap, ProviderName } from "./tool-names.js";
-export { parseDurationMs } from "./durations.js";
+export { parseDurationMs, settledWithin } from "./durations.js";
 export {
   DelegationDepositReplySchema,
   DelegationDepositSchema,

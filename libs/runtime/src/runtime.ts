@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
-import { ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
+import { ToolmeshError, createSubjects, settledWithin, subjectToken } from "@toolmesh/protocol";
 import type { MeshSettings, StreamLimits } from "@toolmesh/nats";
 import {
   assertServerSupported,
@@ -362,13 +362,12 @@ export async function stopActor(
   actor: Stoppable,
   timing: { shutdownGraceMs: number; shutdownForceMs: number },
 ): Promise<boolean> {
-  let timer: NodeJS.Timeout | undefined;
-  const forced = new Promise<"forced">((resolve) => {
-    timer = setTimeout(() => resolve("forced"), timing.shutdownGraceMs + timing.shutdownForceMs);
-  });
-  const outcome = await Promise.race([actor.stop(timing.shutdownGraceMs), forced]);
-  clearTimeout(timer);
-  if (outcome !== "forced") {
+  if (
+    await settledWithin(
+      actor.stop(timing.shutdownGraceMs),
+      timing.shutdownGraceMs + timing.shutdownForceMs,
+    )
+  ) {
     await rt.close();
     return true;
   }
@@ -378,11 +377,10 @@ export async function stopActor(
     "handlers still running after the shutdown grace and force times; abandoning them",
   );
   // What hangs a handler (an unreachable server) may hang the drain too: bounded once more.
-  const closing = new Promise<void>((resolve) => {
-    timer = setTimeout(resolve, timing.shutdownForceMs);
-  });
-  await Promise.race([rt.close().catch(() => undefined), closing]);
-  clearTimeout(timer);
+  await settledWithin(
+    rt.close().catch(() => undefined),
+    timing.shutdownForceMs,
+  );
   return false;
 }
 
