@@ -317,7 +317,7 @@ export class AdmissionTicket {
     try {
       await publishWork();
     } catch (err) {
-      fairShare.ended(started.id);
+      fairShare.notStarted(started.id);
       throw err;
     }
   }

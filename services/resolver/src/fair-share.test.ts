@@ -247,6 +247,40 @@ describe("held calls handed on as the window frees", () => {
     expect(await m.call("c", 0)).toBe("started");
   });
 
+  it("keeps a delivery held while an earlier delivery of the same call fails to be handed on", async () => {
+    const m = mesh({ window: 1, idleMs: 0 });
+    expect(await m.call("a", 0)).toBe("started");
+    expect(await m.call("b", 0)).toBe("held");
+    // b's first delivery, handed on once a's slot frees, fails slowly (the work stream has no
+    // leader); meanwhile it is not heartbeated, so the server delivers the call again.
+    const acks: string[] = [];
+    let fail: (err: Error) => void = () => undefined;
+    const first = heldCall("b.s.0", "b", Date.now() + 60_000, () => undefined);
+    const failing: HeldCall = {
+      ...first,
+      msg: { working() {}, ack: () => acks.push("first"), nak() {} } as unknown as JsMsg,
+      dispatch: () => new Promise<void>((_, reject) => (fail = reject)),
+    };
+    m.share.hold(TOOL, failing);
+    m.end("a", 0);
+    await settle();
+    expect(m.share.held).toBe(0);
+    const again: HeldCall = {
+      ...heldCall("b.s.0", "b", Date.now() + 60_000, () => {
+        m.running.add("b.s.0");
+        m.dispatched.push("b.s.0 again");
+      }),
+      msg: { working() {}, ack: () => acks.push("again"), nak() {} } as unknown as JsMsg,
+    };
+    m.share.hold(TOOL, again);
+    fail(new Error("timeout"));
+    // The failed delivery gives its slot back; the call has not ended, so the delivery held
+    // meanwhile is neither dropped nor acknowledged: it goes on in its turn.
+    await until(() => m.dispatched.length === 1);
+    expect(m.dispatched).toEqual(["b.s.0 again"]);
+    expect(acks).toEqual([]);
+  });
+
   it("shares the slots by weight", async () => {
     const m = mesh({ window: 3, idleMs: 0, weightOf: (t) => (t === "heavy" ? 2 : 1) });
     for (let n = 0; n < 3; n++) expect(await m.call("x", n)).toBe("started");

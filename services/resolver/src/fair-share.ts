@@ -238,7 +238,7 @@ export class FairShare {
       for (const { call } of this.#held.values()) call.msg.working();
       // A final message this process missed (it was disconnected) ends the count at the deadline.
       const now = this.#options.now();
-      for (const [id, { call }] of this.#started) if (call.deadlineAt < now) this.ended(id);
+      for (const [id, { call }] of this.#started) if (call.deadlineAt < now) this.#giveBack(id);
       this.#gate?.sweep(now);
       const since = now - this.#options.idleMs;
       for (const queue of this.#tools.values())
@@ -366,25 +366,12 @@ export class FairShare {
 
   /**
    * A final message went by (`toolOf` reads the tool its message names, asked only for a call
-   * this process did not start; `resultBytes`, its size, when seen): a held call it names leaves
-   * its queue, acknowledged, and the tool's loop looks at its work again at once.
+   * this process did not start; `resultBytes`, its size, when seen): the call's slot is free, a
+   * held call it names leaves its queue, acknowledged, and the tool's loop looks at its work
+   * again at once.
    */
   ended(id: string, toolOf?: () => string | undefined, resultBytes?: number): void {
-    // The gate may count a call let through and not started yet.
-    this.#gate?.ended(id, resultBytes);
-    const started = this.#started.get(id);
-    if (started !== undefined) {
-      this.#started.delete(id);
-      const queue = this.#tools.get(started.tool);
-      const activity = queue?.activity.get(started.call.tenant);
-      if (queue !== undefined) queue.running--;
-      if (activity !== undefined) {
-        activity.running--;
-        activity.lastAt = this.#options.now();
-        this.#demand(queue as ToolQueue, started.call.tenant, activity);
-      }
-      queue?.wake?.();
-    } else if (this.#held.size > 0) {
+    if (!this.#giveBack(id, resultBytes) && this.#held.size > 0) {
       const tool = toolOf?.();
       if (tool !== undefined) this.#tools.get(tool)?.wake?.();
     }
@@ -392,6 +379,35 @@ export class FairShare {
     if (held === undefined) return;
     this.#held.delete(id);
     if (this.#tools.get(held.tool)?.remove(held.call) === true) held.call.msg.ack();
+  }
+
+  /**
+   * A call counted as started did not go on after all (publishing its work failed; the server
+   * delivers it again): its slot and bytes are given back. Unlike {@link ended}, a delivery of
+   * it held meanwhile stays held: the call has not ended, and that delivery is the one the
+   * server now waits for.
+   */
+  notStarted(id: string): void {
+    this.#giveBack(id);
+  }
+
+  /** Gives back what a started call holds (its slot, its bytes); false when none was started. */
+  #giveBack(id: string, resultBytes?: number): boolean {
+    // The gate may count a call let through and not started yet.
+    this.#gate?.ended(id, resultBytes);
+    const started = this.#started.get(id);
+    if (started === undefined) return false;
+    this.#started.delete(id);
+    const queue = this.#tools.get(started.tool);
+    const activity = queue?.activity.get(started.call.tenant);
+    if (queue !== undefined) queue.running--;
+    if (activity !== undefined) {
+      activity.running--;
+      activity.lastAt = this.#options.now();
+      this.#demand(queue as ToolQueue, started.call.tenant, activity);
+    }
+    queue?.wake?.();
+    return true;
   }
 
   /**
@@ -558,7 +574,7 @@ export class FairShare {
         round.map((call) =>
           call.dispatch().catch((err: unknown) => {
             log.error({ err, call: call.id }, "cannot hand a held call on; it will be redelivered");
-            this.ended(call.id);
+            this.notStarted(call.id);
             call.msg.nak(1_000);
           }),
         ),
