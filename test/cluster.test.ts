@@ -131,8 +131,10 @@ async function whatBecameOf(
     .map(({ name, l, t }) => {
       const err = (l.err as { message?: unknown } | undefined)?.message;
       const why = typeof err === "string" ? ` (${err.slice(0, 200)})` : "";
+      const seq =
+        typeof l.seq === "number" ? ` seq ${l.seq}${l.duplicate === true ? " duplicate" : ""}` : "";
       const when = Number.isNaN(t) ? "" : ` ${new Date(t).toISOString().slice(11, 23)}`;
-      return `${name}${when}: ${String(l.msg)}${why}`;
+      return `${name}${when}: ${String(l.msg)}${seq}${why}`;
     });
   return `stored ${stored}; still in the calls stream ${waiting}; record ${record}; work ${work}; logged ${trail.length === 0 ? "nothing" : trail.join(" | ")}`;
 }

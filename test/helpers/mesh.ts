@@ -60,7 +60,11 @@ const LOG_DIR = process.env.TOOLMESH_TEST_SERVICE_LOG_DIR || undefined;
 export function spawnService(service: ServiceName, env: Record<string, string>): ServiceProcess {
   const child = spawn(process.execPath, [join(ROOT, "services", service, "dist", "main.js")], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", TOOLMESH_LOG_LEVEL: "info", ...env },
+    env: {
+      PATH: process.env.PATH ?? "",
+      TOOLMESH_LOG_LEVEL: process.env.TOOLMESH_TEST_LOG_LEVEL ?? "info",
+      ...env,
+    },
     stdio: ["ignore", "pipe", "pipe"],
   });
   const lines: Record<string, unknown>[] = [];

@@ -829,7 +829,10 @@ async function publishWork(
     await answerVanishedRecord(deps, resolved, target, seq, callLog);
     return;
   }
-  callLog.debug({ missing_optional: resolved.missing_optional }, "call routed to its executors");
+  callLog.debug(
+    { missing_optional: resolved.missing_optional, seq: routed.seq, duplicate: routed.duplicate },
+    "call routed to its executors",
+  );
 }
 
 /** Holds a call for its fair turn at a busy tool: routed then, or answered at its deadline. */
