@@ -333,6 +333,7 @@ export class AdmissionTicket {
     const { resolved } = this.#call;
     fairShare.hold(resolved.tool, {
       id: this.id,
+      callId: resolved.call_id,
       tenant: resolved.address.tenant,
       msg,
       deadlineAt: resolved.deadline_at,

@@ -20,6 +20,8 @@ import type { Logger } from "@toolmesh/telemetry";
 export interface HeldCall {
   /** `{tenant}.{session}.{call token}`: how its final message names it. */
   readonly id: string;
+  /** The call's id, as the caller gave it: what its log lines are found by. */
+  readonly callId?: string;
   readonly tenant: string;
   /** The calls-stream message, acknowledged once the call is handed on or answered. */
   readonly msg: JsMsg;
@@ -573,7 +575,10 @@ export class FairShare {
       await Promise.all(
         round.map((call) =>
           call.dispatch().catch((err: unknown) => {
-            log.error({ err, call: call.id }, "cannot hand a held call on; it will be redelivered");
+            log.error(
+              { err, call: call.id, callId: call.callId },
+              "cannot hand a held call on; it will be redelivered",
+            );
             this.notStarted(call.id);
             call.msg.nak(1_000);
           }),
@@ -601,7 +606,10 @@ export class FairShare {
       queue.remove(call);
       this.#held.delete(call.id);
       await call.expire().catch((err: unknown) => {
-        this.#options.log.error({ err, call: call.id }, "cannot answer a held call's deadline");
+        this.#options.log.error(
+          { err, call: call.id, callId: call.callId },
+          "cannot answer a held call's deadline",
+        );
         call.msg.nak(1_000);
       });
     }
