@@ -48,7 +48,7 @@ export type { WorkLoop, WorkLoopOptions } from "./work-loop.js";
 export { retryWhileUnavailable, unavailableKind, warnUnavailable } from "./unavailable.js";
 export type { RetryWhileUnavailableOptions, UnavailableKind } from "./unavailable.js";
 export { ServerClock } from "./server-clock.js";
-export { ensureDurableConsumer } from "./consumers.js";
+export { ensureDurableConsumer, handBackDelayMs } from "./consumers.js";
 export type { DurableConsumerOptions, StreamCompression } from "./provision.js";
 export {
   ProvisionError,

@@ -23,7 +23,7 @@ import {
 import pRetry from "p-retry";
 import { knownRecordOf } from "@toolmesh/call-store";
 import type { CallPlane, CallRecord } from "@toolmesh/call-store";
-import { ServerClock } from "@toolmesh/nats";
+import { ServerClock, handBackDelayMs } from "@toolmesh/nats";
 import type { Logger, Tracer } from "@toolmesh/telemetry";
 import {
   ATTR_TOOLMESH_ATTEMPT,
@@ -150,7 +150,7 @@ interface WorkDelivery {
  * on its outcome. A failure to record or publish hands the delivery back.
  */
 async function handleAttempt(work: WorkDelivery): Promise<void> {
-  const { deps, call, msg, callLog } = work;
+  const { deps, call, msg, attempt, callLog } = work;
   const inHandKey = callKey(call.address, call.idempotency_key);
   // A restart of the server can lose this process's heartbeats, and the server then
   // delivers a call again while it still runs or its outcome is being recorded here:
@@ -169,7 +169,7 @@ async function handleAttempt(work: WorkDelivery): Promise<void> {
     await runAndSettle(work, stored);
   } catch (err) {
     callLog.error({ err }, "cannot record or publish the outcome; the call will be redelivered");
-    msg.nak(1_000);
+    msg.nak(handBackDelayMs(attempt));
   } finally {
     release();
   }

@@ -40,6 +40,7 @@ import type { RequestKind } from "@toolmesh/nats";
 import {
   ServerClock,
   answerRequest,
+  handBackDelayMs,
   isWrongLastSequence,
   publishDurable,
   rpcTenantScope,
@@ -415,7 +416,7 @@ export async function handleCall(deps: ResolverDeps, msg: JsMsg): Promise<void> 
         msg.ack();
       } catch (err) {
         callLog.error({ err: ensureError(err) }, "cannot hand the call on; it will be redelivered");
-        msg.nak(Math.min(1_000 * 2 ** (msg.info.deliveryCount - 1), 10_000));
+        msg.nak(handBackDelayMs(msg.info.deliveryCount));
       }
     },
   );
