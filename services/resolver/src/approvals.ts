@@ -2,6 +2,7 @@ import type { AuditEventInput, AuditTrail } from "@toolmesh/audit";
 import { approvalDecided, approvalRequested, canonicalDigest } from "@toolmesh/audit";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type {
   ApprovalDecision,
@@ -25,17 +26,18 @@ import {
   PendingApprovalSchema,
   ToolmeshError,
   callKey,
-  decodeJson,
+  decodeJsonOrUndefined,
   encodeJson,
   errorToolMessage,
   resultMsgId,
 } from "@toolmesh/protocol";
-import type { RequestServer } from "@toolmesh/nats";
+import type { RequestServer, ScannedEntry } from "@toolmesh/nats";
 import {
   isWrongLastSequence,
   meshPlan,
   openBucket,
   rpcTenantScope,
+  scanBucket,
   serveRequests,
 } from "@toolmesh/nats";
 import { callRecordOf } from "@toolmesh/call-store";
@@ -87,6 +89,7 @@ const QUEUE = "toolmesh-resolver";
 /** Keeps the calls that wait for approval and decides them. */
 export class ApprovalDesk {
   readonly #kv: KV;
+  readonly #jsm: JetStreamManager;
   readonly #o: ApprovalDeskOptions;
   #route: RouteApproved | undefined;
   #servers: RequestServer[] = [];
@@ -94,8 +97,9 @@ export class ApprovalDesk {
   #sweeping: Promise<void> | undefined;
   #waiting = 0;
 
-  private constructor(kv: KV, options: ApprovalDeskOptions) {
+  private constructor(kv: KV, jsm: JetStreamManager, options: ApprovalDeskOptions) {
     this.#kv = kv;
+    this.#jsm = jsm;
     this.#o = options;
     options.metrics.observeApprovalsWaiting(() => this.#waiting);
   }
@@ -106,10 +110,9 @@ export class ApprovalDesk {
       replicas: options.replicas,
       callRetentionMs: options.callRetentionMs,
     }).buckets.callApprovals;
-    const kv = await openBucket(options.nc, await jetstreamManager(options.nc), spec, {
-      existing: "keep",
-    });
-    return new ApprovalDesk(kv, options);
+    const jsm = await jetstreamManager(options.nc);
+    const kv = await openBucket(options.nc, jsm, spec, { existing: "keep" });
+    return new ApprovalDesk(kv, jsm, options);
   }
 
   /**
@@ -280,10 +283,10 @@ export class ApprovalDesk {
   async sweep(): Promise<void> {
     const now = this.#o.plane.clock.now();
     let waiting = 0;
-    for await (const key of await this.#kv.keys()) {
-      const found = await this.#read(key);
+    for (const scanned of await this.#scan()) {
+      const found = this.#parse(scanned);
       if (found === undefined) continue;
-      const { entry, revision } = found;
+      const { key, entry, revision } = found;
       if (entry.state === "waiting" && now >= entry.expires_at) {
         await this.#expire(key, entry, revision, now).catch((err: unknown) =>
           this.#o.log.warn({ err, key }, "cannot expire a waiting call yet"),
@@ -505,19 +508,33 @@ export class ApprovalDesk {
   async #read(key: string): Promise<{ entry: PendingApproval; revision: number } | undefined> {
     const got = await this.#kv.get(key);
     if (got === null || got.operation !== "PUT") return undefined;
-    const parsed = PendingApprovalSchema.safeParse(decodeJson(got.value));
+    return this.#parse({ key, value: got.value, revision: got.revision });
+  }
+
+  #parse(
+    scanned: ScannedEntry,
+  ): { key: string; entry: PendingApproval; revision: number } | undefined {
+    const parsed = PendingApprovalSchema.safeParse(decodeJsonOrUndefined(scanned.value));
     if (!parsed.success) {
-      this.#o.log.warn({ key }, "approvals bucket holds an entry of another shape; ignored");
+      this.#o.log.warn(
+        { key: scanned.key },
+        "approvals bucket holds an entry of another shape; ignored",
+      );
       return undefined;
     }
-    return { entry: parsed.data, revision: got.revision };
+    return { key: scanned.key, entry: parsed.data, revision: scanned.revision };
+  }
+
+  /** The bucket's entries under `filter`, read without a consumer ({@link scanBucket}). */
+  #scan(filter?: string): Promise<ScannedEntry[]> {
+    return scanBucket(this.#jsm, this.#o.subjects.callApprovalsBucket, filter);
   }
 
   async #entriesOf(tenant: string): Promise<{ key: string; entry: PendingApproval }[]> {
     const out: { key: string; entry: PendingApproval }[] = [];
-    for await (const key of await this.#kv.keys(`${tenant}.>`)) {
-      const found = await this.#read(key);
-      if (found !== undefined) out.push({ key, entry: found.entry });
+    for (const scanned of await this.#scan(`${tenant}.>`)) {
+      const found = this.#parse(scanned);
+      if (found !== undefined) out.push({ key: found.key, entry: found.entry });
     }
     return out;
   }
