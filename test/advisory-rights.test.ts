@@ -8,9 +8,10 @@ import {
   createSubjects,
 } from "@toolmesh/protocol";
 import { meshPlan, provisionMesh } from "@toolmesh/nats";
-import { startNatsCluster, stepDownStreamLeader } from "@toolmesh/nats-launcher";
+import { stepDownStreamLeader } from "@toolmesh/nats-launcher";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
 import { ownerAccountsConfig } from "./helpers/owner-accounts.js";
+import { startTestCluster } from "./helpers/nats-server.js";
 
 // Services and frontends may subscribe to JetStream's leader-election advisories, so that they
 // send again what a lost leader took (docs/security.md). The advisories name the mesh's streams,
@@ -85,7 +86,7 @@ describe("leader-election advisories", () => {
     };
 
     beforeAll(async () => {
-      cluster = await startNatsCluster({
+      cluster = await startTestCluster({
         size: 3,
         config: ownerAccountsConfig(subjects, { billing: [] }, ["acme"]),
       });
@@ -128,7 +129,7 @@ describe("leader-election advisories", () => {
         `{ user: "mesh", password: "mesh", ${renderPermissions(all)} }`,
         `{ user: "frontend-acme", password: "frontend-acme", ${renderPermissions(frontendRights)} }`,
       ];
-      cluster = await startNatsCluster({
+      cluster = await startTestCluster({
         size: 3,
         config: `authorization { users: [\n${users.join("\n")}\n] }`,
       });

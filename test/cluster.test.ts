@@ -18,7 +18,6 @@ import { connectNats } from "@toolmesh/nats";
 import type { CallHandle } from "@toolmesh/client";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
 import {
-  startNatsCluster,
   stepDownStreamLeader,
   stopAll,
   streamLeader,
@@ -32,6 +31,7 @@ import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import type { ServiceProcess } from "./helpers/mesh.js";
 import { readLedgers } from "./helpers/ledgers.js";
+import { startTestCluster } from "./helpers/nats-server.js";
 
 /**
  * Seconds of load and calls per second. CI runs 24 s at 50/s on two shared cores; the figures in
@@ -179,14 +179,11 @@ function named(list: Record<string, ServiceProcess[]>): Record<string, ServicePr
 
 /** A fresh 3-node cluster on the chosen nats-server. */
 function startCluster(): Promise<NatsClusterHandle> {
-  return startNatsCluster({
+  return startTestCluster({
     size: 3,
     // The NATS Helm chart's lame-duck duration, with a shorter grace period than its 10 s to
     // keep the test short: the mesh's connections leave a lame duck at once either way.
     config: "lame_duck_duration: 30s\nlame_duck_grace_period: 2s\n",
-    ...(process.env.TOOLMESH_TEST_NATS_SERVER
-      ? { executable: process.env.TOOLMESH_TEST_NATS_SERVER }
-      : {}),
   });
 }
 

@@ -8,22 +8,20 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
-import { freePort, startNatsCluster, stopAll, waitForStreamLeader } from "@toolmesh/nats-launcher";
+import { freePort, stopAll, waitForStreamLeader } from "@toolmesh/nats-launcher";
 import { createSubjects } from "@toolmesh/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "./helpers/cli.js";
 import { fixtureTools, killAllServices, spawnService, startService } from "./helpers/mesh.js";
+import { startTestCluster } from "./helpers/nats-server.js";
 
 const TOOL = "concurrency";
 let cluster: NatsClusterHandle;
 let nc: NatsConnection;
 
 beforeAll(async () => {
-  cluster = await startNatsCluster({
+  cluster = await startTestCluster({
     size: 3,
-    ...(process.env.TOOLMESH_TEST_NATS_SERVER
-      ? { executable: process.env.TOOLMESH_TEST_NATS_SERVER }
-      : {}),
   });
   nc = await connectNats({ servers: cluster.urls, name: "consumer-unavailable-test" });
 }, 60_000);

@@ -3,8 +3,9 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { connectNats, scanBucket } from "@toolmesh/nats";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
-import { startNatsCluster, waitForStreamLeader } from "@toolmesh/nats-launcher";
+import { waitForStreamLeader } from "@toolmesh/nats-launcher";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestCluster } from "./helpers/nats-server.js";
 
 // Listing a bucket's entries without a consumer (`scanBucket`), on a 3-node cluster with the
 // bucket's leader killed: nats-server 2.9 then fails to make the consumer `kv.keys()` needs
@@ -14,11 +15,8 @@ let cluster: NatsClusterHandle;
 let nc: NatsConnection;
 
 beforeAll(async () => {
-  cluster = await startNatsCluster({
+  cluster = await startTestCluster({
     size: 3,
-    ...(process.env.TOOLMESH_TEST_NATS_SERVER
-      ? { executable: process.env.TOOLMESH_TEST_NATS_SERVER }
-      : {}),
   });
   nc = await connectNats({ servers: cluster.urls, name: "kv-scan-test" });
 }, 60_000);

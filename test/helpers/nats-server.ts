@@ -4,8 +4,14 @@
 // through testcontainers (image: TOOLMESH_TEST_NATS_IMAGE, default the public nats:2.15.1-alpine, as docker-compose.yml).
 // TOOLMESH_TEST_NATS_SERVER names the nats-server binary of `process` mode (a path; default
 // the `nats-server` on PATH), e.g. /opt/nats-server-current/usr/sbin/nats-server.
-import type { NatsServerHandle, StartNatsServerOptions } from "@toolmesh/nats-launcher";
+import type {
+  NatsClusterHandle,
+  NatsServerHandle,
+  StartNatsClusterOptions,
+  StartNatsServerOptions,
+} from "@toolmesh/nats-launcher";
 import {
+  startNatsCluster,
   startNatsServer as startProcess,
   stopAll as stopAllProcesses,
 } from "@toolmesh/nats-launcher";
@@ -34,6 +40,17 @@ export const startNatsServer: (opts?: StartNatsServerOptions) => Promise<NatsSer
             ? opts
             : { ...opts, executable },
         );
+
+/** A cluster of local nats-server processes (three by default) of the chosen binary. */
+export function startTestCluster(
+  options: StartNatsClusterOptions = {},
+): Promise<NatsClusterHandle> {
+  return startNatsCluster(
+    executable === undefined || options.executable !== undefined
+      ? options
+      : { ...options, executable },
+  );
+}
 
 /** Kills every server (or removes every container) a test left running. */
 export const stopAll: () => Promise<void> =
