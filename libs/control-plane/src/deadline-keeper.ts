@@ -1,5 +1,5 @@
 import type { Msg, MsgHdrs, Subscription } from "@nats-io/nats-core";
-import type { MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import type { StoredMsg } from "@nats-io/jetstream";
 import type { AbortMessage, CallRecord, ResolvedCall, Subjects } from "@toolmesh/protocol";
 import {
   Defaults,
@@ -12,7 +12,7 @@ import {
   decodeJsonOrUndefined,
   errorToolMessage,
 } from "@toolmesh/protocol";
-import { Semaphore, publishEphemeral, tracedHeaders } from "@toolmesh/nats";
+import { Semaphore, nextMessage, publishEphemeral, tracedHeaders } from "@toolmesh/nats";
 import type { ControlDeps } from "./deps.js";
 import type { Watched } from "./watched-calls.js";
 import { WatchedCalls } from "./watched-calls.js";
@@ -334,9 +334,7 @@ export class DeadlineKeeper {
   }
 
   #nextMessage(stream: string, from: number, filter: string): Promise<StoredMsg | null> {
-    // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (reconcile.ts does the same).
-    const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
-    return this.#deps.plane.jsm.streams.getMessage(stream, query);
+    return nextMessage(this.#deps.plane.jsm, stream, from, filter);
   }
 }
 

@@ -1,4 +1,4 @@
-import type { JetStreamClient, JetStreamManager, MsgRequest, StoredMsg } from "@nats-io/jetstream";
+import type { JetStreamClient, JetStreamManager, StoredMsg } from "@nats-io/jetstream";
 import { z } from "zod";
 import type { Subjects } from "@toolmesh/protocol";
 import {
@@ -15,7 +15,7 @@ import {
   resultMsgId,
 } from "@toolmesh/protocol";
 import type { CallRef, CallStore } from "@toolmesh/call-store";
-import { finalHeaders } from "@toolmesh/nats";
+import { finalHeaders, nextMessage } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
 
 /** Options of {@link reconcileOrphans}. */
@@ -100,11 +100,7 @@ async function scan(
   const maxScan = options.maxScan ?? Defaults.streamScanLimit;
   let from = 1;
   for (let scanned = 0; scanned < maxScan; scanned++) {
-    // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (the first message at or after
-    // `seq` on the subject), skipping the gaps acknowledged messages leave; nats.js types it
-    // only for direct gets, which these streams do not enable.
-    const query = { seq: from, next_by_subj: filter } as unknown as MsgRequest;
-    const msg = await jsm.streams.getMessage(stream, query);
+    const msg = await nextMessage(jsm, stream, from, filter);
     if (msg === null || msg.seq > floor) return;
     from = msg.seq + 1;
     outcome.found++;

@@ -10,8 +10,9 @@ export type { NatsConnectOptions } from "./connection.js";
 export { followStatus } from "./status.js";
 export type { StatusHandlers } from "./status.js";
 export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
-export { modifyKvEntry, scanBucket } from "./kv-modify.js";
-export type { ScannedEntry } from "./kv-modify.js";
+export { modifyKvEntry } from "./kv-modify.js";
+export { nextMessage, scanBucket } from "./stream-scan.js";
+export type { ScannedEntry } from "./stream-scan.js";
 export {
   advisoriesSpecWith,
   ensureStreams,

@@ -283,10 +283,7 @@ export class ApprovalDesk {
   async sweep(): Promise<void> {
     const now = this.#o.plane.clock.now();
     let waiting = 0;
-    for (const scanned of await this.#scan()) {
-      const found = this.#parse(scanned);
-      if (found === undefined) continue;
-      const { key, entry, revision } = found;
+    for (const { key, entry, revision } of await this.#scan()) {
       if (entry.state === "waiting" && now >= entry.expires_at) {
         await this.#expire(key, entry, revision, now).catch((err: unknown) =>
           this.#o.log.warn({ err, key }, "cannot expire a waiting call yet"),
@@ -525,18 +522,19 @@ export class ApprovalDesk {
     return { key: scanned.key, entry: parsed.data, revision: scanned.revision };
   }
 
-  /** The bucket's entries under `filter`, read without a consumer ({@link scanBucket}). */
-  #scan(filter?: string): Promise<ScannedEntry[]> {
-    return scanBucket(this.#jsm, this.#o.subjects.callApprovalsBucket, filter);
+  /**
+   * The waiting and decided calls under `filter` (all: undefined), read without a consumer
+   * ({@link scanBucket}); an entry of another shape is left out.
+   */
+  async #scan(
+    filter?: string,
+  ): Promise<{ key: string; entry: PendingApproval; revision: number }[]> {
+    const scanned = await scanBucket(this.#jsm, this.#o.subjects.callApprovalsBucket, filter);
+    return scanned.flatMap((found) => this.#parse(found) ?? []);
   }
 
-  async #entriesOf(tenant: string): Promise<{ key: string; entry: PendingApproval }[]> {
-    const out: { key: string; entry: PendingApproval }[] = [];
-    for (const scanned of await this.#scan(`${tenant}.>`)) {
-      const found = this.#parse(scanned);
-      if (found !== undefined) out.push({ key: found.key, entry: found.entry });
-    }
-    return out;
+  #entriesOf(tenant: string): Promise<{ key: string; entry: PendingApproval }[]> {
+    return this.#scan(`${tenant}.>`);
   }
 
   async #find(
