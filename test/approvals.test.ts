@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
+import { Kvm } from "@nats-io/kv";
 import type { SessionEvent } from "@toolmesh/client";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { ApprovalEntry, ApprovalRequiredEvent, ToolMessage } from "@toolmesh/protocol";
@@ -202,9 +203,18 @@ describe("calls that wait for approval", () => {
   });
 
   it("ends a call nobody decided in time with approval_expired; the tool never ran", async () => {
+    // An entry that is not an approval (not even JSON) is passed over: the sweep goes on.
+    const bucket = await new Kvm(nc).open(createSubjects().callApprovalsBucket);
+    await bucket.put("default.s.not-json", "{not json");
     const call = submit("exp-1", { ms: 10, tag: "brief" });
     const result = await call.result;
     expect(result.error?.code).toBe("approval_expired");
+    expect(
+      resolver.lines.some(
+        (l) => l.key === "default.s.not-json" && /another shape; ignored/.test(String(l.msg)),
+      ),
+    ).toBe(true);
+    await bucket.delete("default.s.not-json");
     call.close();
     expect(await runs("exp-1")).toBe(0);
     expect((await approvals("approve", "exp-1")).code).toBe(1);
