@@ -2,6 +2,8 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { connectNats, scanBucket } from "@toolmesh/nats";
+import { createSubjects } from "@toolmesh/protocol";
+import { ToolRegistry } from "@toolmesh/registry";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
 import { waitForStreamLeader } from "@toolmesh/nats-launcher";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,19 +11,38 @@ import { startTestCluster } from "./helpers/nats-server.js";
 
 // Listing a bucket's entries without a consumer (`scanBucket`), on a 3-node cluster with the
 // bucket's leader killed: nats-server 2.9 then fails to make the consumer `kv.keys()` needs
-// about 40 % of the time, for as long as the node stays down.
+// about 40 % of the time, for as long as the node stays down. The tests run in order: the
+// first kills a node, the next read with it still down.
 
 let cluster: NatsClusterHandle;
 let nc: NatsConnection;
+let registry: ToolRegistry;
 
 beforeAll(async () => {
   cluster = await startTestCluster({
     size: 3,
   });
   nc = await connectNats({ servers: cluster.urls, name: "kv-scan-test" });
+  // Made while every node is up: a bucket of three replicas cannot be placed with one down.
+  registry = await ToolRegistry.open(nc, {
+    subjects: createSubjects({ prefix: "scan" }),
+    log: { warn: () => undefined },
+    replicas: 3,
+    watch: false,
+  });
+  for (const name of ["calc.add", "text.echo"])
+    await registry.register({
+      name,
+      description: `The ${name} tool.`,
+      summary: `The ${name} tool.`,
+      parameters: { type: "object", properties: {} },
+      kind: "builtin",
+      owner: "exec",
+    });
 }, 60_000);
 
 afterAll(async () => {
+  registry?.close();
   await nc?.close().catch(() => undefined);
   await cluster?.stop();
 });
@@ -55,4 +76,16 @@ describe("scanBucket", () => {
     }
     expect(await scanBucket(jsm, "scan", "t3.>")).toEqual([]);
   }, 120_000);
+
+  it("lets the registry list every tool with a node of the cluster down", async () => {
+    // Without a watcher the registry reads the bucket: a key listing failed there. Its bucket
+    // may have lost its leader with the node: read once one is elected.
+    await waitForStreamLeader(
+      nc,
+      `KV_${createSubjects({ prefix: "scan" }).registryBucket}`,
+      60_000,
+    );
+    for (let i = 0; i < 10; i++)
+      expect((await registry.fetchAll()).map((d) => d.name)).toEqual(["calc.add", "text.echo"]);
+  }, 60_000);
 });

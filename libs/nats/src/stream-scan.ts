@@ -22,6 +22,8 @@ export interface ScannedEntry {
   value: Uint8Array;
   /** Its revision: the stream sequence of the value. */
   revision: number;
+  /** When the value was stored (the server's clock). */
+  created: Date;
 }
 
 /**
@@ -41,9 +43,7 @@ export async function scanBucket(
   const prefix = `$KV.${bucket}.`;
   const latest = new Map<string, StoredMsg>();
   for (let from = 1; ;) {
-    // nats-server 2.9 answers `next_by_subj` on STREAM.MSG.GET (the deadline keeper does the same).
-    const query = { seq: from, next_by_subj: `${prefix}${filter}` } as unknown as MsgRequest;
-    const msg = await jsm.streams.getMessage(stream, query);
+    const msg = await nextMessage(jsm, stream, from, `${prefix}${filter}`);
     if (msg === null) break;
     latest.set(msg.subject.slice(prefix.length), msg);
     from = msg.seq + 1;
@@ -52,7 +52,7 @@ export async function scanBucket(
   for (const [key, msg] of latest) {
     const operation = msg.header?.get("KV-Operation") ?? "";
     if (operation === "DEL" || operation === "PURGE") continue;
-    entries.push({ key, value: msg.data, revision: msg.seq });
+    entries.push({ key, value: msg.data, revision: msg.seq, created: msg.time });
   }
   return entries;
 }

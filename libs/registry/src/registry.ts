@@ -1,8 +1,9 @@
 import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
-import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket, scanBucket } from "@toolmesh/nats";
 import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
 import {
   ErrorCode,
@@ -66,6 +67,7 @@ export interface RegistryOptions {
  */
 export class ToolRegistry {
   readonly #kv: KV;
+  readonly #jsm: JetStreamManager;
   readonly #log: RegistryLog;
   readonly #subjects: Subjects;
   readonly #tools = new Map<string, CompiledTool>();
@@ -76,8 +78,15 @@ export class ToolRegistry {
   /** Provider-safe name → tool name, of the live copy. */
   readonly #bySafeName = new Map<string, string>();
 
-  private constructor(kv: KV, log: RegistryLog, subjects: Subjects, limits: RegistrationLimits) {
+  private constructor(
+    kv: KV,
+    jsm: JetStreamManager,
+    log: RegistryLog,
+    subjects: Subjects,
+    limits: RegistrationLimits,
+  ) {
     this.#kv = kv;
+    this.#jsm = jsm;
     this.#log = log;
     this.#subjects = subjects;
     this.#limits = limits;
@@ -86,11 +95,10 @@ export class ToolRegistry {
   /** Opens (creating when needed) the bucket and, unless told not to, loads and watches it. */
   static async open(nc: NatsConnection, options: RegistryOptions): Promise<ToolRegistry> {
     const spec = meshPlan(options.subjects, { replicas: options.replicas }).buckets.registry;
-    const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
-      existing: options.existing ?? "update",
-    });
+    const jsm = await jetstreamManager(nc);
+    const kv = await openBucket(nc, jsm, spec, { existing: options.existing ?? "update" });
     const limits = { ...DEFAULT_REGISTRATION_LIMITS, ...options.limits };
-    const registry = new ToolRegistry(kv, options.log, options.subjects, limits);
+    const registry = new ToolRegistry(kv, jsm, options.log, options.subjects, limits);
     if (options.watch !== false) await registry.#startWatch();
     return registry;
   }
@@ -241,15 +249,14 @@ export class ToolRegistry {
     return definition?.name === name ? definition : undefined;
   }
 
-  /** Reads every definition straight from the bucket (no watcher needed). */
+  /**
+   * Reads every definition straight from the bucket (no watcher needed), by message gets
+   * ({@link scanBucket}): listing keys fails on nats-server 2.9 while a node is down.
+   */
   async fetchAll(): Promise<ToolDefinition[]> {
-    const keys: string[] = [];
-    for await (const key of await this.#kv.keys()) keys.push(key);
     const out: ToolDefinition[] = [];
-    for (const key of keys) {
-      const entry = await this.#kv.get(key);
-      if (entry === null || entry.operation !== "PUT") continue;
-      const definition = this.#entryDefinition(key, entry.value);
+    for (const { key, value } of await scanBucket(this.#jsm, this.#subjects.registryBucket)) {
+      const definition = this.#entryDefinition(key, value);
       if (definition !== undefined) out.push(definition);
     }
     return out.sort((a, b) => a.name.localeCompare(b.name));

@@ -1,8 +1,10 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import type { Logger } from "@toolmesh/telemetry";
 import { z } from "zod";
-import { serveRequests } from "@toolmesh/nats";
+import { scanBucket, serveRequests } from "@toolmesh/nats";
 import type { ServerClock } from "@toolmesh/nats";
 import type { CallRecords } from "@toolmesh/call-store";
 import {
@@ -50,6 +52,7 @@ type ExpiryClock = Pick<ServerClock, "now">;
  */
 export class DelegatedCredentials {
   readonly #kv: KV;
+  readonly #jsm: JetStreamManager;
   readonly #box: SecretBox;
   readonly #subjects: Subjects;
   readonly #endpoint: TokenEndpoint;
@@ -57,12 +60,14 @@ export class DelegatedCredentials {
 
   private constructor(
     kv: KV,
+    jsm: JetStreamManager,
     box: SecretBox,
     subjects: Subjects,
     endpoint: TokenEndpoint,
     clock: ExpiryClock,
   ) {
     this.#kv = kv;
+    this.#jsm = jsm;
     this.#box = box;
     this.#subjects = subjects;
     this.#endpoint = endpoint;
@@ -79,7 +84,7 @@ export class DelegatedCredentials {
     bucket: UserSecretsBucketOptions = {},
   ): Promise<DelegatedCredentials> {
     const kv = await openUserSecretsBucket(nc, subjects, bucket);
-    return new DelegatedCredentials(kv, box, subjects, endpoint, clock);
+    return new DelegatedCredentials(kv, await jetstreamManager(nc), box, subjects, endpoint, clock);
   }
 
   /**
@@ -196,18 +201,18 @@ export class DelegatedCredentials {
    */
   async sweep(records: CallRecords, horizonMs: number): Promise<number> {
     let purged = 0;
-    for await (const key of await this.#kv.keys(GRANT_KEYS)) {
+    // Message gets, not a key listing: listing fails on nats-server 2.9 while a node is down.
+    const grants = await scanBucket(this.#jsm, this.#subjects.userSecretsBucket, GRANT_KEYS);
+    for (const { key, created } of grants) {
       const [tenant, , , , call] = key.split(".");
       if (tenant === undefined || call === undefined) continue;
-      const entry = await this.#kv.get(key);
-      if (entry === null || entry.operation !== "PUT") continue;
       const found = await records.get({
         idempotency_key: call,
         address: { tenant, session: call },
       });
       const ended =
         found === undefined
-          ? this.#clock.now() - entry.created.getTime() > horizonMs
+          ? this.#clock.now() - created.getTime() > horizonMs
           : found.record.state === "done";
       if (!ended) continue;
       await this.#kv.purge(key);

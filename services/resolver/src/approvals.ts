@@ -509,7 +509,7 @@ export class ApprovalDesk {
   }
 
   #parse(
-    scanned: ScannedEntry,
+    scanned: Omit<ScannedEntry, "created">,
   ): { key: string; entry: PendingApproval; revision: number } | undefined {
     const parsed = PendingApprovalSchema.safeParse(decodeJsonOrUndefined(scanned.value));
     if (!parsed.success) {
