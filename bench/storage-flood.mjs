@@ -1,8 +1,11 @@
 // One tenant flooding the store with large results, in one run:
-// `node bench/storage-flood.mjs [--smoke] [--out DIR] [--cpu-prof DIR] [--max-bytes-in-flight N]`
-// (after `npm run build`); --cpu-prof writes each service's CPU profile (node --cpu-prof) to
-// DIR/<variant> when it stops; --max-bytes-in-flight sets the gated run's
-// TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT (default: the mesh's default).
+// `node bench/storage-flood.mjs [--smoke] [--out DIR] [--cpu-prof DIR] [--max-bytes-in-flight N]
+// [--floors]` (after `npm run build`); --cpu-prof writes each service's CPU profile (node
+// --cpu-prof) to DIR/<variant> when it stops; --max-bytes-in-flight sets the gated run's
+// TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT (default: the mesh's default). --floors adds two variants
+// that say what the machine alone does to B: A floods a mesh of its own on the same nats-server
+// (`services_apart`: B shares the server and the cores with A), then a mesh and server of its own
+// (`server_apart`: B shares only the cores); they are reported, not judged.
 //
 // Tenant B makes small echo calls at a steady rate alone (its baseline), then again while tenant
 // A, within any call quota, keeps FLOOD_IN_FLIGHT echo calls in flight whose results are of
@@ -42,6 +45,7 @@ const { values: flags } = parseArgs({
     out: { type: "string", default: join(HERE, "results") },
     "cpu-prof": { type: "string" },
     "max-bytes-in-flight": { type: "string" },
+    floors: { type: "boolean", default: false },
   },
 });
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
@@ -96,9 +100,12 @@ async function steady(nc) {
   return { latency, ...b };
 }
 
-/** A's closed loop of FLOOD_IN_FLIGHT large-result calls until `until()` says stop. */
-async function floodLoop(nc, until) {
-  const client = new ToolmeshClient(nc, { tenant: "tenant-a" });
+/**
+ * A's closed loop of FLOOD_IN_FLIGHT large-result calls until `until()` says stop, to the mesh of
+ * subject `prefix`.
+ */
+async function floodLoop(nc, prefix, until) {
+  const client = new ToolmeshClient(nc, { tenant: "tenant-a", prefix });
   const sessions = Array.from({ length: 16 }, (_, i) => client.session(`a-${i}`));
   const a = { calls: 0, result_bytes: 0, by_code: {} };
   let next = 0;
@@ -126,11 +133,11 @@ async function floodLoop(nc, until) {
 }
 
 /**
- * A's flood from a thread of its own, connected to `url` on its own; `stop()` ends it and
- * resolves with what A was answered.
+ * A's flood from a thread of its own, connected to `url` on its own, to the mesh of subject
+ * `prefix`; `stop()` ends it and resolves with what A was answered.
  */
-function startFlood(url) {
-  const worker = new Worker(fileURLToPath(import.meta.url), { workerData: { url } });
+function startFlood(url, prefix) {
+  const worker = new Worker(fileURLToPath(import.meta.url), { workerData: { url, prefix } });
   const done = new Promise((resolve, reject) => {
     worker.once("message", resolve);
     worker.once("error", reject);
@@ -146,11 +153,11 @@ function startFlood(url) {
 }
 
 /** The flood thread: floods until told to stop, then posts what A was answered. */
-async function floodThread({ url }) {
+async function floodThread({ url, prefix }) {
   const nc = await connect({ servers: url, noAsyncTraces: true });
   let stop = false;
   parentPort.once("message", () => (stop = true));
-  const a = await floodLoop(nc, () => stop);
+  const a = await floodLoop(nc, prefix, () => stop);
   await nc.close();
   parentPort.postMessage(a);
 }
@@ -168,53 +175,71 @@ async function store(jsm) {
   };
 }
 
-/** One mesh, one tenant-b baseline and one flood, with `env` on every service. */
-async function runVariant(name, env) {
-  const mesh = await startMesh({
-    name: `storage-flood-${name}`,
-    concurrency: 64,
-    env: {
-      TOOLMESH_STORE_BYTES: String(STORE_BYTES),
-      TOOLMESH_TENANT_MAX_STORED_BYTES: String(Defaults.tenantMaxStoredBytes),
-      ...env,
-    },
-    nodeArgs: flags["cpu-prof"]
-      ? ["--cpu-prof", `--cpu-prof-dir=${join(flags["cpu-prof"], name)}`]
-      : [],
-  });
-  try {
-    const jsm = await jetstreamManager(mesh.nc);
-    const alone = await steady(mesh.nc);
-    log(`${name}: B alone: ${JSON.stringify(alone)}`);
-    const samples = [];
-    const sampler = setInterval(() => {
-      void store(jsm).then((s) => samples.push(s));
-    }, 1_000);
-    const floodRun = startFlood(mesh.server.url);
-    const flooded = await steady(mesh.nc);
-    const a = await floodRun.stop();
-    clearInterval(sampler);
-    const after = await store(jsm);
-    log(`${name}: B flooded: ${JSON.stringify(flooded)}; A ${JSON.stringify(a)}`);
-    const most = (key) => Math.max(...samples.map((s) => s[key]?.bytes ?? s[key] ?? 0));
-    return {
-      env,
-      b_alone: alone,
-      b_flooded: flooded,
-      b_p99_ratio: round(flooded.latency.p99_ms / alone.latency.p99_ms, 2),
-      a,
-      store: {
-        sessions_max_bytes: after.sessions?.max_bytes,
-        sessions_most_bytes: most("sessions"),
-        records_max_bytes: after.records?.max_bytes,
-        records_most_bytes: most("records"),
-        account_most_bytes: most("account_bytes"),
-        after,
+/**
+ * One mesh, one tenant-b baseline and one flood, with `env` on every service. `apart` floods a
+ * second mesh instead: on the same server (`"services"`) or on a server of its own (`"server"`).
+ */
+async function runVariant(name, env, apart) {
+  const meshOf = (options) =>
+    startMesh({
+      concurrency: 64,
+      env: {
+        TOOLMESH_STORE_BYTES: String(STORE_BYTES),
+        TOOLMESH_TENANT_MAX_STORED_BYTES: String(Defaults.tenantMaxStoredBytes),
+        ...env,
       },
-    };
+      nodeArgs: flags["cpu-prof"]
+        ? ["--cpu-prof", `--cpu-prof-dir=${join(flags["cpu-prof"], name)}`]
+        : [],
+      ...options,
+    });
+  const mesh = await meshOf({ name: `storage-flood-${name}` });
+  const flooded =
+    apart === undefined
+      ? mesh
+      : await meshOf({
+          name: `storage-flood-${name}-a`,
+          ...(apart === "services" && { onServer: mesh.server, prefix: "flood" }),
+        });
+  try {
+    return await measureVariant(name, env, mesh, flooded);
   } finally {
+    if (flooded !== mesh) await flooded.stop();
     await mesh.stop();
   }
+}
+
+/** B alone on `mesh`, then B while A floods `flooded` (`mesh` itself, or a mesh apart). */
+async function measureVariant(name, env, mesh, target) {
+  const jsm = await jetstreamManager(mesh.nc);
+  const alone = await steady(mesh.nc);
+  log(`${name}: B alone: ${JSON.stringify(alone)}`);
+  const samples = [];
+  const sampler = setInterval(() => {
+    void store(jsm).then((s) => samples.push(s));
+  }, 1_000);
+  const floodRun = startFlood(target.server.url, target === mesh ? undefined : "flood");
+  const flooded = await steady(mesh.nc);
+  const a = await floodRun.stop();
+  clearInterval(sampler);
+  const after = await store(jsm);
+  log(`${name}: B flooded: ${JSON.stringify(flooded)}; A ${JSON.stringify(a)}`);
+  const most = (key) => Math.max(...samples.map((s) => s[key]?.bytes ?? s[key] ?? 0));
+  return {
+    env,
+    b_alone: alone,
+    b_flooded: flooded,
+    b_p99_ratio: round(flooded.latency.p99_ms / alone.latency.p99_ms, 2),
+    a,
+    store: {
+      sessions_max_bytes: after.sessions?.max_bytes,
+      sessions_most_bytes: most("sessions"),
+      records_max_bytes: after.records?.max_bytes,
+      records_most_bytes: most("records"),
+      account_most_bytes: most("account_bytes"),
+      after,
+    },
+  };
 }
 
 /** Why a variant fails: B lost calls, B's p99 ratio over 1.5, a stream over its bound. */
@@ -251,6 +276,10 @@ async function main() {
         : { TOOLMESH_TENANT_MAX_BYTES_IN_FLIGHT: flags["max-bytes-in-flight"] },
     ),
   };
+  if (flags.floors) {
+    variants.services_apart = await runVariant("services-apart", {}, "services");
+    variants.server_apart = await runVariant("server-apart", {}, "server");
+  }
   const failures = failuresOf(variants.gated);
   const result = {
     setup: {
@@ -271,6 +300,10 @@ async function main() {
     JSON.stringify({
       ungated: variants.ungated.b_p99_ratio,
       gated: variants.gated.b_p99_ratio,
+      ...(flags.floors && {
+        services_apart: variants.services_apart.b_p99_ratio,
+        server_apart: variants.server_apart.b_p99_ratio,
+      }),
       failures,
       pass: result.pass,
     }),

@@ -325,6 +325,9 @@ export async function startBullMq({ redis = "127.0.0.1:6379" } = {}) {
  * `accounts` runs the server with the NATS accounts of `toolmesh auth config --owner bench=echo,hold,needs_args,work`
  * (docs/adr/0041): the executors then connect as the mesh account's `executor` (`"mesh"`) or
  * in tool owner bench's account (`"owner"`), so the two paths differ in nothing else.
+ * `onServer` runs the mesh on another mesh's running nats-server (left running when this one
+ * stops) and `prefix` gives it subjects of its own there (TOOLMESH_PREFIX), so two meshes share
+ * the server and nothing else.
  */
 export async function startMesh({
   name = "M",
@@ -341,12 +344,17 @@ export async function startMesh({
   gateway = false,
   accounts,
   prepare,
+  onServer,
+  prefix,
 } = {}) {
   const users = accounts === undefined ? undefined : accountUsers();
-  const server = await startNatsServer({
-    ...(serverArgs === undefined ? {} : { args: serverArgs }),
-    ...(users === undefined ? {} : { config: users.config }),
-  });
+  const server =
+    onServer === undefined
+      ? await startNatsServer({
+          ...(serverArgs === undefined ? {} : { args: serverArgs }),
+          ...(users === undefined ? {} : { config: users.config }),
+        })
+      : { ...onServer, stop: async () => {} };
   const as = (user) =>
     users === undefined ? {} : { NATS_USER: user, NATS_PASSWORD: users.passwords[user] };
   const executorEnv =
@@ -360,6 +368,7 @@ export async function startMesh({
     // thousands of calls a second the bench's tenant would reach the default within minutes.
     // `storage-flood.mjs` sets it back.
     TOOLMESH_TENANT_MAX_STORED_BYTES: "0",
+    ...(prefix === undefined ? {} : { TOOLMESH_PREFIX: prefix }),
     ...(sessionMaxInFlight === undefined
       ? {}
       : { TOOLMESH_SESSION_MAX_IN_FLIGHT: String(sessionMaxInFlight) }),
@@ -413,7 +422,7 @@ export async function startMesh({
     noAsyncTraces: true,
     ...(users === undefined ? {} : { user: "driver", pass: users.passwords.driver }),
   });
-  const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000 });
+  const client = new ToolmeshClient(nc, { defaultTimeoutMs: 30_000, prefix });
   const sessions = Array.from({ length: 16 }, (_, i) => client.session(`bench-${i}`));
   let next = 0;
 
