@@ -17,6 +17,7 @@ import { startTestCluster } from "./helpers/nats-server.js";
 let cluster: NatsClusterHandle;
 let nc: NatsConnection;
 let registry: ToolRegistry;
+const REGISTRY_STREAM = `KV_${createSubjects({ prefix: "scan" }).registryBucket}`;
 
 beforeAll(async () => {
   cluster = await startTestCluster({
@@ -30,6 +31,7 @@ beforeAll(async () => {
     replicas: 3,
     watch: false,
   });
+  await waitForStreamLeader(nc, REGISTRY_STREAM);
   for (const name of ["calc.add", "text.echo"])
     await registry.register({
       name,
@@ -52,6 +54,9 @@ const text = (bytes: Uint8Array) => new TextDecoder().decode(bytes);
 describe("scanBucket", () => {
   it("lists the keys holding a value, their latest values and revisions, with a node of the cluster down", async () => {
     const kv = await new Kvm(nc).create("scan", { replicas: 3, history: 5 });
+    // A new bucket's stream takes writes once its leader is elected (2.15 answers the create
+    // before).
+    await waitForStreamLeader(nc, "KV_scan");
     await kv.put("t1.s.a", "a1");
     const a2 = await kv.put("t1.s.a", "a2");
     await kv.put("t1.s.gone", "x");
