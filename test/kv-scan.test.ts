@@ -4,6 +4,7 @@ import { Kvm } from "@nats-io/kv";
 import { connectNats, scanBucket } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
+import { QuotaStore } from "@toolmesh/catalog";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
 import { waitForStreamLeader } from "@toolmesh/nats-launcher";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,7 +18,9 @@ import { startTestCluster } from "./helpers/nats-server.js";
 let cluster: NatsClusterHandle;
 let nc: NatsConnection;
 let registry: ToolRegistry;
+let quotas: QuotaStore;
 const REGISTRY_STREAM = `KV_${createSubjects({ prefix: "scan" }).registryBucket}`;
+const QUOTAS_STREAM = `KV_${createSubjects({ prefix: "scan" }).quotasBucket}`;
 
 beforeAll(async () => {
   cluster = await startTestCluster({
@@ -41,6 +44,11 @@ beforeAll(async () => {
       kind: "builtin",
       owner: "exec",
     });
+  quotas = await QuotaStore.open(nc, { subjects: createSubjects({ prefix: "scan" }), replicas: 3 });
+  await waitForStreamLeader(nc, QUOTAS_STREAM);
+  await quotas.set({ tenant: "acme" }, { max_in_flight: 5 });
+  await quotas.set({ tenant: "acme", tool: "calc.add" }, { rate: 2 });
+  await quotas.set({ tenant: "globex" }, { max_in_flight: 9 });
 }, 60_000);
 
 afterAll(async () => {
@@ -92,5 +100,20 @@ describe("scanBucket", () => {
     );
     for (let i = 0; i < 10; i++)
       expect((await registry.fetchAll()).map((d) => d.name)).toEqual(["calc.add", "text.echo"]);
+  }, 60_000);
+
+  it("lets an operator list quotas with a node of the cluster down", async () => {
+    await waitForStreamLeader(nc, QUOTAS_STREAM, 60_000);
+    for (let i = 0; i < 10; i++) {
+      expect((await quotas.list()).map((q) => q.key)).toEqual([
+        "acme",
+        "acme.tool.calc=2eadd",
+        "globex",
+      ]);
+      expect((await quotas.list("acme")).map((q) => [q.key, q.quota])).toEqual([
+        ["acme", { max_in_flight: 5 }],
+        ["acme.tool.calc=2eadd", { rate: 2 }],
+      ]);
+    }
   }, 60_000);
 });

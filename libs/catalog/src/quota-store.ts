@@ -1,4 +1,5 @@
 import type { NatsConnection } from "@nats-io/nats-core";
+import type { JetStreamManager } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { KV } from "@nats-io/kv";
 import type { Quota, QuotaScope, Subjects } from "@toolmesh/protocol";
@@ -12,7 +13,7 @@ import {
   subjectToken,
 } from "@toolmesh/protocol";
 import type { StreamSpec } from "@toolmesh/nats";
-import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket, scanBucket } from "@toolmesh/nats";
 
 // Quotas are data in the mesh: limits in the bucket `{p}_quotas` (watched by every resolver),
 // what each scope uses in `{p}_quota_usage`, changed only by compare-and-set so that any number
@@ -54,10 +55,14 @@ export async function openQuotaBucket(nc: NatsConnection, spec: StreamSpec): Pro
 export class QuotaStore {
   readonly #kv: KV;
   readonly #usage: KV;
+  readonly #jsm: JetStreamManager;
+  readonly #bucket: string;
 
-  private constructor(kv: KV, usage: KV) {
+  private constructor(kv: KV, usage: KV, jsm: JetStreamManager, bucket: string) {
     this.#kv = kv;
     this.#usage = usage;
+    this.#jsm = jsm;
+    this.#bucket = bucket;
   }
 
   /** Opens (creating when missing) the quotas and usage buckets. */
@@ -69,6 +74,8 @@ export class QuotaStore {
     return new QuotaStore(
       await openQuotaBucket(nc, specs.quotas),
       await openQuotaBucket(nc, specs.quotaUsage),
+      await jetstreamManager(nc),
+      options.subjects.quotasBucket,
     );
   }
 
@@ -119,18 +126,14 @@ export class QuotaStore {
 
   /** Every quota, or a tenant's, ordered by key. */
   async list(tenant?: string): Promise<ScopedQuota[]> {
-    const keys: string[] = [];
-    // One filter per listing: several at once (`filter_subjects`) need nats-server 2.10.
+    // Message gets, not a key listing: listing fails on nats-server 2.9 while a node is down.
     const filters =
       tenant === undefined ? [">"] : [subjectToken(tenant), `${subjectToken(tenant)}.>`];
-    for (const filter of filters)
-      for await (const key of await this.#kv.keys(filter)) keys.push(key);
     const found: ScopedQuota[] = [];
-    for (const key of keys.sort()) {
-      const entry = await this.#kv.get(key);
-      if (entry?.operation === "PUT") found.push({ key, ...decodeStoredQuota(entry.value) });
-    }
-    return found;
+    for (const filter of filters)
+      for (const { key, value } of await scanBucket(this.#jsm, this.#bucket, filter))
+        found.push({ key, ...decodeStoredQuota(value) });
+    return found.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
   }
 
   /** Removes a scope's quota (and what it counted); false when it had none. */

@@ -2,9 +2,12 @@ import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
 import type { KV } from "@nats-io/kv";
+import type { JetStreamManager } from "@nats-io/jetstream";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { z } from "zod";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
 import type { CallerIdentity, Subjects } from "@toolmesh/protocol";
+import { scanBucket } from "@toolmesh/nats";
 
 const KEY_BYTES = 32;
 const IV_BYTES = 12;
@@ -120,11 +123,13 @@ export async function openUserSecretsBucket(
 /** Users' secrets for tools in the KV bucket `subjects.userSecretsBucket`, sealed. */
 export class UserSecretStore {
   readonly #kv: KV;
+  readonly #jsm: JetStreamManager;
   readonly #box: SecretBox;
   readonly #subjects: Subjects;
 
-  private constructor(kv: KV, box: SecretBox, subjects: Subjects) {
+  private constructor(kv: KV, jsm: JetStreamManager, box: SecretBox, subjects: Subjects) {
     this.#kv = kv;
+    this.#jsm = jsm;
     this.#box = box;
     this.#subjects = subjects;
   }
@@ -136,7 +141,8 @@ export class UserSecretStore {
     box: SecretBox,
     options: UserSecretsBucketOptions = {},
   ): Promise<UserSecretStore> {
-    return new UserSecretStore(await openUserSecretsBucket(nc, subjects, options), box, subjects);
+    const kv = await openUserSecretsBucket(nc, subjects, options);
+    return new UserSecretStore(kv, await jetstreamManager(nc), box, subjects);
   }
 
   /** Stores (replaces) `subject`'s secret for `tool` in `tenant`. */
@@ -160,10 +166,9 @@ export class UserSecretStore {
    */
   async list(tenant: string, subject: string): Promise<string[]> {
     const prefix = this.#subjects.userSecretKey(tenant, subject, "x").slice(0, -1);
-    const tools: string[] = [];
-    for await (const key of await this.#kv.keys(`${prefix}*`))
-      tools.push(nameOfToken(key.slice(prefix.length)));
-    return tools.sort();
+    // Message gets, not a key listing: listing fails on nats-server 2.9 while a node is down.
+    const stored = await scanBucket(this.#jsm, this.#subjects.userSecretsBucket, `${prefix}*`);
+    return stored.map(({ key }) => nameOfToken(key.slice(prefix.length))).sort();
   }
 
   /**
