@@ -80,15 +80,33 @@ async function meshState(): Promise<Record<string, unknown>> {
     for await (const c of jsm.consumers.list(info.config.name))
       if (c.config.durable_name !== undefined) consumers.push(c.name);
     // The rogue's work stream loses the messages it acks legitimately; every other keeps its own.
+    // Its own naks may run its own work out of deliveries: that advisory and that letter are its
+    // own doing.
     out[info.config.name] = {
       consumers: consumers.sort(),
       ...(info.config.name === subjects.workStream("acme")
         ? {}
-        : { messages: info.state.messages }),
+        : { messages: info.state.messages - (await roguesOwn(info.config.name)) }),
     };
   }
   for (const d of await registry.fetchAll()) out[`tool:${d.name}`] = d.owner;
   return out;
+}
+
+/**
+ * Messages of `stream` about the rogue's own work running out of deliveries: the advisories of
+ * its work stream, the dead letters of its tool.
+ */
+async function roguesOwn(stream: string): Promise<number> {
+  const own =
+    stream === subjects.streams.advisories
+      ? subjects.maxDeliveriesAdvisory(subjects.workStream("acme"))
+      : stream === subjects.streams.dlq
+        ? subjects.dlq("acme.tool")
+        : undefined;
+  if (own === undefined) return 0;
+  const info = await jsm.streams.info(stream, { subjects_filter: own });
+  return Object.values(info.state.subjects ?? {}).reduce((a, b) => a + b, 0);
 }
 
 /** Subjects of every message the sessions stream holds. */
