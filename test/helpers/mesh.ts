@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { appendFileSync } from "node:fs";
+import { appendFileSync, mkdirSync } from "node:fs";
 import { mkdtemp } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -53,8 +53,9 @@ export async function startService(
   return handle;
 }
 
-/** Where every service's log lines are kept too, one file per process, when set. */
+/** Where every service's log lines are kept too, one file per process, when set (made if missing). */
 const LOG_DIR = process.env.TOOLMESH_TEST_SERVICE_LOG_DIR || undefined;
+if (LOG_DIR !== undefined) mkdirSync(LOG_DIR, { recursive: true });
 
 /** Starts `services/<service>/dist/main.js` with the given environment; waits for nothing. */
 export function spawnService(service: ServiceName, env: Record<string, string>): ServiceProcess {
