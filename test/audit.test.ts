@@ -78,29 +78,73 @@ async function typesOf(callId: string, last: string): Promise<string[]> {
   return types;
 }
 
-/** The events of a call that ran once and ended. */
-const RAN_ONCE = ["call.admitted", "attempt.started", "attempt.ended", "call.ended"];
+/**
+ * The events of a call that ran once, briefly, and ended: its attempt is recorded by the call's
+ * end (by the executor, with its attempts and duration; ADR 0067).
+ */
+const RAN_ONCE = ["call.admitted", "call.ended"];
+
+/** The events of a call whose attempt ran past the time an attempt's start is recorded. */
+const RAN_LONG = ["call.admitted", "attempt.started", "attempt.ended", "call.ended"];
+
+/** A call's event of `type`. */
+async function eventOf(callId: string, type: string): Promise<AuditRecord | undefined> {
+  return (await trail()).find((e) => e.call_id === callId && e.type === type);
+}
 
 describe("each outcome's events, in order", () => {
   it("ok: admitted, the attempt, ended with a digest of the result", async () => {
     const handle = client.session("s-ok").submit({ name: "inspect", arguments: { query: "q" } });
     expect((await handle.result).error).toBeUndefined();
     expect(await typesOf(handle.callId, "call.ended")).toEqual(RAN_ONCE);
-    const ended = (await trail()).find(
-      (e) => e.call_id === handle.callId && e.type === "call.ended",
-    );
-    expect(ended?.data).toMatchObject({ outcome: "ok" });
+    const ended = await eventOf(handle.callId, "call.ended");
+    expect(ended?.data).toMatchObject({ outcome: "ok", attempts: 1 });
+    expect(ended?.data.duration_ms).toEqual(expect.any(Number));
+    expect(ended?.by).toMatch(/^executor@/);
     expect(String(ended?.data.result_digest)).toMatch(/^sha256:[0-9a-f]{64}$/);
+  });
+
+  it("ok after a while: the attempt's start once it has run a second, then its end", async () => {
+    const handle = client
+      .session("s-long")
+      .submit({ name: "whoami", arguments: { delay_ms: 1_500 } });
+    expect((await handle.result).error).toBeUndefined();
+    expect(await typesOf(handle.callId, "call.ended")).toEqual(RAN_LONG);
+    const started = await eventOf(handle.callId, "attempt.started");
+    const ended = await eventOf(handle.callId, "attempt.ended");
+    expect(started?.data).toEqual({ attempt: 1 });
+    expect(ended?.data).toMatchObject({ attempt: 1, outcome: "ok" });
+    expect(ended?.data.duration_ms).toBeGreaterThanOrEqual(1_500);
+    // `at` is when the attempt started, though it was written a second later.
+    expect((ended?.at ?? 0) - (started?.at ?? 0)).toBeGreaterThanOrEqual(1_500);
+  });
+
+  it("retried: each failed attempt's start and end, the last one by the call's end", async () => {
+    const handle = client
+      .session("s-flaky")
+      .submit({ name: "misbehave", arguments: { mode: "flaky" } });
+    expect((await handle.result).error).toBeUndefined();
+    expect(await typesOf(handle.callId, "call.ended")).toEqual([
+      "call.admitted",
+      "attempt.started",
+      "attempt.ended",
+      "call.ended",
+    ]);
+    expect((await eventOf(handle.callId, "attempt.ended"))?.data).toMatchObject({
+      attempt: 1,
+      outcome: "tool_error",
+    });
+    expect((await eventOf(handle.callId, "call.ended"))?.data).toMatchObject({
+      outcome: "ok",
+      attempts: 2,
+    });
   });
 
   it("a bridged MCP tool: admitted, the attempt, ended, written by the bridge", async () => {
     const handle = client.session("s-mcp").submit({ name: "fx.echo", arguments: { text: "hi" } });
     expect((await handle.result).error).toBeUndefined();
     expect(await typesOf(handle.callId, "call.ended")).toEqual(RAN_ONCE);
-    const events = (await trail()).filter((e) => e.call_id === handle.callId);
-    expect(events.slice(1).map((e) => e.by)).toEqual(
-      Array.from({ length: 3 }, () => expect.stringMatching(/^mcp-bridge@/)),
-    );
+    expect((await eventOf(handle.callId, "call.ended"))?.by).toMatch(/^mcp-bridge@/);
   });
 
   it("a typed error: the attempt's code and the call's", async () => {
@@ -109,9 +153,10 @@ describe("each outcome's events, in order", () => {
       .submit({ name: "misbehave", arguments: { mode: "terminal" } });
     expect((await handle.result).error?.code).toBe("tool_error");
     expect(await typesOf(handle.callId, "call.ended")).toEqual(RAN_ONCE);
-    const events = (await trail()).filter((e) => e.call_id === handle.callId);
-    expect(events[2]?.data).toMatchObject({ outcome: "tool_error", attempt: 1 });
-    expect(events[3]?.data).toMatchObject({ outcome: "tool_error" });
+    expect((await eventOf(handle.callId, "call.ended"))?.data).toMatchObject({
+      outcome: "tool_error",
+      attempts: 1,
+    });
   });
 
   it("refused: the refusal's code, then the end; never admitted", async () => {
@@ -132,12 +177,15 @@ describe("each outcome's events, in order", () => {
     const types = await typesOf(handle.callId, "call.cancelled");
     expect(types.slice(0, 2)).toEqual(["call.admitted", "attempt.started"]);
     expect(types).toContain("call.cancelled");
+    // The attempt did not end the call: its end is recorded on its own.
+    await typesOf(handle.callId, "attempt.ended");
   });
 
   it("deadline: admitted, attempt started, deadline exceeded", async () => {
     const handle = client
       .session("s-deadline")
-      .submit({ name: "whoami", arguments: { delay_ms: 5_000 } }, { timeoutMs: 800 });
+      // Past the second after which a running attempt's start is recorded.
+      .submit({ name: "whoami", arguments: { delay_ms: 5_000 } }, { timeoutMs: 1_600 });
     expect((await handle.result).error?.code).toBe("deadline_exceeded");
     const types = await typesOf(handle.callId, "call.deadline_exceeded");
     expect(types.slice(0, 2)).toEqual(["call.admitted", "attempt.started"]);
@@ -297,8 +345,6 @@ when { context.args has query && context.args.query == "gated" };
       "approval.requested",
       "approval.decided",
       "call.admitted",
-      "attempt.started",
-      "attempt.ended",
       "call.ended",
     ]);
     const decided = (await trail()).find(

@@ -17,7 +17,7 @@ import {
 } from "@toolmesh/telemetry";
 import type { ToolmeshMetrics } from "@toolmesh/telemetry";
 import type { AuditTrail } from "@toolmesh/audit";
-import { AuditEventType } from "@toolmesh/audit";
+import { AttemptEvents } from "./attempt-events.js";
 
 /** How one attempt ended, as the executor sees it. */
 export type AttemptOutcome = { ok: true; content: string } | { ok: false; error: ToolmeshError };
@@ -36,8 +36,13 @@ export class AttemptTelemetry {
   readonly #lastAttempt = new Map<string, SpanContext>();
 
   readonly #audit: Pick<AuditTrail, "record"> | undefined;
+  // Each delivery's attempt events until it is settled, by the delivery's call.
+  readonly #events = new WeakMap<ResolvedCall, AttemptEvents>();
 
-  /** `audit`: where each attempt's start and end are recorded (ADR 0060); none when undefined. */
+  /**
+   * `audit`: where each attempt's start and end are recorded (ADR 0060, {@link AttemptEvents});
+   * none when undefined.
+   */
   constructor(tracer: Tracer, metrics: ToolmeshMetrics, audit?: Pick<AuditTrail, "record">) {
     this.#tracer = tracer;
     this.#metrics = metrics;
@@ -89,9 +94,10 @@ export class AttemptTelemetry {
       },
       async (span) => {
         const started = Date.now();
-        this.#recordAttempt(call, AuditEventType.AttemptStarted, { attempt });
+        const events = this.#audit && new AttemptEvents(this.#audit, call, attempt);
+        if (events !== undefined) this.#events.set(call, events);
         const outcome = await run();
-        this.#recordAttempt(call, AuditEventType.AttemptEnded, {
+        events?.ended({
           attempt,
           duration_ms: Date.now() - started,
           outcome: outcome.ok ? "ok" : outcome.error.code,
@@ -105,17 +111,6 @@ export class AttemptTelemetry {
     );
   }
 
-  #recordAttempt(call: ResolvedCall, type: AuditEventType, data: Record<string, unknown>): void {
-    void this.#audit?.record(call.address.tenant, {
-      type,
-      call_id: call.call_id,
-      session: call.session_id,
-      tool: call.tool,
-      at: Date.now(),
-      data,
-    });
-  }
-
   /** The attempt's outcome is settled: `retried` when another attempt follows. */
   attemptEnded(call: ResolvedCall, code: string | undefined, retried: boolean): void {
     this.#metrics.attemptEnded(call.tool, code, retried);
@@ -125,5 +120,12 @@ export class AttemptTelemetry {
   /** The call ended with this executor's final message, `durationS` after its acceptance. */
   callEnded(call: ResolvedCall, code: string | undefined, durationS: number): void {
     this.#metrics.callEnded(call.tool, code, durationS);
+    this.#events.get(call)?.endedTheCall();
+  }
+
+  /** The delivery of `call` is settled, whatever became of it: its attempt events are written. */
+  deliverySettled(call: ResolvedCall): void {
+    this.#events.get(call)?.settle();
+    this.#events.delete(call);
   }
 }

@@ -171,6 +171,7 @@ async function handleAttempt(work: WorkDelivery): Promise<void> {
     callLog.error({ err }, "cannot record or publish the outcome; the call will be redelivered");
     msg.nak(handBackDelayMs(attempt));
   } finally {
+    deps.telemetry.deliverySettled(call);
     release();
   }
 }
