@@ -5,6 +5,7 @@ import { connectNats, scanBucket } from "@toolmesh/nats";
 import { createSubjects } from "@toolmesh/protocol";
 import { ToolRegistry } from "@toolmesh/registry";
 import { QuotaStore } from "@toolmesh/catalog";
+import { CallStore } from "@toolmesh/call-store";
 import type { NatsClusterHandle } from "@toolmesh/nats-launcher";
 import { waitForStreamLeader } from "@toolmesh/nats-launcher";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -19,8 +20,10 @@ let cluster: NatsClusterHandle;
 let nc: NatsConnection;
 let registry: ToolRegistry;
 let quotas: QuotaStore;
+let calls: CallStore;
 const REGISTRY_STREAM = `KV_${createSubjects({ prefix: "scan" }).registryBucket}`;
 const QUOTAS_STREAM = `KV_${createSubjects({ prefix: "scan" }).quotasBucket}`;
+const CALLS_STREAM = `KV_${createSubjects({ prefix: "scan" }).callsBucket}`;
 
 beforeAll(async () => {
   cluster = await startTestCluster({
@@ -49,6 +52,13 @@ beforeAll(async () => {
   await quotas.set({ tenant: "acme" }, { max_in_flight: 5 });
   await quotas.set({ tenant: "acme", tool: "calc.add" }, { rate: 2 });
   await quotas.set({ tenant: "globex" }, { max_in_flight: 9 });
+  calls = await CallStore.open(nc, { subjects: createSubjects({ prefix: "scan" }), replicas: 3 });
+  await waitForStreamLeader(nc, CALLS_STREAM);
+  // The keys of call records (`{tenant}.{session}.{call}`); what they hold is not read.
+  const records = await new Kvm(nc).open(createSubjects({ prefix: "scan" }).callsBucket);
+  for (const key of ["acme.c1.c1", "acme.s.c2", "acme.c3.c3", "globex.c4.c4"])
+    await records.put(key, "{}");
+  await records.delete("acme.c3.c3");
 }, 60_000);
 
 afterAll(async () => {
@@ -116,4 +126,15 @@ describe("scanBucket", () => {
       ]);
     }
   }, 60_000);
+
+  it("lets the gateway list a tenant's calls with a node of the cluster down", async () => {
+    await waitForStreamLeader(nc, CALLS_STREAM, 60_000);
+    for (let i = 0; i < 10; i++) {
+      const listed = await calls.callsOf("acme");
+      expect(listed.sort((a, b) => a.key.localeCompare(b.key))).toEqual([
+        { session: "c1", key: "c1" },
+        { session: "s", key: "c2" },
+      ]);
+    }
+  }, 120_000);
 });

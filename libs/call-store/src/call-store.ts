@@ -3,7 +3,7 @@ import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions, StreamCompression } from "@toolmesh/nats";
-import { isWrongLastSequence, meshPlan, openBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, openBucket, scanBucket } from "@toolmesh/nats";
 import type {
   CallRecord,
   ResolvedCall,
@@ -152,8 +152,14 @@ export class CallStore {
   // Records this process wrote, by call key, for ending their calls without reading them.
   readonly #remembered = new Map<string, { record: CallRecord; revision: number }>();
 
-  private constructor(kv: KV) {
+  // What a key listing reads by message gets when it cannot make its consumer.
+  readonly #nc: NatsConnection;
+  readonly #bucket: string;
+
+  private constructor(nc: NatsConnection, kv: KV, bucket: string) {
+    this.#nc = nc;
     this.#kv = kv;
+    this.#bucket = bucket;
   }
 
   /** Opens (creating when needed) the calls bucket. */
@@ -169,7 +175,7 @@ export class CallStore {
     const kv = await openBucket(nc, await jetstreamManager(nc), spec, {
       existing: options.existing ?? "update",
     });
-    return new CallStore(kv);
+    return new CallStore(nc, kv, options.subjects.callsBucket);
   }
 
   /**
@@ -177,7 +183,8 @@ export class CallStore {
    * records the services keep.
    */
   static async bind(nc: NatsConnection, subjects: Subjects): Promise<CallStore> {
-    return new CallStore(await new Kvm(nc).open(subjects.callsBucket));
+    const bucket = subjects.callsBucket;
+    return new CallStore(nc, await new Kvm(nc).open(bucket), bucket);
   }
 
   /**
@@ -284,11 +291,28 @@ export class CallStore {
    */
   async callsOf(tenant: string): Promise<{ session: string; key: string }[]> {
     const calls: { session: string; key: string }[] = [];
-    for await (const key of await this.#kv.keys(`${tenant}.>`)) {
+    for (const key of await this.#keys(`${tenant}.>`)) {
       const [, session, call] = key.split(".");
       if (session !== undefined && call !== undefined) calls.push({ session, key: call });
     }
     return calls;
+  }
+
+  /**
+   * The keys under `filter`, listed by a consumer (one stream of keys, however many). When that
+   * fails — nats-server 2.9 fails to make the consumer about 40 % of the time while a node of
+   * the bucket's cluster is down — they are read by message gets instead ({@link scanBucket}: a
+   * request per stored record, slower for a large bucket, but working once a leader is elected).
+   */
+  async #keys(filter: string): Promise<string[]> {
+    try {
+      const keys: string[] = [];
+      for await (const key of await this.#kv.keys(filter)) keys.push(key);
+      return keys;
+    } catch {
+      const jsm = await jetstreamManager(this.#nc);
+      return (await scanBucket(jsm, this.#bucket, filter)).map((entry) => entry.key);
+    }
   }
 
   /**
