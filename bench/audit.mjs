@@ -82,6 +82,7 @@ const summary = (side) => ({
   p50_ms: round(median(results[side].map((r) => r.p50_ms))),
   calls_per_s: round(median(results[side].map((r) => r.calls_per_s))),
   cpu_us_by_process: fastest(results[side]).cpu_us_by_process,
+  server_msgs_per_call: fastest(results[side]).server_msgs_per_call,
 });
 const line = JSON.stringify({
   bench: "audit",

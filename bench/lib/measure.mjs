@@ -210,5 +210,13 @@ export async function phase(call, { label, sequentialCalls, loopMs, payload, log
     p50_ms: seq.p50_ms,
     calls_per_s: loop.calls_per_s,
     ...(cost === undefined ? {} : { cpu_us_by_process: cost.cpu_us_by_process }),
+    ...(cost?.server_in_msgs_per_call === undefined
+      ? {}
+      : {
+          server_msgs_per_call: {
+            in: cost.server_in_msgs_per_call,
+            out: cost.server_out_msgs_per_call,
+          },
+        }),
   };
 }
