@@ -148,5 +148,6 @@ describe("mesh-wide per-credential limits over three replicas", () => {
       ),
     );
     expect(after).toEqual(Array.from({ length: MAX_CONCURRENT }, () => 200));
-  }, 30_000);
+    // Past the waits above, so that a failure names the step that did not happen.
+  }, 60_000);
 });

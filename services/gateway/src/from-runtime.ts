@@ -77,6 +77,7 @@ export async function startGatewayFromRuntime(
               burst: config.rateBurst,
               // A request counts no longer than the longest call it may wait for, and a grace.
               holdMs: rt.config.defaultTimeoutMs + 30_000,
+              log,
             }),
           }
         : {}),

@@ -1,10 +1,12 @@
 import { createHash, randomUUID } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { Subjects } from "@toolmesh/protocol";
 import { decodeJson } from "@toolmesh/protocol";
 import { modifyKvEntry } from "@toolmesh/nats";
+import type { Logger } from "@toolmesh/telemetry";
 import type { CredentialLimitsOptions, LimitRefusal } from "./limits.js";
 
 /** The usage key prefix of the gateway's credentials in the quota usage bucket. */
@@ -18,6 +20,17 @@ interface CredentialUsage {
   /** Requests in flight: id → until when it counts if its replica never says it ended (ms). */
   in_flight: Record<string, number>;
 }
+
+/** What {@link MeshCredentialLimits} is opened with. Durations in ms. */
+export interface MeshLimitsOptions extends CredentialLimitsOptions {
+  /** How long a request counts when its replica never says it ended. */
+  holdMs: number;
+  /** Where a request's end that could not be written yet is reported. */
+  log?: Pick<Logger, "warn"> | undefined;
+}
+
+/** The longest pause between two tries of writing a request's end. */
+const LEAVE_RETRY_MAX_MS = 5_000;
 
 /** One change of a credential's entry: a request admitted or ended. */
 interface Change {
@@ -34,11 +47,11 @@ interface Change {
  */
 export class MeshCredentialLimits {
   readonly #usage: KV;
-  readonly #o: CredentialLimitsOptions & { holdMs: number };
+  readonly #o: MeshLimitsOptions;
   /** Changes waiting for the next write of each key (present while a write is under way). */
   readonly #waiting = new Map<string, Change[]>();
 
-  private constructor(usage: KV, options: CredentialLimitsOptions & { holdMs: number }) {
+  private constructor(usage: KV, options: MeshLimitsOptions) {
     this.#usage = usage;
     this.#o = options;
   }
@@ -47,7 +60,7 @@ export class MeshCredentialLimits {
   static async open(
     nc: NatsConnection,
     subjects: Subjects,
-    options: CredentialLimitsOptions & { holdMs: number },
+    options: MeshLimitsOptions,
   ): Promise<MeshCredentialLimits> {
     const usage = await new Kvm(nc).open(subjects.quotaUsageBucket, {
       bindOnly: true,
@@ -64,12 +77,36 @@ export class MeshCredentialLimits {
     const refusal = await this.#queue(key, { kind: "enter", id });
     if (refusal !== undefined) return refusal;
     let left = false;
+    const until = Date.now() + this.#o.holdMs;
     return () => {
       if (left) return;
       left = true;
-      // Counted until its hold ends if this write never lands.
-      this.#queue(key, { kind: "leave", id }).catch(() => undefined);
+      void this.#leave(key, id, until);
     };
+  }
+
+  /**
+   * Writes a request's end. A write that fails (the server slow or away) is tried again, 100 ms
+   * doubling to 5 s apart: a dropped end would hold the credential's slot until `until`, when
+   * its hold ends and it stops counting anyway.
+   */
+  async #leave(key: string, id: string, until: number): Promise<void> {
+    for (let pause = 100; ; pause = Math.min(pause * 2, LEAVE_RETRY_MAX_MS)) {
+      try {
+        await this.#queue(key, { kind: "leave", id });
+        return;
+      } catch (err) {
+        const last = Date.now() + pause >= until;
+        this.#o.log?.warn(
+          { err, key, retry_in_ms: last ? undefined : pause },
+          last
+            ? "a request's end could not be written; its slot counts until its hold ends"
+            : "a request's end could not be written yet; trying again",
+        );
+        if (last) return;
+        await sleep(pause, undefined, { ref: false });
+      }
+    }
   }
 
   /**
