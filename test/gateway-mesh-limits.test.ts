@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connect } from "@nats-io/transport-node";
-import { Kvm } from "@nats-io/kv";
-import { createSubjects } from "@toolmesh/protocol";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { scanBucket } from "@toolmesh/nats";
+import { createSubjects, decodeJson, settledWithin } from "@toolmesh/protocol";
 import {
   KEYS,
   gatewayAgents,
@@ -39,13 +40,16 @@ async function post(key: string, method: string, params: Record<string, unknown>
 async function slotsHeld(): Promise<number> {
   const nc = await connect({ servers: server.url });
   try {
-    const kv = await new Kvm(nc).open(createSubjects().quotaUsageBucket);
+    // Message gets, no consumer: nothing of the probe itself can wait for long.
+    const entries = await scanBucket(
+      await jetstreamManager(nc),
+      createSubjects().quotaUsageBucket,
+      "gateway.>",
+    );
     let held = 0;
-    for await (const key of await kv.keys("gateway.>")) {
-      const entry = await kv.get(key);
-      if (entry === null || entry.operation !== "PUT") continue;
-      const usage = entry.json<{ in_flight?: Record<string, number> }>();
-      held += Object.keys(usage.in_flight ?? {}).length;
+    for (const entry of entries) {
+      const usage = decodeJson(entry.value) as { in_flight?: Record<string, number> } | null;
+      held += Object.keys(usage?.in_flight ?? {}).length;
     }
     return held;
   } finally {
@@ -132,11 +136,13 @@ describe("mesh-wide per-credential limits over three replicas", () => {
   }, 45_000);
 
   it("admits the credential's concurrency once in all", async () => {
-    const statuses = await Promise.all(
+    const calls = Promise.all(
       Array.from({ length: 2 * MAX_CONCURRENT }, () =>
         call(KEYS.acmeWriter, "slow", { ms: 2_000, value: "c" }),
       ),
     );
+    expect(await settledWithin(calls, 20_000), "every request answered").toBe(true);
+    const statuses = await calls;
     expect(statuses.filter((s) => s === 200)).toHaveLength(MAX_CONCURRENT);
     expect(statuses.filter((s) => s === 429)).toHaveLength(MAX_CONCURRENT);
     // Ended requests give their slots back: the next ones are admitted. A replica gives a slot
