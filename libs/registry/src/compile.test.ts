@@ -356,15 +356,14 @@ describe("patterns run on a linear-time engine", () => {
   it("validates a hostile string against a catastrophically backtracking pattern at once", () => {
     const tool = compileTool(stringWith("^(a+)+$"), 1);
     const hostile = `${"a".repeat(30)}!`;
-    const started = performance.now();
+    // No clock: V8's backtracking engine needs minutes here (past the test's timeout), RE2
+    // microseconds.
     expect(tool.validate({ s: hostile })).toBe(false);
-    // A sanity bound only: V8's backtracking engine needs minutes here, RE2 microseconds.
-    expect(performance.now() - started).toBeLessThan(1000);
     expect(tool.validate.errors?.map((e) => [e.instancePath, e.keyword])).toEqual([
       ["/s", "pattern"],
     ]);
     expect(tool.validate({ s: "a".repeat(30) })).toBe(true);
-  });
+  }, 20_000);
 
   it("checks property names against a hostile patternProperties key at once", () => {
     const tool = compileTool(
@@ -375,20 +374,16 @@ describe("patterns run on a linear-time engine", () => {
       }),
       1,
     );
-    const started = performance.now();
     expect(tool.validate({ [`${"a".repeat(40)}!`]: 1 })).toBe(false);
-    expect(performance.now() - started).toBeLessThan(1000);
     expect(tool.validate.errors?.[0]?.keyword).toBe("additionalProperties");
     expect(tool.validate({ aaa: 1 })).toBe(true);
     expect(tool.validate({ aaa: "one" })).toBe(false);
-  });
+  }, 20_000);
 
   it("stays linear on a large input", () => {
     const tool = compileTool(stringWith("^(\\w+\\s?)*$"), 1);
-    const started = performance.now();
     expect(tool.validate({ s: `${"word ".repeat(20_000)}!` })).toBe(false);
-    expect(performance.now() - started).toBeLessThan(1000);
-  });
+  }, 20_000);
 
   // Each pattern is run by the engine and by V8 on the same inputs: the answers must agree.
   it.each([

@@ -210,18 +210,16 @@ describe("parseToolCallsFromText: calls found", () => {
     expect(result.text).toBe("Plan { step one: } and [see above]");
   });
 
+  // No clock: a scan that went back over the run at every bracket would take some 10^10 steps
+  // here, far past the test's timeout; a linear one takes milliseconds.
   it("stays linear on long runs of unclosed brackets", () => {
     const runs = [
       `${"{".repeat(200_000)} and then {"name": "a", "parameters": {}}`,
       `${'{"a": '.repeat(50_000)} and then {"name": "a", "parameters": {}}`,
     ];
-    for (const text of runs) {
-      const started = performance.now();
-      const result = parseToolCallsFromText(text);
-      expect(performance.now() - started).toBeLessThan(1_000);
-      expect(summary(result.calls)).toEqual([{ name: "a", args: {} }]);
-    }
-  });
+    for (const text of runs)
+      expect(summary(parseToolCallsFromText(text).calls)).toEqual([{ name: "a", args: {} }]);
+  }, 20_000);
 });
 
 describe("parseToolCallsFromText: not calls", () => {
