@@ -50,6 +50,7 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
     "holds every ended call's admission and end, once each, and verifies",
     async () => {
       let resolver = await startService("resolver", env);
+      const resolvers = [resolver];
       const executors: ServiceProcess[] = [
         await startService("executor", env),
         await startService("executor", env),
@@ -76,6 +77,7 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
           await resolver.kill();
           kills++;
           resolver = await startService("resolver", env);
+          resolvers.push(resolver);
         }
         if (i % 240 === 200) {
           // And the server, while calls run and the trail is written: back on the same store.
@@ -88,9 +90,9 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
       const failed = answers.filter((m) => m.error !== undefined).map((m) => m.error?.code);
       const byCall = new Map<string, AuditRecord[]>();
       let events: AuditRecord[] = [];
-      // The services write on their own time: read until every call's end is in.
+      // The services write on their own time: read until every call's end (or its refusal) is in.
       await until(
-        "every call's end in the trail",
+        "every call's end or refusal in the trail",
         async () => {
           events = [];
           for await (const { record } of readTrail(nc, subjects, "default"))
@@ -100,7 +102,9 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
             if (e.call_id === undefined) continue;
             byCall.set(e.call_id, [...(byCall.get(e.call_id) ?? []), e]);
           }
-          return ids.every((id) => byCall.get(id)?.some((e) => e.type === "call.ended"));
+          return ids.every((id) =>
+            byCall.get(id)?.some((e) => e.type === "call.ended" || e.type === "call.refused"),
+          );
         },
         { timeoutMs: 30_000 },
       ).catch(() => undefined);
@@ -129,6 +133,18 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
         repeatedIds: events.length - new Set(events.map((e) => e.id)).size,
       };
       console.log("audit through kills", JSON.stringify({ calls: CALLS, ...summary }));
+      if (failed.length > summary.refusedUnrecorded)
+        // What the resolvers said of their trail writes: why calls were refused.
+        console.log(
+          "resolvers' audit warnings",
+          JSON.stringify(
+            resolvers.flatMap((r) =>
+              r.lines
+                .filter((l) => Number(l.level) >= 40 && /audit/.test(String(l.msg)))
+                .map((l) => ({ pid: r.pid, time: l.time, msg: l.msg, err: l.err })),
+            ),
+          ),
+        );
       // Every call that failed was such a refusal, and nothing else failed.
       expect(failed).toEqual(
         Array.from({ length: summary.refusedUnrecorded }, () => "unavailable"),
