@@ -1,8 +1,8 @@
 import { createHash, randomUUID } from "node:crypto";
-import { setTimeout as sleep } from "node:timers/promises";
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
+import pRetry from "p-retry";
 import type { Subjects } from "@toolmesh/protocol";
 import { decodeJson } from "@toolmesh/protocol";
 import { modifyKvEntry } from "@toolmesh/nats";
@@ -91,22 +91,23 @@ export class MeshCredentialLimits {
    * its hold ends and it stops counting anyway.
    */
   async #leave(key: string, id: string, until: number): Promise<void> {
-    for (let pause = 100; ; pause = Math.min(pause * 2, LEAVE_RETRY_MAX_MS)) {
-      try {
-        await this.#queue(key, { kind: "leave", id });
-        return;
-      } catch (err) {
-        const last = Date.now() + pause >= until;
+    await pRetry(() => this.#queue(key, { kind: "leave", id }), {
+      retries: Number.POSITIVE_INFINITY,
+      minTimeout: 100,
+      maxTimeout: LEAVE_RETRY_MAX_MS,
+      randomize: false,
+      maxRetryTime: Math.max(0, until - Date.now()),
+      onFailedAttempt: ({ error }) =>
         this.#o.log?.warn(
-          { err, key, retry_in_ms: last ? undefined : pause },
-          last
-            ? "a request's end could not be written; its slot counts until its hold ends"
-            : "a request's end could not be written yet; trying again",
-        );
-        if (last) return;
-        await sleep(pause, undefined, { ref: false });
-      }
-    }
+          { err: error, key },
+          "a request's end could not be written yet; trying again",
+        ),
+    }).catch((err: unknown) =>
+      this.#o.log?.warn(
+        { err, key },
+        "a request's end could not be written; its slot counts until its hold ends",
+      ),
+    );
   }
 
   /**
