@@ -29,7 +29,11 @@ export class AttemptEvents {
   readonly #attempt: number;
   readonly #startedAt = Date.now();
   #timer: NodeJS.Timeout | undefined;
-  #startRecorded = false;
+  /**
+   * `held`: nothing written yet; `shown`: its start is written (its end follows when it ends);
+   * `folded`: the call's end records it, nothing of its own is written.
+   */
+  #state: "held" | "shown" | "folded" = "held";
   #ended: Ended | undefined;
   #endedAt = 0;
 
@@ -43,8 +47,8 @@ export class AttemptEvents {
   /** The attempt is over: its end is recorded now if its start was, else held. */
   ended(ended: Ended): void {
     this.#stopTimer();
-    if (this.#startRecorded) this.#record(AuditEventType.AttemptEnded, Date.now(), ended);
-    else {
+    if (this.#state === "shown") this.#record(AuditEventType.AttemptEnded, Date.now(), ended);
+    else if (this.#state === "held") {
       this.#ended = ended;
       this.#endedAt = Date.now();
     }
@@ -54,7 +58,7 @@ export class AttemptEvents {
   endedTheCall(): void {
     this.#stopTimer();
     this.#ended = undefined;
-    this.#startRecorded = true;
+    if (this.#state === "held") this.#state = "folded";
   }
 
   /** The delivery is settled: what is still held is recorded. */
@@ -68,8 +72,8 @@ export class AttemptEvents {
   }
 
   #recordStart(): void {
-    if (this.#startRecorded) return;
-    this.#startRecorded = true;
+    if (this.#state !== "held") return;
+    this.#state = "shown";
     this.#record(AuditEventType.AttemptStarted, this.#startedAt, { attempt: this.#attempt });
   }
 
