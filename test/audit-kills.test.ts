@@ -121,6 +121,7 @@ describe("the audit trail through executor, resolver and NATS kills", () => {
       const summary = {
         kills,
         failed,
+        firstFailure: answers.find((m) => m.error !== undefined)?.error?.message,
         refusedUnrecorded: ids.filter(refusedUnrecorded).length,
         events: events.length,
         noAdmission: without("call.admitted").filter((id) => !refusedUnrecorded(id)).length,
