@@ -1,5 +1,6 @@
 // The call path with the audit trail (TOOLMESH_AUDIT=required) against without it, in one run:
-// `node bench/audit.mjs [--smoke] [--out DIR]` (the JSON line is also written to DIR/audit.json).
+// `node bench/audit.mjs [--smoke] [--out DIR] [--cpu-prof DIR]` (the JSON line is also written to
+// DIR/audit.json; --cpu-prof writes each service's CPU profile under DIR/off and DIR/on).
 //
 // Two meshes (resolver, executor, echo), one recording every call in the tenant's audit stream,
 // one not, both warmed up first. Phases alternate in pairs (4, or 2 with --smoke), in the order
@@ -17,16 +18,23 @@ import { closedLoop, fastest, median, phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const { values: flags } = parseArgs({
-  options: { smoke: { type: "boolean", default: false }, out: { type: "string" } },
+  options: {
+    smoke: { type: "boolean", default: false },
+    out: { type: "string" },
+    "cpu-prof": { type: "string" },
+  },
 });
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);
 const SEQUENTIAL = flags.smoke ? 300 : 2_000;
 const LOOP_MS = flags.smoke ? 3_000 : 10_000;
 const payload = { text: "x".repeat(64) };
 
-const off = await startMesh({ name: "audit-off" });
+const profiled = (side) =>
+  flags["cpu-prof"] ? ["--cpu-prof", `--cpu-prof-dir=${join(flags["cpu-prof"], side)}`] : [];
+const off = await startMesh({ name: "audit-off", nodeArgs: profiled("off") });
 const on = await startMesh({
   name: "audit-on",
+  nodeArgs: profiled("on"),
   env: { TOOLMESH_AUDIT: "required" },
   // The audit stream `toolmesh setup --tenants default` makes for the bench's tenant.
   prepare: async (nc) =>
