@@ -96,6 +96,8 @@ export class MeshCredentialLimits {
       minTimeout: 100,
       maxTimeout: LEAVE_RETRY_MAX_MS,
       randomize: false,
+      // A retry pending at shutdown does not hold the process up.
+      unref: true,
       maxRetryTime: Math.max(0, until - Date.now()),
       onFailedAttempt: ({ error }) =>
         this.#o.log?.warn(
