@@ -64,6 +64,13 @@ describe("requestReply", () => {
     });
   });
 
+  it("sends a body given as JSON bytes as it is", async () => {
+    const bytes = Buffer.from('{"text":"as sent"}', "utf8");
+    expect(await requestReply(nc, "rr.good", bytes, ReplySchema, options)).toEqual({
+      echoed: "as sent",
+    });
+  });
+
   it("names who is not running when nobody listens", async () => {
     const error = await failure(requestReply(nc, "rr.nobody", {}, ReplySchema, options));
     expect(error.toWire()).toEqual({

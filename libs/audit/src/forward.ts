@@ -50,20 +50,20 @@ export class ForwardingWriter implements BatchWriter {
   ) {}
 
   async write(tenant: string, batch: readonly QueuedEvent[]): Promise<BatchOutcome> {
-    const events: object[] = [];
+    // Each event serialized once: its size bounds the request, its text makes the body.
+    const events: string[] = [];
     let bytes = 0;
     for (const { id, by, event } of batch) {
-      const forwarded = { id, by, ...event };
-      const size = JSON.stringify(forwarded).length;
-      if (events.length > 0 && bytes + size > FORWARD_MAX_BYTES) break;
-      events.push(forwarded);
-      bytes += size;
+      const json = JSON.stringify({ id, by, ...event });
+      if (events.length > 0 && bytes + json.length > FORWARD_MAX_BYTES) break;
+      events.push(json);
+      bytes += json.length;
     }
     try {
       const { written } = await requestOk(
         this.nc,
         this.subjects.auditWrite(tenant),
-        { events },
+        Buffer.from(`{"events":[${events.join(",")}]}`, "utf8"),
         ForwardReplySchema,
         { timeoutMs: FORWARD_TIMEOUT_MS, service: "resolver" },
       );

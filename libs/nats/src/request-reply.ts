@@ -25,7 +25,8 @@ export interface RequestReplyOptions {
 }
 
 /**
- * Sends `body` as JSON on `subject` and returns the reply parsed with `replySchema`. Failures
+ * Sends `body` as JSON (or as it is, when it is already JSON's UTF-8 bytes) on `subject` and
+ * returns the reply parsed with `replySchema`. Failures
  * are typed: a body larger than the server's `max_payload` → `payload_too_large` (nothing
  * sent), nobody listening → `unavailable` ("no resolver is running"), no reply within
  * `timeoutMs` → `unavailable`, a reply that is not JSON or of another shape → `internal`. A
@@ -39,7 +40,7 @@ export async function requestReply<T>(
   options: RequestReplyOptions,
 ): Promise<T> {
   const { service, timeoutMs } = options;
-  const payload = encodeJson(body);
+  const payload = body instanceof Uint8Array ? body : encodeJson(body);
   const limit = nc.info?.max_payload;
   if (limit !== undefined && payload.length > limit) {
     throw payloadTooLarge(
