@@ -99,11 +99,14 @@ export class MeshCredentialLimits {
       // A retry pending at shutdown does not hold the process up.
       unref: true,
       maxRetryTime: Math.max(0, until - Date.now()),
-      onFailedAttempt: ({ error }) =>
+      // Asked only when another try is due (time left): the warning says so.
+      shouldRetry: ({ error }) => {
         this.#o.log?.warn(
           { err: error, key },
           "a request's end could not be written yet; trying again",
-        ),
+        );
+        return true;
+      },
     }).catch((err: unknown) =>
       this.#o.log?.warn(
         { err, key },
