@@ -6,7 +6,14 @@ import type { NatsConnection } from "@nats-io/nats-core";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { MESH_ACCOUNT, renderAccountConfig, rolePermissions, tenantAccount } from "@toolmesh/nats";
+import {
+  MESH_ACCOUNT,
+  ensureConsumer,
+  renderAccountConfig,
+  rolePermissions,
+  tenantAccount,
+} from "@toolmesh/nats";
+import { auditEndsConsumerSpec } from "@toolmesh/audit";
 import { ToolmeshClient } from "@toolmesh/client";
 import { connectNats } from "@toolmesh/nats";
 import { ErrorCode, createSubjects } from "@toolmesh/protocol";
@@ -567,6 +574,33 @@ describe("the mesh's own services and the audit trails", () => {
       }
     }
     expect((await jsm.streams.info(trail)).state.last_seq).toBe(before);
+  });
+});
+
+describe("the final messages whose ends the resolvers record", () => {
+  it("are taken by the resolvers alone: no other service may take, and so settle, one", async () => {
+    const resolver = await connectAs("resolver", { inboxPrefix: subjects.inboxPrefix("resolver") });
+    open.push(resolver);
+    // The resolvers make the consumer and take from it (ADR 0068).
+    await ensureConsumer(await jetstreamManager(resolver), auditEndsConsumerSpec(subjects));
+    const stream = subjects.streams.sessions;
+    const consumer = subjects.auditEndsConsumer;
+    const pull = JSON.stringify({ batch: 1, no_wait: true });
+    const next = `$JS.API.CONSUMER.MSG.NEXT.${stream}.${consumer}`;
+    await resolver.request(next, pull, { timeout: 2_000 });
+    for (const user of ["gateway", "schema-expander", "executor", "mcp-bridge"]) {
+      const nc = await connectAs(user, { inboxPrefix: subjects.inboxPrefix(user) });
+      open.push(nc);
+      for (const subject of [
+        next,
+        `$JS.API.CONSUMER.DELETE.${stream}.${consumer}`,
+        `$JS.API.CONSUMER.CREATE.${stream}.${consumer}.${subjects.allResults}`,
+      ])
+        await expect(
+          nc.request(subject, pull, { timeout: 2_000 }),
+          `${user} ${subject}`,
+        ).rejects.toThrow(/permissions violation/i);
+    }
   });
 });
 

@@ -9,6 +9,7 @@ import type { AuditRecord } from "@toolmesh/audit";
 import {
   AuditEventType,
   AuditTrail,
+  EndRecorder,
   readTrail,
   serveAuditWrites,
   verifyTrail,
@@ -312,41 +313,51 @@ describe("the call plane", () => {
     trail.stop();
   });
 
-  it("records a call's end once, also when its publisher stopped before it could", async () => {
+  it("records each call's end from its stored final message once: named by its publisher, or found unrecorded", async () => {
     const nc = connections[0] as NatsConnection;
-    const trail = await AuditTrail.open(nc, {
-      subjects,
-      mode: "required",
-      chains: true,
-      writer: "plane",
-    });
-    const plane = await openCallPlane(nc, { subjects, audit: trail });
-    // The executor that ended the call recorded nothing (it was killed right after publishing).
+    const open = (writer: string) =>
+      AuditTrail.open(nc, { subjects, mode: "required", chains: true, writer });
+    const trail = await open("resolver@x/1");
+    const ends = await EndRecorder.start(nc, subjects, trail, pino({ level: "silent" }));
+    // An executor recording the ends it publishes, and one that was killed right after
+    // publishing before it could record anything.
+    const executor = await openCallPlane(nc, { subjects, audit: await open("executor@x/2") });
     const unrecorded = await openCallPlane(nc, { subjects });
-    const call = resolvedCall({
-      id: "end-1",
-      tool: "echo",
-      address: { tenant: ENDED, session: "s" },
-    });
-    await plane.store.accept(callRecordOf(call, "h"));
-    const done: ToolMessage = {
+    const [named, found] = ["end-1", "end-2"].map((id) =>
+      resolvedCall({ id, tool: "echo", address: { tenant: ENDED, session: "s" } }),
+    );
+    if (named === undefined || found === undefined) throw new Error("two calls");
+    const done = (call: typeof named): ToolMessage => ({
       role: "tool",
       tool_call_id: call.call_id,
       name: call.tool,
       content: "ok",
       session_id: call.session_id,
-    };
-    expect(await unrecorded.finalize(call, done)).toBe(true);
+    });
+    for (const call of [named, found]) await executor.store.accept(callRecordOf(call, "h"));
+    expect(await executor.finalize(named, done(named))).toBe(true);
+    expect(await unrecorded.finalize(found, done(found))).toBe(true);
     // Its work comes back to another executor, which finds the call ended; twice, here.
-    expect(await plane.finalize(call, done)).toBe(false);
-    expect(await plane.finalize(call, done)).toBe(false);
-    await expect.poll(() => trail.pending).toBe(0);
+    expect(await executor.finalize(found, done(found))).toBe(false);
+    expect(await executor.finalize(found, done(found))).toBe(false);
+    const jsm = await jetstreamManager(nc);
+    await expect
+      .poll(async () => {
+        const info = await jsm.consumers.info(
+          subjects.streams.sessions,
+          subjects.auditEndsConsumer,
+        );
+        return info.num_pending + info.num_ack_pending;
+      })
+      .toBe(0);
     const events: AuditRecord[] = [];
     for await (const { record } of readTrail(nc, subjects, ENDED))
       events.push(record as AuditRecord);
-    expect(events.map((e) => `${e.call_id} ${e.type} ${String(e.data.outcome)}`)).toEqual([
-      "end-1 call.ended ok",
+    expect(events.map((e) => `${e.call_id} ${e.type} ${String(e.data.outcome)} ${e.by}`)).toEqual([
+      "end-1 call.ended ok executor@x/2",
+      "end-2 call.ended ok resolver@x/1",
     ]);
+    await ends.stop(1_000);
     trail.stop();
   });
 });

@@ -4,11 +4,11 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import { createSubjects } from "@toolmesh/protocol";
 import type { AuditRecord } from "@toolmesh/audit";
-import { readTrail } from "@toolmesh/audit";
+import { canonicalDigest, readTrail } from "@toolmesh/audit";
 import { CallStore } from "@toolmesh/call-store";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
 import { startNatsServer } from "./helpers/nats-server.js";
@@ -369,6 +369,46 @@ when { context.args has query && context.args.query == "gated" };
       (e) => e.call_id === "deny-1" && e.type === "approval.decided",
     );
     expect(decided?.data).toMatchObject({ decision: "denied", by: "approver:default" });
+  });
+});
+
+describe("a call's end, recorded from its stored final message", () => {
+  it("whoever published it; a tenant without a trail and a message that is no final hold nothing up", async () => {
+    const js = jetstream(nc);
+    const message = {
+      role: "tool",
+      tool_call_id: "direct-1",
+      name: "inspect",
+      session_id: "s-direct",
+      content: "answered by a path that records nothing itself",
+    };
+    // A tenant without an audit stream has no trail to record into; a stored message on a final
+    // message's subject that is not one is put aside. Neither stops the ends after them.
+    await js.publish(
+      subjects.result({ tenant: "untracked", session: "s-direct" }, "untracked-1"),
+      JSON.stringify({ ...message, tool_call_id: "untracked-1" }),
+    );
+    await js.publish(subjects.result({ tenant: "default", session: "s-direct" }, "bad-1"), "{");
+    await js.publish(
+      subjects.result({ tenant: "default", session: "s-direct" }, "direct-1"),
+      JSON.stringify(message),
+      { msgID: "result:direct-1" },
+    );
+    expect(await typesOf("direct-1", "call.ended")).toEqual(["call.ended"]);
+    const ended = await eventOf("direct-1", "call.ended");
+    // Named by the resolver that recorded it, since no publisher named itself on the message.
+    expect(ended?.by).toMatch(/^resolver@/);
+    expect(ended?.id).toBe("audit:result:direct-1");
+    expect(ended?.data).toMatchObject({
+      outcome: "ok",
+      result_digest: `sha256:${canonicalDigest(message.content)}`,
+    });
+    expect((await trail()).some((e) => e.call_id === "bad-1")).toBe(false);
+    const jsm = await jetstreamManager(nc);
+    await until("every final message settled by the resolvers", async () => {
+      const info = await jsm.consumers.info(subjects.streams.sessions, subjects.auditEndsConsumer);
+      return info.num_pending === 0 && info.num_ack_pending === 0;
+    });
   });
 });
 

@@ -5,6 +5,7 @@ export type { BrokenLink, ChainTail } from "./chain.js";
 export { AuditTrail, settleAudit } from "./trail.js";
 export { ChainWriter, readTail } from "./chain-writer.js";
 export { ForwardingWriter, serveAuditWrites } from "./forward.js";
+export { EndRecorder, auditEndsConsumerSpec, endedHeader } from "./ends.js";
 export type { BatchOutcome, BatchWriter, QueuedEvent } from "./writer.js";
 export type { AuditMode, AuditTrailObserver, AuditTrailOptions } from "./trail.js";
 export { readTrail, verifyTrail } from "./reader.js";

@@ -53,15 +53,18 @@ interface Pending extends QueuedEvent {
    * event was written.
    */
   first?: ((written: boolean) => void) | undefined;
+  /** Steps waiting for this event's first write to be done, whatever its outcome ({@link AuditTrail.written}). */
+  after?: (() => void)[] | undefined;
   /** Withdrawn instead of retried when its first attempt fails. */
   withdrawOnFailure: boolean;
   done: () => void;
 }
 
-/** Tells a step waiting for an event's first write that it failed (once). */
-function firstFailed(pending: Pending): void {
-  pending.first?.(false);
+/** Tells the steps waiting for an event's first write how it went (once). */
+function firstDone(pending: Pending, written: boolean): void {
+  pending.first?.(written);
   pending.first = undefined;
+  for (const resolve of pending.after?.splice(0) ?? []) resolve();
 }
 
 /** One tenant's events as this process writes them. */
@@ -118,6 +121,25 @@ export class AuditTrail {
   #retryNow(): void {
     this.#hurry.abort();
     this.#hurry = new AbortController();
+  }
+
+  /** The name of this process in the events it records (`by`). */
+  get writer(): string {
+    return this.#options.writer;
+  }
+
+  /**
+   * Resolves once every event recorded for `tenant` so far has had its first write, written or
+   * not (while no resolver takes the events handed on, it waits for one, as
+   * {@link recordAndWait} does): what a step waits for before it publishes what another
+   * process records after them, so that the chain keeps their order. At once while the
+   * tenant's writes fail: its events wait for their retries, and the step does not.
+   */
+  written(tenant: string): Promise<void> {
+    const chain = this.#chains.get(tenant);
+    const last = chain?.queue.at(-1);
+    if (last === undefined || chain?.failing === true) return Promise.resolve();
+    return new Promise((resolve) => (last.after ??= []).push(resolve));
   }
 
   /** Whether admissions must be recorded before calls go on. */
@@ -209,7 +231,7 @@ export class AuditTrail {
   stop(): void {
     this.#stop.abort();
     for (const chain of this.#chains.values())
-      for (const pending of chain.queue) firstFailed(pending);
+      for (const pending of chain.queue) firstDone(pending, false);
   }
 
   /**
@@ -231,7 +253,7 @@ export class AuditTrail {
     if (this.#stop.signal.aborted) {
       // Stopped: nothing more is written. A step waiting for the first write hears so now;
       // one to withdraw is not kept (the service that handed it on still holds it).
-      pending.first?.(false);
+      firstDone(pending, false);
       if (pending.withdrawOnFailure) return;
     }
     let chain = this.#chains.get(tenant);
@@ -252,7 +274,7 @@ export class AuditTrail {
         const batch = chain.queue.slice(0, this.#options.batchMax ?? 256);
         const { written, failure } = await this.#writer.write(chain.tenant, batch);
         for (const done of chain.queue.splice(0, written)) {
-          done.first?.(true);
+          firstDone(done, true);
           done.done();
         }
         this.#wakeIfIdle();
@@ -290,7 +312,7 @@ export class AuditTrail {
   #settleFailed(chain: TenantQueue, failed: readonly Pending[], unanswered = false): boolean {
     let kept = 0;
     for (const pending of failed) {
-      if (pending.withdrawOnFailure || !unanswered) firstFailed(pending);
+      if (pending.withdrawOnFailure || !unanswered) firstDone(pending, false);
       if (!pending.withdrawOnFailure) {
         kept++;
         continue;

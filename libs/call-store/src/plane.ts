@@ -7,7 +7,6 @@ import {
   callKey,
   deadLetterMsgId,
   decodeJsonOrUndefined,
-  finalEventMsgId,
   resultMsgId,
   settledWithin,
 } from "@toolmesh/protocol";
@@ -21,7 +20,7 @@ import {
   publishEphemeral,
 } from "@toolmesh/nats";
 import type { AuditTrail } from "@toolmesh/audit";
-import { AuditEventType, callEnded } from "@toolmesh/audit";
+import { AuditEventType, endedHeader } from "@toolmesh/audit";
 import { CallStore } from "./call-store.js";
 import type { CallRecord, CallRef } from "./call-store.js";
 
@@ -39,7 +38,7 @@ export interface CallPlaneOptions {
   /** How long call records are kept (the idempotency horizon), in ms. Default 24 h. */
   callRetentionMs?: number | undefined;
   /** Where final messages and dead letters are recorded (ADR 0060); nothing when undefined. */
-  audit?: Pick<AuditTrail, "record" | "recordAndWait" | "required"> | undefined;
+  audit?: Pick<AuditTrail, "record" | "written" | "writer" | "required"> | undefined;
 }
 
 /** Reads call records. */
@@ -126,12 +125,12 @@ export async function openCallPlane(
   const publishFinal = finalPublisher(js, subjects, audit);
   const clock = new ServerClock();
 
-  /** When the final message on `subject` was stored (epoch ms, the server's clock), if it is. */
-  async function storedAt(subject: string): Promise<number | undefined> {
+  /** Whether a final message is stored on `subject` (false when it cannot be read). */
+  async function isStored(subject: string): Promise<boolean> {
     const stored = await jsm.streams
       .getMessage(subjects.streams.sessions, { last_by_subj: subject })
       .catch(() => null);
-    return stored?.time.getTime();
+    return stored !== null;
   }
 
   return {
@@ -151,17 +150,7 @@ export async function openCallPlane(
       // publishes when the winner's message is nowhere to be found. The sessions stream is
       // the record of what went out, so the success path writes no "published" mark.
       const msgId = resultMsgId(callKey(call.address, call.idempotency_key));
-      if (outcome?.won === false) {
-        const at = await storedAt(subject);
-        if (at !== undefined) {
-          // Its publisher may have stopped before recording it (an executor killed right after
-          // publishing, whose work comes back): recorded again under the same id, which the
-          // trail keeps once while it remembers the id.
-          if (clock.now() - at < RECORD_AGAIN_WITHIN_MS)
-            await recordEnded(audit, subjects, subject, outcome.result, msgId);
-          return false;
-        }
-      }
+      if (outcome?.won === false && (await isStored(subject))) return false;
       await publishFinal(
         subject,
         outcome?.result ?? message,
@@ -209,8 +198,11 @@ function deadLetterPublisher(
 }
 
 /**
- * The one way final messages go out ({@link MeshCallPlane.publishFinal}): whoever publishes a
- * final message records it, since every path to an answer comes through here.
+ * The one way final messages go out ({@link MeshCallPlane.publishFinal}). With an audit trail,
+ * the resolvers record each final message the sessions stream stores as its call's end (ADR
+ * 0068); the publisher names itself in it, and first waits (when the trail is required, up to
+ * {@link ORDER_WAIT_MS}) for the events it recorded before to be written, so that they come
+ * before the end in the chain: a refusal, a long attempt's end, a dead letter.
  */
 function finalPublisher(
   js: JetStreamClient,
@@ -218,49 +210,17 @@ function finalPublisher(
   audit: CallPlaneOptions["audit"],
 ): MeshCallPlane["publishFinal"] {
   return async (subject, message, msgId, encoded) => {
-    const ack = await publishDurable(js, subject, encoded ?? message, {
+    const tenant = audit?.required && subjects.parseResultSubject(subject)?.address.tenant;
+    if (tenant) await settledWithin(audit.written(tenant), ORDER_WAIT_MS);
+    return publishDurable(js, subject, encoded ?? message, {
       msgId,
-      headers: finalHeaders(message),
+      headers: finalHeaders(message, audit && endedHeader(message, audit.writer)),
     });
-    if (!ack.duplicate) await recordEnded(audit, subjects, subject, message, msgId);
-    return ack;
   };
 }
 
-/**
- * How recently a final message must have been stored for a party that finds it to record it
- * again: inside the audit stream's duplicate window (the server's default, 2 minutes), so that a
- * record that did land is kept once.
- */
-const RECORD_AGAIN_WITHIN_MS = 90_000;
-
-/** Longest a step waits for its final message's record before it goes on (the record stays queued). */
-const RECORD_WAIT_MS = 10_000;
-
-/**
- * Records a final message published on `subject` in its tenant's trail, under an id of that
- * message. When the trail is required, the step that published it (and then acknowledges its
- * work) waits for the record to be written, up to {@link RECORD_WAIT_MS}: a process killed once
- * its work is acknowledged would otherwise take the record with it, and nothing would bring the
- * call back to record it. A tenant's trail that refuses the write holds nothing up; while no
- * resolver takes the records handed on (one restarting), the step waits for one.
- */
-async function recordEnded(
-  audit: CallPlaneOptions["audit"],
-  subjects: Subjects,
-  subject: string,
-  message: ToolMessage,
-  msgId: string,
-): Promise<void> {
-  const tenant = audit && subjects.parseResultSubject(subject)?.address.tenant;
-  if (audit === undefined || tenant === undefined) return;
-  const event = { ...callEnded(message), id: finalEventMsgId(msgId) };
-  if (!audit.required) {
-    void audit.record(tenant, event);
-    return;
-  }
-  await settledWithin(audit.recordAndWait(tenant, event), RECORD_WAIT_MS);
-}
+/** Longest a final message waits for the events its publisher recorded before it. */
+const ORDER_WAIT_MS = 10_000;
 
 /** Records a dead letter in its call's tenant's trail, when the letter is a routed call. */
 function recordDeadLetter(audit: Pick<AuditTrail, "record">, letter: DeadLetterOut): void {

@@ -393,7 +393,13 @@ function resolverPermissions({
 function auditChainer(s: Subjects, auditWrites: string[]): Permissions {
   return merge(
     sub(s.allAuditWrites),
-    pub(`_INBOX.${s.prefix}.executor.>`, `_INBOX.${s.prefix}.mcp-bridge.>`, ...auditWrites),
+    pub(
+      `_INBOX.${s.prefix}.executor.>`,
+      `_INBOX.${s.prefix}.mcp-bridge.>`,
+      ...auditWrites,
+      // Each final message the sessions stream stores is recorded as its call's end (ADR 0068).
+      ...durable(s.streams.sessions, s.auditEndsConsumer),
+    ),
   );
 }
 

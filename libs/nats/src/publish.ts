@@ -38,13 +38,15 @@ export function tracedHeaders(extra?: Record<string, string>): MsgHdrs {
 
 /**
  * The headers of a final message: the trace context and the tool it ends a call of, which the
- * readers of its republished headers take instead of its body (ADR 0066).
+ * readers of its republished headers take instead of its body (ADR 0066), and with an audit
+ * trail the call's end recorded from it (`ended`, ADR 0068).
  */
-export function finalHeaders(message: { name: string }): MsgHdrs {
+export function finalHeaders(message: { name: string }, ended?: string): MsgHdrs {
+  const h = tracedHeaders();
   // A name a header cannot carry (a refused call's may hold a newline) is left out.
-  return HEADER_SAFE.test(message.name)
-    ? tracedHeaders({ [Header.Tool]: message.name })
-    : tracedHeaders();
+  if (HEADER_SAFE.test(message.name)) h.set(Header.Tool, message.name);
+  if (ended !== undefined) h.set(Header.Ended, ended);
+  return h;
 }
 
 /** Printable ASCII, at most 256 characters: what a header value carries as it is. */

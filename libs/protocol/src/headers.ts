@@ -41,6 +41,12 @@ export const Header = {
    * (ADR 0066), which have no body to read the name from.
    */
   Tool: "Toolmesh-Tool",
+  /**
+   * On a final message, when the mesh keeps an audit trail: the call's end the resolvers record
+   * from it (JSON: the publishing process in `by`, the event's type, ids and data), so they read
+   * no body (ADR 0068).
+   */
+  Ended: "Toolmesh-Ended",
   /** On a message a stream republished: the subject it was stored under. */
   RepublishedSubject: "Nats-Subject",
   /** On a message a stream republished: its sequence in that stream. */

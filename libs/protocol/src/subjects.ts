@@ -365,6 +365,11 @@ export interface Subjects {
   readonly schemaExpanderConsumer: string;
   /** Durable consumer of the dead-letter keeper on the advisories stream. */
   readonly deadLetterConsumer: string;
+  /**
+   * Durable consumer of the resolvers on the sessions stream's final messages, each recorded as
+   * its call's end in the audit trail (ADR 0068).
+   */
+  readonly auditEndsConsumer: string;
   /** Durable consumer name for one tool's work, shared by every executor of the tool. */
   workConsumer(tool: string): string;
   /** Durable consumer name of the resolver on the calls stream. */
@@ -600,6 +605,7 @@ export function createSubjects(options: SubjectOptions = {}): Subjects {
     allSessionPolicies: "*.*.policy",
     schemaExpanderConsumer: "schema_expander",
     deadLetterConsumer: "dead_letter_keeper",
+    auditEndsConsumer: "audit_ends",
     workConsumer: (tool) => `work_${t(tool)}`,
     resolverConsumer: "resolver",
     stats: `${base}.control.stats`,

@@ -1,5 +1,6 @@
 import type { NatsConnection } from "@nats-io/nats-core";
 import type { AuditTrail } from "@toolmesh/audit";
+import { EndRecorder } from "@toolmesh/audit";
 import { Kvm } from "@nats-io/kv";
 import type { JetStreamManager, JsMsg } from "@nats-io/jetstream";
 import type { Subjects } from "@toolmesh/protocol";
@@ -158,6 +159,10 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     maxResultBytes: options.maxResultBytes,
   });
   const approvals = await openApprovals(options, plane, metrics);
+  // Every final message the sessions stream stores is recorded as its call's end (ADR 0068).
+  const ends =
+    options.audit &&
+    (await EndRecorder.start(nc, subjects, options.audit, log.child({ part: "audit" })));
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -202,6 +207,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     owners,
     loops,
     rpc,
+    ends,
     stopWatching,
     stopReportingQuotas,
   });
@@ -215,6 +221,7 @@ interface ResolverParts {
   owners: OwnerServices;
   loops: WorkLoop[];
   rpc: RequestServer;
+  ends: EndRecorder | undefined;
   stopWatching: () => void;
   stopReportingQuotas: () => void;
 }
@@ -227,6 +234,7 @@ class RunningResolver implements Resolver {
   readonly #owners: OwnerServices;
   readonly #loops: WorkLoop[];
   readonly #rpc: RequestServer;
+  readonly #ends: EndRecorder | undefined;
   readonly #stopWatching: () => void;
   readonly #stopReportingQuotas: () => void;
 
@@ -237,6 +245,7 @@ class RunningResolver implements Resolver {
     this.#owners = parts.owners;
     this.#loops = parts.loops;
     this.#rpc = parts.rpc;
+    this.#ends = parts.ends;
     this.#stopWatching = parts.stopWatching;
     this.#stopReportingQuotas = parts.stopReportingQuotas;
   }
@@ -250,6 +259,8 @@ class RunningResolver implements Resolver {
       this.#owners.stop(graceMs),
       ...this.#loops.map((loop) => loop.stop(graceMs)),
     ]);
+    // After the calls in hand: their ends are recorded by then, or come back to another resolver.
+    await this.#ends?.stop(graceMs);
     await this.#control.stop(graceMs);
     this.#admission.quotas?.close();
     await this.#admission.stored?.close();
