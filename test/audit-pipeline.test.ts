@@ -33,6 +33,7 @@ const LETTERS = "hooli";
 const ENDED = "pied";
 const HANDED = "umbrella";
 const TAIL_REPEAT = "soylent";
+const BOUNDED = "wayne";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -195,7 +196,11 @@ describe("events handed to the resolvers", () => {
       writer: "executor@x/1",
       retryMinMs: 50,
       retryMaxMs: 100,
-      observer: { auditWritten: () => undefined, auditWriteFailed: () => void failedWrites++ },
+      observer: {
+        auditWritten: () => undefined,
+        auditWriteFailed: () => void failedWrites++,
+        auditDropped: () => undefined,
+      },
     });
     const event = (i: number) => ({
       type: AuditEventType.AttemptStarted,
@@ -310,6 +315,45 @@ describe("the call plane", () => {
         data: { reason: "max_deliveries", deliveries: 5, stream: subjects.streams.work },
       }),
     ]);
+    trail.stop();
+  });
+
+  it("keeps at most its bound of a failing tenant's events, drops the rest (said once), and writes those kept once it can", async () => {
+    const nc = connections[0] as NatsConnection;
+    let dropped = 0;
+    const told: number[] = [];
+    const trail = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "resolver@x/3",
+      queueMax: 5,
+      retryMinMs: 50,
+      retryMaxMs: 100,
+      observer: {
+        auditWritten: () => undefined,
+        auditWriteFailed: () => undefined,
+        auditDropped: () => void dropped++,
+      },
+      onDropping: (_tenant, queued) => void told.push(queued),
+    });
+    const event = (i: number) => ({ type: AuditEventType.Refused, at: Date.now(), data: { i } });
+    // The tenant has no audit stream yet: its first write fails, and it is kept.
+    expect(await trail.recordAndWait(BOUNDED, event(0))).toBe(false);
+    const recorded = Array.from({ length: 9 }, (_, i) => trail.record(BOUNDED, event(i + 1)));
+    // Four more are kept; the five past the bound are dropped (their steps go on), said once.
+    await Promise.all(recorded.slice(4));
+    expect(trail.pending).toBe(5);
+    expect(dropped).toBe(5);
+    expect(told).toEqual([5]);
+    // A step that must be written first is told at once that it was not.
+    expect(await trail.tryRecord(BOUNDED, event(99))).toBe(false);
+    await ensureStream(await jetstreamManager(nc), tenantAuditStreamSpec(subjects, BOUNDED));
+    await Promise.all(recorded.slice(0, 4));
+    const events: AuditRecord[] = [];
+    for await (const { record } of readTrail(nc, subjects, BOUNDED))
+      events.push(record as AuditRecord);
+    expect(events.map((e) => e.data.i)).toEqual([0, 1, 2, 3, 4]);
     trail.stop();
   });
 

@@ -18,7 +18,11 @@ export type AuditMode = "required" | "best-effort";
 export interface AuditTrailObserver {
   auditWritten(type: string, lagMs: number): void;
   auditWriteFailed(): void;
+  auditDropped(): void;
 }
+
+/** Most events a tenant whose writes fail keeps queued in one process; what comes past it is dropped. */
+const QUEUE_MAX = 10_000;
 
 /** Options of {@link AuditTrail}. Durations in ms. */
 export interface AuditTrailOptions {
@@ -34,6 +38,13 @@ export interface AuditTrailOptions {
   observer?: AuditTrailObserver | undefined;
   /** Called once per failing tenant when writes start failing, and when they pass again. */
   onHealth?: ((tenant: string, healthy: boolean, err?: unknown) => void) | undefined;
+  /**
+   * Called once per failing tenant when its queue is full and its further events are dropped
+   * (until its writes pass again).
+   */
+  onDropping?: ((tenant: string, queued: number) => void) | undefined;
+  /** Most events a failing tenant keeps queued. Default 10 000. */
+  queueMax?: number | undefined;
   /**
    * First and longest pause between retries of a failed write. Default 100, and 5 000 where
    * this process chains (1 000 where it hands events on: a retry while no resolver runs costs
@@ -71,6 +82,7 @@ function firstDone(pending: Pending, written: boolean): void {
 class TenantQueue {
   readonly queue: Pending[] = [];
   failing = false;
+  dropping = false;
   pumping = false;
   constructor(readonly tenant: string) {}
 }
@@ -261,6 +273,13 @@ export class AuditTrail {
       chain = new TenantQueue(tenant);
       this.#chains.set(tenant, chain);
     }
+    if (this.#full(chain)) {
+      // A step that waits for its write is told it failed; one that must not be refused
+      // goes on, its event dropped: the process's memory is not the tenant's to fill.
+      firstDone(pending, false);
+      if (!pending.withdrawOnFailure) pending.done();
+      return;
+    }
     chain.queue.push(pending);
     void this.#pump(chain);
   }
@@ -323,9 +342,26 @@ export class AuditTrail {
     return kept === 0;
   }
 
+  /**
+   * Whether `chain` takes no more events: its writes fail and it holds `queueMax` (a tenant
+   * with no audit stream, or one that stays full, gets calls refused while its events wait;
+   * those past the bound are dropped, counted and said once).
+   */
+  #full(chain: TenantQueue): boolean {
+    const max = this.#options.queueMax ?? QUEUE_MAX;
+    if (!chain.failing || chain.queue.length < max) return false;
+    this.#options.observer?.auditDropped();
+    if (!chain.dropping) {
+      chain.dropping = true;
+      this.#options.onDropping?.(chain.tenant, chain.queue.length);
+    }
+    return true;
+  }
+
   #healthy(chain: TenantQueue, healthy: boolean, err?: unknown): void {
     if (chain.failing === !healthy) return;
     chain.failing = !healthy;
+    if (healthy) chain.dropping = false;
     this.#options.onHealth?.(chain.tenant, healthy, err);
   }
 

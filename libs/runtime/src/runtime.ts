@@ -503,6 +503,11 @@ export async function meshAuditTrail(
       else
         log.warn({ tenant, err }, "cannot write the audit trail; its events are kept and retried");
     },
+    onDropping: (tenant, queued) =>
+      log.error(
+        { tenant, queued },
+        "audit trail still cannot be written and its queue is full: further events are dropped until it can (toolmesh setup --tenants makes a missing audit stream)",
+      ),
   });
   const handedOn = chains ? serveAuditWrites(rt.nc, rt.subjects, trail, log) : undefined;
   // What it still holds is written once the actor stopped, within the shutdown force time;

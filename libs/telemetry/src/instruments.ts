@@ -45,6 +45,7 @@ export const MetricName = {
   PolicyDecisions: "toolmesh.policy.decisions",
   AuditEvents: "toolmesh.audit.events",
   AuditWriteFailures: "toolmesh.audit.write_failures",
+  AuditDropped: "toolmesh.audit.dropped",
   AuditLag: "toolmesh.audit.lag",
   ApprovalsWaiting: "toolmesh.approvals.waiting",
   ApprovalDecisionTime: "toolmesh.approvals.decision_time",
@@ -122,6 +123,7 @@ export class ToolmeshMetrics {
   readonly #policyDecisions: Counter;
   readonly #auditEvents: Counter;
   readonly #auditFailures: Counter;
+  readonly #auditDropped: Counter;
   readonly #auditLag: Histogram;
   readonly #approvalDecisionTime: Histogram;
   #approvalsWaiting: () => number = () => 0;
@@ -220,6 +222,12 @@ export class ToolmeshMetrics {
       unit: "{attempt}",
       description:
         "Audit writes that failed and will be retried (lost races for the chain's tail not counted)",
+      valueType: ValueType.INT,
+    });
+    this.#auditDropped = meter.createCounter(MetricName.AuditDropped, {
+      unit: "{event}",
+      description:
+        "Audit events dropped because their tenant's writes failed and its queue was full",
       valueType: ValueType.INT,
     });
     this.#auditLag = meter.createHistogram(MetricName.AuditLag, {
@@ -431,6 +439,11 @@ export class ToolmeshMetrics {
   /** An audit write failed; the event stays queued and is written again. */
   auditWriteFailed(): void {
     this.#auditFailures.add(1);
+  }
+
+  /** An audit event was dropped: its tenant's writes fail and its queue is full. */
+  auditDropped(): void {
+    this.#auditDropped.add(1);
   }
 
   /** A policy decided a call: `allow`, `deny`, or `approval` (it waits for a person). */
