@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import type { ToolMessage } from "@toolmesh/protocol";
 import { createSubjects, encodeJson } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
@@ -34,6 +34,8 @@ const ENDED = "pied";
 const HANDED = "umbrella";
 const TAIL_REPEAT = "soylent";
 const BOUNDED = "wayne";
+const UNWRITABLE = "tyrell";
+const WRITABLE = "cyberdyne";
 let server: NatsServerHandle;
 const connections: NatsConnection[] = [];
 
@@ -354,6 +356,64 @@ describe("the call plane", () => {
     for await (const { record } of readTrail(nc, subjects, BOUNDED))
       events.push(record as AuditRecord);
     expect(events.map((e) => e.data.i)).toEqual([0, 1, 2, 3, 4]);
+    trail.stop();
+  });
+
+  it("hands back a failing tenant's ends up to its bound and drops the rest, while the other tenants' are recorded", async () => {
+    const nc = connections[0] as NatsConnection;
+    const jsm = await jetstreamManager(nc);
+    // The tenant's audit stream takes nothing: every write of its trail fails.
+    const spec = tenantAuditStreamSpec(subjects, UNWRITABLE, { tenantStoreBytes: 100 });
+    await ensureStream(jsm, spec);
+    await ensureStream(jsm, tenantAuditStreamSpec(subjects, WRITABLE));
+    const trail = await AuditTrail.open(nc, {
+      subjects,
+      mode: "required",
+      chains: true,
+      writer: "resolver@x/4",
+      retryMinMs: 50,
+      retryMaxMs: 100,
+    });
+    let dropped = 0;
+    const errors: string[] = [];
+    const log = {
+      warn: () => undefined,
+      error: (_f: object, msg: string) => void errors.push(msg),
+    };
+    const ends = await EndRecorder.start(nc, subjects, trail, log, {
+      heldMax: 2,
+      observer: { auditDropped: () => void dropped++ },
+    });
+    const js = jetstream(nc);
+    const final = (tenant: string, id: string) =>
+      js.publish(
+        subjects.result({ tenant, session: "s" }, id),
+        encodeJson({
+          role: "tool",
+          tool_call_id: id,
+          name: "echo",
+          content: "ok",
+          session_id: "s",
+        }),
+        { msgID: `result:${tenant}:${id}` },
+      );
+    for (let i = 0; i < 4; i++) await final(UNWRITABLE, `u${i}`);
+    await final(WRITABLE, "after-unwritable");
+    const endsOf = async (tenant: string) => {
+      const events: AuditRecord[] = [];
+      for await (const { record } of readTrail(nc, subjects, tenant))
+        events.push(record as AuditRecord);
+      return events.map((e) => e.call_id);
+    };
+    await expect.poll(() => endsOf(WRITABLE), { timeout: 10_000 }).toContain("after-unwritable");
+    await expect.poll(() => dropped, { timeout: 10_000 }).toBe(2);
+    expect(errors.filter((e) => e.includes("further ends are dropped"))).toHaveLength(1);
+    // Once the tenant's trail can be written, the two held are recorded.
+    await jsm.streams.update(spec.name, { max_bytes: -1 });
+    await expect.poll(() => endsOf(UNWRITABLE), { timeout: 15_000 }).toHaveLength(2);
+    const info = await jsm.consumers.info(subjects.streams.sessions, subjects.auditEndsConsumer);
+    expect(info.num_ack_pending + info.num_pending).toBe(0);
+    await ends.stop(1_000);
     trail.stop();
   });
 

@@ -22,6 +22,7 @@ import {
 import type { AuditEventInput } from "./events.js";
 import { AuditEventType } from "./events.js";
 import { callEnded } from "./record.js";
+import type { AuditTrailObserver } from "./trail.js";
 
 /** What a final message's {@link Header.Ended} carries: its call's end, but for when and its id. */
 const EndedSchema = z
@@ -69,6 +70,21 @@ const ACK_WAIT_MS = 30_000;
 const SLOTS = 512;
 /** Longest pause before a final message whose end could not be written is tried again. */
 const RETRY_MAX_MS = 60_000;
+/**
+ * Most ends of one tenant a resolver hands back to be tried again since that tenant's last
+ * write passed (each counted once, at its first hand-back): past it, its further ends are
+ * dropped (counted, said once), so that a tenant whose trail stays unwritable cannot fill the
+ * consumer's unacknowledged messages and stall every other tenant's.
+ */
+const HELD_MAX = 1_000;
+
+/** Options of {@link EndRecorder.start}. */
+export interface EndRecorderOptions {
+  /** Counts the ends dropped ({@link HELD_MAX}). */
+  observer?: Pick<AuditTrailObserver, "auditDropped"> | undefined;
+  /** Default {@link HELD_MAX}. */
+  heldMax?: number | undefined;
+}
 
 /**
  * The resolvers' consumer of the final messages: every one the sessions stream stores, from
@@ -103,14 +119,24 @@ export class EndRecorder {
   readonly #subjects: Subjects;
   readonly #trail: EndsTrail;
   readonly #log: EndsLog;
+  readonly #options: EndRecorderOptions;
   readonly #toldNoStream = new Set<string>();
+  /** Per tenant: ends handed back since its last write passed. */
+  readonly #held = new Map<string, number>();
   #loop: WorkLoop | undefined;
 
-  private constructor(jsm: JetStreamManager, subjects: Subjects, trail: EndsTrail, log: EndsLog) {
+  private constructor(
+    jsm: JetStreamManager,
+    subjects: Subjects,
+    trail: EndsTrail,
+    log: EndsLog,
+    options: EndRecorderOptions,
+  ) {
     this.#jsm = jsm;
     this.#subjects = subjects;
     this.#trail = trail;
     this.#log = log;
+    this.#options = options;
   }
 
   /** Makes the consumer when missing and starts taking final messages. */
@@ -119,10 +145,11 @@ export class EndRecorder {
     subjects: Subjects,
     trail: EndsTrail,
     log: EndsLog,
+    options: EndRecorderOptions = {},
   ): Promise<EndRecorder> {
     const jsm = await jetstreamManager(nc);
     await ensureConsumer(jsm, auditEndsConsumerSpec(subjects));
-    const recorder = new EndRecorder(jsm, subjects, trail, log);
+    const recorder = new EndRecorder(jsm, subjects, trail, log, options);
     recorder.#loop = await startWorkLoop({
       js: jetstream(nc),
       stream: subjects.streams.sessions,
@@ -156,12 +183,39 @@ export class EndRecorder {
     if (!this.#trail.required) {
       void this.#trail.record(tenant, event);
       msg.ack();
-    } else if ((await this.#trail.tryRecord(tenant, event)) || (await this.#hasNoStream(tenant))) {
+    } else if (await this.#trail.tryRecord(tenant, event)) {
+      this.#held.delete(tenant);
+      msg.ack();
+    } else if (await this.#hasNoStream(tenant)) {
       msg.ack();
     } else {
-      const tries = msg.info.deliveryCount;
-      msg.nak(Math.min(1_000 * 2 ** Math.min(tries - 1, 6), RETRY_MAX_MS));
+      this.#handBack(tenant, msg);
     }
+  }
+
+  /**
+   * Hands an end whose write failed back to be tried again later, backing off to a minute; past
+   * the tenant's bound of ends handed back, drops it instead (said once until a write passes).
+   */
+  #handBack(tenant: string, msg: JsMsg): void {
+    const tries = msg.info.deliveryCount;
+    const held = this.#held.get(tenant) ?? 0;
+    const max = this.#options.heldMax ?? HELD_MAX;
+    // An end handed back before is held already (here or by another resolver).
+    if (tries > 1 || held < max) {
+      if (tries === 1) this.#held.set(tenant, held + 1);
+      msg.nak(Math.min(1_000 * 2 ** Math.min(tries - 1, 6), RETRY_MAX_MS));
+      return;
+    }
+    if (held === max) {
+      this.#held.set(tenant, held + 1);
+      this.#log.error(
+        { tenant, held },
+        "audit trail still cannot be written and this many of its calls' ends wait to be tried again: further ends are dropped until it can",
+      );
+    }
+    this.#options.observer?.auditDropped();
+    msg.term();
   }
 
   /**

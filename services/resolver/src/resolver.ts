@@ -162,7 +162,9 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
   // Every final message the sessions stream stores is recorded as its call's end (ADR 0068).
   const ends =
     options.audit &&
-    (await EndRecorder.start(nc, subjects, options.audit, log.child({ part: "audit" })));
+    (await EndRecorder.start(nc, subjects, options.audit, log.child({ part: "audit" }), {
+      observer: metrics,
+    }));
   const deps: ResolverDeps = {
     subjects,
     registry,
