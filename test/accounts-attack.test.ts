@@ -600,6 +600,15 @@ describe("the final messages whose ends the resolvers record", () => {
           nc.request(subject, pull, { timeout: 2_000 }),
           `${user} ${subject}`,
         ).rejects.toThrow(/permissions violation/i);
+      // A final message is recorded as its call's end, named by its Toolmesh-Ended header: only
+      // the services that end calls (the tool hosts, and the resolvers) may store one.
+      if (user === "gateway" || user === "schema-expander")
+        await expect(
+          nc.request(subjects.result({ tenant: "acme", session: "s1" }, "forged-end"), "{}", {
+            timeout: 2_000,
+          }),
+          `${user} publishes a final message`,
+        ).rejects.toThrow(/permissions violation/i);
     }
   });
 });

@@ -3,10 +3,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { headers } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
-import { createSubjects } from "@toolmesh/protocol";
+import { Header, createSubjects } from "@toolmesh/protocol";
 import type { AuditRecord } from "@toolmesh/audit";
 import { canonicalDigest, readTrail } from "@toolmesh/audit";
 import { CallStore } from "@toolmesh/call-store";
@@ -389,10 +390,13 @@ describe("a call's end, recorded from its stored final message", () => {
       JSON.stringify({ ...message, tool_call_id: "untracked-1" }),
     );
     await js.publish(subjects.result({ tenant: "default", session: "s-direct" }, "bad-1"), "{");
+    // Its end header is unreadable (no service writes one so): the end is read from the body.
+    const unreadable = headers();
+    unreadable.set(Header.Ended, '{"by":"forger"');
     await js.publish(
       subjects.result({ tenant: "default", session: "s-direct" }, "direct-1"),
       JSON.stringify(message),
-      { msgID: "result:direct-1" },
+      { msgID: "result:direct-1", headers: unreadable },
     );
     expect(await typesOf("direct-1", "call.ended")).toEqual(["call.ended"]);
     const ended = await eventOf("direct-1", "call.ended");

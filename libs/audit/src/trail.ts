@@ -142,10 +142,9 @@ export class AuditTrail {
 
   /**
    * Resolves once every event recorded for `tenant` so far has had its first write, written or
-   * not (while no resolver takes the events handed on, it waits for one, as
-   * {@link recordAndWait} does): what a step waits for before it publishes what another
-   * process records after them, so that the chain keeps their order. At once while the
-   * tenant's writes fail: its events wait for their retries, and the step does not.
+   * not: what a step waits for before it publishes what another process records after them, so
+   * that the chain keeps their order. At once while the tenant's writes fail (no resolver
+   * taking what is handed on counts): its events wait for their retries, and the step does not.
    */
   written(tenant: string): Promise<void> {
     const chain = this.#chains.get(tenant);
