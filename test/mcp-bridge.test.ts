@@ -208,10 +208,10 @@ beforeAll(async () => {
   const files: Record<string, Record<string, unknown>> = {
     "t.yaml": stdio("t"),
     "lag.yaml": stdio("lag", { timeout_ms: 1_000, retry: { max_attempts: 1 } }),
-    // Starts (and restarts) in 1.5 s, more than its 2.5 s attempts leave to spare for 2 s of work.
+    // Starts (and restarts) in 3 s, more than its 4 s attempts leave to spare for 2 s of work.
     "rs.yaml": stdio("rs", {
-      timeout_ms: 2_500,
-      env: { MCP_TEST_NAME: "rs", MCP_TEST_RECORD: records, MCP_TEST_START_DELAY_MS: "1500" },
+      timeout_ms: 4_000,
+      env: { MCP_TEST_NAME: "rs", MCP_TEST_RECORD: records, MCP_TEST_START_DELAY_MS: "3000" },
     }),
     "lz.yaml": stdio("lz", {
       lazy: true,
@@ -552,8 +552,9 @@ describe("liveness", () => {
   it("starts a retried attempt's timeout once the killed stdio server is back", async () => {
     const before = lastReady(bridge, "rs")?.pid as number;
     const session = client.session("s-kill-slow-restart");
-    // 2 s of work in a 2.5 s attempt, after a restart of 1.5 s: only an attempt whose clock
-    // starts when the server is ready finishes it; one that waited for the restart times out.
+    // 2 s of work in a 4 s attempt, after a restart of 3 s: only an attempt whose clock starts
+    // when the server is ready finishes it (with 2 s to spare on a loaded machine); one that
+    // waited for the restart times out.
     const handle = session.submit({ name: "rs.slow", arguments: { ms: 2_000 } });
     await waitForRecord((r) => r.server === "rs" && r.event === "slow-started" && r.pid === before);
     process.kill(before, "SIGKILL");
