@@ -62,7 +62,7 @@ export class ChainWriter implements BatchWriter {
     const acks: Promise<PubAck>[] = [];
     batch.forEach((queued, i) => {
       const { record, data } = sealForStore(
-        { v: 1, id: queued.id, tenant, by: queued.by, ...queued.event },
+        Object.assign({ v: 1 as const, id: queued.id, tenant, by: queued.by }, queued.event),
         tail,
       );
       // Each event expects the stream's last sequence to be its predecessor's. The first of an

@@ -33,7 +33,11 @@ export function sealForStore(
   event: Omit<AuditRecord, "hash" | "seq" | "prev">,
   tail: ChainTail,
 ): { record: AuditRecord; data: string } {
-  const record = { ...event, seq: tail.seq + 1, prev: tail.hash } as AuditRecord;
+  // Copied by assignment: a spread into a literal with more fields after it takes V8's slow path
+  // (microseconds per event, on every call's path).
+  const record = Object.assign({}, event) as AuditRecord;
+  record.seq = tail.seq + 1;
+  record.prev = tail.hash;
   const open = canonicalOpen(record);
   // The hash is of every field but itself: added once the text is made.
   record.hash = digest("sha256", `${open}}`, "hex");

@@ -228,7 +228,8 @@ export class EndRecorder {
     // Every final message carries its id; a repeat of this one is recorded under the same.
     const id = finalEventMsgId(msg.headers?.get(Header.MsgId) || `seq:${msg.seq}`);
     const ended = EndedSchema.safeParse(parsedOrUndefined(msg.headers?.get(Header.Ended)));
-    if (ended.success) return { ...ended.data, at, id };
+    // Assigned, not spread before more fields: V8's slow path, on every call's end.
+    if (ended.success) return Object.assign(ended.data, { at, id });
     const stored = await this.#jsm.streams.getMessage(this.#subjects.streams.sessions, {
       seq: msg.seq,
     });

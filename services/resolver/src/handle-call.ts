@@ -492,17 +492,17 @@ async function recordAdmission(route: Route, held: boolean): Promise<boolean> {
   const { audit } = route.deps;
   if (audit === undefined) return true;
   const { resolved } = route;
-  const event = {
-    ...auditIds(resolved),
+  // Assigned onto the ids, not spread before more fields: V8's slow path, on every call's path.
+  const event = Object.assign(auditIds(resolved), {
     id: auditEventMsgId(AuditEventType.Admitted, route.key, route.msg.seq),
     type: AuditEventType.Admitted,
     data: {
       args_hash: route.argsHash,
-      ...audit.argumentsOf(resolved.address.tenant, resolved.arguments),
       deadline_at: resolved.deadline_at,
       held,
+      ...audit.argumentsOf(resolved.address.tenant, resolved.arguments),
     },
-  };
+  });
   if (audit.required) return audit.tryRecord(resolved.address.tenant, event);
   void audit.record(resolved.address.tenant, event);
   return true;
