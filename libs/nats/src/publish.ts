@@ -73,48 +73,8 @@ export function publishError(
     );
   }
   if (err instanceof JetStreamApiError) {
-    if (err.code === JsApiCode.StreamMessageExceedsMaximum) {
-      return new ToolmeshError(
-        ErrorCode.PayloadTooLarge,
-        "message is larger than the stream's max_msg_size",
-        {
-          details: { subject },
-          cause: err,
-        },
-      );
-    }
-    if (err.code === JsApiCode.StreamStoreFailed && PER_SUBJECT_FULL.test(err.message)) {
-      // The calls stream keeps at most TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION per session subject.
-      return new ToolmeshError(
-        ErrorCode.Overloaded,
-        "too many calls of this session are waiting to be resolved: wait for answers, then submit again",
-        { details: { subject, limit: "queued_per_session", retry_after_ms: 1000 }, cause: err },
-      );
-    }
-    if (err.code === JsApiCode.StreamStoreFailed && MESSAGES_FULL.test(err.message)) {
-      // A calls stream at its `max_msgs`: a tenant's own (TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT,
-      // ADR 0048) or the mesh's (TOOLMESH_MAX_QUEUED_CALLS); a publisher cannot tell which.
-      return new ToolmeshError(
-        ErrorCode.Overloaded,
-        "too many calls are waiting to be resolved (of this tenant, or in the whole mesh): wait for answers, then submit again",
-        { details: { subject, limit: "queued", retry_after_ms: 1000 }, cause: err },
-      );
-    }
-    if (err.code === JsApiCode.StreamStoreFailed && BYTES_FULL.test(err.message)) {
-      // A stream at its `max_bytes`: a tenant's calls stream (TOOLMESH_TENANT_STORE_BYTES), an
-      // owner's work stream, or the mesh's share of TOOLMESH_STORE_BYTES (ADR 0050).
-      return new ToolmeshError(
-        ErrorCode.Overloaded,
-        "the stream holding this message has used up its bytes: wait for answers, then submit again",
-        { details: { subject, limit: "stored_bytes", retry_after_ms: 1000 }, cause: err },
-      );
-    }
-    if (STREAM_FULL_CODES.includes(err.code)) {
-      return new ToolmeshError(ErrorCode.Overloaded, `stream refused the message: ${err.message}`, {
-        details: { subject, retry_after_ms: 1000 },
-        cause: err,
-      });
-    }
+    const refused = streamRefusal(err, subject);
+    if (refused !== undefined) return refused;
   }
   if (err instanceof RangeError) {
     // JSON.stringify ran out of stack or string length. Callers bound what they send, so this
@@ -141,6 +101,53 @@ export function publishError(
       cause: err,
     },
   );
+}
+
+/** A stream's refusal of a message as a typed error: too large, or a bound reached. */
+function streamRefusal(err: JetStreamApiError, subject: string): ToolmeshError | undefined {
+  if (err.code === JsApiCode.StreamMessageExceedsMaximum) {
+    return new ToolmeshError(
+      ErrorCode.PayloadTooLarge,
+      "message is larger than the stream's max_msg_size",
+      {
+        details: { subject },
+        cause: err,
+      },
+    );
+  }
+  if (err.code === JsApiCode.StreamStoreFailed && PER_SUBJECT_FULL.test(err.message)) {
+    // The calls stream keeps at most TOOLMESH_MAX_QUEUED_CALLS_PER_SESSION per session subject.
+    return new ToolmeshError(
+      ErrorCode.Overloaded,
+      "too many calls of this session are waiting to be resolved: wait for answers, then submit again",
+      { details: { subject, limit: "queued_per_session", retry_after_ms: 1000 }, cause: err },
+    );
+  }
+  if (err.code === JsApiCode.StreamStoreFailed && MESSAGES_FULL.test(err.message)) {
+    // A calls stream at its `max_msgs`: a tenant's own (TOOLMESH_MAX_QUEUED_CALLS_PER_TENANT,
+    // ADR 0048) or the mesh's (TOOLMESH_MAX_QUEUED_CALLS); a publisher cannot tell which.
+    return new ToolmeshError(
+      ErrorCode.Overloaded,
+      "too many calls are waiting to be resolved (of this tenant, or in the whole mesh): wait for answers, then submit again",
+      { details: { subject, limit: "queued", retry_after_ms: 1000 }, cause: err },
+    );
+  }
+  if (err.code === JsApiCode.StreamStoreFailed && BYTES_FULL.test(err.message)) {
+    // A stream at its `max_bytes`: a tenant's calls stream (TOOLMESH_TENANT_STORE_BYTES), an
+    // owner's work stream, or the mesh's share of TOOLMESH_STORE_BYTES (ADR 0050).
+    return new ToolmeshError(
+      ErrorCode.Overloaded,
+      "the stream holding this message has used up its bytes: wait for answers, then submit again",
+      { details: { subject, limit: "stored_bytes", retry_after_ms: 1000 }, cause: err },
+    );
+  }
+  if (STREAM_FULL_CODES.includes(err.code)) {
+    return new ToolmeshError(ErrorCode.Overloaded, `stream refused the message: ${err.message}`, {
+      details: { subject, retry_after_ms: 1000 },
+      cause: err,
+    });
+  }
+  return undefined;
 }
 
 /**

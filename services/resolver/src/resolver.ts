@@ -159,12 +159,7 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     maxResultBytes: options.maxResultBytes,
   });
   const approvals = await openApprovals(options, plane, metrics);
-  // Every final message the sessions stream stores is recorded as its call's end (ADR 0068).
-  const ends =
-    options.audit &&
-    (await EndRecorder.start(nc, subjects, options.audit, log.child({ part: "audit" }), {
-      observer: metrics,
-    }));
+  const ends = await recordEnds(options, metrics);
   const deps: ResolverDeps = {
     subjects,
     registry,
@@ -212,6 +207,20 @@ export async function startResolver(options: ResolverOptions): Promise<Resolver>
     ends,
     stopWatching,
     stopReportingQuotas,
+  });
+}
+
+/**
+ * With a trail, records every final message the sessions stream stores as its call's end (ADR
+ * 0068); started once that stream exists.
+ */
+async function recordEnds(
+  { nc, subjects, audit, log }: ResolverOptions,
+  metrics: ToolmeshMetrics,
+): Promise<EndRecorder | undefined> {
+  if (audit === undefined) return undefined;
+  return EndRecorder.start(nc, subjects, audit, log.child({ part: "audit" }), {
+    observer: metrics,
   });
 }
 
