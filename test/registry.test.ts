@@ -7,7 +7,10 @@ import { ToolNameCollisionError, ToolRegistry } from "@toolmesh/registry";
 import type { CompiledTool, RegistryListener, RegistryLog } from "@toolmesh/registry";
 import { ErrorCode, ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
 import type { Subjects, ToolDefinitionInput } from "@toolmesh/protocol";
+import { retryWhileUnavailable, unavailableKind } from "@toolmesh/nats";
 import { startNatsServer } from "./helpers/nats-server.js";
+import type { Delivered } from "./helpers/nats-frames.js";
+import { startTcpProxy } from "./helpers/tcp-proxy.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
 let server: NatsServerHandle;
@@ -421,5 +424,72 @@ describe("ToolRegistry against a real nats-server", () => {
     await within(gone, 10_000, "the overwritten entry's removal");
     expect(registry.get("other")).toBeUndefined();
     expect(await registry.fetch("other")).toBeUndefined();
+  });
+});
+
+describe("the watcher's first load", () => {
+  /**
+   * What a watcher's consumer sends: a stored message (its reply an acknowledgement subject) or
+   * a heartbeat to its delivery subject (`<inbox>.<serial>`), not a request's reply.
+   */
+  const fromConsumer = ({ subject, reply }: Delivered): boolean =>
+    reply?.startsWith("$JS.ACK.") === true || /^_INBOX\.[^.]+\.\d+$/.test(subject);
+
+  it("gives up a watcher that delivers nothing with a retryable timeout, and opens once deliveries come", async () => {
+    const subjects = freshSubjects();
+    await (await open(subjects)).register(tool("echo", "exec-a"));
+    let losing = true;
+    const proxy = await startTcpProxy(server.port, {
+      dropDelivered: (message) => losing && fromConsumer(message),
+    });
+    const lossy = await connect({ servers: `127.0.0.1:${String(proxy.port)}` });
+    try {
+      const options = { subjects, log: fakeLog(), watchStallMs: 500 };
+      const err = await within(rejection(ToolRegistry.open(lossy, options)), 10_000, "open");
+      expect(String(err)).toMatch(/delivered nothing for 500 ms after 0 entries/);
+      expect(unavailableKind(err)).toBe("timeout");
+      // The runtime's way of opening: told once, tried again, open once deliveries come.
+      const retries: string[] = [];
+      const registry = await within(
+        retryWhileUnavailable(() => ToolRegistry.open(lossy, options), {
+          what: "open the tool registry",
+          onRetry: (kind) => {
+            retries.push(kind);
+            losing = false;
+          },
+        }),
+        20_000,
+        "open again",
+      );
+      opened.push(registry);
+      expect(retries).toEqual(["timeout"]);
+      expect(registry.get("echo")?.definition.owner).toBe("exec-a");
+    } finally {
+      await lossy.close();
+      await proxy.close();
+    }
+  });
+
+  it("fails at once, not retryable, when the watcher stops before delivering (a connection that may not subscribe to its inbox)", async () => {
+    const narrow = await startNatsServer({
+      config:
+        'authorization { users: [{ user: "r", password: "r", permissions: { subscribe: { allow: ">", deny: "_INBOX.*.1" } } }] }\n',
+    });
+    const nr = await connect({ servers: narrow.url, user: "r", pass: "r" });
+    try {
+      const subjects = freshSubjects();
+      const writer = await ToolRegistry.open(nr, { subjects, log: fakeLog(), watch: false });
+      await writer.register(tool("echo", "exec-a"));
+      const err = await within(
+        rejection(ToolRegistry.open(nr, { subjects, log: fakeLog() })),
+        10_000,
+        "open",
+      );
+      expect(String(err)).toMatch(/stopped after 0 entries.*may subscribe to its own inbox/);
+      expect(unavailableKind(err)).toBeUndefined();
+    } finally {
+      await nr.close();
+      await narrow.stop();
+    }
   });
 });

@@ -1,4 +1,5 @@
 import { createServer, connect, type Server, type Socket } from "node:net";
+import { DeliveryFilter, type Delivered } from "./nats-frames.js";
 
 /** A TCP forwarder whose link can be cut and restored, to drop a connection on purpose. */
 export interface TcpProxy {
@@ -11,8 +12,20 @@ export interface TcpProxy {
   close(): Promise<void>;
 }
 
+/** Options of {@link startTcpProxy}. */
+export interface TcpProxyOptions {
+  /**
+   * Leaves out the server's messages this picks (asked per message, so a test may change its
+   * answer): deliveries lost on the way while the connection stays up.
+   */
+  dropDelivered?: (message: Delivered) => boolean;
+}
+
 /** Forwards 127.0.0.1:<random port> to 127.0.0.1:`targetPort`. */
-export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
+export async function startTcpProxy(
+  targetPort: number,
+  options: TcpProxyOptions = {},
+): Promise<TcpProxy> {
   const sockets = new Set<Socket>();
   const track = (socket: Socket): void => {
     sockets.add(socket);
@@ -23,7 +36,10 @@ export async function startTcpProxy(targetPort: number): Promise<TcpProxy> {
       const outbound = connect(targetPort, "127.0.0.1");
       track(inbound);
       track(outbound);
-      inbound.pipe(outbound).pipe(inbound);
+      inbound.pipe(outbound);
+      const drop = options.dropDelivered;
+      if (drop === undefined) outbound.pipe(inbound);
+      else outbound.pipe(new DeliveryFilter(drop)).pipe(inbound);
       inbound.on("error", () => outbound.destroy());
       outbound.on("error", () => inbound.destroy());
     });

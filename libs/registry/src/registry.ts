@@ -15,6 +15,7 @@ import {
 } from "@toolmesh/protocol";
 import type { CompiledTool } from "./compile.js";
 import { compileTool } from "./compile.js";
+import { FirstLoad } from "./first-load.js";
 import type { RegistrationLimits } from "./limits.js";
 import { DEFAULT_REGISTRATION_LIMITS, checkOwnerRoom, checkToolSize } from "./limits.js";
 
@@ -58,7 +59,15 @@ export interface RegistryOptions {
   existing?: EnsureOptions["existing"];
   /** What one registration may hold (ADR 0049). Default {@link DEFAULT_REGISTRATION_LIMITS}. */
   limits?: Partial<RegistrationLimits>;
+  /**
+   * How long the watcher's first load may go without delivering an entry before `open` gives it
+   * up with a retryable timeout (`retryWhileUnavailable` opens again). Default 15 s: three of
+   * the watcher's 5 s heartbeats.
+   */
+  watchStallMs?: number;
 }
+
+const DEFAULT_WATCH_STALL_MS = 15_000;
 
 /**
  * The tool registry: one KV entry per tool, keyed by {@link Subjects.registryKey}. Every service
@@ -99,7 +108,8 @@ export class ToolRegistry {
     const kv = await openBucket(nc, jsm, spec, { existing: options.existing ?? "update" });
     const limits = { ...DEFAULT_REGISTRATION_LIMITS, ...options.limits };
     const registry = new ToolRegistry(kv, jsm, options.log, options.subjects, limits);
-    if (options.watch !== false) await registry.#startWatch();
+    if (options.watch !== false)
+      await registry.#startWatch(options.watchStallMs ?? DEFAULT_WATCH_STALL_MS);
     return registry;
   }
 
@@ -288,22 +298,29 @@ export class ToolRegistry {
     this.#watcher?.stop();
   }
 
-  async #startWatch(): Promise<void> {
+  /**
+   * Starts the watcher and waits until it has delivered the entries present now ({@link FirstLoad});
+   * a watcher that stalls or stops first is stopped and its failure thrown.
+   */
+  async #startWatch(stallMs: number): Promise<void> {
     const status = await this.#kv.status();
-    let markReady!: () => void;
-    const ready = new Promise<void>((resolve) => {
-      markReady = resolve;
-    });
-    if (status.values === 0) markReady();
-    this.#watcher = await this.#kv.watch();
-    const watcher = this.#watcher;
+    const watcher = await this.#kv.watch();
+    this.#watcher = watcher;
+    const load = status.values === 0 ? undefined : new FirstLoad(status.bucket, stallMs);
     void (async () => {
       for await (const entry of watcher) {
         this.#apply(entry);
-        if (entry.delta === 0 || entry.isUpdate) markReady();
+        load?.saw(entry.delta === 0 || entry.isUpdate);
       }
+      load?.ended();
     })();
-    await ready;
+    try {
+      await load?.done;
+    } catch (err) {
+      watcher.stop();
+      this.#watcher = undefined;
+      throw err;
+    }
   }
 
   #apply(entry: KvWatchEntry): void {
