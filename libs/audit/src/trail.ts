@@ -190,9 +190,10 @@ export class AuditTrail {
   /** Records `event`; resolves with how its first write went (withdrawn when it failed, if so). */
   #recordFirst(tenant: string, event: AuditEventInput, withdrawOnFailure: boolean) {
     return new Promise<boolean>((resolve) => {
-      const pending = this.#pending(event, withdrawOnFailure, () => undefined);
-      pending.first = resolve;
-      this.#enqueue(tenant, pending);
+      this.#enqueue(
+        tenant,
+        this.#pending(event, withdrawOnFailure, () => undefined, resolve),
+      );
     });
   }
 
@@ -365,6 +366,7 @@ export class AuditTrail {
     { id, by, ...event }: AuditEventInput,
     withdrawOnFailure: boolean,
     done: () => void,
+    first?: (written: boolean) => void,
   ): Pending {
     return {
       event,
@@ -372,6 +374,7 @@ export class AuditTrail {
       by: by ?? this.#options.writer,
       withdrawOnFailure,
       done,
+      first,
     };
   }
 }
