@@ -10,14 +10,14 @@
 // aim: throughput ≥ 0.85 of off, p50 at most 0.3 ms more.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { createSubjects } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import { closedLoop, fastest, median, phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     smoke: { type: "boolean", default: false },
     out: { type: "string" },

@@ -13,7 +13,7 @@
 // `git worktree` of main), for before/after figures from one run; it does not decide the verdict.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { fileURLToPath } from "node:url";
 import { performance } from "node:perf_hooks";
 import { createSubjects } from "@toolmesh/protocol";
@@ -23,7 +23,7 @@ import { newHistogram, round, summarize } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     smoke: { type: "boolean", default: false },
     out: { type: "string", default: join(HERE, "results") },

@@ -14,10 +14,10 @@
 // --mesh-limits: also a gateway counting per-credential limits mesh-wide (TOOLMESH_GATEWAY_LIMITS=mesh),
 //   driven by the JSON-RPC client in both eras as M+gateway-http-mesh-limits (and -2026).
 import { performance } from "node:perf_hooks";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { cpuSeconds, newHistogram, sequential, summarize } from "./lib/measure.mjs";
 import { payloadOf, startMesh } from "./lib/systems.mjs";
-const { values: flags, positionals } = parseArgs({
+const { values: flags, positionals } = benchFlags({
   options: { "compare-root": { type: "string" }, "mesh-limits": { type: "boolean" } },
   allowPositionals: true,
 });

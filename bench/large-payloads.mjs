@@ -12,7 +12,7 @@
 // medians of its rounds. Writes large-payloads.json to --out (default bench/results/).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { fileURLToPath } from "node:url";
 import { performance } from "node:perf_hooks";
 import { ToolmeshClient } from "@toolmesh/client";
@@ -20,7 +20,7 @@ import { costPerCall, median, round, snapshot } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     smoke: { type: "boolean", default: false },
     bytes: { type: "string", default: String(500 * 1024) },

@@ -6,11 +6,11 @@
 import { mkdtempSync, readFileSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { setTimeout as delay } from "node:timers/promises";
 import { startMesh } from "./lib/systems.mjs";
 
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     calls: { type: "string", default: "200" },
     "settle-ms": { type: "string", default: "5000" },

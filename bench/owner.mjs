@@ -12,13 +12,13 @@
 // Usage: node bench/owner.mjs [--rounds 2] [--calls 300] [--seconds 5] [--paths plain,mesh,owner]
 //        [--tap]
 import { loadavg } from "node:os";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { connect } from "@nats-io/transport-node";
 import { Defaults } from "@toolmesh/protocol";
 import { startMesh } from "./lib/systems.mjs";
 import { closedLoop, costPerCall, median, round, sequential, snapshot } from "./lib/measure.mjs";
 
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     rounds: { type: "string", default: "2" },
     calls: { type: "string", default: "300" },

@@ -10,13 +10,13 @@
 // in full: the worst case of the decision cache. Prints one JSON line with both sides and the
 // ratios; one of the 50 is an `@approval` permit for another tool, so the calls measured pay for
 // an approvals policy being present. Aim: throughput ≥ 0.9 of no policy, p50 at most 0.2 ms more.
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { createSubjects } from "@toolmesh/protocol";
 import { PolicyStore, openPolicyBucket } from "@toolmesh/policy";
 import { fastest, median, phase, round } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: { smoke: { type: "boolean", default: false }, "cpu-prof": { type: "string" } },
 });
 const log = (...a) => process.stderr.write(`${a.join(" ")}\n`);

@@ -8,14 +8,14 @@
 import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { createSubjects } from "@toolmesh/protocol";
 import { ensureStream, tenantAuditStreamSpec } from "@toolmesh/nats";
 import { closedLoop } from "./lib/measure.mjs";
 import { payloadOf, startMesh } from "./lib/systems.mjs";
 
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     seconds: { type: "string", default: "10" },
     dir: { type: "string", default: join(tmpdir(), `toolmesh-profile-${process.pid}`) },

@@ -6,14 +6,14 @@
 import { spawn } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { closedLoop, median, round, sequential } from "./lib/measure.mjs";
 
 const ratio = (x) => round(x, 2);
 import { payloadOf, startMesh } from "./lib/systems.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     smoke: { type: "boolean", default: false },
     python: {

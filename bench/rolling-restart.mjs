@@ -25,7 +25,7 @@ import { createServer } from "node:http";
 import { loadavg, tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { setTimeout as sleep } from "node:timers/promises";
 import { clearInterval, setInterval } from "node:timers";
 import { BasicTracerProvider } from "@opentelemetry/sdk-trace-base";
@@ -35,7 +35,7 @@ import { startNatsCluster, streamLeader, stopAll } from "@toolmesh/nats-launcher
 import { createSubjects } from "@toolmesh/protocol";
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     server: { type: "string", default: process.env.TOOLMESH_TEST_NATS_SERVER || "nats-server" },
     rate: { type: "string", default: "40" },

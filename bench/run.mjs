@@ -9,7 +9,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtempSync, rmSync, writeFileSync as writeFile } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { fileURLToPath } from "node:url";
 import { setTimeout as delay } from "node:timers/promises";
 import { performance } from "node:perf_hooks";
@@ -36,7 +36,7 @@ import {
 import { checkThresholds, writeReport } from "./lib/report.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     smoke: { type: "boolean", default: false },
     out: { type: "string", default: join(HERE, "results") },

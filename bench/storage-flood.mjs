@@ -26,7 +26,7 @@
 // a second (a client honouring retry_after_ms, capped) before calling again.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { parseArgs } from "node:util";
+import { benchFlags } from "./lib/flags.mjs";
 import { fileURLToPath } from "node:url";
 import { performance } from "node:perf_hooks";
 import { clearInterval, setInterval } from "node:timers";
@@ -39,7 +39,7 @@ import { newHistogram, round, summarize } from "./lib/measure.mjs";
 import { startMesh } from "./lib/systems.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const { values: flags } = parseArgs({
+const { values: flags } = benchFlags({
   options: {
     smoke: { type: "boolean", default: false },
     out: { type: "string", default: join(HERE, "results") },
