@@ -7,7 +7,7 @@ import { ToolNameCollisionError, ToolRegistry } from "@toolmesh/registry";
 import type { CompiledTool, RegistryListener, RegistryLog } from "@toolmesh/registry";
 import { ErrorCode, ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
 import type { Subjects, ToolDefinitionInput } from "@toolmesh/protocol";
-import { retryWhileUnavailable, unavailableKind } from "@toolmesh/nats";
+import { unavailableKind, watchLoaded } from "@toolmesh/nats";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { Delivered } from "./helpers/nats-frames.js";
 import { startTcpProxy } from "./helpers/tcp-proxy.js";
@@ -435,7 +435,7 @@ describe("the watcher's first load", () => {
   const fromConsumer = ({ subject, reply }: Delivered): boolean =>
     reply?.startsWith("$JS.ACK.") === true || /^_INBOX\.[^.]+\.\d+$/.test(subject);
 
-  it("gives up a watcher that delivers nothing with a retryable timeout, and opens once deliveries come", async () => {
+  it("starts another watcher, with a warning, when one delivers nothing, and opens once deliveries come", async () => {
     const subjects = freshSubjects();
     await (await open(subjects)).register(tool("echo", "exec-a"));
     let losing = true;
@@ -444,26 +444,38 @@ describe("the watcher's first load", () => {
     });
     const lossy = await connect({ servers: `127.0.0.1:${String(proxy.port)}` });
     try {
-      const options = { subjects, log: fakeLog(), watchStallMs: 500 };
-      const err = await within(rejection(ToolRegistry.open(lossy, options)), 10_000, "open");
-      expect(String(err)).toMatch(/delivered nothing for 500 ms after 0 entries/);
-      expect(unavailableKind(err)).toBe("timeout");
-      // The runtime's way of opening: told once, tried again, open once deliveries come.
-      const retries: string[] = [];
-      const registry = await within(
-        retryWhileUnavailable(() => ToolRegistry.open(lossy, options), {
-          what: "open the tool registry",
-          onRetry: (kind) => {
-            retries.push(kind);
-            losing = false;
-          },
-        }),
-        20_000,
-        "open again",
-      );
+      const log = fakeLog();
+      log.warn.mockImplementation(() => {
+        losing = false;
+      });
+      const opening = ToolRegistry.open(lossy, { subjects, log, watchStallMs: 500 });
+      const registry = await within(opening, 20_000, "open");
       opened.push(registry);
-      expect(retries).toEqual(["timeout"]);
+      expect(log.warn.mock.calls).toEqual([
+        [
+          {
+            bucket: subjects.registryBucket,
+            kind: "timeout",
+            reason:
+              "the watcher to load the tool registry delivered nothing for 500 ms after 0 entries",
+          },
+          "bucket cannot be read yet (timeout); trying again",
+        ],
+      ]);
       expect(registry.get("echo")?.definition.owner).toBe("exec-a");
+      // A watcher that stays silent is given up for good once the budget is spent.
+      losing = true;
+      const kv = await new Kvm(lossy).open(subjects.registryBucket);
+      const silent = watchLoaded(kv, () => undefined, {
+        stored: 1,
+        what: "load the tool registry",
+        stallMs: 300,
+        budgetMs: 1_500,
+      });
+      const err = await within(rejection(silent), 10_000, "give up");
+      expect(String(err)).toMatch(
+        /cannot load the tool registry within 1500 ms \(timeout: the watcher to load the tool registry delivered nothing for 300 ms after 0 entries\)/,
+      );
     } finally {
       await lossy.close();
       await proxy.close();
@@ -485,7 +497,9 @@ describe("the watcher's first load", () => {
         10_000,
         "open",
       );
-      expect(String(err)).toMatch(/stopped after 0 entries.*may subscribe to its own inbox/);
+      expect(String(err)).toMatch(
+        /the watcher to load the tool registry stopped after 0 entries.*may subscribe to its own inbox/,
+      );
       expect(unavailableKind(err)).toBeUndefined();
     } finally {
       await nr.close();

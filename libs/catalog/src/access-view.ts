@@ -5,6 +5,7 @@ import type { SessionAddress, ToolDefinition, ToolmeshError } from "@toolmesh/pr
 import type { AgentProfile } from "./config.js";
 import type { GroupSwitches, SessionPolicy } from "./policy.js";
 import { checkToolAccess } from "./policy.js";
+import { warnUnavailable, watchLoaded } from "@toolmesh/nats";
 import type { StateStore } from "./state.js";
 import { decodePolicy, decodeTenantGroups } from "./state.js";
 
@@ -18,6 +19,8 @@ export interface AccessViewOptions {
   /** The configured agents (see `loadCatalogConfig`). */
   agents: ReadonlyMap<string, AgentProfile>;
   log: AccessViewLog;
+  /** How long a watcher's first load may stay silent before another is started; default 15 s. */
+  stallMs?: number;
 }
 
 interface CachedPolicy {
@@ -66,8 +69,18 @@ export class AccessView {
     });
     const policyKeys = Object.keys(sessionsInfo.state.subjects ?? {}).length;
     await Promise.all([
-      view.#watch(store.groups, ">", groupsStatus.values, (entry) => view.#applyTenant(entry)),
-      view.#watch(store.sessions, policies, policyKeys, (entry) => view.#applyPolicy(entry)),
+      view.#watch(
+        store.groups,
+        groupsStatus.bucket,
+        { key: ">", stored: groupsStatus.values, stallMs: options.stallMs },
+        (e) => view.#applyTenant(e),
+      ),
+      view.#watch(
+        store.sessions,
+        store.subjects.sessionsBucket,
+        { key: policies, stored: policyKeys, stallMs: options.stallMs },
+        (e) => view.#applyPolicy(e),
+      ),
     ]);
     return view;
   }
@@ -113,30 +126,28 @@ export class AccessView {
     for (const watcher of this.#watchers) watcher.stop();
   }
 
+  /** Watches `key` of `kv` (the bucket named `bucket`, `stored` entries under it now). */
   async #watch(
     kv: KV,
-    key: string,
-    expected: number,
+    bucket: string,
+    { key, stored, stallMs }: { key: string; stored: number; stallMs: number | undefined },
     apply: (entry: KvWatchEntry) => void,
   ): Promise<void> {
-    let markReady!: () => void;
-    const ready = new Promise<void>((resolve) => {
-      markReady = resolve;
-    });
-    if (expected === 0) markReady();
-    const watcher = await kv.watch({ key });
-    this.#watchers.push(watcher);
-    void (async () => {
-      for await (const entry of watcher) {
-        try {
-          apply(entry);
-        } catch (err) {
-          this.#log.warn({ key: entry.key, err }, "ignoring a state entry that cannot be read");
-        }
-        if (entry.delta === 0 || entry.isUpdate) markReady();
+    const safely = (entry: KvWatchEntry): void => {
+      try {
+        apply(entry);
+      } catch (err) {
+        this.#log.warn({ key: entry.key, err }, "ignoring a state entry that cannot be read");
       }
-    })();
-    await ready;
+    };
+    const watcher = await watchLoaded(kv, safely, {
+      key,
+      stored,
+      what: `load the state of bucket ${bucket}`,
+      ...(stallMs !== undefined && { stallMs }),
+      onRetry: warnUnavailable(this.#log, bucket, "bucket"),
+    });
+    this.#watchers.push(watcher);
   }
 
   #applyTenant(entry: KvWatchEntry): void {

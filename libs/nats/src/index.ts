@@ -11,6 +11,8 @@ export { followStatus } from "./status.js";
 export type { StatusHandlers } from "./status.js";
 export { JsApiCode, STREAM_FULL_CODES, isWrongLastSequence } from "./api-codes.js";
 export { modifyKvEntry } from "./kv-modify.js";
+export { watchLoaded } from "./kv-watch.js";
+export type { WatchLoadedOptions } from "./kv-watch.js";
 export { nextMessage, scanBucket } from "./stream-scan.js";
 export type { ScannedEntry } from "./stream-scan.js";
 export {

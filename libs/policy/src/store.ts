@@ -3,7 +3,8 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import type { Subjects } from "@toolmesh/protocol";
 import { subjectToken } from "@toolmesh/protocol";
-import { meshPlan, openBucket } from "@toolmesh/nats";
+import type { WatchLoadedOptions } from "@toolmesh/nats";
+import { meshPlan, openBucket, warnUnavailable, watchLoaded } from "@toolmesh/nats";
 import { CompiledPolicySet } from "./policy-set.js";
 import { PolicyDecider } from "./decider.js";
 
@@ -76,6 +77,7 @@ export class PolicyStore {
 /** Where the view reports what it applied and what it could not. */
 export interface PolicyViewLog {
   info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
   error(obj: object, msg: string): void;
 }
 
@@ -87,31 +89,29 @@ export interface PolicyViewLog {
 export class PolicyView {
   /** The decider the watched sets are applied to. */
   readonly decider: PolicyDecider;
-  readonly #watcher: QueuedIterator<KvWatchEntry>;
+  #watcher: QueuedIterator<KvWatchEntry> | undefined;
   readonly #log: PolicyViewLog;
   readonly #changes = new Set<(key: string, revision: number) => void>();
 
-  private constructor(watcher: QueuedIterator<KvWatchEntry>, log: PolicyViewLog) {
-    this.#watcher = watcher;
+  private constructor(log: PolicyViewLog) {
     this.#log = log;
     this.decider = new PolicyDecider();
   }
 
   /** Loads every set and keeps watching the bucket. */
-  static async open(kv: KV, log: PolicyViewLog): Promise<PolicyView> {
-    const status = await kv.status();
-    const watcher = await kv.watch({ key: ">" });
-    const view = new PolicyView(watcher, log);
-    let markReady!: () => void;
-    const ready = new Promise<void>((resolve) => (markReady = resolve));
-    if (status.values === 0) markReady();
-    void (async () => {
-      for await (const entry of watcher) {
-        view.#apply(entry);
-        if (entry.delta === 0 || entry.isUpdate) markReady();
-      }
-    })();
-    await ready;
+  static async open(
+    kv: KV,
+    log: PolicyViewLog,
+    options: Pick<WatchLoadedOptions, "stallMs"> = {},
+  ): Promise<PolicyView> {
+    const { bucket, values } = await kv.status();
+    const view = new PolicyView(log);
+    view.#watcher = await watchLoaded(kv, (entry) => view.#apply(entry), {
+      ...options,
+      stored: values,
+      what: "load the policy sets",
+      onRetry: warnUnavailable(log, bucket, "bucket"),
+    });
     return view;
   }
 
@@ -123,7 +123,7 @@ export class PolicyView {
 
   /** Stops watching. */
   close(): void {
-    this.#watcher.stop();
+    this.#watcher?.stop();
   }
 
   #apply(entry: KvWatchEntry): void {

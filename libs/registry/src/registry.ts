@@ -3,7 +3,14 @@ import type { KV, KvWatchEntry } from "@nats-io/kv";
 import type { JetStreamManager } from "@nats-io/jetstream";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions } from "@toolmesh/nats";
-import { isWrongLastSequence, meshPlan, openBucket, scanBucket } from "@toolmesh/nats";
+import {
+  isWrongLastSequence,
+  meshPlan,
+  openBucket,
+  scanBucket,
+  warnUnavailable,
+  watchLoaded,
+} from "@toolmesh/nats";
 import type { ToolDefinition, ToolDefinitionInput, Subjects } from "@toolmesh/protocol";
 import {
   ErrorCode,
@@ -15,7 +22,6 @@ import {
 } from "@toolmesh/protocol";
 import type { CompiledTool } from "./compile.js";
 import { compileTool } from "./compile.js";
-import { FirstLoad } from "./first-load.js";
 import type { RegistrationLimits } from "./limits.js";
 import { DEFAULT_REGISTRATION_LIMITS, checkOwnerRoom, checkToolSize } from "./limits.js";
 
@@ -60,14 +66,11 @@ export interface RegistryOptions {
   /** What one registration may hold (ADR 0049). Default {@link DEFAULT_REGISTRATION_LIMITS}. */
   limits?: Partial<RegistrationLimits>;
   /**
-   * How long the watcher's first load may go without delivering an entry before `open` gives it
-   * up with a retryable timeout (`retryWhileUnavailable` opens again). Default 15 s: three of
-   * the watcher's 5 s heartbeats.
+   * How long the watcher's first load may go without delivering an entry before another watcher
+   * is started ({@link watchLoaded}). Default 15 s.
    */
   watchStallMs?: number;
 }
-
-const DEFAULT_WATCH_STALL_MS = 15_000;
 
 /**
  * The tool registry: one KV entry per tool, keyed by {@link Subjects.registryKey}. Every service
@@ -108,8 +111,7 @@ export class ToolRegistry {
     const kv = await openBucket(nc, jsm, spec, { existing: options.existing ?? "update" });
     const limits = { ...DEFAULT_REGISTRATION_LIMITS, ...options.limits };
     const registry = new ToolRegistry(kv, jsm, options.log, options.subjects, limits);
-    if (options.watch !== false)
-      await registry.#startWatch(options.watchStallMs ?? DEFAULT_WATCH_STALL_MS);
+    if (options.watch !== false) await registry.#startWatch(options.watchStallMs);
     return registry;
   }
 
@@ -298,29 +300,15 @@ export class ToolRegistry {
     this.#watcher?.stop();
   }
 
-  /**
-   * Starts the watcher and waits until it has delivered the entries present now ({@link FirstLoad});
-   * a watcher that stalls or stops first is stopped and its failure thrown.
-   */
-  async #startWatch(stallMs: number): Promise<void> {
-    const status = await this.#kv.status();
-    const watcher = await this.#kv.watch();
-    this.#watcher = watcher;
-    const load = status.values === 0 ? undefined : new FirstLoad(status.bucket, stallMs);
-    void (async () => {
-      for await (const entry of watcher) {
-        this.#apply(entry);
-        load?.saw(entry.delta === 0 || entry.isUpdate);
-      }
-      load?.ended();
-    })();
-    try {
-      await load?.done;
-    } catch (err) {
-      watcher.stop();
-      this.#watcher = undefined;
-      throw err;
-    }
+  /** Starts the watcher; resolves once it has delivered every tool stored now. */
+  async #startWatch(stallMs: number | undefined): Promise<void> {
+    const { values } = await this.#kv.status();
+    this.#watcher = await watchLoaded(this.#kv, (entry) => this.#apply(entry), {
+      stored: values,
+      what: "load the tool registry",
+      ...(stallMs === undefined ? {} : { stallMs }),
+      onRetry: warnUnavailable(this.#log, this.#subjects.registryBucket, "bucket"),
+    });
   }
 
   #apply(entry: KvWatchEntry): void {

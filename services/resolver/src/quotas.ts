@@ -3,7 +3,7 @@ import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import type { Quota, Subjects } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError, decodeJson, subjectToken } from "@toolmesh/protocol";
-import { modifyKvEntry } from "@toolmesh/nats";
+import { modifyKvEntry, warnUnavailable, watchLoaded } from "@toolmesh/nats";
 import type { Logger } from "@toolmesh/telemetry";
 import type { ScopedQuota } from "@toolmesh/catalog";
 import type { Usage, UsageEntry } from "@toolmesh/catalog/internal";
@@ -28,32 +28,25 @@ export class QuotaView {
   // Tenant token → how many of its scopes have a quota: the hot path's only question for a
   // tenant without one.
   readonly #tenants = new Map<string, number>();
-  readonly #watcher: QueuedIterator<KvWatchEntry>;
+  #watcher: QueuedIterator<KvWatchEntry> | undefined;
   readonly #changes = new Set<(key: string) => void>();
-
-  private constructor(watcher: QueuedIterator<KvWatchEntry>) {
-    this.#watcher = watcher;
-  }
 
   /** Loads every quota and keeps watching the bucket. */
   static async open(kv: KV, log: Logger): Promise<QuotaView> {
-    const status = await kv.status();
-    const watcher = await kv.watch({ key: ">" });
-    const view = new QuotaView(watcher);
-    let markReady!: () => void;
-    const ready = new Promise<void>((resolve) => (markReady = resolve));
-    if (status.values === 0) markReady();
-    void (async () => {
-      for await (const entry of watcher) {
-        try {
-          view.#apply(entry);
-        } catch (err) {
-          log.warn({ key: entry.key, err }, "ignoring a quota that cannot be read");
-        }
-        if (entry.delta === 0 || entry.isUpdate) markReady();
+    const { bucket, values } = await kv.status();
+    const view = new QuotaView();
+    const apply = (entry: KvWatchEntry): void => {
+      try {
+        view.#apply(entry);
+      } catch (err) {
+        log.warn({ key: entry.key, err }, "ignoring a quota that cannot be read");
       }
-    })();
-    await ready;
+    };
+    view.#watcher = await watchLoaded(kv, apply, {
+      stored: values,
+      what: "load the quotas",
+      onRetry: warnUnavailable(log, bucket, "bucket"),
+    });
     return view;
   }
 
@@ -89,7 +82,7 @@ export class QuotaView {
 
   /** Stops watching. */
   close(): void {
-    this.#watcher.stop();
+    this.#watcher?.stop();
   }
 
   #apply(entry: KvWatchEntry): void {
