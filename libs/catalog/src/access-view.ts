@@ -2,10 +2,10 @@ import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { SessionAddress, ToolDefinition, ToolmeshError } from "@toolmesh/protocol";
+import { warnUnavailable, watchLoaded } from "@toolmesh/nats";
 import type { AgentProfile } from "./config.js";
 import type { GroupSwitches, SessionPolicy } from "./policy.js";
 import { checkToolAccess } from "./policy.js";
-import { warnUnavailable, watchLoaded } from "@toolmesh/nats";
 import type { StateStore } from "./state.js";
 import { decodePolicy, decodeTenantGroups } from "./state.js";
 
