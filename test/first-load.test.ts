@@ -4,13 +4,17 @@ import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import type { Mock } from "vitest";
 import { connect } from "@nats-io/transport-node";
 import type { NatsConnection } from "@nats-io/nats-core";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
 import { AccessView, StateStore } from "@toolmesh/catalog";
+import { watchLoaded } from "@toolmesh/nats";
 import { PolicyStore, PolicyView, openPolicyBucket } from "@toolmesh/policy";
 import { createSubjects } from "@toolmesh/protocol";
 import type { Subjects } from "@toolmesh/protocol";
+import { within } from "./helpers/eventually.js";
 import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
-import type { Delivered } from "./helpers/nats-frames.js";
+import { fromConsumer } from "./helpers/nats-frames.js";
 import { startTcpProxy } from "./helpers/tcp-proxy.js";
 import type { TcpProxy } from "./helpers/tcp-proxy.js";
 
@@ -26,14 +30,6 @@ afterAll(async () => {
   await nc?.close();
   await server?.stop();
 });
-
-/**
- * What a watcher's consumer sends: a stored message (its reply an acknowledgement subject) or a
- * heartbeat to its delivery subject (`<inbox>.<serial>`), not a request's reply.
- */
-function fromConsumer({ subject, reply }: Delivered): boolean {
-  return reply?.startsWith("$JS.ACK.") === true || /^_INBOX\.[^.]+\.\d+$/.test(subject);
-}
 
 /**
  * A connection that loses its watchers' deliveries until `log.warn` is first called, and that
@@ -60,6 +56,39 @@ function freshSubjects(): Subjects {
 }
 
 describe("a watcher that delivers nothing on first load", () => {
+  it("is replaced by one that counts the stored entries again (a bucket emptied meanwhile loads at once)", async () => {
+    const bucket = `fl${Math.random().toString(36).slice(2, 8)}`;
+    await (await new Kvm(nc).create(bucket)).put("a", "1");
+    const proxy = await startTcpProxy(server.port, { dropDelivered: fromConsumer });
+    const lossy = await connect({ servers: `127.0.0.1:${String(proxy.port)}` });
+    try {
+      const kv = await new Kvm(lossy).open(bucket);
+      const jsm = await jetstreamManager(nc);
+      const applied: string[] = [];
+      const retries: string[] = [];
+      let emptied: Promise<unknown> = Promise.resolve();
+      const watcher = await within(
+        watchLoaded(kv, (entry) => applied.push(entry.key), {
+          what: "load the bucket",
+          stallMs: 500,
+          onRetry: (kind) => {
+            retries.push(kind);
+            emptied = jsm.streams.purge(`KV_${bucket}`);
+          },
+        }),
+        10_000,
+        "load",
+      );
+      watcher.stop();
+      await emptied;
+      expect(retries).toEqual(["timeout"]);
+      expect(applied).toEqual([]);
+    } finally {
+      await lossy.close();
+      await proxy.close();
+    }
+  });
+
   it("is replaced, with one warning, for the policy sets", async () => {
     const subjects = freshSubjects();
     await new PolicyStore(await openPolicyBucket(nc, { subjects })).set(

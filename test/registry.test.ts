@@ -8,8 +8,9 @@ import type { CompiledTool, RegistryListener, RegistryLog } from "@toolmesh/regi
 import { ErrorCode, ToolmeshError, createSubjects, subjectToken } from "@toolmesh/protocol";
 import type { Subjects, ToolDefinitionInput } from "@toolmesh/protocol";
 import { unavailableKind, watchLoaded } from "@toolmesh/nats";
+import { within } from "./helpers/eventually.js";
 import { startNatsServer } from "./helpers/nats-server.js";
-import type { Delivered } from "./helpers/nats-frames.js";
+import { fromConsumer } from "./helpers/nats-frames.js";
 import { startTcpProxy } from "./helpers/tcp-proxy.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 
@@ -54,19 +55,6 @@ async function open(
   });
   opened.push(registry);
   return registry;
-}
-
-/** Rejects if `promise` has not settled within `ms`: a bound on a wait, not a sleep. */
-async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what}: not done within ${ms} ms`)), ms);
-  });
-  try {
-    return await Promise.race([promise, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 /** Resolves with the first change the registry's watcher reports that matches. */
@@ -428,13 +416,6 @@ describe("ToolRegistry against a real nats-server", () => {
 });
 
 describe("the watcher's first load", () => {
-  /**
-   * What a watcher's consumer sends: a stored message (its reply an acknowledgement subject) or
-   * a heartbeat to its delivery subject (`<inbox>.<serial>`), not a request's reply.
-   */
-  const fromConsumer = ({ subject, reply }: Delivered): boolean =>
-    reply?.startsWith("$JS.ACK.") === true || /^_INBOX\.[^.]+\.\d+$/.test(subject);
-
   it("starts another watcher, with a warning, when one delivers nothing, and opens once deliveries come", async () => {
     const subjects = freshSubjects();
     await (await open(subjects)).register(tool("echo", "exec-a"));
@@ -467,7 +448,6 @@ describe("the watcher's first load", () => {
       losing = true;
       const kv = await new Kvm(lossy).open(subjects.registryBucket);
       const silent = watchLoaded(kv, () => undefined, {
-        stored: 1,
         what: "load the tool registry",
         stallMs: 300,
         budgetMs: 1_500,

@@ -33,3 +33,16 @@ export async function until(
 ): Promise<void> {
   await eventually(what, async () => ((await check()) ? true : undefined), options);
 }
+
+/** Rejects if `promise` has not settled within `ms`: a bound on a wait, not a sleep. */
+export async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not done within ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

@@ -52,3 +52,12 @@ export class DeliveryFilter extends Transform {
     return { bytes, dropped: isMessage && this.#drop({ subject: args[1] ?? "", reply }) };
   }
 }
+
+/**
+ * Whether a message comes from a push consumer: a stored message (its reply an acknowledgement
+ * subject) or a heartbeat to its delivery subject (`_INBOX.<id>.<serial>`, as nats.js names
+ * it), not a request's reply.
+ */
+export function fromConsumer({ subject, reply }: Delivered): boolean {
+  return reply?.startsWith("$JS.ACK.") === true || /^_INBOX\.[^.]+\.\d+$/.test(subject);
+}

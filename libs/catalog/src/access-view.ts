@@ -2,6 +2,7 @@ import type { NatsConnection, QueuedIterator } from "@nats-io/nats-core";
 import type { KV, KvWatchEntry } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { SessionAddress, ToolDefinition, ToolmeshError } from "@toolmesh/protocol";
+import type { WatchLoadedOptions } from "@toolmesh/nats";
 import { warnUnavailable, watchLoaded } from "@toolmesh/nats";
 import type { AgentProfile } from "./config.js";
 import type { GroupSwitches, SessionPolicy } from "./policy.js";
@@ -61,24 +62,22 @@ export class AccessView {
   ): Promise<AccessView> {
     const view = new AccessView(options.agents, options.log, store.sessionTtlMs);
     const jsm = await jetstreamManager(nc);
-    const groupsStatus = await store.groups.status();
-    const policies = store.subjects.allSessionPolicies;
-    const policyFilter = `$KV.${store.subjects.sessionsBucket}.${policies}`;
-    const sessionsInfo = await jsm.streams.info(`KV_${store.subjects.sessionsBucket}`, {
-      subjects_filter: policyFilter,
-    });
-    const policyKeys = Object.keys(sessionsInfo.state.subjects ?? {}).length;
+    const { subjects } = store;
+    const policies = subjects.allSessionPolicies;
+    // The sessions bucket holds schemas too: only the policy keys are counted.
+    const policyKeys = async (): Promise<number> => {
+      const info = await jsm.streams.info(`KV_${subjects.sessionsBucket}`, {
+        subjects_filter: `$KV.${subjects.sessionsBucket}.${policies}`,
+      });
+      return Object.keys(info.state.subjects ?? {}).length;
+    };
+    const { stallMs } = options;
     await Promise.all([
-      view.#watch(
-        store.groups,
-        groupsStatus.bucket,
-        { key: ">", stored: groupsStatus.values, stallMs: options.stallMs },
-        (e) => view.#applyTenant(e),
-      ),
+      view.#watch(store.groups, subjects.groupsBucket, { stallMs }, (e) => view.#applyTenant(e)),
       view.#watch(
         store.sessions,
-        store.subjects.sessionsBucket,
-        { key: policies, stored: policyKeys, stallMs: options.stallMs },
+        subjects.sessionsBucket,
+        { key: policies, stored: policyKeys, stallMs },
         (e) => view.#applyPolicy(e),
       ),
     ]);
@@ -126,11 +125,11 @@ export class AccessView {
     for (const watcher of this.#watchers) watcher.stop();
   }
 
-  /** Watches `key` of `kv` (the bucket named `bucket`, `stored` entries under it now). */
+  /** Watches `kv`, the bucket named `bucket` ({@link watchLoaded}'s options). */
   async #watch(
     kv: KV,
     bucket: string,
-    { key, stored, stallMs }: { key: string; stored: number; stallMs: number | undefined },
+    options: Pick<WatchLoadedOptions, "key" | "stored" | "stallMs">,
     apply: (entry: KvWatchEntry) => void,
   ): Promise<void> {
     const safely = (entry: KvWatchEntry): void => {
@@ -141,10 +140,8 @@ export class AccessView {
       }
     };
     const watcher = await watchLoaded(kv, safely, {
-      key,
-      stored,
+      ...options,
       what: `load the state of bucket ${bucket}`,
-      ...(stallMs !== undefined && { stallMs }),
       onRetry: warnUnavailable(this.#log, bucket, "bucket"),
     });
     this.#watchers.push(watcher);

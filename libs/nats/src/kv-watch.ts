@@ -8,8 +8,11 @@ import { retryWhileUnavailable } from "./unavailable.js";
 export interface WatchLoadedOptions {
   /** The keys to watch, as `kv.watch` filters them. Default every key. */
   key?: string;
-  /** How many entries are stored under `key` now: none, and there is nothing to wait for. */
-  stored: number;
+  /**
+   * How many entries are stored under `key` now (none: nothing to wait for), counted again before
+   * each watcher is started. Default the bucket's count of messages (`kv.status()`).
+   */
+  stored?: () => Promise<number>;
   /** What is being loaded, for the final error: `load the tool registry`. */
   what: string;
   /**
@@ -25,7 +28,7 @@ export interface WatchLoadedOptions {
 
 /**
  * Watches `kv` (the keys under `options.key`), handing every entry to `apply`, which must not
- * throw; resolves with the watcher once the entries stored at the start have all been applied.
+ * throw; resolves with the watcher once the entries stored when it started have all been applied.
  * A watcher that stalls on the way (its consumer created, then silent, as after a server
  * restart: nats.js's ordered consumer notices only after two missed 30 s heartbeats), or whose
  * creation fails in a way that heals by itself, is given up and another started, for at most
@@ -49,9 +52,10 @@ async function watchOnce(
   apply: (entry: KvWatchEntry) => void,
   options: WatchLoadedOptions,
 ): Promise<QueuedIterator<KvWatchEntry>> {
+  const stored = await (options.stored ?? (async () => (await kv.status()).values))();
   const watcher = await kv.watch({ key: options.key ?? ">" });
   const load =
-    options.stored === 0
+    stored === 0
       ? undefined
       : new FirstLoad(watcher, options.what, options.stallMs ?? DEFAULT_STALL_MS);
   void (async () => {

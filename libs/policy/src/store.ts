@@ -104,11 +104,10 @@ export class PolicyView {
     log: PolicyViewLog,
     options: Pick<WatchLoadedOptions, "stallMs"> = {},
   ): Promise<PolicyView> {
-    const { bucket, values } = await kv.status();
+    const { bucket } = await kv.status();
     const view = new PolicyView(log);
     view.#watcher = await watchLoaded(kv, (entry) => view.#apply(entry), {
       ...options,
-      stored: values,
       what: "load the policy sets",
       onRetry: warnUnavailable(log, bucket, "bucket"),
     });

@@ -302,9 +302,7 @@ export class ToolRegistry {
 
   /** Starts the watcher; resolves once it has delivered every tool stored now. */
   async #startWatch(stallMs: number | undefined): Promise<void> {
-    const { values } = await this.#kv.status();
     this.#watcher = await watchLoaded(this.#kv, (entry) => this.#apply(entry), {
-      stored: values,
       what: "load the tool registry",
       ...(stallMs === undefined ? {} : { stallMs }),
       onRetry: warnUnavailable(this.#log, this.#subjects.registryBucket, "bucket"),

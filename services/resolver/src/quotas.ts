@@ -33,7 +33,7 @@ export class QuotaView {
 
   /** Loads every quota and keeps watching the bucket. */
   static async open(kv: KV, log: Logger): Promise<QuotaView> {
-    const { bucket, values } = await kv.status();
+    const { bucket } = await kv.status();
     const view = new QuotaView();
     const apply = (entry: KvWatchEntry): void => {
       try {
@@ -43,7 +43,6 @@ export class QuotaView {
       }
     };
     view.#watcher = await watchLoaded(kv, apply, {
-      stored: values,
       what: "load the quotas",
       onRetry: warnUnavailable(log, bucket, "bucket"),
     });
