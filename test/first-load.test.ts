@@ -96,8 +96,7 @@ describe("a watcher that delivers nothing on first load", () => {
     );
     const { lossy, proxy, log } = await lossyLink();
     try {
-      const kv = await openPolicyBucket(lossy, { subjects });
-      const view = await PolicyView.open(kv, log, { stallMs: 500 });
+      const view = await PolicyView.open(lossy, { subjects, log, stallMs: 500 });
       view.close();
       expect(log.warn).toHaveBeenCalledTimes(1);
       expect(log.warn.mock.calls[0]).toEqual([

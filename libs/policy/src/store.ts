@@ -98,18 +98,21 @@ export class PolicyView {
     this.decider = new PolicyDecider();
   }
 
-  /** Loads every set and keeps watching the bucket. */
+  /** Opens (creating when missing) the policies bucket, loads every set and keeps watching. */
   static async open(
-    kv: KV,
-    log: PolicyViewLog,
-    options: Pick<WatchLoadedOptions, "stallMs"> = {},
+    nc: NatsConnection,
+    options: { subjects: Subjects; replicas?: number | undefined; log: PolicyViewLog } & Pick<
+      WatchLoadedOptions,
+      "stallMs"
+    >,
   ): Promise<PolicyView> {
-    const { bucket } = await kv.status();
+    const { subjects, log, stallMs } = options;
+    const kv = await openPolicyBucket(nc, options);
     const view = new PolicyView(log);
     view.#watcher = await watchLoaded(kv, (entry) => view.#apply(entry), {
-      ...options,
       what: "load the policy sets",
-      onRetry: warnUnavailable(log, bucket, "bucket"),
+      ...(stallMs !== undefined && { stallMs }),
+      onRetry: warnUnavailable(log, subjects.policiesBucket, "bucket"),
     });
     return view;
   }

@@ -1,7 +1,7 @@
 import { AccessView, StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
 import { meshAuditTrail, meshRegistry } from "@toolmesh/runtime";
-import { PolicyView, openPolicyBucket } from "@toolmesh/policy";
+import { PolicyView } from "@toolmesh/policy";
 import type { Resolver } from "./resolver.js";
 import type { ToolAccessPolicy } from "./handle-call.js";
 import { startResolver } from "./resolver.js";
@@ -21,10 +21,11 @@ export async function startResolverFromRuntime(rt: Runtime): Promise<Resolver> {
     compression: rt.config.streamCompression,
   });
   const groups = await AccessView.open(rt.nc, store, { agents: catalog.agents, log });
-  const policies = await PolicyView.open(
-    await openPolicyBucket(rt.nc, { subjects: rt.subjects, replicas: rt.config.streamReplicas }),
+  const policies = await PolicyView.open(rt.nc, {
+    subjects: rt.subjects,
+    replicas: rt.config.streamReplicas,
     log,
-  );
+  });
   // A tool the policies hide is refused before its arguments are read, as one whose group is
   // off: its schema never goes out in a missing_arguments answer.
   const access: ToolAccessPolicy = {

@@ -32,8 +32,8 @@ export class QuotaView {
   readonly #changes = new Set<(key: string) => void>();
 
   /** Loads every quota and keeps watching the bucket. */
-  static async open(kv: KV, log: Logger): Promise<QuotaView> {
-    const { bucket } = await kv.status();
+  /** `bucket` names `kv` in the warnings. */
+  static async open(kv: KV, bucket: string, log: Logger): Promise<QuotaView> {
     const view = new QuotaView();
     const apply = (entry: KvWatchEntry): void => {
       try {
@@ -170,7 +170,7 @@ export class QuotaGate {
     const quotas = await openQuotaBucket(nc, specs.quotas);
     const usage = await openQuotaBucket(nc, specs.quotaUsage);
     const calls = await new Kvm(nc).open(options.subjects.callsBucket, { allow_direct: false });
-    const view = await QuotaView.open(quotas, options.log);
+    const view = await QuotaView.open(quotas, options.subjects.quotasBucket, options.log);
     const gate = new QuotaGate(view, usage, calls, options);
     const every = options.reconcileMs ?? 5_000;
     if (every > 0) {

@@ -1,7 +1,7 @@
 import { StateStore, loadCatalogConfig, logConfigWarnings } from "@toolmesh/catalog";
 import type { Runtime } from "@toolmesh/runtime";
 import { meshRegistry } from "@toolmesh/runtime";
-import { PolicyView, openPolicyBucket } from "@toolmesh/policy";
+import { PolicyView } from "@toolmesh/policy";
 import type { SchemaExpander } from "./schema-expander.js";
 import { startSchemaExpander } from "./schema-expander.js";
 
@@ -19,10 +19,11 @@ export async function startSchemaExpanderFromRuntime(rt: Runtime): Promise<Schem
     replicas: rt.config.streamReplicas,
     compression: rt.config.streamCompression,
   });
-  const policies = await PolicyView.open(
-    await openPolicyBucket(rt.nc, { subjects: rt.subjects, replicas: rt.config.streamReplicas }),
+  const policies = await PolicyView.open(rt.nc, {
+    subjects: rt.subjects,
+    replicas: rt.config.streamReplicas,
     log,
-  );
+  });
   const expander = await startSchemaExpander({
     nc: rt.nc,
     subjects: rt.subjects,
