@@ -6,7 +6,7 @@ import {
   TimeoutError,
 } from "@nats-io/nats-core";
 import { JetStreamApiError } from "@nats-io/jetstream";
-import { retryWhileUnavailable, unavailableKind } from "./unavailable.js";
+import { StillUnavailableError, retryWhileUnavailable, unavailableKind } from "./unavailable.js";
 
 const apiError = (code: number, description: string): JetStreamApiError =>
   new JetStreamApiError({ code: 503, err_code: code, description });
@@ -72,5 +72,25 @@ describe("retryWhileUnavailable", () => {
         budgetMs: 100,
       }),
     ).rejects.toThrow(/^cannot read consumer c of stream S within 100 ms \(timeout: /);
+  });
+
+  it("does not try again what gave up after its own budget, nor name it twice", async () => {
+    let inner = 0;
+    const gaveUp = await retryWhileUnavailable(
+      () => {
+        inner++;
+        return retryWhileUnavailable(() => Promise.reject(new TimeoutError()), {
+          what: "load the tool registry",
+          budgetMs: 100,
+        });
+      },
+      { what: "open the tool registry", budgetMs: 60_000 },
+    ).catch((err: unknown) => err);
+    expect(inner).toBe(1);
+    expect(gaveUp).toBeInstanceOf(StillUnavailableError);
+    expect((gaveUp as Error).message).toMatch(
+      /^cannot load the tool registry within 100 ms \(timeout: /,
+    );
+    expect(unavailableKind(gaveUp)).toBeUndefined();
   });
 });

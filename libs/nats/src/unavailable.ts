@@ -18,7 +18,8 @@ export type UnavailableKind = "timeout" | "no responders" | "unavailable" | "con
  */
 export function unavailableKind(err: unknown): UnavailableKind | undefined {
   for (let e: unknown = err, depth = 0; e instanceof Error && depth < 5; depth++) {
-    if (e instanceof PermissionViolationError) return undefined;
+    if (e instanceof PermissionViolationError || e instanceof StillUnavailableError)
+      return undefined;
     if (e instanceof TimeoutError) return "timeout";
     // nats.js's JetStream API wraps a 503 in "jetstream is not enabled", the 503 its cause.
     if (e instanceof RequestError && e.isNoResponders()) return "no responders";
@@ -30,6 +31,15 @@ export function unavailableKind(err: unknown): UnavailableKind | undefined {
     e = e.cause;
   }
   return undefined;
+}
+
+/**
+ * What {@link retryWhileUnavailable} throws once its budget is spent: the trouble did not pass
+ * in time. Not passing trouble itself, so a retry around the one that gave up throws it as it
+ * is, rather than waiting a budget more and naming the operation twice.
+ */
+export class StillUnavailableError extends Error {
+  override name = "StillUnavailableError";
 }
 
 /** Options of {@link retryWhileUnavailable}. Durations in ms. */
@@ -63,7 +73,7 @@ export async function retryWhileUnavailable<T>(
       const kind = unavailableKind(err);
       if (kind === undefined) throw err;
       if (Date.now() + delayMs > deadline || options.signal?.aborted === true) {
-        throw new Error(
+        throw new StillUnavailableError(
           `cannot ${options.what} within ${String(budgetMs)} ms (${kind}: ${err instanceof Error ? err.message : String(err)})`,
           { cause: err },
         );
