@@ -661,8 +661,10 @@ describe("an OpenAPI document as a tool source", () => {
 });
 
 describe("toolmesh tools import-openapi", () => {
-  it("prints the tools and one warning per unsupported part, and refuses to overwrite", async () => {
-    const folder = await mkdtemp(join(tmpdir(), "toolmesh-import-"));
+  it("prints the tools and one warning per unsupported part, makes the folder, and refuses to overwrite", async () => {
+    const parent = await mkdtemp(join(tmpdir(), "toolmesh-import-"));
+    // The default folder (tools/native) need not exist: the first import makes it.
+    const folder = join(parent, "tools", "native");
     const env = { TOOLMESH_NATIVE_TOOLS_DIR: folder };
     const spec = join(EXAMPLES, "3.0", "json", "file-uploads.json");
     try {
@@ -692,7 +694,7 @@ describe("toolmesh tools import-openapi", () => {
         /^toolmesh: cannot read OpenAPI document .*none\.json: ENOENT/,
       );
     } finally {
-      await rm(folder, { recursive: true, force: true });
+      await rm(parent, { recursive: true, force: true });
     }
   });
 });

@@ -1,5 +1,5 @@
-import { writeFile } from "node:fs/promises";
-import { basename, join, relative, resolve } from "node:path";
+import { mkdir, writeFile } from "node:fs/promises";
+import { basename, dirname, join, relative, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import type { Command } from "commander";
 import { stringify as toYaml } from "yaml";
@@ -101,10 +101,11 @@ export async function importOpenApiCommand(
   return 0;
 }
 
-/** Writes the source file executors load; never over an existing one. */
+/** Writes the source file executors load, making its folder if needed; never over an existing one. */
 async function writeSourceFile(file: string, source: OpenApiSourceFile): Promise<void> {
   const { ToolLoadError } = await import("@toolmesh/executor");
   try {
+    await mkdir(dirname(file), { recursive: true });
     await writeFile(file, toYaml(source), { flag: "wx" });
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
