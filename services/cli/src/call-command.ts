@@ -102,6 +102,7 @@ async function runCall(
   const session = client.session(options.session ?? newSessionId());
   const view = progressView(process.stderr, { quiet: options.quiet === true, tool });
   let interrupted = false;
+  let ended = false;
   let onSigint: (() => void) | undefined;
   let watchdog: NodeJS.Timeout | undefined;
   try {
@@ -118,7 +119,9 @@ async function runCall(
       interrupted = true;
       view.notice(`cancelling call ${handle.callId} (Ctrl-C again to exit now)`);
       void handle.cancel().then((reply) => {
-        if (reply.error === undefined) return; // the final message (cancelled) follows
+        // Without an error the final message (cancelled) follows; once it came, an error is
+        // only the connection closing after it.
+        if (reply.error === undefined || ended) return;
         view.stop();
         process.stderr.write(`toolmesh: cannot cancel the call: ${reply.error.message}\n`);
         process.exit(130);
@@ -137,6 +140,7 @@ async function runCall(
     };
     watchdog = setTimeout(check, UNTAKEN_NOTICE_MS);
     const message: ToolMessage = await handle.result;
+    ended = true;
     stopListening();
     view.stop();
     say(options.json === true ? JSON.stringify(message) : describeMessage(message));

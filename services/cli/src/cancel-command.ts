@@ -3,7 +3,10 @@ import type { RuntimeConfig } from "@toolmesh/runtime";
 import { withClient } from "./commands.js";
 import { say } from "./print.js";
 
-/** `toolmesh cancel <call-id> --session <id>`: exit 0 when cancelled, 1 when not. */
+/**
+ * `toolmesh cancel <call-id> --session <id>`: exit 0 when cancelled, 1 when not (it had ended,
+ * or no such call is known yet).
+ */
 export async function cancelCommand(
   config: RuntimeConfig,
   callId: string,
@@ -16,7 +19,11 @@ export async function cancelCommand(
       if (options.json === true) say(JSON.stringify(reply));
       else if (reply.cancelled) say(`call ${callId} cancelled`);
       else if (reply.state === "done") say(`call ${callId} had already ended; nothing to cancel`);
-      else say(`cannot cancel call ${callId}: ${reply.error?.message ?? "unknown state"}`);
+      else if (reply.state === "pending")
+        say(
+          `no call ${callId} in session ${options.session} yet; one that arrives is answered cancelled (check the call id and --session)`,
+        );
+      else say(`cannot cancel call ${callId}: ${reply.error?.message ?? `it is ${reply.state}`}`);
       return reply.cancelled ? 0 : 1;
     } finally {
       session.close();
