@@ -1,3 +1,5 @@
+import { spawn } from "node:child_process";
+import { once } from "node:events";
 import { mkdir, mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -13,7 +15,7 @@ import { MeshCredentialLimits } from "@toolmesh/gateway";
 import { ApprovalsAtRest } from "@toolmesh/call-store";
 import { connectNats } from "@toolmesh/nats";
 import { Header, createSubjects, encodeJson } from "@toolmesh/protocol";
-import { runCli } from "./helpers/cli.js";
+import { BIN, runCli } from "./helpers/cli.js";
 import { writeStdioTestServer } from "./helpers/mcp-test-server.js";
 import { killAllServices, startService, type ServiceProcess } from "./helpers/mesh.js";
 import { startNatsServer, stopAll, type NatsServerHandle } from "./helpers/nats-server.js";
@@ -227,6 +229,35 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     );
     expect(call.stderr).toBe("");
     expect(JSON.parse(call.stdout)).toMatchObject({ content: "from the cli" });
+  });
+
+  it("the CLI watches as a tenant's frontend: its sessions' events, and one line for the calls it may not see", async () => {
+    const child = spawn(
+      process.execPath,
+      [BIN, "--tenant", "acme", "watch", "--session", "cli-watch", "--json", "--limit", "1"],
+      { env: { PATH: process.env.PATH ?? "", ...credentials("frontend-acme") }, stdio: "pipe" },
+    );
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    await new Promise<void>((resolve) =>
+      child.stderr.on("data", (chunk: Buffer) => {
+        stderr += chunk.toString();
+        if (stderr.includes("watching session cli-watch")) resolve();
+      }),
+    );
+    const exited = once(child, "exit") as Promise<[number]>;
+    const call = await runCli(
+      ["--tenant", "acme", "call", "echo", "--session", "cli-watch", "--args", '{"text":"w"}'],
+      credentials("frontend-acme"),
+    );
+    expect(call.code, call.stderr).toBe(0);
+    const [code] = await exited;
+    expect(code).toBe(0);
+    expect(stderr).toContain(
+      "toolmesh: this user may not subscribe to toolmesh.v1.calls.acme.cli-watch: what is published there is not shown (the operator's credentials show it)",
+    );
+    expect(JSON.parse(stdout)).toMatchObject({ type: "result", session: "cli-watch" });
   });
 
   it("a session-confined frontend works in its session and nowhere else", async () => {

@@ -4,7 +4,8 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 const run = promisify(execFile);
-const BIN = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "bin", "toolmesh.js");
+/** The CLI's entry point. */
+export const BIN = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "bin", "toolmesh.js");
 
 /** What a CLI run printed and how it ended. */
 export interface CliOutcome {

@@ -1,4 +1,5 @@
 import type { Msg } from "@nats-io/nats-core";
+import { PermissionViolationError } from "@nats-io/nats-core";
 import type { Command } from "commander";
 import { createSubjects, decodeJsonOrUndefined } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
@@ -46,7 +47,12 @@ export async function watchCommand(
     if (options.limit !== undefined && ++seen >= options.limit) finish?.();
   };
   const subs = watched.map((subject) =>
-    nc.subscribe(subject, { callback: (err, msg) => (err === null ? show(msg) : undefined) }),
+    nc.subscribe(subject, {
+      callback: (err, msg) => {
+        if (err === null) show(msg);
+        else process.stderr.write(`toolmesh: ${deniedWatch(err, subject)}\n`);
+      },
+    }),
   );
   await nc.flush();
   // On stderr even with --json: stdout stays pure JSON lines, and scripts can wait for this.
@@ -63,6 +69,16 @@ export async function watchCommand(
     await nc.close();
   }
   return 0;
+}
+
+/**
+ * What a subscription of `watch` that ended with `err` leaves out: a tenant's frontend may
+ * subscribe to its sessions' events but not to the calls themselves.
+ */
+function deniedWatch(err: Error, subject: string): string {
+  return err instanceof PermissionViolationError
+    ? `this user may not subscribe to ${subject}: what is published there is not shown (the operator's credentials show it)`
+    : `stopped watching ${subject}: ${err.message}`;
 }
 
 function toWatchEvent(msg: Msg, prefix: string): WatchEvent | undefined {
