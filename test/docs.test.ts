@@ -4,10 +4,11 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { ErrorCode, subjectToken } from "@toolmesh/protocol";
 import { EnvSchema } from "@toolmesh/runtime";
+import { initMetrics, toolmeshMetrics } from "@toolmesh/telemetry";
 import { describe, expect, it } from "vitest";
 
 // Keeps the documentation in step with the code it describes. Reads files (and runs the
-// documented Python with python3); no network.
+// documented Python with python3, and scrapes a local /metrics); no network.
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -41,6 +42,28 @@ describe("README.md", () => {
     const variables = Object.keys(EnvSchema.shape);
     expect(variables.length).toBeGreaterThan(0);
     expect(variables.filter((name) => !readme.includes(`\`${name}\``))).toEqual([]);
+  });
+
+  it("names each histogram of its metrics table as /metrics serves it", async () => {
+    // The names in the first cell of each row whose type says histogram.
+    const documented = [...readme.matchAll(/^\| (`toolmesh_[^|]*)\| [^|]*histogram/gm)].flatMap(
+      (row) => [...(row[1] ?? "").matchAll(/`(toolmesh_[a-z_]+)`/g)].map((name) => name[1]),
+    );
+    expect(documented.length).toBeGreaterThan(3);
+    const metrics = await initMetrics({ serviceName: "docs", env: {}, prometheusPort: 0 });
+    try {
+      const m = toolmeshMetrics();
+      m.attemptStarted("echo", 0.01);
+      m.callEnded("echo", undefined, 0.2);
+      m.approvalDecided("approve", 3);
+      m.mcpRequest("fx", "tools/call", 0.1, undefined);
+      m.gatewayCallEnded("acme", "echo", "ok", 0.3);
+      const text = await (await fetch(`http://127.0.0.1:${metrics.prometheusPort}/metrics`)).text();
+      const served = [...text.matchAll(/^# TYPE (\S+) /gm)].map((match) => match[1]);
+      expect(documented.filter((name) => !served.includes(name))).toEqual([]);
+    } finally {
+      await metrics.shutdown();
+    }
   });
 });
 
