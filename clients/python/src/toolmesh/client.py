@@ -287,8 +287,9 @@ class Mesh:
         agent: str | None = None,
         edge_params: Sequence[str] | None = None,
     ) -> Resolved:
-        """Dry run: the call as it would be routed (defaults filled, ``input_parameters``), or
-        the typed error it would get, raised. Nothing runs. Options are those of ``submit``."""
+        """Dry run: ``{"ok": True, "resolved": …}`` with the call as it would be routed under
+        ``resolved`` (defaults filled, ``input_parameters``), or the typed error it would get,
+        raised. Nothing runs. Options are those of ``submit``."""
         request = _build_request(
             session_id,
             name,
