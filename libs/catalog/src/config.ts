@@ -3,7 +3,7 @@ import { join, relative } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import type { OutputStrategyConfig } from "@toolmesh/protocol";
-import { MAX_TOOL_NAME_LENGTH, OutputStrategyConfigSchema } from "@toolmesh/protocol";
+import { issuesLine, MAX_TOOL_NAME_LENGTH, OutputStrategyConfigSchema } from "@toolmesh/protocol";
 import { CatalogConfigError, CatalogConfigProblem } from "./errors.js";
 
 const Name = z.string().trim().min(1).max(MAX_TOOL_NAME_LENGTH);
@@ -210,7 +210,7 @@ function parseSource<T>(schema: z.ZodType<T>, source: ConfigSource, what: string
   if (parsed.success) return parsed.data;
   throw new CatalogConfigError(
     CatalogConfigProblem.InvalidFile,
-    `${source.file} is not a valid ${what}: ${z.prettifyError(parsed.error).replace(/\n/g, "; ")}`,
+    `${source.file} is not a valid ${what}: ${issuesLine(parsed.error)}`,
     { file: source.file, cause: parsed.error },
   );
 }

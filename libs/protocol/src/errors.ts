@@ -202,6 +202,17 @@ export function requestIssues(error: z.ZodError): RequestIssue[] {
 }
 
 /**
+ * The issues of a failed zod parse on one line, for a message a person reads:
+ * `description: Invalid input: expected string, received number; parameters: …` (a problem of
+ * the whole value without a path).
+ */
+export function issuesLine(error: z.ZodError): string {
+  return error.issues
+    .map((i) => (i.path.length === 0 ? i.message : `${i.path.join(".")}: ${i.message}`))
+    .join("; ");
+}
+
+/**
  * An `invalid_request` error for a request body of the wrong shape: the message names every
  * problem (`what` names the request, e.g. `"malformed cancel request"`), `details.issues`
  * lists them as {@link RequestIssue}s.

@@ -11,6 +11,7 @@ export {
   parseRequest,
   payloadTooLarge,
   requestError,
+  issuesLine,
   requestIssues,
 } from "./errors.js";
 export type { RequestIssue, ToolmeshErrorOptions, WireError } from "./errors.js";

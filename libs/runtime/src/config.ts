@@ -1,8 +1,9 @@
 import { isIP } from "node:net";
 import { z } from "zod";
 import {
-  Defaults,
   assertValidPrefix,
+  Defaults,
+  issuesLine,
   parseDurationMs,
   tokenEndpointFromEnv,
 } from "@toolmesh/protocol";
@@ -414,8 +415,7 @@ function parseEnv(
   for (const [k, v] of Object.entries(merged)) if (v === "") delete merged[k];
   const parsed = EnvSchema.safeParse(merged);
   if (!parsed.success) {
-    const problems = parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`);
-    throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
+    throw new ConfigError(`invalid configuration: ${issuesLine(parsed.error)}`);
   }
   const e = parsed.data;
   if ((e.NATS_CERT === undefined) !== (e.NATS_KEY === undefined)) {

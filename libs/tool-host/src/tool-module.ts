@@ -3,6 +3,7 @@ import type { Logger } from "@toolmesh/telemetry";
 import type { CallerIdentity } from "@toolmesh/protocol";
 import {
   ErrorCode,
+  issuesLine,
   RetryPolicySchema,
   ToolCredentialsSchema,
   ToolKindSchema,
@@ -145,7 +146,7 @@ export function defineTool<S extends z.ZodObject>(options: DefineToolOptions<S>)
       if (!parsed.success) {
         // The resolver validated against the same schema; this is a refinement it cannot
         // express in JSON Schema. Trying again would fail the same way.
-        throw new ToolmeshError(ErrorCode.InvalidParameters, z.prettifyError(parsed.error), {
+        throw new ToolmeshError(ErrorCode.InvalidParameters, issuesLine(parsed.error), {
           retryable: false,
           details: {
             errors: parsed.error.issues.map((i) => ({

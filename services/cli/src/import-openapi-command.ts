@@ -4,6 +4,7 @@ import { pathToFileURL } from "node:url";
 import type { Command } from "commander";
 import { stringify as toYaml } from "yaml";
 import type { OpenApiSourceFile, OpenApiTools } from "@toolmesh/executor";
+import { issuesLine } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { say } from "./print.js";
 import { commaList } from "./comma-list.js";
@@ -77,9 +78,7 @@ export async function importOpenApiCommand(
   const { outboundFetch, trustedHostsOf } = await import("@toolmesh/tool-host");
   const parsed = OpenApiSourceFileSchema.safeParse(source);
   if (!parsed.success) {
-    throw new ToolLoadError(
-      `invalid options: ${parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ")}`,
-    );
+    throw new ToolLoadError(`invalid options: ${issuesLine(parsed.error)}`);
   }
   // The document's URL is the operator's own, as an executor trusts it in the written file.
   const fetch = outboundFetch(

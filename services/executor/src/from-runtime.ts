@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { Defaults } from "@toolmesh/protocol";
+import { Defaults, issuesLine } from "@toolmesh/protocol";
 import type { Runtime } from "@toolmesh/runtime";
 import { meshAuditTrail } from "@toolmesh/runtime";
 import type { Executor } from "@toolmesh/tool-host";
@@ -18,7 +18,7 @@ export async function loadPresetsFile(
   const parsed = PresetsFileSchema.safeParse(parseYaml(await readFile(path, "utf8")));
   if (!parsed.success) {
     throw new Error(
-      `presets file ${path} must map tool names to objects of param values: ${z.prettifyError(parsed.error)}`,
+      `presets file ${path} must map tool names to objects of param values: ${issuesLine(parsed.error)}`,
     );
   }
   return parsed.data;

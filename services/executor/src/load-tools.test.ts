@@ -167,6 +167,16 @@ describe("loadToolsDir", () => {
     },
   );
 
+  it("says every problem of an invalid tool on one line, each at its field", async () => {
+    const dir = await toolsDir({
+      "bad.mjs": `export default { name: "t", description: 3, handler: () => 1 };`,
+    });
+    const err = await loadError(dir);
+    expect(err.message).toBe(
+      `${join(dir, "bad.mjs")} does not default-export a tool: description: Invalid input: expected string, received number; parameters: Invalid input: expected record, received undefined`,
+    );
+  });
+
   it("fails with ToolLoadError naming the file when the module throws at import", async () => {
     const dir = await toolsDir({
       "explodes.mjs": `throw new Error("kaboom at import");\nexport default {};`,

@@ -1,9 +1,9 @@
 import { readdir } from "node:fs/promises";
 import { extname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { z } from "zod";
 import type { ToolModule } from "@toolmesh/tool-host";
 import { ToolModuleSchema } from "@toolmesh/tool-host";
+import { issuesLine } from "@toolmesh/protocol";
 import type { LoadLog, ToolSourceKind } from "./tool-source.js";
 
 /** A tool module and the file it came from. */
@@ -50,7 +50,7 @@ export async function loadToolsDir(dir: string, log: LoadLog): Promise<LoadedToo
       const parsed = ToolModuleSchema.safeParse(candidate);
       if (!parsed.success) {
         throw new ToolLoadError(
-          `${file} does not default-export a tool: ${z.prettifyError(parsed.error)}`,
+          `${file} does not default-export a tool: ${issuesLine(parsed.error)}`,
         );
       }
       const module = candidate as ToolModule;

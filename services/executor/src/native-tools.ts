@@ -2,7 +2,7 @@ import { readFile, readdir } from "node:fs/promises";
 import { extname, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
+import { Defaults, issuesLine, RetryPolicySchema } from "@toolmesh/protocol";
 import type { HttpEndpoint, HttpRequest } from "@toolmesh/tool-host";
 import {
   DEFAULT_ACCEPT,
@@ -248,7 +248,7 @@ async function readToolFile(file: string): Promise<z.output<typeof NativeToolFil
   }
   const parsed = NativeToolFileSchema.safeParse(document);
   if (!parsed.success) {
-    throw new ToolLoadError(`${file} is not a native tool: ${z.prettifyError(parsed.error)}`);
+    throw new ToolLoadError(`${file} is not a native tool: ${issuesLine(parsed.error)}`);
   }
   const problems = checkToolFile(parsed.data);
   if (problems.length > 0) {

@@ -3,7 +3,7 @@ import { basename, dirname, extname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
+import { Defaults, issuesLine, RetryPolicySchema } from "@toolmesh/protocol";
 import type { HttpEndpoint } from "@toolmesh/tool-host";
 import { UrlAllowList, invokeHttp } from "@toolmesh/tool-host";
 import type { LoadLog } from "./tool-source.js";
@@ -881,7 +881,7 @@ export async function readOpenApiSourceFile(
   const parsed = OpenApiSourceFileSchema.safeParse(content);
   if (!parsed.success) {
     throw new ToolLoadError(
-      `${file} is neither an OpenAPI document nor an OpenAPI source (spec: URL or file): ${z.prettifyError(parsed.error)}`,
+      `${file} is neither an OpenAPI document nor an OpenAPI source (spec: URL or file): ${issuesLine(parsed.error)}`,
     );
   }
   const spec = /^https?:\/\//i.test(parsed.data.spec)

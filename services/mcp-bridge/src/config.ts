@@ -2,7 +2,7 @@ import { readFile, readdir } from "node:fs/promises";
 import { extname, isAbsolute, join, resolve } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
-import { Defaults, RetryPolicySchema } from "@toolmesh/protocol";
+import { Defaults, issuesLine, RetryPolicySchema } from "@toolmesh/protocol";
 import { HttpCredentialsSchema } from "@toolmesh/tool-host";
 
 const SERVER_FILE_EXTENSIONS = new Set([".yaml", ".yml", ".json"]);
@@ -261,9 +261,7 @@ export function parseServerFile(text: string, file: string): McpServerConfig {
   }
   const parsed = McpServerConfigSchema.safeParse(raw);
   if (!parsed.success) {
-    throw new McpConfigError(
-      `${file} is not a valid MCP server file: ${z.prettifyError(parsed.error)}`,
-    );
+    throw new McpConfigError(`${file} is not a valid MCP server file: ${issuesLine(parsed.error)}`);
   }
   return parsed.data;
 }
@@ -352,9 +350,7 @@ export function parseClientConfigFile(text: string, file: string): McpServerConf
     }
     const parsed = McpServerConfigSchema.safeParse(candidate);
     if (!parsed.success) {
-      throw new McpConfigError(
-        `${where} is not a valid MCP server: ${z.prettifyError(parsed.error)}`,
-      );
+      throw new McpConfigError(`${where} is not a valid MCP server: ${issuesLine(parsed.error)}`);
     }
     configs.push(parsed.data);
   }
