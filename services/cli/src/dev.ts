@@ -32,8 +32,14 @@ async function devGatewayConfig(
   config: RuntimeConfig,
   env: Readonly<Record<string, string | undefined>>,
 ): Promise<{ gateway: GatewayConfig; key?: string }> {
+  // One replica: a key of its own for the state of input_required requests (what the gateway
+  // makes when none is set, without warning that other replicas could not read it).
+  const stateKey = {
+    TOOLMESH_GATEWAY_REQUEST_STATE_KEY:
+      env.TOOLMESH_GATEWAY_REQUEST_STATE_KEY || randomBytes(32).toString("base64url"),
+  };
   if (env.TOOLMESH_GATEWAY_KEYS_FILE !== undefined && env.TOOLMESH_GATEWAY_KEYS_FILE !== "")
-    return { gateway: loadGatewayConfig(env) };
+    return { gateway: loadGatewayConfig(env, stateKey) };
   const key = `tmdev_${randomBytes(24).toString("base64url")}`;
   const dir = await mkdtemp(join(tmpdir(), "toolmesh-dev-gateway-"));
   const file = join(dir, "keys.json");
@@ -42,7 +48,10 @@ async function devGatewayConfig(
     JSON.stringify({ keys: [{ sha256: keyDigest(key), tenant: config.tenant, name: "dev" }] }),
     { mode: 0o600 },
   );
-  return { gateway: loadGatewayConfig(env, { TOOLMESH_GATEWAY_KEYS_FILE: file }), key };
+  return {
+    gateway: loadGatewayConfig(env, { ...stateKey, TOOLMESH_GATEWAY_KEYS_FILE: file }),
+    key,
+  };
 }
 
 /** Starts the gateway on its port, or on any free port when that one is taken. */
