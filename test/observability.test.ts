@@ -439,6 +439,20 @@ describe("toolmesh call shows what a waiting call does", () => {
     expect(outcome.stdout).toMatch(/^deadline_exceeded/);
   });
 
+  it("says that no stream stores the calls of a prefix that was never set up", async () => {
+    const outcome = await runCli(
+      ["--prefix", "unset", "call", "echo", "--args", '{"text":"x"}', "--timeout-ms", "3000"],
+      { NATS_URL: server.url },
+    );
+    expect(outcome.code).toBe(1);
+    expect(outcome.stderr).toContain(
+      "toolmesh: no stream UNSET_CALLS stores the calls of prefix unset: the call cannot be queued",
+    );
+    expect(outcome.stdout).toMatch(
+      /^unavailable: no stream took the message on unset\.v1\.calls\.default\.\S+: none stores that subject/,
+    );
+  });
+
   it("cancels the call on Ctrl-C before exiting", async () => {
     const child = spawn(
       process.execPath,

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { NoRespondersError, RequestError } from "@nats-io/nats-core";
 import { JetStreamApiError } from "@nats-io/jetstream";
 import { ErrorCode, Header } from "@toolmesh/protocol";
 import { finalHeaders, publishError } from "./publish.js";
@@ -28,6 +29,21 @@ describe("publishError", () => {
       retryable: false,
       details: { subject: "a.subject" },
     });
+  });
+
+  it("says that no stream stores a subject when JetStream has no responder for it", () => {
+    // What nats.js throws for a publish no stream takes: its 503 behind "jetstream is not enabled".
+    const noStream = new Error("jetstream is not enabled", {
+      cause: new RequestError("no responders: 'other.v1.calls.t.s'", {
+        cause: new NoRespondersError("other.v1.calls.t.s"),
+      }),
+    });
+    const error = publishError(noStream, "other.v1.calls.t.s");
+    expect(error.code).toBe(ErrorCode.Unavailable);
+    expect(error.retryable).toBe(true);
+    expect(error.message).toBe(
+      "no stream took the message on other.v1.calls.t.s: none stores that subject (check the subject prefix and the tenant; toolmesh setup makes the streams), or its leader is being elected",
+    );
   });
 
   // The bodies nats-server 2.9.10 and 2.15.1 answer with (same on both).

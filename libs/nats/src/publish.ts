@@ -10,6 +10,7 @@ import { JetStreamApiError } from "@nats-io/jetstream";
 import { ErrorCode, Header, ToolmeshError, encodeJson, payloadTooLarge } from "@toolmesh/protocol";
 import { injectTraceHeaders } from "@toolmesh/telemetry";
 import { JsApiCode, STREAM_FULL_CODES } from "./api-codes.js";
+import { unavailableKind } from "./unavailable.js";
 
 /** Options of {@link publishDurable}. */
 export interface PublishOptions {
@@ -83,6 +84,14 @@ export function publishError(
       ErrorCode.Internal,
       "message cannot be encoded as JSON: it nests too deeply or is too large",
       { retryable: false, details: { subject }, cause: err },
+    );
+  }
+  if (unavailableKind(err) === "no responders") {
+    // nats.js says "jetstream is not enabled"; JetStream answers other subjects all the while.
+    return new ToolmeshError(
+      ErrorCode.Unavailable,
+      `no stream took the message on ${subject}: none stores that subject (check the subject prefix and the tenant; toolmesh setup makes the streams), or its leader is being elected`,
+      { details: { subject }, cause: err },
     );
   }
   if (err instanceof NoRespondersError || err instanceof TimeoutError) {

@@ -1,9 +1,10 @@
 import type { NatsConnection } from "@nats-io/nats-core";
-import { jetstreamManager } from "@nats-io/jetstream";
+import { JetStreamApiError, jetstreamManager } from "@nats-io/jetstream";
 import { ToolmeshClient } from "@toolmesh/client";
 import type { SubmitOptions } from "@toolmesh/client";
 import type { Subjects, ToolMessage } from "@toolmesh/protocol";
 import { ErrorCode, ToolmeshError } from "@toolmesh/protocol";
+import { JsApiCode } from "@toolmesh/nats";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { initTelemetry } from "@toolmesh/telemetry";
 import { describeMessage, say } from "./print.js";
@@ -189,7 +190,14 @@ export async function whatIsMissing(
     const jsm = await jetstreamManager(nc);
     const resolver = await jsm.consumers
       .info(subjects.streams.calls, subjects.resolverConsumer)
-      .catch(() => undefined);
+      .catch((err: unknown) =>
+        err instanceof JetStreamApiError && err.code === JsApiCode.StreamNotFound
+          ? ("no stream" as const)
+          : undefined,
+      );
+    if (resolver === "no stream") {
+      return `no stream ${subjects.streams.calls} stores the calls of prefix ${subjects.prefix}: the call cannot be queued (check --prefix or TOOLMESH_PREFIX; toolmesh setup makes the streams)`;
+    }
     if (resolver === undefined || resolver.num_waiting === 0) {
       return "no resolver is running: the call stays queued until one starts";
     }
