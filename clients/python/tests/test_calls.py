@@ -241,7 +241,7 @@ async def test_without_a_mesh_calls_and_cancels_fail_typed(nats_server: NatsServ
     # Another prefix on the same server: no stream takes its calls, no resolver answers.
     alone = await toolmesh.connect(nats_server.url, prefix="nomesh")
     async with alone, alone.session(sid()) as session:
-        with pytest.raises(toolmesh.UnavailableError):
+        with pytest.raises(toolmesh.UnavailableError, match="no stream took the message on nomesh"):
             await session.call("inspect", {"query": "x"}, timeout=0.6)
         reply = await session.cancel("c1")
         assert reply["state"] == "unknown"

@@ -1320,9 +1320,15 @@ def _publish_error(err: Exception, subject: str) -> ToolmeshError:
             )
     if isinstance(err, nats.errors.ConnectionClosedError):
         return UnavailableError("the NATS connection is closed", retryable=False)
-    if isinstance(
-        err, (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError)
-    ):
+    if isinstance(err, (nats.js.errors.NoStreamResponseError, nats.errors.NoRespondersError)):
+        # JetStream answers no one on that subject, though it answers others all the while.
+        return UnavailableError(
+            f"no stream took the message on {subject}: none stores that subject "
+            "(check the subject prefix and the tenant; toolmesh setup makes the streams), "
+            "or its leader is being elected",
+            details={"subject": subject},
+        )
+    if isinstance(err, (nats.errors.TimeoutError, asyncio.TimeoutError)):
         return UnavailableError(f"JetStream did not accept the message on {subject}")
     return UnavailableError(str(err) or type(err).__name__)
 
