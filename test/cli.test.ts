@@ -106,6 +106,41 @@ describe("toolmesh CLI", () => {
     expect(stderr).toContain("TOOLMESH_DEFAULT_TIMEOUT_MS");
   });
 
+  it("prints a usage error as one line naming the command's help, and exits 2", async () => {
+    const cases: [string[], string][] = [
+      [["call", "echo", "--bogus"], "unknown option '--bogus' (see toolmesh call --help)"],
+      [["call"], "missing required argument 'tool' (see toolmesh call --help)"],
+      [["catalog", "--format", "nope"], "argument 'nope' is invalid"],
+      [
+        ["cancel", "x"],
+        "required option '--session <id>' not specified (see toolmesh cancel --help)",
+      ],
+      [["call", "echo", "--timeout-ms", "abc"], "must be a positive integer"],
+      [["serve", "nope"], "value 'nope' is invalid for argument 'roles'"],
+      [["dlq", "show", "abc"], "(see toolmesh dlq show --help)"],
+      [["nope"], "unknown command 'nope'"],
+    ];
+    for (const [args, text] of cases) {
+      const { code, stdout, stderr } = await toolmesh(args);
+      expect({ args, code, stdout }).toEqual({ args, code: 2, stdout: "" });
+      expect(stderr).toMatch(/^toolmesh: [^\n]+\n$/);
+      expect(stderr).toContain(text);
+    }
+  });
+
+  it("still prints the help and the version, and exits 0", async () => {
+    for (const args of [["--help"], ["call", "--help"], ["tools", "show", "--help"]]) {
+      const { code, stdout } = await toolmesh(args);
+      expect({ args, code }).toEqual({ args, code: 0 });
+      expect(stdout).toContain("Usage: toolmesh");
+    }
+    for (const args of [["--version"], ["dlq", "list", "--version"]]) {
+      const { code, stdout } = await toolmesh(args);
+      expect({ args, code }).toEqual({ args, code: 0 });
+      expect(stdout).toMatch(/^\d+\.\d+\.\d+/);
+    }
+  });
+
   it("dev starts its own nats-server when none answers and runs the demo", async () => {
     const port = await freePort();
     const { code, stdout } = await toolmesh(["dev", "--exit-after-demo"], {

@@ -1,6 +1,7 @@
 import { ConfigError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { TelemetryConfigError } from "@toolmesh/telemetry";
+import { UsageError } from "./usage-errors.js";
 
 /**
  * What a failed command tells people, on one line: the known errors' own messages, and NATS
@@ -17,7 +18,8 @@ function oneLine(error: Error, natsUrl: string): string {
   if (
     error instanceof ConfigError ||
     error instanceof ToolmeshError ||
-    error instanceof TelemetryConfigError
+    error instanceof TelemetryConfigError ||
+    error instanceof UsageError
   )
     return error.message;
   const code = (error as { code?: unknown }).code;
