@@ -5,6 +5,7 @@ import { startNatsServer } from "./helpers/nats-server.js";
 import type { NatsServerHandle } from "./helpers/nats-server.js";
 import { fixtureTools, killAllServices, startService, toolAvailable } from "./helpers/mesh.js";
 import { freePort } from "@toolmesh/nats-launcher";
+import { renderAccountConfig } from "@toolmesh/nats";
 
 let server: NatsServerHandle;
 let env: Record<string, string>;
@@ -150,5 +151,55 @@ describe("toolmesh CLI", () => {
     expect(stdout).toContain(`no NATS answered at nats://127.0.0.1:${port}; started nats-server`);
     expect(stdout).toContain("demo finished: every call ended as expected");
     expect(code).toBe(0);
+  });
+});
+
+// The accounts `toolmesh auth config` prints (tenants `default` and `acme`): a tenant's frontend
+// user may use its own tenant's subjects only, and no operator's.
+describe("toolmesh CLI with a user NATS denies what the command needs", () => {
+  let accounts: NatsServerHandle;
+  const frontend = (): Record<string, string> => ({
+    NATS_URL: accounts.url,
+    NATS_USER: "frontend-default",
+    NATS_PASSWORD: "pw-frontend-default",
+  });
+
+  beforeAll(async () => {
+    const config = renderAccountConfig({ tenants: ["default", "acme"] });
+    // Each user's password is a variable of the rendered file, read from the server's environment.
+    for (const [, user, variable] of config.matchAll(/user: "([^"]+)"\n\s+password: \$(\w+)/g))
+      process.env[variable!] = `pw-${user!}`;
+    accounts = await startNatsServer({ config: `${config}\n` });
+  });
+
+  afterAll(async () => {
+    await accounts?.stop();
+  });
+
+  it("says an operator's command needs the operator's credentials, and exits 2", async () => {
+    for (const args of [["stats"], ["quotas", "list"], ["dlq", "list"]]) {
+      const { code, stdout, stderr } = await runCli(args, frontend());
+      expect({ args, code, stdout }).toEqual({ args, code: 2, stdout: "" });
+      expect(stderr).toMatch(
+        /^toolmesh: NATS denied this user \(subscription to "_INBOX\.toolmesh\.operator\.[^"]+"\): this command needs the operator's credentials\n$/,
+      );
+    }
+  });
+
+  it("says at once that the user may not use another tenant's subjects, and exits 2", async () => {
+    const started = Date.now();
+    for (const args of [
+      ["--tenant", "acme", "call", "echo", "--args", '{"text":"a"}'],
+      ["--tenant", "acme", "resolve", "echo"],
+      ["--tenant", "acme", "catalog"],
+    ]) {
+      const { code, stdout, stderr } = await runCli(args, frontend());
+      expect({ args, code, stdout }).toEqual({ args, code: 2, stdout: "" });
+      expect(stderr).toMatch(
+        /^toolmesh: NATS denied this user the subjects of tenant acme \(subscription to "_INBOX\.toolmesh\.frontend\.acme\.[^"]+"\): set --tenant \(TOOLMESH_TENANT\) to the tenant of these credentials, or use tenant acme's frontend credentials\n$/,
+      );
+    }
+    // Not the call's budget (TOOLMESH_DEFAULT_TIMEOUT_MS, 60 s): the refusal is known at once.
+    expect(Date.now() - started).toBeLessThan(30_000);
   });
 });

@@ -1,6 +1,7 @@
 import { ConfigError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { TelemetryConfigError } from "@toolmesh/telemetry";
+import { PermissionDeniedError, describeViolation, permissionViolation } from "./denied.js";
 import { UsageError } from "./usage-errors.js";
 
 /**
@@ -15,11 +16,16 @@ export function describeFailure(err: unknown, natsUrl: string, debug: boolean): 
 }
 
 function oneLine(error: Error, natsUrl: string): string {
+  // Libraries wrap NATS's refusal of a right (a request's error, an `unavailable`): name it.
+  const violation = permissionViolation(error);
+  if (violation !== undefined && !(error instanceof PermissionDeniedError))
+    return describeViolation(violation);
   if (
     error instanceof ConfigError ||
     error instanceof ToolmeshError ||
     error instanceof TelemetryConfigError ||
-    error instanceof UsageError
+    error instanceof UsageError ||
+    error instanceof PermissionDeniedError
   )
     return error.message;
   const code = (error as { code?: unknown }).code;
@@ -32,7 +38,6 @@ function oneLine(error: Error, natsUrl: string): string {
   }
   if (error.name === "AuthorizationError" || /authorization/i.test(error.message))
     return `NATS refused the credentials at ${natsUrl}: ${error.message}`;
-  if (error.name === "PermissionViolationError") return `NATS denied this user: ${error.message}`;
   return error.message === "" ? error.name : error.message;
 }
 
