@@ -142,6 +142,18 @@ describe("toolmesh CLI", () => {
     }
   });
 
+  it("says which audit stream a tenant lacks and what makes it, and exits 2", async () => {
+    for (const command of ["tail", "verify"]) {
+      const { code, stderr } = await toolmesh(["--tenant", "nobody", "audit", command]);
+      expect({ command, code }).toEqual({ command, code: 2 });
+      expect(stderr).toBe(
+        "toolmesh: tenant nobody has no audit stream TOOLMESH_AUDIT_nobody: `toolmesh setup " +
+          "--tenants nobody` makes it, beside the tenant's calls stream; services record into " +
+          "it with TOOLMESH_AUDIT=required (docs/audit.md)\n",
+      );
+    }
+  });
+
   it("dev starts its own nats-server when none answers and runs the demo", async () => {
     const port = await freePort();
     const { code, stdout } = await toolmesh(["dev", "--exit-after-demo"], {
