@@ -154,6 +154,14 @@ describe("toolmesh CLI", () => {
     }
   });
 
+  it("says a NATS host that does not resolve is not found, and exits 2", async () => {
+    const { code, stderr } = await toolmesh(["-s", "nats://nosuchhost.invalid:4222", "stats"]);
+    expect(code).toBe(2);
+    expect(stderr).toBe(
+      "toolmesh: cannot connect to NATS at nats://nosuchhost.invalid:4222: host not found\n",
+    );
+  });
+
   it("dev starts its own nats-server when none answers and runs the demo", async () => {
     const port = await freePort();
     const { code, stdout } = await toolmesh(["dev", "--exit-after-demo"], {
