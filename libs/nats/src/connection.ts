@@ -102,7 +102,7 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
     followServerChanges(nc);
     return nc;
   } catch (err) {
-    const reason = err instanceof Error ? err.message : String(err);
+    const reason = connectFailureReason(err);
     throw new ToolmeshError(
       ErrorCode.Unavailable,
       `cannot connect to NATS at ${servers.map(redactUrl).join(",")}: ${redactSecrets(reason, options)}`,
@@ -111,6 +111,12 @@ export async function connectNats(options: NatsConnectOptions = {}): Promise<Nat
       { retryable: !/authori[sz]ation|authentication/i.test(reason) },
     );
   }
+}
+
+/** Why a first connection failed, for people: `host not found` rather than `getaddrinfo ENOTFOUND h`. */
+function connectFailureReason(err: unknown): string {
+  if ((err as { code?: unknown } | null)?.code === "ENOTFOUND") return "host not found";
+  return err instanceof Error ? err.message : String(err);
 }
 
 /**

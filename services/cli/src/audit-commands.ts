@@ -2,6 +2,9 @@ import type { Command } from "commander";
 import { Option } from "commander";
 import type { AuditRecord } from "@toolmesh/audit";
 import { readTrail, verifyTrail } from "@toolmesh/audit";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import type { Subjects } from "@toolmesh/protocol";
+import { subjectToken } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
 import { actingAsOption, asOperator } from "./commands.js";
 import { durationMs } from "./policy-commands.js";
@@ -13,6 +16,32 @@ import { say } from "./print.js";
  */
 interface ReadAs {
   as: "operator" | "approver";
+}
+
+/** The tenant has no audit stream: nothing made it, so there is no trail to read. */
+export class NoAuditStreamError extends Error {
+  override readonly name = "NoAuditStreamError";
+}
+
+/** Runs `read` of `tenant`'s trail; a missing audit stream says what makes it (docs/audit.md). */
+async function readingTrail<T>(
+  subjects: Subjects,
+  tenant: string,
+  read: () => Promise<T>,
+): Promise<T> {
+  try {
+    return await read();
+  } catch (err) {
+    if (!(err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound))
+      throw err;
+    const stream = subjects.auditStream(subjectToken(tenant));
+    throw new NoAuditStreamError(
+      `tenant ${tenant} has no audit stream ${stream}: \`toolmesh setup --tenants ${tenant}\` ` +
+        `makes it, beside the tenant's calls stream; services record into it with ` +
+        `TOOLMESH_AUDIT=required (docs/audit.md)`,
+      { cause: err },
+    );
+  }
 }
 
 /** Options of `toolmesh audit tail`. */
@@ -31,25 +60,26 @@ async function auditTailCommand(
   return asOperator(
     config,
     options.json,
-    async (nc, subjects) => {
-      const stop = new AbortController();
-      const onSignal = (): void => stop.abort();
-      process.once("SIGINT", onSignal);
-      try {
-        for await (const { seq, record } of readTrail(nc, subjects, tenant, {
-          follow: options.follow === true,
-          signal: stop.signal,
-          direct: options.as === "approver",
-        })) {
-          const event = record as AuditRecord | undefined;
-          if (options.call !== undefined && event?.call_id !== options.call) continue;
-          say(options.json === true ? JSON.stringify(record) : line(seq, event));
+    (nc, subjects) =>
+      readingTrail(subjects, tenant, async () => {
+        const stop = new AbortController();
+        const onSignal = (): void => stop.abort();
+        process.once("SIGINT", onSignal);
+        try {
+          for await (const { seq, record } of readTrail(nc, subjects, tenant, {
+            follow: options.follow === true,
+            signal: stop.signal,
+            direct: options.as === "approver",
+          })) {
+            const event = record as AuditRecord | undefined;
+            if (options.call !== undefined && event?.call_id !== options.call) continue;
+            say(options.json === true ? JSON.stringify(record) : line(seq, event));
+          }
+        } finally {
+          process.off("SIGINT", onSignal);
         }
-      } finally {
-        process.off("SIGINT", onSignal);
-      }
-      return 0;
-    },
+        return 0;
+      }),
     options.as,
   );
 }
@@ -80,19 +110,20 @@ async function auditVerifyCommand(
   return asOperator(
     config,
     options.json,
-    async (nc, subjects) => {
-      const outcome = await verifyTrail(nc, subjects, tenant, {
-        sinceMs: options.since === undefined ? undefined : Date.now() - options.since,
-        direct: options.as === "approver",
-      });
-      if (options.json === true) say(JSON.stringify(outcome));
-      else if (outcome.ok) say(`verified ${outcome.count} events`);
-      else
-        say(
-          `broken link at event ${outcome.broken.seq}: ${outcome.broken.reason} (${outcome.count} events before it verified)`,
-        );
-      return outcome.ok ? 0 : 1;
-    },
+    (nc, subjects) =>
+      readingTrail(subjects, tenant, async () => {
+        const outcome = await verifyTrail(nc, subjects, tenant, {
+          sinceMs: options.since === undefined ? undefined : Date.now() - options.since,
+          direct: options.as === "approver",
+        });
+        if (options.json === true) say(JSON.stringify(outcome));
+        else if (outcome.ok) say(`verified ${outcome.count} events`);
+        else
+          say(
+            `broken link at event ${outcome.broken.seq}: ${outcome.broken.reason} (${outcome.count} events before it verified)`,
+          );
+        return outcome.ok ? 0 : 1;
+      }),
     options.as,
   );
 }
@@ -106,14 +137,15 @@ async function auditExportCommand(
   return asOperator(
     config,
     true,
-    async (nc, subjects) => {
-      for await (const { record } of readTrail(nc, subjects, tenant, {
-        sinceMs: Date.now() - options.since,
-        direct: options.as === "approver",
-      }))
-        say(JSON.stringify(record));
-      return 0;
-    },
+    (nc, subjects) =>
+      readingTrail(subjects, tenant, async () => {
+        for await (const { record } of readTrail(nc, subjects, tenant, {
+          sinceMs: Date.now() - options.since,
+          direct: options.as === "approver",
+        }))
+          say(JSON.stringify(record));
+        return 0;
+      }),
     options.as,
   );
 }

@@ -8,6 +8,7 @@ import type { RuntimeConfig } from "@toolmesh/runtime";
 import { createLogger } from "@toolmesh/telemetry";
 import { Option } from "commander";
 import type { Logger } from "@toolmesh/telemetry";
+import { checkReplyInbox } from "./denied.js";
 import { say, typedFailure } from "./print.js";
 
 /** The role a command connects as: the tenant's approver is `approver-{tenant}` of auth config. */
@@ -23,20 +24,25 @@ export function commandLog(): Logger {
 
 /**
  * Connects as the CLI. Replies arrive below the inbox prefix of the role the command acts as:
- * the tenant's frontend, or the operator (docs/security.md).
+ * the tenant's frontend, or the operator (docs/security.md). A user NATS does not let receive
+ * them fails at once with a line saying which credentials the command needs.
  */
-export function connectCli(config: RuntimeConfig, as: CliRole): Promise<NatsConnection> {
+export async function connectCli(config: RuntimeConfig, as: CliRole): Promise<NatsConnection> {
   const subjects = createSubjects({ prefix: config.prefix });
-  return connectNats({
-    ...config.nats,
-    name: "toolmesh-cli",
-    inboxPrefix:
-      as === "frontend"
-        ? subjects.frontendInboxPrefix(config.tenant)
-        : as === "approver"
-          ? subjects.approverInboxPrefix(config.tenant)
-          : subjects.inboxPrefix(as),
-  });
+  const inboxPrefix =
+    as === "frontend"
+      ? subjects.frontendInboxPrefix(config.tenant)
+      : as === "approver"
+        ? subjects.approverInboxPrefix(config.tenant)
+        : subjects.inboxPrefix(as);
+  const nc = await connectNats({ ...config.nats, name: "toolmesh-cli", inboxPrefix });
+  try {
+    await checkReplyInbox(nc, { role: as, tenant: config.tenant, inboxPrefix });
+  } catch (err) {
+    await nc.close();
+    throw err;
+  }
+  return nc;
 }
 
 /**

@@ -1,6 +1,8 @@
 import { ConfigError } from "@toolmesh/runtime";
 import { ToolmeshError } from "@toolmesh/protocol";
 import { TelemetryConfigError } from "@toolmesh/telemetry";
+import { PermissionDeniedError, describeViolation, permissionViolation } from "./denied.js";
+import { UsageError } from "./usage-errors.js";
 
 /**
  * What a failed command tells people, on one line: the known errors' own messages, and NATS
@@ -14,10 +16,16 @@ export function describeFailure(err: unknown, natsUrl: string, debug: boolean): 
 }
 
 function oneLine(error: Error, natsUrl: string): string {
+  // Libraries wrap NATS's refusal of a right (a request's error, an `unavailable`): name it.
+  const violation = permissionViolation(error);
+  if (violation !== undefined && !(error instanceof PermissionDeniedError))
+    return describeViolation(violation);
   if (
     error instanceof ConfigError ||
     error instanceof ToolmeshError ||
-    error instanceof TelemetryConfigError
+    error instanceof TelemetryConfigError ||
+    error instanceof UsageError ||
+    error instanceof PermissionDeniedError
   )
     return error.message;
   const code = (error as { code?: unknown }).code;
@@ -30,7 +38,6 @@ function oneLine(error: Error, natsUrl: string): string {
   }
   if (error.name === "AuthorizationError" || /authorization/i.test(error.message))
     return `NATS refused the credentials at ${natsUrl}: ${error.message}`;
-  if (error.name === "PermissionViolationError") return `NATS denied this user: ${error.message}`;
   return error.message === "" ? error.name : error.message;
 }
 

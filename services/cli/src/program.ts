@@ -28,6 +28,7 @@ import { addSecretsCommands } from "./secrets-commands.js";
 import { addApprovalCommands } from "./approvals-commands.js";
 import { addAuthCommands } from "./auth-commands.js";
 import { positiveInt } from "./option-values.js";
+import { oneLineUsageErrors } from "./usage-errors.js";
 
 /** The log level asked for: `--log-level`, else `TOOLMESH_LOG_LEVEL`; undefined when neither. */
 export function chosenLogLevel(
@@ -75,8 +76,7 @@ export function buildProgram(
     .option("--tlsca <file>", "CA bundle the server's certificate is checked against (NATS_CA)")
     .option("--prefix <prefix>", "subject prefix (TOOLMESH_PREFIX)")
     .option("--tenant <id>", "tenant id of this frontend (TOOLMESH_TENANT)")
-    .option("--log-level <level>", "fatal|error|warn|info|debug|trace|silent (TOOLMESH_LOG_LEVEL)")
-    .showHelpAfterError();
+    .option("--log-level <level>", "fatal|error|warn|info|debug|trace|silent (TOOLMESH_LOG_LEVEL)");
 
   const config = (extra: Partial<Record<string, string | undefined>> = {}): RuntimeConfig => {
     const o = program.opts<GlobalOptions>();
@@ -116,6 +116,7 @@ export function buildProgram(
   addAuthCommands(program, () => config(), run);
 
   addVersionEverywhere(program);
+  oneLineUsageErrors(program);
 
   return program;
 }
