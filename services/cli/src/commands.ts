@@ -25,9 +25,14 @@ export function commandLog(): Logger {
 /**
  * Connects as the CLI. Replies arrive below the inbox prefix of the role the command acts as:
  * the tenant's frontend, or the operator (docs/security.md). A user NATS does not let receive
- * them fails at once with a line saying which credentials the command needs.
+ * them fails at once with a line saying which credentials the command needs, unless the
+ * command asks nothing (`replies: false`: `watch` only subscribes).
  */
-export async function connectCli(config: RuntimeConfig, as: CliRole): Promise<NatsConnection> {
+export async function connectCli(
+  config: RuntimeConfig,
+  as: CliRole,
+  { replies = true }: { replies?: boolean } = {},
+): Promise<NatsConnection> {
   const subjects = createSubjects({ prefix: config.prefix });
   const inboxPrefix =
     as === "frontend"
@@ -36,6 +41,7 @@ export async function connectCli(config: RuntimeConfig, as: CliRole): Promise<Na
         ? subjects.approverInboxPrefix(config.tenant)
         : subjects.inboxPrefix(as);
   const nc = await connectNats({ ...config.nats, name: "toolmesh-cli", inboxPrefix });
+  if (!replies) return nc;
   try {
     await checkReplyInbox(nc, { role: as, tenant: config.tenant, inboxPrefix });
   } catch (err) {

@@ -1,13 +1,8 @@
-import type { Command } from "commander";
-import type { CommanderError } from "commander";
+import type { Command, CommanderError } from "commander";
 
 /** A command line commander could not parse: an unknown option, a missing argument, a bad value. */
 export class UsageError extends Error {
   override readonly name = "UsageError";
-
-  constructor(message: string, options?: ErrorOptions) {
-    super(message, options);
-  }
 }
 
 /** Commander's ends that are not errors: the help or the version asked for and printed. */

@@ -30,7 +30,8 @@ export async function watchCommand(
   options: { session?: string; json?: boolean; limit?: number },
 ): Promise<number> {
   const subjects = createSubjects({ prefix: config.prefix });
-  const nc = await connectCli(config, "operator");
+  // Any user: what it may not subscribe to is said in one line, the rest shown.
+  const nc = await connectCli(config, "operator", { replies: false });
   const address =
     options.session === undefined ? undefined : subjects.address(config.tenant, options.session);
   const watched = [
