@@ -28,7 +28,7 @@ export function addImportOpenApiCommand(
   tools
     .command("import-openapi")
     .description(
-      "serve an OpenAPI document's operations as tools: print them and what cannot be served, then write a source file into TOOLMESH_NATIVE_TOOLS_DIR",
+      "serve an OpenAPI document's operations as tools: write a source file into TOOLMESH_NATIVE_TOOLS_DIR, then print them and what cannot be served",
     )
     .argument("<spec>", "the OpenAPI 3.x document: a file or an http(s) URL")
     .option("--prefix <prefix>", "tool names are PREFIX.operationId (default: from the file name)")

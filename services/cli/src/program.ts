@@ -127,11 +127,11 @@ function addCallCommands(
   config: () => RuntimeConfig,
   run: (command: () => Promise<number>) => void,
 ): void {
-  const callOptions = (cmd: Command): Command =>
+  const callOptions = (cmd: Command, timeout = "the call's budget in ms"): Command =>
     cmd
       .option("--args <json>", "function.arguments as JSON text", "{}")
       .option("--session <id>", "session id (default: a new one)")
-      .addOption(new Option("--timeout-ms <n>", "the call's budget in ms").argParser(positiveInt))
+      .addOption(new Option("--timeout-ms <n>", timeout).argParser(positiveInt))
       .option("--idempotency-key <key>", "runs once per key within the call retention")
       .option("--agent <name>", "the agent the call is made for (its tools and context)")
       .option("--context <json>", "call-level execution context, a JSON object")
@@ -154,6 +154,7 @@ function addCallCommands(
       .command("resolve")
       .description("print the resolved-call record without executing")
       .argument("<tool>"),
+    "the call's budget in ms, and how long to wait for the reply (default 5000)",
   ).action((tool: string, o: CallOptions) => {
     run(() => resolveCommand(config(), tool, o));
   });
@@ -170,10 +171,12 @@ function addToolsCommands(
     .description("look at the tool registry, approve MCP tools, import OpenAPI documents");
   tools
     .command("list")
-    .option("--json", "print JSON")
+    .description("name and summary of every registered tool")
+    .option("--json", "print JSON, with groups and kind")
     .action((o: { json?: boolean }) => run(() => toolsListCommand(config(), o)));
   tools
     .command("show")
+    .description("a tool's full registry entry (exit 1 for an unknown tool)")
     .argument("<tool>")
     .option("--json", "print JSON")
     .action((name: string, o: { json?: boolean }) =>
