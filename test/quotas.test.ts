@@ -212,6 +212,12 @@ describe("quotas across three resolvers", () => {
       usage: { today: number };
     };
     expect(got.usage.today).toBe(1);
+    const daily = await cli("quotas", "set", "cli-t", "--tool", "concurrency", "--daily", "5");
+    expect(daily.stdout.trim()).toBe("tenant cli-t tool concurrency: rate=0.01 burst=1 daily=5");
+    // `none` removes one limit and keeps the others.
+    const noDaily = await cli("quotas", "set", "cli-t", "--tool", "concurrency", "--daily", "none");
+    expect(noDaily).toMatchObject({ code: 0, stderr: "" });
+    expect(noDaily.stdout.trim()).toBe("tenant cli-t tool concurrency: rate=0.01 burst=1");
     expect((await cli("quotas", "rm", "cli-t", "--tool", "concurrency")).stdout.trim()).toBe(
       "removed",
     );

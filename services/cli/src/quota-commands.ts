@@ -52,9 +52,12 @@ const LIMIT_FLAGS: { flag: string; field: keyof Quota; what: string; integer: bo
   },
 ];
 
+/** What `--flag none` parses to: commander stores an argument parser's `null` as `""`. */
+const NONE = "none";
+
 function limitValue(integer: boolean) {
-  return (value: string): number | null => {
-    if (value === "none") return null;
+  return (value: string): number | typeof NONE => {
+    if (value === NONE) return NONE;
     const n = Number(value);
     if (!Number.isFinite(n) || n < 0 || (integer && !Number.isInteger(n)))
       throw new InvalidArgumentError(
@@ -100,8 +103,8 @@ async function setQuota(
   const limits: LimitOptions = {};
   for (const l of LIMIT_FLAGS) {
     const key = l.flag.replace(/-(\w)/g, (_, c: string) => c.toUpperCase());
-    const value = o[key] as number | null | undefined;
-    if (value !== undefined) limits[l.field] = value;
+    const value = o[key] as number | typeof NONE | undefined;
+    if (value !== undefined) limits[l.field] = value === NONE ? null : value;
   }
   const stored = await store.set(scopeOf(tenant, o), limits);
   say(o.json === true ? JSON.stringify(stored) : describe(stored));
