@@ -307,5 +307,9 @@ describe("policies (docs/policy.md)", () => {
         after: expect.stringMatching(/^deny/),
       });
     expect(summary).toMatchObject({ changed: lines.length });
+    // Every tenant's calls: the bucket's other keys (the resolvers' clock probe) are passed over.
+    const all = await runCli(["policy", "replay", file, "--json"], env);
+    expect(all).toMatchObject({ code: 0, stderr: "" });
+    expect(all.stdout).toContain('"tool":"delete_file"');
   });
 });

@@ -2,11 +2,12 @@ import { readFile } from "node:fs/promises";
 import type { Command } from "commander";
 import { InvalidArgumentError } from "commander";
 import { Kvm } from "@nats-io/kv";
-import type { CallRecord, Subjects } from "@toolmesh/protocol";
+import type { Subjects } from "@toolmesh/protocol";
 import {
+  CallRecordSchema,
   ErrorCode,
   ToolmeshError,
-  decodeJson,
+  decodeJsonOrUndefined,
   parseDurationMs,
   subjectToken,
 } from "@toolmesh/protocol";
@@ -340,8 +341,13 @@ async function replayCalls(
   if ((await calls.status()).values === 0) return { replayed, changed };
   for await (const entry of await calls.watch({ key: ">" })) {
     const mine = tenant === undefined || entry.key.startsWith(`${tenant}.`);
-    if (mine && entry.operation === "PUT" && entry.created.getTime() >= since) {
-      const record = decodeJson(entry.value) as CallRecord;
+    // Not every key holds a call record: the resolvers' clock probe (`_clock`) is one.
+    const parsed =
+      mine && entry.operation === "PUT" && entry.created.getTime() >= since
+        ? CallRecordSchema.safeParse(decodeJsonOrUndefined(entry.value))
+        : undefined;
+    if (parsed?.success === true) {
+      const record = parsed.data;
       const definition = tools.get(record.tool);
       if (definition !== undefined) {
         const t = record.address.tenant;
