@@ -260,6 +260,22 @@ describe("egress to the endpoints the pods call", () => {
         `${role === "gateway" ? "gateway" : "executor-crm"} env or extraEnv sets ${variable} as plain text: put it in a Secret`,
       );
     }
+    // extraEnv: a literal value is refused the same way; one taken from a Secret is not.
+    const extraEnv = (entry: Record<string, unknown>) => [
+      "--set-json",
+      `executors=${JSON.stringify([{ name: "crm", extraEnv: [{ name: "TOOLMESH_SECRET_KEYS", ...entry }] }])}`,
+    ];
+    await refuse(
+      extraEnv({ value: "x" }),
+      "executor-crm env or extraEnv sets TOOLMESH_SECRET_KEYS as plain text: put it in a Secret",
+    );
+    const fromSecret = { valueFrom: { secretKeyRef: { name: "crm-keys", key: "keys" } } };
+    expect(
+      containerOf(find(await render(extraEnv(fromSecret)), "Deployment", "executor-crm")).env,
+    ).toContainEqual({
+      name: "TOOLMESH_SECRET_KEYS",
+      ...fromSecret,
+    });
   });
 
   it("warns in the notes of an endpoint no egress rule reaches, and only then", async () => {

@@ -343,10 +343,12 @@ call with (dict "root" $ "where" "resolver" "env" $map "extraEnv" $list).
 {{- fail (printf "%s sets %s, which shapes the mesh's streams: set %s instead, so the setup Job and every pod agree (a service whose settings differ from the streams' refuses to start)" $.where $var $where) }}
 {{- end }}
 {{- end }}
-{{- range $var := list "TOOLMESH_SECRET_KEYS" "TOOLMESH_TOKEN_CLIENT_SECRET" }}
-{{- if hasKey (default dict $.env) $var }}
+{{- $secrets := list "TOOLMESH_SECRET_KEYS" "TOOLMESH_TOKEN_CLIENT_SECRET" }}
+{{- $plain := list }}
+{{- range $var := $secrets }}{{ if hasKey (default dict $.env) $var }}{{ $plain = append $plain $var }}{{ end }}{{ end }}
+{{- range (default list .extraEnv) }}{{ if and (has .name $secrets) (hasKey . "value") }}{{ $plain = append $plain .name }}{{ end }}{{ end }}
+{{- range $var := $plain }}
 {{- fail (printf "%s sets %s as plain text: put it in a Secret (an executor's or bridge's secretEnv, or extraEnvFrom, or extraEnv with valueFrom.secretKeyRef)" $.where $var) }}
-{{- end }}
 {{- end }}
 {{- end }}
 
