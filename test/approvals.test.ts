@@ -137,6 +137,24 @@ describe("calls that wait for approval", () => {
     await until("the session told", () => events.length > 0);
     expect(events[0]).toMatchObject({ tool_call_id: "ok-1", mode: "operator" });
     expect(await runs("ok-1")).toBe(0);
+    // `policy check` says the same of such a call before it is made.
+    const check = await runCli(
+      [
+        "--tenant",
+        "acme",
+        "policy",
+        "check",
+        "--tool",
+        "sleepy",
+        "--args",
+        '{"ms":10,"tag":"danger"}',
+      ],
+      env,
+    );
+    expect(check).toMatchObject({ code: 0, stderr: "" });
+    expect(check.stdout).toMatch(
+      /^call: approval by the operator \(operator:all, operator:danger-needs-operator; operator@\d+\)$/m,
+    );
     // A call without the tag needs nobody.
     const plain = submit("plain-1", { ms: 5 });
     expect((await plain.result).error).toBeUndefined();

@@ -100,7 +100,13 @@ function describeDecision(d: PolicyDecision | "depends" | undefined): string {
   if (d === undefined) return "allow (no policy set)";
   if (d === "depends") return "depends on the arguments";
   const by = d.policies.length === 0 ? "no policy permits" : d.policies.join(", ");
-  return `${d.allowed ? "allow" : "deny"} (${by}; ${d.version})`;
+  // Allowed once a person approves: the operator (`toolmesh approvals`), or the caller.
+  const effect = !d.allowed
+    ? "deny"
+    : d.approval === undefined
+      ? "allow"
+      : `approval by the ${d.approval.mode}`;
+  return `${effect} (${by}; ${d.version})`;
 }
 
 /** `toolmesh policy set|get|rm|check|replay`. */
