@@ -3,7 +3,7 @@ import type { KV } from "@nats-io/kv";
 import { Kvm } from "@nats-io/kv";
 import { jetstreamManager } from "@nats-io/jetstream";
 import type { EnsureOptions, StreamCompression } from "@toolmesh/nats";
-import { isWrongLastSequence, meshPlan, openBucket, scanBucket } from "@toolmesh/nats";
+import { isWrongLastSequence, meshPlan, nextMessage, openBucket, scanBucket } from "@toolmesh/nats";
 import type {
   CallRecord,
   ResolvedCall,
@@ -303,16 +303,26 @@ export class CallStore {
    * fails — nats-server 2.9 fails to make the consumer about 40 % of the time while a node of
    * the bucket's cluster is down — they are read by message gets instead ({@link scanBucket}: a
    * request per stored record, slower for a large bucket, but working once a leader is elected).
+   * So are they when the listing is empty but one message get finds a record under `filter`: a
+   * consumer made while a node is down can also report nothing pending, and list nothing.
    */
   async #keys(filter: string): Promise<string[]> {
     try {
       const keys: string[] = [];
       for await (const key of await this.#kv.keys(filter)) keys.push(key);
-      return keys;
+      if (keys.length > 0 || !(await this.#holdsAny(filter))) return keys;
     } catch {
-      const jsm = await jetstreamManager(this.#nc);
-      return (await scanBucket(jsm, this.#bucket, filter)).map((entry) => entry.key);
+      // Read by message gets, below.
     }
+    const jsm = await jetstreamManager(this.#nc);
+    return (await scanBucket(jsm, this.#bucket, filter)).map((entry) => entry.key);
+  }
+
+  /** Whether the bucket's stream holds any message under `filter`: one message get. */
+  async #holdsAny(filter: string): Promise<boolean> {
+    const jsm = await jetstreamManager(this.#nc);
+    const stream = `KV_${this.#bucket}`;
+    return (await nextMessage(jsm, stream, 1, `$KV.${this.#bucket}.${filter}`)) !== null;
   }
 
   /**
