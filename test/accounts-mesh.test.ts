@@ -355,6 +355,33 @@ describe("the mesh with tenants in their own accounts, under TLS", () => {
     session.close();
   });
 
+  it("a client set to a tenant its user is not of fails its calls at once, in both subscription modes", async () => {
+    const nc = await connectAs("frontend-acme", {
+      inboxPrefix: subjects.frontendInboxPrefix("acme"),
+    });
+    for (const tenantSubscription of [false, true]) {
+      const client = new ToolmeshClient(nc, {
+        tenant: "globex",
+        tenantSubscription,
+        defaultTimeoutMs: 30_000,
+      });
+      const session = client.session(`wrong-${String(tenantSubscription)}`);
+      // Nothing would answer it: without the refusal it would end at its deadline instead.
+      const message = await session.submit({ name: "echo", arguments: { text: "x" } }).result;
+      expect(message.error).toMatchObject({
+        code: "permission_denied",
+        retryable: false,
+        message: expect.stringContaining(
+          "its user may not act for tenant globex or this session (check the client's tenant",
+        ),
+      });
+      // A call submitted after is refused the same way, at once.
+      const again = await session.submit({ name: "echo", arguments: { text: "y" } }).result;
+      expect(again.error?.code).toBe("permission_denied");
+      session.close();
+    }
+  });
+
   it("the operator lists tools, and lists and replays a dead letter into a tenant's session", async () => {
     const tools = await runCli(["tools", "list", "--json"], credentials("operator"));
     expect(tools.stderr).toBe("");

@@ -56,6 +56,7 @@ import type { SpanContext, Tracer } from "@toolmesh/telemetry";
 import { linkableContext, withSpan } from "@toolmesh/telemetry";
 import { trace } from "@opentelemetry/api";
 import { recordReceipt, sendSpanOptions } from "./call-spans.js";
+import { eventsDenied } from "./denied.js";
 import type { z } from "zod";
 import type { GroupChanges } from "./expansion.js";
 import { SchemaInbox, readCatalog, requestSchemaExpander } from "./expansion.js";
@@ -189,6 +190,9 @@ export class ToolmeshClient {
   // With `tenantSubscription`: the one subscription, and the open sessions by session token.
   #tenantSub: Subscription | undefined;
   readonly #routes = new Map<string, Set<(msg: Msg) => void>>();
+  // The sessions told when the tenant's subscription is refused, and the refusal once it was.
+  readonly #onTenantDenied = new Set<(err: ToolmeshError) => void>();
+  #tenantDenied: ToolmeshError | undefined;
   readonly #tenantStream: boolean;
   // With `tenantStream`: whether the tenant has a calls stream, and until when that holds.
   #streamLookup: { until: number; has: Promise<boolean> } | undefined;
@@ -263,17 +267,37 @@ export class ToolmeshClient {
   /**
    * @internal Hands the events of the session at `at` to `onMessage` until the returned
    * subscription is unsubscribed: its own subscription, or its route from the tenant's.
+   * `onDenied` hears once that NATS refused this connection those events.
    */
-  follow(at: SessionAddress, onMessage: (msg: Msg) => void): Pick<Subscription, "unsubscribe"> {
-    const callback = (err: Error | null, msg: Msg): void => {
-      if (err === null) onMessage(msg);
-    };
-    if (!this.#tenantSubscription)
-      return this.nc.subscribe(this.subjects.sessionEvents(at), { callback });
+  follow(
+    at: SessionAddress,
+    onMessage: (msg: Msg) => void,
+    onDenied: (err: ToolmeshError) => void,
+  ): Pick<Subscription, "unsubscribe"> {
+    if (!this.#tenantSubscription) {
+      const subject = this.subjects.sessionEvents(at);
+      return this.nc.subscribe(subject, {
+        callback: (err, msg) => {
+          if (err === null) onMessage(msg);
+          else {
+            const denied = eventsDenied(err, subject, this.tenant);
+            if (denied !== undefined) onDenied(denied);
+          }
+        },
+      });
+    }
+    if (this.#tenantDenied !== undefined) {
+      const denied = this.#tenantDenied;
+      queueMicrotask(() => onDenied(denied));
+      return { unsubscribe: () => undefined };
+    }
+    this.#onTenantDenied.add(onDenied);
     if (this.#tenantSub === undefined) {
-      this.#tenantSub = this.nc.subscribe(this.subjects.tenantEvents(this.tenant), {
+      const subject = this.subjects.tenantEvents(this.tenant);
+      this.#tenantSub = this.nc.subscribe(subject, {
         callback: (err, msg) => {
           if (err === null) this.#route(msg);
+          else this.#deniedTenant(eventsDenied(err, subject, this.tenant));
         },
       });
     }
@@ -285,11 +309,20 @@ export class ToolmeshClient {
     routes.add(onMessage);
     return {
       unsubscribe: () => {
+        this.#onTenantDenied.delete(onDenied);
         routes.delete(onMessage);
         if (routes.size === 0 && this.#routes.get(at.session) === routes)
           this.#routes.delete(at.session);
       },
     };
+  }
+
+  /** The tenant's subscription was refused: every session following it, and each to come, hears. */
+  #deniedTenant(denied: ToolmeshError | undefined): void {
+    if (denied === undefined) return;
+    this.#tenantDenied = denied;
+    for (const onDenied of this.#onTenantDenied) onDenied(denied);
+    this.#onTenantDenied.clear();
   }
 
   #route(msg: Msg): void {
@@ -460,6 +493,8 @@ export class Session {
   readonly #lookingUp = new Set<string>();
   readonly #onClosed: () => void;
   #closed = false;
+  // Set when NATS refused this connection the session's events (see #eventsDenied).
+  #denied: ToolmeshError | undefined;
   // Headers of the final message being delivered, for the receipt span (settled synchronously).
   #resultHeaders: MsgHdrs | undefined;
 
@@ -474,7 +509,11 @@ export class Session {
     this.#onClosed = onClosed;
     this.id = sessionId;
     this.address = client.subjects.address(client.tenant, sessionId);
-    this.#sub = client.follow(this.address, (msg) => this.#onMessage(msg));
+    this.#sub = client.follow(
+      this.address,
+      (msg) => this.#onMessage(msg),
+      (err) => this.#eventsDenied(err),
+    );
   }
 
   /**
@@ -512,7 +551,7 @@ export class Session {
         giveUp,
         Math.min(timeoutMs + this.#options.deadlineGraceMs, MAX_TIMER_MS),
       );
-      const problem = localProblem(request);
+      const problem = localProblem(request) ?? this.#denied;
       const pending: Pending = {
         resolve,
         timer,
@@ -801,6 +840,16 @@ export class Session {
       }, delay);
       this.#catchUpTimers.add(timer);
     }
+  }
+
+  /**
+   * NATS refused this connection the session's events: nothing will answer its calls, which
+   * settle with `err` now, and so will the ones submitted after.
+   */
+  #eventsDenied(err: ToolmeshError): void {
+    this.#denied = err;
+    for (const [callId, pending] of this.#pending)
+      this.#settle(callId, localError(callId, pending.tool, this.id, err));
   }
 
   /** Stops listening; calls still waiting settle with `cancelled`. */
