@@ -2,7 +2,8 @@ import type { Command } from "commander";
 import { Option } from "commander";
 import type { AuditRecord } from "@toolmesh/audit";
 import { readTrail, verifyTrail } from "@toolmesh/audit";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
+import { JetStreamApiError } from "@nats-io/jetstream";
+import { JsApiCode } from "@toolmesh/nats";
 import type { Subjects } from "@toolmesh/protocol";
 import { subjectToken } from "@toolmesh/protocol";
 import type { RuntimeConfig } from "@toolmesh/runtime";
@@ -32,8 +33,7 @@ async function readingTrail<T>(
   try {
     return await read();
   } catch (err) {
-    if (!(err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound))
-      throw err;
+    if (!(err instanceof JetStreamApiError && err.code === JsApiCode.StreamNotFound)) throw err;
     const stream = subjects.auditStream(subjectToken(tenant));
     throw new NoAuditStreamError(
       `tenant ${tenant} has no audit stream ${stream}: \`toolmesh setup --tenants ${tenant}\` ` +
