@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import ssl
 import time
 import uuid
@@ -60,6 +61,7 @@ from .errors import (
     InvalidRequestError,
     OverloadedError,
     PayloadTooLargeError,
+    PermissionDeniedError,
     ToolmeshError,
     UnauthorizedError,
     UnavailableError,
@@ -77,6 +79,8 @@ __all__ = [
     "connect",
 ]
 
+# What nats-py reports of a subscription the server refused: its subject.
+_SUBSCRIPTION_DENIED = re.compile(r'permissions violation for subscription to "([^"]+)"', re.I)
 # How many finished call ids a session remembers (a digest of each final message) to drop repeats.
 _FINISHED_REMEMBERED = 4096
 # Rejections kept while their submission's PubAck is on its way.
@@ -178,6 +182,8 @@ async def connect(
         if len(last_error) < 16:  # the connect attempts' errors; later ones are only logged
             last_error.append(err)
         _log.warning("toolmesh: NATS: %s", err or type(err).__name__)
+        if holder:
+            holder[0]._nats_error(err)
 
     options: dict[str, Any] = {
         "servers": [servers] if isinstance(servers, str) else list(servers),
@@ -257,6 +263,26 @@ class Mesh:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    def _nats_error(self, err: Exception) -> None:
+        """An error the server reported on the connection: a refused subscription to a session's
+        events (a user of another tenant, or confined to other sessions) fails that session's
+        calls at once, since nothing would ever answer them."""
+        found = _SUBSCRIPTION_DENIED.search(str(err))
+        if found is None:
+            return
+        subject = found.group(1)
+        for session in list(self._sessions):
+            if session._events_subject == subject:
+                session._events_denied(
+                    PermissionDeniedError(
+                        f"NATS denied this connection the events on {subject}: its user may "
+                        f"not act for tenant {self.tenant} or this session (check the client's "
+                        "tenant and the user's credentials)",
+                        retryable=False,
+                        details={"subject": subject, "tenant": self.tenant},
+                    )
+                )
 
     def session(self, session_id: str, *, agent: str | None = None) -> Session:
         """Opens a session; ``agent`` is the agent its calls and catalog requests name."""
@@ -493,6 +519,8 @@ class Session:
         self._looking_up: dict[str, asyncio.Task[None]] = {}
         self._catch_up_timers: set[asyncio.TimerHandle] = set()
         self._closed = False
+        # Set when NATS refused this connection the session's events (_events_denied).
+        self._denied: ToolmeshError | None = None
         # The sessions subject is built now, so a bad session id fails here.
         self._events_subject = self._subjects.session_events(session_id)
 
@@ -567,7 +595,7 @@ class Session:
         if cancelling is not None:
             # The mesh hears of the cancel before it hears of the call again.
             await asyncio.shield(cancelling)
-        problem = _local_problem(request)
+        problem = _local_problem(request) or self._denied
         if problem is None:
             _as_json_text(request)
         if cid in self._pending:
@@ -1067,6 +1095,13 @@ class Session:
                     self._early_rejections.popitem(last=False)
         for queue in self._listeners:
             queue.put_nowait(event)
+
+    def _events_denied(self, error: ToolmeshError) -> None:
+        """NATS refused this connection the session's events: its waiting calls settle with
+        ``error`` now, and so do the ones submitted after."""
+        self._denied = error
+        for call_id in list(self._pending):
+            self._settle_locally(call_id, error)
 
     def _settle_locally(self, call_id: str, error: ToolmeshError) -> None:
         pending = self._pending.get(call_id)
