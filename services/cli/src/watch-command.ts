@@ -78,7 +78,7 @@ export async function watchCommand(
  */
 function deniedWatch(err: Error, subject: string): string {
   return err instanceof PermissionViolationError
-    ? `this user may not subscribe to ${subject}: what is published there is not shown (the operator's credentials show it)`
+    ? `this user may not subscribe to ${subject}: what is published there is not shown`
     : `stopped watching ${subject}: ${err.message}`;
 }
 
