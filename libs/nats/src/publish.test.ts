@@ -39,6 +39,9 @@ describe("publishError", () => {
       }),
     });
     const error = publishError(noStream, "other.v1.calls.t.s");
+    // The same for the 503 on its own.
+    const bare = publishError(new NoRespondersError("other.v1.calls.t.s"), "other.v1.calls.t.s");
+    expect(bare.message).toBe(error.message);
     expect(error.code).toBe(ErrorCode.Unavailable);
     expect(error.retryable).toBe(true);
     expect(error.message).toBe(

@@ -86,7 +86,7 @@ export function publishError(
       { retryable: false, details: { subject }, cause: err },
     );
   }
-  if (unavailableKind(err) === "no responders") {
+  if (err instanceof NoRespondersError || unavailableKind(err) === "no responders") {
     // nats.js says "jetstream is not enabled"; JetStream answers other subjects all the while.
     return new ToolmeshError(
       ErrorCode.Unavailable,
@@ -94,7 +94,7 @@ export function publishError(
       { details: { subject }, cause: err },
     );
   }
-  if (err instanceof NoRespondersError || err instanceof TimeoutError) {
+  if (err instanceof TimeoutError) {
     return new ToolmeshError(
       ErrorCode.Unavailable,
       `JetStream did not accept the message on ${subject}`,
